@@ -1,0 +1,1752 @@
+# agent_loop.py 1.0.0: the reference Python implementation of the iterative Agent Loop.
+# One file, standard library only; copy it into your project. Home: the agent_loop repository.
+"""The iterative Agent Loop of checkpoint 07 ("Run the iterative Agent Loop"), in Python.
+
+``run_agent_loop()`` owns a snapshot of the transcript, opens one model request per
+step, appends the complete assistant response, executes every requested tool in
+assistant order, appends the linked tool results, and continues until the model
+stops or the run reaches another terminal condition. It returns a plain generator:
+iterating it yields sequenced ``Event``s, and its return value (``StopIteration.value``)
+is the ``RunResult``, which is always ``completed``, ``cancelled``, ``maxSteps`` or
+``failed``.
+
+The loop reads in the order of the seed's state diagram::
+
+    stateDiagram-v2
+      [*] --> ValidateOptions
+      ValidateOptions --> SnapshotRun
+      SnapshotRun --> Failed: invalid transcript
+      SnapshotRun --> EmitAccepted: transcript valid
+      EmitAccepted --> OpenModel
+      OpenModel --> ReadChunks
+      ReadChunks --> ReadChunks: valid model.chunk
+      ReadChunks --> Failed: stream or protocol failure
+      ReadChunks --> AppendAssistant: terminal response valid
+      AppendAssistant --> Completed: stopReason stop
+      AppendAssistant --> ExecuteTools: stopReason toolCall
+      ExecuteTools --> ExecuteTools: next Tool call
+      ExecuteTools --> Failed: fatal Tool phase
+      ExecuteTools --> MaxSteps: step budget reached
+      ExecuteTools --> OpenModel: continuation allowed
+      SnapshotRun --> Cancelled: signal aborts
+      EmitAccepted --> Cancelled: signal aborts
+      OpenModel --> Cancelled: signal aborts
+      ReadChunks --> Cancelled: signal aborts
+      ExecuteTools --> Cancelled: signal aborts
+      Completed --> Finish
+      MaxSteps --> Finish
+      Failed --> Finish
+      Cancelled --> Finish
+      Finish --> [*]
+
+Invariants:
+
+- One counter numbers every event of a run (0, 1, 2, ...); no phase owns another.
+  ``run.finished`` is always the last event and carries the returned ``RunResult``.
+- The transcript holds complete messages only. A streamed chunk may already have
+  an event, but an unfinished assistant message is never appended, and a tool that
+  was interrupted never gets a fabricated result.
+- Options are validated, and the messages and the tool registry's membership are
+  snapshotted, when ``run_agent_loop()`` is *called*, not when iteration starts.
+- Immutability is by freezing, not copying: every message and block is a frozen
+  dataclass, and a ``ToolCall`` freezes a copy of its arguments when it is built
+  (objects become read-only mappings, arrays become tuples). Nothing a caller, a
+  model or a tool does to an object it holds can change the run's transcript.
+- Each step costs the same whatever the length of the transcript: only what is
+  appended is validated, and a request's snapshot is one tuple of references.
+- Cancellation is a ``threading.Event``. The loop looks at it each time control
+  comes back from code it does not own: the consumer (after every event), the
+  model (after every chunk and after its terminal response) and a tool (after it
+  returns). Those are the seed's points: between phases, during initial emission,
+  during streaming, while waiting for the terminal response, and around tools.
+
+Choices where the seed is silent:
+
+- ``messages`` is read at call time, at most ``MAX_INITIAL_MESSAGES + 1`` items of
+  it, so an endless iterable fails with ``INVALID_TRANSCRIPT`` instead of hanging.
+  An empty starting transcript is complete, hence valid. A failed
+  ``INVALID_TRANSCRIPT`` result holds no messages: none was accepted.
+- Empty text carries nothing: normalisation drops empty text, so an empty
+  ``TextDelta`` agrees with a response that has no text block.
+- JSON equality is strict: ``True`` is not ``1`` and ``1`` is not ``1.0`` (in tool
+  arguments, enum checks and the streamed/terminal agreement). A schema ``integer``
+  is an ``int``, never a float.
+- A tool's parameters must use only the JSON Schema subset the loop enforces; a
+  keyword it would silently ignore (``minimum``, ``pattern``...) is a ValueError
+  when the ``Tool`` is built.
+- A tool call whose result id (``"tool-result-" + id``) is already taken in the
+  transcript is a protocol error, found before any tool runs.
+
+Deliberately not here (as the seed says): concurrent tool execution,
+steering/follow-up queues, context transformation, provider retries, persistent
+session state, a production scheduling policy.
+
+Run ``python agent_loop.py`` for a demonstration (``--help`` for its options).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections.abc
+import itertools
+import json
+import math
+import sys
+import threading
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    ClassVar,
+    Final,
+    Generator,
+    Iterable,
+    Iterator,
+    Literal,
+    Mapping,
+    Protocol,
+    Sequence,
+    Union,
+    cast,
+    get_args,
+)
+
+if TYPE_CHECKING:  # annotations only: the module needs nothing at run time
+    from typing_extensions import TypeAlias
+
+__version__ = "1.0.0"
+
+__all__ = [
+    # Message IR
+    "JSON",
+    # Limits
+    "MAX_AGENT_STEPS",
+    "MAX_ARGUMENT_DEPTH",
+    "MAX_ARGUMENT_SLOTS",
+    "MAX_ARGUMENT_TEXT",
+    "MAX_ARGUMENT_VALUES",
+    "MAX_ASSISTANT_BLOCKS",
+    "MAX_INITIAL_MESSAGES",
+    "MAX_STEP_CHUNKS",
+    "MAX_STEP_TEXT",
+    "AssistantMessage",
+    # Events and results
+    "Event",
+    "Message",
+    # Model boundary
+    "Model",
+    "ModelChunk",
+    "ModelRequest",
+    "ModelResponse",
+    "RunError",
+    "RunResult",
+    # Test helpers
+    "ScriptedModel",
+    "TextBlock",
+    "TextDelta",
+    # Tools
+    "Tool",
+    "ToolCall",
+    "ToolCallChunk",
+    "ToolRegistry",
+    "ToolResultMessage",
+    "ToolSpec",
+    "UserMessage",
+    "event_from_dict",
+    "execute_tool_call",
+    "message_from_dict",
+    # Interop, replay and resumption
+    "open_tool_calls",
+    "resolve_open_tool_calls",
+    # Entry point
+    "run_agent_loop",
+    "scripted_response",
+    "settle_run",
+    "text_from_assistant",
+]
+
+
+# --- Limits -----------------------------------------------------------------------
+# Every number of the seed, once. Each limit is inclusive: the limit passes, one more fails.
+
+MAX_AGENT_STEPS: Final = 64
+"""Model requests in one run, request_sequence_start included: a workshop ceiling."""
+MAX_INITIAL_MESSAGES: Final = 4096
+"""Starting messages; more is INVALID_TRANSCRIPT."""
+MAX_STEP_CHUNKS: Final = 1024
+"""Chunks in one step: stops a stream that never ends."""
+MAX_STEP_TEXT: Final = 65_536
+"""Unicode code points of streamed text in one step (a non-BMP character is one)."""
+MAX_ASSISTANT_BLOCKS: Final = 1024
+"""Blocks in one terminal response, counted as returned (before coalescing)."""
+MAX_ARGUMENT_DEPTH: Final = 32
+"""Containers nested in one call's arguments: ``{}`` has depth 1, a scalar 0."""
+MAX_ARGUMENT_VALUES: Final = 257
+"""Values in one call's arguments, the root included: ``{"a": [1]}`` has 3."""
+MAX_ARGUMENT_SLOTS: Final = 256
+"""Object fields plus array slots in one call's arguments: ``{"a": [1]}`` has 2."""
+MAX_ARGUMENT_TEXT: Final = 4096
+"""Unicode code points across all keys and string values of one call's arguments."""
+
+
+# --- Message IR ---------------------------------------------------------------------
+
+JSON: TypeAlias = Union[bool, int, float, str, Sequence["JSON"], Mapping[str, "JSON"], None]
+"""A JSON value. Frozen JSON (as a ToolCall holds it) uses read-only mappings and tuples."""
+
+_StopReason = Literal["stop", "toolCall"]
+_RunStatus = Literal["completed", "cancelled", "maxSteps", "failed"]
+_FailureCode = Literal[
+    "INVALID_TRANSCRIPT", "MODEL_PROTOCOL_ERROR", "MODEL_STREAM_ERROR", "TOOL_PHASE_ERROR"
+]
+_EventType = Literal[
+    "message.accepted", "model.chunk", "tool.started", "tool.finished", "run.finished"
+]
+_STOP_REASONS: Final = get_args(_StopReason)
+_RUN_STATUSES: Final = get_args(_RunStatus)
+_FAILURE_CODES: Final = get_args(_FailureCode)
+_EVENT_TYPES: Final = get_args(_EventType)
+
+
+class _Violation(Exception):
+    """A value broke a rule of the seed; whoever catches it knows which failure that is."""
+
+
+@dataclass(frozen=True)
+class TextBlock:
+    """Assistant text."""
+
+    text: str
+    type: ClassVar[Literal["text"]] = "text"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, "text": self.text}
+
+
+@dataclass(frozen=True, eq=False)
+class ToolCall:
+    """A request from the model to run one tool.
+
+    ``arguments`` is a frozen copy made when the call is built: objects become
+    read-only mappings and arrays become tuples, so the caller's dict can change
+    afterwards without touching the call. The constructor never rejects arguments;
+    arguments that are not plain bounded JSON are kept as given and make the loop
+    fail the run with MODEL_PROTOCOL_ERROR before any tool runs. Two calls are equal
+    when their id, name and arguments are equal as JSON (``True`` is not ``1``).
+    """
+
+    id: str
+    name: str
+    arguments: Mapping[str, JSON]
+    _argument_problem: str | None = field(default=None, init=False, repr=False)
+    type: ClassVar[Literal["toolCall"]] = "toolCall"
+
+    def __post_init__(self) -> None:
+        try:
+            frozen = _frozen_arguments(self.arguments)
+        except _Violation as violation:
+            object.__setattr__(self, "_argument_problem", str(violation))
+        else:
+            object.__setattr__(self, "arguments", frozen)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ToolCall):
+            return NotImplemented
+        return (
+            self.id == other.id
+            and self.name == other.name
+            and _same_json(self.arguments, other.arguments)
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "id": self.id,
+            "name": self.name,
+            "arguments": _thawed(self.arguments),
+        }
+
+
+_Block = Union[TextBlock, ToolCall]
+
+
+@dataclass(frozen=True)
+class UserMessage:
+    """A message from the user."""
+
+    id: str
+    content: str
+    role: ClassVar[Literal["user"]] = "user"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "role": self.role, "content": self.content}
+
+
+@dataclass(frozen=True)
+class AssistantMessage:
+    """A complete assistant response: text and tool-call blocks, in the model's order."""
+
+    id: str
+    content: tuple[_Block, ...]
+    role: ClassVar[Literal["assistant"]] = "assistant"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "content", tuple(self.content))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "role": self.role,
+            "content": [block.to_dict() for block in self.content],
+        }
+
+
+@dataclass(frozen=True)
+class ToolResultMessage:
+    """The result of one tool call, linked to it by ``tool_call_id``."""
+
+    id: str
+    tool_call_id: str
+    tool_name: str
+    content: str
+    is_error: bool
+    role: ClassVar[Literal["toolResult"]] = "toolResult"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "role": self.role,
+            "toolCallId": self.tool_call_id,
+            "toolName": self.tool_name,
+            "content": self.content,
+            "isError": self.is_error,
+        }
+
+
+Message = Union[UserMessage, AssistantMessage, ToolResultMessage]
+
+
+def text_from_assistant(message: AssistantMessage) -> str:
+    """Returns the text blocks of an assistant message, concatenated with no separator."""
+    return "".join(block.text for block in message.content if isinstance(block, TextBlock))
+
+
+def _tool_calls(message: AssistantMessage) -> list[ToolCall]:
+    """Returns the tool-call blocks of an assistant message, in assistant order."""
+    return [block for block in message.content if isinstance(block, ToolCall)]
+
+
+# --- Bounded plain JSON -------------------------------------------------------------
+
+
+class _ArgumentBudget:
+    """What one call's arguments have spent of the seed's bounds so far."""
+
+    def __init__(self) -> None:
+        self.values = 0
+        self.text = 0
+        self.containers: set[int] = set()
+
+    def spend_text(self, text: str) -> None:
+        # Seed: "4096 Unicode code points across keys/string values". len() of a str
+        # counts code points, and costs nothing even for a 10 MB string.
+        self.text += len(text)
+        if self.text > MAX_ARGUMENT_TEXT:
+            raise _Violation(f"arguments hold more than {MAX_ARGUMENT_TEXT} code points of text")
+
+
+def _frozen_arguments(arguments: object) -> Mapping[str, JSON]:
+    """Checks that arguments are a plain bounded JSON object; returns a frozen copy."""
+    if not isinstance(arguments, (dict, MappingProxyType)):
+        raise _Violation(f"arguments must be a JSON object, got {type(arguments).__name__}")
+    return cast(Mapping[str, JSON], _frozen_json(arguments, 0, _ArgumentBudget()))
+
+
+def _frozen_json(value: object, depth: int, budget: _ArgumentBudget) -> JSON:
+    """Walks one value once: checks the seed's bounds for plain JSON and freezes a copy."""
+    # Seed: "at most 257 values including the root, 256 object fields plus array
+    # slots". Every value but the root fills exactly one slot, so values == slots + 1
+    # and counting values enforces both limits at once.
+    budget.values += 1
+    if budget.values > MAX_ARGUMENT_VALUES:
+        raise _Violation(
+            f"arguments hold more than {MAX_ARGUMENT_VALUES} values "
+            f"({MAX_ARGUMENT_SLOTS} object fields plus array slots)"
+        )
+    if type(value) is str:
+        budget.spend_text(value)
+        return value
+    if value is None or type(value) is bool or type(value) is int:
+        return value
+    if type(value) is float:
+        if not math.isfinite(value):
+            raise _Violation(f"arguments hold {value}, which is not a JSON number")
+        return value
+    if not (
+        type(value) is dict
+        or type(value) is MappingProxyType
+        or type(value) is list
+        or type(value) is tuple
+    ):
+        raise _Violation(f"arguments hold a {type(value).__name__}, which is not plain JSON")
+    # Seed: "depth 32". Checked before descending, so depth 100,000 costs 33 frames.
+    if depth == MAX_ARGUMENT_DEPTH:
+        raise _Violation(f"arguments nest containers deeper than {MAX_ARGUMENT_DEPTH}")
+    if id(value) in budget.containers:
+        raise _Violation("arguments reach the same container twice (shared or cyclic)")
+    budget.containers.add(id(value))
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen_json(item, depth + 1, budget) for item in value)
+    frozen: dict[str, JSON] = {}
+    for key, item in cast(Mapping[object, object], value).items():
+        if type(key) is not str:
+            raise _Violation(f"arguments hold a {type(key).__name__} key, not a string")
+        budget.spend_text(key)
+        frozen[key] = _frozen_json(item, depth + 1, budget)
+    return MappingProxyType(frozen)
+
+
+def _thawed(value: object) -> Any:
+    """Returns a fresh plain copy (dicts and lists) of frozen JSON."""
+    if type(value) is MappingProxyType:
+        return {key: _thawed(item) for key, item in value.items()}
+    if type(value) is tuple:
+        return [_thawed(item) for item in value]
+    return value
+
+
+def _same_json(left: object, right: object) -> bool:
+    """JSON equality at any depth: unlike ==, True is not 1 and 1 is not 1.0."""
+    if left is right:
+        return True
+    if isinstance(left, Mapping) and isinstance(right, Mapping):
+        return left.keys() == right.keys() and all(_same_json(left[k], right[k]) for k in left)
+    if isinstance(left, tuple) and isinstance(right, tuple):
+        return len(left) == len(right) and all(map(_same_json, left, right))
+    return type(left) is type(right) and left == right
+
+
+def _json_type(value: object) -> str:
+    """Names the JSON type of a frozen JSON value."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, tuple):
+        return "array"
+    return "object"
+
+
+# --- Tools --------------------------------------------------------------------------
+
+_SCHEMA_TYPES: Final = ("object", "string", "number", "integer", "boolean", "array", "null")
+_SCHEMA_KEYWORDS: Final = (
+    "type",
+    "properties",
+    "required",
+    "additionalProperties",
+    "items",
+    "enum",
+    "description",
+    "title",
+)
+
+
+class _Signal(Protocol):
+    """What the loop needs of a cancellation signal: threading.Event's reading side."""
+
+    def is_set(self) -> bool:
+        """True once cancellation was requested."""
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Blocks until cancellation is requested or the timeout passes."""
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """What a model is told about a tool: its name, description and parameter schema."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "parameters": _thawed(self.parameters),
+        }
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A named effect the model may request, with a JSON Schema for its arguments.
+
+    ``parameters`` uses the subset of JSON Schema that the loop enforces: ``type``
+    (object, string, number, integer, boolean, array, null), ``properties``,
+    ``required``, ``additionalProperties`` (bool), ``items``, ``enum``, and the
+    annotations ``description`` and ``title``; the root is ``{"type": "object", ...}``.
+    It is checked and frozen when the Tool is built. ``execute(arguments, signal)``
+    gets a fresh plain dict that it may change freely, and the run's signal.
+
+    Raises TypeError or ValueError, naming the field, for a Tool the loop could not
+    run as described.
+    """
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+    execute: Callable[[dict[str, Any], _Signal], object]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"Tool name must be a non-empty str, got {self.name!r}")
+        if not isinstance(self.description, str):
+            raise TypeError(f"Tool {self.name!r}: description must be a str")
+        if not callable(self.execute):
+            raise TypeError(f"Tool {self.name!r}: execute must be callable")
+        schema = _frozen_schema(self.parameters, f"Tool {self.name!r} parameters", 0)
+        if schema.get("type") != "object":
+            raise ValueError(
+                f'Tool {self.name!r} parameters must have "type": "object": '
+                "a tool's arguments are always a JSON object"
+            )
+        object.__setattr__(self, "parameters", schema)
+
+    def spec(self) -> ToolSpec:
+        """Returns what a model request tells the model about this tool."""
+        return ToolSpec(self.name, self.description, self.parameters)
+
+
+def _frozen_schema(schema: object, where: str, depth: int) -> Mapping[str, Any]:
+    """Checks that a schema uses only the keywords the loop enforces; returns it frozen."""
+    if not isinstance(schema, Mapping):
+        raise TypeError(f"{where} must be a JSON Schema object, got {type(schema).__name__}")
+    unsupported = [key for key in schema if key not in _SCHEMA_KEYWORDS]
+    if unsupported:
+        raise ValueError(
+            f"{where} uses {unsupported}, which this loop cannot enforce; "
+            f"supported keywords: {', '.join(_SCHEMA_KEYWORDS)}"
+        )
+    # A schema nested deeper than the arguments may be describes values no call can have.
+    if depth > MAX_ARGUMENT_DEPTH:
+        raise ValueError(f"{where} nests deeper than {MAX_ARGUMENT_DEPTH} levels")
+    frozen: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "type":
+            if value not in _SCHEMA_TYPES:
+                raise ValueError(f"{where}: type must be one of {_SCHEMA_TYPES}, got {value!r}")
+        elif key == "properties":
+            if not isinstance(value, Mapping):
+                raise TypeError(f"{where}: properties must be an object")
+            value = MappingProxyType(
+                {
+                    name: _frozen_schema(item, f"{where}.properties.{name}", depth + 1)
+                    for name, item in value.items()
+                }
+            )
+        elif key == "required":
+            if not isinstance(value, (list, tuple)) or not all(isinstance(n, str) for n in value):
+                raise TypeError(f"{where}: required must be a list of property names")
+            value = tuple(value)
+        elif key == "additionalProperties":
+            if not isinstance(value, bool):
+                raise TypeError(f"{where}: additionalProperties must be true or false")
+        elif key == "items":
+            value = _frozen_schema(value, f"{where}.items", depth + 1)
+        elif key == "enum":
+            if not isinstance(value, (list, tuple)):
+                raise TypeError(f"{where}: enum must be a list of JSON values")
+            try:
+                value = _frozen_json(value, 0, _ArgumentBudget())
+            except _Violation as violation:
+                raise ValueError(f"{where}: enum: {violation}") from None
+        elif not isinstance(value, str):  # description, title
+            raise TypeError(f"{where}: {key} must be a str")
+        frozen[key] = value
+    return MappingProxyType(frozen)
+
+
+def _schema_problem(value: object, schema: Mapping[str, Any], path: str) -> str | None:
+    """Returns why a frozen JSON value fails a tool's schema, or None when it passes."""
+    expected = schema.get("type")
+    actual = _json_type(value)
+    # A JSON integer is also a JSON number; bool is neither (it is not an int here).
+    if expected is not None and expected != actual and (expected, actual) != ("number", "integer"):
+        return f"{path} must be {expected}, got {actual}"
+    if "enum" in schema and not any(_same_json(value, option) for option in schema["enum"]):
+        return f"{path} must be one of {json.dumps(_thawed(schema['enum']))}"
+    if isinstance(value, Mapping):
+        properties = schema.get("properties", {})
+        for name in schema.get("required", ()):
+            if name not in value:
+                return f"{path} is missing the required property {name!r}"
+        for name, item in value.items():
+            if name in properties:
+                problem = _schema_problem(item, properties[name], f"{path}.{name}")
+                if problem is not None:
+                    return problem
+            elif schema.get("additionalProperties") is False:
+                return f"{path} has the unexpected property {name!r}"
+    elif isinstance(value, tuple) and "items" in schema:
+        for index, item in enumerate(value):
+            problem = _schema_problem(item, schema["items"], f"{path}[{index}]")
+            if problem is not None:
+                return problem
+    return None
+
+
+class ToolRegistry:
+    """The tools a run may execute, by unique name."""
+
+    def __init__(self, tools: Iterable[Tool] = ()) -> None:
+        self._tools: dict[str, Tool] = {}
+        for tool in tools:
+            self.register(tool)
+
+    def register(self, tool: Tool) -> None:
+        """Adds a tool. Raises TypeError for a non-Tool, ValueError for a taken name."""
+        if not isinstance(tool, Tool):
+            raise TypeError(f"register() takes a Tool, got {type(tool).__name__}")
+        if tool.name in self._tools:
+            raise ValueError(f"a tool named {tool.name!r} is already registered")
+        self._tools[tool.name] = tool
+
+    def get(self, name: str) -> Tool | None:
+        """Returns the tool with this name, or None."""
+        return self._tools.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def __iter__(self) -> Iterator[Tool]:
+        return iter(tuple(self._tools.values()))
+
+    def specs(self) -> tuple[ToolSpec, ...]:
+        """Returns what a model request tells the model about each tool, in registration order."""
+        return tuple(tool.spec() for tool in self._tools.values())
+
+
+def execute_tool_call(
+    registry: ToolRegistry, call: ToolCall, signal: _Signal
+) -> ToolResultMessage:
+    """Runs one tool call and returns its linked result message.
+
+    An unknown tool, arguments that are not bounded plain JSON or fail the tool's
+    schema, an exception from the tool, or a return value that is not JSON become a
+    *recoverable* result: ``is_error=True`` and content that says what went wrong, so
+    the model can correct itself on the next step. A ``str`` return value is the
+    content verbatim; any other JSON value is encoded compactly. Only BaseExceptions
+    that are not Exceptions (KeyboardInterrupt, SystemExit...) propagate.
+    """
+    tool = registry.get(call.name)
+    if tool is None:
+        known = ", ".join(registered.name for registered in registry) or "none"
+        return _tool_result(call, f"unknown tool {call.name!r} (available: {known})", True)
+    problem = call._argument_problem or _schema_problem(call.arguments, tool.parameters, "$")
+    if problem is not None:
+        return _tool_result(call, f"invalid arguments for tool {call.name!r}: {problem}", True)
+    try:
+        value = tool.execute(_thawed(call.arguments), signal)
+    except Exception as error:
+        return _tool_result(call, f"tool {call.name!r} raised {_describe(error)}", True)
+    if isinstance(value, str):
+        return _tool_result(call, value, False)
+    try:
+        content = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as error:
+        return _tool_result(
+            call, f"tool {call.name!r} returned a value that is not JSON: {error}", True
+        )
+    return _tool_result(call, content, False)
+
+
+def _tool_result(call: ToolCall, content: str, is_error: bool) -> ToolResultMessage:
+    """Builds the result message linked to a call (its id is derived from the call's)."""
+    return ToolResultMessage("tool-result-" + call.id, call.id, call.name, content, is_error)
+
+
+def _describe(error: BaseException) -> str:
+    """Names an exception and its message, for a readable result or RunError."""
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+# --- Model boundary -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """One step's request: a frozen snapshot of the transcript and the tools' specs."""
+
+    id: str
+    messages: tuple[Message, ...]
+    tools: tuple[ToolSpec, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "messages": [message.to_dict() for message in self.messages],
+            "tools": [spec.to_dict() for spec in self.tools],
+        }
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """A streamed piece of assistant text."""
+
+    request_id: str
+    text: str
+    type: ClassVar[Literal["text"]] = "text"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, "requestId": self.request_id, "text": self.text}
+
+
+@dataclass(frozen=True)
+class ToolCallChunk:
+    """A streamed, complete tool call."""
+
+    request_id: str
+    tool_call: ToolCall
+    type: ClassVar[Literal["toolCall"]] = "toolCall"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "requestId": self.request_id,
+            "toolCall": self.tool_call.to_dict(),
+        }
+
+
+ModelChunk = Union[TextDelta, ToolCallChunk]
+
+
+@dataclass(frozen=True)
+class ModelResponse:
+    """A model's terminal response to one request."""
+
+    id: str
+    request_id: str
+    content: tuple[_Block, ...]
+    stop_reason: _StopReason
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "content", tuple(self.content))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "requestId": self.request_id,
+            "content": [block.to_dict() for block in self.content],
+            "stopReason": self.stop_reason,
+        }
+
+
+class Model(Protocol):
+    """A model: ``stream()`` returns a generator that yields chunks and returns its response."""
+
+    def stream(
+        self, request: ModelRequest, signal: _Signal
+    ) -> Generator[ModelChunk, None, ModelResponse]:
+        """Streams the answer to one request; the generator's return value is the response."""
+
+
+# --- Events and results -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunError:
+    """Why a run failed: one of the seed's failure codes and a readable message."""
+
+    code: _FailureCode
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message}
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """How a run ended, and the transcript it ended with (complete messages only)."""
+
+    status: _RunStatus
+    messages: tuple[Message, ...]
+    steps: int
+    final_text: str | None = None
+    max_steps: int | None = None
+    error: RunError | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "status": self.status,
+            "messages": [message.to_dict() for message in self.messages],
+            "steps": self.steps,
+        }
+        if self.final_text is not None:
+            data["finalText"] = self.final_text
+        if self.max_steps is not None:
+            data["maxSteps"] = self.max_steps
+        if self.error is not None:
+            data["error"] = self.error.to_dict()
+        return data
+
+
+_PAYLOAD_JSON_KEYS: Final = {
+    "message": "message",
+    "request_id": "requestId",
+    "chunk": "chunk",
+    "tool_call": "toolCall",
+    "tool_result": "toolResult",
+    "result": "result",
+}
+
+
+@dataclass(frozen=True)
+class Event:
+    """One observable step of a run, numbered by the run's single counter."""
+
+    sequence: int
+    type: _EventType
+    payload: Mapping[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sequence": self.sequence,
+            "type": self.type,
+            "payload": {
+                _PAYLOAD_JSON_KEYS[key]: value if isinstance(value, str) else value.to_dict()
+                for key, value in self.payload.items()
+            },
+        }
+
+
+class _RunFailure(Exception):
+    """A run-time failure; the driver turns it into a ``failed`` RunResult, in one place."""
+
+    def __init__(self, code: _FailureCode, message: str) -> None:
+        super().__init__(message)
+        self.code: _FailureCode = code
+        self.message = message
+
+
+class _Cancelled(Exception):
+    """The signal was set; the driver turns it into a ``cancelled`` RunResult, in one place."""
+
+
+# --- The transcript -----------------------------------------------------------------
+
+
+def _is_id(value: object) -> bool:
+    """Ids and names are non-empty strings."""
+    return isinstance(value, str) and value != ""
+
+
+def _block_problem(block: object) -> str | None:
+    """Returns why an assistant block is malformed, or None."""
+    if isinstance(block, TextBlock):
+        return None if isinstance(block.text, str) else "a text block's text is not a str"
+    if isinstance(block, ToolCall):
+        if not _is_id(block.id):
+            return f"a tool call's id must be a non-empty str, got {block.id!r}"
+        if not _is_id(block.name):
+            return f"tool call {block.id!r}: name must be a non-empty str, got {block.name!r}"
+        if block._argument_problem is not None:
+            # Seed: "Tool arguments must be plain bounded JSON ... These checks occur
+            # before a Tool effect." The bounds were measured when the call was built.
+            return f"tool call {block.id!r}: {block._argument_problem}"
+        return None
+    return f"a {type(block).__name__} is not a TextBlock or ToolCall"
+
+
+def _message_problem(message: object) -> str | None:
+    """Returns why a message is malformed on its own (linkage aside), or None."""
+    if isinstance(message, UserMessage):
+        fields_ok = isinstance(message.content, str)
+    elif isinstance(message, AssistantMessage):
+        for block in message.content:
+            problem = _block_problem(block)
+            if problem is not None:
+                return f"message {message.id!r}: {problem}"
+        fields_ok = True
+    elif isinstance(message, ToolResultMessage):
+        fields_ok = (
+            _is_id(message.tool_call_id)
+            and _is_id(message.tool_name)
+            and isinstance(message.content, str)
+            and isinstance(message.is_error, bool)
+        )
+    else:
+        return f"a {type(message).__name__} is not a message"
+    if not _is_id(message.id):
+        return f"a {message.role} message's id must be a non-empty str, got {message.id!r}"
+    if not fields_ok:
+        return f"message {message.id!r} has a field of the wrong type"
+    return None
+
+
+class _Transcript:
+    """The run's private transcript, with the indexes that make checking a message O(1).
+
+    ``check`` validates one message against what is already here; ``append`` adds a
+    checked one. A valid transcript: unique message ids and tool-call ids, every tool
+    result answers an open call of an earlier assistant message with the same tool
+    name, once. It is complete when no call is left open.
+    """
+
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+        self._message_ids: set[str] = set()
+        self._call_ids: set[str] = set()
+        self._open_calls: dict[str, ToolCall] = {}
+
+    def check(self, message: object, code: _FailureCode) -> None:
+        problem = _message_problem(message) or self._linkage_problem(message)  # type: ignore[arg-type]
+        if problem is not None:
+            raise _RunFailure(code, problem)
+
+    def _linkage_problem(self, message: Message) -> str | None:
+        if message.id in self._message_ids:
+            return f"message id {message.id!r} is used twice"
+        if isinstance(message, AssistantMessage):
+            new_ids: set[str] = set()
+            for call in _tool_calls(message):
+                if call.id in self._call_ids or call.id in new_ids:
+                    return f"tool call id {call.id!r} is used twice"
+                if "tool-result-" + call.id in self._message_ids:
+                    return f"the result id of tool call {call.id!r} is already taken"
+                new_ids.add(call.id)
+        elif isinstance(message, ToolResultMessage):
+            # Seed: "every call has one later matching result".
+            answered = self._open_calls.get(message.tool_call_id)
+            if answered is None:
+                return f"tool result {message.id!r} answers no open tool call"
+            if answered.name != message.tool_name:
+                return f"tool result {message.id!r} is for {answered.name!r}, not {message.tool_name!r}"
+        return None
+
+    def append(self, message: Message) -> None:
+        self.messages.append(message)
+        self._message_ids.add(message.id)
+        if isinstance(message, AssistantMessage):
+            for call in _tool_calls(message):
+                self._call_ids.add(call.id)
+                self._open_calls[call.id] = call
+        elif isinstance(message, ToolResultMessage):
+            del self._open_calls[message.tool_call_id]
+
+    def require_complete(self, code: _FailureCode) -> None:
+        if self._open_calls:
+            raise _RunFailure(code, f"tool calls without a result: {list(self._open_calls)}")
+
+
+# --- The loop -----------------------------------------------------------------------
+
+
+def run_agent_loop(
+    *,
+    messages: Iterable[Message],
+    model: Model,
+    tools: ToolRegistry,
+    max_steps: int,
+    signal: _Signal | None = None,
+    request_sequence_start: int = 0,
+) -> Generator[Event, None, RunResult]:
+    """Validates the options, snapshots the run, and returns its event generator.
+
+    Iterating the generator yields the run's events; its return value is the
+    ``RunResult`` (``result = yield from run``, or ``settle_run(run)``). The starting
+    messages (at most ``MAX_INITIAL_MESSAGES + 1`` items are read) and the registry's
+    membership are snapshotted now: later changes to either do not reach the run.
+
+    Raises TypeError for an option of the wrong kind and ValueError for one out of
+    range, now, before anything is iterated. A bad starting transcript is not an
+    error here: the run finishes ``failed`` with ``INVALID_TRANSCRIPT``.
+    """
+    # ValidateOptions. Seed: "maxSteps must be a positive safe integer no greater
+    # than MAX_AGENT_STEPS ... Invalid construction throws before an EventStream is returned."
+    if not isinstance(max_steps, int) or isinstance(max_steps, bool):
+        raise TypeError(f"max_steps must be an int, got {type(max_steps).__name__}")
+    if not 1 <= max_steps <= MAX_AGENT_STEPS:
+        raise ValueError(f"max_steps must be an int in 1..{MAX_AGENT_STEPS}, got {max_steps}")
+    if not isinstance(request_sequence_start, int) or isinstance(request_sequence_start, bool):
+        raise TypeError(
+            f"request_sequence_start must be an int, got {type(request_sequence_start).__name__}"
+        )
+    # Seed: "Optional requestSequenceStart must keep the requested range within the same ceiling."
+    if request_sequence_start < 0 or request_sequence_start + max_steps > MAX_AGENT_STEPS:
+        raise ValueError(
+            f"request_sequence_start must be >= 0 with request_sequence_start + max_steps "
+            f"<= {MAX_AGENT_STEPS}, got {request_sequence_start} + {max_steps}"
+        )
+    if not callable(getattr(model, "stream", None)):
+        raise TypeError(f"model must have a callable stream(), got {type(model).__name__}")
+    if not isinstance(tools, ToolRegistry):
+        raise TypeError(f"tools must be a ToolRegistry, got {type(tools).__name__}")
+    if signal is None:
+        signal = threading.Event()
+    elif not (
+        callable(getattr(signal, "is_set", None)) and callable(getattr(signal, "wait", None))
+    ):
+        raise TypeError(f"signal must be a threading.Event, got {type(signal).__name__}")
+    try:
+        items = iter(messages)
+    except TypeError:
+        raise TypeError(
+            f"messages must be an iterable of messages, got {type(messages).__name__}"
+        ) from None
+    # SnapshotRun. Reading one past the cap tells "too many" without reading forever.
+    start: list[object] = list(itertools.islice(items, MAX_INITIAL_MESSAGES + 1))
+    run = _Run(start, model, ToolRegistry(tools), max_steps, signal, request_sequence_start)
+    return run.drive()
+
+
+class _Run:
+    """One run's private state: its snapshots, the transcript it owns, its one event counter."""
+
+    def __init__(
+        self,
+        start: list[object],
+        model: Model,
+        tools: ToolRegistry,
+        max_steps: int,
+        signal: _Signal,
+        request_sequence_start: int,
+    ) -> None:
+        self.model = model
+        self.tools = tools
+        self.specs = tools.specs()
+        self.max_steps = max_steps
+        self.signal = signal
+        self.request_sequence_start = request_sequence_start
+        self.steps = 0
+        self.next_sequence = 0
+        self.transcript = _Transcript()
+        self.start_problem = self._snapshot_transcript(start)
+
+    def _snapshot_transcript(self, start: list[object]) -> str | None:
+        """SnapshotRun: accepts the starting messages, or says why they are not a transcript."""
+        # Seed: "Initial messages are capped at 4096 ... and validated as a complete transcript."
+        if len(start) > MAX_INITIAL_MESSAGES:
+            return f"more than {MAX_INITIAL_MESSAGES} starting messages"
+        try:
+            for message in start:
+                self.transcript.check(message, "INVALID_TRANSCRIPT")
+                self.transcript.append(message)  # type: ignore[arg-type]
+            self.transcript.require_complete("INVALID_TRANSCRIPT")
+        except _RunFailure as failure:
+            self.transcript = _Transcript()  # nothing was accepted
+            return failure.message
+        return None
+
+    def drive(self) -> Generator[Event, None, RunResult]:
+        """The state diagram. Each ``--> Failed`` edge raises _RunFailure and each
+        ``--> Cancelled`` edge raises _Cancelled; both become the result here, once."""
+        try:
+            result = yield from self._run_steps()
+        except _Cancelled:
+            result = self._result("cancelled")
+        except _RunFailure as failure:
+            result = self._result("failed", error=RunError(failure.code, failure.message))
+        yield self._event("run.finished", result=result)  # Finish: always the last event
+        return result
+
+    def _run_steps(self) -> Generator[Event, None, RunResult]:
+        if self.start_problem is not None:
+            raise _RunFailure("INVALID_TRANSCRIPT", self.start_problem)  # SnapshotRun --> Failed
+        self._check_signal()  # SnapshotRun --> Cancelled
+        yield from self._emit_accepted()  # SnapshotRun --> EmitAccepted --> OpenModel
+        for step in range(1, self.max_steps + 1):
+            request, stream = self._open_model(step)  # OpenModel --> ReadChunks
+            response = yield from self._read_chunks(request, stream)
+            message = self._append_assistant(response)  # ReadChunks --> AppendAssistant
+            if response.stop_reason == "stop":
+                # AppendAssistant --> Completed: stopReason stop
+                return self._result("completed", final_text=text_from_assistant(message))
+            # AppendAssistant --> ExecuteTools: stopReason toolCall
+            yield from self._execute_tools(request, message)
+            # ExecuteTools --> OpenModel: continuation allowed, while steps remain
+        # ExecuteTools --> MaxSteps. Seed: "If the current step equals maxSteps, the
+        # loop emits run.finished with status maxSteps and does not open another
+        # model request." The budget counts model turns, not tool calls.
+        return self._result("maxSteps", max_steps=self.max_steps)
+
+    def _emit_accepted(self) -> Generator[Event, None, None]:
+        """EmitAccepted: one message.accepted event per starting message."""
+        for message in self.transcript.messages:
+            yield from self._emit("message.accepted", message=message)
+
+    def _open_model(self, step: int) -> tuple[ModelRequest, Generator[ModelChunk, None, Any]]:
+        """OpenModel: freezes the transcript into request-NNN and calls model.stream() once."""
+        # Seed: "requestSnapshot() freezes the current transcript and creates
+        # request-001, request-002, and so on, offset by requestSequenceStart".
+        request_id = f"request-{self.request_sequence_start + step:03d}"
+        request = ModelRequest(request_id, tuple(self.transcript.messages), self.specs)
+        self.steps = step
+        try:
+            stream = self.model.stream(request, self.signal)
+        except Exception as error:
+            self._check_signal()  # a model that refused because it saw the signal was cancelled
+            raise _RunFailure(
+                "MODEL_STREAM_ERROR", f"model.stream() raised {_describe(error)}"
+            ) from error
+        if not isinstance(stream, collections.abc.Generator):
+            raise _RunFailure(
+                "MODEL_PROTOCOL_ERROR",
+                f"model.stream() must return a generator, got {type(stream).__name__}",
+            )
+        return request, stream
+
+    def _read_chunks(
+        self, request: ModelRequest, stream: Generator[ModelChunk, None, Any]
+    ) -> Generator[Event, None, ModelResponse]:
+        """ReadChunks: one model.chunk per valid chunk, within the step's limits, then the
+        terminal response. The model's stream is closed whichever way this ends."""
+        # Seed: "The loop calls model.stream() and drains its event channel before
+        # awaiting the terminal response." The generator returns the response.
+        streamed: list[str | ToolCall] = []
+        text = 0
+        try:
+            while True:
+                try:
+                    chunk = next(stream)
+                except StopIteration as done:
+                    response = done.value
+                    break
+                except Exception as error:
+                    self._check_signal()  # a stream broken by cancellation was cancelled
+                    raise _RunFailure(
+                        "MODEL_STREAM_ERROR", f"the model's stream raised {_describe(error)}"
+                    ) from error
+                self._check_signal()  # after every chunk
+                # Seed: "The loop caps one step at 1024 chunks, 65,536 Unicode code points
+                # of text, and 1024 assistant blocks." (blocks: see _checked_response)
+                if len(streamed) == MAX_STEP_CHUNKS:
+                    raise _protocol_error(f"the model streamed more than {MAX_STEP_CHUNKS} chunks")
+                item = _streamed_item(chunk, request)
+                if isinstance(item, str):
+                    text += len(item)
+                    if text > MAX_STEP_TEXT:
+                        raise _protocol_error(
+                            f"the model streamed more than {MAX_STEP_TEXT} code points of text"
+                        )
+                streamed.append(item)
+                yield from self._emit("model.chunk", request_id=request.id, chunk=chunk)
+        finally:
+            stream.close()
+        self._check_signal()  # the terminal response arrived after cancellation: not appended
+        return self._checked_response(request, response, streamed)
+
+    def _checked_response(
+        self, request: ModelRequest, response: object, streamed: list[str | ToolCall]
+    ) -> ModelResponse:
+        """ReadChunks --> AppendAssistant: only a terminal response that keeps every rule."""
+        if not isinstance(response, ModelResponse):
+            raise _protocol_error(
+                f"the model's stream returned a {type(response).__name__}, not a ModelResponse"
+            )
+        _check_request_id(response.request_id, request)
+        if not _is_id(response.id):
+            raise _protocol_error(f"a response id must be a non-empty str, got {response.id!r}")
+        if response.stop_reason not in _STOP_REASONS:
+            raise _protocol_error(f"unknown stop reason {response.stop_reason!r}")
+        # Seed: "... and 1024 assistant blocks."
+        if len(response.content) > MAX_ASSISTANT_BLOCKS:
+            raise _protocol_error(f"the response holds more than {MAX_ASSISTANT_BLOCKS} blocks")
+        self.transcript.check(_assistant_message(response), "MODEL_PROTOCOL_ERROR")
+        calls = sum(isinstance(block, ToolCall) for block in response.content)
+        # Seed: "Tool calls are forbidden in a stop response."
+        if response.stop_reason == "stop" and calls:
+            raise _protocol_error("a stop response holds tool calls")
+        if response.stop_reason == "toolCall" and not calls:
+            raise _protocol_error("a toolCall response holds no tool call")
+        # Seed: "The resulting normalized block sequences must agree in content and
+        # order; raw text-chunk segmentation may differ."
+        terminal = [
+            block.text if isinstance(block, TextBlock) else block for block in response.content
+        ]
+        if _normalized(terminal) != _normalized(streamed):
+            raise _protocol_error("the streamed chunks and the terminal response disagree")
+        return response
+
+    def _append_assistant(self, response: ModelResponse) -> AssistantMessage:
+        """AppendAssistant: the complete assistant message joins the transcript."""
+        message = _assistant_message(response)
+        self.transcript.append(message)
+        return message
+
+    def _execute_tools(
+        self, request: ModelRequest, message: AssistantMessage
+    ) -> Generator[Event, None, None]:
+        """ExecuteTools: every call of the message, in assistant order, one at a time."""
+        for call in _tool_calls(message):
+            # Seed: "For each call, it emits tool.started, awaits executeToolCall(),
+            # appends the linked Tool-result message, then emits tool.finished."
+            yield from self._emit("tool.started", request_id=request.id, tool_call=call)
+            try:
+                result = execute_tool_call(self.tools, call, self.signal)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as error:  # Exceptions already became recoverable results
+                self._check_signal()
+                raise _RunFailure(
+                    "TOOL_PHASE_ERROR",
+                    f"tool call {call.id!r} could not finish: {_describe(error)}",
+                ) from error
+            # A result that arrives after cancellation is discarded, never appended.
+            self._check_signal()
+            self.transcript.check(result, "TOOL_PHASE_ERROR")
+            self.transcript.append(result)
+            yield from self._emit(
+                "tool.finished", request_id=request.id, tool_call=call, tool_result=result
+            )
+        # Seed: "After the complete Tool batch, validateTranscript() proves that every
+        # call has one later matching result."
+        self.transcript.require_complete("TOOL_PHASE_ERROR")
+
+    def _check_signal(self) -> None:
+        """Any phase --> Cancelled: signal aborts."""
+        if self.signal.is_set():
+            raise _Cancelled
+
+    def _event(self, type: _EventType, **payload: Any) -> Event:
+        # Seed: "Each event receives the next integer sequence; no component owns a
+        # separate counter."
+        event = Event(self.next_sequence, type, MappingProxyType(payload))
+        self.next_sequence += 1
+        return event
+
+    def _emit(self, type: _EventType, **payload: Any) -> Generator[Event, None, None]:
+        """Yields the next event, then looks at the signal, which its consumer may have set."""
+        yield self._event(type, **payload)
+        self._check_signal()
+
+    def _result(self, status: _RunStatus, **fields: Any) -> RunResult:
+        return RunResult(status, tuple(self.transcript.messages), self.steps, **fields)
+
+
+def _protocol_error(message: str) -> _RunFailure:
+    """Seed: "Contradiction or excess becomes a failed MODEL_PROTOCOL_ERROR result"."""
+    return _RunFailure("MODEL_PROTOCOL_ERROR", message)
+
+
+def _check_request_id(request_id: object, request: ModelRequest) -> None:
+    """Seed: "Request IDs must match the active request." (chunks and responses alike)"""
+    if request_id != request.id:
+        raise _protocol_error(f"{request_id!r} is not the active request {request.id!r}")
+
+
+def _streamed_item(chunk: object, request: ModelRequest) -> str | ToolCall:
+    """Checks one streamed chunk; returns its text or its tool call."""
+    if isinstance(chunk, TextDelta):
+        if not isinstance(chunk.text, str):
+            raise _protocol_error(
+                f"a text chunk's text must be a str, got {type(chunk.text).__name__}"
+            )
+        item: str | ToolCall = chunk.text
+    elif isinstance(chunk, ToolCallChunk):
+        if not isinstance(chunk.tool_call, ToolCall):
+            raise _protocol_error(f"a tool-call chunk carries a {type(chunk.tool_call).__name__}")
+        problem = _block_problem(chunk.tool_call)
+        if problem is not None:
+            raise _protocol_error(problem)
+        item = chunk.tool_call
+    else:
+        raise _protocol_error(f"the model streamed a {type(chunk).__name__}, not a model chunk")
+    _check_request_id(chunk.request_id, request)
+    return item
+
+
+def _normalized(items: Iterable[str | ToolCall]) -> list[str | ToolCall]:
+    """Coalesces adjacent text, with tool calls as boundaries; empty text carries nothing."""
+    # Seed: "the loop coalesces adjacent streamed text deltas and adjacent terminal
+    # text blocks, using Tool calls as boundaries."
+    normalized: list[str | ToolCall] = []
+    for is_text, run in itertools.groupby(items, key=lambda item: isinstance(item, str)):
+        if is_text:
+            text = "".join(cast(Iterable[str], run))
+            if text:
+                normalized.append(text)
+        else:
+            normalized.extend(run)
+    return normalized
+
+
+def _assistant_message(response: ModelResponse) -> AssistantMessage:
+    """The assistant message of a response: id "message-" + response id, content as returned."""
+    return AssistantMessage("message-" + response.id, response.content)
+
+
+def settle_run(run: Generator[Event, None, RunResult]) -> tuple[list[Event], RunResult]:
+    """Drains a run; returns its events and its RunResult."""
+    events: list[Event] = []
+    while True:
+        try:
+            events.append(next(run))
+        except StopIteration as done:
+            return events, done.value
+
+
+# --- Test helpers -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _ScriptedResponse:
+    """One turn of a ScriptedModel: the response it returns and the chunks it streams."""
+
+    id: str
+    content: tuple[_Block, ...]
+    stop_reason: _StopReason
+    chunks: tuple[_Block, ...] | None
+    request_id: str | None
+
+
+def scripted_response(
+    id: str,
+    content: Iterable[_Block],
+    stop_reason: _StopReason,
+    *,
+    chunks: Iterable[_Block] | None = None,
+    request_id: str | None = None,
+) -> _ScriptedResponse:
+    """One scripted model turn.
+
+    The model streams each block of ``chunks`` (default: ``content``) as one chunk
+    with the active request id, then returns ``ModelResponse(id, request_id or the
+    active request id, content, stop_reason)``.
+    """
+    return _ScriptedResponse(
+        id, tuple(content), stop_reason, None if chunks is None else tuple(chunks), request_id
+    )
+
+
+class ScriptedModel:
+    """A deterministic model that replays scripted responses in order, for tests and demos.
+
+    ``requests`` records every ModelRequest and ``call_count`` counts ``stream()``
+    calls. A call with no response left raises RuntimeError (after being counted and
+    recorded), so a run that asks for one turn too many fails with MODEL_STREAM_ERROR.
+    """
+
+    def __init__(self, responses: Iterable[_ScriptedResponse]) -> None:
+        self._responses = tuple(responses)
+        self.requests: list[ModelRequest] = []
+        self.call_count = 0
+
+    @classmethod
+    def from_transcript(cls, messages: Iterable[Message]) -> ScriptedModel:
+        """A model that replays the assistant messages of a recorded transcript, in order."""
+        responses = []
+        for message in messages:
+            if isinstance(message, AssistantMessage):
+                prefix = "message-"
+                response_id = (
+                    message.id[len(prefix) :] if message.id.startswith(prefix) else message.id
+                )
+                stop_reason: _StopReason = "toolCall" if _tool_calls(message) else "stop"
+                responses.append(scripted_response(response_id, message.content, stop_reason))
+        return cls(responses)
+
+    def stream(
+        self, request: ModelRequest, signal: _Signal
+    ) -> Generator[ModelChunk, None, ModelResponse]:
+        self.call_count += 1
+        self.requests.append(request)
+        if self.call_count > len(self._responses):
+            raise RuntimeError(
+                f"ScriptedModel has no response left for {request.id} "
+                f"(it was scripted with {len(self._responses)})"
+            )
+        return self._replay(request, self._responses[self.call_count - 1])
+
+    @staticmethod
+    def _replay(
+        request: ModelRequest, scripted: _ScriptedResponse
+    ) -> Generator[ModelChunk, None, ModelResponse]:
+        blocks = scripted.content if scripted.chunks is None else scripted.chunks
+        for block in blocks:
+            if isinstance(block, TextBlock):
+                yield TextDelta(request.id, block.text)
+            else:
+                yield ToolCallChunk(request.id, block)
+        request_id = request.id if scripted.request_id is None else scripted.request_id
+        return ModelResponse(scripted.id, request_id, scripted.content, scripted.stop_reason)
+
+
+# --- Interop, replay and resumption -------------------------------------------------
+
+_JSON_TYPE_NAMES: Final = {
+    str: "a string",
+    int: "an integer",
+    bool: "a boolean",
+    list: "an array",
+    dict: "an object",
+}
+
+
+def _object(data: object, where: str) -> dict[str, Any]:
+    """Returns data if it is a JSON object; a ValueError names the field otherwise."""
+    if type(data) is not dict:
+        raise ValueError(f"{where} must be an object, got {type(data).__name__}")
+    return data
+
+
+def _read(data: dict[str, Any], key: str, kind: type, where: str) -> Any:
+    """Returns data[key] if it has the JSON type ``kind``; a ValueError names the field if not."""
+    if key not in data:
+        raise ValueError(f"{where}.{key} is missing")
+    value = data[key]
+    if type(value) is not kind:
+        raise ValueError(
+            f"{where}.{key} must be {_JSON_TYPE_NAMES[kind]}, got {type(value).__name__}"
+        )
+    return value
+
+
+def _read_optional(data: dict[str, Any], key: str, kind: type, where: str) -> Any:
+    """Like _read, for a key that may be absent or null."""
+    return None if data.get(key) is None else _read(data, key, kind, where)
+
+
+def _read_choice(data: dict[str, Any], key: str, choices: tuple[str, ...], where: str) -> Any:
+    """Returns data[key] if it is one of the protocol values ``choices``."""
+    value = _read(data, key, str, where)
+    if value not in choices:
+        raise ValueError(f"{where}.{key}: unknown value {value!r} (expected one of {choices})")
+    return value
+
+
+def _block_from_dict(data: object, where: str) -> _Block:
+    block = _object(data, where)
+    if _read_choice(block, "type", ("text", "toolCall"), where) == "text":
+        return TextBlock(_read(block, "text", str, where))
+    call = ToolCall(
+        _read(block, "id", str, where),
+        _read(block, "name", str, where),
+        _read(block, "arguments", dict, where),
+    )
+    if call._argument_problem is not None:
+        raise ValueError(f"{where}.arguments: {call._argument_problem}")
+    return call
+
+
+def _tool_call_from_dict(data: object, where: str) -> ToolCall:
+    block = _block_from_dict(data, where)
+    if not isinstance(block, ToolCall):
+        raise ValueError(f"{where} must be a toolCall block")
+    return block
+
+
+def _message_from_dict(data: object, where: str) -> Message:
+    message = _object(data, where)
+    role = _read_choice(message, "role", ("user", "assistant", "toolResult"), where)
+    message_id = _read(message, "id", str, where)
+    if role == "user":
+        return UserMessage(message_id, _read(message, "content", str, where))
+    if role == "assistant":
+        blocks = _read(message, "content", list, where)
+        return AssistantMessage(
+            message_id,
+            tuple(_block_from_dict(b, f"{where}.content[{i}]") for i, b in enumerate(blocks)),
+        )
+    return ToolResultMessage(
+        message_id,
+        _read(message, "toolCallId", str, where),
+        _read(message, "toolName", str, where),
+        _read(message, "content", str, where),
+        _read(message, "isError", bool, where),
+    )
+
+
+def _tool_result_from_dict(data: object, where: str) -> ToolResultMessage:
+    message = _message_from_dict(data, where)
+    if not isinstance(message, ToolResultMessage):
+        raise ValueError(f"{where} must be a toolResult message")
+    return message
+
+
+def _chunk_from_dict(data: object, where: str) -> ModelChunk:
+    chunk = _object(data, where)
+    request_id = _read(chunk, "requestId", str, where)
+    if _read_choice(chunk, "type", ("text", "toolCall"), where) == "text":
+        return TextDelta(request_id, _read(chunk, "text", str, where))
+    return ToolCallChunk(
+        request_id, _tool_call_from_dict(chunk.get("toolCall"), f"{where}.toolCall")
+    )
+
+
+def _result_from_dict(data: object, where: str) -> RunResult:
+    result = _object(data, where)
+    error = None
+    if result.get("error") is not None:
+        error_data = _object(result["error"], f"{where}.error")
+        error = RunError(
+            _read_choice(error_data, "code", _FAILURE_CODES, f"{where}.error"),
+            _read(error_data, "message", str, f"{where}.error"),
+        )
+    messages = _read(result, "messages", list, where)
+    return RunResult(
+        _read_choice(result, "status", _RUN_STATUSES, where),
+        tuple(_message_from_dict(m, f"{where}.messages[{i}]") for i, m in enumerate(messages)),
+        _read(result, "steps", int, where),
+        final_text=_read_optional(result, "finalText", str, where),
+        max_steps=_read_optional(result, "maxSteps", int, where),
+        error=error,
+    )
+
+
+def _string_from_dict(data: object, where: str) -> str:
+    if type(data) is not str:
+        raise ValueError(f"{where} must be a string, got {type(data).__name__}")
+    return data
+
+
+# For each event type: its payload keys (as in Python) and how to read each from JSON.
+_PAYLOAD_READERS: Final[dict[str, tuple[tuple[str, Callable[[object, str], object]], ...]]] = {
+    "message.accepted": (("message", _message_from_dict),),
+    "model.chunk": (("request_id", _string_from_dict), ("chunk", _chunk_from_dict)),
+    "tool.started": (("request_id", _string_from_dict), ("tool_call", _tool_call_from_dict)),
+    "tool.finished": (
+        ("request_id", _string_from_dict),
+        ("tool_call", _tool_call_from_dict),
+        ("tool_result", _tool_result_from_dict),
+    ),
+    "run.finished": (("result", _result_from_dict),),
+}
+
+
+def message_from_dict(data: Mapping[str, Any]) -> Message:
+    """Reads a message from its ``to_dict()`` form. Raises ValueError naming a malformed field."""
+    return _message_from_dict(data, "message")
+
+
+def event_from_dict(data: Mapping[str, Any]) -> Event:
+    """Reads an event from its ``to_dict()`` form. Raises ValueError naming a malformed field."""
+    event = _object(data, "event")
+    event_type = _read_choice(event, "type", _EVENT_TYPES, "event")
+    payload_data = _object(event.get("payload"), "event.payload")
+    payload = {}
+    for key, reader in _PAYLOAD_READERS[event_type]:
+        json_key = _PAYLOAD_JSON_KEYS[key]
+        payload[key] = reader(payload_data.get(json_key), f"event.payload.{json_key}")
+    return Event(_read(event, "sequence", int, "event"), event_type, MappingProxyType(payload))
+
+
+def open_tool_calls(messages: Iterable[Message]) -> tuple[ToolCall, ...]:
+    """Returns the tool calls that have no result yet, in transcript order."""
+    open_calls: dict[str, ToolCall] = {}
+    for message in messages:
+        if isinstance(message, AssistantMessage):
+            open_calls.update((call.id, call) for call in _tool_calls(message))
+        elif isinstance(message, ToolResultMessage):
+            open_calls.pop(message.tool_call_id, None)
+    return tuple(open_calls.values())
+
+
+def resolve_open_tool_calls(messages: Iterable[Message], content: str) -> tuple[Message, ...]:
+    """Returns the transcript with an ``is_error=True`` result carrying ``content`` for
+    each open tool call, so that a cancelled run's transcript can start a new run.
+
+    The loop never writes such a result itself: whether an interrupted call failed is
+    the caller's decision. Raises TypeError if content is not a str.
+    """
+    if not isinstance(content, str):
+        raise TypeError(f"content must be a str, got {type(content).__name__}")
+    transcript = tuple(messages)
+    return transcript + tuple(
+        _tool_result(call, content, True) for call in open_tool_calls(transcript)
+    )
+
+
+# --- The demonstration --------------------------------------------------------------
+
+
+def _demo_tools() -> ToolRegistry:
+    """Three small tools; the weather station in Atlantis is missing, on purpose."""
+
+    def add(arguments: dict[str, Any], signal: _Signal) -> object:
+        return {"sum": arguments["left"] + arguments["right"]}
+
+    def multiply(arguments: dict[str, Any], signal: _Signal) -> object:
+        return {"product": arguments["left"] * arguments["right"]}
+
+    def weather(arguments: dict[str, Any], signal: _Signal) -> object:
+        stations = {"Lisbon": "sunny, 19 C", "Oslo": "snow, -3 C"}
+        if arguments["city"] not in stations:
+            raise LookupError(f"no weather station in {arguments['city']}")
+        return stations[arguments["city"]]
+
+    two_numbers = {
+        "type": "object",
+        "properties": {"left": {"type": "number"}, "right": {"type": "number"}},
+        "required": ["left", "right"],
+        "additionalProperties": False,
+    }
+    city = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    return ToolRegistry(
+        [
+            Tool("add", "Adds two numbers.", two_numbers, add),
+            Tool("multiply", "Multiplies two numbers.", two_numbers, multiply),
+            Tool("weather", "Reports the weather in a city.", city, weather),
+        ]
+    )
+
+
+def _demo_model() -> ScriptedModel:
+    """A three-step script: one tool, then two tools (one fails), then the answer."""
+    return ScriptedModel(
+        [
+            scripted_response(
+                "response-001",
+                [
+                    TextBlock("First the sum."),
+                    ToolCall("call-add-001", "add", {"left": 20, "right": 22}),
+                ],
+                "toolCall",
+            ),
+            scripted_response(
+                "response-002",
+                [
+                    ToolCall("call-multiply-001", "multiply", {"left": 42, "right": 2}),
+                    ToolCall("call-weather-001", "weather", {"city": "Atlantis"}),
+                ],
+                "toolCall",
+            ),
+            scripted_response(
+                "response-003",
+                [TextBlock("(20 + 22) * 2 = 84. Atlantis has no weather station.")],
+                "stop",
+                chunks=[
+                    TextBlock("(20 + 22) * 2 = 84. "),
+                    TextBlock("Atlantis has no "),
+                    TextBlock("weather station."),
+                ],
+            ),
+        ]
+    )
+
+
+def _brief(call: ToolCall) -> str:
+    return f"{call.name}({json.dumps(_thawed(call.arguments), separators=(',', ':'))}) [{call.id}]"
+
+
+def _demo_line(event: Event) -> str:
+    """One readable line per event: sequence, type, the essentials of the payload."""
+    payload = event.payload
+    if event.type == "message.accepted":
+        message = payload["message"]
+        detail = f"{message.role} {message.id}: {json.dumps(message.content)}"
+    elif event.type == "model.chunk":
+        chunk = payload["chunk"]
+        shown = json.dumps(chunk.text) if isinstance(chunk, TextDelta) else _brief(chunk.tool_call)
+        detail = f"{payload['request_id']} {chunk.type} {shown}"
+    elif event.type == "tool.started":
+        detail = f"{payload['request_id']} {_brief(payload['tool_call'])}"
+    elif event.type == "tool.finished":
+        result = payload["tool_result"]
+        outcome = "error" if result.is_error else "ok"
+        detail = f"{payload['request_id']} {result.tool_name} {outcome}: {result.content}"
+    else:
+        result = payload["result"]
+        detail = f"{result.status} after {result.steps} step(s)"
+    return f"{event.sequence:3d}  {event.type:<16}  {detail}"
+
+
+def _demo_result(result: RunResult) -> str:
+    lines = [f"result: {result.status}, {result.steps} step(s), {len(result.messages)} messages"]
+    if result.final_text is not None:
+        lines.append(f"final text: {result.final_text}")
+    if result.max_steps is not None:
+        lines.append(f"the budget of {result.max_steps} step(s) ended the run")
+    if result.error is not None:
+        lines.append(f"error: {result.error.code}: {result.error.message}")
+    open_calls = open_tool_calls(result.messages)
+    if open_calls:
+        lines.append("left without a result: " + ", ".join(call.id for call in open_calls))
+    return "\n".join(lines)
+
+
+def _bounded_int(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not in {low}..{high}")
+        return value
+
+    return parse
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    """The demonstration: a scripted run over three tools, printed one event per line."""
+    parser = argparse.ArgumentParser(
+        prog="python agent_loop.py",
+        description=(
+            "Runs the Agent Loop on a scripted model with three tools (add, multiply, "
+            "weather): a first step that calls one tool, a second that calls two (one of "
+            "them fails, recoverably), and a final answer. Prints each event on one "
+            "line, then the result. No network; the output is deterministic."
+        ),
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print each event as one JSON line (to_dict form), nothing else",
+    )
+    parser.add_argument(
+        "--max-steps",
+        type=_bounded_int(1, MAX_AGENT_STEPS),
+        default=MAX_AGENT_STEPS,
+        metavar="N",
+        help=f"the step budget, 1..{MAX_AGENT_STEPS} (the demo needs 3; fewer ends it maxSteps)",
+    )
+    parser.add_argument(
+        "--cancel-after",
+        type=_bounded_int(0, sys.maxsize),
+        metavar="K",
+        help="set the cancellation signal once the event with sequence K has been printed",
+    )
+    options = parser.parse_args(argv)
+    signal = threading.Event()
+    run = run_agent_loop(
+        messages=[UserMessage("user-001", "What is (20 + 22) * 2? And the weather in Atlantis?")],
+        model=_demo_model(),
+        tools=_demo_tools(),
+        max_steps=options.max_steps,
+        signal=signal,
+    )
+    while True:
+        try:
+            event = next(run)
+        except StopIteration as done:
+            result: RunResult = done.value
+            break
+        print(
+            json.dumps(event.to_dict(), ensure_ascii=False) if options.json else _demo_line(event)
+        )
+        if event.sequence == options.cancel_after:
+            signal.set()
+    if not options.json:
+        print(_demo_result(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())
