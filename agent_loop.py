@@ -932,7 +932,10 @@ class _Transcript:
             if answered is None:
                 return f"tool result {message.id!r} answers no open tool call"
             if answered.name != message.tool_name:
-                return f"tool result {message.id!r} is for {answered.name!r}, not {message.tool_name!r}"
+                return (
+                    f"tool result {message.id!r} names tool {message.tool_name!r}, "
+                    f"but its call names {answered.name!r}"
+                )
         return None
 
     def append(self, message: Message) -> None:
