@@ -1398,7 +1398,7 @@ _JSON_TYPE_NAMES: Final = {
 
 
 def _object(data: object, where: str) -> dict[str, Any]:
-    """Returns data if it is a JSON object; a ValueError names the field otherwise."""
+    """Returns data if it is a JSON object (a dict); a ValueError names the field if not."""
     if type(data) is not dict:
         raise ValueError(f"{where} must be an object, got {type(data).__name__}")
     return data
@@ -1484,7 +1484,8 @@ def _chunk_from_dict(data: object, where: str) -> ModelChunk:
     if _read_choice(chunk, "type", ("text", "toolCall"), where) == "text":
         return TextDelta(request_id, _read(chunk, "text", str, where))
     return ToolCallChunk(
-        request_id, _tool_call_from_dict(chunk.get("toolCall"), f"{where}.toolCall")
+        request_id,
+        _tool_call_from_dict(_read(chunk, "toolCall", dict, where), f"{where}.toolCall"),
     )
 
 
@@ -1528,20 +1529,24 @@ _PAYLOAD_READERS: Final[dict[str, tuple[tuple[str, Callable[[object, str], objec
 }
 
 
-def message_from_dict(data: Mapping[str, Any]) -> Message:
-    """Reads a message from its ``to_dict()`` form. Raises ValueError naming a malformed field."""
+def message_from_dict(data: dict[str, Any]) -> Message:
+    """Reads a message from its ``to_dict()`` form (plain dicts and lists, as json.loads
+    gives). Raises ValueError naming the field that is missing or malformed."""
     return _message_from_dict(data, "message")
 
 
-def event_from_dict(data: Mapping[str, Any]) -> Event:
-    """Reads an event from its ``to_dict()`` form. Raises ValueError naming a malformed field."""
+def event_from_dict(data: dict[str, Any]) -> Event:
+    """Reads an event from its ``to_dict()`` form (plain dicts and lists, as json.loads
+    gives). Raises ValueError naming the field that is missing or malformed."""
     event = _object(data, "event")
     event_type = _read_choice(event, "type", _EVENT_TYPES, "event")
-    payload_data = _object(event.get("payload"), "event.payload")
+    payload_data = _read(event, "payload", dict, "event")
     payload = {}
     for key, reader in _PAYLOAD_READERS[event_type]:
         json_key = _PAYLOAD_JSON_KEYS[key]
-        payload[key] = reader(payload_data.get(json_key), f"event.payload.{json_key}")
+        if json_key not in payload_data:
+            raise ValueError(f"event.payload.{json_key} is missing")
+        payload[key] = reader(payload_data[json_key], f"event.payload.{json_key}")
     return Event(_read(event, "sequence", int, "event"), event_type, MappingProxyType(payload))
 
 
