@@ -118,53 +118,53 @@ if TYPE_CHECKING:  # annotations only: the module needs nothing at run time
 
 __version__ = "1.0.0"
 
-__all__ = [
+__all__ = [  # grouped as in API.md
+    # Entry point
+    "run_agent_loop",
+    "settle_run",
     # Message IR
     "JSON",
+    "TextBlock",
+    "ToolCall",
+    "UserMessage",
+    "AssistantMessage",
+    "ToolResultMessage",
+    "Message",
+    "text_from_assistant",
+    "message_from_dict",
+    # Model boundary
+    "Model",
+    "ModelRequest",
+    "TextDelta",
+    "ToolCallChunk",
+    "ModelChunk",
+    "ModelResponse",
+    # Tools
+    "Tool",
+    "ToolSpec",
+    "ToolRegistry",
+    "execute_tool_call",
+    # Events and results
+    "Event",
+    "RunResult",
+    "RunError",
+    "event_from_dict",
     # Limits
     "MAX_AGENT_STEPS",
-    "MAX_ARGUMENT_DEPTH",
-    "MAX_ARGUMENT_SLOTS",
-    "MAX_ARGUMENT_TEXT",
-    "MAX_ARGUMENT_VALUES",
-    "MAX_ASSISTANT_BLOCKS",
     "MAX_INITIAL_MESSAGES",
     "MAX_STEP_CHUNKS",
     "MAX_STEP_TEXT",
-    "AssistantMessage",
-    # Events and results
-    "Event",
-    "Message",
-    # Model boundary
-    "Model",
-    "ModelChunk",
-    "ModelRequest",
-    "ModelResponse",
-    "RunError",
-    "RunResult",
+    "MAX_ASSISTANT_BLOCKS",
+    "MAX_ARGUMENT_DEPTH",
+    "MAX_ARGUMENT_VALUES",
+    "MAX_ARGUMENT_SLOTS",
+    "MAX_ARGUMENT_TEXT",
     # Test helpers
     "ScriptedModel",
-    "TextBlock",
-    "TextDelta",
-    # Tools
-    "Tool",
-    "ToolCall",
-    "ToolCallChunk",
-    "ToolRegistry",
-    "ToolResultMessage",
-    "ToolSpec",
-    "UserMessage",
-    "event_from_dict",
-    "execute_tool_call",
-    "message_from_dict",
+    "scripted_response",
     # Interop, replay and resumption
     "open_tool_calls",
     "resolve_open_tool_calls",
-    # Entry point
-    "run_agent_loop",
-    "scripted_response",
-    "settle_run",
-    "text_from_assistant",
 ]
 
 
@@ -289,7 +289,7 @@ class AssistantMessage:
     """A complete assistant response: text and tool-call blocks, in the model's order."""
 
     id: str
-    content: tuple[_Block, ...]
+    content: Sequence[_Block]  # any sequence; stored as a tuple
     role: ClassVar[Literal["assistant"]] = "assistant"
 
     def __post_init__(self) -> None:
@@ -738,7 +738,7 @@ class ModelResponse:
 
     id: str
     request_id: str
-    content: tuple[_Block, ...]
+    content: Sequence[_Block]  # any sequence; stored as a tuple
     stop_reason: _StopReason
 
     def __post_init__(self) -> None:
