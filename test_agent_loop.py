@@ -9,8 +9,14 @@ module by putting that copy first on sys.path.
 from __future__ import annotations
 
 import collections.abc
+import copy
+import dataclasses
 import inspect
 import itertools
+import json
+import os
+import subprocess
+import sys
 import threading
 from typing import (
     Any,
@@ -18,6 +24,7 @@ from typing import (
     Generator,
     Iterable,
     Iterator,
+    Mapping,
     Sequence,
     cast,
 )
@@ -1340,27 +1347,6 @@ class TestInvalidStartingTranscript:
         assert result.messages == ()
         assert result.steps == 0
 
-    @pytest.mark.parametrize(
-        ("count", "status"),
-        [
-            pytest.param(al.MAX_INITIAL_MESSAGES, "completed", id="at-limit"),
-            pytest.param(al.MAX_INITIAL_MESSAGES + 1, "failed", id="over-limit"),
-        ],
-    )
-    def test_starting_messages_are_capped_at_4096(self, count: int, status: str) -> None:
-        """Seed: "Initial messages are capped at 4096"."""
-        messages = numbered_users(count)
-        events, result, model = run([stop("response-001")], messages=messages)
-
-        assert result.status == status
-        if status == "completed":
-            assert types_of(events).count("message.accepted") == 4096
-            assert model.requests[0].messages == tuple(messages)
-        else:
-            assert_failed(events, result, "INVALID_TRANSCRIPT")
-            assert types_of(events) == ["run.finished"]
-            assert model.call_count == 0
-
     def test_an_endless_generator_of_messages_fails_instead_of_hanging(self) -> None:
         """Documented choice: at most MAX_INITIAL_MESSAGES + 1 items are read."""
         read = []
@@ -1815,3 +1801,2768 @@ class TestRunHelpers:
             assert not received[0].is_set()
         else:
             assert received[0] is signal
+
+
+# --- Helpers of the limit, argument, schema and registry classes ------------------------
+
+
+def _lim_plain(value: object) -> Any:
+    """A plain copy (dicts and lists) of JSON, frozen or not, to compare with a literal."""
+    if isinstance(value, Mapping):
+        return {key: _lim_plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_lim_plain(item) for item in value]
+    return value
+
+
+def _lim_is_plain(value: object) -> bool:
+    """True if value is made of dict (str keys), list and JSON scalars only."""
+    if type(value) is dict:
+        return all(type(key) is str and _lim_is_plain(item) for key, item in value.items())
+    if type(value) is list:
+        return all(_lim_is_plain(item) for item in value)
+    return value is None or type(value) in (bool, int, float, str)
+
+
+def _lim_same_json(left: object, right: object) -> bool:
+    """JSON equality that also tells True from 1 and 1 from 1.0, and keeps key order."""
+    return json.dumps(left) == json.dumps(right)
+
+
+def _lim_probe(received: list[dict[str, Any]], parameters: Any | None = None) -> al.Tool:
+    """A tool named "probe" that records the arguments it was given and returns "ok"."""
+
+    def execute(arguments: dict[str, Any], signal: Any) -> object:
+        received.append(arguments)
+        return "ok"
+
+    schema = {"type": "object"} if parameters is None else parameters
+    return al.Tool("probe", "Records its arguments.", schema, execute)
+
+
+def _lim_run_call(
+    arguments: Any,
+) -> tuple[list[al.Event], al.RunResult, al.ScriptedModel, list[dict[str, Any]]]:
+    """Runs one step that calls "probe" with ``arguments``, then a step that stops."""
+    received: list[dict[str, Any]] = []
+    tool_call = al.ToolCall("call-probe-001", "probe", arguments)
+    events, result, model = run(
+        [
+            al.scripted_response("response-001", [tool_call], "toolCall"),
+            al.scripted_response("response-002", [text("done")], "stop"),
+        ],
+        tools=[_lim_probe(received)],
+    )
+    return events, result, model, received
+
+
+def _lim_assert_failed(
+    events: list[al.Event], result: al.RunResult, code: str, *words: str
+) -> None:
+    """The run failed with ``code``, and its error message names each of ``words``."""
+    assert_well_formed(events, result)
+    assert result.status == "failed"
+    assert result.error is not None
+    assert result.error.code == code
+    for word in words:
+        assert word in result.error.message
+
+
+def _lim_assert_no_tool_ran(
+    events: list[al.Event],
+    result: al.RunResult,
+    model: al.ScriptedModel,
+    received: list[dict[str, Any]],
+) -> None:
+    """Nothing of the failed step was kept: no tool ran, no assistant message was appended."""
+    assert received == []
+    assert "tool.started" not in types_of(events)
+    assert model.call_count == 1
+    assert result.messages == (user(),)
+
+
+def _lim_assert_tool_received(
+    events: list[al.Event],
+    result: al.RunResult,
+    received: list[dict[str, Any]],
+    arguments: Any,
+) -> None:
+    """The run completed and the tool ran once, with exactly ``arguments`` as plain JSON."""
+    assert_well_formed(events, result)
+    assert result.status == "completed"
+    assert len(received) == 1
+    assert _lim_is_plain(received[0])
+    assert _lim_same_json(received[0], arguments)
+
+
+def _lim_nested(depth: int) -> Any:
+    """Arguments with ``depth`` nested containers (objects and arrays in turn) around a 0."""
+    value: Any = 0
+    for level in reversed(range(depth)):
+        value = {"k": value} if level % 2 == 0 else [value]
+    return value
+
+
+def _lim_chunk_events(events: list[al.Event]) -> int:
+    return types_of(events).count("model.chunk")
+
+
+_LIM_AT_LIMIT = pytest.param(True, id="at-limit")
+_LIM_OVER_LIMIT = pytest.param(False, id="over-limit")
+
+
+# --- Limits ------------------------------------------------------------------------------
+
+
+class TestLimits:
+    """Seed: "The loop caps one step at 1024 chunks, 65,536 Unicode code points of text,
+    and 1024 assistant blocks." Every limit is inclusive: the limit passes, one more fails."""
+
+    def test_limit_constants_are_the_seeds_numbers(self) -> None:
+        """Seed: "MAX_AGENT_STEPS, which is 64"; "Initial messages are capped at 4096"; "1024
+        chunks, 65,536 Unicode code points of text, and 1024 assistant blocks"; "depth 32, at
+        most 257 values including the root, 256 object fields plus array slots, and 4096
+        Unicode code points across keys/string values"."""
+        assert al.MAX_AGENT_STEPS == 64
+        assert al.MAX_INITIAL_MESSAGES == 4096
+        assert al.MAX_STEP_CHUNKS == 1024
+        assert al.MAX_STEP_TEXT == 65536
+        assert al.MAX_ASSISTANT_BLOCKS == 1024
+        assert al.MAX_ARGUMENT_DEPTH == 32
+        assert al.MAX_ARGUMENT_VALUES == 257
+        assert al.MAX_ARGUMENT_SLOTS == 256
+        assert al.MAX_ARGUMENT_TEXT == 4096
+
+    @pytest.mark.parametrize(
+        ("count", "passes"),
+        [pytest.param(4096, True, id="at-limit"), pytest.param(4097, False, id="over-limit")],
+    )
+    def test_initial_messages(self, count: int, passes: bool) -> None:
+        """Seed: "Initial messages are capped at 4096 ... An invalid starting transcript
+        produces one run.finished event with a failed INVALID_TRANSCRIPT result and never
+        invokes the model." """
+        start = [al.UserMessage(f"user-{index:04d}", "hi") for index in range(count)]
+        events, result, model = run(
+            [al.scripted_response("response-001", [text("hello")], "stop")], messages=start
+        )
+        assert_well_formed(events, result)
+        if passes:
+            assert result.status == "completed"
+            assert types_of(events)[:count] == ["message.accepted"] * count
+            assert [event.payload["message"] for event in events[:count]] == start
+            assert model.call_count == 1
+            assert model.requests[0].messages == tuple(start)
+            assert result.messages[:count] == tuple(start)
+        else:
+            _lim_assert_failed(events, result, "INVALID_TRANSCRIPT", "4096")
+            assert types_of(events) == ["run.finished"]
+            assert model.call_count == 0
+            assert result.messages == ()
+
+    @pytest.mark.parametrize(
+        ("count", "passes"),
+        [pytest.param(1024, True, id="at-limit"), pytest.param(1025, False, id="over-limit")],
+    )
+    def test_step_chunks(self, count: int, passes: bool) -> None:
+        """Seed: "The loop caps one step at 1024 chunks". The chunk over the cap gets no
+        model.chunk event, and the unfinished assistant message is not appended."""
+        response = al.scripted_response(
+            "response-001", [text("a" * count)], "stop", chunks=[text("a")] * count
+        )
+        events, result, model = run([response])
+        assert_well_formed(events, result)
+        assert _lim_chunk_events(events) == 1024
+        if passes:
+            assert result.status == "completed"
+            assert result.final_text == "a" * 1024
+        else:
+            _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "1024")
+            assert result.messages == (user(),)
+            assert model.call_count == 1
+
+    @pytest.mark.parametrize(
+        ("count", "passes"),
+        [pytest.param(1024, True, id="at-limit"), pytest.param(1025, False, id="over-limit")],
+    )
+    def test_empty_chunks_count_toward_the_chunk_cap(self, count: int, passes: bool) -> None:
+        """An empty text delta carries no text, but it is still a chunk of the step."""
+        response = al.scripted_response("response-001", [], "stop", chunks=[text("")] * count)
+        events, result, _ = run([response])
+        assert _lim_chunk_events(events) == 1024
+        if passes:
+            assert result.status == "completed"
+            assert result.final_text == ""
+        else:
+            _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "1024")
+            assert result.messages == (user(),)
+
+    @pytest.mark.parametrize("passes", [_LIM_AT_LIMIT, _LIM_OVER_LIMIT])
+    def test_step_text_in_code_points(self, passes: bool) -> None:
+        """Seed: "65,536 Unicode code points of text": a non-BMP character is one code point
+        (two UTF-16 units), so 65,536 emoji pass and one more fails."""
+        chunks = [text("😀" * 1024)] * 64 + ([] if passes else [text("😀")])
+        full = "".join(chunk.text for chunk in chunks)
+        assert len(full.encode("utf-16-le")) // 2 > 65536  # in UTF-16 units it is far over
+        response = al.scripted_response("response-001", [text(full)], "stop", chunks=chunks)
+        events, result, _ = run([response])
+        if passes:
+            assert_well_formed(events, result)
+            assert result.status == "completed"
+            assert result.final_text == full
+            assert len(full) == 65536
+            assert _lim_chunk_events(events) == 64
+        else:
+            _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "65536")
+            assert _lim_chunk_events(events) == 64  # the chunk over the limit has no event
+            assert result.messages == (user(),)
+
+    @pytest.mark.parametrize("passes", [_LIM_AT_LIMIT, _LIM_OVER_LIMIT])
+    def test_step_text_at_the_chunk_cap(self, passes: bool) -> None:
+        """1024 chunks of 64 ASCII characters are exactly both caps and pass; one more
+        character in the last chunk breaks the text cap alone."""
+        chunks = [text("x" * 64)] * 1023 + [text("x" * (64 if passes else 65))]
+        full = "".join(chunk.text for chunk in chunks)
+        response = al.scripted_response("response-001", [text(full)], "stop", chunks=chunks)
+        events, result, _ = run([response])
+        if passes:
+            assert_well_formed(events, result)
+            assert result.status == "completed"
+            assert result.final_text == "x" * 65536
+            assert _lim_chunk_events(events) == 1024
+        else:
+            _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "65536")
+            assert _lim_chunk_events(events) == 1023
+            assert result.messages == (user(),)
+
+    @pytest.mark.parametrize(
+        ("count", "passes"),
+        [pytest.param(1024, True, id="at-limit"), pytest.param(1025, False, id="over-limit")],
+    )
+    def test_assistant_blocks_as_returned(self, count: int, passes: bool) -> None:
+        """Seed: "... and 1024 assistant blocks", counted as the response returns them, before
+        coalescing: 1025 text blocks streamed as one chunk are too many."""
+        blocks = [text("a")] * count
+        response = al.scripted_response("response-001", blocks, "stop", chunks=[text("a" * count)])
+        events, result, model = run([response])
+        assert _lim_chunk_events(events) == 1
+        if passes:
+            assert_well_formed(events, result)
+            assert result.status == "completed"
+            assert result.messages[-1] == al.AssistantMessage(
+                "message-response-001", tuple(blocks)
+            )
+            assert len(result.messages[-1].content) == 1024
+            assert result.final_text == "a" * 1024
+        else:
+            _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "1024")
+            assert result.messages == (user(),)
+            assert model.call_count == 1
+
+    @pytest.mark.parametrize(
+        ("depth", "passes"),
+        [pytest.param(32, True, id="at-limit"), pytest.param(33, False, id="over-limit")],
+    )
+    def test_argument_depth(self, depth: int, passes: bool) -> None:
+        """Seed: "Tool arguments must be plain bounded JSON with depth 32"; ``{}`` has depth 1
+        and a scalar 0. "These checks occur before a Tool effect." """
+        arguments = _lim_nested(depth)
+        events, result, model, received = _lim_run_call(arguments)
+        if passes:
+            _lim_assert_tool_received(events, result, received, arguments)
+        else:
+            _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "32")
+            _lim_assert_no_tool_ran(events, result, model, received)
+
+    @pytest.mark.parametrize("passes", [_LIM_AT_LIMIT, _LIM_OVER_LIMIT])
+    def test_argument_depth_of_objects_only(self, passes: bool) -> None:
+        """Depth counts objects too: 32 nested objects pass, 33 fail."""
+        arguments: dict[str, Any] = {}
+        for _ in range(31 if passes else 32):
+            arguments = {"k": arguments}
+        events, result, model, received = _lim_run_call(arguments)
+        if passes:
+            _lim_assert_tool_received(events, result, received, arguments)
+        else:
+            _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "32")
+            _lim_assert_no_tool_ran(events, result, model, received)
+
+    @pytest.mark.parametrize(
+        ("count", "passes"),
+        [pytest.param(255, True, id="at-limit"), pytest.param(256, False, id="over-limit")],
+    )
+    def test_argument_values(self, count: int, passes: bool) -> None:
+        """Seed: "at most 257 values including the root": the root, one array, and 255
+        numbers in it are 257 values."""
+        arguments = {"xs": list(range(count))}
+        events, result, model, received = _lim_run_call(arguments)
+        if passes:
+            _lim_assert_tool_received(events, result, received, arguments)
+        else:
+            _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "257")
+            _lim_assert_no_tool_ran(events, result, model, received)
+
+    @pytest.mark.parametrize("passes", [_LIM_AT_LIMIT, _LIM_OVER_LIMIT])
+    def test_argument_values_count_like_the_example(self, passes: bool) -> None:
+        """``{"a": [1]}`` counts 3 values, so 128 of its fields make 257 values with the root;
+        one more element in one array makes 258."""
+        arguments: dict[str, Any] = {f"a{index:03d}": [1] for index in range(128)}
+        if not passes:
+            arguments["a127"].append(2)
+        events, result, model, received = _lim_run_call(arguments)
+        if passes:
+            _lim_assert_tool_received(events, result, received, arguments)
+        else:
+            _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "257")
+            _lim_assert_no_tool_ran(events, result, model, received)
+
+    @pytest.mark.parametrize(
+        ("count", "passes"),
+        [pytest.param(256, True, id="at-limit"), pytest.param(257, False, id="over-limit")],
+    )
+    def test_argument_slots_of_object_fields(self, count: int, passes: bool) -> None:
+        """Seed: "256 object fields plus array slots": 256 fields of one object pass."""
+        arguments = {f"f{index:03d}": index for index in range(count)}
+        events, result, model, received = _lim_run_call(arguments)
+        if passes:
+            _lim_assert_tool_received(events, result, received, arguments)
+        else:
+            _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "256")
+            _lim_assert_no_tool_ran(events, result, model, received)
+
+    @pytest.mark.parametrize(
+        ("slots", "passes"),
+        [pytest.param(128, True, id="at-limit"), pytest.param(129, False, id="over-limit")],
+    )
+    def test_argument_slots_of_fields_plus_array_slots(self, slots: int, passes: bool) -> None:
+        """Fields and array slots add up: 128 object fields (one of them an array) plus 128
+        array slots are 256 and pass; one more slot fails."""
+        arguments: dict[str, Any] = {f"f{index:03d}": None for index in range(127)}
+        arguments["xs"] = [True] * slots
+        assert len(arguments) + slots == (256 if passes else 257)
+        events, result, model, received = _lim_run_call(arguments)
+        if passes:
+            _lim_assert_tool_received(events, result, received, arguments)
+        else:
+            _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "256")
+            _lim_assert_no_tool_ran(events, result, model, received)
+
+    @pytest.mark.parametrize(
+        ("length", "passes"),
+        [pytest.param(4000, True, id="at-limit"), pytest.param(4001, False, id="over-limit")],
+    )
+    def test_argument_text_in_code_points(self, length: int, passes: bool) -> None:
+        """Seed: "4096 Unicode code points across keys/string values": a 96-emoji key and a
+        4000-emoji value are 4096 code points (8192 UTF-16 units) and pass."""
+        arguments = {"😀" * 96: "😀" * length}
+        events, result, model, received = _lim_run_call(arguments)
+        if passes:
+            _lim_assert_tool_received(events, result, received, arguments)
+        else:
+            _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "4096")
+            _lim_assert_no_tool_ran(events, result, model, received)
+
+    @pytest.mark.parametrize(
+        ("length", "passes"),
+        [pytest.param(4095, True, id="at-limit"), pytest.param(4096, False, id="over-limit")],
+    )
+    def test_argument_text_counts_keys(self, length: int, passes: bool) -> None:
+        """Keys count: a 1-character key with a 4096-character value is 4097 code points."""
+        arguments = {"k": "a" * length}
+        events, result, model, received = _lim_run_call(arguments)
+        if passes:
+            _lim_assert_tool_received(events, result, received, arguments)
+        else:
+            _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "4096")
+            _lim_assert_no_tool_ran(events, result, model, received)
+
+    @pytest.mark.parametrize(
+        ("length", "passes"),
+        [pytest.param(2044, True, id="at-limit"), pytest.param(2045, False, id="over-limit")],
+    )
+    def test_argument_text_adds_up_across_strings(self, length: int, passes: bool) -> None:
+        """Text adds up across every key and string, in arrays and nested objects too:
+        keys a, b, c, n and the strings, not the number 5."""
+        arguments = {"a": ["😀" * 2048], "b": {"c": "é" * length, "n": 5}}
+        total = 1 + 2048 + 1 + 1 + length + 1
+        assert total == (4096 if passes else 4097)
+        events, result, model, received = _lim_run_call(arguments)
+        if passes:
+            _lim_assert_tool_received(events, result, received, arguments)
+        else:
+            _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "4096")
+            _lim_assert_no_tool_ran(events, result, model, received)
+
+    def test_an_argument_violation_stops_earlier_calls_of_the_batch(self) -> None:
+        """Seed: "These checks occur before a Tool effect": a bad call late in the response
+        keeps the valid call before it from running."""
+        received: list[dict[str, Any]] = []
+        good = al.ToolCall("call-probe-001", "probe", {"n": 1})
+        bad = al.ToolCall("call-probe-002", "probe", _lim_nested(33))
+        events, result, model = run(
+            [al.scripted_response("response-001", [good, bad], "toolCall")],
+            tools=[_lim_probe(received)],
+        )
+        _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "call-probe-002")
+        _lim_assert_no_tool_ran(events, result, model, received)
+        assert _lim_chunk_events(events) == 1  # the good call streamed; the bad one did not
+
+    def test_an_argument_violation_in_the_terminal_response_only(self) -> None:
+        """A bad call that only the terminal response holds is found there, before any tool."""
+        received: list[dict[str, Any]] = []
+        bad = al.ToolCall("call-probe-001", "probe", {"k": "a" * 4096})
+        events, result, model = run(
+            [al.scripted_response("response-001", [bad], "toolCall", chunks=[])],
+            tools=[_lim_probe(received)],
+        )
+        _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "4096")
+        _lim_assert_no_tool_ran(events, result, model, received)
+        assert _lim_chunk_events(events) == 0
+
+
+# --- Plain JSON arguments ----------------------------------------------------------------
+
+
+class _LimCustom:
+    """An object that is not JSON."""
+
+
+def _lim_cyclic_root() -> dict[str, Any]:
+    arguments: dict[str, Any] = {"a": 1}
+    arguments["self"] = arguments
+    return arguments
+
+
+def _lim_cyclic_list() -> dict[str, Any]:
+    items: list[Any] = [1]
+    items.append(items)
+    return {"xs": items}
+
+
+def _lim_shared_list() -> dict[str, Any]:
+    shared = [1, 2]
+    return {"a": shared, "b": shared}
+
+
+def _lim_shared_object() -> dict[str, Any]:
+    shared = {"k": "v"}
+    return {"xs": [shared, shared]}
+
+
+_LIM_NOT_PLAIN = [
+    pytest.param(lambda: {"x": float("nan")}, id="nan"),
+    pytest.param(lambda: {"x": float("inf")}, id="inf"),
+    pytest.param(lambda: {"x": [float("-inf")]}, id="minus-inf-in-array"),
+    pytest.param(lambda: {"x": {1, 2}}, id="set"),
+    pytest.param(lambda: {"x": frozenset()}, id="frozenset"),
+    pytest.param(lambda: {"x": b"bytes"}, id="bytes"),
+    pytest.param(lambda: {1: "one"}, id="int-key"),
+    pytest.param(lambda: {"x": {None: 1}}, id="none-key-nested"),
+    pytest.param(lambda: {"x": {("a",): 1}}, id="tuple-key"),
+    pytest.param(_lim_shared_list, id="shared-list"),
+    pytest.param(_lim_shared_object, id="shared-object"),
+    pytest.param(_lim_cyclic_root, id="cyclic-dict"),
+    pytest.param(_lim_cyclic_list, id="cyclic-list"),
+    pytest.param(lambda: {"x": _LimCustom()}, id="custom-object"),
+    pytest.param(lambda: {"x": object()}, id="object"),
+    pytest.param(lambda: [1], id="list-root"),
+    pytest.param(lambda: "text", id="str-root"),
+    pytest.param(lambda: None, id="none-root"),
+]
+
+
+class TestPlainJsonArguments:
+    """Seed: "Tool arguments must be plain bounded JSON ... These checks occur before a Tool
+    effect. Contradiction or excess becomes a failed MODEL_PROTOCOL_ERROR result." """
+
+    @pytest.mark.parametrize("make", _LIM_NOT_PLAIN)
+    def test_not_plain_arguments_fail_before_any_tool(self, make: Callable[[], Any]) -> None:
+        """Plain JSON is dict with str keys, list, str, int, finite float, bool and None, with
+        no object reachable twice; anything else fails the run before the tool runs."""
+        events, result, model, received = _lim_run_call(make())
+        _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "call-probe-001")
+        _lim_assert_no_tool_ran(events, result, model, received)
+
+    @pytest.mark.parametrize("make", _LIM_NOT_PLAIN)
+    def test_tool_call_construction_never_raises(self, make: Callable[[], Any]) -> None:
+        """The documented choice (ToolCall's docstring; API.md allows either): the constructor
+        never rejects arguments, it keeps them for the loop to reject."""
+        tool_call = al.ToolCall("call-001", "probe", make())
+        assert tool_call.id == "call-001"
+        assert tool_call.name == "probe"
+
+    def test_tuples_are_accepted_as_arrays(self) -> None:
+        """Frozen arrays are tuples, so a tuple is an array; the tool receives lists."""
+        events, result, _, received = _lim_run_call({"xs": (1, (2, "three"), [])})
+        _lim_assert_tool_received(events, result, received, {"xs": [1, [2, "three"], []]})
+        assert type(received[0]["xs"][1]) is list
+
+    def test_frozen_arguments_of_another_call_are_accepted(self) -> None:
+        """A call built from another call's (frozen) arguments is plain JSON and equal."""
+        first = al.ToolCall("call-probe-001", "probe", {"o": {"k": [1, None]}, "s": "x"})
+        events, result, _, received = _lim_run_call(first.arguments)
+        _lim_assert_tool_received(events, result, received, {"o": {"k": [1, None]}, "s": "x"})
+        assert al.ToolCall("call-probe-001", "probe", first.arguments) == first
+
+    def test_equal_scalars_may_repeat(self) -> None:
+        """Only a container reachable twice is a violation: the same string or number may
+        appear any number of times."""
+        same = "same"
+        arguments = {"a": same, "b": same, "c": [same, same], "d": 1, "e": 1, "f": [[], []]}
+        events, result, _, received = _lim_run_call(arguments)
+        _lim_assert_tool_received(events, result, received, arguments)
+
+    def test_arguments_nested_100000_deep_fail_without_recursion_error(self) -> None:
+        """A pathological nesting is found at the 33rd level, not by exhausting the stack."""
+        deep: Any = 0
+        for _ in range(100_000):
+            deep = [deep]
+        tool_call = al.ToolCall("call-probe-001", "probe", {"deep": deep})  # does not raise
+        assert tool_call.name == "probe"
+        events, result, model, received = _lim_run_call({"deep": deep})
+        _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "32")
+        _lim_assert_no_tool_ran(events, result, model, received)
+
+    def test_objects_nested_100000_deep_fail_without_recursion_error(self) -> None:
+        """The same with objects only: no RecursionError escapes, the run fails cleanly."""
+        deep: dict[str, Any] = {}
+        for _ in range(100_000):
+            deep = {"k": deep}
+        events, result, model, received = _lim_run_call(deep)
+        _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "32")
+        _lim_assert_no_tool_ran(events, result, model, received)
+
+    def test_ten_megabyte_string_fails_with_protocol_error(self) -> None:
+        """A 10 MB string is one value over the text bound: the run fails, no tool runs."""
+        events, result, model, received = _lim_run_call({"s": "x" * 10_000_000})
+        _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "4096")
+        _lim_assert_no_tool_ran(events, result, model, received)
+
+
+# --- The Message IR is frozen ------------------------------------------------------------
+
+
+def _lim_ir_instances() -> list[Any]:
+    return [
+        al.TextBlock("hello"),
+        al.ToolCall("call-001", "add", {"left": 1, "right": 2}),
+        al.UserMessage("user-001", "hi"),
+        al.AssistantMessage("message-001", (al.TextBlock("hello"),)),
+        al.ToolResultMessage("tool-result-call-001", "call-001", "add", "3", False),
+    ]
+
+
+class TestToolCallIsFrozen:
+    """API.md: the Message IR is frozen dataclasses compared by value; "the run's transcript
+    never changes under anyone"."""
+
+    @pytest.mark.parametrize(
+        ("index", "field_name"),
+        [
+            pytest.param(0, "text", id="TextBlock"),
+            pytest.param(1, "arguments", id="ToolCall"),
+            pytest.param(1, "id", id="ToolCall-id"),
+            pytest.param(2, "content", id="UserMessage"),
+            pytest.param(3, "content", id="AssistantMessage"),
+            pytest.param(4, "is_error", id="ToolResultMessage"),
+        ],
+    )
+    def test_ir_classes_are_frozen(self, index: int, field_name: str) -> None:
+        instance = _lim_ir_instances()[index]
+        before = getattr(instance, field_name)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(instance, field_name, "changed")
+        assert getattr(instance, field_name) is before
+
+    def test_ir_classes_compare_by_value(self) -> None:
+        assert _lim_ir_instances() == _lim_ir_instances()
+        assert al.TextBlock("a") != al.TextBlock("b")
+        assert al.UserMessage("user-001", "a") != al.UserMessage("user-002", "a")
+        assert al.ToolResultMessage("r", "c", "t", "x", False) != al.ToolResultMessage(
+            "r", "c", "t", "x", True
+        )
+        assert al.ToolCall("c", "t", {}) != al.ToolCall("d", "t", {})
+        assert al.ToolCall("c", "t", {}) != al.ToolCall("c", "u", {})
+        assert al.ToolCall("c", "t", {}) != al.TextBlock("c")
+
+    def test_mutating_the_callers_dict_changes_nothing(self) -> None:
+        arguments: dict[str, Any] = {"xs": [1, 2], "o": {"k": "v"}}
+        tool_call = al.ToolCall("call-001", "probe", arguments)
+        arguments["xs"].append(3)
+        arguments["o"]["k"] = "changed"
+        arguments["new"] = True
+        del arguments["o"]
+        assert _lim_plain(tool_call.arguments) == {"xs": [1, 2], "o": {"k": "v"}}
+
+    def test_arguments_cannot_be_mutated(self) -> None:
+        tool_call = al.ToolCall("call-001", "probe", {"xs": [1, 2], "o": {"k": "v"}})
+        with pytest.raises(TypeError):
+            tool_call.arguments["new"] = 1  # type: ignore[index]
+        with pytest.raises(TypeError):
+            del tool_call.arguments["xs"]  # type: ignore[attr-defined]
+        with pytest.raises(TypeError):
+            tool_call.arguments["o"]["k"] = "changed"  # type: ignore[index]
+        assert type(tool_call.arguments["xs"]) is tuple
+        assert _lim_plain(tool_call.arguments) == {"xs": [1, 2], "o": {"k": "v"}}
+
+    def test_calls_from_equal_arguments_are_equal(self) -> None:
+        """API.md: "Two ToolCalls built from equal arguments compare equal" (key order and
+        list-or-tuple do not matter)."""
+        first = al.ToolCall("c", "t", {"a": [1, {"b": None}], "s": "x"})
+        assert first == al.ToolCall("c", "t", {"s": "x", "a": [1, {"b": None}]})
+        assert first == al.ToolCall("c", "t", {"a": (1, {"b": None}), "s": "x"})
+
+    @pytest.mark.parametrize(
+        ("left", "right"),
+        [
+            pytest.param({"x": 1}, {"x": True}, id="1-true"),
+            pytest.param({"x": 1}, {"x": 1.0}, id="1-1.0"),
+            pytest.param({"x": True}, {"x": 1.0}, id="true-1.0"),
+            pytest.param({"x": 0}, {"x": False}, id="0-false"),
+            pytest.param({"x": [1]}, {"x": [True]}, id="nested-array"),
+            pytest.param({"x": {"y": 0}}, {"x": {"y": 0.0}}, id="nested-object"),
+            pytest.param({"x": 1}, {"x": "1"}, id="1-string"),
+            pytest.param({"x": [1]}, {"x": [1, 1]}, id="array-length"),
+            pytest.param({"x": 1}, {"y": 1}, id="keys"),
+        ],
+    )
+    def test_equality_is_json_strict(self, left: dict[str, Any], right: dict[str, Any]) -> None:
+        """The documented choice: JSON equality is strict, True is not 1 and 1 is not 1.0;
+        so are the assistant messages that hold such calls."""
+        assert al.ToolCall("c", "t", left) != al.ToolCall("c", "t", right)
+        assert al.AssistantMessage("m", (al.ToolCall("c", "t", left),)) != al.AssistantMessage(
+            "m", (al.ToolCall("c", "t", right),)
+        )
+
+    def test_each_execution_gets_a_fresh_plain_dict_it_may_mutate(self) -> None:
+        """API.md: "a tool's execute receives a fresh plain dict (lists as list) that it may
+        mutate freely without any effect on the transcript"."""
+        original: dict[str, Any] = {"xs": [1, 2], "o": {"k": "v"}, "s": "text"}
+        received: list[dict[str, Any]] = []
+        snapshots: list[dict[str, Any]] = []
+
+        def execute(arguments: dict[str, Any], signal: Any) -> object:
+            received.append(arguments)
+            snapshots.append(copy.deepcopy(arguments))
+            arguments["xs"].append(99)
+            arguments["o"]["k"] = "mutated"
+            arguments["added"] = True
+            del arguments["s"]
+            return "ok"
+
+        tool = al.Tool("probe", "Mutates its arguments.", {"type": "object"}, execute)
+        calls = [call("probe", "call-001", original), call("probe", "call-002", original)]
+        events, result, model = run(
+            [
+                al.scripted_response("response-001", calls, "toolCall"),
+                al.scripted_response("response-002", [text("done")], "stop"),
+            ],
+            tools=[tool],
+        )
+        assert_well_formed(events, result)
+        assert result.status == "completed"
+        assert snapshots == [original, original]
+        assert received[0] is not received[1]
+        for arguments in received:
+            assert type(arguments) is dict
+            assert type(arguments["xs"]) is list
+            assert type(arguments["o"]) is dict
+        assert result.messages[1] == al.AssistantMessage("message-response-001", tuple(calls))
+        assert model.requests[1].messages[1] == al.AssistantMessage(
+            "message-response-001", tuple(calls)
+        )
+        for message in (result.messages[1], model.requests[1].messages[1]):
+            for block in message.content:
+                assert _lim_plain(block.arguments) == original  # type: ignore[union-attr]
+        carried = [
+            event.payload["tool_call"]
+            for event in events
+            if event.type in ("tool.started", "tool.finished")
+        ] + [
+            event.payload["chunk"].tool_call
+            for event in events
+            if isinstance(event.payload.get("chunk"), al.ToolCallChunk)
+        ]
+        assert len(carried) == 6  # two calls, each streamed, started and finished
+        assert all(_lim_plain(tool_call.arguments) == original for tool_call in carried)
+
+    @pytest.mark.parametrize(
+        "make",
+        [
+            pytest.param(lambda blocks: al.AssistantMessage("m", blocks), id="AssistantMessage"),
+            pytest.param(lambda blocks: al.ModelResponse("r", "q", blocks, "stop"), id="Response"),
+        ],
+    )
+    def test_content_given_as_a_list_is_stored_as_a_tuple(
+        self, make: Callable[[list[Any]], Any]
+    ) -> None:
+        blocks: list[Any] = [al.TextBlock("a"), al.ToolCall("c", "t", {})]
+        instance = make(blocks)
+        blocks.append(al.TextBlock("later"))
+        assert type(instance.content) is tuple
+        assert instance.content == (al.TextBlock("a"), al.ToolCall("c", "t", {}))
+
+    def test_discriminators_have_the_protocol_values(self) -> None:
+        """Protocol values are spelled as in the seed ("toolResult", "toolCall")."""
+        text_block, tool_call, user_message, assistant, tool_result = _lim_ir_instances()
+        assert text_block.type == "text"
+        assert tool_call.type == "toolCall"
+        assert user_message.role == "user"
+        assert assistant.role == "assistant"
+        assert tool_result.role == "toolResult"
+        assert al.TextDelta("request-001", "a").type == "text"
+        assert al.ToolCallChunk("request-001", tool_call).type == "toolCall"
+
+
+# --- Tool schemas ------------------------------------------------------------------------
+
+_LIM_KINDS: dict[str, Any] = {
+    "object": {"k": 1},
+    "string": "s",
+    "number": 1.5,
+    "integer": 3,
+    "boolean": True,
+    "array": [1],
+    "null": None,
+}
+
+
+_LIM_ENUM = [1, "a", None, [1, 2], {"k": True}]
+
+
+def _lim_execute(
+    parameters: Mapping[str, Any], arguments: Any
+) -> tuple[al.ToolResultMessage, list[dict[str, Any]]]:
+    """Runs ``probe`` with this schema on these arguments through execute_tool_call."""
+    received: list[dict[str, Any]] = []
+    registry = al.ToolRegistry([_lim_probe(received, parameters)])
+    tool_call = al.ToolCall("call-001", "probe", arguments)
+    return al.execute_tool_call(registry, tool_call, threading.Event()), received
+
+
+def _lim_property(schema: Mapping[str, Any], value: Any) -> Any:
+    """Runs ``probe`` whose one required property ``v`` has this schema, with ``v`` = value."""
+    parameters = {"type": "object", "properties": {"v": schema}, "required": ["v"]}
+    return _lim_execute(parameters, {"v": value})
+
+
+def _lim_assert_accepted(result: al.ToolResultMessage, received: list[dict[str, Any]]) -> None:
+    assert result.is_error is False
+    assert result.content == "ok"
+    assert len(received) == 1
+
+
+def _lim_assert_rejected(
+    result: al.ToolResultMessage, received: list[dict[str, Any]], *words: str
+) -> None:
+    """A recoverable result that names the problem; the tool did not run."""
+    assert result.is_error is True
+    assert result.id == "tool-result-call-001"
+    assert result.tool_call_id == "call-001"
+    assert result.tool_name == "probe"
+    assert "probe" in result.content
+    for word in words:
+        assert word in result.content
+    assert received == []
+
+
+class TestToolSchemas:
+    """API.md: "parameters is a JSON Schema subset: type (object, string, number, integer,
+    boolean, array, null), properties, required, additionalProperties (bool), items, enum.
+    bool is never a number or an integer." Failures are recoverable results."""
+
+    @pytest.mark.parametrize("kind", list(_LIM_KINDS))
+    @pytest.mark.parametrize("schema_type", list(_LIM_KINDS))
+    def test_type_accepts_its_kind_and_rejects_others(self, schema_type: str, kind: str) -> None:
+        """Each type accepts its own kind; a number also accepts an integer."""
+        result, received = _lim_property({"type": schema_type}, _LIM_KINDS[kind])
+        if kind == schema_type or (schema_type, kind) == ("number", "integer"):
+            _lim_assert_accepted(result, received)
+        else:
+            _lim_assert_rejected(result, received, "$.v", schema_type, kind)
+
+    @pytest.mark.parametrize("value", [True, False])
+    @pytest.mark.parametrize("schema_type", ["number", "integer"])
+    def test_bool_is_never_a_number_or_an_integer(self, schema_type: str, value: bool) -> None:
+        result, received = _lim_property({"type": schema_type}, value)
+        _lim_assert_rejected(result, received, "$.v", schema_type, "boolean")
+
+    @pytest.mark.parametrize("value", [0, 42, -7, 2**70])
+    def test_an_int_is_a_number(self, value: int) -> None:
+        result, received = _lim_property({"type": "number"}, value)
+        _lim_assert_accepted(result, received)
+        assert received[0]["v"] == value
+
+    @pytest.mark.parametrize("value", [1.0, 0.0, -3.0, 1.5])
+    def test_a_float_is_not_an_integer(self, value: float) -> None:
+        """The documented choice: a schema integer is an int, never a float (even 1.0)."""
+        result, received = _lim_property({"type": "integer"}, value)
+        _lim_assert_rejected(result, received, "$.v", "integer", "number")
+
+    def test_properties_are_checked(self) -> None:
+        result, received = _lim_execute(NUMBERS, {"left": 20, "right": "22"})
+        _lim_assert_rejected(result, received, "$.right", "number", "string")
+
+    def test_a_missing_required_property_is_named(self) -> None:
+        result, received = _lim_execute(NUMBERS, {"left": 20})
+        _lim_assert_rejected(result, received, "required", "'right'")
+
+    def test_required_properties_present_pass(self) -> None:
+        result, received = _lim_execute(NUMBERS, {"left": 20, "right": 22.5})
+        _lim_assert_accepted(result, received)
+        assert received == [{"left": 20, "right": 22.5}]
+
+    def test_additional_properties_false_rejects_an_extra_property(self) -> None:
+        result, received = _lim_execute(NUMBERS, {"left": 1, "right": 2, "extra": 3})
+        _lim_assert_rejected(result, received, "unexpected", "'extra'")
+
+    @pytest.mark.parametrize(
+        "parameters",
+        [
+            pytest.param(
+                {"type": "object", "properties": {"n": {"type": "integer"}}}, id="default"
+            ),
+            pytest.param(
+                {
+                    "type": "object",
+                    "properties": {"n": {"type": "integer"}},
+                    "additionalProperties": True,
+                },
+                id="true",
+            ),
+        ],
+    )
+    def test_additional_properties_are_allowed_otherwise(self, parameters: Any) -> None:
+        result, received = _lim_execute(parameters, {"n": 1, "extra": [None]})
+        _lim_assert_accepted(result, received)
+        assert received == [{"n": 1, "extra": [None]}]
+
+    def test_additional_properties_true_still_checks_declared_properties(self) -> None:
+        parameters = {
+            "type": "object",
+            "properties": {"n": {"type": "integer"}},
+            "additionalProperties": True,
+        }
+        result, received = _lim_execute(parameters, {"n": "one", "extra": 1})
+        _lim_assert_rejected(result, received, "$.n", "integer")
+
+    def test_items_checks_each_element_and_names_its_index(self) -> None:
+        parameters = {
+            "type": "object",
+            "properties": {"xs": {"type": "array", "items": {"type": "integer"}}},
+        }
+        result, received = _lim_execute(parameters, {"xs": [1, 2, 3]})
+        _lim_assert_accepted(result, received)
+        result, received = _lim_execute(parameters, {"xs": [1, "two", 3]})
+        _lim_assert_rejected(result, received, "$.xs[1]", "integer", "string")
+
+    def test_items_path_reaches_into_nested_objects(self) -> None:
+        item = {
+            "type": "object",
+            "properties": {"n": {"type": "integer"}},
+            "required": ["n"],
+        }
+        parameters = {
+            "type": "object",
+            "properties": {"xs": {"type": "array", "items": item}},
+        }
+        result, received = _lim_execute(parameters, {"xs": [{"n": 1}, {"n": 2}]})
+        _lim_assert_accepted(result, received)
+        result, received = _lim_execute(parameters, {"xs": [{"n": 1}, {"n": "x"}]})
+        _lim_assert_rejected(result, received, "$.xs[1].n")
+        result, received = _lim_execute(parameters, {"xs": [{"n": 1}, {}, {"n": 3}]})
+        _lim_assert_rejected(result, received, "$.xs[1]", "'n'")
+
+    @pytest.mark.parametrize(
+        "value",
+        [
+            pytest.param(1, id="1"),
+            pytest.param("a", id="a"),
+            pytest.param(None, id="null"),
+            pytest.param([1, 2], id="array"),
+            pytest.param({"k": True}, id="object"),
+        ],
+    )
+    def test_enum_accepts_its_values(self, value: Any) -> None:
+        result, received = _lim_property({"enum": _LIM_ENUM}, value)
+        _lim_assert_accepted(result, received)
+
+    @pytest.mark.parametrize(
+        "value",
+        [
+            pytest.param(True, id="true-is-not-1"),
+            pytest.param(1.0, id="1.0-is-not-1"),
+            pytest.param("b", id="b"),
+            pytest.param([1, 2.0], id="array-of-float"),
+            pytest.param([2, 1], id="array-order"),
+            pytest.param({"k": 1}, id="object-1-is-not-true"),
+            pytest.param(0, id="0"),
+        ],
+    )
+    def test_enum_is_strict(self, value: Any) -> None:
+        """The documented choice: enum compares as strict JSON, so True is not 1."""
+        result, received = _lim_property({"enum": _LIM_ENUM}, value)
+        _lim_assert_rejected(result, received, "$.v", "one of")
+
+    def test_enum_of_true_rejects_1(self) -> None:
+        result, received = _lim_property({"enum": [True]}, 1)
+        _lim_assert_rejected(result, received, "$.v", "one of")
+        result, received = _lim_property({"enum": [True]}, True)
+        _lim_assert_accepted(result, received)
+
+    def test_nested_objects_are_checked_at_every_level(self) -> None:
+        inner = {
+            "type": "object",
+            "properties": {"n": {"type": "integer"}},
+            "required": ["n"],
+            "additionalProperties": False,
+        }
+        parameters = {"type": "object", "properties": {"inner": inner}, "required": ["inner"]}
+        result, received = _lim_execute(parameters, {"inner": {"n": 1}})
+        _lim_assert_accepted(result, received)
+        result, received = _lim_execute(parameters, {"inner": {}})
+        _lim_assert_rejected(result, received, "$.inner", "required", "'n'")
+        result, received = _lim_execute(parameters, {"inner": {"n": 1, "x": 2}})
+        _lim_assert_rejected(result, received, "$.inner", "unexpected", "'x'")
+        result, received = _lim_execute(parameters, {"inner": {"n": "one"}})
+        _lim_assert_rejected(result, received, "$.inner.n", "integer")
+        result, received = _lim_execute(parameters, {"inner": [1]})
+        _lim_assert_rejected(result, received, "$.inner", "object", "array")
+
+    @pytest.mark.parametrize(
+        ("parameters", "error", "word"),
+        [
+            pytest.param({"type": "object", "minimum": 1}, ValueError, "minimum", id="minimum"),
+            pytest.param(
+                {"type": "object", "properties": {"s": {"type": "string", "pattern": "x"}}},
+                ValueError,
+                "pattern",
+                id="nested-pattern",
+            ),
+            pytest.param(
+                {
+                    "type": "object",
+                    "properties": {"xs": {"type": "array", "items": {"$ref": "#"}}},
+                },
+                ValueError,
+                "$ref",
+                id="ref-in-items",
+            ),
+            pytest.param({"type": "string"}, ValueError, "object", id="root-string"),
+            pytest.param({}, ValueError, "object", id="root-without-type"),
+            pytest.param({"properties": {}}, ValueError, "object", id="root-properties-only"),
+            pytest.param([], TypeError, "parameters", id="list"),
+            pytest.param("object", TypeError, "parameters", id="str"),
+            pytest.param(None, TypeError, "parameters", id="none"),
+            pytest.param({"type": "float"}, ValueError, "float", id="type-unknown"),
+            pytest.param({"type": ["object", "null"]}, ValueError, "type", id="type-list"),
+            pytest.param(
+                {"type": "object", "required": "left"}, TypeError, "required", id="required-str"
+            ),
+            pytest.param(
+                {"type": "object", "required": [1]}, TypeError, "required", id="required-int"
+            ),
+            pytest.param(
+                {"type": "object", "additionalProperties": "no"},
+                TypeError,
+                "additionalProperties",
+                id="additional-str",
+            ),
+            pytest.param(
+                {"type": "object", "additionalProperties": {"type": "string"}},
+                TypeError,
+                "additionalProperties",
+                id="additional-schema",
+            ),
+            pytest.param({"type": "object", "enum": "a"}, TypeError, "enum", id="enum-str"),
+            pytest.param(
+                {"type": "object", "enum": [float("nan")]}, ValueError, "enum", id="enum-nan"
+            ),
+            pytest.param(
+                {"type": "object", "properties": []}, TypeError, "properties", id="properties-list"
+            ),
+            pytest.param(
+                {"type": "object", "properties": {"n": "integer"}},
+                TypeError,
+                "properties.n",
+                id="property-not-a-schema",
+            ),
+            pytest.param(
+                {"type": "object", "properties": {"xs": {"type": "array", "items": "integer"}}},
+                TypeError,
+                "items",
+                id="items-str",
+            ),
+            pytest.param(
+                {"type": "object", "properties": {"xs": {"items": [{"type": "integer"}]}}},
+                TypeError,
+                "items",
+                id="items-list",
+            ),
+            pytest.param(
+                {"type": "object", "description": 5}, TypeError, "description", id="description"
+            ),
+            pytest.param(
+                {"type": "object", "properties": {"n": {"title": None}}},
+                TypeError,
+                "title",
+                id="title",
+            ),
+        ],
+    )
+    def test_bad_parameters_are_rejected_when_the_tool_is_built(
+        self, parameters: Any, error: type, word: str
+    ) -> None:
+        """The documented choice: a keyword the loop would silently ignore, or a malformed
+        value of a supported one, is an error when the Tool is built, naming it."""
+        with pytest.raises(error) as raised:
+            al.Tool("probe", "A tool.", parameters, lambda arguments, signal: "ok")
+        assert word in str(raised.value)
+
+    def test_annotations_are_accepted(self) -> None:
+        parameters = {
+            "type": "object",
+            "title": "Probe",
+            "description": "The probe's arguments.",
+            "properties": {"n": {"type": "integer", "description": "A number.", "title": "N"}},
+        }
+        result, received = _lim_execute(parameters, {"n": 1})
+        _lim_assert_accepted(result, received)
+
+    @pytest.mark.parametrize(
+        "name",
+        [pytest.param("", id="empty"), pytest.param(1, id="int"), pytest.param(None, id="none")],
+    )
+    def test_bad_name_is_a_type_error(self, name: Any) -> None:
+        with pytest.raises(TypeError, match="name"):
+            al.Tool(name, "A tool.", {"type": "object"}, lambda arguments, signal: "ok")
+
+    def test_non_str_description_is_a_type_error(self) -> None:
+        with pytest.raises(TypeError, match="description"):
+            al.Tool("probe", None, {"type": "object"}, lambda arguments, signal: "ok")  # type: ignore[arg-type]
+
+    def test_non_callable_execute_is_a_type_error(self) -> None:
+        with pytest.raises(TypeError, match="execute"):
+            al.Tool("probe", "A tool.", {"type": "object"}, "ok")  # type: ignore[arg-type]
+
+    @pytest.mark.parametrize("passes", [_LIM_AT_LIMIT, _LIM_OVER_LIMIT])
+    def test_schema_depth(self, passes: bool) -> None:
+        """A schema may nest as deep as arguments can (MAX_ARGUMENT_DEPTH containers, a scalar
+        inside the last); one level more describes values no call can have: ValueError."""
+        schema: dict[str, Any] = {"type": "integer"}
+        for _ in range(32 if passes else 33):
+            schema = {"type": "object", "properties": {"k": schema}, "required": ["k"]}
+        if not passes:
+            with pytest.raises(ValueError, match="32"):
+                al.Tool("probe", "A tool.", schema, lambda arguments, signal: "ok")
+            return
+        arguments: Any = 7
+        for _ in range(32):
+            arguments = {"k": arguments}
+        result, received = _lim_execute(schema, arguments)
+        _lim_assert_accepted(result, received)
+        assert received == [arguments]
+
+    def test_parameters_are_frozen(self) -> None:
+        """Mutating the original dict after construction changes nothing of the tool."""
+        parameters: dict[str, Any] = {
+            "type": "object",
+            "properties": {"n": {"type": "integer"}},
+            "required": ["n"],
+            "additionalProperties": False,
+        }
+        before = copy.deepcopy(parameters)
+        tool = _lim_probe([], parameters)
+        parameters["required"].append("m")
+        parameters["properties"]["n"]["type"] = "string"
+        parameters["properties"]["m"] = {"type": "string"}
+        parameters["additionalProperties"] = True
+        assert _lim_plain(tool.parameters) == before
+        assert _lim_plain(tool.spec().parameters) == before
+        with pytest.raises(TypeError):
+            tool.parameters["type"] = "string"  # type: ignore[index]
+        with pytest.raises(TypeError):
+            tool.parameters["properties"]["n"] = {}
+        received: list[dict[str, Any]] = []
+        registry = al.ToolRegistry(
+            [al.Tool("probe", "A tool.", tool.parameters, _lim_probe(received).execute)]
+        )
+        result = al.execute_tool_call(
+            registry, call("probe", "call-001", {"n": 1}), threading.Event()
+        )
+        _lim_assert_accepted(result, received)
+        result = al.execute_tool_call(
+            registry, call("probe", "call-001", {"n": 1, "m": "x"}), threading.Event()
+        )
+        _lim_assert_rejected(result, [], "unexpected", "'m'")
+
+
+# --- The tool registry -------------------------------------------------------------------
+
+
+def _lim_tool(name: str) -> al.Tool:
+    return al.Tool(name, f"The {name} tool.", {"type": "object"}, lambda arguments, signal: name)
+
+
+class TestToolRegistry:
+    """API.md: "ToolRegistry(tools) with register(tool) (duplicate name -> ValueError),
+    get(name), __contains__, __len__, __iter__, specs()"."""
+
+    def test_register_and_get(self) -> None:
+        registry = al.ToolRegistry()
+        assert len(registry) == 0
+        tool = _lim_tool("one")
+        registry.register(tool)
+        assert registry.get("one") is tool
+        assert registry.get("two") is None
+        assert len(registry) == 1
+
+    def test_duplicate_name_is_a_value_error(self) -> None:
+        registry = al.ToolRegistry([_lim_tool("one")])
+        original = registry.get("one")
+        with pytest.raises(ValueError, match="one"):
+            registry.register(_lim_tool("one"))
+        assert registry.get("one") is original
+        assert len(registry) == 1
+
+    def test_duplicate_in_the_constructor_is_a_value_error(self) -> None:
+        with pytest.raises(ValueError, match="one"):
+            al.ToolRegistry([_lim_tool("one"), _lim_tool("one")])
+
+    @pytest.mark.parametrize(
+        "item",
+        [
+            pytest.param("one", id="str"),
+            pytest.param(None, id="none"),
+            pytest.param(al.ToolSpec("one", "", {"type": "object"}), id="spec"),
+        ],
+    )
+    def test_non_tool_is_a_type_error(self, item: Any) -> None:
+        registry = al.ToolRegistry()
+        with pytest.raises(TypeError, match="Tool"):
+            registry.register(item)
+        assert len(registry) == 0
+
+    def test_contains(self) -> None:
+        registry = al.ToolRegistry([_lim_tool("one")])
+        assert "one" in registry
+        assert "two" not in registry
+        assert 1 not in registry
+
+    def test_iterates_in_registration_order(self) -> None:
+        tools = [_lim_tool(name) for name in ("zeta", "alpha", "mid")]
+        registry = al.ToolRegistry(tools[:2])
+        registry.register(tools[2])
+        assert list(registry) == tools
+        assert len(registry) == 3
+
+    def test_specs(self) -> None:
+        registry = al.ToolRegistry([add_tool(), echo_tool()])
+        specs = registry.specs()
+        assert type(specs) is tuple
+        assert [spec.name for spec in specs] == ["add", "echo"]
+        assert specs[0] == al.ToolSpec("add", "Adds two numbers.", registry.get("add").parameters)  # type: ignore[union-attr]
+        assert specs[1].description == "Returns its text."
+        assert _lim_plain(specs[0].parameters) == NUMBERS
+        assert all(isinstance(spec, al.ToolSpec) for spec in specs)
+
+    def test_iterating_while_registering_is_safe(self) -> None:
+        """Registering during iteration neither raises nor changes what that iteration sees."""
+        tools = [_lim_tool("one"), _lim_tool("two")]
+        registry = al.ToolRegistry(tools)
+        seen = []
+        for tool in registry:
+            seen.append(tool)
+            registry.register(_lim_tool(tool.name + "-copy"))
+        assert seen == tools
+        assert [tool.name for tool in registry] == ["one", "two", "one-copy", "two-copy"]
+
+
+# --- execute_tool_call -------------------------------------------------------------------
+
+
+def _lim_returning(value: Any) -> tuple[al.ToolResultMessage, al.ToolCall]:
+    """Runs a tool named "give" that returns ``value``, through execute_tool_call."""
+    tool = al.Tool("give", "Returns a value.", {"type": "object"}, lambda arguments, signal: value)
+    tool_call = call("give", "call-give-001", {})
+    return al.execute_tool_call(al.ToolRegistry([tool]), tool_call, threading.Event()), tool_call
+
+
+class TestExecuteToolCall:
+    """API.md: execute_tool_call(registry, call, signal) -> ToolResultMessage; an unknown tool,
+    bad arguments or an exception become a recoverable result; it never raises for those."""
+
+    def test_a_str_return_is_the_content_verbatim(self) -> None:
+        result, _ = _lim_returning('He said "hi"\n')
+        assert result.is_error is False
+        assert result.content == 'He said "hi"\n'
+
+    def test_the_seeds_add_result(self) -> None:
+        """Seed: content: '{"sum":42}'."""
+        result = al.execute_tool_call(
+            al.ToolRegistry([add_tool()]),
+            call("add", "call-add-001", {"left": 20, "right": 22}),
+            threading.Event(),
+        )
+        assert result == al.ToolResultMessage(
+            "tool-result-call-add-001", "call-add-001", "add", '{"sum":42}', False
+        )
+
+    @pytest.mark.parametrize(
+        ("value", "content"),
+        [
+            pytest.param({"sum": 42}, '{"sum":42}', id="dict"),
+            pytest.param({"word": "café 😀"}, '{"word":"café 😀"}', id="non-ascii"),
+            pytest.param(None, "null", id="none"),
+            pytest.param([1, "a", None, True, 1.5], '[1,"a",null,true,1.5]', id="list"),
+            pytest.param({"a": [{"b": []}]}, '{"a":[{"b":[]}]}', id="nested"),
+            pytest.param(7, "7", id="int"),
+            pytest.param(False, "false", id="bool"),
+        ],
+    )
+    def test_other_json_is_encoded_compactly(self, value: Any, content: str) -> None:
+        result, _ = _lim_returning(value)
+        assert result.is_error is False
+        assert result.content == content
+
+    @pytest.mark.parametrize(
+        "make",
+        [
+            pytest.param(lambda: {1, 2}, id="set"),
+            pytest.param(_LimCustom, id="object"),
+            pytest.param(lambda: float("nan"), id="nan"),
+            pytest.param(lambda: {"x": float("inf")}, id="inf"),
+            pytest.param(_lim_cyclic_list, id="cyclic-list"),
+            pytest.param(lambda: b"bytes", id="bytes"),
+        ],
+    )
+    def test_a_value_that_is_not_json_is_a_recoverable_error(
+        self, make: Callable[[], Any]
+    ) -> None:
+        result, _tool_call = _lim_returning(make())
+        assert result.is_error is True
+        assert "give" in result.content
+        assert "JSON" in result.content
+        assert result.id == "tool-result-call-give-001"
+
+    def test_a_raising_tool_is_a_recoverable_error(self) -> None:
+        def execute(arguments: dict[str, Any], signal: Any) -> object:
+            raise LookupError("no weather station in Atlantis")
+
+        tool = al.Tool("weather", "Weather.", {"type": "object"}, execute)
+        result = al.execute_tool_call(
+            al.ToolRegistry([tool]), call("weather", "call-w-001", {}), threading.Event()
+        )
+        assert result.is_error is True
+        assert "weather" in result.content
+        assert "LookupError" in result.content
+        assert "no weather station in Atlantis" in result.content
+        assert (result.id, result.tool_call_id, result.tool_name) == (
+            "tool-result-call-w-001",
+            "call-w-001",
+            "weather",
+        )
+
+    def test_keyboard_interrupt_is_not_turned_into_a_result(self) -> None:
+        """Only Exceptions become results: a KeyboardInterrupt propagates."""
+
+        def execute(arguments: dict[str, Any], signal: Any) -> object:
+            raise KeyboardInterrupt
+
+        tool = al.Tool("stop", "Interrupts.", {"type": "object"}, execute)
+        with pytest.raises(KeyboardInterrupt):
+            al.execute_tool_call(
+                al.ToolRegistry([tool]), call("stop", "call-001", {}), threading.Event()
+            )
+
+    def test_an_unknown_tool_names_it_and_the_available_ones(self) -> None:
+        registry = al.ToolRegistry([add_tool(), echo_tool()])
+        result = al.execute_tool_call(
+            registry, call("divide", "call-d-001", {}), threading.Event()
+        )
+        assert result.is_error is True
+        for name in ("divide", "add", "echo"):
+            assert name in result.content
+        assert (result.id, result.tool_call_id, result.tool_name) == (
+            "tool-result-call-d-001",
+            "call-d-001",
+            "divide",
+        )
+
+    def test_an_unknown_tool_in_an_empty_registry(self) -> None:
+        result = al.execute_tool_call(
+            al.ToolRegistry(), call("divide", "call-d-001", {}), threading.Event()
+        )
+        assert result.is_error is True
+        assert "divide" in result.content
+
+    def test_result_ids_link_to_the_call(self) -> None:
+        result, tool_call = _lim_returning("fine")
+        assert result.id == "tool-result-" + tool_call.id
+        assert result.tool_call_id == tool_call.id
+        assert result.tool_name == tool_call.name
+        assert result.role == "toolResult"
+
+    def test_execute_receives_the_signal_given(self) -> None:
+        seen: list[Any] = []
+        tool = al.Tool("probe", "", {"type": "object"}, lambda a, signal: seen.append(signal))
+        signal = threading.Event()
+        al.execute_tool_call(al.ToolRegistry([tool]), call("probe", "c", {}), signal)
+        assert len(seen) == 1
+        assert seen[0] is signal
+
+    @pytest.mark.parametrize(
+        "given", [pytest.param(True, id="given"), pytest.param(False, id="default")]
+    )
+    def test_tools_receive_the_runs_signal(self, given: bool) -> None:
+        """API.md: "The model and every tool receive that same object"."""
+        seen: list[Any] = []
+        model_signals: list[Any] = []
+
+        class _LimRecordingModel(al.ScriptedModel):
+            def stream(self, request: al.ModelRequest, signal: Any) -> Any:
+                model_signals.append(signal)
+                return super().stream(request, signal)
+
+        tool = al.Tool("probe", "", {"type": "object"}, lambda a, signal: seen.append(signal))
+        model = _LimRecordingModel(
+            [
+                al.scripted_response(
+                    "response-001",
+                    [call("probe", "call-001", {}), call("probe", "call-002", {})],
+                    "toolCall",
+                ),
+                al.scripted_response("response-002", [text("done")], "stop"),
+            ]
+        )
+        signal = threading.Event() if given else None
+        _, result = al.settle_run(
+            al.run_agent_loop(
+                messages=[user()],
+                model=model,
+                tools=al.ToolRegistry([tool]),
+                max_steps=2,
+                signal=signal,
+            )
+        )
+        assert result.status == "completed"
+        assert len(seen) == 2
+        assert len(model_signals) == 2
+        expected = signal if given else model_signals[0]
+        assert expected is not None
+        assert all(item is expected for item in seen + model_signals)
+
+    @pytest.mark.parametrize(
+        "make",
+        [
+            pytest.param(lambda: {"x": float("nan")}, id="nan"),
+            pytest.param(_lim_shared_list, id="shared-list"),
+            pytest.param(lambda: _lim_nested(33), id="too-deep"),
+            pytest.param(lambda: [1], id="list-root"),
+        ],
+    )
+    def test_invalid_arguments_passed_directly_are_a_recoverable_error(
+        self, make: Callable[[], Any]
+    ) -> None:
+        result, received = _lim_execute({"type": "object"}, make())
+        _lim_assert_rejected(result, received, "arguments")
+
+
+# --- Public names ------------------------------------------------------------------------
+
+# Every public name API.md defines, section by section.
+_LIM_API_NAMES = [
+    # Entry point
+    "run_agent_loop",
+    "settle_run",
+    # Message IR
+    "TextBlock",
+    "ToolCall",
+    "UserMessage",
+    "AssistantMessage",
+    "ToolResultMessage",
+    "Message",
+    "JSON",
+    "text_from_assistant",
+    # Model boundary
+    "Model",
+    "ModelRequest",
+    "ModelChunk",
+    "TextDelta",
+    "ToolCallChunk",
+    "ModelResponse",
+    # Tools
+    "Tool",
+    "ToolRegistry",
+    "ToolSpec",
+    "execute_tool_call",
+    # Events and results
+    "Event",
+    "RunResult",
+    "RunError",
+    # Limits
+    "MAX_AGENT_STEPS",
+    "MAX_INITIAL_MESSAGES",
+    "MAX_STEP_CHUNKS",
+    "MAX_STEP_TEXT",
+    "MAX_ASSISTANT_BLOCKS",
+    "MAX_ARGUMENT_DEPTH",
+    "MAX_ARGUMENT_VALUES",
+    "MAX_ARGUMENT_SLOTS",
+    "MAX_ARGUMENT_TEXT",
+    # Test helpers
+    "ScriptedModel",
+    "scripted_response",
+    # Interop, replay and resumption
+    "message_from_dict",
+    "event_from_dict",
+    "open_tool_calls",
+    "resolve_open_tool_calls",
+]
+
+
+class TestPublicNames:
+    """STYLE.md: "A test that __all__ matches the names in API.md"."""
+
+    def test_all_is_exactly_the_names_of_api_md(self) -> None:
+        assert len(al.__all__) == len(set(al.__all__))
+        assert set(al.__all__) == set(_LIM_API_NAMES)
+
+    @pytest.mark.parametrize("name", _LIM_API_NAMES)
+    def test_every_public_name_exists(self, name: str) -> None:
+        assert hasattr(al, name)
+
+    def test_version_is_a_str(self) -> None:
+        assert isinstance(al.__version__, str)
+        assert al.__version__
+
+
+# --- Interop, replay and resumption; the demonstration ------------------------------------
+
+
+def _io_settle(
+    model: al.ScriptedModel,
+    messages: Sequence[al.Message],
+    tools: Sequence[al.Tool],
+    *,
+    max_steps: int = 8,
+    signal: threading.Event | None = None,
+    request_sequence_start: int = 0,
+) -> tuple[list[al.Event], al.RunResult]:
+    """Runs the loop over any model to the end; returns events and result."""
+    return al.settle_run(
+        al.run_agent_loop(
+            messages=messages,
+            model=model,
+            tools=al.ToolRegistry(tools),
+            max_steps=max_steps,
+            signal=signal,
+            request_sequence_start=request_sequence_start,
+        )
+    )
+
+
+def _io_drain(
+    stream: Generator[al.ModelChunk, None, al.ModelResponse],
+) -> tuple[list[al.ModelChunk], al.ModelResponse]:
+    """Drains one model stream; returns its chunks and its terminal response."""
+    chunks: list[al.ModelChunk] = []
+    while True:
+        try:
+            chunks.append(next(stream))
+        except StopIteration as done:
+            return chunks, done.value
+
+
+def _io_json(value: Any) -> Any:
+    """A value after a trip through JSON text, as a log file would carry it."""
+    return json.loads(json.dumps(value))
+
+
+_IO_EXTRA_ARGUMENTS: dict[str, Any] = {
+    "text": 'héllo, wörld 🙂 \u2028 "quoted" \\ back',
+    "meta": {
+        "numbers": [0, -7, 2.5, 1.0, 1e-300, 12345678901234567890],
+        "flags": [True, False],
+        "nothing": None,
+        "nested": {"deeper": [{"ключ": "значение"}, []], "empty": {}},
+    },
+}
+"""Echo arguments with every JSON kind: nested, unicode, floats, bools, null."""
+
+
+def _io_recorded_responses() -> list[Any]:
+    """A three-step script: text and a tool call; three calls of which two fail
+    recoverably (bad arguments, unknown tool); then the answer."""
+    return [
+        al.scripted_response(
+            "response-001",
+            [text("Let me add."), call("add", "call-add-001", {"left": 20, "right": 22})],
+            "toolCall",
+        ),
+        al.scripted_response(
+            "response-002",
+            [
+                call("echo", "call-echo-001", _IO_EXTRA_ARGUMENTS),
+                call("add", "call-add-002", {"left": "twenty", "right": 22}),
+                call("missing", "call-missing-001", {}),
+                text("Three calls; two will fail."),
+            ],
+            "toolCall",
+        ),
+        al.scripted_response("response-003", [text("The sum is 42. Ünïcödé 🙂")], "stop"),
+    ]
+
+
+def _io_recorded_run() -> tuple[list[al.Event], al.RunResult, al.ScriptedModel]:
+    return run(_io_recorded_responses(), tools=[add_tool(), echo_tool()], max_steps=4)
+
+
+def _io_slow_tool(executed: list[str]) -> al.Tool:
+    """A tool that sets the run's signal while it runs (so its result is discarded)."""
+
+    def slow(arguments: dict[str, Any], signal: Any) -> object:
+        executed.append("slow")
+        signal.set()
+        return "too late"
+
+    return al.Tool("slow", "Takes long enough to be cancelled.", {"type": "object"}, slow)
+
+
+def _io_runs_of_every_status() -> dict[str, tuple[list[al.Event], al.RunResult]]:
+    """One real run for each RunResult status."""
+    cancel_signal = threading.Event()
+    cancelled = run(
+        [
+            al.scripted_response(
+                "response-001",
+                [text("Slowly."), call("slow", "call-slow-001", {"why": ["x"]})],
+                "toolCall",
+            )
+        ],
+        tools=[_io_slow_tool([])],
+        signal=cancel_signal,
+    )
+    failed = run(
+        [al.scripted_response("response-001", [text("Hi")], "stop", request_id="request-999")]
+    )
+    max_steps = run(
+        [
+            al.scripted_response(
+                "response-001", [call("add", "call-add-001", {"left": 1, "right": 2})], "toolCall"
+            )
+        ],
+        tools=[add_tool()],
+        max_steps=1,
+    )
+    events, result, _ = _io_recorded_run()
+    return {
+        "completed": (events, result),
+        "cancelled": cancelled[:2],
+        "failed": failed[:2],
+        "maxSteps": max_steps[:2],
+    }
+
+
+class TestJsonShapes:
+    """API.md: "The JSON keys are the seed's (toolCallId, toolName, isError, stopReason,
+    requestId, finalText, maxSteps, ...)"; each to_dict() is written out literally here."""
+
+    def test_blocks(self) -> None:
+        assert al.TextBlock("hi").to_dict() == {"type": "text", "text": "hi"}
+        assert call("add", "call-1", {"left": 1, "right": [2.5, None]}).to_dict() == {
+            "type": "toolCall",
+            "id": "call-1",
+            "name": "add",
+            "arguments": {"left": 1, "right": [2.5, None]},
+        }
+
+    def test_messages(self) -> None:
+        """Seed: {id: "tool-result-call-add-001", role: "toolResult", toolCallId:
+        "call-add-001", toolName: "add", content: '{"sum":42}', isError: false}"""
+        assert user().to_dict() == {"id": "user-001", "role": "user", "content": "Add 20 and 22."}
+        assistant = al.AssistantMessage(
+            "message-response-tool-001",
+            (text("Adding."), call("add", "call-add-001", {"left": 20, "right": 22})),
+        )
+        assert assistant.to_dict() == {
+            "id": "message-response-tool-001",
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Adding."},
+                {
+                    "type": "toolCall",
+                    "id": "call-add-001",
+                    "name": "add",
+                    "arguments": {"left": 20, "right": 22},
+                },
+            ],
+        }
+        result = al.ToolResultMessage(
+            "tool-result-call-add-001", "call-add-001", "add", '{"sum":42}', False
+        )
+        assert result.to_dict() == {
+            "id": "tool-result-call-add-001",
+            "role": "toolResult",
+            "toolCallId": "call-add-001",
+            "toolName": "add",
+            "content": '{"sum":42}',
+            "isError": False,
+        }
+
+    def test_chunks_and_response(self) -> None:
+        add = call("add", "call-add-001", {"left": 20, "right": 22})
+        add_json = {
+            "type": "toolCall",
+            "id": "call-add-001",
+            "name": "add",
+            "arguments": {"left": 20, "right": 22},
+        }
+        assert al.TextDelta("request-001", "Hel").to_dict() == {
+            "type": "text",
+            "requestId": "request-001",
+            "text": "Hel",
+        }
+        assert al.ToolCallChunk("request-001", add).to_dict() == {
+            "type": "toolCall",
+            "requestId": "request-001",
+            "toolCall": add_json,
+        }
+        response = al.ModelResponse("response-001", "request-001", (text("Hi"), add), "toolCall")
+        assert response.to_dict() == {
+            "id": "response-001",
+            "requestId": "request-001",
+            "content": [{"type": "text", "text": "Hi"}, add_json],
+            "stopReason": "toolCall",
+        }
+
+    def test_request_and_tool_spec(self) -> None:
+        """Not named by API.md, but public and written in the same style."""
+        request = al.ModelRequest("request-001", (user(),), (add_tool().spec(),))
+        assert request.to_dict() == {
+            "id": "request-001",
+            "messages": [{"id": "user-001", "role": "user", "content": "Add 20 and 22."}],
+            "tools": [{"name": "add", "description": "Adds two numbers.", "parameters": NUMBERS}],
+        }
+        assert type(request.to_dict()["tools"][0]["parameters"]["required"]) is list
+
+    def test_run_error(self) -> None:
+        error = al.RunError("MODEL_STREAM_ERROR", "boom")
+        assert error.to_dict() == {"code": "MODEL_STREAM_ERROR", "message": "boom"}
+
+    @pytest.mark.parametrize(
+        ("result", "expected"),
+        [
+            pytest.param(
+                al.RunResult("completed", (user(),), 1, final_text="Done."),
+                {"status": "completed", "messages": [user().to_dict()], "steps": 1,
+                 "finalText": "Done."},
+                id="completed",
+            ),
+            pytest.param(
+                al.RunResult("completed", (), 1, final_text=""),
+                {"status": "completed", "messages": [], "steps": 1, "finalText": ""},
+                id="completed-empty-text-is-kept",
+            ),
+            pytest.param(
+                al.RunResult("maxSteps", (), 3, max_steps=3),
+                {"status": "maxSteps", "messages": [], "steps": 3, "maxSteps": 3},
+                id="maxSteps",
+            ),
+            pytest.param(
+                al.RunResult("cancelled", (), 0),
+                {"status": "cancelled", "messages": [], "steps": 0},
+                id="cancelled",
+            ),
+            pytest.param(
+                al.RunResult("failed", (), 0, error=al.RunError("INVALID_TRANSCRIPT", "bad")),
+                {"status": "failed", "messages": [], "steps": 0,
+                 "error": {"code": "INVALID_TRANSCRIPT", "message": "bad"}},
+                id="failed",
+            ),
+        ],
+    )  # fmt: skip
+    def test_run_result_writes_optional_keys_only_when_set(
+        self, result: al.RunResult, expected: dict[str, Any]
+    ) -> None:
+        assert result.to_dict() == expected
+
+    def test_events_use_the_seeds_payload_keys(self) -> None:
+        add = call("add", "call-add-001", {"left": 20, "right": 22})
+        add_json = add.to_dict()
+        outcome = al.ToolResultMessage(
+            "tool-result-call-add-001", "call-add-001", "add", "42", False
+        )
+        finished = al.RunResult("cancelled", (user(),), 0)
+        events = [
+            al.Event(0, "message.accepted", {"message": user()}),
+            al.Event(1, "model.chunk", {"request_id": "request-001",
+                                        "chunk": al.TextDelta("request-001", "Hi")}),
+            al.Event(2, "tool.started", {"request_id": "request-001", "tool_call": add}),
+            al.Event(3, "tool.finished", {"request_id": "request-001", "tool_call": add,
+                                          "tool_result": outcome}),
+            al.Event(4, "run.finished", {"result": finished}),
+        ]  # fmt: skip
+        assert [event.to_dict() for event in events] == [
+            {"sequence": 0, "type": "message.accepted", "payload": {"message": user().to_dict()}},
+            {"sequence": 1, "type": "model.chunk",
+             "payload": {"requestId": "request-001",
+                         "chunk": {"type": "text", "requestId": "request-001", "text": "Hi"}}},
+            {"sequence": 2, "type": "tool.started",
+             "payload": {"requestId": "request-001", "toolCall": add_json}},
+            {"sequence": 3, "type": "tool.finished",
+             "payload": {"requestId": "request-001", "toolCall": add_json,
+                         "toolResult": outcome.to_dict()}},
+            {"sequence": 4, "type": "run.finished",
+             "payload": {"result": {"status": "cancelled", "messages": [user().to_dict()],
+                                    "steps": 0}}},
+        ]  # fmt: skip
+
+    def test_the_seeds_continuation_transcript_is_the_seeds_json(self) -> None:
+        """Seed: the second request of the focused test, as the course spells it."""
+        _, result, model = run(
+            [
+                al.scripted_response(
+                    "response-tool-001",
+                    [call("add", "call-add-001", {"left": 20, "right": 22})],
+                    "toolCall",
+                ),
+                al.scripted_response("response-tool-002", [text("The sum is 42.")], "stop"),
+            ],
+            tools=[add_tool()],
+            max_steps=2,
+        )
+        assert result.status == "completed"
+        assert [message.to_dict() for message in model.requests[1].messages] == [
+            {"id": "user-001", "role": "user", "content": "Add 20 and 22."},
+            {
+                "id": "message-response-tool-001",
+                "role": "assistant",
+                "content": [
+                    {
+                        "type": "toolCall",
+                        "id": "call-add-001",
+                        "name": "add",
+                        "arguments": {"left": 20, "right": 22},
+                    }
+                ],
+            },
+            {
+                "id": "tool-result-call-add-001",
+                "role": "toolResult",
+                "toolCallId": "call-add-001",
+                "toolName": "add",
+                "content": '{"sum":42}',
+                "isError": False,
+            },
+        ]
+
+    def test_tool_call_arguments_are_plain_json_and_a_fresh_copy_each_time(self) -> None:
+        arguments = {"list": [1, {"inner": [True, None]}], "object": {"x": 1.5}}
+        tool_call = call("echo", "call-1", arguments)
+        first = tool_call.to_dict()["arguments"]
+        assert type(first) is dict
+        assert type(first["list"]) is list
+        assert type(first["list"][1]) is dict
+        assert type(first["list"][1]["inner"]) is list
+        assert type(first["object"]) is dict
+        assert json.loads(json.dumps(first)) == arguments
+        second = tool_call.to_dict()["arguments"]
+        assert first is not second
+        assert first["list"] is not second["list"]
+        first["list"][1]["inner"].append("changed")
+        first["object"]["y"] = 2
+        assert tool_call.to_dict()["arguments"] == arguments
+        assert tool_call == call("echo", "call-1", arguments)
+
+    def test_every_event_of_a_run_serialises_to_json(self) -> None:
+        events, result, _ = _io_recorded_run()
+        assert result.status == "completed"
+        for event in events:
+            data = event.to_dict()
+            assert set(data) == {"sequence", "type", "payload"}
+            assert json.loads(json.dumps(data)) == data
+
+
+class TestRoundTrips:
+    """API.md: "message_from_dict(m.to_dict()) == m and event_from_dict(e.to_dict()) == e"."""
+
+    @pytest.mark.parametrize(
+        "message",
+        [
+            pytest.param(user(), id="user"),
+            pytest.param(user("Ünïcödé 🙂 \u0000 \n", "user-ü"), id="user-unicode"),
+            pytest.param(user("", "user-empty"), id="user-empty-content"),
+            pytest.param(al.AssistantMessage("message-r", ()), id="assistant-empty"),
+            pytest.param(al.AssistantMessage("message-r", (text(""),)), id="assistant-empty-text"),
+            pytest.param(
+                al.AssistantMessage(
+                    "message-r",
+                    (
+                        text("a"),
+                        call("echo", "call-1", _IO_EXTRA_ARGUMENTS),
+                        text("b"),
+                        call("add", "call-2", {}),
+                    ),
+                ),
+                id="assistant-mixed-nested",
+            ),
+            pytest.param(
+                al.ToolResultMessage("tool-result-c", "c", "add", '{"sum":42}', False), id="ok"
+            ),
+            pytest.param(
+                al.ToolResultMessage("tool-result-c", "c", "add", "no such tool", True), id="error"
+            ),
+        ],
+    )
+    def test_message(self, message: al.Message) -> None:
+        assert al.message_from_dict(message.to_dict()) == message
+        assert al.message_from_dict(_io_json(message.to_dict())) == message
+        assert type(al.message_from_dict(message.to_dict())) is type(message)
+
+    @pytest.mark.parametrize(
+        ("left", "right"),
+        [
+            pytest.param({"n": 1}, {"n": 1.0}, id="int-is-not-float"),
+            pytest.param({"n": True}, {"n": 1}, id="bool-is-not-int"),
+            pytest.param({"n": None}, {"n": False}, id="null-is-not-false"),
+            pytest.param({"n": []}, {"n": {}}, id="array-is-not-object"),
+        ],
+    )
+    def test_json_kinds_survive_json_text(
+        self, left: dict[str, Any], right: dict[str, Any]
+    ) -> None:
+        """A trip through json.dumps/json.loads keeps each JSON kind: the copy equals its
+        original and still differs from a look-alike of another kind."""
+        original = al.AssistantMessage("message-r", (call("echo", "call-1", left),))
+        look_alike = al.AssistantMessage("message-r", (call("echo", "call-1", right),))
+        copy = al.message_from_dict(_io_json(original.to_dict()))
+        assert copy == original
+        assert copy != look_alike
+
+    @pytest.mark.parametrize("status", ["completed", "cancelled", "failed", "maxSteps"])
+    def test_every_event_of_a_run_round_trips(self, status: str) -> None:
+        events, result = _io_runs_of_every_status()[status]
+        assert result.status == status
+        assert_well_formed(events, result)
+        for event in events:
+            assert al.event_from_dict(event.to_dict()) == event
+            assert al.event_from_dict(_io_json(event.to_dict())) == event
+
+    def test_the_recorded_run_has_what_the_round_trip_must_carry(self) -> None:
+        """The run used above holds text chunks, tool calls and a recoverable error."""
+        events, result, _ = _io_recorded_run()
+        assert types_of(events) == (
+            ["message.accepted"]
+            + ["model.chunk"] * 2
+            + ["tool.started", "tool.finished"]
+            + ["model.chunk"] * 4
+            + ["tool.started", "tool.finished"] * 3
+            + ["model.chunk", "run.finished"]
+        )
+        errors = [
+            event.payload["tool_result"].is_error
+            for event in events
+            if event.type == "tool.finished"
+        ]
+        assert errors == [False, False, True, True]
+        assert result.final_text == "The sum is 42. Ünïcödé 🙂"
+
+    def test_the_full_event_log_survives_json_text_exactly(self) -> None:
+        events, result, _ = _io_recorded_run()
+        log = "\n".join(json.dumps(event.to_dict()) for event in events)
+        rebuilt = [al.event_from_dict(json.loads(line)) for line in log.split("\n")]
+        assert rebuilt == events
+        assert "\n".join(json.dumps(event.to_dict()) for event in rebuilt) == log
+        final = rebuilt[-1].payload["result"]
+        assert isinstance(final, al.RunResult)
+        assert final == result
+        assert final.messages == result.messages
+
+    @pytest.mark.parametrize("status", ["completed", "cancelled", "failed", "maxSteps"])
+    def test_run_result_through_run_finished(self, status: str) -> None:
+        events, result = _io_runs_of_every_status()[status]
+        rebuilt = al.event_from_dict(_io_json(events[-1].to_dict())).payload["result"]
+        assert rebuilt == result
+        assert (rebuilt.final_text, rebuilt.max_steps, rebuilt.error) == (
+            result.final_text,
+            result.max_steps,
+            result.error,
+        )
+
+    def test_null_optional_result_fields_read_as_unset(self) -> None:
+        """finalText, maxSteps and error may be absent or null: both mean "not set"."""
+        unset = {"finalText": None, "maxSteps": None, "error": None}
+        result: dict[str, Any] = {"status": "cancelled", "messages": [], "steps": 0, **unset}
+        data = {"sequence": 0, "type": "run.finished", "payload": {"result": result}}
+        assert al.event_from_dict(data) == al.Event(
+            0, "run.finished", {"result": al.RunResult("cancelled", (), 0)}
+        )
+
+
+def _io_event(type: str, payload: Any, sequence: Any = 0) -> dict[str, Any]:
+    return {"sequence": sequence, "type": type, "payload": payload}
+
+
+def _io_nested(depth: int) -> dict[str, Any]:
+    """An object nesting ``depth`` containers, the root included."""
+    value: dict[str, Any] = {}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
+
+
+def _io_assistant_with(arguments: Any) -> dict[str, Any]:
+    block = {"type": "toolCall", "id": "c", "name": "n", "arguments": arguments}
+    return {"id": "m", "role": "assistant", "content": [block]}
+
+
+_IO_CALL = {"type": "toolCall", "id": "call-1", "name": "add", "arguments": {}}
+_IO_RESULT = {
+    "id": "tool-result-call-1",
+    "role": "toolResult",
+    "toolCallId": "call-1",
+    "toolName": "add",
+    "content": "3",
+    "isError": False,
+}
+_IO_RUN_RESULT = {"status": "completed", "messages": [], "steps": 1, "finalText": "ok"}
+
+
+class TestMalformedDicts:
+    """API.md: "A malformed dict (a missing key, a value of the wrong JSON type, an unknown
+    role, block type, event type or status) raises ValueError naming the field."""
+
+    @pytest.mark.parametrize(
+        ("data", "field"),
+        [
+            pytest.param([], r"^message must be an object", id="not-an-object"),
+            pytest.param({"role": "user", "content": "hi"}, r"message\.id is missing", id="no-id"),
+            pytest.param({"id": "u", "content": "hi"}, r"message\.role is missing", id="no-role"),
+            pytest.param({"id": "u", "role": "user"}, r"message\.content is missing",
+                         id="no-content"),
+            pytest.param({"id": "u", "role": "system", "content": "hi"},
+                         r"message\.role: unknown value 'system'", id="unknown-role"),
+            pytest.param({"id": 7, "role": "user", "content": "hi"},
+                         r"message\.id must be a string", id="id-int"),
+            pytest.param({"id": "u", "role": "user", "content": 5},
+                         r"message\.content must be a string, got int", id="content-int"),
+            pytest.param({**_IO_RESULT, "toolCallId": None}, r"message\.toolCallId",
+                         id="toolCallId-null"),
+            pytest.param({k: v for k, v in _IO_RESULT.items() if k != "toolCallId"},
+                         r"message\.toolCallId is missing", id="no-toolCallId"),
+            pytest.param({k: v for k, v in _IO_RESULT.items() if k != "toolName"},
+                         r"message\.toolName is missing", id="no-toolName"),
+            pytest.param({**_IO_RESULT, "isError": "yes"}, r"message\.isError must be a boolean",
+                         id="isError-string"),
+            pytest.param({**_IO_RESULT, "isError": 1}, r"message\.isError must be a boolean",
+                         id="isError-int"),
+            pytest.param({"id": "a", "role": "assistant", "content": "hi"},
+                         r"message\.content must be an array", id="assistant-content-string"),
+            pytest.param({"id": "a", "role": "assistant", "content": ["hi"]},
+                         r"message\.content\[0\] must be an object", id="block-not-object"),
+            pytest.param({"id": "a", "role": "assistant", "content": [{"type": "image"}]},
+                         r"message\.content\[0\]\.type: unknown value 'image'",
+                         id="unknown-block-type"),
+            pytest.param({"id": "a", "role": "assistant", "content": [{"text": "hi"}]},
+                         r"message\.content\[0\]\.type is missing", id="block-without-type"),
+            pytest.param({"id": "a", "role": "assistant",
+                          "content": [{"type": "text", "text": "ok"}, {"type": "text"}]},
+                         r"message\.content\[1\]\.text is missing", id="text-without-text"),
+            pytest.param({"id": "a", "role": "assistant",
+                          "content": [{**_IO_CALL, "name": 3}]},
+                         r"message\.content\[0\]\.name must be a string", id="call-name-int"),
+            pytest.param(_io_assistant_with([1, 2]),
+                         r"message\.content\[0\]\.arguments must be an object, got list",
+                         id="arguments-list"),
+            pytest.param(_io_assistant_with(None), r"message\.content\[0\]\.arguments",
+                         id="arguments-null"),
+            pytest.param(_io_assistant_with(_io_nested(al.MAX_ARGUMENT_DEPTH + 1)),
+                         r"message\.content\[0\]\.arguments: .*deeper than 32",
+                         id="arguments-too-deep"),
+            pytest.param(_io_assistant_with({"a": [0] * al.MAX_ARGUMENT_SLOTS}),
+                         r"message\.content\[0\]\.arguments: .*more than 257 values",
+                         id="arguments-too-many-values"),
+            pytest.param(_io_assistant_with({"a": "x" * al.MAX_ARGUMENT_TEXT}),
+                         r"message\.content\[0\]\.arguments: .*code points",
+                         id="arguments-too-much-text"),
+            pytest.param(_io_assistant_with({"a": float("nan")}),
+                         r"message\.content\[0\]\.arguments: .*not a JSON number",
+                         id="arguments-nan"),
+        ],
+    )  # fmt: skip
+    def test_message(self, data: Any, field: str) -> None:
+        with pytest.raises(ValueError, match=field):
+            al.message_from_dict(data)
+
+    @pytest.mark.parametrize(
+        "arguments",
+        [
+            pytest.param(_io_nested(al.MAX_ARGUMENT_DEPTH), id="depth-at-limit"),
+            pytest.param({"a": [0] * (al.MAX_ARGUMENT_SLOTS - 1)}, id="values-at-limit"),
+            pytest.param({"a": "x" * (al.MAX_ARGUMENT_TEXT - 1)}, id="text-at-limit"),
+        ],
+    )
+    def test_arguments_at_the_bounds_are_read(self, arguments: dict[str, Any]) -> None:
+        """The over-limit twins of these are in test_message."""
+        message = al.message_from_dict(_io_assistant_with(arguments))
+        assert isinstance(message, al.AssistantMessage)
+        assert message.content[0] == al.ToolCall("c", "n", arguments)
+
+    def test_nan_from_json_text_is_rejected(self) -> None:
+        """json.loads accepts NaN, which is not JSON: the reader must not."""
+        line = (
+            '{"id":"m","role":"assistant","content":[{"type":"toolCall","id":"c",'
+            '"name":"n","arguments":{"x":NaN}}]}'
+        )
+        with pytest.raises(ValueError, match=r"arguments: .*not a JSON number"):
+            al.message_from_dict(json.loads(line))
+
+    @pytest.mark.parametrize(
+        ("data", "field"),
+        [
+            pytest.param("event", r"^event must be an object", id="not-an-object"),
+            pytest.param({"type": "message.accepted", "payload": {"message": user().to_dict()}},
+                         r"event\.sequence is missing", id="no-sequence"),
+            pytest.param(_io_event("message.accepted", {"message": user().to_dict()}, "1"),
+                         r"event\.sequence must be an integer, got str", id="sequence-string"),
+            pytest.param(_io_event("message.accepted", {"message": user().to_dict()}, True),
+                         r"event\.sequence must be an integer, got bool", id="sequence-true"),
+            pytest.param(_io_event("message.accepted", {"message": user().to_dict()}, 1.0),
+                         r"event\.sequence must be an integer, got float", id="sequence-float"),
+            pytest.param({"sequence": 0, "payload": {}}, r"event\.type is missing", id="no-type"),
+            pytest.param(_io_event("agent_start", {}), r"event\.type: unknown value 'agent_start'",
+                         id="unknown-type"),
+            pytest.param(_io_event("message.accepted", [user().to_dict()]),
+                         r"event\.payload must be an object, got list", id="payload-list"),
+            pytest.param({"sequence": 0, "type": "message.accepted"},
+                         r"event\.payload is missing", id="no-payload"),
+            pytest.param(_io_event("message.accepted", {}), r"event\.payload\.message",
+                         id="no-message"),
+            pytest.param(_io_event("message.accepted", {"message": {"id": "u", "role": "user"}}),
+                         r"event\.payload\.message\.content is missing", id="message-malformed"),
+            pytest.param(_io_event("model.chunk",
+                                   {"chunk": {"type": "text", "requestId": "r", "text": "x"}}),
+                         r"event\.payload\.requestId", id="no-requestId"),
+            pytest.param(_io_event("model.chunk", {"requestId": 1, "chunk": {}}),
+                         r"event\.payload\.requestId must be a string, got int",
+                         id="requestId-int"),
+            pytest.param(_io_event("model.chunk", {"requestId": "r"}), r"event\.payload\.chunk",
+                         id="no-chunk"),
+            pytest.param(_io_event("model.chunk", {"requestId": "r",
+                                                   "chunk": {"type": "image", "requestId": "r"}}),
+                         r"event\.payload\.chunk\.type: unknown value 'image'",
+                         id="unknown-chunk-type"),
+            pytest.param(_io_event("model.chunk", {"requestId": "r",
+                                                   "chunk": {"type": "text", "text": "x"}}),
+                         r"event\.payload\.chunk\.requestId is missing", id="chunk-no-requestId"),
+            pytest.param(_io_event("model.chunk",
+                                   {"requestId": "r",
+                                    "chunk": {"type": "toolCall", "requestId": "r",
+                                              "toolCall": {"type": "text", "text": "x"}}}),
+                         r"event\.payload\.chunk\.toolCall must be a toolCall block",
+                         id="chunk-toolCall-is-text"),
+            pytest.param(_io_event("tool.started", {"requestId": "r",
+                                                    "toolCall": {"type": "text", "text": "x"}}),
+                         r"event\.payload\.toolCall must be a toolCall block",
+                         id="started-toolCall-is-text"),
+            pytest.param(_io_event("tool.started", {"requestId": "r"}),
+                         r"event\.payload\.toolCall", id="started-no-toolCall"),
+            pytest.param(_io_event("tool.started", {"requestId": "r",
+                                                    "toolCall": {**_IO_CALL, "arguments": []}}),
+                         r"event\.payload\.toolCall\.arguments must be an object",
+                         id="started-arguments-list"),
+            pytest.param(_io_event("tool.finished", {"requestId": "r", "toolCall": _IO_CALL,
+                                                     "toolResult": user().to_dict()}),
+                         r"event\.payload\.toolResult must be a toolResult message",
+                         id="finished-toolResult-is-user"),
+            pytest.param(_io_event("tool.finished", {"requestId": "r", "toolCall": _IO_CALL}),
+                         r"event\.payload\.toolResult", id="finished-no-toolResult"),
+            pytest.param(_io_event("tool.finished", {"requestId": "r", "toolCall": _IO_CALL,
+                                                     "toolResult": {**_IO_RESULT,
+                                                                    "isError": "no"}}),
+                         r"event\.payload\.toolResult\.isError must be a boolean",
+                         id="finished-isError-string"),
+            pytest.param(_io_event("run.finished", {}), r"event\.payload\.result",
+                         id="no-result"),
+            pytest.param(_io_event("run.finished", {"result": {**_IO_RUN_RESULT, "steps": 1.5}}),
+                         r"event\.payload\.result\.steps must be an integer, got float",
+                         id="steps-float"),
+            pytest.param(_io_event("run.finished",
+                                   {"result": {k: v for k, v in _IO_RUN_RESULT.items()
+                                               if k != "steps"}}),
+                         r"event\.payload\.result\.steps is missing", id="no-steps"),
+            pytest.param(_io_event("run.finished", {"result": {**_IO_RUN_RESULT,
+                                                               "status": "done"}}),
+                         r"event\.payload\.result\.status: unknown value 'done'",
+                         id="unknown-status"),
+            pytest.param(_io_event("run.finished", {"result": {**_IO_RUN_RESULT,
+                                                               "messages": {}}}),
+                         r"event\.payload\.result\.messages must be an array",
+                         id="messages-object"),
+            pytest.param(_io_event("run.finished",
+                                   {"result": {**_IO_RUN_RESULT,
+                                               "messages": [user().to_dict(), {"id": "x"}]}}),
+                         r"event\.payload\.result\.messages\[1\]\.role is missing",
+                         id="result-message-malformed"),
+            pytest.param(_io_event("run.finished", {"result": {**_IO_RUN_RESULT,
+                                                               "finalText": 5}}),
+                         r"event\.payload\.result\.finalText must be a string",
+                         id="finalText-int"),
+            pytest.param(_io_event("run.finished", {"result": {**_IO_RUN_RESULT,
+                                                               "maxSteps": "1"}}),
+                         r"event\.payload\.result\.maxSteps must be an integer",
+                         id="maxSteps-string"),
+            pytest.param(_io_event("run.finished", {"result": {**_IO_RUN_RESULT,
+                                                               "error": "boom"}}),
+                         r"event\.payload\.result\.error must be an object",
+                         id="error-string"),
+            pytest.param(_io_event("run.finished",
+                                   {"result": {**_IO_RUN_RESULT,
+                                               "error": {"code": "OOPS", "message": "m"}}}),
+                         r"event\.payload\.result\.error\.code: unknown value 'OOPS'",
+                         id="unknown-error-code"),
+            pytest.param(_io_event("run.finished",
+                                   {"result": {**_IO_RUN_RESULT,
+                                               "error": {"code": "MODEL_STREAM_ERROR"}}}),
+                         r"event\.payload\.result\.error\.message is missing",
+                         id="error-no-message"),
+        ],
+    )  # fmt: skip
+    def test_event(self, data: Any, field: str) -> None:
+        with pytest.raises(ValueError, match=field):
+            al.event_from_dict(data)
+
+    def test_a_rejected_dict_is_left_unchanged(self) -> None:
+        data = _io_event(
+            "tool.finished",
+            {"requestId": "r", "toolCall": _IO_CALL, "toolResult": user().to_dict()},
+        )
+        before = json.dumps(data, sort_keys=True)
+        with pytest.raises(ValueError, match="toolResult"):
+            al.event_from_dict(data)
+        assert json.dumps(data, sort_keys=True) == before
+
+
+def _io_replay(
+    recorded: al.RunResult, start: Sequence[al.Message], tools: Sequence[al.Tool]
+) -> tuple[list[al.Event], al.RunResult, al.ScriptedModel]:
+    """Replays the part of a recorded transcript that the run added, from the same start."""
+    model = al.ScriptedModel.from_transcript(recorded.messages[len(start) :])
+    events, result = _io_settle(model, start, tools, max_steps=4)
+    return events, result, model
+
+
+class TestReplay:
+    """API.md: "Running the loop again from the same starting messages, with tools that
+    behave the same, reproduces the recorded transcript exactly."""
+
+    def test_replay_reproduces_the_transcript_and_the_events(self) -> None:
+        events, result, recorder = _io_recorded_run()
+        assert result.status == "completed"
+        assert result.steps == 3
+        replayed_events, replayed, model = _io_replay(result, [user()], [add_tool(), echo_tool()])
+        assert replayed.messages == result.messages
+        assert replayed == result
+        assert types_of(replayed_events) == types_of(events)
+        assert replayed_events == events
+        assert [event.to_dict() for event in replayed_events] == [
+            event.to_dict() for event in events
+        ]
+        assert model.call_count == 3
+        assert model.requests == recorder.requests
+
+    def test_replay_of_a_transcript_read_back_from_json(self) -> None:
+        """A transcript saved as JSON text and read back replays the same run."""
+        _, result, _ = _io_recorded_run()
+        saved = json.dumps([message.to_dict() for message in result.messages])
+        loaded = tuple(al.message_from_dict(data) for data in json.loads(saved))
+        assert loaded == result.messages
+        _, replayed, _ = _io_replay(
+            al.RunResult("completed", loaded, 3), [user()], [add_tool(), echo_tool()]
+        )
+        assert replayed == result
+
+    def test_replay_reproduces_the_transcript_even_when_chunking_differed(self) -> None:
+        """The replay streams one chunk per block: the transcript is the same, the
+        model.chunk events may be fewer."""
+        events, result, _ = run(
+            [
+                al.scripted_response(
+                    "response-001",
+                    [text("Hello, world.")],
+                    "stop",
+                    chunks=[text("Hel"), text("lo, "), text("world.")],
+                )
+            ]
+        )
+        replayed_events, replayed, _ = _io_replay(result, [user()], [])
+        assert replayed == result
+        assert types_of(events).count("model.chunk") == 3
+        assert types_of(replayed_events).count("model.chunk") == 1
+
+    def test_from_transcript_derives_response_ids_and_stop_reasons(self) -> None:
+        add = call("add", "call-add-001", {"left": 20, "right": 22})
+        transcript: list[al.Message] = [
+            user(),
+            al.AssistantMessage("message-response-001", (text("Adding."), add)),
+            al.ToolResultMessage("tool-result-call-add-001", "call-add-001", "add", "42", False),
+            al.AssistantMessage("message-response-002", (text("The sum is 42."),)),
+            user("And now?", "user-002"),
+            al.AssistantMessage("message-response-003", ()),
+        ]
+        model = al.ScriptedModel.from_transcript(transcript)
+        expected: list[tuple[str, tuple[Any, ...], Any]] = [
+            ("response-001", (text("Adding."), add), "toolCall"),
+            ("response-002", (text("The sum is 42."),), "stop"),
+            ("response-003", (), "stop"),
+        ]
+        for step, (response_id, content, stop_reason) in enumerate(expected, start=1):
+            request = al.ModelRequest(f"request-{step:03d}", (), ())
+            chunks, response = _io_drain(model.stream(request, threading.Event()))
+            assert response == al.ModelResponse(response_id, request.id, content, stop_reason)
+            assert all(chunk.request_id == request.id for chunk in chunks)
+            assert len(chunks) == len(content)
+        # Only assistant messages became responses: a fourth request has none left.
+        with pytest.raises(RuntimeError):
+            model.stream(al.ModelRequest("request-004", (), ()), threading.Event())
+        assert model.call_count == 4
+
+    def test_from_transcript_accepts_any_iterable(self) -> None:
+        message = al.AssistantMessage("message-response-001", (text("Hi"),))
+        model = al.ScriptedModel.from_transcript(iter([message]))
+        _, result = _io_settle(model, [user()], [])
+        assert result.status == "completed"
+        assert result.messages == (user(), message)
+
+    def test_history_must_be_left_out_of_the_replayed_part(self) -> None:
+        """API.md: "Every assistant message given is replayed, so when the start held
+        history, pass only the part that the run added." """
+        history: list[al.Message] = [
+            user("Hi.", "user-000"),
+            al.AssistantMessage("message-response-000", (text("Hello."),)),
+            user(),
+        ]
+        _, recorded, _ = run(
+            [
+                al.scripted_response(
+                    "response-001",
+                    [call("add", "call-add-001", {"left": 20, "right": 22})],
+                    "toolCall",
+                ),
+                al.scripted_response("response-002", [text("42.")], "stop"),
+            ],
+            messages=history,
+            tools=[add_tool()],
+        )
+        assert recorded.status == "completed"
+        _, replayed, _ = _io_replay(recorded, history, [add_tool()])
+        assert replayed == recorded
+        # Passed whole, the old turn is replayed first: its message id is taken already.
+        whole = al.ScriptedModel.from_transcript(recorded.messages)
+        _, wrong = _io_settle(whole, history, [add_tool()])
+        assert wrong.status == "failed"
+        assert wrong.error is not None
+        assert wrong.error.code == "MODEL_PROTOCOL_ERROR"
+        assert wrong.messages == tuple(history)
+        assert whole.call_count == 1
+
+
+def _io_first_run(
+    mode: str,
+) -> tuple[list[al.Event], al.RunResult, list[str], al.ScriptedModel]:
+    """Two steps; the second is cancelled during the first of its two calls, either by the
+    tool itself (mode "tool") or by the observer at its tool.started (mode "observer")."""
+    executed: list[str] = []
+    model = al.ScriptedModel(
+        [
+            al.scripted_response(
+                "response-001",
+                [text("Echo first."), call("echo", "call-echo-001", {"text": "one"})],
+                "toolCall",
+            ),
+            al.scripted_response(
+                "response-002",
+                [
+                    call("slow", "call-slow-001", {}),
+                    call("echo", "call-echo-002", {"text": "two"}),
+                ],
+                "toolCall",
+            ),
+            al.scripted_response("response-003", [text("must not run")], "stop"),
+        ]
+    )
+    signal = threading.Event()
+    loop = al.run_agent_loop(
+        messages=[user()],
+        model=model,
+        tools=al.ToolRegistry([echo_tool(executed), _io_slow_tool(executed)]),
+        max_steps=8,
+        signal=signal,
+    )
+    events: list[al.Event] = []
+    while True:
+        try:
+            event = next(loop)
+        except StopIteration as done:
+            return events, done.value, executed, model
+        events.append(event)
+        if (
+            mode == "observer"
+            and event.type == "tool.started"
+            and event.payload["tool_call"].id == "call-slow-001"
+        ):
+            signal.set()
+
+
+_IO_MODES = ["tool", "observer"]
+
+
+class TestResumeAfterCancellation:
+    """Seed: "Cancellation during Tool execution retains the complete assistant Tool-call
+    message, emits tool.started, and appends no fabricated result." API.md: open_tool_calls
+    and resolve_open_tool_calls let a cancelled run's transcript start a new run."""
+
+    @pytest.mark.parametrize("mode", _IO_MODES)
+    def test_the_cancelled_run_leaves_open_calls(self, mode: str) -> None:
+        events, result, executed, model = _io_first_run(mode)
+        assert_well_formed(events, result)
+        assert result.status == "cancelled"
+        assert result.steps == 2
+        assert model.call_count == 2
+        assert executed == (["one", "slow"] if mode == "tool" else ["one"])
+        assert types_of(events)[-2:] == ["tool.started", "run.finished"]
+        assert [message.id for message in result.messages] == [
+            "user-001",
+            "message-response-001",
+            "tool-result-call-echo-001",
+            "message-response-002",
+        ]
+        assert al.open_tool_calls(result.messages) == (
+            call("slow", "call-slow-001", {}),
+            call("echo", "call-echo-002", {"text": "two"}),
+        )
+
+    def test_a_complete_transcript_has_no_open_calls(self) -> None:
+        _, result, _ = _io_recorded_run()
+        assert al.open_tool_calls(result.messages) == ()
+        assert al.open_tool_calls([]) == ()
+        assert al.open_tool_calls([user()]) == ()
+
+    def test_open_calls_are_in_transcript_order_across_messages(self) -> None:
+        first = call("echo", "call-b", {"text": "1"})
+        second = call("echo", "call-a", {"text": "2"})
+        third = call("echo", "call-c", {"text": "3"})
+        transcript: list[al.Message] = [
+            user(),
+            al.AssistantMessage("message-1", (first, second)),
+            al.ToolResultMessage("tool-result-call-b", "call-b", "echo", "1", False),
+            al.AssistantMessage("message-2", (third,)),
+        ]
+        assert al.open_tool_calls(transcript) == (second, third)
+        assert al.open_tool_calls(iter(transcript)) == (second, third)
+
+    @pytest.mark.parametrize("mode", _IO_MODES)
+    def test_resolve_appends_one_error_result_per_open_call(self, mode: str) -> None:
+        _, result, _, _ = _io_first_run(mode)
+        given = list(result.messages)
+        snapshot = list(given)
+        resolved = al.resolve_open_tool_calls(given, "interrupted by cancellation")
+        assert given == snapshot
+        assert isinstance(resolved, tuple)
+        assert resolved == (
+            *tuple(snapshot),
+            al.ToolResultMessage(
+                "tool-result-call-slow-001",
+                "call-slow-001",
+                "slow",
+                "interrupted by cancellation",
+                True,
+            ),
+            al.ToolResultMessage(
+                "tool-result-call-echo-002",
+                "call-echo-002",
+                "echo",
+                "interrupted by cancellation",
+                True,
+            ),
+        )
+        assert al.open_tool_calls(resolved) == ()
+        assert al.resolve_open_tool_calls(resolved, "again") == resolved
+
+    def test_resolve_reads_any_iterable(self) -> None:
+        _, result, _, _ = _io_first_run("tool")
+        assert al.resolve_open_tool_calls(iter(result.messages), "x") == (
+            al.resolve_open_tool_calls(result.messages, "x")
+        )
+
+    @pytest.mark.parametrize("content", [None, b"interrupted", 1, ["interrupted"]])
+    def test_resolve_needs_str_content(self, content: Any) -> None:
+        _, result, _, _ = _io_first_run("tool")
+        with pytest.raises(TypeError, match="content"):
+            al.resolve_open_tool_calls(result.messages, content)
+
+    @pytest.mark.parametrize("mode", _IO_MODES)
+    def test_a_resolved_transcript_starts_a_new_run_that_continues_the_request_ids(
+        self, mode: str
+    ) -> None:
+        _, cancelled, _, _ = _io_first_run(mode)
+        resolved = al.resolve_open_tool_calls(cancelled.messages, "interrupted")
+        model = al.ScriptedModel(
+            [al.scripted_response("response-003", [text("Resumed.")], "stop")]
+        )
+        events, result = _io_settle(
+            model, resolved, [echo_tool()], max_steps=2, request_sequence_start=cancelled.steps
+        )
+        assert_well_formed(events, result)
+        assert [request.id for request in model.requests] == ["request-003"]
+        assert model.requests[0].messages == resolved
+        accepted = events[: len(resolved)]
+        assert types_of(accepted) == ["message.accepted"] * len(resolved)
+        assert [event.payload["message"] for event in accepted] == list(resolved)
+        assert types_of(events[len(resolved) :]) == ["model.chunk", "run.finished"]
+        assert events[len(resolved)].payload["request_id"] == "request-003"
+        assert result.status == "completed"
+        assert result.final_text == "Resumed."
+        assert result.steps == 1
+        assert result.messages == (
+            *resolved,
+            al.AssistantMessage("message-response-003", (text("Resumed."),)),
+        )
+
+    @pytest.mark.parametrize("mode", _IO_MODES)
+    def test_an_unresolved_transcript_cannot_start_a_new_run(self, mode: str) -> None:
+        """Seed: "An invalid starting transcript produces one run.finished event with a
+        failed INVALID_TRANSCRIPT result and never invokes the model." """
+        _, cancelled, _, _ = _io_first_run(mode)
+        model = al.ScriptedModel([al.scripted_response("response-003", [text("No.")], "stop")])
+        events, result = _io_settle(
+            model, cancelled.messages, [echo_tool()], request_sequence_start=cancelled.steps
+        )
+        assert types_of(events) == ["run.finished"]
+        assert result.status == "failed"
+        assert result.error is not None
+        assert result.error.code == "INVALID_TRANSCRIPT"
+        assert model.call_count == 0
+        assert result.messages == ()
+
+    def test_resume_from_a_demo_json_log(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """The whole story from a saved log: the demo cancelled at its first tool.started,
+        read back, resolved, and resumed."""
+        assert al._main(["--json", "--cancel-after", "3"]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        cancelled = al.event_from_dict(json.loads(lines[-1])).payload["result"]
+        assert cancelled.status == "cancelled"
+        assert [c.id for c in al.open_tool_calls(cancelled.messages)] == ["call-add-001"]
+        resolved = al.resolve_open_tool_calls(cancelled.messages, "interrupted")
+        model = al.ScriptedModel([al.scripted_response("response-002", [text("Later.")], "stop")])
+        events, result = _io_settle(
+            model, resolved, [], max_steps=1, request_sequence_start=cancelled.steps
+        )
+        assert [request.id for request in model.requests] == ["request-002"]
+        assert types_of(events) == ["message.accepted"] * 3 + ["model.chunk", "run.finished"]
+        assert result.status == "completed"
+
+
+_IO_DEMO_OUTPUT = "\n".join(
+    [
+        '  0  message.accepted  user user-001: "What is (20 + 22) * 2? And the weather in '
+        'Atlantis?"',
+        '  1  model.chunk       request-001 text "First the sum."',
+        '  2  model.chunk       request-001 toolCall add({"left":20,"right":22}) [call-add-001]',
+        '  3  tool.started      request-001 add({"left":20,"right":22}) [call-add-001]',
+        '  4  tool.finished     request-001 add ok: {"sum":42}',
+        '  5  model.chunk       request-002 toolCall multiply({"left":42,"right":2}) '
+        "[call-multiply-001]",
+        '  6  model.chunk       request-002 toolCall weather({"city":"Atlantis"}) '
+        "[call-weather-001]",
+        '  7  tool.started      request-002 multiply({"left":42,"right":2}) [call-multiply-001]',
+        '  8  tool.finished     request-002 multiply ok: {"product":84}',
+        '  9  tool.started      request-002 weather({"city":"Atlantis"}) [call-weather-001]',
+        " 10  tool.finished     request-002 weather error: tool 'weather' raised LookupError: "
+        "no weather station in Atlantis",
+        ' 11  model.chunk       request-003 text "(20 + 22) * 2 = 84. "',
+        ' 12  model.chunk       request-003 text "Atlantis has no "',
+        ' 13  model.chunk       request-003 text "weather station."',
+        " 14  run.finished      completed after 3 step(s)",
+        "result: completed, 3 step(s), 7 messages",
+        "final text: (20 + 22) * 2 = 84. Atlantis has no weather station.",
+        "",
+    ]
+)
+"""``python agent_loop.py`` with no options, checked by hand: three steps, a recoverable
+weather error, the final text assembled from three chunks."""
+
+_IO_DEMO_QUESTION = "What is (20 + 22) * 2? And the weather in Atlantis?"
+
+
+def _io_demo(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[str, str]:
+    assert al._main(list(argv)) == 0
+    captured = capsys.readouterr()
+    return captured.out, captured.err
+
+
+def _io_event_lines(out: str) -> tuple[list[str], list[str]]:
+    """Splits readable demo output into its event lines and the result lines after them."""
+    lines = out.splitlines()
+    finished = next(i for i, line in enumerate(lines) if "  run.finished  " in line)
+    return lines[: finished + 1], lines[finished + 1 :]
+
+
+def _io_demo_direct(max_steps: int = al.MAX_AGENT_STEPS) -> tuple[list[al.Event], al.RunResult]:
+    return al.settle_run(
+        al.run_agent_loop(
+            messages=[al.UserMessage("user-001", _IO_DEMO_QUESTION)],
+            model=al._demo_model(),
+            tools=al._demo_tools(),
+            max_steps=max_steps,
+        )
+    )
+
+
+class TestDemonstration:
+    """API.md "Running it": python agent_loop.py prints its event stream, one line per
+    event, then the result; the output is deterministic."""
+
+    def test_default_output_is_the_golden_output(self, capsys: pytest.CaptureFixture[str]) -> None:
+        out, err = _io_demo(capsys)
+        assert out == _IO_DEMO_OUTPUT
+        assert err == ""
+
+    def test_default_output_is_deterministic(self, capsys: pytest.CaptureFixture[str]) -> None:
+        first, _ = _io_demo(capsys)
+        second, _ = _io_demo(capsys)
+        assert first == second
+
+    def test_each_event_is_one_line_starting_with_its_sequence(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        out, _ = _io_demo(capsys)
+        events, results = _io_event_lines(out)
+        direct_events, direct = _io_demo_direct()
+        assert len(events) == len(direct_events)
+        for sequence, (line, event) in enumerate(zip(events, direct_events)):
+            assert line.split()[:2] == [str(sequence), event.type]
+        assert events[-1].split()[1:3] == ["run.finished", "completed"]
+        assert results == [
+            "result: completed, 3 step(s), 7 messages",
+            f"final text: {direct.final_text}",
+        ]
+        assert any(
+            "tool.finished" in line and " error: " in line and "LookupError" in line
+            for line in events
+        )
+
+    def test_the_script_entry_point(self) -> None:
+        """A real process, run as the user would: no options, exit status 0."""
+        completed = subprocess.run(
+            [sys.executable, "agent_loop.py"],
+            cwd=os.path.dirname(os.path.abspath(al.__file__)),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert (completed.returncode, completed.stderr) == (0, "")
+        assert completed.stdout == _IO_DEMO_OUTPUT
+
+    def test_the_script_entry_point_rejects_a_bad_option(self) -> None:
+        completed = subprocess.run(
+            [sys.executable, "agent_loop.py", "--bogus"],
+            cwd=os.path.dirname(os.path.abspath(al.__file__)),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert completed.returncode == 2
+        assert completed.stdout == ""
+        assert completed.stderr.startswith("usage: ")
+        assert "--bogus" in completed.stderr
+
+    def test_json_prints_only_json_events(self, capsys: pytest.CaptureFixture[str]) -> None:
+        out, err = _io_demo(capsys, "--json")
+        assert err == ""
+        lines = out.splitlines()
+        assert out.endswith("\n")
+        parsed = [json.loads(line) for line in lines]
+        assert all(type(data) is dict for data in parsed)
+        assert all(set(data) == {"sequence", "type", "payload"} for data in parsed)
+
+    def test_json_events_rebuild_the_run_and_its_result(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        out, _ = _io_demo(capsys, "--json")
+        events = [al.event_from_dict(json.loads(line)) for line in out.splitlines()]
+        assert [event.sequence for event in events] == list(range(len(events)))
+        assert types_of(events).count("run.finished") == 1
+        assert events[-1].type == "run.finished"
+        result = events[-1].payload["result"]
+        direct_events, direct = _io_demo_direct()
+        assert events == direct_events
+        assert result == direct
+        assert result.status == "completed"
+        assert result.final_text == "(20 + 22) * 2 = 84. Atlantis has no weather station."
+        assert [message.id for message in result.messages] == [
+            "user-001",
+            "message-response-001",
+            "tool-result-call-add-001",
+            "message-response-002",
+            "tool-result-call-multiply-001",
+            "tool-result-call-weather-001",
+            "message-response-003",
+        ]
+
+    def test_json_and_readable_output_describe_the_same_events(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        readable, _ = _io_demo(capsys)
+        as_json, _ = _io_demo(capsys, "--json")
+        events = [json.loads(line) for line in as_json.splitlines()]
+        lines, _ = _io_event_lines(readable)
+        assert [line.split()[:2] for line in lines] == [
+            [str(event["sequence"]), event["type"]] for event in events
+        ]
+
+    @pytest.mark.parametrize(
+        ("max_steps", "status", "last_sequence", "result_lines"),
+        [
+            pytest.param(1, "maxSteps", 5, ["result: maxSteps, 1 step(s), 3 messages",
+                                             "the budget of 1 step(s) ended the run"], id="1"),
+            pytest.param(2, "maxSteps", 11, ["result: maxSteps, 2 step(s), 6 messages",
+                                              "the budget of 2 step(s) ended the run"],
+                         id="2-one-short"),
+            pytest.param(3, "completed", 14, _IO_DEMO_OUTPUT.splitlines()[-2:], id="3-enough"),
+            pytest.param(64, "completed", 14, _IO_DEMO_OUTPUT.splitlines()[-2:], id="64-ceiling"),
+        ],
+    )  # fmt: skip
+    def test_max_steps(
+        self,
+        capsys: pytest.CaptureFixture[str],
+        max_steps: int,
+        status: str,
+        last_sequence: int,
+        result_lines: list[str],
+    ) -> None:
+        """Seed: "If the current step equals maxSteps, the loop emits run.finished with
+        status maxSteps and does not open another model request." """
+        out, _ = _io_demo(capsys, "--max-steps", str(max_steps))
+        events, results = _io_event_lines(out)
+        assert len(events) == last_sequence + 1
+        assert events[-1].split()[:3] == [str(last_sequence), "run.finished", status]
+        assert results == result_lines
+        assert _IO_DEMO_OUTPUT.startswith("\n".join(events[:-1]))
+        as_json, _ = _io_demo(capsys, "--json", "--max-steps", str(max_steps))
+        rebuilt = al.event_from_dict(json.loads(as_json.splitlines()[-1])).payload["result"]
+        assert rebuilt == _io_demo_direct(max_steps)[1]
+        assert rebuilt.status == status
+        assert rebuilt.max_steps == (max_steps if status == "maxSteps" else None)
+
+    @pytest.mark.parametrize(
+        ("cancel_after", "steps", "messages", "open_calls"),
+        [
+            pytest.param(0, 0, 1, [], id="initial-emission"),
+            pytest.param(3, 1, 2, ["call-add-001"], id="tool.started"),
+            pytest.param(7, 2, 4, ["call-multiply-001", "call-weather-001"],
+                         id="tool.started-of-two"),
+            pytest.param(13, 3, 6, [], id="last-but-one"),
+        ],
+    )  # fmt: skip
+    def test_cancel_after(
+        self,
+        capsys: pytest.CaptureFixture[str],
+        cancel_after: int,
+        steps: int,
+        messages: int,
+        open_calls: list[str],
+    ) -> None:
+        """Seed: "The last observable event is still run.finished with a cancelled result"."""
+        out, _ = _io_demo(capsys, "--cancel-after", str(cancel_after))
+        events, results = _io_event_lines(out)
+        assert len(events) == cancel_after + 2
+        assert "\n".join(events[:-1]) + "\n" == "\n".join(
+            [*_IO_DEMO_OUTPUT.splitlines()[: cancel_after + 1], ""]
+        )
+        assert (
+            events[-1]
+            == f"{cancel_after + 1:3d}  run.finished      cancelled after {steps} step(s)"
+        )
+        expected = [f"result: cancelled, {steps} step(s), {messages} messages"]
+        if open_calls:
+            expected.append("left without a result: " + ", ".join(open_calls))
+        assert results == expected
+        as_json, _ = _io_demo(capsys, "--json", "--cancel-after", str(cancel_after))
+        logged = [al.event_from_dict(json.loads(line)) for line in as_json.splitlines()]
+        assert len(logged) == cancel_after + 2
+        result = logged[-1].payload["result"]
+        assert (result.status, result.steps, len(result.messages)) == (
+            "cancelled",
+            steps,
+            messages,
+        )
+        assert [c.id for c in al.open_tool_calls(result.messages)] == open_calls
+
+    def test_cancel_after_the_last_event_changes_nothing(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """K = 14 is run.finished itself: the signal comes too late to cancel anything."""
+        out, _ = _io_demo(capsys, "--cancel-after", "14")
+        assert out == _IO_DEMO_OUTPUT
+
+    def test_help(self, capsys: pytest.CaptureFixture[str]) -> None:
+        with pytest.raises(SystemExit) as exit_info:
+            al._main(["--help"])
+        assert exit_info.value.code == 0
+        out = capsys.readouterr().out
+        assert out.startswith("usage: ")
+        for option in ("--json", "--max-steps", "--cancel-after", "--help"):
+            assert option in out
+
+    @pytest.mark.parametrize(
+        ("argv", "complaint"),
+        [
+            pytest.param(["--max-steps", "0"], "--max-steps", id="max-steps-below"),
+            pytest.param(["--max-steps", "65"], "--max-steps", id="max-steps-above-ceiling"),
+            pytest.param(["--max-steps", "x"], "--max-steps", id="max-steps-not-int"),
+            pytest.param(["--max-steps"], "--max-steps", id="max-steps-no-value"),
+            pytest.param(["--cancel-after", "-1"], "--cancel-after", id="cancel-after-negative"),
+            pytest.param(["--cancel-after", "1.5"], "--cancel-after", id="cancel-after-float"),
+            pytest.param(["--bogus"], "--bogus", id="unknown-option"),
+            pytest.param(["extra"], "extra", id="positional"),
+        ],
+    )
+    def test_bad_option_is_a_usage_error(
+        self, capsys: pytest.CaptureFixture[str], argv: list[str], complaint: str
+    ) -> None:
+        with pytest.raises(SystemExit) as exit_info:
+            al._main(argv)
+        assert exit_info.value.code == 2
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        assert captured.err.startswith("usage: ")
+        assert complaint in captured.err
+
+    @pytest.mark.parametrize(
+        ("city", "content", "is_error"),
+        [
+            pytest.param("Lisbon", "sunny, 19 C", False, id="known"),
+            pytest.param("Oslo", "snow, -3 C", False, id="known-2"),
+            pytest.param(
+                "Atlantis",
+                "tool 'weather' raised LookupError: no weather station in Atlantis",
+                True,
+                id="unknown-is-recoverable",
+            ),
+        ],
+    )
+    def test_the_demo_weather_tool(self, city: str, content: str, is_error: bool) -> None:
+        """The demo's failing call fails because of its city, not because the tool is broken."""
+        weather = al.ToolCall("call-weather-001", "weather", {"city": city})
+        result = al.execute_tool_call(al._demo_tools(), weather, threading.Event())
+        assert (result.content, result.is_error) == (content, is_error)
+
+    def test_the_result_lines_of_a_failed_run(self) -> None:
+        """The demo script never fails, but its result printer names a failure's code."""
+        failed = al.RunResult("failed", (user(),), 1, error=al.RunError("MODEL_STREAM_ERROR", "x"))
+        assert al._demo_result(failed) == (
+            "result: failed, 1 step(s), 1 messages\nerror: MODEL_STREAM_ERROR: x"
+        )
