@@ -15,6 +15,7 @@ import inspect
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -4566,3 +4567,34 @@ class TestDemonstration:
         assert al._demo_result(failed) == (
             "result: failed, 1 step(s), 1 messages\nerror: MODEL_STREAM_ERROR: x"
         )
+
+
+_README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")
+
+
+def _readme_blocks(language: str) -> list[str]:
+    with open(_README, encoding="utf-8") as readme:
+        return re.findall(rf"```{language}\n(.*?)```", readme.read(), re.DOTALL)
+
+
+class TestReadme:
+    """What the README tells a newcomer is true."""
+
+    def test_it_opens_with_the_demonstration_and_the_test_command(self) -> None:
+        first_block = _readme_blocks("sh")[0]
+        commands = [line.split("#")[0].strip() for line in first_block.splitlines()]
+        assert commands == ["python agent_loop.py", "pip install tox && tox"]
+
+    def test_its_python_blocks_run_and_their_assertions_hold(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        blocks = _readme_blocks("python")
+        assert len(blocks) >= 4  # quick start, adapter, cancellation, replay
+        namespace: dict[str, Any] = {}
+        for number, block in enumerate(blocks, start=1):
+            exec(compile(block, f"README.md python block {number}", "exec"), namespace)
+        assert namespace["result"].status == "completed"
+        assert capsys.readouterr().out.splitlines()[0] == "0 message.accepted"
+
+    def test_its_demonstration_output_is_what_the_demo_prints(self) -> None:
+        assert _readme_blocks("text")[0] == _IO_DEMO_OUTPUT
