@@ -88,6 +88,7 @@ from __future__ import annotations
 
 import argparse
 import collections.abc
+import contextlib
 import itertools
 import json
 import math
@@ -679,7 +680,11 @@ def _tool_result(call: ToolCall, content: str, is_error: bool) -> ToolResultMess
 
 def _describe(error: BaseException) -> str:
     """Names an exception and its message, for a readable result or RunError."""
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    try:
+        message = str(error)
+    except Exception:  # an exception whose message cannot be read is still named
+        message = ""
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
 
 
 # --- Model boundary -----------------------------------------------------------------
@@ -847,15 +852,20 @@ class _Cancelled(Exception):
 # --- The transcript -----------------------------------------------------------------
 
 
+def _is_text(value: object) -> bool:
+    """Exactly a str: a subclass could redefine ==, len() or hash() under the loop's checks."""
+    return type(value) is str
+
+
 def _is_id(value: object) -> bool:
     """Ids and names are non-empty strings."""
-    return isinstance(value, str) and value != ""
+    return _is_text(value) and value != ""
 
 
 def _block_problem(block: object) -> str | None:
     """Returns why an assistant block is malformed, or None."""
     if isinstance(block, TextBlock):
-        return None if isinstance(block.text, str) else "a text block's text is not a str"
+        return None if _is_text(block.text) else "a text block's text is not a str"
     if isinstance(block, ToolCall):
         if not _is_id(block.id):
             return f"a tool call's id must be a non-empty str, got {block.id!r}"
@@ -872,7 +882,7 @@ def _block_problem(block: object) -> str | None:
 def _message_problem(message: object) -> str | None:
     """Returns why a message is malformed on its own (linkage aside), or None."""
     if isinstance(message, UserMessage):
-        fields_ok = isinstance(message.content, str)
+        fields_ok = _is_text(message.content)
     elif isinstance(message, AssistantMessage):
         for block in message.content:
             problem = _block_problem(block)
@@ -883,7 +893,7 @@ def _message_problem(message: object) -> str | None:
         fields_ok = (
             _is_id(message.tool_call_id)
             and _is_id(message.tool_name)
-            and isinstance(message.content, str)
+            and _is_text(message.content)
             and isinstance(message.is_error, bool)
         )
     else:
@@ -1146,7 +1156,9 @@ class _Run:
                 streamed.append(item)
                 yield from self._emit("model.chunk", request_id=request.id, chunk=chunk)
         finally:
-            stream.close()
+            # A model whose cleanup fails cannot replace the step's outcome.
+            with contextlib.suppress(Exception):
+                stream.close()
         self._check_signal()  # the terminal response arrived after cancellation: not appended
         return self._checked_response(request, response, streamed)
 
@@ -1245,14 +1257,14 @@ def _protocol_error(message: str) -> _RunFailure:
 
 def _check_request_id(request_id: object, request: ModelRequest) -> None:
     """Seed: "Request IDs must match the active request." (chunks and responses alike)"""
-    if request_id != request.id:
+    if not _is_text(request_id) or request_id != request.id:
         raise _protocol_error(f"{request_id!r} is not the active request {request.id!r}")
 
 
 def _streamed_item(chunk: object, request: ModelRequest) -> str | ToolCall:
     """Checks one streamed chunk; returns its text or its tool call."""
     if isinstance(chunk, TextDelta):
-        if not isinstance(chunk.text, str):
+        if not _is_text(chunk.text):
             raise _protocol_error(
                 f"a text chunk's text must be a str, got {type(chunk.text).__name__}"
             )

@@ -11,14 +11,18 @@ from __future__ import annotations
 import collections.abc
 import copy
 import dataclasses
+import gc
 import inspect
 import itertools
 import json
 import os
+import random
 import re
 import subprocess
 import sys
 import threading
+import tracemalloc
+from types import MappingProxyType
 from typing import (
     Any,
     Callable,
@@ -4598,3 +4602,2115 @@ class TestReadme:
 
     def test_its_demonstration_output_is_what_the_demo_prints(self) -> None:
         assert _readme_blocks("text")[0] == _IO_DEMO_OUTPUT
+
+
+# --- Adversarial tests: "Prove that the loop cannot be broken" ---------------------------
+#
+# Helpers of this part are prefixed ``_h_`` (classes ``_H``) so that they cannot clash with
+# the rest of the suite. Nothing here uses agent_loop's private helpers: the checker and
+# the reference model below look at a run only from the outside.
+
+_h_untyped: Any = al
+"""The module, untyped: tests build values of the wrong type with it on purpose."""
+
+_H_STATUSES = ("completed", "cancelled", "maxSteps", "failed")
+_H_CODES = ("INVALID_TRANSCRIPT", "MODEL_PROTOCOL_ERROR", "MODEL_STREAM_ERROR", "TOOL_PHASE_ERROR")
+_H_EVENT_TYPES = (
+    "message.accepted",
+    "model.chunk",
+    "tool.started",
+    "tool.finished",
+    "run.finished",
+)
+_H_MESSAGE_TYPES = (al.UserMessage, al.AssistantMessage, al.ToolResultMessage)
+
+
+def _h_normalized(items: Sequence[object]) -> list[object]:
+    """Text coalesced between tool calls, empty text dropped: the seed's normalisation,
+    written again here so that the checker does not trust the loop's own."""
+    normalized: list[object] = []
+    pending = ""
+    for item in items:
+        if isinstance(item, al.TextBlock):
+            item = item.text
+        if isinstance(item, str):
+            pending += item
+            continue
+        if pending:
+            normalized.append(pending)
+            pending = ""
+        normalized.append(item)
+    if pending:
+        normalized.append(pending)
+    return normalized
+
+
+def _h_chunk_item(chunk: object) -> object:
+    if isinstance(chunk, al.TextDelta):
+        return chunk.text
+    assert isinstance(chunk, al.ToolCallChunk)
+    return chunk.tool_call
+
+
+def _h_check_invariants(
+    events: Sequence[al.Event],
+    result: al.RunResult,
+    model: Any,
+    max_steps: int,
+    *,
+    start: Sequence[al.Message] | None = None,
+) -> None:
+    """Every invariant a run keeps whatever the model, the tools and the caller did,
+    checked from the outside. ``model`` needs ``call_count`` and ``requests``."""
+    # One counter: sequences 0, 1, 2, ... and exactly one run.finished, last, carrying the result.
+    assert [event.sequence for event in events] == list(range(len(events)))
+    kinds = [event.type for event in events]
+    assert set(kinds) <= set(_H_EVENT_TYPES)
+    assert kinds.count("run.finished") == 1
+    assert kinds[-1] == "run.finished"
+    assert events[-1].payload["result"] is result
+    status = result.status
+    assert status in _H_STATUSES
+    assert (result.final_text is not None) == (status == "completed")
+    assert result.max_steps == (max_steps if status == "maxSteps" else None)
+    assert (result.error is not None) == (status == "failed")
+    code = None
+    if result.error is not None:
+        code = result.error.code
+        assert code in _H_CODES
+        assert isinstance(result.error.message, str)
+        assert result.error.message
+
+    # message.accepted events come first.
+    accepted = [event.payload["message"] for event in events if event.type == "message.accepted"]
+    assert kinds[: len(accepted)] == ["message.accepted"] * len(accepted)
+
+    # Complete protocol messages with unique ids and valid linkage.
+    messages = result.messages
+    assert isinstance(messages, tuple)
+    assert all(type(message) in _H_MESSAGE_TYPES for message in messages)
+    assert len({message.id for message in messages}) == len(messages)
+    calls: dict[str, tuple[str, int]] = {}  # call id -> (tool name, index of its message)
+    answered: dict[str, int] = {}
+    assistant_indexes = []
+    for index, message in enumerate(messages):
+        if isinstance(message, al.AssistantMessage):
+            assistant_indexes.append(index)
+            for block in message.content:
+                assert type(block) in (al.TextBlock, al.ToolCall)
+                if isinstance(block, al.TextBlock):
+                    assert isinstance(block.text, str)
+                    continue
+                assert isinstance(block.id, str)
+                assert block.id
+                assert isinstance(block.name, str)
+                assert block.name
+                assert block.id not in calls, "tool-call ids are unique in a transcript"
+                calls[block.id] = (block.name, index)
+        elif isinstance(message, al.ToolResultMessage):
+            # Every result answers an earlier call with the same tool name, exactly once.
+            assert message.tool_call_id in calls
+            assert calls[message.tool_call_id][0] == message.tool_name
+            assert message.tool_call_id not in answered
+            answered[message.tool_call_id] = index
+            assert isinstance(message.content, str)
+            assert isinstance(message.is_error, bool)
+        else:
+            assert isinstance(message.content, str)
+    open_calls = [call_id for call_id in calls if call_id not in answered]
+    if open_calls:
+        # Only a run interrupted inside its last tool batch leaves calls without a result,
+        # and only those of the last assistant message.
+        assert status == "cancelled" or code == "TOOL_PHASE_ERROR"
+        assert {calls[call_id][1] for call_id in open_calls} == {assistant_indexes[-1]}
+
+    # The starting messages: accepted in order, then kept as the transcript's prefix.
+    if code == "INVALID_TRANSCRIPT":
+        assert kinds == ["run.finished"]
+        assert messages == ()
+        assert result.steps == 0
+    else:
+        assert accepted == list(messages[: len(accepted)])
+        if start is not None:
+            assert messages[: len(start)] == tuple(start)
+            assert accepted == list(start[: len(accepted)])
+            if result.steps > 0 or status != "cancelled":
+                assert len(accepted) == len(start)
+            start_count = len(start)
+        elif result.steps > 0 or status != "cancelled":
+            start_count = len(accepted)
+        else:
+            start_count = len(messages)
+
+    # The model: one call per step, within the budget; every request a prefix of the end.
+    assert model.call_count == result.steps <= max_steps
+    requests = list(model.requests)
+    assert len(requests) == result.steps
+    request_ids = [request.id for request in requests]
+    if request_ids:
+        first = int(request_ids[0][len("request-") :])
+        assert request_ids == [f"request-{n:03d}" for n in range(first, first + len(requests))]
+    for request in requests:
+        assert request.messages == messages[: len(request.messages)]
+    if code == "INVALID_TRANSCRIPT":
+        return
+
+    # Chunks: every chunk event belongs to an opened request and carries its id.
+    for event in events:
+        if event.type == "model.chunk":
+            assert event.payload["request_id"] in request_ids
+            assert event.payload["chunk"].request_id == event.payload["request_id"]
+
+    # No assistant message for a response whose stream was interrupted: the run added one
+    # assistant message per step, except a last step that never reached tool.started or
+    # completion. Each added message agrees with the chunks streamed for its request.
+    added = messages[start_count:]
+    added_assistants = [m for m in added if isinstance(m, al.AssistantMessage)]
+    if result.steps == 0:
+        assert added == ()
+    else:
+        last_accepted = status == "completed" or any(
+            event.type == "tool.started" and event.payload["request_id"] == request_ids[-1]
+            for event in events
+        )
+        assert len(added_assistants) == result.steps - 1 + int(last_accepted)
+    for request_id, message in zip(request_ids, added_assistants):
+        streamed = [
+            _h_chunk_item(event.payload["chunk"])
+            for event in events
+            if event.type == "model.chunk" and event.payload["request_id"] == request_id
+        ]
+        assert _h_normalized(streamed) == _h_normalized(message.content)
+        # Tools ran in assistant order, for this request only.
+        started = [
+            event.payload["tool_call"]
+            for event in events
+            if event.type == "tool.started" and event.payload["request_id"] == request_id
+        ]
+        message_calls = [block for block in message.content if isinstance(block, al.ToolCall)]
+        assert started == message_calls[: len(started)]
+
+    # Tools: each tool.started is followed at once by its tool.finished, unless the run
+    # ended right there; each tool.finished carries a result that is in the transcript.
+    finished = [event for event in events if event.type == "tool.finished"]
+    added_results = [m for m in added if isinstance(m, al.ToolResultMessage)]
+    assert len(finished) == len(added_results)
+    for event, message in zip(finished, added_results):
+        assert event.payload["tool_result"] is message
+        assert event.payload["tool_call"].id == message.tool_call_id
+        assert event.payload["tool_call"].name == message.tool_name
+    for index, event in enumerate(events):
+        if event.type != "tool.started":
+            continue
+        follower = events[index + 1]
+        if follower.type == "tool.finished":
+            assert follower.payload["tool_call"] is event.payload["tool_call"]
+            assert follower.payload["request_id"] == event.payload["request_id"]
+        else:
+            assert follower.type == "run.finished"
+            assert status == "cancelled" or code == "TOOL_PHASE_ERROR"
+            assert event.payload["tool_call"].id in open_calls, "no result for an interrupted call"
+
+
+# --- A model that does exactly what a test tells it, and records what happened to it ---
+
+_HStep = Callable[["_HModel", al.ModelRequest, Any], Any]
+
+
+class _HModel:
+    """Runs one step function per model call. ``finalized`` lists the request ids whose
+    stream's ``finally`` ran; ``exits`` those that received GeneratorExit (were closed)."""
+
+    def __init__(self, *steps: _HStep) -> None:
+        self._steps = steps
+        self.call_count = 0
+        self.requests: list[al.ModelRequest] = []
+        self.finalized: list[str] = []
+        self.exits: list[str] = []
+
+    def stream(self, request: al.ModelRequest, signal: Any) -> Any:
+        self.call_count += 1
+        self.requests.append(request)
+        if self.call_count > len(self._steps):
+            raise RuntimeError(f"_HModel has no step left for {request.id}")
+        return self._steps[self.call_count - 1](self, request, signal)
+
+
+def _h_gen(
+    model: _HModel,
+    request: al.ModelRequest,
+    stream: Sequence[object],
+    response: Callable[[al.ModelRequest], object],
+) -> Generator[object, None, object]:
+    """Streams ``stream`` (a block becomes its chunk with the active request id; a callable
+    is called with the request and what it returns is yielded), then returns the response."""
+    try:
+        for item in stream:
+            if isinstance(item, al.TextBlock):
+                yield al.TextDelta(request.id, item.text)
+            elif isinstance(item, al.ToolCall):
+                yield al.ToolCallChunk(request.id, item)
+            else:
+                yield cast(Callable[[al.ModelRequest], object], item)(request)
+        return response(request)
+    except GeneratorExit:
+        model.exits.append(request.id)
+        raise
+    finally:
+        model.finalized.append(request.id)
+
+
+def _h_respond(
+    response_id: str, content: Sequence[object], stop_reason: str
+) -> Callable[[al.ModelRequest], object]:
+    return lambda request: _h_untyped.ModelResponse(
+        response_id,
+        request.id,
+        content,
+        stop_reason,
+    )
+
+
+def _h_step(stream: Sequence[object], response: Callable[[al.ModelRequest], object]) -> _HStep:
+    return lambda model, request, signal: _h_gen(model, request, stream, response)
+
+
+def _h_turn(response_id: str, content: Sequence[object], stop_reason: str) -> _HStep:
+    """A well-behaved step: streams each block of ``content`` as one chunk."""
+    return _h_step(content, _h_respond(response_id, content, stop_reason))
+
+
+def _h_raise(error: BaseException) -> Callable[[al.ModelRequest], object]:
+    def raiser(request: al.ModelRequest) -> object:
+        raise error
+
+    return raiser
+
+
+def _h_echo_call(call_id: str, value: str) -> al.ToolCall:
+    return al.ToolCall(call_id, "echo", {"text": value})
+
+
+def _h_start(
+    model: Any,
+    tools: Sequence[al.Tool] = (),
+    *,
+    messages: Sequence[al.Message] | None = None,
+    max_steps: int = 4,
+    signal: threading.Event | None = None,
+) -> Any:
+    return al.run_agent_loop(
+        messages=[user()] if messages is None else messages,
+        model=model,
+        tools=al.ToolRegistry(tools),
+        max_steps=max_steps,
+        signal=signal,
+    )
+
+
+def _h_settle(
+    model: Any,
+    tools: Sequence[al.Tool] = (),
+    *,
+    messages: Sequence[al.Message] | None = None,
+    max_steps: int = 4,
+    signal: threading.Event | None = None,
+) -> tuple[list[al.Event], al.RunResult]:
+    """Runs to the end and checks every invariant of the run."""
+    events, result = al.settle_run(
+        _h_start(model, tools, messages=messages, max_steps=max_steps, signal=signal)
+    )
+    start = [user()] if messages is None else messages
+    _h_check_invariants(events, result, model, max_steps, start=start)
+    return events, result
+
+
+def _h_drain(run_: Any, events: list[al.Event]) -> None:
+    """Appends each event of a run to ``events`` until the run ends or raises."""
+    for event in run_:
+        events.append(event)
+
+
+def _h_until(run_: Any, event_type: str, occurrence: int = 1) -> list[al.Event]:
+    """Iterates a run until the given occurrence of an event type has been yielded."""
+    events: list[al.Event] = []
+    while True:
+        events.append(next(run_))
+        if types_of(events).count(event_type) == occurrence and events[-1].type == event_type:
+            return events
+
+
+# --- A reference model of expected outcomes, for the sweep and the random scripts ---------
+
+
+@dataclasses.dataclass
+class _HCallPlan:
+    """One tool call of a script and what the reference expects of it."""
+
+    call: al.ToolCall
+    runs: bool  # whether the tool's function is entered
+    record: tuple[object, ...]  # what the tool logs when it runs
+    is_error: bool
+    content: str | None  # the expected result content, when it is predictable
+
+
+@dataclasses.dataclass
+class _HPlan:
+    """One model step of a script. ``stream`` items: a block (streamed as its chunk) or a
+    callable(request) whose return value is yielded raw (or which raises)."""
+
+    response_id: str
+    stream: list[object]
+    response: Callable[[al.ModelRequest], object]
+    chunk_events: int  # model.chunk events this step yields
+    code: str | None = None  # the failure this step causes, if any
+    stop: bool = False
+    calls: list[_HCallPlan] = dataclasses.field(default_factory=list)
+    final_text: str = ""
+
+
+def _h_ok_echo(call_id: str, value: str) -> _HCallPlan:
+    return _HCallPlan(_h_echo_call(call_id, value), True, ("echo", value), False, value)
+
+
+def _h_ok_add(call_id: str, left: int, right: int) -> _HCallPlan:
+    return _HCallPlan(
+        al.ToolCall(call_id, "add", {"left": left, "right": right}),
+        True,
+        ("add", left, right),
+        False,
+        f'{{"sum":{left + right}}}',
+    )
+
+
+def _h_boom(call_id: str, value: str) -> _HCallPlan:
+    """A tool that runs and raises: a recoverable error result."""
+    return _HCallPlan(
+        al.ToolCall(call_id, "boom", {"text": value}), True, ("boom", value), True, None
+    )
+
+
+def _h_bad_schema(call_id: str) -> _HCallPlan:
+    """Arguments that fail the echo schema: a recoverable error, the tool never runs."""
+    return _HCallPlan(al.ToolCall(call_id, "echo", {"text": 5}), False, (), True, None)
+
+
+def _h_unknown(call_id: str) -> _HCallPlan:
+    return _HCallPlan(al.ToolCall(call_id, "missing", {"x": 1}), False, (), True, None)
+
+
+def _h_tools(log: list[tuple[object, ...]]) -> list[al.Tool]:
+    """echo, add and boom; each appends what it was called with to ``log``."""
+    string = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+
+    def echo(arguments: dict[str, Any], signal: Any) -> object:
+        log.append(("echo", arguments["text"]))
+        return arguments["text"]
+
+    def add(arguments: dict[str, Any], signal: Any) -> object:
+        log.append(("add", arguments["left"], arguments["right"]))
+        return {"sum": arguments["left"] + arguments["right"]}
+
+    def boom(arguments: dict[str, Any], signal: Any) -> object:
+        log.append(("boom", arguments["text"]))
+        raise ValueError("boom " + arguments["text"])
+
+    return [
+        al.Tool("echo", "Returns its text.", string, echo),
+        al.Tool("add", "Adds two numbers.", NUMBERS, add),
+        al.Tool("boom", "Always raises.", string, boom),
+    ]
+
+
+def _h_plan(
+    response_id: str,
+    items: Sequence[object],
+    stop_reason: str,
+    *,
+    stream: Sequence[object] | None = None,
+    content: Sequence[object] | None = None,
+) -> _HPlan:
+    """A valid step: ``items`` are texts and _HCallPlans in assistant order."""
+    blocks = [
+        al.TextBlock(item) if isinstance(item, str) else cast(_HCallPlan, item).call
+        for item in items
+    ]
+    content = blocks if content is None else list(content)
+    stream = blocks if stream is None else list(stream)
+    return _HPlan(
+        response_id,
+        list(stream),
+        _h_respond(response_id, content, stop_reason),
+        len(stream),
+        stop=stop_reason == "stop",
+        calls=[item for item in items if isinstance(item, _HCallPlan)],
+        final_text="".join(item for item in items if isinstance(item, str)),
+    )
+
+
+@dataclasses.dataclass
+class _HPrediction:
+    events: list[tuple[str, int, str | None]]  # (type, step, tool-call id)
+    status: str
+    code: str | None
+    steps: int
+    message_ids: list[str]
+    results: dict[str, _HCallPlan]  # result message id -> its call's plan
+    executed: list[tuple[object, ...]]
+    final_text: str | None
+
+
+def _h_predict(
+    start: Sequence[al.Message],
+    plans: Sequence[_HPlan],
+    max_steps: int,
+    cancel_at: int | None = None,
+) -> _HPrediction:
+    """What the seed says the run does: events, status, steps, transcript, tool effects.
+    ``cancel_at``: the signal is set when the event with that sequence arrives."""
+    events: list[tuple[str, int, str | None]] = [("message.accepted", 0, None)] * len(start)
+    # Each message with the index of the first event that proves it was appended.
+    messages: list[tuple[str, int]] = [(message.id, -1) for message in start]
+    executed: list[tuple[tuple[object, ...], int]] = []
+    results: dict[str, _HCallPlan] = {}
+    code: str | None = None
+    final_text: str | None = None
+    status = "maxSteps"
+    steps = max_steps
+    for step in range(1, max_steps + 1):
+        if step > len(plans):  # the model has nothing left: its stream() raises
+            status, code, steps = "failed", "MODEL_STREAM_ERROR", step
+            break
+        plan = plans[step - 1]
+        events += [("model.chunk", step, None)] * plan.chunk_events
+        if plan.code is not None:
+            status, code, steps = "failed", plan.code, step
+            break
+        # The assistant message is appended before the first tool.started (or run.finished).
+        messages.append(("message-" + plan.response_id, len(events)))
+        if plan.stop:
+            status, final_text, steps = "completed", plan.final_text, step
+            break
+        for call_plan in plan.calls:
+            events.append(("tool.started", step, call_plan.call.id))
+            events.append(("tool.finished", step, call_plan.call.id))
+            messages.append(("tool-result-" + call_plan.call.id, len(events) - 1))
+            results["tool-result-" + call_plan.call.id] = call_plan
+            if call_plan.runs:
+                executed.append((call_plan.record, len(events) - 1))
+    events.append(("run.finished", steps, None))
+    if cancel_at is not None and cancel_at < len(events) - 1:
+        # The loop looks at the signal right after each event: it stops there, keeping
+        # the messages appended so far and opening no further request.
+        events = events[: cancel_at + 1]
+        steps = max(step for _, step, _ in events)
+        events.append(("run.finished", steps, None))
+        status, code, final_text = "cancelled", None, None
+        messages = [(message_id, proof) for message_id, proof in messages if proof <= cancel_at]
+        executed = [(record, proof) for record, proof in executed if proof <= cancel_at]
+    return _HPrediction(
+        events,
+        status,
+        code,
+        steps,
+        [message_id for message_id, _ in messages],
+        results,
+        [record for record, _ in executed],
+        final_text,
+    )
+
+
+def _h_run_plans(
+    start: Sequence[al.Message],
+    plans: Sequence[_HPlan],
+    max_steps: int,
+    cancel_at: int | None = None,
+) -> tuple[list[al.Event], al.RunResult, _HModel, list[tuple[object, ...]]]:
+    """Runs a script; the consumer sets the signal when event ``cancel_at`` arrives."""
+    log: list[tuple[object, ...]] = []
+    model = _HModel(*[_h_step(plan.stream, plan.response) for plan in plans])
+    signal = threading.Event()
+    run_ = al.run_agent_loop(
+        messages=list(start),
+        model=model,
+        tools=al.ToolRegistry(_h_tools(log)),
+        max_steps=max_steps,
+        signal=signal,
+    )
+    events: list[al.Event] = []
+    while True:
+        try:
+            event = next(run_)
+        except StopIteration as done:
+            result: al.RunResult = done.value
+            break
+        events.append(event)
+        if event.sequence == cancel_at:
+            signal.set()
+    _h_check_invariants(events, result, model, max_steps, start=start)
+    return events, result, model, log
+
+
+def _h_assert_predicted(
+    prediction: _HPrediction,
+    events: Sequence[al.Event],
+    result: al.RunResult,
+    model: _HModel,
+    log: Sequence[tuple[object, ...]],
+    plans: Sequence[_HPlan],
+) -> None:
+    def request_id(step: int) -> str:
+        return f"request-{step:03d}"
+
+    observed = []
+    for event in events:
+        payload = event.payload
+        call_id = payload["tool_call"].id if "tool_call" in payload else None
+        step = int(payload["request_id"][len("request-") :]) if "request_id" in payload else 0
+        observed.append((event.type, step, call_id))
+    # run.finished carries no request id; the prediction tags it with the step count.
+    assert observed[:-1] == prediction.events[:-1]
+    assert observed[-1][0] == "run.finished"
+    assert result.status == prediction.status
+    assert (result.error.code if result.error else None) == prediction.code
+    assert result.steps == prediction.steps
+    assert model.call_count == prediction.steps
+    assert [message.id for message in result.messages] == prediction.message_ids
+    assert result.final_text == prediction.final_text
+    assert log == prediction.executed
+    for message in result.messages:
+        if message.id in prediction.results and isinstance(message, al.ToolResultMessage):
+            expected = prediction.results[message.id]
+            assert message.is_error is expected.is_error
+            if expected.content is not None:
+                assert message.content == expected.content
+    # Every stream the loop opened was finished or closed: none is left suspended.
+    opened = [request_id(step) for step in range(1, prediction.steps + 1) if step <= len(plans)]
+    assert model.finalized == opened
+
+
+# --- Cancellation at every event ---------------------------------------------------------
+
+_H_HISTORY: tuple[al.Message, ...] = (
+    al.UserMessage("user-000", "Echo old."),
+    al.AssistantMessage("message-old", (_h_echo_call("call-old", "old"),)),
+    al.ToolResultMessage("tool-result-call-old", "call-old", "echo", "old", False),
+    user(),
+)
+
+
+def _h_sweep_scripts() -> dict[str, tuple[Sequence[al.Message], list[_HPlan], int]]:
+    """Multi-step scripts with several tool calls, ending in each natural status."""
+    step_one = _h_plan(
+        "response-001",
+        ["Let me ", _h_ok_echo("call-echo-001", "a"), _h_ok_add("call-add-001", 20, 22)],
+        "toolCall",
+        stream=[
+            al.TextBlock("Let "),
+            al.TextBlock("me "),
+            _h_echo_call("call-echo-001", "a"),
+            al.ToolCall("call-add-001", "add", {"left": 20, "right": 22}),
+        ],
+    )
+    step_two = _h_plan(
+        "response-002",
+        [_h_boom("call-boom-001", "b"), "and ", _h_ok_echo("call-echo-002", "c")],
+        "toolCall",
+    )
+    step_three = _h_plan(
+        "response-003",
+        ["The sum is 42."],
+        "stop",
+        stream=[al.TextBlock("The "), al.TextBlock("sum is "), al.TextBlock("42.")],
+    )
+    violation = dataclasses.replace(
+        _h_plan("response-003", ["Bad ", _h_ok_echo("call-echo-003", "d")], "stop"),
+        code="MODEL_PROTOCOL_ERROR",
+    )
+    return {
+        "completed": (_H_HISTORY, [step_one, step_two, step_three], 3),
+        "maxSteps": (_H_HISTORY, [step_one, step_two, step_three], 2),
+        "failed": ([user()], [step_one, step_two, violation], 3),
+    }
+
+
+def _h_sweep_params() -> list[Any]:
+    params = []
+    for name, (start, plans, max_steps) in _h_sweep_scripts().items():
+        count = len(_h_predict(start, plans, max_steps).events)
+        params += [pytest.param(name, k, id=f"{name}-event-{k}") for k in range(count)]
+    return params
+
+
+class TestHostileCancellationAtEveryEvent:
+    """Seed: "Cancellation can arrive during initial emission, model streaming, terminal
+    response waiting, Tool execution, or between phases. The result retains only complete
+    messages." The signal is set when event k arrives, for every k of three scripts."""
+
+    @pytest.mark.parametrize(("script", "k"), _h_sweep_params())
+    def test_cancel_when_event_k_arrives(self, script: str, k: int) -> None:
+        start, plans, max_steps = _h_sweep_scripts()[script]
+        natural_events, natural, _, natural_log = _h_run_plans(start, plans, max_steps)
+        events, result, model, log = _h_run_plans(start, plans, max_steps, cancel_at=k)
+
+        last = len(natural_events) - 1
+        assert result.status == ("cancelled" if k < last else natural.status)
+        # The run is the natural run up to event k, then run.finished.
+        assert [(e.sequence, e.type, dict(e.payload)) for e in events[:-1]] == [
+            (e.sequence, e.type, dict(e.payload)) for e in natural_events[: min(k, last - 1) + 1]
+        ]
+        # Only complete messages: what the natural run had appended when event k arrived.
+        assert result.messages == natural.messages[: len(result.messages)]
+        assert log == natural_log[: len(log)]
+        _h_assert_predicted(
+            _h_predict(start, plans, max_steps, k), events, result, model, log, plans
+        )
+        if natural_events[k].type == "tool.started":
+            # Seed: "appends no fabricated result" for the call that was interrupted.
+            interrupted = natural_events[k].payload["tool_call"]
+            assert interrupted.id not in [
+                m.tool_call_id for m in result.messages if isinstance(m, al.ToolResultMessage)
+            ]
+            assert interrupted == events[-2].payload["tool_call"]
+
+    def test_sweep_visits_every_kind_of_event(self) -> None:
+        """The sweep is not vacuous: each script has all five event types, several tool
+        calls, and ends with the status it is named after."""
+        for name, (start, plans, max_steps) in _h_sweep_scripts().items():
+            events, result, _, _ = _h_run_plans(start, plans, max_steps)
+            assert set(types_of(events)) == set(_H_EVENT_TYPES)
+            assert result.status == name
+            assert types_of(events).count("tool.started") >= 3
+
+
+# --- Cancellation from another thread ----------------------------------------------------
+
+
+class TestHostileCancellationFromAnotherThread:
+    """Another thread sets the signal while the loop is blocked in a tool or in the model."""
+
+    @staticmethod
+    def _set_when(ready: threading.Event, signal: threading.Event) -> threading.Thread:
+        def setter() -> None:
+            if ready.wait(5):
+                signal.set()
+
+        thread = threading.Thread(target=setter)
+        thread.start()
+        return thread
+
+    def test_tool_blocked_on_the_signal_gets_no_result(self) -> None:
+        """Seed: "Cancellation during Tool execution retains the complete assistant
+        Tool-call message, emits tool.started, and appends no fabricated result.\""""
+        blocking, woke = threading.Event(), []
+
+        def wait_for_cancel(arguments: dict[str, Any], signal: Any) -> object:
+            blocking.set()
+            woke.append(signal.wait(5))
+            return "a result that arrives too late"
+
+        tool = al.Tool("wait", "Waits.", {"type": "object"}, wait_for_cancel)
+        first = al.ToolCall("call-wait-001", "wait", {})
+        model = _HModel(
+            _h_turn("response-001", [first], "toolCall"), _h_turn("r2", [text("x")], "stop")
+        )
+        signal = threading.Event()
+        setter = self._set_when(blocking, signal)
+        events, result = _h_settle(model, [tool], signal=signal)
+        setter.join(5)
+        assert not setter.is_alive()
+
+        assert woke == [True]  # released by the signal, not by the safety timeout
+        assert result.status == "cancelled"
+        assert types_of(events) == [
+            "message.accepted",
+            "model.chunk",
+            "tool.started",
+            "run.finished",
+        ]
+        assert result.messages == (user(), al.AssistantMessage("message-response-001", (first,)))
+        assert model.call_count == 1
+
+    def test_tool_that_raises_because_of_the_signal_is_cancelled_not_recoverable(self) -> None:
+        blocking = threading.Event()
+
+        def abort_on_cancel(arguments: dict[str, Any], signal: Any) -> object:
+            blocking.set()
+            signal.wait(5)
+            raise RuntimeError("aborted")
+
+        tool = al.Tool("wait", "Waits.", {"type": "object"}, abort_on_cancel)
+        model = _HModel(_h_turn("response-001", [al.ToolCall("c-1", "wait", {})], "toolCall"))
+        signal = threading.Event()
+        setter = self._set_when(blocking, signal)
+        events, result = _h_settle(model, [tool], signal=signal)
+        setter.join(5)
+        assert not setter.is_alive()
+        assert result.status == "cancelled"
+        assert "tool.finished" not in types_of(events)
+        assert not any(isinstance(m, al.ToolResultMessage) for m in result.messages)
+
+    @pytest.mark.parametrize(
+        "after_wake",
+        [
+            pytest.param("yields", id="then-yields-another-chunk"),
+            pytest.param("raises", id="then-raises"),
+            pytest.param("returns", id="then-returns-its-response"),
+        ],
+    )
+    def test_model_blocked_between_chunks(self, after_wake: str) -> None:
+        """Seed: "A partial model chunk may already have an event but its unfinished
+        assistant message is not appended." Whatever the model does once it wakes."""
+        blocking, woke = threading.Event(), []
+
+        def step(
+            model: _HModel, request: al.ModelRequest, signal: Any
+        ) -> Generator[object, None, object]:
+            try:
+                yield al.TextDelta(request.id, "Hel")
+                blocking.set()
+                woke.append(signal.wait(5))
+                if after_wake == "yields":
+                    yield al.TextDelta(request.id, "lo")
+                elif after_wake == "raises":
+                    raise ConnectionError("stream aborted")
+                return al.ModelResponse("response-001", request.id, [text("Hel")], "stop")
+            finally:
+                model.finalized.append(request.id)
+
+        model = _HModel(step)
+        signal = threading.Event()
+        setter = self._set_when(blocking, signal)
+        events, result = _h_settle(model, signal=signal)
+        setter.join(5)
+        assert not setter.is_alive()
+        assert woke == [True]
+        assert result.status == "cancelled"
+        assert result.error is None
+        assert types_of(events) == ["message.accepted", "model.chunk", "run.finished"]
+        assert result.messages == (user(),)
+        assert model.finalized == ["request-001"]
+
+    def test_model_stream_call_blocked_until_cancelled_then_raising(self) -> None:
+        """A model whose stream() call itself blocks on the signal, then raises because it
+        was cancelled: the run is cancelled, not failed with MODEL_STREAM_ERROR."""
+        blocking = threading.Event()
+
+        def refuse(model: _HModel, request: al.ModelRequest, signal: Any) -> object:
+            blocking.set()
+            signal.wait(5)
+            raise ConnectionAbortedError("cancelled by the caller")
+
+        model = _HModel(refuse)
+        signal = threading.Event()
+        setter = self._set_when(blocking, signal)
+        events, result = _h_settle(model, signal=signal)
+        setter.join(5)
+        assert not setter.is_alive()
+        assert result.status == "cancelled"
+        assert types_of(events) == ["message.accepted", "run.finished"]
+        assert result.steps == 1
+
+
+# --- Walking away: close(), throw(), dropping the generator -------------------------------
+
+
+class TestHostileConsumerWalksAway:
+    """API: "A consumer that calls close() ends the run at once: the model's stream is
+    closed, no tool runs, and nothing more is yielded.\""""
+
+    @staticmethod
+    def _model() -> _HModel:
+        return _HModel(
+            _h_turn(
+                "response-001",
+                [text("Echo twice."), _h_echo_call("call-1", "a"), _h_echo_call("call-2", "b")],
+                "toolCall",
+            ),
+            _h_turn("response-002", [text("done")], "stop"),
+        )
+
+    def test_close_at_a_model_chunk_closes_the_model_stream(self) -> None:
+        executed: list[str] = []
+        model = self._model()
+        run_ = _h_start(model, [echo_tool(executed)])
+        events = _h_until(run_, "model.chunk")
+        assert run_.close() is None
+        assert model.exits == ["request-001"]  # closed while suspended, not exhausted
+        assert model.finalized == ["request-001"]
+        assert executed == []
+        with pytest.raises(StopIteration):
+            next(run_)
+        assert "run.finished" not in types_of(events)
+
+    @pytest.mark.parametrize("occurrence", [1, 2])
+    def test_close_at_tool_started_runs_no_tool(self, occurrence: int) -> None:
+        executed: list[str] = []
+        model = self._model()
+        run_ = _h_start(model, [echo_tool(executed)])
+        _h_until(run_, "tool.started", occurrence)
+        run_.close()
+        assert executed == ["a"] * (occurrence - 1)  # the announced call never ran
+        assert model.call_count == 1
+        assert model.finalized == ["request-001"]
+        with pytest.raises(StopIteration):
+            next(run_)
+
+    def test_close_at_tool_finished_runs_no_further_tool(self) -> None:
+        executed: list[str] = []
+        model = self._model()
+        run_ = _h_start(model, [echo_tool(executed)])
+        _h_until(run_, "tool.finished")
+        run_.close()
+        assert executed == ["a"]
+        assert model.call_count == 1
+
+    def test_close_at_message_accepted_never_opens_the_model(self) -> None:
+        executed: list[str] = []
+        model = self._model()
+        run_ = _h_start(model, [echo_tool(executed)], messages=list(_H_HISTORY))
+        _h_until(run_, "message.accepted")
+        run_.close()
+        assert model.call_count == 0
+        assert executed == []
+        with pytest.raises(StopIteration):
+            next(run_)
+
+    def test_dropping_the_generator_closes_the_model_stream(self) -> None:
+        executed: list[str] = []
+        model = self._model()
+        run_ = _h_start(model, [echo_tool(executed)])
+        _h_until(run_, "model.chunk", 2)
+        del run_
+        gc.collect()
+        assert model.exits == ["request-001"]
+        assert model.finalized == ["request-001"]
+        assert executed == []
+
+    @pytest.mark.parametrize(
+        "error",
+        [
+            pytest.param(ValueError("x"), id="ValueError"),
+            pytest.param(KeyboardInterrupt(), id="KeyboardInterrupt"),
+            pytest.param(SystemExit(3), id="SystemExit"),
+        ],
+    )
+    def test_throw_at_a_model_chunk_reaches_the_caller_unchanged(
+        self, error: BaseException
+    ) -> None:
+        executed: list[str] = []
+        model = self._model()
+        run_ = _h_start(model, [echo_tool(executed)])
+        _h_until(run_, "model.chunk", 2)
+        with pytest.raises(type(error)) as raised:
+            run_.throw(error)
+        assert raised.value is error
+        assert model.exits == ["request-001"]
+        assert model.finalized == ["request-001"]
+        assert executed == []
+        with pytest.raises(StopIteration):
+            next(run_)
+
+    def test_throw_at_tool_started_runs_no_tool(self) -> None:
+        executed: list[str] = []
+        model = self._model()
+        run_ = _h_start(model, [echo_tool(executed)])
+        _h_until(run_, "tool.started")
+        error = ValueError("x")
+        with pytest.raises(ValueError, match=r"^x$") as raised:
+            run_.throw(error)
+        assert raised.value is error
+        assert executed == []
+        assert model.call_count == 1
+
+
+class TestHostileInterruptsAreNeverSwallowed:
+    """KeyboardInterrupt and SystemExit from the model or a tool propagate out of next()
+    unchanged; the model's stream is closed and no tool runs after them."""
+
+    @pytest.mark.parametrize("error_type", [KeyboardInterrupt, SystemExit])
+    @pytest.mark.parametrize("where", ["stream()", "generator"])
+    def test_from_the_model(self, error_type: type, where: str) -> None:
+        error = error_type()
+        executed: list[str] = []
+
+        def raise_from_stream(model: _HModel, request: al.ModelRequest, signal: Any) -> object:
+            raise error
+
+        if where == "stream()":
+            step: _HStep = raise_from_stream
+        else:
+            step = _h_step(
+                [_h_echo_call("call-1", "a"), _h_raise(error)], _h_raise(AssertionError())
+            )
+        model = _HModel(step)
+        run_ = _h_start(model, [echo_tool(executed)])
+        events: list[al.Event] = []
+        with pytest.raises(error_type) as raised:
+            _h_drain(run_, events)
+        assert raised.value is error
+        assert "run.finished" not in types_of(events)
+        assert model.finalized == ([] if where == "stream()" else ["request-001"])
+        assert executed == []
+        with pytest.raises(StopIteration):
+            next(run_)
+
+    @pytest.mark.parametrize("error_type", [KeyboardInterrupt, SystemExit])
+    def test_from_a_tool(self, error_type: type) -> None:
+        error = error_type()
+        executed: list[str] = []
+
+        def interrupt(arguments: dict[str, Any], signal: Any) -> object:
+            raise error
+
+        tools = [
+            al.Tool("stop", "Interrupts.", {"type": "object"}, interrupt),
+            echo_tool(executed),
+        ]
+        model = _HModel(
+            _h_turn(
+                "response-001",
+                [al.ToolCall("call-1", "stop", {}), _h_echo_call("call-2", "b")],
+                "toolCall",
+            )
+        )
+        run_ = _h_start(model, tools)
+        events: list[al.Event] = []
+        with pytest.raises(error_type) as raised:
+            _h_drain(run_, events)
+        assert raised.value is error
+        assert types_of(events)[-1] == "tool.started"
+        assert executed == []  # the next call of the batch never ran
+        assert model.finalized == ["request-001"]
+        with pytest.raises(StopIteration):
+            next(run_)
+
+
+# --- Hostile model output ----------------------------------------------------------------
+
+
+def _h_deep(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+def _h_cyclic_dict() -> dict[str, Any]:
+    value: dict[str, Any] = {"text": "x"}
+    value["self"] = value
+    return value
+
+
+def _h_cyclic_list() -> dict[str, Any]:
+    items: list[Any] = []
+    items.append(items)
+    return {"items": items}
+
+
+def _h_shared() -> dict[str, Any]:
+    shared: list[Any] = [1]
+    return {"a": shared, "b": shared}
+
+
+def _h_arguments_cases() -> list[Any]:
+    return [
+        pytest.param(lambda: _h_deep(100_000), id="nested-100000-deep-objects"),
+        pytest.param(lambda: {"a": _h_deep_list(100_000)}, id="nested-100000-deep-arrays"),
+        pytest.param(_h_cyclic_dict, id="cyclic-object"),
+        pytest.param(_h_cyclic_list, id="cyclic-array"),
+        pytest.param(_h_shared, id="one-array-reachable-twice"),
+        pytest.param(lambda: {"x": float("nan")}, id="NaN"),
+        pytest.param(lambda: {"x": float("inf")}, id="Infinity"),
+        pytest.param(lambda: {1: "one"}, id="int-key"),
+        pytest.param(lambda: {"x": {None: 1}}, id="None-key-nested"),
+        pytest.param(lambda: {"x": {1, 2}}, id="set-value"),
+        pytest.param(lambda: {"x": b"bytes"}, id="bytes-value"),
+        pytest.param(lambda: {"x": object()}, id="object-value"),
+        pytest.param(lambda: [1, 2], id="array-not-object"),
+        pytest.param(lambda: None, id="None-not-object"),
+    ]
+
+
+def _h_deep_list(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+class TestHostileModelOutput:
+    """Seed: "Tool arguments must be plain bounded JSON ... These checks occur before a
+    Tool effect. Contradiction or excess becomes a failed MODEL_PROTOCOL_ERROR result.\""""
+
+    @staticmethod
+    def _failed(
+        step: _HStep, code: str, chunk_events: int
+    ) -> tuple[list[al.Event], al.RunResult, _HModel, list[str]]:
+        executed: list[str] = []
+        model = _HModel(step, _h_turn("response-unused", [text("unused")], "stop"))
+        events, result = _h_settle(model, [echo_tool(executed)])
+        assert result.status == "failed"
+        assert result.error is not None
+        assert result.error.code == code
+        assert types_of(events).count("model.chunk") == chunk_events
+        assert result.messages == (user(),)  # nothing was appended
+        assert model.call_count == 1
+        assert executed == []
+        return events, result, model, executed
+
+    @pytest.mark.parametrize("make_arguments", _h_arguments_cases())
+    def test_bad_arguments_are_a_protocol_error_before_any_effect(
+        self, make_arguments: Callable[[], Any]
+    ) -> None:
+        bad = al.ToolCall("call-1", "echo", make_arguments())
+        good = _h_echo_call("call-0", "ran?")
+        step = _h_turn("response-001", [good, bad], "toolCall")
+        # The good call before it streamed (one event) but never ran: the batch is rejected.
+        _, _, model, _ = self._failed(step, "MODEL_PROTOCOL_ERROR", 1)
+        assert model.finalized == ["request-001"]
+
+    @pytest.mark.parametrize("make_arguments", _h_arguments_cases()[:2])
+    def test_deep_arguments_only_in_the_terminal_response(
+        self, make_arguments: Callable[[], Any]
+    ) -> None:
+        """Never a RecursionError, even where no chunk announced the call."""
+        bad = al.ToolCall("call-1", "echo", make_arguments())
+        step = _h_step([], _h_respond("response-001", [bad], "toolCall"))
+        self._failed(step, "MODEL_PROTOCOL_ERROR", 0)
+
+    def test_ten_megabyte_argument_is_rejected_without_a_copy(self) -> None:
+        """The text bound is measured, not copied: the run allocates far less than the
+        string it rejects (a copy, an encoding or a repr of it would cost 10 MB)."""
+        big = "x" * 10_000_000
+        tracemalloc.start()
+        try:
+            bad = _h_echo_call("call-1", big)
+            step = _h_turn("response-001", [bad], "toolCall")
+            _, result, _, _ = self._failed(step, "MODEL_PROTOCOL_ERROR", 0)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak < 1_000_000
+        assert result.error is not None
+        assert len(result.error.message) < 1000
+
+    @pytest.mark.parametrize(
+        ("step", "chunk_events"),
+        [
+            pytest.param(lambda m, r, s: None, 0, id="stream-returns-None"),
+            pytest.param(lambda m, r, s: [al.TextDelta(r.id, "x")], 0, id="stream-returns-a-list"),
+            pytest.param(
+                lambda m, r, s: iter([al.TextDelta(r.id, "x")]), 0, id="stream-returns-an-iterator"
+            ),
+            pytest.param(lambda m, r, s: "text", 0, id="stream-returns-a-str"),
+            pytest.param(_h_step([text("x")], lambda r: None), 1, id="generator-returns-None"),
+            pytest.param(
+                _h_step([text("x")], lambda r: {"id": "r", "requestId": r.id, "content": []}),
+                1,
+                id="generator-returns-a-dict",
+            ),
+            pytest.param(
+                _h_step([lambda r: None], _h_respond("r", [], "stop")), 0, id="yields-None"
+            ),
+            pytest.param(
+                _h_step([lambda r: "x"], _h_respond("r", [text("x")], "stop")),
+                0,
+                id="yields-a-str",
+            ),
+            pytest.param(
+                _h_step([lambda r: _h_untyped.TextDelta(r.id, None)], _h_respond("r", [], "stop")),
+                0,
+                id="TextDelta-text-None",
+            ),
+            pytest.param(
+                _h_step([lambda r: _h_untyped.TextDelta(r.id, 5)], _h_respond("r", [], "stop")),
+                0,
+                id="TextDelta-text-int",
+            ),
+            pytest.param(
+                _h_step(
+                    [text("a"), lambda r: _h_untyped.ToolCallChunk(r.id, text("b"))],
+                    _h_respond("r", [text("ab")], "stop"),
+                ),
+                1,
+                id="ToolCallChunk-carrying-a-TextBlock",
+            ),
+            pytest.param(
+                _h_step(
+                    [lambda r: _h_untyped.ToolCallChunk(r.id, None)], _h_respond("r", [], "stop")
+                ),
+                0,
+                id="ToolCallChunk-carrying-None",
+            ),
+            pytest.param(
+                _h_step(
+                    [lambda r: {"type": "text", "requestId": r.id, "text": "x"}],
+                    _h_respond("r", [text("x")], "stop"),
+                ),
+                0,
+                id="yields-a-chunk-dict",
+            ),
+            pytest.param(
+                _h_turn("r", [al.ToolCall("", "echo", {"text": "x"})], "toolCall"),
+                0,
+                id="tool-call-id-empty",
+            ),
+            pytest.param(
+                _h_turn("r", [_h_untyped.ToolCall(None, "echo", {"text": "x"})], "toolCall"),
+                0,
+                id="tool-call-id-None",
+            ),
+            pytest.param(
+                _h_turn("r", [_h_untyped.ToolCall(7, "echo", {"text": "x"})], "toolCall"),
+                0,
+                id="tool-call-id-int",
+            ),
+            pytest.param(
+                _h_turn("r", [_h_untyped.ToolCall("c", None, {"text": "x"})], "toolCall"),
+                0,
+                id="tool-call-name-None",
+            ),
+            pytest.param(
+                _h_turn("r", [al.ToolCall("c", "", {"text": "x"})], "toolCall"),
+                0,
+                id="tool-call-name-empty",
+            ),
+            pytest.param(
+                _h_step(
+                    [text("x")],
+                    lambda r: _h_untyped.ModelResponse(None, r.id, [text("x")], "stop"),
+                ),
+                1,
+                id="response-id-None",
+            ),
+            pytest.param(
+                _h_step([text("x")], lambda r: al.ModelResponse("", r.id, [text("x")], "stop")),
+                1,
+                id="response-id-empty",
+            ),
+            pytest.param(
+                _h_step(
+                    [text("x")],
+                    lambda r: _h_untyped.ModelResponse("r", r.id, [text("x")], "length"),
+                ),
+                1,
+                id="stop-reason-length",
+            ),
+            pytest.param(
+                _h_step(
+                    [text("x")], lambda r: _h_untyped.ModelResponse("r", r.id, [text("x")], None)
+                ),
+                1,
+                id="stop-reason-None",
+            ),
+            pytest.param(
+                _h_step(
+                    [],
+                    lambda r: _h_untyped.ModelResponse(
+                        "r", r.id, [{"type": "text", "text": "x"}], "stop"
+                    ),
+                ),
+                0,
+                id="response-block-is-a-dict",
+            ),
+            pytest.param(
+                _h_step(
+                    [],
+                    lambda r: _h_untyped.ModelResponse(
+                        "r", r.id, [_h_untyped.TextBlock(5)], "stop"
+                    ),
+                ),
+                0,
+                id="response-text-block-int",
+            ),
+            pytest.param(
+                _h_step([], lambda r: _h_untyped.ModelResponse("r", r.id, "text", "stop")),
+                0,
+                id="response-content-a-str",
+            ),
+            pytest.param(
+                _h_turn("r", [_h_echo_call("c", "a"), _h_echo_call("c", "b")], "toolCall"),
+                2,
+                id="duplicate-call-ids-in-one-response",
+            ),
+            pytest.param(
+                _h_turn(
+                    "r", [_h_echo_call("c", "a"), text("and"), _h_echo_call("c", "a")], "toolCall"
+                ),
+                3,
+                id="same-call-twice-in-one-response",
+            ),
+            pytest.param(
+                _h_turn("r", [al.ToolCall("c", "echo", {"text": "x"})], "stop"),
+                1,
+                id="tool-call-in-a-stop-response",
+            ),
+            pytest.param(
+                _h_turn("r", [text("x")], "toolCall"), 1, id="toolCall-response-without-a-call"
+            ),
+            pytest.param(
+                _h_step([text("abc")], _h_respond("r", [text("abd")], "stop")),
+                1,
+                id="stream-and-response-disagree",
+            ),
+            pytest.param(
+                _h_step(
+                    [_h_echo_call("c", "a")], _h_respond("r", [_h_echo_call("c", "b")], "toolCall")
+                ),
+                1,
+                id="streamed-call-differs-from-terminal-call",
+            ),
+        ],
+    )
+    def test_wrong_output_is_a_protocol_error(self, step: _HStep, chunk_events: int) -> None:
+        self._failed(step, "MODEL_PROTOCOL_ERROR", chunk_events)
+
+    def test_call_id_reused_from_the_transcript(self) -> None:
+        """An id the starting transcript already used (call-old) is a protocol error."""
+        executed: list[str] = []
+        model = _HModel(_h_turn("response-001", [_h_echo_call("call-old", "again")], "toolCall"))
+        _, result = _h_settle(model, [echo_tool(executed)], messages=_H_HISTORY)
+        assert result.status == "failed"
+        assert result.error is not None
+        assert result.error.code == "MODEL_PROTOCOL_ERROR"
+        assert result.messages == _H_HISTORY
+        assert executed == []
+
+    @pytest.mark.parametrize(
+        ("taken", "content", "stop_reason"),
+        [
+            pytest.param("message-r", [text("x")], "stop", id="assistant-message-id"),
+            pytest.param(
+                "tool-result-c", [_h_echo_call("c", "x")], "toolCall", id="derived-result-id"
+            ),
+        ],
+    )
+    def test_ids_already_taken_in_the_transcript(
+        self, taken: str, content: list[object], stop_reason: str
+    ) -> None:
+        """A response whose message id, or a call whose result id, is already taken by a
+        starting message: a protocol error before any effect."""
+        executed: list[str] = []
+        start = [al.UserMessage(taken, "hi")]
+        model = _HModel(_h_turn("r", content, stop_reason))
+        _, result = _h_settle(model, [echo_tool(executed)], messages=start)
+        assert result.error is not None
+        assert result.error.code == "MODEL_PROTOCOL_ERROR"
+        assert result.messages == tuple(start)
+        assert executed == []
+
+    def test_call_id_reused_from_an_earlier_step(self) -> None:
+        executed: list[str] = []
+        model = _HModel(
+            _h_turn("response-001", [_h_echo_call("call-1", "first")], "toolCall"),
+            _h_turn("response-002", [_h_echo_call("call-1", "second")], "toolCall"),
+        )
+        _, result = _h_settle(model, [echo_tool(executed)])
+        assert result.error is not None
+        assert result.error.code == "MODEL_PROTOCOL_ERROR"
+        assert executed == ["first"]
+        assert len(result.messages) == 3
+        assert model.call_count == 2
+
+    def test_endless_stream_is_stopped_by_the_chunk_limit(self) -> None:
+        """Seed: "The loop caps one step at 1024 chunks": a stream that never ends is
+        closed after the first chunk over the cap."""
+        pulled: list[int] = []
+
+        def endless(
+            model: _HModel, request: al.ModelRequest, signal: Any
+        ) -> Generator[object, None, object]:
+            try:
+                while True:
+                    pulled.append(1)
+                    yield al.TextDelta(request.id, "")
+            finally:
+                model.finalized.append(request.id)
+
+        _, _, model, _ = self._failed(endless, "MODEL_PROTOCOL_ERROR", al.MAX_STEP_CHUNKS)
+        assert len(pulled) == al.MAX_STEP_CHUNKS + 1
+        assert model.finalized == ["request-001"]
+
+    @pytest.mark.parametrize("after", [0, 1, 3])
+    def test_stream_that_raises_after_some_chunks(self, after: int) -> None:
+        """The chunks before it have events; the announced tool call never runs."""
+        stream: list[object] = [_h_echo_call("call-1", "a"), text("b"), text("c")][:after]
+        step = _h_step(
+            [*stream, _h_raise(ConnectionResetError("peer"))], _h_respond("r", [], "stop")
+        )
+        _, result, model, _ = self._failed(step, "MODEL_STREAM_ERROR", after)
+        assert result.error is not None
+        assert "ConnectionResetError" in result.error.message
+        assert model.finalized == ["request-001"]
+
+    def test_stream_that_raises_stop_iteration_inside(self) -> None:
+        """PEP 479 turns it into RuntimeError inside the model: a stream error, not a
+        silently empty response."""
+
+        def stop_early(
+            model: _HModel, request: al.ModelRequest, signal: Any
+        ) -> Generator[object, None, object]:
+            yield al.TextDelta(request.id, "x")
+            raise StopIteration
+
+        self._failed(stop_early, "MODEL_STREAM_ERROR", 1)
+
+    @pytest.mark.parametrize(
+        ("step", "chunk_events"),
+        [
+            pytest.param(
+                _h_step(
+                    [lambda r: al.TextDelta("request-999", "x")],
+                    _h_respond("r", [text("x")], "stop"),
+                ),
+                0,
+                id="chunk-with-another-request-id",
+            ),
+            pytest.param(
+                _h_step(
+                    [lambda r: _h_untyped.TextDelta(None, "x")],
+                    _h_respond("r", [text("x")], "stop"),
+                ),
+                0,
+                id="chunk-request-id-None",
+            ),
+            pytest.param(
+                _h_step(
+                    [text("x")],
+                    lambda r: al.ModelResponse("r", "request-999", [text("x")], "stop"),
+                ),
+                1,
+                id="response-with-another-request-id",
+            ),
+        ],
+    )
+    def test_model_that_ignores_the_request_id(self, step: _HStep, chunk_events: int) -> None:
+        """Seed: "Request IDs must match the active request.\""""
+        _, result, _, _ = self._failed(step, "MODEL_PROTOCOL_ERROR", chunk_events)
+        assert result.error is not None
+        assert "request-001" in result.error.message
+
+    def test_model_that_replays_a_stale_request_id_on_the_second_step(self) -> None:
+        executed: list[str] = []
+        stale = lambda r: al.TextDelta("request-001", "done")  # noqa: E731
+        model = _HModel(
+            _h_turn("response-001", [_h_echo_call("call-1", "a")], "toolCall"),
+            _h_step([stale], _h_respond("response-002", [text("done")], "stop")),
+        )
+        events, result = _h_settle(model, [echo_tool(executed)])
+        assert result.error is not None
+        assert result.error.code == "MODEL_PROTOCOL_ERROR"
+        assert executed == ["a"]
+        assert [m.id for m in result.messages] == [
+            "user-001",
+            "message-response-001",
+            "tool-result-call-1",
+        ]
+        assert types_of(events).count("model.chunk") == 1  # the stale chunk got no event
+
+
+class _HRaisingEq(str):
+    """A str that cannot be compared: what a hostile model may put where a str belongs."""
+
+    def __eq__(self, other: object) -> bool:
+        raise ValueError("cannot compare")
+
+    def __ne__(self, other: object) -> bool:
+        raise ValueError("cannot compare")
+
+    __hash__ = str.__hash__
+
+
+class _HRaisingLen(str):
+    def __len__(self) -> int:
+        raise ValueError("cannot measure")
+
+
+class _HRaisingHash(str):
+    def __hash__(self) -> int:
+        raise ValueError("cannot hash")
+
+
+class TestHostileModelStrSubclasses:
+    """A str subclass that raises from ==, len() or hash() is model output of the wrong
+    type, like any non-str: the run fails MODEL_PROTOCOL_ERROR, it does not raise."""
+
+    @pytest.mark.parametrize(
+        "step",
+        [
+            pytest.param(
+                _h_step(
+                    [lambda r: al.TextDelta(_HRaisingEq(r.id), "x")],
+                    _h_respond("r", [text("x")], "stop"),
+                ),
+                id="request-id-raising-eq",
+            ),
+            pytest.param(
+                _h_step(
+                    [lambda r: al.TextDelta(r.id, _HRaisingLen("x"))],
+                    _h_respond("r", [text("x")], "stop"),
+                ),
+                id="text-raising-len",
+            ),
+            pytest.param(
+                _h_turn("r", [al.ToolCall(_HRaisingHash("c"), "echo", {"text": "x"})], "toolCall"),
+                id="call-id-raising-hash",
+            ),
+        ],
+    )
+    def test_hostile_str_subclass(self, step: _HStep) -> None:
+        executed: list[str] = []
+        model = _HModel(step)
+        _, result = _h_settle(model, [echo_tool(executed)])
+        assert result.error is not None
+        assert result.error.code == "MODEL_PROTOCOL_ERROR"
+        assert result.messages == (user(),)
+        assert executed == []
+
+
+class TestHostileModelCleanup:
+    """A model stream whose cleanup raises, or that ignores GeneratorExit, when the loop
+    closes it: the run still ends with exactly one run.finished, for its first cause."""
+
+    @staticmethod
+    def _endless(how: str) -> _HStep:
+        def step(
+            model: _HModel, request: al.ModelRequest, signal: Any
+        ) -> Generator[object, None, object]:
+            ignored = False
+            try:
+                while True:
+                    try:
+                        yield al.TextDelta(request.id, "x")
+                    except GeneratorExit:
+                        if how != "ignores-exit" or ignored:
+                            raise
+                        ignored = True  # keeps going once: close() raises RuntimeError
+            finally:
+                model.finalized.append(request.id)
+                if how == "cleanup-raises":
+                    raise OSError("cleanup failed")
+
+        return step
+
+    @pytest.mark.parametrize("how", ["cleanup-raises", "ignores-exit"])
+    def test_endless_stream_over_the_chunk_limit(self, how: str) -> None:
+        model = _HModel(self._endless(how))
+        events, result = _h_settle(model)
+        assert result.error is not None
+        assert result.error.code == "MODEL_PROTOCOL_ERROR"
+        assert types_of(events).count("model.chunk") == al.MAX_STEP_CHUNKS
+
+    @pytest.mark.parametrize("how", ["cleanup-raises", "ignores-exit"])
+    def test_cancelled_mid_stream(self, how: str) -> None:
+        model = _HModel(self._endless(how))
+        signal = threading.Event()
+        run_ = _h_start(model, signal=signal)
+        events = _h_until(run_, "model.chunk", 3)
+        signal.set()
+        more, result = al.settle_run(run_)
+        events += more
+        _h_check_invariants(events, result, model, 4, start=[user()])
+        assert result.status == "cancelled"
+        assert result.messages == (user(),)
+
+    @pytest.mark.parametrize("how", ["cleanup-raises", "ignores-exit"])
+    def test_consumer_close_does_not_raise(self, how: str) -> None:
+        model = _HModel(self._endless(how))
+        run_ = _h_start(model)
+        _h_until(run_, "model.chunk", 3)
+        run_.close()
+        assert model.finalized[:1] == ["request-001"]
+
+
+# --- Hostile tools ------------------------------------------------------------------------
+
+
+class _HUnprintableError(Exception):
+    """An exception whose str() itself raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no message for you")
+
+
+class _HAbort(BaseException):
+    """A BaseException that is neither KeyboardInterrupt nor SystemExit."""
+
+
+def _h_cyclic_value() -> object:
+    value: list[Any] = []
+    value.append(value)
+    return value
+
+
+class TestHostileTools:
+    """Seed: "A recoverable Tool error is still appended and sent to the next model
+    request; it does not end the run by itself.\""""
+
+    @staticmethod
+    def _one_call_then_stop(tool: al.Tool) -> tuple[list[al.Event], al.RunResult, _HModel]:
+        model = _HModel(
+            _h_turn(
+                "response-001", [al.ToolCall("call-1", tool.name, {"text": "hi"})], "toolCall"
+            ),
+            _h_turn("response-002", [text("noted")], "stop"),
+        )
+        events, result = _h_settle(model, [tool])
+        return events, result, model
+
+    @pytest.mark.parametrize(
+        "error",
+        [
+            pytest.param(ValueError("bad value"), id="ValueError"),
+            pytest.param(RuntimeError(), id="RuntimeError-without-message"),
+            pytest.param(RecursionError("deep"), id="RecursionError"),
+            pytest.param(StopIteration("leaked"), id="StopIteration"),
+            pytest.param(_HUnprintableError(), id="exception-whose-str-raises"),
+        ],
+    )
+    def test_raising_an_exception_is_recoverable(self, error: Exception) -> None:
+        def raising(arguments: dict[str, Any], signal: Any) -> object:
+            raise error
+
+        tool = al.Tool("flaky", "Raises.", {"type": "object"}, raising)
+        _, result, model = self._one_call_then_stop(tool)
+        assert result.status == "completed"
+        tool_result = result.messages[2]
+        assert isinstance(tool_result, al.ToolResultMessage)
+        assert tool_result.is_error is True
+        assert type(error).__name__ in tool_result.content
+        assert model.requests[1].messages[-1] == tool_result  # sent to the next request
+
+    @pytest.mark.parametrize(
+        "value",
+        [
+            pytest.param(object(), id="object"),
+            pytest.param({1, 2}, id="set"),
+            pytest.param(b"bytes", id="bytes"),
+            pytest.param(float("nan"), id="NaN"),
+            pytest.param({"x": float("inf")}, id="nested-Infinity"),
+            pytest.param({(1, 2): "tuple key"}, id="tuple-key"),
+            pytest.param(_h_cyclic_value(), id="cyclic"),
+            pytest.param(_h_deep_list(100_000), id="nested-100000-deep"),
+        ],
+    )
+    def test_returning_a_non_json_value_is_recoverable(self, value: object) -> None:
+        tool = al.Tool("odd", "Returns odd things.", {"type": "object"}, lambda a, s: value)
+        _, result, _ = self._one_call_then_stop(tool)
+        assert result.status == "completed"
+        tool_result = result.messages[2]
+        assert isinstance(tool_result, al.ToolResultMessage)
+        assert tool_result.is_error is True
+
+    def test_returning_a_huge_string_is_kept_verbatim(self) -> None:
+        huge = "y" * 5_000_000
+        tool = al.Tool("huge", "Returns a lot.", {"type": "object"}, lambda a, s: huge)
+        _, result, _ = self._one_call_then_stop(tool)
+        assert result.status == "completed"
+        tool_result = result.messages[2]
+        assert isinstance(tool_result, al.ToolResultMessage)
+        assert tool_result.is_error is False
+        assert tool_result.content == huge
+
+    def test_mutating_its_arguments_changes_nothing_in_the_run(self) -> None:
+        """API: "a tool's execute receives a fresh plain dict ... that it may mutate freely
+        without any effect on the transcript.\""""
+        seen: list[Any] = []
+
+        def mutate(arguments: dict[str, Any], signal: Any) -> object:
+            seen.append(repr(arguments))
+            arguments["items"].append("added")
+            arguments["nested"]["key"] = "changed"
+            arguments["new"] = True
+            del arguments["text"]
+            return "ok"
+
+        arguments: dict[str, Any] = {"text": "t", "items": [1, [2]], "nested": {"key": "v"}}
+        first = al.ToolCall("call-1", "mutate", arguments)
+        second = al.ToolCall("call-2", "mutate", arguments)
+        tool = al.Tool("mutate", "Mutates.", {"type": "object"}, mutate)
+        model = _HModel(
+            _h_turn("response-001", [first, second], "toolCall"),
+            _h_turn("response-002", [text("done")], "stop"),
+        )
+        _, result = _h_settle(model, [tool])
+        assert result.status == "completed"
+        assert seen[0] == seen[1]  # the second call saw fresh arguments
+        tool_results = [m for m in result.messages if isinstance(m, al.ToolResultMessage)]
+        assert [(m.content, m.is_error) for m in tool_results] == [("ok", False)] * 2
+        assistant = result.messages[1]
+        assert isinstance(assistant, al.AssistantMessage)
+        for block in assistant.content:
+            assert isinstance(block, al.ToolCall)
+            assert block.to_dict()["arguments"] == arguments
+        assert model.requests[1].messages[1] == assistant
+        assert arguments == {"text": "t", "items": [1, [2]], "nested": {"key": "v"}}
+
+    def test_registering_tools_during_the_run_changes_nothing(self) -> None:
+        """Seed: "The caller can later ... register another Tool without changing the
+        active run." Even from inside a tool of that run."""
+        registry = al.ToolRegistry()
+        late_runs: list[str] = []
+        late = al.Tool("late", "Late.", {"type": "object"}, lambda a, s: late_runs.append("x"))
+
+        def registrar(arguments: dict[str, Any], signal: Any) -> object:
+            registry.register(late)
+            return "registered"
+
+        registry.register(al.Tool("registrar", "Registers.", {"type": "object"}, registrar))
+        model = _HModel(
+            _h_turn("response-001", [al.ToolCall("call-1", "registrar", {})], "toolCall"),
+            _h_turn("response-002", [al.ToolCall("call-2", "late", {})], "toolCall"),
+            _h_turn("response-003", [text("done")], "stop"),
+        )
+        events, result = al.settle_run(
+            al.run_agent_loop(messages=[user()], model=model, tools=registry, max_steps=3)
+        )
+        _h_check_invariants(events, result, model, 3, start=[user()])
+        assert "late" in registry
+        assert result.status == "completed"
+        assert [spec.name for spec in model.requests[2].tools] == ["registrar"]
+        unknown = result.messages[4]
+        assert isinstance(unknown, al.ToolResultMessage)
+        assert unknown.is_error is True
+        assert late_runs == []
+
+    @pytest.mark.parametrize(
+        "error",
+        [
+            pytest.param(_HAbort(), id="BaseException"),
+            pytest.param(GeneratorExit(), id="GeneratorExit"),
+        ],
+    )
+    def test_base_exception_is_a_tool_phase_error_without_a_result(
+        self, error: BaseException
+    ) -> None:
+        """API: TOOL_PHASE_ERROR is "a tool phase that cannot be turned into a linked
+        result message": the call stays open, no result is fabricated."""
+
+        def abort(arguments: dict[str, Any], signal: Any) -> object:
+            raise error
+
+        executed: list[str] = []
+        tools = [al.Tool("abort", "Aborts.", {"type": "object"}, abort), echo_tool(executed)]
+        call_1 = al.ToolCall("call-1", "abort", {})
+        model = _HModel(_h_turn("response-001", [call_1, _h_echo_call("call-2", "b")], "toolCall"))
+        events, result = _h_settle(model, tools)
+        assert result.status == "failed"
+        assert result.error is not None
+        assert result.error.code == "TOOL_PHASE_ERROR"
+        assert types_of(events)[-2:] == ["tool.started", "run.finished"]
+        assert [m.id for m in result.messages] == ["user-001", "message-response-001"]
+        assert executed == []
+
+    def test_base_exception_after_cancellation_is_cancelled(self) -> None:
+        def abort(arguments: dict[str, Any], signal: Any) -> object:
+            signal.set()
+            raise _HAbort()
+
+        tool = al.Tool("abort", "Aborts.", {"type": "object"}, abort)
+        model = _HModel(_h_turn("response-001", [al.ToolCall("call-1", "abort", {})], "toolCall"))
+        _, result = _h_settle(model, [tool])
+        assert result.status == "cancelled"
+        assert result.error is None
+
+    def test_tool_that_drives_the_run_reentrantly_is_recoverable(self) -> None:
+        """A tool that calls next() on the very run it is part of gets ValueError
+        ("generator already executing"), which is an ordinary, recoverable error."""
+        holder: list[Any] = []
+
+        def reenter(arguments: dict[str, Any], signal: Any) -> object:
+            return next(holder[0])
+
+        tool = al.Tool("reenter", "Re-enters.", {"type": "object"}, reenter)
+        model = _HModel(
+            _h_turn("response-001", [al.ToolCall("call-1", "reenter", {})], "toolCall"),
+            _h_turn("response-002", [text("done")], "stop"),
+        )
+        run_ = _h_start(model, [tool])
+        holder.append(run_)
+        events, result = al.settle_run(run_)
+        _h_check_invariants(events, result, model, 4, start=[user()])
+        assert result.status == "completed"
+        tool_result = result.messages[2]
+        assert isinstance(tool_result, al.ToolResultMessage)
+        assert tool_result.is_error is True
+        assert "ValueError" in tool_result.content
+
+
+# --- Hostile callers ------------------------------------------------------------------------
+
+
+def _h_mutable_reachable(root: object) -> list[str]:
+    """Paths to every mutable container reachable from an object of the loop's API."""
+    found: list[str] = []
+    seen: set[int] = set()
+
+    def walk(value: object, path: str) -> None:
+        if id(value) in seen or value is None or isinstance(value, (str, int, float, bool)):
+            return
+        seen.add(id(value))
+        if isinstance(value, (list, dict, set, bytearray)):
+            found.append(path)
+        elif isinstance(value, MappingProxyType):
+            for key, item in value.items():
+                walk(item, f"{path}[{key!r}]")
+        elif isinstance(value, tuple):
+            for index, item in enumerate(value):
+                walk(item, f"{path}[{index}]")
+        elif dataclasses.is_dataclass(value):
+            for item in dataclasses.fields(value):
+                try:
+                    setattr(value, item.name, None)
+                except dataclasses.FrozenInstanceError:
+                    pass
+                else:
+                    found.append(f"{path}.{item.name} (assignable)")
+                walk(getattr(value, item.name), f"{path}.{item.name}")
+        else:
+            found.append(f"{path} ({type(value).__name__})")
+
+    walk(root, "root")
+    return found
+
+
+class TestHostileCallers:
+    """Seed: "The caller can later mutate its input array or register another Tool
+    without changing the active run.\""""
+
+    @staticmethod
+    def _script() -> _HModel:
+        return _HModel(
+            _h_turn(
+                "response-001",
+                [text("Adding."), call("add", "call-1", {"left": 1, "right": 2})],
+                "toolCall",
+            ),
+            _h_turn("response-002", [text("3")], "stop"),
+        )
+
+    def test_mutating_the_input_list_during_the_run(self) -> None:
+        messages: list[Any] = [user()]
+        model = self._script()
+        run_ = al.run_agent_loop(
+            messages=messages, model=model, tools=al.ToolRegistry([add_tool()]), max_steps=2
+        )
+        events: list[al.Event] = []
+        while True:
+            try:
+                events.append(next(run_))
+            except StopIteration as done:
+                result = done.value
+                break
+            messages.clear()
+            messages.append("not a message")
+        _h_check_invariants(events, result, model, 2, start=[user()])
+        assert result.status == "completed"
+        assert model.requests[0].messages == (user(),)
+        assert model.requests[1].messages[0] == user()
+
+    def test_registering_a_tool_during_the_run(self) -> None:
+        registry = al.ToolRegistry([add_tool()])
+        executed: list[str] = []
+        model = _HModel(
+            _h_turn("response-001", [call("add", "call-1", {"left": 1, "right": 2})], "toolCall"),
+            _h_turn("response-002", [_h_echo_call("call-2", "late")], "toolCall"),
+            _h_turn("response-003", [text("done")], "stop"),
+        )
+        run_ = al.run_agent_loop(messages=[user()], model=model, tools=registry, max_steps=3)
+        events = _h_until(run_, "model.chunk")
+        registry.register(echo_tool(executed))
+        more, result = al.settle_run(run_)
+        events += more
+        _h_check_invariants(events, result, model, 3, start=[user()])
+        assert [[spec.name for spec in r.tools] for r in model.requests] == [["add"]] * 3
+        assert executed == []
+        late = result.messages[4]
+        assert isinstance(late, al.ToolResultMessage)
+        assert late.is_error is True
+
+    def test_nothing_reachable_from_events_results_or_requests_is_mutable(self) -> None:
+        """Whatever the caller holds (events, the result, the requests a model saw), it
+        cannot change the run's transcript through it: all of it is frozen."""
+        model = _HModel(
+            _h_turn(
+                "response-001",
+                [
+                    text("A."),
+                    call("add", "call-1", {"left": 1, "right": 2}),
+                    _h_echo_call("call-2", "e"),
+                ],
+                "toolCall",
+            ),
+            _h_turn("response-002", [text("3")], "stop"),
+        )
+        echo_schema_tool = al.Tool(
+            "echo",
+            "Echoes.",
+            {"type": "object", "properties": {"text": {"type": "string", "enum": ["e", "f"]}}},
+            lambda a, s: {"echo": [a["text"]]},
+        )
+        events, result = _h_settle(model, [add_tool(), echo_schema_tool])
+        assert result.status == "completed"
+        assert _h_mutable_reachable((tuple(events), result, tuple(model.requests))) == []
+
+    def test_mutation_attempts_leave_the_transcript_unchanged(self) -> None:
+        model = self._script()
+        run_: Any = al.run_agent_loop(
+            messages=[user()], model=model, tools=al.ToolRegistry([add_tool()]), max_steps=2
+        )
+        events: list[al.Event] = []
+        while True:
+            try:
+                event = run_.send(None) if not events else run_.send("ignored value")
+            except StopIteration as done:
+                result = done.value
+                break
+            events.append(event)
+            payload: Any = event.payload
+            with pytest.raises(TypeError):
+                payload["extra"] = 1
+            if event.type == "tool.started":
+                with pytest.raises(TypeError):
+                    event.payload["tool_call"].arguments["left"] = 100
+        _h_check_invariants(events, result, model, 2, start=[user()])
+        assert result.status == "completed"
+        added = result.messages[2]
+        assert isinstance(added, al.ToolResultMessage)
+        assert added.content == '{"sum":3}'
+
+
+# --- Random scripts against the reference model ------------------------------------------
+
+_H_BAD_ARGUMENTS: tuple[Callable[[], Any], ...] = (
+    lambda: {"x": float("nan")},
+    lambda: {1: "key"},
+    _h_cyclic_dict,
+    lambda: _h_deep(40),
+    lambda: {"x": {1, 2}},
+)
+
+_H_BAD_CHUNKS: tuple[Callable[[al.ModelRequest], object], ...] = (
+    lambda r: None,
+    lambda r: "text",
+    lambda r: _h_untyped.TextDelta(r.id, None),
+    lambda r: _h_untyped.TextDelta(r.id, 5),
+    lambda r: _h_untyped.ToolCallChunk(r.id, _h_untyped.TextBlock("x")),
+    lambda r: _h_untyped.ToolCallChunk(r.id, None),
+    lambda r: al.TextDelta("request-999", "x"),
+)
+
+_H_BAD_RESPONSES: tuple[Callable[[al.ModelRequest], object], ...] = (
+    lambda r: None,
+    lambda r: {"id": "r"},
+    lambda r: al.ModelResponse("", r.id, [], "stop"),
+    lambda r: _h_untyped.ModelResponse(None, r.id, [], "stop"),
+    lambda r: _h_untyped.ModelResponse("r-bad", r.id, [], "length"),
+    lambda r: al.ModelResponse("r-bad", "request-999", [], "stop"),
+)
+
+_H_VIOLATIONS = (
+    "stop-with-call",
+    "toolCall-without-call",
+    "disagree",
+    "duplicate-id",
+    "reused-id",
+    "bad-arguments",
+    "bad-chunk",
+    "bad-response",
+    "stream-raises",
+)
+
+
+def _h_random_text(rng: random.Random) -> str:
+    return "".join(rng.choice(["a", "b", " ", "é", "🙂", "42"]) for _ in range(rng.randint(0, 5)))
+
+
+def _h_split(rng: random.Random, value: str) -> list[al.TextBlock]:
+    """Random chunk boundaries, empty pieces included: all of it normalises to ``value``."""
+    cuts = sorted(rng.randint(0, len(value)) for _ in range(rng.randint(0, 3)))
+    bounds = [0, *cuts, len(value)]
+    return [al.TextBlock(value[a:b]) for a, b in zip(bounds, bounds[1:])]
+
+
+def _h_random_call(rng: random.Random, call_id: str) -> _HCallPlan:
+    kind = rng.randrange(5)
+    if kind == 0:
+        return _h_ok_echo(call_id, _h_random_text(rng))
+    if kind == 1:
+        return _h_ok_add(call_id, rng.randint(-9, 9), rng.randint(0, 99))
+    if kind == 2:
+        return _h_boom(call_id, _h_random_text(rng))
+    if kind == 3:
+        return _h_bad_schema(call_id)
+    return _h_unknown(call_id)
+
+
+def _h_random_valid(
+    rng: random.Random, response_id: str, step: int, stop: bool
+) -> tuple[list[object], _HPlan]:
+    """A valid step with random text, calls and chunk splits; returns its items too."""
+    items: list[object] = []
+    if stop:
+        items = [_h_random_text(rng) for _ in range(rng.randint(0, 3))]
+    else:
+        if rng.random() < 0.5:
+            items.append(_h_random_text(rng))
+        for index in range(rng.randint(1, 3)):
+            items.append(_h_random_call(rng, f"call-{step}-{index}"))
+            if rng.random() < 0.3:
+                items.append(_h_random_text(rng))
+    stream: list[object] = []
+    content: list[object] = []
+    for item in items:
+        if isinstance(item, str):
+            stream += _h_split(rng, item)
+            # The terminal response may split its text differently, or drop empty text.
+            if item and rng.random() < 0.5:
+                content += _h_split(rng, item)
+            elif item or rng.random() < 0.5:
+                content.append(al.TextBlock(item))
+        else:
+            stream.append(cast(_HCallPlan, item).call)
+            content.append(cast(_HCallPlan, item).call)
+    plan = _h_plan(
+        response_id, items, "stop" if stop else "toolCall", stream=stream, content=content
+    )
+    return items, plan
+
+
+def _h_random_violation(
+    rng: random.Random, response_id: str, step: int, used_ids: Sequence[str]
+) -> _HPlan:
+    """A step that breaks one rule; the reference knows how many chunks get an event."""
+    kind = rng.choice(_H_VIOLATIONS)
+    _, plan = _h_random_valid(rng, response_id, step, stop=kind == "toolCall-without-call")
+    stream = list(plan.stream)
+    if kind == "stop-with-call":
+        # A toolCall script answered with stopReason stop: all chunks stream, then it fails.
+        calls: list[object] = [block for block in stream if isinstance(block, al.ToolCall)]
+        return dataclasses.replace(
+            plan,
+            response=_h_respond(response_id, calls, "stop"),
+            stream=calls,
+            chunk_events=len(calls),
+            code="MODEL_PROTOCOL_ERROR",
+        )
+    if kind == "toolCall-without-call":
+        return dataclasses.replace(
+            plan,
+            response=_h_respond(response_id, [al.TextBlock("x")], "toolCall"),
+            stream=[*stream, al.TextBlock("x")],
+            chunk_events=len(stream) + 1,
+            code="MODEL_PROTOCOL_ERROR",
+        )
+    if kind == "disagree":
+        return dataclasses.replace(
+            plan,
+            stream=[*stream, al.TextBlock("!")],
+            chunk_events=len(stream) + 1,
+            code="MODEL_PROTOCOL_ERROR",
+        )
+    if kind in ("duplicate-id", "reused-id"):
+        reused = rng.choice(list(used_ids)) if kind == "reused-id" and used_ids else None
+        stream_calls = [block for block in stream if isinstance(block, al.ToolCall)]
+        duplicate_id = reused or stream_calls[0].id
+        duplicate = al.ToolCall(duplicate_id, "echo", {"text": "dup"})
+        content: list[object] = [*stream_calls, duplicate] if reused is None else [duplicate]
+        return dataclasses.replace(
+            plan,
+            stream=content,
+            response=_h_respond(response_id, content, "toolCall"),
+            chunk_events=len(content),
+            code="MODEL_PROTOCOL_ERROR",
+        )
+    position = rng.randint(0, len(stream))
+    if kind == "bad-arguments":
+        bad: object = al.ToolCall(f"call-{step}-bad", "echo", rng.choice(_H_BAD_ARGUMENTS)())
+        code = "MODEL_PROTOCOL_ERROR"
+    elif kind == "bad-chunk":
+        bad = rng.choice(_H_BAD_CHUNKS)
+        code = "MODEL_PROTOCOL_ERROR"
+    elif kind == "stream-raises":
+        bad = _h_raise(ConnectionResetError("peer"))
+        code = "MODEL_STREAM_ERROR"
+    else:  # bad-response: every chunk streams, then the terminal response is wrong
+        return dataclasses.replace(
+            plan, response=rng.choice(_H_BAD_RESPONSES), code="MODEL_PROTOCOL_ERROR"
+        )
+    return dataclasses.replace(
+        plan,
+        stream=[*stream[:position], bad, *stream[position:]],
+        chunk_events=position,
+        code=code,
+    )
+
+
+def _h_random_script(
+    rng: random.Random,
+) -> tuple[list[al.Message], list[_HPlan], int, int | None]:
+    start: list[al.Message] = list(_H_HISTORY) if rng.random() < 0.3 else [user()]
+    used_ids = ["call-old"] if len(start) > 1 else []
+    plans: list[_HPlan] = []
+    for step in range(1, rng.randint(1, 7) + 1):
+        response_id = f"response-{step:03d}"
+        roll = rng.random()
+        if roll < 0.2:
+            plans.append(_h_random_violation(rng, response_id, step, used_ids))
+            break
+        _, plan = _h_random_valid(rng, response_id, step, stop=roll < 0.4)
+        plans.append(plan)
+        used_ids += [call_plan.call.id for call_plan in plan.calls]
+        if plan.stop:
+            break
+    if rng.random() < 0.1:
+        plans = plans[: rng.randint(0, len(plans) - 1)]  # the model runs out of answers
+    max_steps = rng.randint(1, 6)
+    cancel_at = None
+    if rng.random() < 0.3:
+        cancel_at = rng.randrange(len(_h_predict(start, plans, max_steps).events))
+    return start, plans, max_steps, cancel_at
+
+
+_H_RANDOM_SEEDS = 40
+_H_SCRIPTS_PER_SEED = 10
+
+
+class TestHostileRandomScripts:
+    """Seeded random scripts mixing text, tool calls, bad arguments, raising tools, random
+    chunk splits, protocol violations, budgets and cancellation. Each run keeps every
+    invariant and ends as the reference model predicts: status, failure code, steps,
+    events, transcript and tool effects."""
+
+    @pytest.mark.parametrize("seed", range(_H_RANDOM_SEEDS))
+    def test_random_scripts(self, seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(_H_SCRIPTS_PER_SEED):
+            start, plans, max_steps, cancel_at = _h_random_script(rng)
+            prediction = _h_predict(start, plans, max_steps, cancel_at)
+            events, result, model, log = _h_run_plans(start, plans, max_steps, cancel_at)
+            _h_assert_predicted(prediction, events, result, model, log, plans)
+            assert model.call_count == result.steps <= max_steps
+
+    def test_random_scripts_reach_every_outcome(self) -> None:
+        """The generator is not vacuous: across the seeds it produces every status and
+        every code it can, and cancels at every kind of event."""
+        statuses = set()
+        cancelled_at = set()
+        for seed in range(_H_RANDOM_SEEDS):
+            rng = random.Random(seed)
+            for _ in range(_H_SCRIPTS_PER_SEED):
+                start, plans, max_steps, cancel_at = _h_random_script(rng)
+                prediction = _h_predict(start, plans, max_steps, cancel_at)
+                statuses.add((prediction.status, prediction.code))
+                if prediction.status == "cancelled":
+                    cancelled_at.add(prediction.events[-2][0])
+        assert statuses == {
+            ("completed", None),
+            ("maxSteps", None),
+            ("cancelled", None),
+            ("failed", "MODEL_PROTOCOL_ERROR"),
+            ("failed", "MODEL_STREAM_ERROR"),
+        }
+        assert cancelled_at == set(_H_EVENT_TYPES) - {"run.finished"}
