@@ -115,7 +115,7 @@ from typing import (
 )
 
 if TYPE_CHECKING:  # annotations only: the module needs nothing at run time
-    from typing_extensions import TypeAlias
+    from typing_extensions import TypeAlias, TypeGuard
 
 __version__ = "1.0.0"
 
@@ -648,8 +648,9 @@ def execute_tool_call(
     schema, an exception from the tool, or a return value that is not JSON become a
     *recoverable* result: ``is_error=True`` and content that says what went wrong, so
     the model can correct itself on the next step. A ``str`` return value is the
-    content verbatim; any other JSON value is encoded compactly. Only BaseExceptions
-    that are not Exceptions (KeyboardInterrupt, SystemExit...) propagate.
+    content verbatim; any other JSON value (a str subclass included) is encoded
+    compactly. Only BaseExceptions that are not Exceptions (KeyboardInterrupt,
+    SystemExit...) propagate.
     """
     tool = registry.get(call.name)
     if tool is None:
@@ -662,7 +663,7 @@ def execute_tool_call(
         value = tool.execute(_thawed(call.arguments), signal)
     except Exception as error:
         return _tool_result(call, f"tool {call.name!r} raised {_describe(error)}", True)
-    if isinstance(value, str):
+    if _is_text(value):
         return _tool_result(call, value, False)
     try:
         content = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
@@ -852,7 +853,7 @@ class _Cancelled(Exception):
 # --- The transcript -----------------------------------------------------------------
 
 
-def _is_text(value: object) -> bool:
+def _is_text(value: object) -> TypeGuard[str]:
     """Exactly a str: a subclass could redefine ==, len() or hash() under the loop's checks."""
     return type(value) is str
 
@@ -1081,8 +1082,8 @@ class _Run:
         yield from self._emit_accepted()  # SnapshotRun --> EmitAccepted --> OpenModel
         for step in range(1, self.max_steps + 1):
             request, stream = self._open_model(step)  # OpenModel --> ReadChunks
-            response = yield from self._read_chunks(request, stream)
-            message = self._append_assistant(response)  # ReadChunks --> AppendAssistant
+            response, message = yield from self._read_chunks(request, stream)
+            self._append_assistant(message)  # ReadChunks --> AppendAssistant
             if response.stop_reason == "stop":
                 # AppendAssistant --> Completed: stopReason stop
                 return self._result("completed", final_text=text_from_assistant(message))
@@ -1122,9 +1123,10 @@ class _Run:
 
     def _read_chunks(
         self, request: ModelRequest, stream: Generator[ModelChunk, None, Any]
-    ) -> Generator[Event, None, ModelResponse]:
+    ) -> Generator[Event, None, tuple[ModelResponse, AssistantMessage]]:
         """ReadChunks: one model.chunk per valid chunk, within the step's limits, then the
-        terminal response. The model's stream is closed whichever way this ends."""
+        terminal response and its assistant message. The model's stream is closed
+        whichever way this ends."""
         # Seed: "The loop calls model.stream() and drains its event channel before
         # awaiting the terminal response." The generator returns the response.
         streamed: list[str | ToolCall] = []
@@ -1164,7 +1166,7 @@ class _Run:
 
     def _checked_response(
         self, request: ModelRequest, response: object, streamed: list[str | ToolCall]
-    ) -> ModelResponse:
+    ) -> tuple[ModelResponse, AssistantMessage]:
         """ReadChunks --> AppendAssistant: only a terminal response that keeps every rule."""
         if not isinstance(response, ModelResponse):
             raise _protocol_error(
@@ -1178,7 +1180,8 @@ class _Run:
         # Seed: "... and 1024 assistant blocks."
         if len(response.content) > MAX_ASSISTANT_BLOCKS:
             raise _protocol_error(f"the response holds more than {MAX_ASSISTANT_BLOCKS} blocks")
-        self.transcript.check(_assistant_message(response), "MODEL_PROTOCOL_ERROR")
+        message = AssistantMessage("message-" + response.id, response.content)
+        self.transcript.check(message, "MODEL_PROTOCOL_ERROR")
         calls = sum(isinstance(block, ToolCall) for block in response.content)
         # Seed: "Tool calls are forbidden in a stop response."
         if response.stop_reason == "stop" and calls:
@@ -1192,13 +1195,11 @@ class _Run:
         ]
         if _normalized(terminal) != _normalized(streamed):
             raise _protocol_error("the streamed chunks and the terminal response disagree")
-        return response
+        return response, message
 
-    def _append_assistant(self, response: ModelResponse) -> AssistantMessage:
+    def _append_assistant(self, message: AssistantMessage) -> None:
         """AppendAssistant: the complete assistant message joins the transcript."""
-        message = _assistant_message(response)
         self.transcript.append(message)
-        return message
 
     def _execute_tools(
         self, request: ModelRequest, message: AssistantMessage
@@ -1220,7 +1221,8 @@ class _Run:
                 ) from error
             # A result that arrives after cancellation is discarded, never appended.
             self._check_signal()
-            self.transcript.check(result, "TOOL_PHASE_ERROR")
+            # Linked by construction: execute_tool_call derives the result from the call,
+            # whose result id was checked free before any tool ran.
             self.transcript.append(result)
             yield from self._emit(
                 "tool.finished", request_id=request.id, tool_call=call, tool_result=result
@@ -1295,11 +1297,6 @@ def _normalized(items: Iterable[str | ToolCall]) -> list[str | ToolCall]:
         else:
             normalized.extend(run)
     return normalized
-
-
-def _assistant_message(response: ModelResponse) -> AssistantMessage:
-    """The assistant message of a response: id "message-" + response id, content as returned."""
-    return AssistantMessage("message-" + response.id, response.content)
 
 
 def settle_run(run: Generator[Event, None, RunResult]) -> tuple[list[Event], RunResult]:

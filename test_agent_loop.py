@@ -2992,6 +2992,10 @@ def _lim_returning(value: Any) -> tuple[al.ToolResultMessage, al.ToolCall]:
     return al.execute_tool_call(al.ToolRegistry([tool]), tool_call, threading.Event()), tool_call
 
 
+class _LimStrSubclass(str):
+    """Only an exact str is taken verbatim: a subclass is just another JSON value."""
+
+
 class TestExecuteToolCall:
     """API.md: execute_tool_call(registry, call, signal) -> ToolResultMessage; an unknown tool,
     bad arguments or an exception become a recoverable result; it never raises for those."""
@@ -3022,6 +3026,7 @@ class TestExecuteToolCall:
             pytest.param({"a": [{"b": []}]}, '{"a":[{"b":[]}]}', id="nested"),
             pytest.param(7, "7", id="int"),
             pytest.param(False, "false", id="bool"),
+            pytest.param(_LimStrSubclass("hi"), '"hi"', id="str-subclass"),
         ],
     )
     def test_other_json_is_encoded_compactly(self, value: Any, content: str) -> None:
