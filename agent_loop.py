@@ -76,6 +76,13 @@ Choices where the seed is silent:
   when the ``Tool`` is built.
 - A tool call whose result id (``"tool-result-" + id``) is already taken in the
   transcript is a protocol error, found before any tool runs.
+- Ids, names and text must be exactly ``str`` (a subclass could redefine ``==``,
+  ``len()`` or ``hash()`` under the checks); a tool's ``str`` return is its content
+  verbatim, and anything else it returns, a ``str`` subclass too, is encoded as JSON.
+- An invalid starting transcript is reported even when the signal is already set:
+  the inputs decide before the signal is looked at.
+- If closing a model's stream raises, that error is dropped: the step's own outcome
+  (a failure, a cancellation, the consumer's ``close()``) is what the run reports.
 
 Deliberately not here (as the seed says): concurrent tool execution,
 steering/follow-up queues, context transformation, provider retries, persistent
