@@ -1352,6 +1352,16 @@ class TestInvalidStartingTranscript:
         assert result.messages == ()
         assert result.steps == 0
 
+    def test_an_invalid_start_is_reported_even_when_the_signal_is_already_set(self) -> None:
+        """Documented choice: the inputs decide before the signal is looked at."""
+        signal = threading.Event()
+        signal.set()
+        events, result, model = run(
+            [stop("response-001")], messages=[user(), user()], signal=signal
+        )
+        assert_failed(events, result, "INVALID_TRANSCRIPT")
+        assert model.call_count == 0
+
     def test_an_endless_generator_of_messages_fails_instead_of_hanging(self) -> None:
         """Documented choice: at most MAX_INITIAL_MESSAGES + 1 items are read."""
         read = []
