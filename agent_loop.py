@@ -53,7 +53,8 @@ Invariants:
   (objects become read-only mappings, arrays become tuples). Nothing a caller, a
   model or a tool does to an object it holds can change the run's transcript.
 - Each step costs the same whatever the length of the transcript: only what is
-  appended is validated, and a request's snapshot is one tuple of references.
+  appended is validated, and a request's snapshot is the transcript list and its
+  length, made a tuple only when a model reads ``request.messages``.
 - Cancellation is a ``threading.Event``. The loop looks at it each time control
   comes back from code it does not own: the consumer (after every event), the
   model (after every chunk and after its terminal response) and a tool (after it
@@ -592,7 +593,9 @@ def _schema_problem(value: object, schema: Mapping[str, Any], path: str) -> str 
         return f"{path} must be {expected}, got {actual}"
     if "enum" in schema and not any(_same_json(value, option) for option in schema["enum"]):
         return f"{path} must be one of {json.dumps(_thawed(schema['enum']))}"
-    if isinstance(value, Mapping):
+    # Frozen JSON objects are MappingProxyType. isinstance() with that class costs a
+    # tenth of isinstance(value, typing.Mapping), and this runs for every call's arguments.
+    if isinstance(value, MappingProxyType):
         properties = schema.get("properties", {})
         for name in schema.get("required", ()):
             if name not in value:
@@ -714,7 +717,43 @@ class ModelRequest:
         }
 
 
-@dataclass(frozen=True)
+class _TranscriptPrefix:
+    """``ModelRequest.messages`` of a request built by ``_snapshot_request()``.
+
+    Such a request holds the run's transcript list and its length at the step: the
+    list is only ever appended to, so its first ``length`` messages never change, and
+    copying them into the tuple can wait until a model reads ``messages`` (the loop
+    itself never does). The tuple is then stored in the request's ``__dict__``, where
+    attribute lookup finds it before this descriptor, as it does for a request built
+    by ``ModelRequest(...)``. So a step costs the same at 10 messages and at 4,000.
+    """
+
+    def __get__(self, request: ModelRequest, owner: type[ModelRequest]) -> tuple[Message, ...]:
+        # On the class itself request is None, and None.__dict__ raises AttributeError,
+        # as ModelRequest.messages always has (the field has no default).
+        transcript, length = request.__dict__["_transcript_prefix"]
+        messages = tuple(transcript[:length])
+        request.__dict__["messages"] = messages
+        return messages
+
+
+# Installed after @dataclass, which would otherwise take it for the field's default.
+ModelRequest.messages = _TranscriptPrefix()  # type: ignore[assignment]
+
+
+def _snapshot_request(
+    id: str, transcript: list[Message], tools: tuple[ToolSpec, ...]
+) -> ModelRequest:
+    """A ModelRequest for the transcript as it is now, in O(1): see _TranscriptPrefix."""
+    request = object.__new__(ModelRequest)
+    fields = request.__dict__
+    fields["id"] = id
+    fields["_transcript_prefix"] = (transcript, len(transcript))
+    fields["tools"] = tools
+    return request
+
+
+@dataclass(frozen=True, init=False)
 class TextDelta:
     """A streamed piece of assistant text."""
 
@@ -722,17 +761,29 @@ class TextDelta:
     text: str
     type: ClassVar[Literal["text"]] = "text"
 
+    def __init__(self, request_id: str, text: str) -> None:
+        # A model builds one chunk per delta: storing into __dict__ costs half of the
+        # generated frozen __init__, which goes through object.__setattr__ per field.
+        fields = self.__dict__
+        fields["request_id"] = request_id
+        fields["text"] = text
+
     def to_dict(self) -> dict[str, Any]:
         return {"type": self.type, "requestId": self.request_id, "text": self.text}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class ToolCallChunk:
     """A streamed, complete tool call."""
 
     request_id: str
     tool_call: ToolCall
     type: ClassVar[Literal["toolCall"]] = "toolCall"
+
+    def __init__(self, request_id: str, tool_call: ToolCall) -> None:
+        fields = self.__dict__  # as in TextDelta: a chunk is built per streamed block
+        fields["request_id"] = request_id
+        fields["tool_call"] = tool_call
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -825,13 +876,21 @@ _PAYLOAD_JSON_KEYS: Final = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Event:
     """One observable step of a run, numbered by the run's single counter."""
 
     sequence: int
     type: _EventType
     payload: Mapping[str, Any]
+
+    def __init__(self, sequence: int, type: _EventType, payload: Mapping[str, Any]) -> None:
+        # Every event of a run is built here. A frozen dataclass's generated __init__ goes
+        # through object.__setattr__ once per field; storing into __dict__ costs half.
+        fields = self.__dict__
+        fields["sequence"] = sequence
+        fields["type"] = type
+        fields["payload"] = payload
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -916,6 +975,8 @@ def _message_problem(message: object) -> str | None:
 class _Transcript:
     """The run's private transcript, with the indexes that make checking a message O(1).
 
+    ``messages`` is only ever appended to: requests keep it as their snapshot.
+
     ``check`` validates one message against what is already here; ``append`` adds a
     checked one. A valid transcript: unique message ids and tool-call ids, every tool
     result answers an open call of an earlier assistant message with the same tool
@@ -938,7 +999,11 @@ class _Transcript:
             return f"message id {message.id!r} is used twice"
         if isinstance(message, AssistantMessage):
             new_ids: set[str] = set()
-            for call in _tool_calls(message):
+            for call in message.content:
+                # Not _tool_calls(): this runs once per starting message, and a loop
+                # costs less than building a list (most messages hold no call).
+                if not isinstance(call, ToolCall):
+                    continue
                 if call.id in self._call_ids or call.id in new_ids:
                     return f"tool call id {call.id!r} is used twice"
                 if "tool-result-" + call.id in self._message_ids:
@@ -960,9 +1025,10 @@ class _Transcript:
         self.messages.append(message)
         self._message_ids.add(message.id)
         if isinstance(message, AssistantMessage):
-            for call in _tool_calls(message):
-                self._call_ids.add(call.id)
-                self._open_calls[call.id] = call
+            for call in message.content:
+                if isinstance(call, ToolCall):  # as in _linkage_problem, no list built
+                    self._call_ids.add(call.id)
+                    self._open_calls[call.id] = call
         elif isinstance(message, ToolResultMessage):
             del self._open_calls[message.tool_call_id]
 
@@ -1105,14 +1171,15 @@ class _Run:
     def _emit_accepted(self) -> Generator[Event, None, None]:
         """EmitAccepted: one message.accepted event per starting message."""
         for message in self.transcript.messages:
-            yield from self._emit("message.accepted", message=message)
+            yield self._event("message.accepted", message=message)
+            self._check_signal()  # after every event: its consumer may have set the signal
 
     def _open_model(self, step: int) -> tuple[ModelRequest, Generator[ModelChunk, None, Any]]:
         """OpenModel: freezes the transcript into request-NNN and calls model.stream() once."""
         # Seed: "requestSnapshot() freezes the current transcript and creates
         # request-001, request-002, and so on, offset by requestSequenceStart".
         request_id = f"request-{self.request_sequence_start + step:03d}"
-        request = ModelRequest(request_id, tuple(self.transcript.messages), self.specs)
+        request = _snapshot_request(request_id, self.transcript.messages, self.specs)
         self.steps = step
         try:
             stream = self.model.stream(request, self.signal)
@@ -1163,7 +1230,8 @@ class _Run:
                             f"the model streamed more than {MAX_STEP_TEXT} code points of text"
                         )
                 streamed.append(item)
-                yield from self._emit("model.chunk", request_id=request.id, chunk=chunk)
+                yield self._event("model.chunk", request_id=request.id, chunk=chunk)
+                self._check_signal()  # after every event
         finally:
             # A model whose cleanup fails cannot replace the step's outcome.
             with contextlib.suppress(Exception):
@@ -1215,7 +1283,8 @@ class _Run:
         for call in _tool_calls(message):
             # Seed: "For each call, it emits tool.started, awaits executeToolCall(),
             # appends the linked Tool-result message, then emits tool.finished."
-            yield from self._emit("tool.started", request_id=request.id, tool_call=call)
+            yield self._event("tool.started", request_id=request.id, tool_call=call)
+            self._check_signal()  # after every event
             try:
                 result = execute_tool_call(self.tools, call, self.signal)
             except (KeyboardInterrupt, SystemExit):
@@ -1231,9 +1300,10 @@ class _Run:
             # Linked by construction: execute_tool_call derives the result from the call,
             # whose result id was checked free before any tool ran.
             self.transcript.append(result)
-            yield from self._emit(
+            yield self._event(
                 "tool.finished", request_id=request.id, tool_call=call, tool_result=result
             )
+            self._check_signal()  # after every event
         # Seed: "After the complete Tool batch, validateTranscript() proves that every
         # call has one later matching result."
         self.transcript.require_complete("TOOL_PHASE_ERROR")
@@ -1249,11 +1319,6 @@ class _Run:
         event = Event(self.next_sequence, type, MappingProxyType(payload))
         self.next_sequence += 1
         return event
-
-    def _emit(self, type: _EventType, **payload: Any) -> Generator[Event, None, None]:
-        """Yields the next event, then looks at the signal, which its consumer may have set."""
-        yield self._event(type, **payload)
-        self._check_signal()
 
     def _result(self, status: _RunStatus, **fields: Any) -> RunResult:
         return RunResult(status, tuple(self.transcript.messages), self.steps, **fields)
