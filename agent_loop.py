@@ -356,7 +356,7 @@ class _ArgumentBudget:
     def __init__(self) -> None:
         self.values = 0
         self.text = 0
-        self.containers: set[int] = set()
+        self.mutable_containers: set[int] = set()
 
     def spend_text(self, text: str) -> None:
         # Seed: "4096 Unicode code points across keys/string values". len() of a str
@@ -403,13 +403,17 @@ def _frozen_json(value: object, depth: int, budget: _ArgumentBudget) -> JSON:
     # Seed: "depth 32". Checked before descending, so depth 100,000 costs 33 frames.
     if depth == MAX_ARGUMENT_DEPTH:
         raise _Violation(f"arguments nest containers deeper than {MAX_ARGUMENT_DEPTH}")
-    if id(value) in budget.containers:
-        raise _Violation("arguments reach the same container twice (shared or cyclic)")
-    budget.containers.add(id(value))
+    # "No object reachable twice" guards against aliasing and cycles, which only a dict
+    # or a list can make: frozen tuples and mappings may be shared (CPython shares the
+    # empty tuple), and a cycle through them still meets a dict or the depth limit.
+    if type(value) is dict or type(value) is list:
+        if id(value) in budget.mutable_containers:
+            raise _Violation("arguments reach the same dict or list twice (shared or cyclic)")
+        budget.mutable_containers.add(id(value))
     if isinstance(value, (list, tuple)):
         return tuple(_frozen_json(item, depth + 1, budget) for item in value)
     frozen: dict[str, JSON] = {}
-    for key, item in cast(Mapping[object, object], value).items():
+    for key, item in value.items():
         if type(key) is not str:
             raise _Violation(f"arguments hold a {type(key).__name__} key, not a string")
         budget.spend_text(key)

@@ -2289,6 +2289,26 @@ class TestPlainJsonArguments:
     """Seed: "Tool arguments must be plain bounded JSON ... These checks occur before a Tool
     effect. Contradiction or excess becomes a failed MODEL_PROTOCOL_ERROR result." """
 
+    def test_a_call_rebuilt_from_frozen_arguments_is_plain(self) -> None:
+        """Frozen arrays are tuples and CPython shares the empty one: an immutable value
+        reached twice is not aliasing, so a call rebuilt from another's arguments runs."""
+        original = al.ToolCall("call-1", "anything", {"a": [], "b": [], "c": {"d": []}})
+        received: list[Any] = []
+        tool = al.Tool(
+            "anything", "Takes any object.", {"type": "object"}, lambda a, s: received.append(a)
+        )
+        rebuilt = dataclasses.replace(original, id="call-2")
+        _, result, _ = run(
+            [
+                al.scripted_response("response-001", [rebuilt], "toolCall"),
+                al.scripted_response("response-002", [text("Done.")], "stop"),
+            ],
+            tools=[tool],
+        )
+        assert result.status == "completed"
+        assert received == [{"a": [], "b": [], "c": {"d": []}}]
+        assert rebuilt == al.ToolCall("call-2", "anything", original.arguments)
+
     @pytest.mark.parametrize("make", _LIM_NOT_PLAIN)
     def test_not_plain_arguments_fail_before_any_tool(self, make: Callable[[], Any]) -> None:
         """Plain JSON is dict with str keys, list, str, int, finite float, bool and None, with
