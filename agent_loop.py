@@ -102,7 +102,7 @@ import json
 import math
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import (
     TYPE_CHECKING,
@@ -249,8 +249,9 @@ class ToolCall:
     id: str
     name: str
     arguments: Mapping[str, JSON]
-    _argument_problem: str | None = field(default=None, init=False, repr=False)
     type: ClassVar[Literal["toolCall"]] = "toolCall"
+    # Why the arguments are not plain bounded JSON; set on the call in __post_init__.
+    _argument_problem: ClassVar[str | None] = None
 
     def __post_init__(self) -> None:
         try:
@@ -268,6 +269,13 @@ class ToolCall:
             and self.name == other.name
             and _same_json(self.arguments, other.arguments)
         )
+
+    def __hash__(self) -> int:
+        return hash((self.id, self.name))  # equal calls share these; arguments are unhashable
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickle and copy cannot copy a read-only mapping: rebuild from plain arguments.
+        return (ToolCall, (self.id, self.name, _thawed(self.arguments)))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -491,6 +499,14 @@ class ToolSpec:
     description: str
     parameters: Mapping[str, Any]
 
+    def __post_init__(self) -> None:
+        if type(self.parameters) is not MappingProxyType:  # not built by Tool.spec()
+            frozen = _frozen_schema(self.parameters, f"ToolSpec {self.name!r} parameters", 0)
+            object.__setattr__(self, "parameters", frozen)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ToolSpec, (self.name, self.description, _thawed(self.parameters)))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -520,7 +536,7 @@ class Tool:
     execute: Callable[[dict[str, Any], _Signal], object]
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
+        if not _is_id(self.name):
             raise TypeError(f"Tool name must be a non-empty str, got {self.name!r}")
         if not isinstance(self.description, str):
             raise TypeError(f"Tool {self.name!r}: description must be a str")
@@ -533,6 +549,9 @@ class Tool:
                 "a tool's arguments are always a JSON object"
             )
         object.__setattr__(self, "parameters", schema)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Tool, (self.name, self.description, _thawed(self.parameters), self.execute))
 
     def spec(self) -> ToolSpec:
         """Returns what a model request tells the model about this tool."""
@@ -681,7 +700,7 @@ def execute_tool_call(
         return _tool_result(call, value, False)
     try:
         content = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError, RecursionError) as error:
+    except Exception as error:  # json.dumps runs the value's own code (a dict subclass's items())
         return _tool_result(
             call, f"tool {call.name!r} returned a value that is not JSON: {error}", True
         )
@@ -712,6 +731,11 @@ class ModelRequest:
     id: str
     messages: tuple[Message, ...]
     tools: tuple[ToolSpec, ...]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Also turns a loop-built request's lazy snapshot (see _TranscriptPrefix) into
+        # its tuple, so a copy never carries the run's transcript list.
+        return (ModelRequest, (self.id, self.messages, self.tools))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -882,7 +906,10 @@ _PAYLOAD_JSON_KEYS: Final = {
 
 @dataclass(frozen=True, init=False)
 class Event:
-    """One observable step of a run, numbered by the run's single counter."""
+    """One observable step of a run, numbered by the run's single counter.
+
+    ``payload`` is read-only: a mapping given in any other form is copied into one.
+    """
 
     sequence: int
     type: _EventType
@@ -894,7 +921,13 @@ class Event:
         fields = self.__dict__
         fields["sequence"] = sequence
         fields["type"] = type
+        if not isinstance(payload, MappingProxyType):  # (`type` is the event's, here)
+            payload = MappingProxyType(dict(payload))
         fields["payload"] = payload
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickle and copy cannot copy a read-only mapping: rebuild from a plain one.
+        return (Event, (self.sequence, self.type, dict(self.payload)))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -933,11 +966,15 @@ def _is_id(value: object) -> bool:
     return _is_text(value) and value != ""
 
 
+# The checks below ask for the exact IR classes, as _is_text asks for exactly str: a
+# subclass could redefine == (and so agree with anything) or unfreeze its fields.
+
+
 def _block_problem(block: object) -> str | None:
     """Returns why an assistant block is malformed, or None."""
-    if isinstance(block, TextBlock):
+    if type(block) is TextBlock:
         return None if _is_text(block.text) else "a text block's text is not a str"
-    if isinstance(block, ToolCall):
+    if type(block) is ToolCall:
         if not _is_id(block.id):
             return f"a tool call's id must be a non-empty str, got {block.id!r}"
         if not _is_id(block.name):
@@ -952,15 +989,15 @@ def _block_problem(block: object) -> str | None:
 
 def _message_problem(message: object) -> str | None:
     """Returns why a message is malformed on its own (linkage aside), or None."""
-    if isinstance(message, UserMessage):
+    if type(message) is UserMessage:
         fields_ok = _is_text(message.content)
-    elif isinstance(message, AssistantMessage):
+    elif type(message) is AssistantMessage:
         for block in message.content:
             problem = _block_problem(block)
             if problem is not None:
                 return f"message {message.id!r}: {problem}"
         fields_ok = True
-    elif isinstance(message, ToolResultMessage):
+    elif type(message) is ToolResultMessage:
         fields_ok = (
             _is_id(message.tool_call_id)
             and _is_id(message.tool_name)
@@ -1247,7 +1284,7 @@ class _Run:
         self, request: ModelRequest, response: object, streamed: list[str | ToolCall]
     ) -> tuple[ModelResponse, AssistantMessage]:
         """ReadChunks --> AppendAssistant: only a terminal response that keeps every rule."""
-        if not isinstance(response, ModelResponse):
+        if type(response) is not ModelResponse:
             raise _protocol_error(
                 f"the model's stream returned a {type(response).__name__}, not a ModelResponse"
             )
@@ -1341,14 +1378,14 @@ def _check_request_id(request_id: object, request: ModelRequest) -> None:
 
 def _streamed_item(chunk: object, request: ModelRequest) -> str | ToolCall:
     """Checks one streamed chunk; returns its text or its tool call."""
-    if isinstance(chunk, TextDelta):
+    if type(chunk) is TextDelta:
         if not _is_text(chunk.text):
             raise _protocol_error(
                 f"a text chunk's text must be a str, got {type(chunk.text).__name__}"
             )
         item: str | ToolCall = chunk.text
-    elif isinstance(chunk, ToolCallChunk):
-        if not isinstance(chunk.tool_call, ToolCall):
+    elif type(chunk) is ToolCallChunk:
+        if type(chunk.tool_call) is not ToolCall:
             raise _protocol_error(f"a tool-call chunk carries a {type(chunk.tool_call).__name__}")
         problem = _block_problem(chunk.tool_call)
         if problem is not None:
@@ -1653,7 +1690,7 @@ def resolve_open_tool_calls(messages: Iterable[Message], content: str) -> tuple[
     The loop never writes such a result itself: whether an interrupted call failed is
     the caller's decision. Raises TypeError if content is not a str.
     """
-    if not isinstance(content, str):
+    if not _is_text(content):
         raise TypeError(f"content must be a str, got {type(content).__name__}")
     transcript = tuple(messages)
     return transcript + tuple(

@@ -16,6 +16,7 @@ import inspect
 import itertools
 import json
 import os
+import pickle
 import random
 import re
 import subprocess
@@ -6749,3 +6750,144 @@ class TestHostileRandomScripts:
             ("failed", "MODEL_STREAM_ERROR"),
         }
         assert cancelled_at == set(_H_EVENT_TYPES) - {"run.finished"}
+
+
+def _copy_echo(arguments: dict[str, Any], signal: Any) -> object:
+    """A module-level tool function, so that a Tool using it can be pickled."""
+    return arguments["text"]
+
+
+class TestCopyingAndHashing:
+    """Messages, events, requests and results survive pickle and copy.deepcopy, equal to
+    the originals; a read-only mapping cannot be pickled, so each is rebuilt from plain
+    JSON and frozen again."""
+
+    def _recorded(self) -> tuple[list[al.Event], al.RunResult, al.ScriptedModel]:
+        return run(
+            [
+                tool_turn("response-001", text("Adding."), call("add", "call-1", NUMBERS_20_22)),
+                stop("response-002"),
+            ],
+            tools=[add_tool()],
+        )
+
+    @pytest.mark.parametrize(
+        "duplicate",
+        [
+            pytest.param(lambda value: pickle.loads(pickle.dumps(value)), id="pickle"),
+            pytest.param(copy.deepcopy, id="deepcopy"),
+            pytest.param(copy.copy, id="copy"),
+        ],
+    )
+    def test_results_events_and_requests_copy_equal(self, duplicate: Callable[[Any], Any]) -> None:
+        events, result, model = self._recorded()
+        assert duplicate(result) == result
+        assert [duplicate(event) for event in events] == events
+        assert [duplicate(request) for request in model.requests] == model.requests
+        copied_call = duplicate(result.messages[1].content[1])
+        assert isinstance(copied_call.arguments, MappingProxyType)
+
+    def test_a_pickled_request_holds_only_its_own_snapshot(self) -> None:
+        """A loop-built request's snapshot is lazy; its pickle must not carry the
+        messages that were appended after it."""
+        _, result, model = self._recorded()
+        pickled = pickle.dumps(model.requests[0])
+        assert b"The sum is 42." not in pickled
+        assert pickle.loads(pickled).messages == result.messages[:1]
+
+    def test_tools_and_specs_copy_equal_and_stay_frozen(self) -> None:
+        tool = al.Tool("echo", "Echoes.", {"type": "object"}, _copy_echo)
+        copied = pickle.loads(pickle.dumps(tool))
+        assert copied == tool
+        assert isinstance(copied.parameters, MappingProxyType)
+        spec = pickle.loads(pickle.dumps(tool.spec()))
+        assert spec == tool.spec()
+        assert isinstance(spec.parameters, MappingProxyType)
+
+    def test_a_spec_built_from_a_plain_dict_is_frozen(self) -> None:
+        parameters: dict[str, Any] = {"type": "object", "properties": {}}
+        spec = al.ToolSpec("echo", "Echoes.", parameters)
+        parameters["properties"]["text"] = {"type": "string"}
+        assert spec.parameters == {"type": "object", "properties": {}}
+        with pytest.raises(TypeError):
+            spec.parameters["type"] = "string"  # type: ignore[index]
+
+    def test_an_event_built_from_a_plain_dict_has_a_read_only_payload(self) -> None:
+        payload: dict[str, Any] = {"request_id": "request-001"}
+        event = al.Event(0, "tool.started", payload)
+        payload["request_id"] = "changed"
+        assert event.payload["request_id"] == "request-001"
+        with pytest.raises(TypeError):
+            event.payload["request_id"] = "x"  # type: ignore[index]
+
+    def test_tool_calls_and_the_messages_holding_them_hash(self) -> None:
+        first = call("add", "call-1", {"left": 1, "right": 2})
+        same = call("add", "call-1", {"left": 1, "right": 2})
+        assert hash(first) == hash(same)
+        assert len({first, same}) == 1
+        message = al.AssistantMessage("message-1", (text("Adding."), first))
+        assert message in {al.AssistantMessage("message-1", (text("Adding."), same))}
+
+
+NUMBERS_20_22 = {"left": 20, "right": 22}
+
+
+class _SubclassedToolCall(al.ToolCall):
+    """A model's own ToolCall subclass that agrees with anything."""
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    __hash__ = al.ToolCall.__hash__
+
+
+class _SubclassedUserMessage(al.UserMessage):
+    """A caller's UserMessage subclass whose fields can change after acceptance."""
+
+    __setattr__ = object.__setattr__
+
+
+class _RaisingItems(dict):  # type: ignore[type-arg]
+    def items(self) -> Any:
+        raise KeyError("items")
+
+
+class TestOnlyTheExactClasses:
+    """Blocks, chunks, messages and responses must be exactly the IR classes, as ids
+    and text must be exactly str: a subclass could redefine == or unfreeze itself."""
+
+    def test_a_streamed_tool_call_subclass_is_a_protocol_error(self) -> None:
+        executed: list[str] = []
+        liar = _SubclassedToolCall("call-1", "echo", {"text": "streamed"})
+        terminal = call("echo", "call-1", {"text": "DIFFERENT"})
+        events, result, _ = run(
+            [al.scripted_response("response-001", [terminal], "toolCall", chunks=[liar])],
+            tools=[echo_tool(executed)],
+        )
+        assert_failed(events, result, "MODEL_PROTOCOL_ERROR")
+        assert executed == []
+
+    def test_a_message_subclass_in_the_start_is_an_invalid_transcript(self) -> None:
+        message = _SubclassedUserMessage("user-001", "Hi.")
+        events, result, model = run([stop("response-001")], messages=[message])
+        assert_failed(events, result, "INVALID_TRANSCRIPT")
+        assert model.call_count == 0
+
+    def test_a_return_value_whose_encoding_raises_is_recoverable(self) -> None:
+        tool = al.Tool(
+            "odd", "Returns an odd dict.", {"type": "object"}, lambda a, s: _RaisingItems(a=1)
+        )
+        result = al.execute_tool_call(
+            al.ToolRegistry([tool]), call("odd", "call-1", {}), threading.Event()
+        )
+        assert result.is_error is True
+        assert "not JSON" in result.content
+
+    def test_a_tool_name_and_resolved_content_must_be_exactly_str(self) -> None:
+        class Name(str):
+            pass
+
+        with pytest.raises(TypeError, match="name"):
+            al.Tool(Name("echo"), "Echoes.", {"type": "object"}, _copy_echo)
+        with pytest.raises(TypeError, match="content"):
+            al.resolve_open_tool_calls([user()], Name("cancelled"))
