@@ -568,7 +568,7 @@ def _frozen_schema(schema: object, where: str, depth: int) -> Mapping[str, Any]:
             f"{where} uses {unsupported}, which this loop cannot enforce; "
             f"supported keywords: {', '.join(_SCHEMA_KEYWORDS)}"
         )
-    # A schema nested deeper than the arguments may be describes values no call can have.
+    # A schema nested deeper than arguments may be describes values no call can have.
     if depth > MAX_ARGUMENT_DEPTH:
         raise ValueError(f"{where} nests deeper than {MAX_ARGUMENT_DEPTH} levels")
     frozen: dict[str, Any] = {}
@@ -1014,14 +1014,16 @@ def _message_problem(message: object) -> str | None:
 
 
 class _Transcript:
-    """The run's private transcript, with the indexes that make checking a message O(1).
+    """The run's private transcript, with the indexes that make checking a message cost
+    what the message holds, whatever the length of the transcript.
 
     ``messages`` is only ever appended to: requests keep it as their snapshot.
 
-    ``check`` validates one message against what is already here; ``append`` adds a
-    checked one. A valid transcript: unique message ids and tool-call ids, every tool
-    result answers an open call of an earlier assistant message with the same tool
-    name, once. It is complete when no call is left open.
+    ``check`` validates one message against what is already here; ``append`` adds it
+    (a starting message or a response once checked; a tool result as
+    ``execute_tool_call`` linked it). A valid transcript: unique message ids and
+    tool-call ids, every tool result answers an open call of an earlier assistant
+    message with the same tool name, once. It is complete when no call is left open.
     """
 
     def __init__(self) -> None:
@@ -1031,6 +1033,7 @@ class _Transcript:
         self._open_calls: dict[str, ToolCall] = {}
 
     def check(self, message: object, code: _FailureCode) -> None:
+        """Raises _RunFailure(code) if the message is malformed or would break linkage."""
         problem = _message_problem(message) or self._linkage_problem(message)  # type: ignore[arg-type]
         if problem is not None:
             raise _RunFailure(code, problem)
@@ -1041,8 +1044,8 @@ class _Transcript:
         if isinstance(message, AssistantMessage):
             new_ids: set[str] = set()
             for call in message.content:
-                # Not _tool_calls(): this runs once per starting message, and a loop
-                # costs less than building a list (most messages hold no call).
+                # Not _tool_calls(): this runs for every starting message and response,
+                # and a loop costs less than building a list (most hold no call).
                 if not isinstance(call, ToolCall):
                     continue
                 if call.id in self._call_ids or call.id in new_ids:
@@ -1063,6 +1066,7 @@ class _Transcript:
         return None
 
     def append(self, message: Message) -> None:
+        """Adds a message that keeps linkage, and indexes its ids and open calls."""
         self.messages.append(message)
         self._message_ids.add(message.id)
         if isinstance(message, AssistantMessage):
@@ -1074,6 +1078,7 @@ class _Transcript:
             del self._open_calls[message.tool_call_id]
 
     def require_complete(self, code: _FailureCode) -> None:
+        """Raises _RunFailure(code) while a tool call has no result."""
         if self._open_calls:
             raise _RunFailure(code, f"tool calls without a result: {list(self._open_calls)}")
 
@@ -1178,8 +1183,11 @@ class _Run:
         return None
 
     def drive(self) -> Generator[Event, None, RunResult]:
-        """The state diagram. Each ``--> Failed`` edge raises _RunFailure and each
-        ``--> Cancelled`` edge raises _Cancelled; both become the result here, once."""
+        """The state diagram, from ValidateOptions' end to Finish.
+
+        Each ``--> Failed`` edge raises _RunFailure and each ``--> Cancelled`` edge
+        raises _Cancelled; both become the result here, and nowhere else.
+        """
         try:
             result = yield from self._run_steps()
         except _Cancelled:
@@ -1190,6 +1198,7 @@ class _Run:
         return result
 
     def _run_steps(self) -> Generator[Event, None, RunResult]:
+        """From SnapshotRun to Completed or MaxSteps; the other endings raise."""
         if self.start_problem is not None:
             raise _RunFailure("INVALID_TRANSCRIPT", self.start_problem)  # SnapshotRun --> Failed
         self._check_signal()  # SnapshotRun --> Cancelled
@@ -1216,7 +1225,8 @@ class _Run:
             self._check_signal()  # after every event: its consumer may have set the signal
 
     def _open_model(self, step: int) -> tuple[ModelRequest, Generator[ModelChunk, None, Any]]:
-        """OpenModel: freezes the transcript into request-NNN and calls model.stream() once."""
+        """OpenModel: snapshots the transcript into request-NNN (in O(1): see
+        _TranscriptPrefix) and calls model.stream() once."""
         # Seed: "requestSnapshot() freezes the current transcript and creates
         # request-001, request-002, and so on, offset by requestSequenceStart".
         request_id = f"request-{self.request_sequence_start + step:03d}"
@@ -1239,9 +1249,11 @@ class _Run:
     def _read_chunks(
         self, request: ModelRequest, stream: Generator[ModelChunk, None, Any]
     ) -> Generator[Event, None, tuple[ModelResponse, AssistantMessage]]:
-        """ReadChunks: one model.chunk per valid chunk, within the step's limits, then the
-        terminal response and its assistant message. The model's stream is closed
-        whichever way this ends."""
+        """ReadChunks: one model.chunk per valid chunk, then the checked terminal response.
+
+        Returns the response and its assistant message. The model's stream is closed
+        whichever way this ends.
+        """
         # Seed: "The loop calls model.stream() and drains its event channel before
         # awaiting the terminal response." The generator returns the response.
         streamed: list[str | ToolCall] = []
@@ -1346,7 +1358,8 @@ class _Run:
             )
             self._check_signal()  # after every event
         # Seed: "After the complete Tool batch, validateTranscript() proves that every
-        # call has one later matching result."
+        # call has one later matching result." As built it cannot fail (each call above
+        # got its result or raised); it stays as the seed's own check, and costs O(1).
         self.transcript.require_complete("TOOL_PHASE_ERROR")
 
     def _check_signal(self) -> None:
