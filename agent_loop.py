@@ -100,6 +100,7 @@ import contextlib
 import itertools
 import json
 import math
+import os
 import sys
 import threading
 from dataclasses import dataclass
@@ -1892,4 +1893,10 @@ def _main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_main())
+    try:
+        sys.exit(_main())
+    except BrokenPipeError:
+        # The reader left early (`--json | head`): stop quietly, as other tools do, and
+        # keep Python from reporting the same broken pipe again when it flushes stdout.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)

@@ -6891,3 +6891,22 @@ class TestOnlyTheExactClasses:
             al.Tool(Name("echo"), "Echoes.", {"type": "object"}, _copy_echo)
         with pytest.raises(TypeError, match="content"):
             al.resolve_open_tool_calls([user()], Name("cancelled"))
+
+
+class TestDemonstrationPipes:
+    def test_a_reader_that_leaves_early_gets_no_traceback(self) -> None:
+        """`python agent_loop.py --json | head -1`: the demo stops quietly when its
+        reader has gone (here, a pipe whose reading end is already closed)."""
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        try:
+            finished = subprocess.run(
+                [sys.executable, os.path.abspath(al.__file__), "--json"],
+                stdout=write_end,
+                stderr=subprocess.PIPE,
+                check=False,
+            )
+        finally:
+            os.close(write_end)
+        assert finished.stderr == b""
+        assert finished.returncode == 1
