@@ -110,14 +110,20 @@ from typing import (
     Any,
     Callable,
     ClassVar,
+    Dict,
     Final,
     Generator,
     Iterable,
     Iterator,
+    List,
     Literal,
     Mapping,
+    Optional,
     Protocol,
     Sequence,
+    Set,
+    Tuple,
+    Type,
     Union,
     cast,
     get_args,
@@ -231,7 +237,7 @@ class TextBlock:
     text: str
     type: ClassVar[Literal["text"]] = "text"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Dict[str, Any]:
         return {"type": self.type, "text": self.text}
 
 
@@ -252,7 +258,7 @@ class ToolCall:
     arguments: Mapping[str, JSON]
     type: ClassVar[Literal["toolCall"]] = "toolCall"
     # Why the arguments are not plain bounded JSON; set on the call in __post_init__.
-    _argument_problem: ClassVar[str | None] = None
+    _argument_problem: ClassVar[Optional[str]] = None
 
     def __post_init__(self) -> None:
         try:
@@ -274,11 +280,11 @@ class ToolCall:
     def __hash__(self) -> int:
         return hash((self.id, self.name))  # equal calls share these; arguments are unhashable
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> Tuple[Any, ...]:
         # pickle and copy cannot copy a read-only mapping: rebuild from plain arguments.
         return (ToolCall, (self.id, self.name, _thawed(self.arguments)))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Dict[str, Any]:
         return {
             "type": self.type,
             "id": self.id,
@@ -298,7 +304,7 @@ class UserMessage:
     content: str
     role: ClassVar[Literal["user"]] = "user"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Dict[str, Any]:
         return {"id": self.id, "role": self.role, "content": self.content}
 
 
@@ -313,7 +319,7 @@ class AssistantMessage:
     def __post_init__(self) -> None:
         object.__setattr__(self, "content", tuple(self.content))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Dict[str, Any]:
         return {
             "id": self.id,
             "role": self.role,
@@ -332,7 +338,7 @@ class ToolResultMessage:
     is_error: bool
     role: ClassVar[Literal["toolResult"]] = "toolResult"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Dict[str, Any]:
         return {
             "id": self.id,
             "role": self.role,
@@ -351,7 +357,7 @@ def text_from_assistant(message: AssistantMessage) -> str:
     return "".join(block.text for block in message.content if isinstance(block, TextBlock))
 
 
-def _tool_calls(message: AssistantMessage) -> list[ToolCall]:
+def _tool_calls(message: AssistantMessage) -> List[ToolCall]:
     """Returns the tool-call blocks of an assistant message, in assistant order."""
     return [block for block in message.content if isinstance(block, ToolCall)]
 
@@ -365,7 +371,7 @@ class _ArgumentBudget:
     def __init__(self) -> None:
         self.values = 0
         self.text = 0
-        self.mutable_containers: set[int] = set()
+        self.mutable_containers: Set[int] = set()
 
     def spend_text(self, text: str) -> None:
         # Seed: "4096 Unicode code points across keys/string values". len() of a str
@@ -421,7 +427,7 @@ def _frozen_json(value: object, depth: int, budget: _ArgumentBudget) -> JSON:
         budget.mutable_containers.add(id(value))
     if isinstance(value, (list, tuple)):
         return tuple(_frozen_json(item, depth + 1, budget) for item in value)
-    frozen: dict[str, JSON] = {}
+    frozen: Dict[str, JSON] = {}
     for key, item in value.items():
         if type(key) is not str:
             raise _Violation(f"arguments hold a {type(key).__name__} key, not a string")
@@ -488,7 +494,7 @@ class _Signal(Protocol):
     def is_set(self) -> bool:
         """True once cancellation was requested."""
 
-    def wait(self, timeout: float | None = None) -> bool:
+    def wait(self, timeout: Optional[float] = None) -> bool:
         """Blocks until cancellation is requested or the timeout passes."""
 
 
@@ -505,10 +511,10 @@ class ToolSpec:
             frozen = _frozen_schema(self.parameters, f"ToolSpec {self.name!r} parameters", 0)
             object.__setattr__(self, "parameters", frozen)
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> Tuple[Any, ...]:
         return (ToolSpec, (self.name, self.description, _thawed(self.parameters)))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Dict[str, Any]:
         return {
             "name": self.name,
             "description": self.description,
@@ -534,7 +540,7 @@ class Tool:
     name: str
     description: str
     parameters: Mapping[str, Any]
-    execute: Callable[[dict[str, Any], _Signal], object]
+    execute: Callable[[Dict[str, Any], _Signal], object]
 
     def __post_init__(self) -> None:
         if not _is_id(self.name):
@@ -551,7 +557,7 @@ class Tool:
             )
         object.__setattr__(self, "parameters", schema)
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> Tuple[Any, ...]:
         return (Tool, (self.name, self.description, _thawed(self.parameters), self.execute))
 
     def spec(self) -> ToolSpec:
@@ -572,7 +578,7 @@ def _frozen_schema(schema: object, where: str, depth: int) -> Mapping[str, Any]:
     # A schema nested deeper than arguments may be describes values no call can have.
     if depth > MAX_ARGUMENT_DEPTH:
         raise ValueError(f"{where} nests deeper than {MAX_ARGUMENT_DEPTH} levels")
-    frozen: dict[str, Any] = {}
+    frozen: Dict[str, Any] = {}
     for key, value in schema.items():
         if key == "type":
             if value not in _SCHEMA_TYPES:
@@ -608,7 +614,7 @@ def _frozen_schema(schema: object, where: str, depth: int) -> Mapping[str, Any]:
     return MappingProxyType(frozen)
 
 
-def _schema_problem(value: object, schema: Mapping[str, Any], path: str) -> str | None:
+def _schema_problem(value: object, schema: Mapping[str, Any], path: str) -> Optional[str]:
     """Returns why a frozen JSON value fails a tool's schema, or None when it passes."""
     expected = schema.get("type")
     actual = _json_type(value)
@@ -643,7 +649,7 @@ class ToolRegistry:
     """The tools a run may execute, by unique name."""
 
     def __init__(self, tools: Iterable[Tool] = ()) -> None:
-        self._tools: dict[str, Tool] = {}
+        self._tools: Dict[str, Tool] = {}
         for tool in tools:
             self.register(tool)
 
@@ -655,7 +661,7 @@ class ToolRegistry:
             raise ValueError(f"a tool named {tool.name!r} is already registered")
         self._tools[tool.name] = tool
 
-    def get(self, name: str) -> Tool | None:
+    def get(self, name: str) -> Optional[Tool]:
         """Returns the tool with this name, or None."""
         return self._tools.get(name)
 
@@ -668,7 +674,7 @@ class ToolRegistry:
     def __iter__(self) -> Iterator[Tool]:
         return iter(tuple(self._tools.values()))
 
-    def specs(self) -> tuple[ToolSpec, ...]:
+    def specs(self) -> Tuple[ToolSpec, ...]:
         """Returns what a model request tells the model about each tool, in registration order."""
         return tuple(tool.spec() for tool in self._tools.values())
 
@@ -730,15 +736,15 @@ class ModelRequest:
     """One step's request: a frozen snapshot of the transcript and the tools' specs."""
 
     id: str
-    messages: tuple[Message, ...]
-    tools: tuple[ToolSpec, ...]
+    messages: Tuple[Message, ...]
+    tools: Tuple[ToolSpec, ...]
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> Tuple[Any, ...]:
         # Also turns a loop-built request's lazy snapshot (see _TranscriptPrefix) into
         # its tuple, so a copy never carries the run's transcript list.
         return (ModelRequest, (self.id, self.messages, self.tools))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Dict[str, Any]:
         return {
             "id": self.id,
             "messages": [message.to_dict() for message in self.messages],
@@ -757,7 +763,7 @@ class _TranscriptPrefix:
     by ``ModelRequest(...)``. So a step costs the same at 10 messages and at 4,000.
     """
 
-    def __get__(self, request: ModelRequest, owner: type[ModelRequest]) -> tuple[Message, ...]:
+    def __get__(self, request: ModelRequest, owner: Type[ModelRequest]) -> Tuple[Message, ...]:
         # On the class itself request is None, and None.__dict__ raises AttributeError,
         # as ModelRequest.messages always has (the field has no default).
         transcript, length = request.__dict__["_transcript_prefix"]
@@ -771,7 +777,7 @@ ModelRequest.messages = _TranscriptPrefix()  # type: ignore[assignment]
 
 
 def _snapshot_request(
-    id: str, transcript: list[Message], tools: tuple[ToolSpec, ...]
+    id: str, transcript: List[Message], tools: Tuple[ToolSpec, ...]
 ) -> ModelRequest:
     """A ModelRequest for the transcript as it is now, in O(1): see _TranscriptPrefix."""
     request = object.__new__(ModelRequest)
@@ -797,7 +803,7 @@ class TextDelta:
         fields["request_id"] = request_id
         fields["text"] = text
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Dict[str, Any]:
         return {"type": self.type, "requestId": self.request_id, "text": self.text}
 
 
@@ -814,7 +820,7 @@ class ToolCallChunk:
         fields["request_id"] = request_id
         fields["tool_call"] = tool_call
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Dict[str, Any]:
         return {
             "type": self.type,
             "requestId": self.request_id,
@@ -837,7 +843,7 @@ class ModelResponse:
     def __post_init__(self) -> None:
         object.__setattr__(self, "content", tuple(self.content))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Dict[str, Any]:
         return {
             "id": self.id,
             "requestId": self.request_id,
@@ -865,7 +871,7 @@ class RunError:
     code: _FailureCode
     message: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Dict[str, Any]:
         return {"code": self.code, "message": self.message}
 
 
@@ -874,14 +880,14 @@ class RunResult:
     """How a run ended, and the transcript it ended with (complete messages only)."""
 
     status: _RunStatus
-    messages: tuple[Message, ...]
+    messages: Tuple[Message, ...]
     steps: int
-    final_text: str | None = None
-    max_steps: int | None = None
-    error: RunError | None = None
+    final_text: Optional[str] = None
+    max_steps: Optional[int] = None
+    error: Optional[RunError] = None
 
-    def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
+    def to_dict(self) -> Dict[str, Any]:
+        data: Dict[str, Any] = {
             "status": self.status,
             "messages": [message.to_dict() for message in self.messages],
             "steps": self.steps,
@@ -926,11 +932,11 @@ class Event:
             payload = MappingProxyType(dict(payload))
         fields["payload"] = payload
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> Tuple[Any, ...]:
         # pickle and copy cannot copy a read-only mapping: rebuild from a plain one.
         return (Event, (self.sequence, self.type, dict(self.payload)))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Dict[str, Any]:
         return {
             "sequence": self.sequence,
             "type": self.type,
@@ -971,7 +977,7 @@ def _is_id(value: object) -> bool:
 # subclass could redefine == (and so agree with anything) or unfreeze its fields.
 
 
-def _block_problem(block: object) -> str | None:
+def _block_problem(block: object) -> Optional[str]:
     """Returns why an assistant block is malformed, or None."""
     if type(block) is TextBlock:
         return None if _is_text(block.text) else "a text block's text is not a str"
@@ -988,7 +994,7 @@ def _block_problem(block: object) -> str | None:
     return f"a {type(block).__name__} is not a TextBlock or ToolCall"
 
 
-def _message_problem(message: object) -> str | None:
+def _message_problem(message: object) -> Optional[str]:
     """Returns why a message is malformed on its own (linkage aside), or None."""
     if type(message) is UserMessage:
         fields_ok = _is_text(message.content)
@@ -1028,10 +1034,10 @@ class _Transcript:
     """
 
     def __init__(self) -> None:
-        self.messages: list[Message] = []
-        self._message_ids: set[str] = set()
-        self._call_ids: set[str] = set()
-        self._open_calls: dict[str, ToolCall] = {}
+        self.messages: List[Message] = []
+        self._message_ids: Set[str] = set()
+        self._call_ids: Set[str] = set()
+        self._open_calls: Dict[str, ToolCall] = {}
 
     def check(self, message: object, code: _FailureCode) -> None:
         """Raises _RunFailure(code) if the message is malformed or would break linkage."""
@@ -1039,11 +1045,11 @@ class _Transcript:
         if problem is not None:
             raise _RunFailure(code, problem)
 
-    def _linkage_problem(self, message: Message) -> str | None:
+    def _linkage_problem(self, message: Message) -> Optional[str]:
         if message.id in self._message_ids:
             return f"message id {message.id!r} is used twice"
         if isinstance(message, AssistantMessage):
-            new_ids: set[str] = set()
+            new_ids: Set[str] = set()
             for call in message.content:
                 # Not _tool_calls(): this runs for every starting message and response,
                 # and a loop costs less than building a list (most hold no call).
@@ -1093,7 +1099,7 @@ def run_agent_loop(
     model: Model,
     tools: ToolRegistry,
     max_steps: int,
-    signal: _Signal | None = None,
+    signal: Optional[_Signal] = None,
     request_sequence_start: int = 0,
 ) -> Generator[Event, None, RunResult]:
     """Validates the options, snapshots the run, and returns its event generator.
@@ -1140,7 +1146,7 @@ def run_agent_loop(
             f"messages must be an iterable of messages, got {type(messages).__name__}"
         ) from None
     # SnapshotRun. Reading one past the cap tells "too many" without reading forever.
-    start: list[object] = list(itertools.islice(items, MAX_INITIAL_MESSAGES + 1))
+    start: List[object] = list(itertools.islice(items, MAX_INITIAL_MESSAGES + 1))
     run = _Run(start, model, ToolRegistry(tools), max_steps, signal, request_sequence_start)
     return run.drive()
 
@@ -1150,7 +1156,7 @@ class _Run:
 
     def __init__(
         self,
-        start: list[object],
+        start: List[object],
         model: Model,
         tools: ToolRegistry,
         max_steps: int,
@@ -1168,7 +1174,7 @@ class _Run:
         self.transcript = _Transcript()
         self.start_problem = self._snapshot_transcript(start)
 
-    def _snapshot_transcript(self, start: list[object]) -> str | None:
+    def _snapshot_transcript(self, start: List[object]) -> Optional[str]:
         """SnapshotRun: accepts the starting messages, or says why they are not a transcript."""
         # Seed: "Initial messages are capped at 4096 ... and validated as a complete transcript."
         if len(start) > MAX_INITIAL_MESSAGES:
@@ -1225,7 +1231,7 @@ class _Run:
             yield self._event("message.accepted", message=message)
             self._check_signal()  # after every event: its consumer may have set the signal
 
-    def _open_model(self, step: int) -> tuple[ModelRequest, Generator[ModelChunk, None, Any]]:
+    def _open_model(self, step: int) -> Tuple[ModelRequest, Generator[ModelChunk, None, Any]]:
         """OpenModel: snapshots the transcript into request-NNN (in O(1): see
         _TranscriptPrefix) and calls model.stream() once."""
         # Seed: "requestSnapshot() freezes the current transcript and creates
@@ -1249,7 +1255,7 @@ class _Run:
 
     def _read_chunks(
         self, request: ModelRequest, stream: Generator[ModelChunk, None, Any]
-    ) -> Generator[Event, None, tuple[ModelResponse, AssistantMessage]]:
+    ) -> Generator[Event, None, Tuple[ModelResponse, AssistantMessage]]:
         """ReadChunks: one model.chunk per valid chunk, then the checked terminal response.
 
         Returns the response and its assistant message. The model's stream is closed
@@ -1257,7 +1263,7 @@ class _Run:
         """
         # Seed: "The loop calls model.stream() and drains its event channel before
         # awaiting the terminal response." The generator returns the response.
-        streamed: list[str | ToolCall] = []
+        streamed: List[Union[str, ToolCall]] = []
         text = 0
         try:
             while True:
@@ -1294,8 +1300,8 @@ class _Run:
         return self._checked_response(request, response, streamed)
 
     def _checked_response(
-        self, request: ModelRequest, response: object, streamed: list[str | ToolCall]
-    ) -> tuple[ModelResponse, AssistantMessage]:
+        self, request: ModelRequest, response: object, streamed: List[Union[str, ToolCall]]
+    ) -> Tuple[ModelResponse, AssistantMessage]:
         """ReadChunks --> AppendAssistant: only a terminal response that keeps every rule."""
         if type(response) is not ModelResponse:
             raise _protocol_error(
@@ -1390,14 +1396,14 @@ def _check_request_id(request_id: object, request: ModelRequest) -> None:
         raise _protocol_error(f"{request_id!r} is not the active request {request.id!r}")
 
 
-def _streamed_item(chunk: object, request: ModelRequest) -> str | ToolCall:
+def _streamed_item(chunk: object, request: ModelRequest) -> Union[str, ToolCall]:
     """Checks one streamed chunk; returns its text or its tool call."""
     if type(chunk) is TextDelta:
         if not _is_text(chunk.text):
             raise _protocol_error(
                 f"a text chunk's text must be a str, got {type(chunk.text).__name__}"
             )
-        item: str | ToolCall = chunk.text
+        item: Union[str, ToolCall] = chunk.text
     elif type(chunk) is ToolCallChunk:
         if type(chunk.tool_call) is not ToolCall:
             raise _protocol_error(f"a tool-call chunk carries a {type(chunk.tool_call).__name__}")
@@ -1411,11 +1417,11 @@ def _streamed_item(chunk: object, request: ModelRequest) -> str | ToolCall:
     return item
 
 
-def _normalized(items: Iterable[str | ToolCall]) -> list[str | ToolCall]:
+def _normalized(items: Iterable[Union[str, ToolCall]]) -> List[Union[str, ToolCall]]:
     """Coalesces adjacent text, with tool calls as boundaries; empty text carries nothing."""
     # Seed: "the loop coalesces adjacent streamed text deltas and adjacent terminal
     # text blocks, using Tool calls as boundaries."
-    normalized: list[str | ToolCall] = []
+    normalized: List[Union[str, ToolCall]] = []
     for is_text, run in itertools.groupby(items, key=lambda item: isinstance(item, str)):
         if is_text:
             text = "".join(cast(Iterable[str], run))
@@ -1426,9 +1432,9 @@ def _normalized(items: Iterable[str | ToolCall]) -> list[str | ToolCall]:
     return normalized
 
 
-def settle_run(run: Generator[Event, None, RunResult]) -> tuple[list[Event], RunResult]:
+def settle_run(run: Generator[Event, None, RunResult]) -> Tuple[List[Event], RunResult]:
     """Drains a run; returns its events and its RunResult."""
-    events: list[Event] = []
+    events: List[Event] = []
     while True:
         try:
             events.append(next(run))
@@ -1444,10 +1450,10 @@ class _ScriptedResponse:
     """One turn of a ScriptedModel: the response it returns and the chunks it streams."""
 
     id: str
-    content: tuple[_Block, ...]
+    content: Tuple[_Block, ...]
     stop_reason: _StopReason
-    chunks: tuple[_Block, ...] | None
-    request_id: str | None
+    chunks: Optional[Tuple[_Block, ...]]
+    request_id: Optional[str]
 
 
 def scripted_response(
@@ -1455,8 +1461,8 @@ def scripted_response(
     content: Iterable[_Block],
     stop_reason: _StopReason,
     *,
-    chunks: Iterable[_Block] | None = None,
-    request_id: str | None = None,
+    chunks: Optional[Iterable[_Block]] = None,
+    request_id: Optional[str] = None,
 ) -> _ScriptedResponse:
     """One scripted model turn.
 
@@ -1479,7 +1485,7 @@ class ScriptedModel:
 
     def __init__(self, responses: Iterable[_ScriptedResponse]) -> None:
         self._responses = tuple(responses)
-        self.requests: list[ModelRequest] = []
+        self.requests: List[ModelRequest] = []
         self.call_count = 0
 
     @classmethod
@@ -1533,14 +1539,14 @@ _JSON_TYPE_NAMES: Final = {
 }
 
 
-def _object(data: object, where: str) -> dict[str, Any]:
+def _object(data: object, where: str) -> Dict[str, Any]:
     """Returns data if it is a JSON object (a dict); a ValueError names the field if not."""
     if type(data) is not dict:
         raise ValueError(f"{where} must be an object, got {type(data).__name__}")
     return data
 
 
-def _read(data: dict[str, Any], key: str, kind: type, where: str) -> Any:
+def _read(data: Dict[str, Any], key: str, kind: type, where: str) -> Any:
     """Returns data[key] if it has the JSON type ``kind``; a ValueError names the field if not."""
     if key not in data:
         raise ValueError(f"{where}.{key} is missing")
@@ -1552,12 +1558,12 @@ def _read(data: dict[str, Any], key: str, kind: type, where: str) -> Any:
     return value
 
 
-def _read_optional(data: dict[str, Any], key: str, kind: type, where: str) -> Any:
+def _read_optional(data: Dict[str, Any], key: str, kind: type, where: str) -> Any:
     """Like _read, for a key that may be absent or null."""
     return None if data.get(key) is None else _read(data, key, kind, where)
 
 
-def _read_choice(data: dict[str, Any], key: str, choices: tuple[str, ...], where: str) -> Any:
+def _read_choice(data: Dict[str, Any], key: str, choices: Tuple[str, ...], where: str) -> Any:
     """Returns data[key] if it is one of the protocol values ``choices``."""
     value = _read(data, key, str, where)
     if value not in choices:
@@ -1652,7 +1658,7 @@ def _string_from_dict(data: object, where: str) -> str:
 
 
 # For each event type: its payload keys (as in Python) and how to read each from JSON.
-_PAYLOAD_READERS: Final[dict[str, tuple[tuple[str, Callable[[object, str], object]], ...]]] = {
+_PAYLOAD_READERS: Final[Dict[str, Tuple[Tuple[str, Callable[[object, str], object]], ...]]] = {
     "message.accepted": (("message", _message_from_dict),),
     "model.chunk": (("request_id", _string_from_dict), ("chunk", _chunk_from_dict)),
     "tool.started": (("request_id", _string_from_dict), ("tool_call", _tool_call_from_dict)),
@@ -1665,13 +1671,13 @@ _PAYLOAD_READERS: Final[dict[str, tuple[tuple[str, Callable[[object, str], objec
 }
 
 
-def message_from_dict(data: dict[str, Any]) -> Message:
+def message_from_dict(data: Dict[str, Any]) -> Message:
     """Reads a message from its ``to_dict()`` form (plain dicts and lists, as json.loads
     gives). Raises ValueError naming the field that is missing or malformed."""
     return _message_from_dict(data, "message")
 
 
-def event_from_dict(data: dict[str, Any]) -> Event:
+def event_from_dict(data: Dict[str, Any]) -> Event:
     """Reads an event from its ``to_dict()`` form (plain dicts and lists, as json.loads
     gives). Raises ValueError naming the field that is missing or malformed."""
     event = _object(data, "event")
@@ -1686,9 +1692,9 @@ def event_from_dict(data: dict[str, Any]) -> Event:
     return Event(_read(event, "sequence", int, "event"), event_type, MappingProxyType(payload))
 
 
-def open_tool_calls(messages: Iterable[Message]) -> tuple[ToolCall, ...]:
+def open_tool_calls(messages: Iterable[Message]) -> Tuple[ToolCall, ...]:
     """Returns the tool calls that have no result yet, in transcript order."""
-    open_calls: dict[str, ToolCall] = {}
+    open_calls: Dict[str, ToolCall] = {}
     for message in messages:
         if isinstance(message, AssistantMessage):
             open_calls.update((call.id, call) for call in _tool_calls(message))
@@ -1697,7 +1703,7 @@ def open_tool_calls(messages: Iterable[Message]) -> tuple[ToolCall, ...]:
     return tuple(open_calls.values())
 
 
-def resolve_open_tool_calls(messages: Iterable[Message], content: str) -> tuple[Message, ...]:
+def resolve_open_tool_calls(messages: Iterable[Message], content: str) -> Tuple[Message, ...]:
     """Returns the transcript with an ``is_error=True`` result carrying ``content`` for
     each open tool call, so that a cancelled run's transcript can start a new run.
 
@@ -1718,13 +1724,13 @@ def resolve_open_tool_calls(messages: Iterable[Message], content: str) -> tuple[
 def _demo_tools() -> ToolRegistry:
     """Three small tools; the weather station in Atlantis is missing, on purpose."""
 
-    def add(arguments: dict[str, Any], signal: _Signal) -> object:
+    def add(arguments: Dict[str, Any], signal: _Signal) -> object:
         return {"sum": arguments["left"] + arguments["right"]}
 
-    def multiply(arguments: dict[str, Any], signal: _Signal) -> object:
+    def multiply(arguments: Dict[str, Any], signal: _Signal) -> object:
         return {"product": arguments["left"] * arguments["right"]}
 
-    def weather(arguments: dict[str, Any], signal: _Signal) -> object:
+    def weather(arguments: Dict[str, Any], signal: _Signal) -> object:
         stations = {"Lisbon": "sunny, 19 C", "Oslo": "snow, -3 C"}
         if arguments["city"] not in stations:
             raise LookupError(f"no weather station in {arguments['city']}")
@@ -1838,7 +1844,7 @@ def _bounded_int(low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
-def _main(argv: Sequence[str] | None = None) -> int:
+def _main(argv: Optional[Sequence[str]] = None) -> int:
     """The demonstration: a scripted run over three tools, printed one event per line."""
     parser = argparse.ArgumentParser(
         prog="python agent_loop.py",

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import tracemalloc
+import typing
 from types import MappingProxyType
 from typing import (
     Any,
@@ -6910,3 +6911,13 @@ class TestDemonstrationPipes:
             os.close(write_end)
         assert finished.stderr == b""
         assert finished.returncode == 1
+
+
+class TestRuntimeTyping:
+    @pytest.mark.parametrize(
+        "name", [name for name in al.__all__ if isinstance(getattr(al, name), type)]
+    )
+    def test_type_hints_of_every_public_class_resolve(self, name: str) -> None:
+        """A copied file is introspected (dataclass tools, validators) on every Python it
+        runs on: its annotations use typing's spelling, which 3.8 can evaluate."""
+        assert isinstance(typing.get_type_hints(getattr(al, name)), dict)
