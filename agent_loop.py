@@ -51,7 +51,8 @@ Invariants:
 - Immutability is by freezing, not copying: every message and block is a frozen
   dataclass, and a ``ToolCall`` freezes a copy of its arguments when it is built
   (objects become read-only mappings, arrays become tuples). Nothing a caller, a
-  model or a tool does to an object it holds can change the run's transcript.
+  model or a tool does to an object it holds can change the run's transcript,
+  short of ``object.__setattr__`` or reaching into private attributes.
 - Each step costs the same whatever the length of the transcript: only what is
   appended is validated, and a request's snapshot is the transcript list and its
   length, made a tuple only when a model reads ``request.messages``.
