@@ -1912,6 +1912,17 @@ def _lim_assert_tool_received(
     assert _lim_same_json(received[0], arguments)
 
 
+def _lim_assert_bound(arguments: Any, passes: bool, limit: str) -> None:
+    """Runs one call with ``arguments``: within the bound the tool receives exactly them;
+    past it the run fails with MODEL_PROTOCOL_ERROR naming ``limit``, and no tool runs."""
+    events, result, model, received = _lim_run_call(arguments)
+    if passes:
+        _lim_assert_tool_received(events, result, received, arguments)
+    else:
+        _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", limit)
+        _lim_assert_no_tool_ran(events, result, model, received)
+
+
 def _lim_nested(depth: int) -> Any:
     """Arguments with ``depth`` nested containers (objects and arrays in turn) around a 0."""
     value: Any = 0
@@ -2083,12 +2094,7 @@ class TestLimits:
         """Seed: "Tool arguments must be plain bounded JSON with depth 32"; ``{}`` has depth 1
         and a scalar 0. "These checks occur before a Tool effect." """
         arguments = _lim_nested(depth)
-        events, result, model, received = _lim_run_call(arguments)
-        if passes:
-            _lim_assert_tool_received(events, result, received, arguments)
-        else:
-            _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "32")
-            _lim_assert_no_tool_ran(events, result, model, received)
+        _lim_assert_bound(arguments, passes, "32")
 
     @pytest.mark.parametrize("passes", [_LIM_AT_LIMIT, _LIM_OVER_LIMIT])
     def test_argument_depth_of_objects_only(self, passes: bool) -> None:
@@ -2096,12 +2102,7 @@ class TestLimits:
         arguments: dict[str, Any] = {}
         for _ in range(31 if passes else 32):
             arguments = {"k": arguments}
-        events, result, model, received = _lim_run_call(arguments)
-        if passes:
-            _lim_assert_tool_received(events, result, received, arguments)
-        else:
-            _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "32")
-            _lim_assert_no_tool_ran(events, result, model, received)
+        _lim_assert_bound(arguments, passes, "32")
 
     @pytest.mark.parametrize(
         ("count", "passes"),
@@ -2111,12 +2112,7 @@ class TestLimits:
         """Seed: "at most 257 values including the root": the root, one array, and 255
         numbers in it are 257 values."""
         arguments = {"xs": list(range(count))}
-        events, result, model, received = _lim_run_call(arguments)
-        if passes:
-            _lim_assert_tool_received(events, result, received, arguments)
-        else:
-            _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "257")
-            _lim_assert_no_tool_ran(events, result, model, received)
+        _lim_assert_bound(arguments, passes, "257")
 
     @pytest.mark.parametrize("passes", [_LIM_AT_LIMIT, _LIM_OVER_LIMIT])
     def test_argument_values_count_like_the_example(self, passes: bool) -> None:
@@ -2125,12 +2121,7 @@ class TestLimits:
         arguments: dict[str, Any] = {f"a{index:03d}": [1] for index in range(128)}
         if not passes:
             arguments["a127"].append(2)
-        events, result, model, received = _lim_run_call(arguments)
-        if passes:
-            _lim_assert_tool_received(events, result, received, arguments)
-        else:
-            _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "257")
-            _lim_assert_no_tool_ran(events, result, model, received)
+        _lim_assert_bound(arguments, passes, "257")
 
     @pytest.mark.parametrize(
         ("count", "passes"),
@@ -2139,12 +2130,7 @@ class TestLimits:
     def test_argument_slots_of_object_fields(self, count: int, passes: bool) -> None:
         """Seed: "256 object fields plus array slots": 256 fields of one object pass."""
         arguments = {f"f{index:03d}": index for index in range(count)}
-        events, result, model, received = _lim_run_call(arguments)
-        if passes:
-            _lim_assert_tool_received(events, result, received, arguments)
-        else:
-            _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "256")
-            _lim_assert_no_tool_ran(events, result, model, received)
+        _lim_assert_bound(arguments, passes, "256")
 
     @pytest.mark.parametrize(
         ("slots", "passes"),
@@ -2156,12 +2142,7 @@ class TestLimits:
         arguments: dict[str, Any] = {f"f{index:03d}": None for index in range(127)}
         arguments["xs"] = [True] * slots
         assert len(arguments) + slots == (256 if passes else 257)
-        events, result, model, received = _lim_run_call(arguments)
-        if passes:
-            _lim_assert_tool_received(events, result, received, arguments)
-        else:
-            _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "256")
-            _lim_assert_no_tool_ran(events, result, model, received)
+        _lim_assert_bound(arguments, passes, "256")
 
     @pytest.mark.parametrize(
         ("length", "passes"),
@@ -2171,12 +2152,7 @@ class TestLimits:
         """Seed: "4096 Unicode code points across keys/string values": a 96-emoji key and a
         4000-emoji value are 4096 code points (8192 UTF-16 units) and pass."""
         arguments = {"😀" * 96: "😀" * length}
-        events, result, model, received = _lim_run_call(arguments)
-        if passes:
-            _lim_assert_tool_received(events, result, received, arguments)
-        else:
-            _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "4096")
-            _lim_assert_no_tool_ran(events, result, model, received)
+        _lim_assert_bound(arguments, passes, "4096")
 
     @pytest.mark.parametrize(
         ("length", "passes"),
@@ -2185,12 +2161,7 @@ class TestLimits:
     def test_argument_text_counts_keys(self, length: int, passes: bool) -> None:
         """Keys count: a 1-character key with a 4096-character value is 4097 code points."""
         arguments = {"k": "a" * length}
-        events, result, model, received = _lim_run_call(arguments)
-        if passes:
-            _lim_assert_tool_received(events, result, received, arguments)
-        else:
-            _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "4096")
-            _lim_assert_no_tool_ran(events, result, model, received)
+        _lim_assert_bound(arguments, passes, "4096")
 
     @pytest.mark.parametrize(
         ("length", "passes"),
@@ -2202,12 +2173,7 @@ class TestLimits:
         arguments = {"a": ["😀" * 2048], "b": {"c": "é" * length, "n": 5}}
         total = 1 + 2048 + 1 + 1 + length + 1
         assert total == (4096 if passes else 4097)
-        events, result, model, received = _lim_run_call(arguments)
-        if passes:
-            _lim_assert_tool_received(events, result, received, arguments)
-        else:
-            _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "4096")
-            _lim_assert_no_tool_ran(events, result, model, received)
+        _lim_assert_bound(arguments, passes, "4096")
 
     def test_an_argument_violation_stops_earlier_calls_of_the_batch(self) -> None:
         """Seed: "These checks occur before a Tool effect": a bad call late in the response
