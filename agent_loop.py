@@ -1901,9 +1901,11 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
 
 if __name__ == "__main__":
     try:
-        sys.exit(_main())
+        status = _main()
+        sys.stdout.flush()  # here, where a broken pipe can still be caught
     except BrokenPipeError:
         # The reader left early (`--json | head`): stop quietly, as other tools do, and
         # keep Python from reporting the same broken pipe again when it flushes stdout.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(1)
+        status = 1
+    sys.exit(status)
