@@ -239,6 +239,7 @@ class TextBlock:
     type: ClassVar[Literal["text"]] = "text"
 
     def to_dict(self) -> Dict[str, Any]:
+        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
         return {"type": self.type, "text": self.text}
 
 
@@ -286,6 +287,7 @@ class ToolCall:
         return (ToolCall, (self.id, self.name, _thawed(self.arguments)))
 
     def to_dict(self) -> Dict[str, Any]:
+        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
         return {
             "type": self.type,
             "id": self.id,
@@ -306,6 +308,7 @@ class UserMessage:
     role: ClassVar[Literal["user"]] = "user"
 
     def to_dict(self) -> Dict[str, Any]:
+        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
         return {"id": self.id, "role": self.role, "content": self.content}
 
 
@@ -321,6 +324,7 @@ class AssistantMessage:
         object.__setattr__(self, "content", tuple(self.content))
 
     def to_dict(self) -> Dict[str, Any]:
+        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
         return {
             "id": self.id,
             "role": self.role,
@@ -340,6 +344,7 @@ class ToolResultMessage:
     role: ClassVar[Literal["toolResult"]] = "toolResult"
 
     def to_dict(self) -> Dict[str, Any]:
+        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
         return {
             "id": self.id,
             "role": self.role,
@@ -516,6 +521,7 @@ class ToolSpec:
         return (ToolSpec, (self.name, self.description, _thawed(self.parameters)))
 
     def to_dict(self) -> Dict[str, Any]:
+        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
         return {
             "name": self.name,
             "description": self.description,
@@ -746,6 +752,7 @@ class ModelRequest:
         return (ModelRequest, (self.id, self.messages, self.tools))
 
     def to_dict(self) -> Dict[str, Any]:
+        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
         return {
             "id": self.id,
             "messages": [message.to_dict() for message in self.messages],
@@ -805,6 +812,7 @@ class TextDelta:
         fields["text"] = text
 
     def to_dict(self) -> Dict[str, Any]:
+        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
         return {"type": self.type, "requestId": self.request_id, "text": self.text}
 
 
@@ -822,6 +830,7 @@ class ToolCallChunk:
         fields["tool_call"] = tool_call
 
     def to_dict(self) -> Dict[str, Any]:
+        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
         return {
             "type": self.type,
             "requestId": self.request_id,
@@ -845,6 +854,7 @@ class ModelResponse:
         object.__setattr__(self, "content", tuple(self.content))
 
     def to_dict(self) -> Dict[str, Any]:
+        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
         return {
             "id": self.id,
             "requestId": self.request_id,
@@ -873,6 +883,7 @@ class RunError:
     message: str
 
     def to_dict(self) -> Dict[str, Any]:
+        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
         return {"code": self.code, "message": self.message}
 
 
@@ -888,6 +899,7 @@ class RunResult:
     error: Optional[RunError] = None
 
     def to_dict(self) -> Dict[str, Any]:
+        """Returns the seed's JSON shape of this result; optional keys only when set."""
         data: Dict[str, Any] = {
             "status": self.status,
             "messages": [message.to_dict() for message in self.messages],
@@ -938,6 +950,7 @@ class Event:
         return (Event, (self.sequence, self.type, dict(self.payload)))
 
     def to_dict(self) -> Dict[str, Any]:
+        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
         return {
             "sequence": self.sequence,
             "type": self.type,
@@ -1202,8 +1215,7 @@ class _Run:
             result = self._result("cancelled")
         except _RunFailure as failure:
             result = self._result("failed", error=RunError(failure.code, failure.message))
-        yield self._event("run.finished", result=result)  # Finish: always the last event
-        return result
+        return (yield from self._finish(result))
 
     def _run_steps(self) -> Generator[Event, None, RunResult]:
         """From SnapshotRun to Completed or MaxSteps; the other endings raise."""
@@ -1369,6 +1381,11 @@ class _Run:
         # call has one later matching result." As built it cannot fail (each call above
         # got its result or raised); it stays as the seed's own check, and costs O(1).
         self.transcript.require_complete("TOOL_PHASE_ERROR")
+
+    def _finish(self, result: RunResult) -> Generator[Event, None, RunResult]:
+        """Finish: run.finished, always the last event, carries the result the run returns."""
+        yield self._event("run.finished", result=result)
+        return result
 
     def _check_signal(self) -> None:
         """Any phase --> Cancelled: signal aborts."""
