@@ -104,7 +104,7 @@ import math
 import os
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import (
     TYPE_CHECKING,
@@ -139,6 +139,7 @@ __all__ = [  # grouped as in API.md
     # Entry point
     "run_agent_loop",
     "settle_run",
+    "Signal",
     # Message IR
     "JSON",
     "TextBlock",
@@ -496,8 +497,12 @@ _SCHEMA_KEYWORDS: Final = (
 )
 
 
-class _Signal(Protocol):
-    """What the loop needs of a cancellation signal: threading.Event's reading side."""
+class Signal(Protocol):
+    """What the loop needs of a cancellation signal: threading.Event's reading side.
+
+    ``threading.Event`` is one; so is any object with these two methods. Annotate a
+    model's or a tool's ``signal`` parameter with ``Signal`` (or ``threading.Event``).
+    """
 
     def is_set(self) -> bool:
         """True once cancellation was requested."""
@@ -549,7 +554,7 @@ class Tool:
     name: str
     description: str
     parameters: Mapping[str, Any]
-    execute: Callable[[Dict[str, Any], _Signal], object]
+    execute: Callable[[Dict[str, Any], Signal], object]
 
     def __post_init__(self) -> None:
         if not _is_id(self.name):
@@ -689,7 +694,7 @@ class ToolRegistry:
 
 
 def execute_tool_call(
-    registry: ToolRegistry, call: ToolCall, signal: _Signal
+    registry: ToolRegistry, call: ToolCall, signal: Signal
 ) -> ToolResultMessage:
     """Runs one tool call and returns its linked result message.
 
@@ -869,7 +874,7 @@ class Model(Protocol):
     """A model: ``stream()`` returns a generator that yields chunks and returns its response."""
 
     def stream(
-        self, request: ModelRequest, signal: _Signal
+        self, request: ModelRequest, signal: Signal
     ) -> Generator[ModelChunk, None, ModelResponse]:
         """Streams the answer to one request; the generator's return value is the response."""
 
@@ -879,10 +884,16 @@ class Model(Protocol):
 
 @dataclass(frozen=True)
 class RunError:
-    """Why a run failed: one of the seed's failure codes and a readable message."""
+    """Why a run failed: one of the seed's failure codes and a readable message.
+
+    ``exception`` is the exception that failed the run (a model's stream or a tool
+    phase raised it), or None. It is for the caller (a provider's ``retry_after``,
+    say), so it is not part of ``to_dict()`` or of equality.
+    """
 
     code: _FailureCode
     message: str
+    exception: Optional[BaseException] = field(default=None, compare=False, repr=False)
 
     def to_dict(self) -> Dict[str, Any]:
         """Returns the seed's JSON shape of this object (plain dicts and lists)."""
@@ -1115,7 +1126,7 @@ def run_agent_loop(
     model: Model,
     tools: ToolRegistry,
     max_steps: int,
-    signal: Optional[_Signal] = None,
+    signal: Optional[Signal] = None,
     request_sequence_start: int = 0,
 ) -> Generator[Event, None, RunResult]:
     """Validates the options, snapshots the run, and returns its event generator.
@@ -1176,7 +1187,7 @@ class _Run:
         model: Model,
         tools: ToolRegistry,
         max_steps: int,
-        signal: _Signal,
+        signal: Signal,
         request_sequence_start: int,
     ) -> None:
         self.model = model
@@ -1216,7 +1227,8 @@ class _Run:
         except _Cancelled:
             result = self._result("cancelled")
         except _RunFailure as failure:
-            result = self._result("failed", error=RunError(failure.code, failure.message))
+            error = RunError(failure.code, failure.message, failure.__cause__)
+            result = self._result("failed", error=error)
         return (yield from self._finish(result))
 
     def _run_steps(self) -> Generator[Event, None, RunResult]:
@@ -1523,7 +1535,7 @@ class ScriptedModel:
         return cls(responses)
 
     def stream(
-        self, request: ModelRequest, signal: _Signal
+        self, request: ModelRequest, signal: Signal
     ) -> Generator[ModelChunk, None, ModelResponse]:
         self.call_count += 1
         self.requests.append(request)
@@ -1744,13 +1756,13 @@ def resolve_open_tool_calls(messages: Iterable[Message], content: str) -> Tuple[
 def _demo_tools() -> ToolRegistry:
     """Three small tools; the weather station in Atlantis is missing, on purpose."""
 
-    def add(arguments: Dict[str, Any], signal: _Signal) -> object:
+    def add(arguments: Dict[str, Any], signal: Signal) -> object:
         return {"sum": arguments["left"] + arguments["right"]}
 
-    def multiply(arguments: Dict[str, Any], signal: _Signal) -> object:
+    def multiply(arguments: Dict[str, Any], signal: Signal) -> object:
         return {"product": arguments["left"] * arguments["right"]}
 
-    def weather(arguments: Dict[str, Any], signal: _Signal) -> object:
+    def weather(arguments: Dict[str, Any], signal: Signal) -> object:
         stations = {"Lisbon": "sunny, 19 C", "Oslo": "snow, -3 C"}
         if arguments["city"] not in stations:
             raise LookupError(f"no weather station in {arguments['city']}")

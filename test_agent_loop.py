@@ -3182,6 +3182,7 @@ _LIM_API_NAMES = [
     # Entry point
     "run_agent_loop",
     "settle_run",
+    "Signal",
     # Message IR
     "TextBlock",
     "ToolCall",
