@@ -287,13 +287,17 @@ class ToolCall:
         # pickle and copy cannot copy a read-only mapping: rebuild from plain arguments.
         return (ToolCall, (self.id, self.name, _thawed(self.arguments)))
 
+    def plain_arguments(self) -> Dict[str, Any]:
+        """Returns a fresh plain copy of the arguments (dicts and lists), for ``json.dumps``."""
+        return cast(Dict[str, Any], _thawed(self.arguments))
+
     def to_dict(self) -> Dict[str, Any]:
         """Returns the seed's JSON shape of this object (plain dicts and lists)."""
         return {
             "type": self.type,
             "id": self.id,
             "name": self.name,
-            "arguments": _thawed(self.arguments),
+            "arguments": self.plain_arguments(),
         }
 
 
