@@ -53,14 +53,19 @@ Invariants:
   (objects become read-only mappings, arrays become tuples). Nothing a caller, a
   model or a tool does to an object it holds can change the run's transcript,
   short of ``object.__setattr__`` or reaching into private attributes.
-- Each step costs the same whatever the length of the transcript: only what is
-  appended is validated, and a request's snapshot is the transcript list and its
-  length, made a tuple only when a model reads ``request.messages``.
-- Cancellation is a ``threading.Event``. The loop looks at it each time control
-  comes back from code it does not own: the consumer (after every event), the
-  model (after every chunk and after its terminal response) and a tool (after it
-  returns). Those are the seed's points: between phases, during initial emission,
+- Only what is appended is validated, so a step's checks cost what the step adds,
+  whatever the length of the transcript; a request's snapshot is a tuple of it.
+- Cancellation is a ``threading.Event`` (or anything with its ``is_set()`` and
+  ``wait()``: see ``Signal``). The loop looks at it each time control comes back
+  from code it does not own, in two places: ``_Run._emit`` after every event (the
+  consumer ran), and ``_Run._call`` after the model, its stream or a tool returned
+  or raised. Those are the seed's points: between phases, during initial emission,
   during streaming, while waiting for the terminal response, and around tools.
+  Cancellation wins over a stream or tool error that arrives after the signal was set.
+- Values are frozen dataclasses, normalised in ``__post_init__``. A value from
+  outside (the caller's messages, a model's chunks and response, a tool's schema)
+  is checked once, where it enters: ``_Transcript.check``, ``_StreamedBlocks.add``,
+  ``_Run._checked_response``, and ``Tool``/``ToolSpec`` construction.
 
 Choices where the seed is silent:
 
@@ -85,10 +90,25 @@ Choices where the seed is silent:
   the inputs decide before the signal is looked at.
 - If closing a model's stream raises, that error is dropped: the step's own outcome
   (a failure, a cancellation, the consumer's ``close()``) is what the run reports.
+- KeyboardInterrupt and SystemExit from a model or a tool propagate out of the run;
+  any other exception from a model fails the run with ``MODEL_STREAM_ERROR``, and one
+  from a tool becomes a recoverable result if it is an ``Exception`` (logged on the
+  ``agent_loop`` logger with its traceback), else ``TOOL_PHASE_ERROR``. A tool that
+  raises ``ToolError(message)`` gets ``message`` as its result, as it wrote it.
+- A ``ToolCall`` built with arguments that are not plain bounded JSON keeps them as
+  given (never as a read-only mapping): the run rejects it where it enters.
+- A tool's ``execute`` must accept ``(arguments, signal)``: a TypeError when the
+  ``Tool`` is built. An ``asyncio.Event`` is not a signal (its ``wait()`` is a
+  coroutine): a TypeError when the run is called.
 
 Deliberately not here (as the seed says): concurrent tool execution,
 steering/follow-up queues, context transformation, provider retries, persistent
 session state, a production scheduling policy.
+
+The file reads top down: the limits, the loop (``run_agent_loop`` and the run's
+phases, in the diagram's order), then what the loop uses in the order it uses it
+(the transcript and its checks, the model boundary, tools, bounded plain JSON, the
+Message IR, events and results), then test helpers, interop, and the demonstration.
 
 Run ``python agent_loop.py`` for a demonstration (``--help`` for its options).
 """
@@ -98,10 +118,14 @@ from __future__ import annotations
 import argparse
 import collections.abc
 import contextlib
+import dataclasses
+import inspect
 import itertools
 import json
+import logging
 import math
 import os
+import reprlib
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -124,7 +148,7 @@ from typing import (
     Sequence,
     Set,
     Tuple,
-    Type,
+    TypeVar,
     Union,
     cast,
     get_args,
@@ -133,9 +157,11 @@ from typing import (
 if TYPE_CHECKING:  # annotations only: the module needs nothing at run time
     from typing_extensions import TypeAlias, TypeGuard
 
-__version__ = "1.0.0"
+_T = TypeVar("_T")
 
-__all__ = [  # grouped as in API.md
+__version__ = "1.1.0"
+
+__all__ = [  # grouped as the README presents the API
     # Entry point
     "run_agent_loop",
     "settle_run",
@@ -157,15 +183,20 @@ __all__ = [  # grouped as in API.md
     "ToolCallChunk",
     "ModelChunk",
     "ModelResponse",
+    "StopReason",
     # Tools
     "Tool",
     "ToolSpec",
     "ToolRegistry",
+    "ToolError",
     "execute_tool_call",
     # Events and results
     "Event",
     "RunResult",
     "RunError",
+    "RunStatus",
+    "FailureCode",
+    "EventType",
     "event_from_dict",
     # Limits
     "MAX_AGENT_STEPS",
@@ -179,12 +210,17 @@ __all__ = [  # grouped as in API.md
     "MAX_ARGUMENT_TEXT",
     # Test helpers
     "ScriptedModel",
+    "ScriptedResponse",
     "scripted_response",
     # Interop, replay and resumption
     "open_tool_calls",
     "resolve_open_tool_calls",
 ]
 
+# The library logs the exceptions that become tool results, and prints nothing unless
+# the application configures logging.
+_logger = logging.getLogger("agent_loop")
+_logger.addHandler(logging.NullHandler())
 
 # --- Limits -----------------------------------------------------------------------
 # Every number of the seed, once. Each limit is inclusive: the limit passes, one more fails.
@@ -209,121 +245,657 @@ MAX_ARGUMENT_TEXT: Final = 4096
 """Unicode code points across all keys and string values of one call's arguments."""
 
 
-# --- Message IR ---------------------------------------------------------------------
-
-JSON: TypeAlias = Union[bool, int, float, str, Sequence["JSON"], Mapping[str, "JSON"], None]
-"""A JSON value. Frozen JSON (as a ToolCall holds it) uses read-only mappings and tuples."""
-
-_StopReason = Literal["stop", "toolCall"]
-_RunStatus = Literal["completed", "cancelled", "maxSteps", "failed"]
-_FailureCode = Literal[
-    "INVALID_TRANSCRIPT", "MODEL_PROTOCOL_ERROR", "MODEL_STREAM_ERROR", "TOOL_PHASE_ERROR"
-]
-_EventType = Literal[
-    "message.accepted", "model.chunk", "tool.started", "tool.finished", "run.finished"
-]
-_STOP_REASONS: Final = get_args(_StopReason)
-_RUN_STATUSES: Final = get_args(_RunStatus)
-_FAILURE_CODES: Final = get_args(_FailureCode)
-_EVENT_TYPES: Final = get_args(_EventType)
+# --- The loop -----------------------------------------------------------------------
 
 
-class _Violation(Exception):
-    """A value broke a rule of the seed; whoever catches it knows which failure that is."""
+def run_agent_loop(
+    *,
+    messages: Iterable[Message],
+    model: Model,
+    tools: ToolRegistry,
+    max_steps: int,
+    signal: Optional[Signal] = None,
+    request_sequence_start: int = 0,
+) -> Generator[Event, None, RunResult]:
+    """Validates the options, snapshots the run, and returns its event generator.
+
+    Iterating the generator yields the run's events; its return value is the
+    ``RunResult`` (``result = yield from run``, or ``settle_run(run)``). The starting
+    messages (at most ``MAX_INITIAL_MESSAGES + 1`` items are read) and the registry's
+    membership are snapshotted now: later changes to either do not reach the run.
+
+    Raises TypeError for an option of the wrong kind and ValueError for one out of
+    range, now, before anything is iterated. A bad starting transcript is not an
+    error here: the run finishes ``failed`` with ``INVALID_TRANSCRIPT``.
+    """
+    # ValidateOptions. Seed: "maxSteps must be a positive safe integer no greater
+    # than MAX_AGENT_STEPS ... Invalid construction throws before an EventStream is returned."
+    if not isinstance(max_steps, int) or isinstance(max_steps, bool):
+        raise TypeError(f"max_steps must be an int, got {type(max_steps).__name__}")
+    if not 1 <= max_steps <= MAX_AGENT_STEPS:
+        raise ValueError(f"max_steps must be an int in 1..{MAX_AGENT_STEPS}, got {max_steps}")
+    if not isinstance(request_sequence_start, int) or isinstance(request_sequence_start, bool):
+        raise TypeError(
+            f"request_sequence_start must be an int, got {type(request_sequence_start).__name__}"
+        )
+    # Seed: "Optional requestSequenceStart must keep the requested range within the same ceiling."
+    if request_sequence_start < 0 or request_sequence_start + max_steps > MAX_AGENT_STEPS:
+        raise ValueError(
+            f"request_sequence_start must be >= 0 with request_sequence_start + max_steps "
+            f"<= {MAX_AGENT_STEPS}, got {request_sequence_start} + {max_steps}"
+        )
+    if not callable(getattr(model, "stream", None)):
+        raise TypeError(f"model must have a callable stream(), got {type(model).__name__}")
+    if not isinstance(tools, ToolRegistry):
+        raise TypeError(f"tools must be a ToolRegistry, got {type(tools).__name__}")
+    signal = _checked_signal(signal)
+    try:
+        items = iter(messages)
+    except TypeError:
+        raise TypeError(
+            f"messages must be an iterable of messages, got {type(messages).__name__}"
+        ) from None
+    # SnapshotRun. Reading one past the cap tells "too many" without reading forever.
+    start: List[object] = list(itertools.islice(items, MAX_INITIAL_MESSAGES + 1))
+    run = _Run(start, model, ToolRegistry(tools), max_steps, signal, request_sequence_start)
+    return run.drive()
+
+
+class _Run:
+    """One run's private state: its snapshots, the transcript it owns, its one event counter."""
+
+    def __init__(
+        self,
+        start: List[object],
+        model: Model,
+        tools: ToolRegistry,
+        max_steps: int,
+        signal: Signal,
+        request_sequence_start: int,
+    ) -> None:
+        self.model = model
+        self.tools = tools
+        self.specs = tools.specs()
+        self.max_steps = max_steps
+        self.signal = signal
+        self.request_sequence_start = request_sequence_start
+        self.steps = 0
+        self.next_sequence = 0
+        # SnapshotRun, now at call time: the generator's body would wait for next().
+        self.transcript = _Transcript()  # stays empty when the start is invalid
+        self.invalid_start: Optional[_RunFailure] = None
+        try:
+            self.transcript = _Transcript.from_start(start)
+        except _RunFailure as failure:
+            self.invalid_start = failure
+
+    def drive(self) -> Generator[Event, None, RunResult]:
+        """The state diagram, from SnapshotRun to Finish.
+
+        Each ``--> Failed`` edge raises _RunFailure and each ``--> Cancelled`` edge
+        raises _Cancelled; both become the result here, and nowhere else.
+        """
+        try:
+            result = yield from self._run_steps()
+        except _Cancelled:
+            result = self._result("cancelled")
+        except _RunFailure as failure:
+            error = RunError(failure.code, failure.message, failure.__cause__)
+            result = self._result("failed", error=error)
+        return (yield from self._finish(result))
+
+    def _run_steps(self) -> Generator[Event, None, RunResult]:
+        """From SnapshotRun to Completed or MaxSteps; the other endings raise."""
+        if self.invalid_start is not None:
+            # SnapshotRun --> Failed: invalid transcript. Reported even with the signal
+            # already set: the inputs decide before the signal is looked at.
+            raise self.invalid_start
+        self._check_signal()  # SnapshotRun --> Cancelled
+        yield from self._emit_accepted()  # SnapshotRun --> EmitAccepted --> OpenModel
+        for step in range(1, self.max_steps + 1):
+            request, stream = self._open_model(step)  # OpenModel --> ReadChunks
+            response, message = yield from self._read_chunks(request, stream)
+            self._append_assistant(message)  # ReadChunks --> AppendAssistant
+            if response.stop_reason == "stop":
+                # AppendAssistant --> Completed: stopReason stop
+                return self._result("completed", final_text=text_from_assistant(message))
+            # AppendAssistant --> ExecuteTools: stopReason toolCall
+            yield from self._execute_tools(request, message)
+            # ExecuteTools --> OpenModel: continuation allowed, while steps remain
+        # ExecuteTools --> MaxSteps. Seed: "If the current step equals maxSteps, the
+        # loop emits run.finished with status maxSteps and does not open another
+        # model request." The budget counts model turns, not tool calls.
+        return self._result("maxSteps", max_steps=self.max_steps)
+
+    def _emit_accepted(self) -> Generator[Event, None, None]:
+        """EmitAccepted: one message.accepted event per starting message."""
+        for message in self.transcript.messages:
+            yield from self._emit("message.accepted", message=message)
+
+    def _open_model(self, step: int) -> Tuple[ModelRequest, Generator[ModelChunk, None, Any]]:
+        """OpenModel: snapshots the transcript into request-NNN and calls model.stream() once."""
+        # Seed: "requestSnapshot() freezes the current transcript and creates
+        # request-001, request-002, and so on, offset by requestSequenceStart".
+        request_id = f"request-{self.request_sequence_start + step:03d}"
+        request = ModelRequest(request_id, tuple(self.transcript.messages), self.specs)
+        self.steps = step
+        stream = self._call(
+            "MODEL_STREAM_ERROR", "model.stream()", self.model.stream, request, self.signal
+        )
+        if not isinstance(stream, collections.abc.Generator):
+            raise _protocol_error(
+                f"model.stream() must return a generator, got {type(stream).__name__}"
+            )
+        return request, stream
+
+    def _read_chunks(
+        self, request: ModelRequest, stream: Generator[ModelChunk, None, Any]
+    ) -> Generator[Event, None, Tuple[ModelResponse, AssistantMessage]]:
+        """ReadChunks: one model.chunk per valid chunk, then the checked terminal response.
+
+        Returns the response and its assistant message. The model's stream is closed
+        whichever way this ends.
+        """
+        # Seed: "The loop calls model.stream() and drains its event channel before
+        # awaiting the terminal response." The generator returns the response.
+        streamed = _StreamedBlocks(request)
+        try:
+            while True:
+                try:
+                    chunk = self._call("MODEL_STREAM_ERROR", "the model's stream", next, stream)
+                except StopIteration as done:
+                    response = done.value
+                    break
+                streamed.add(chunk)
+                yield from self._emit("model.chunk", request_id=request.id, chunk=chunk)
+        finally:
+            # A model whose cleanup fails cannot replace the step's outcome.
+            with contextlib.suppress(Exception):
+                stream.close()
+        self._check_signal()  # the terminal response arrived after cancellation: not appended
+        return self._checked_response(request, response, streamed)
+
+    def _checked_response(
+        self, request: ModelRequest, response: object, streamed: _StreamedBlocks
+    ) -> Tuple[ModelResponse, AssistantMessage]:
+        """ReadChunks --> AppendAssistant: only a terminal response that keeps every rule."""
+        if type(response) is not ModelResponse:
+            raise _protocol_error(
+                f"the model's stream returned a {type(response).__name__}, not a ModelResponse"
+            )
+        _check_request_id(response.request_id, request)
+        if not _is_id(response.id):
+            raise _protocol_error(f"a response id must be a non-empty str, got {response.id!r}")
+        if response.stop_reason not in _STOP_REASONS:
+            raise _protocol_error(f"unknown stop reason {response.stop_reason!r}")
+        # Seed: "... and 1024 assistant blocks."
+        if len(response.content) > MAX_ASSISTANT_BLOCKS:
+            raise _protocol_error(f"the response holds more than {MAX_ASSISTANT_BLOCKS} blocks")
+        message = AssistantMessage("message-" + response.id, response.content)
+        self.transcript.check(message, "MODEL_PROTOCOL_ERROR")
+        calls = _tool_calls(message)
+        # Seed: "Tool calls are forbidden in a stop response."
+        if response.stop_reason == "stop" and calls:
+            raise _protocol_error("a stop response holds tool calls")
+        if response.stop_reason == "toolCall" and not calls:
+            raise _protocol_error("a toolCall response holds no tool call")
+        streamed.require_agreement(response.content)
+        return response, message
+
+    def _append_assistant(self, message: AssistantMessage) -> None:
+        """AppendAssistant: the complete assistant message joins the transcript."""
+        self.transcript.append(message)
+
+    def _execute_tools(
+        self, request: ModelRequest, message: AssistantMessage
+    ) -> Generator[Event, None, None]:
+        """ExecuteTools: every call of the message, in assistant order, one at a time."""
+        for call in _tool_calls(message):
+            # Seed: "For each call, it emits tool.started, awaits executeToolCall(),
+            # appends the linked Tool-result message, then emits tool.finished."
+            yield from self._emit("tool.started", request_id=request.id, tool_call=call)
+            # A result that arrives after cancellation is discarded. An Exception from the
+            # tool is already a recoverable result; what else it raises ends the phase.
+            result = self._call(
+                "TOOL_PHASE_ERROR",
+                f"tool call {call.id!r}",
+                _execute_checked_call,
+                self.tools,
+                call,
+                self.signal,
+            )
+            # Linked by construction: the result is derived from the call, whose
+            # result id was checked free before any tool ran.
+            self.transcript.append(result)
+            yield from self._emit(
+                "tool.finished", request_id=request.id, tool_call=call, tool_result=result
+            )
+        # Seed: "After the complete Tool batch, validateTranscript() proves that every
+        # call has one later matching result." As built it cannot fail (each call above
+        # got its result or raised); it stays as the seed's own check, and costs O(1).
+        self.transcript.require_complete("TOOL_PHASE_ERROR")
+
+    def _finish(self, result: RunResult) -> Generator[Event, None, RunResult]:
+        """Finish: run.finished, always the last event, carries the result the run returns."""
+        yield self._event("run.finished", result=result)
+        return result
+
+    def _emit(self, type: EventType, **payload: Any) -> Generator[Event, None, None]:
+        """Yields the next event; when the consumer resumes the run, looks at the signal."""
+        yield self._event(type, **payload)
+        # The consumer ran between the yield and now, and may have set the signal.
+        self._check_signal()
+
+    def _event(self, type: EventType, **payload: Any) -> Event:
+        # Seed: "Each event receives the next integer sequence; no component owns a
+        # separate counter."
+        event = Event(self.next_sequence, type, MappingProxyType(payload))
+        self.next_sequence += 1
+        return event
+
+    def _call(
+        self, code: FailureCode, what: str, function: Callable[..., _T], *arguments: Any
+    ) -> _T:
+        """Calls code the loop does not own (the model, its stream, a tool) and looks at
+        the signal when it returns or raises: cancellation wins over either. Any other
+        exception becomes the failure ``code``; KeyboardInterrupt and SystemExit
+        propagate, and StopIteration is a stream's end, not an error."""
+        try:
+            value = function(*arguments)
+        except (StopIteration, KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as error:
+            self._check_signal()  # code that failed because it saw the signal
+            raise _RunFailure(code, f"{what} raised {_describe(error)}") from error
+        self._check_signal()
+        return value
+
+    def _check_signal(self) -> None:
+        """Any phase --> Cancelled: signal aborts."""
+        if self.signal.is_set():
+            raise _Cancelled
+
+    def _result(self, status: RunStatus, **fields: Any) -> RunResult:
+        return RunResult(status, tuple(self.transcript.messages), self.steps, **fields)
+
+
+class _RunFailure(Exception):
+    """A run-time failure; the driver turns it into a ``failed`` RunResult, in one place."""
+
+    def __init__(self, code: FailureCode, message: str) -> None:
+        super().__init__(message)
+        self.code: FailureCode = code
+        self.message = message
+
+
+class _Cancelled(Exception):
+    """The signal was set; the driver turns it into a ``cancelled`` RunResult, in one place."""
+
+
+def _protocol_error(message: str) -> _RunFailure:
+    """Seed: "Contradiction or excess becomes a failed MODEL_PROTOCOL_ERROR result"."""
+    return _RunFailure("MODEL_PROTOCOL_ERROR", message)
+
+
+def _checked_signal(signal: object) -> Signal:
+    """ValidateOptions for the signal: returns it, or a new Event nobody sets for None."""
+    if signal is None:
+        return threading.Event()
+    accepted = "a threading.Event, or an object with is_set() and wait(timeout)"
+    if not (callable(getattr(signal, "is_set", None)) and callable(getattr(signal, "wait", None))):
+        raise TypeError(f"signal must be {accepted}, got {type(signal).__name__}")
+    # asyncio.Event has both methods, but its wait() is a coroutine: a tool that
+    # waited on it would get a coroutine object back, never a wait.
+    if inspect.iscoroutinefunction(signal.wait):  # type: ignore[attr-defined]
+        raise TypeError(
+            f"signal must be {accepted}; {type(signal).__name__}.wait() is a coroutine "
+            "(an asyncio.Event?): use threading.Event, and set it from your event loop"
+        )
+    return cast(Signal, signal)
+
+
+def _check_request_id(request_id: object, request: ModelRequest) -> None:
+    """Seed: "Request IDs must match the active request." (chunks and responses alike)"""
+    if not _is_text(request_id) or request_id != request.id:
+        raise _protocol_error(f"{request_id!r} is not the active request {request.id!r}")
+
+
+class _StreamedBlocks:
+    """What one step has streamed so far, checked chunk by chunk against the step's limits."""
+
+    def __init__(self, request: ModelRequest) -> None:
+        self.request = request
+        self.items: List[Union[str, ToolCall]] = []
+        self.text = 0
+
+    def add(self, chunk: object) -> None:
+        """Checks one streamed chunk and keeps its text or its tool call."""
+        # Seed: "The loop caps one step at 1024 chunks, 65,536 Unicode code points
+        # of text, and 1024 assistant blocks." (blocks: see _checked_response)
+        if len(self.items) == MAX_STEP_CHUNKS:
+            raise _protocol_error(f"the model streamed more than {MAX_STEP_CHUNKS} chunks")
+        if type(chunk) is TextDelta:
+            if not _is_text(chunk.text):
+                raise _protocol_error(
+                    f"a text chunk's text must be a str, got {type(chunk.text).__name__}"
+                )
+            self.text += len(chunk.text)
+            if self.text > MAX_STEP_TEXT:
+                raise _protocol_error(
+                    f"the model streamed more than {MAX_STEP_TEXT} code points of text"
+                )
+            item: Union[str, ToolCall] = chunk.text
+        elif type(chunk) is ToolCallChunk:
+            if type(chunk.tool_call) is not ToolCall:
+                raise _protocol_error(
+                    f"a tool-call chunk carries a {type(chunk.tool_call).__name__}, not a ToolCall"
+                )
+            _checked_block(chunk.tool_call, "MODEL_PROTOCOL_ERROR")
+            item = chunk.tool_call
+        else:
+            raise _protocol_error(
+                f"the model streamed a {type(chunk).__name__}, not a TextDelta or ToolCallChunk"
+            )
+        _check_request_id(chunk.request_id, self.request)
+        self.items.append(item)
+
+    def require_agreement(self, content: Sequence[Union[TextBlock, ToolCall]]) -> None:
+        """Raises MODEL_PROTOCOL_ERROR unless the terminal content agrees with the stream."""
+        # Seed: "The resulting normalized block sequences must agree in content and
+        # order; raw text-chunk segmentation may differ."
+        terminal = _normalized(
+            block.text if isinstance(block, TextBlock) else block for block in content
+        )
+        streamed = _normalized(self.items)
+        if terminal == streamed:
+            return
+        if not self.items:
+            raise _protocol_error(
+                "the model streamed nothing, but its terminal response holds "
+                f"{len(content)} block(s): a model must yield a chunk for each block it "
+                "returns (a TextDelta per text, a ToolCallChunk per tool call)"
+            )
+        index = next(
+            (i for i, (a, b) in enumerate(zip(streamed, terminal)) if a != b),
+            min(len(streamed), len(terminal)),
+        )
+        raise _protocol_error(
+            "the streamed chunks and the terminal response disagree at normalised block "
+            f"{index}: streamed {_shortened(streamed, index)}, "
+            f"terminal {_shortened(terminal, index)}"
+        )
+
+
+def _normalized(items: Iterable[Union[str, ToolCall]]) -> List[Union[str, ToolCall]]:
+    """Coalesces adjacent text, with tool calls as boundaries; empty text carries nothing."""
+    # Seed: "the loop coalesces adjacent streamed text deltas and adjacent terminal
+    # text blocks, using Tool calls as boundaries."
+    normalized: List[Union[str, ToolCall]] = []
+    for is_text, run in itertools.groupby(items, key=lambda item: isinstance(item, str)):
+        if is_text:
+            text = "".join(cast("Iterable[str]", run))
+            if text:
+                normalized.append(text)
+        else:
+            normalized.extend(run)
+    return normalized
+
+
+def _shortened(blocks: List[Union[str, ToolCall]], index: int) -> str:
+    """A short repr of one normalised block, or "nothing" past the end."""
+    if index == len(blocks):
+        return "nothing"
+    return reprlib.repr(blocks[index])
+
+
+def settle_run(run: Generator[Event, None, RunResult]) -> Tuple[List[Event], RunResult]:
+    """Drains a run; returns its events and its RunResult."""
+    events: List[Event] = []
+    while True:
+        try:
+            events.append(next(run))
+        except StopIteration as done:
+            return events, done.value
+
+
+# --- The transcript -----------------------------------------------------------------
+
+
+def _is_text(value: object) -> TypeGuard[str]:
+    """Exactly a str: a subclass could redefine ==, len() or hash() under the loop's checks."""
+    return type(value) is str
+
+
+def _is_id(value: object) -> bool:
+    """Ids and names are non-empty strings."""
+    return _is_text(value) and value != ""
+
+
+# The checks below ask for the exact IR classes, as _is_text asks for exactly str: a
+# subclass could redefine == (and so agree with anything) or unfreeze its fields.
+
+
+def _checked_block(block: object, code: FailureCode) -> Union[TextBlock, ToolCall]:
+    """Returns an assistant block that keeps the IR's rules, or raises _RunFailure(code)."""
+    if type(block) is TextBlock:
+        if not _is_text(block.text):
+            given = f"{block.text!r} ({type(block.text).__name__})"
+            raise _RunFailure(code, f"a text block's field 'text' must be a str, got {given}")
+        return block
+    if type(block) is not ToolCall:
+        raise _RunFailure(code, f"a {type(block).__name__} is not a TextBlock or ToolCall")
+    if not _is_id(block.id):
+        raise _RunFailure(code, f"a tool call's id must be a non-empty str, got {block.id!r}")
+    if not _is_id(block.name):
+        raise _RunFailure(
+            code, f"tool call {block.id!r}: name must be a non-empty str, got {block.name!r}"
+        )
+    try:
+        _check_arguments(block)
+    except _NotPlainJSON as problem:
+        raise _RunFailure(code, f"tool call {block.id!r}: {problem}") from None
+    return block
+
+
+def _checked_message(message: object, code: FailureCode) -> Message:
+    """Returns a message that keeps the IR's rules on its own (linkage aside), or raises
+    _RunFailure(code)."""
+    if type(message) is AssistantMessage:
+        for block in message.content:
+            try:
+                _checked_block(block, code)
+            except _RunFailure as failure:
+                raise _RunFailure(code, f"message {message.id!r}: {failure.message}") from None
+    elif type(message) is not UserMessage and type(message) is not ToolResultMessage:
+        raise _RunFailure(code, f"a {type(message).__name__} is not a message")
+    for name, expected, is_valid in _MESSAGE_FIELDS[message.role]:
+        value = getattr(message, name)
+        if not is_valid(value):
+            where = f"a {message.role} message" if name == "id" else f"message {message.id!r}"
+            given = f"{value!r} ({type(value).__name__})"
+            raise _RunFailure(code, f"{where}: field {name!r} must be a {expected}, got {given}")
+    return message
+
+
+def _is_bool(value: object) -> bool:
+    return type(value) is bool
+
+
+# For each role, the fields _checked_message checks: name, what it must be, its test.
+_MESSAGE_FIELDS: Final[Dict[str, Tuple[Tuple[str, str, Callable[[object], bool]], ...]]] = {
+    "user": (("id", "non-empty str", _is_id), ("content", "str", _is_text)),
+    "assistant": (("id", "non-empty str", _is_id),),
+    "toolResult": (
+        ("id", "non-empty str", _is_id),
+        ("tool_call_id", "non-empty str", _is_id),
+        ("tool_name", "non-empty str", _is_id),
+        ("content", "str", _is_text),
+        ("is_error", "bool", _is_bool),
+    ),
+}
+
+
+class _Transcript:
+    """The run's private transcript, with the indexes that make checking a message cost
+    what the message holds, whatever the length of the transcript.
+
+    ``check`` validates one message against what is already here; ``append`` adds it
+    (a starting message or a response once checked; a tool result as the loop linked
+    it). A valid transcript: unique message ids and tool-call ids, every tool result
+    answers an open call of an earlier assistant message with the same tool name,
+    once. It is complete when no call is left open.
+    """
+
+    def __init__(self) -> None:
+        self.messages: List[Message] = []
+        self._message_ids: Set[str] = set()
+        self._call_ids: Set[str] = set()
+        self._open_calls: Dict[str, ToolCall] = {}
+
+    @classmethod
+    def from_start(cls, start: List[object]) -> _Transcript:
+        """SnapshotRun: the starting messages as a transcript, or INVALID_TRANSCRIPT."""
+        # Seed: "Initial messages are capped at 4096 ... and validated as a complete transcript."
+        if len(start) > MAX_INITIAL_MESSAGES:
+            raise _RunFailure(
+                "INVALID_TRANSCRIPT", f"more than {MAX_INITIAL_MESSAGES} starting messages"
+            )
+        transcript = cls()
+        for message in start:
+            transcript.append(transcript.check(message, "INVALID_TRANSCRIPT"))
+        transcript.require_complete("INVALID_TRANSCRIPT")
+        return transcript
+
+    def check(self, message: object, code: FailureCode) -> Message:
+        """Returns the message if it is well formed and keeps linkage, else raises
+        _RunFailure(code)."""
+        checked = _checked_message(message, code)
+        problem = self._linkage_problem(checked)
+        if problem is not None:
+            raise _RunFailure(code, problem)
+        return checked
+
+    def _linkage_problem(self, message: Message) -> Optional[str]:
+        if message.id in self._message_ids:
+            return (
+                f"message id {message.id!r} is used twice (an assistant message's id is "
+                '"message-" + its response id, a tool result\'s is "tool-result-" + its '
+                "call id: response ids and tool-call ids must be unique across the whole "
+                "transcript)"
+            )
+        if isinstance(message, AssistantMessage):
+            new_ids: Set[str] = set()
+            for call in message.content:
+                # Not _tool_calls(): a loop costs less than a list, and most hold no call.
+                if not isinstance(call, ToolCall):
+                    continue
+                if call.id in self._call_ids or call.id in new_ids:
+                    return (
+                        f"tool call id {call.id!r} is used twice (tool-call ids must be "
+                        "unique across the whole transcript)"
+                    )
+                if "tool-result-" + call.id in self._message_ids:
+                    return (
+                        f'the result id of tool call {call.id!r} ("tool-result-" + its id) '
+                        "is already taken by another message"
+                    )
+                new_ids.add(call.id)
+        elif isinstance(message, ToolResultMessage):
+            # Seed: "every call has one later matching result".
+            answered = self._open_calls.get(message.tool_call_id)
+            if answered is None:
+                return f"tool result {message.id!r} answers no open tool call"
+            if answered.name != message.tool_name:
+                return (
+                    f"tool result {message.id!r} names tool {message.tool_name!r}, "
+                    f"but its call names {answered.name!r}"
+                )
+        return None
+
+    def append(self, message: Message) -> None:
+        """Adds a message that keeps linkage, and indexes its ids and open calls."""
+        self.messages.append(message)
+        self._message_ids.add(message.id)
+        if isinstance(message, AssistantMessage):
+            for call in message.content:
+                if isinstance(call, ToolCall):  # as in _linkage_problem, no list built
+                    self._call_ids.add(call.id)
+                    self._open_calls[call.id] = call
+        elif isinstance(message, ToolResultMessage):
+            del self._open_calls[message.tool_call_id]
+
+    def require_complete(self, code: FailureCode) -> None:
+        """Raises _RunFailure(code) while a tool call has no result."""
+        if self._open_calls:
+            raise _RunFailure(code, f"tool calls without a result: {list(self._open_calls)}")
+
+
+# --- Model boundary -----------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class TextBlock:
-    """Assistant text."""
+class ModelRequest:
+    """One step's request: a frozen snapshot of the transcript and the tools' specs."""
 
+    id: str
+    messages: Tuple[Message, ...]
+    tools: Tuple[ToolSpec, ...]
+    __hash__ = None  # type: ignore[assignment]  # its tools hold schema mappings
+
+    def to_dict(self) -> Dict[str, Any]:
+        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
+        return {
+            "id": self.id,
+            "messages": [message.to_dict() for message in self.messages],
+            "tools": [spec.to_dict() for spec in self.tools],
+        }
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """A streamed piece of assistant text."""
+
+    request_id: str
     text: str
     type: ClassVar[Literal["text"]] = "text"
 
     def to_dict(self) -> Dict[str, Any]:
         """Returns the seed's JSON shape of this object (plain dicts and lists)."""
-        return {"type": self.type, "text": self.text}
+        return {"type": self.type, "requestId": self.request_id, "text": self.text}
 
 
-@dataclass(frozen=True, eq=False)
-class ToolCall:
-    """A request from the model to run one tool.
+@dataclass(frozen=True)
+class ToolCallChunk:
+    """A streamed, complete tool call."""
 
-    ``arguments`` is a frozen copy made when the call is built: objects become
-    read-only mappings and arrays become tuples, so the caller's dict can change
-    afterwards without touching the call. The constructor never rejects arguments;
-    arguments that are not plain bounded JSON are kept as given and make the loop
-    fail the run with MODEL_PROTOCOL_ERROR before any tool runs. Two calls are equal
-    when their id, name and arguments are equal as JSON (``True`` is not ``1``).
-    """
-
-    id: str
-    name: str
-    arguments: Mapping[str, JSON]
+    request_id: str
+    tool_call: ToolCall
     type: ClassVar[Literal["toolCall"]] = "toolCall"
-    # Why the arguments are not plain bounded JSON; set on the call in __post_init__.
-    _argument_problem: ClassVar[Optional[str]] = None
-
-    def __post_init__(self) -> None:
-        try:
-            frozen = _frozen_arguments(self.arguments)
-        except _Violation as violation:
-            object.__setattr__(self, "_argument_problem", str(violation))
-        else:
-            object.__setattr__(self, "arguments", frozen)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, ToolCall):
-            return NotImplemented
-        return (
-            self.id == other.id
-            and self.name == other.name
-            and _same_json(self.arguments, other.arguments)
-        )
-
-    def __hash__(self) -> int:
-        return hash((self.id, self.name))  # equal calls share these; arguments are unhashable
-
-    def __reduce__(self) -> Tuple[Any, ...]:
-        # pickle and copy cannot copy a read-only mapping: rebuild from plain arguments.
-        return (ToolCall, (self.id, self.name, _thawed(self.arguments)))
-
-    def plain_arguments(self) -> Dict[str, Any]:
-        """Returns a fresh plain copy of the arguments (dicts and lists), for ``json.dumps``."""
-        return cast(Dict[str, Any], _thawed(self.arguments))
 
     def to_dict(self) -> Dict[str, Any]:
         """Returns the seed's JSON shape of this object (plain dicts and lists)."""
         return {
             "type": self.type,
-            "id": self.id,
-            "name": self.name,
-            "arguments": self.plain_arguments(),
+            "requestId": self.request_id,
+            "toolCall": self.tool_call.to_dict(),
         }
 
 
-_Block = Union[TextBlock, ToolCall]
+ModelChunk = Union[TextDelta, ToolCallChunk]
+
+StopReason = Literal["stop", "toolCall"]
+"""Why a model stopped: ``stop`` (its answer is complete) or ``toolCall`` (run the calls)."""
+_STOP_REASONS: Final = get_args(StopReason)
 
 
 @dataclass(frozen=True)
-class UserMessage:
-    """A message from the user."""
+class ModelResponse:
+    """A model's terminal response to one request."""
 
     id: str
-    content: str
-    role: ClassVar[Literal["user"]] = "user"
-
-    def to_dict(self) -> Dict[str, Any]:
-        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
-        return {"id": self.id, "role": self.role, "content": self.content}
-
-
-@dataclass(frozen=True)
-class AssistantMessage:
-    """A complete assistant response: text and tool-call blocks, in the model's order."""
-
-    id: str
-    content: Sequence[_Block]  # any sequence; stored as a tuple
-    role: ClassVar[Literal["assistant"]] = "assistant"
+    request_id: str
+    content: Sequence[Union[TextBlock, ToolCall]]  # any sequence; stored as a tuple
+    stop_reason: StopReason
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "content", tuple(self.content))
@@ -332,158 +904,34 @@ class AssistantMessage:
         """Returns the seed's JSON shape of this object (plain dicts and lists)."""
         return {
             "id": self.id,
-            "role": self.role,
+            "requestId": self.request_id,
             "content": [block.to_dict() for block in self.content],
+            "stopReason": self.stop_reason,
         }
 
 
-@dataclass(frozen=True)
-class ToolResultMessage:
-    """The result of one tool call, linked to it by ``tool_call_id``."""
+class Signal(Protocol):
+    """What the loop needs of a cancellation signal: threading.Event's reading side.
 
-    id: str
-    tool_call_id: str
-    tool_name: str
-    content: str
-    is_error: bool
-    role: ClassVar[Literal["toolResult"]] = "toolResult"
+    ``threading.Event`` is one; so is any object with these two methods whose
+    ``wait`` blocks (not a coroutine). Annotate a model's or a tool's ``signal``
+    parameter with ``Signal`` or ``threading.Event``.
+    """
 
-    def to_dict(self) -> Dict[str, Any]:
-        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
-        return {
-            "id": self.id,
-            "role": self.role,
-            "toolCallId": self.tool_call_id,
-            "toolName": self.tool_name,
-            "content": self.content,
-            "isError": self.is_error,
-        }
+    def is_set(self) -> bool:
+        """True once cancellation was requested."""
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Blocks until cancellation is requested or the timeout passes."""
 
 
-Message = Union[UserMessage, AssistantMessage, ToolResultMessage]
+class Model(Protocol):
+    """A model: ``stream()`` returns a generator that yields chunks and returns its response."""
 
-
-def text_from_assistant(message: AssistantMessage) -> str:
-    """Returns the text blocks of an assistant message, concatenated with no separator."""
-    return "".join(block.text for block in message.content if isinstance(block, TextBlock))
-
-
-def _tool_calls(message: AssistantMessage) -> List[ToolCall]:
-    """Returns the tool-call blocks of an assistant message, in assistant order."""
-    return [block for block in message.content if isinstance(block, ToolCall)]
-
-
-# --- Bounded plain JSON -------------------------------------------------------------
-
-
-class _ArgumentBudget:
-    """What one call's arguments have spent of the seed's bounds so far."""
-
-    def __init__(self) -> None:
-        self.values = 0
-        self.text = 0
-        self.mutable_containers: Set[int] = set()
-
-    def spend_text(self, text: str) -> None:
-        # Seed: "4096 Unicode code points across keys/string values". len() of a str
-        # counts code points, and costs nothing even for a 10 MB string.
-        self.text += len(text)
-        if self.text > MAX_ARGUMENT_TEXT:
-            raise _Violation(f"arguments hold more than {MAX_ARGUMENT_TEXT} code points of text")
-
-
-def _frozen_arguments(arguments: object) -> Mapping[str, JSON]:
-    """Checks that arguments are a plain bounded JSON object; returns a frozen copy."""
-    if not isinstance(arguments, (dict, MappingProxyType)):
-        raise _Violation(f"arguments must be a JSON object, got {type(arguments).__name__}")
-    return cast(Mapping[str, JSON], _frozen_json(arguments, 0, _ArgumentBudget()))
-
-
-def _frozen_json(value: object, depth: int, budget: _ArgumentBudget) -> JSON:
-    """Walks one value once: checks the seed's bounds for plain JSON and freezes a copy."""
-    # Seed: "at most 257 values including the root, 256 object fields plus array
-    # slots". Every value but the root fills exactly one slot, so values == slots + 1
-    # and counting values enforces both limits at once.
-    budget.values += 1
-    if budget.values > MAX_ARGUMENT_VALUES:
-        raise _Violation(
-            f"arguments hold more than {MAX_ARGUMENT_VALUES} values "
-            f"({MAX_ARGUMENT_SLOTS} object fields plus array slots)"
-        )
-    if type(value) is str:
-        budget.spend_text(value)
-        return value
-    if value is None or type(value) is bool or type(value) is int:
-        return value
-    if type(value) is float:
-        if not math.isfinite(value):
-            raise _Violation(f"arguments hold {value}, which is not a JSON number")
-        return value
-    if not (
-        type(value) is dict
-        or type(value) is MappingProxyType
-        or type(value) is list
-        or type(value) is tuple
-    ):
-        raise _Violation(f"arguments hold a {type(value).__name__}, which is not plain JSON")
-    # Seed: "depth 32". Checked before descending, so depth 100,000 costs 33 frames.
-    if depth == MAX_ARGUMENT_DEPTH:
-        raise _Violation(f"arguments nest containers deeper than {MAX_ARGUMENT_DEPTH}")
-    # "No object reachable twice" guards against aliasing and cycles, which only a dict
-    # or a list can make: frozen tuples and mappings may be shared (CPython shares the
-    # empty tuple), and a cycle through them still meets a dict or the depth limit.
-    if type(value) is dict or type(value) is list:
-        if id(value) in budget.mutable_containers:
-            raise _Violation("arguments reach the same dict or list twice (shared or cyclic)")
-        budget.mutable_containers.add(id(value))
-    if isinstance(value, (list, tuple)):
-        return tuple(_frozen_json(item, depth + 1, budget) for item in value)
-    frozen: Dict[str, JSON] = {}
-    for key, item in value.items():
-        if type(key) is not str:
-            raise _Violation(f"arguments hold a {type(key).__name__} key, not a string")
-        budget.spend_text(key)
-        frozen[key] = _frozen_json(item, depth + 1, budget)
-    return MappingProxyType(frozen)
-
-
-def _thawed(value: object) -> Any:
-    """Returns a fresh plain copy (dicts and lists) of frozen JSON."""
-    if type(value) is MappingProxyType:
-        return {key: _thawed(item) for key, item in value.items()}
-    if type(value) is tuple:
-        return [_thawed(item) for item in value]
-    return value
-
-
-def _same_json(left: object, right: object) -> bool:
-    """JSON equality at any depth: unlike ==, True is not 1 and 1 is not 1.0."""
-    if left is right:
-        return True
-    # Frozen JSON objects are MappingProxyType, as in _schema_problem: testing for that
-    # class costs a tenth of isinstance(value, typing.Mapping).
-    if isinstance(left, MappingProxyType) and isinstance(right, MappingProxyType):
-        return left.keys() == right.keys() and all(_same_json(left[k], right[k]) for k in left)
-    if isinstance(left, tuple) and isinstance(right, tuple):
-        return len(left) == len(right) and all(map(_same_json, left, right))
-    return type(left) is type(right) and left == right
-
-
-def _json_type(value: object) -> str:
-    """Names the JSON type of a frozen JSON value."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, tuple):
-        return "array"
-    return "object"
+    def stream(
+        self, request: ModelRequest, signal: Signal
+    ) -> Generator[ModelChunk, None, ModelResponse]:
+        """Streams the answer to one request; the generator's return value is the response."""
 
 
 # --- Tools --------------------------------------------------------------------------
@@ -501,35 +949,25 @@ _SCHEMA_KEYWORDS: Final = (
 )
 
 
-class Signal(Protocol):
-    """What the loop needs of a cancellation signal: threading.Event's reading side.
-
-    ``threading.Event`` is one; so is any object with these two methods. Annotate a
-    model's or a tool's ``signal`` parameter with ``Signal`` (or ``threading.Event``).
-    """
-
-    def is_set(self) -> bool:
-        """True once cancellation was requested."""
-
-    def wait(self, timeout: Optional[float] = None) -> bool:
-        """Blocks until cancellation is requested or the timeout passes."""
-
-
 @dataclass(frozen=True)
 class ToolSpec:
-    """What a model is told about a tool: its name, description and parameter schema."""
+    """What a model is told about a tool: its name, description and parameter schema.
+
+    Checked as a ``Tool`` is (TypeError or ValueError naming the field), and its
+    parameters are frozen.
+    """
 
     name: str
     description: str
     parameters: Mapping[str, Any]
+    __hash__ = None  # type: ignore[assignment]  # it holds a mapping
 
     def __post_init__(self) -> None:
-        if type(self.parameters) is not MappingProxyType:  # not built by Tool.spec()
-            frozen = _frozen_schema(self.parameters, f"ToolSpec {self.name!r} parameters", 0)
-            object.__setattr__(self, "parameters", frozen)
+        parameters = _checked_tool_fields("ToolSpec", self.name, self.description, self.parameters)
+        object.__setattr__(self, "parameters", parameters)
 
     def __reduce__(self) -> Tuple[Any, ...]:
-        return (ToolSpec, (self.name, self.description, _thawed(self.parameters)))
+        return _reduce_to_plain_fields(self)
 
     def to_dict(self) -> Dict[str, Any]:
         """Returns the seed's JSON shape of this object (plain dicts and lists)."""
@@ -559,28 +997,55 @@ class Tool:
     description: str
     parameters: Mapping[str, Any]
     execute: Callable[[Dict[str, Any], Signal], object]
+    __hash__ = None  # type: ignore[assignment]  # it holds a mapping
 
     def __post_init__(self) -> None:
-        if not _is_id(self.name):
-            raise TypeError(f"Tool name must be a non-empty str, got {self.name!r}")
-        if not isinstance(self.description, str):
-            raise TypeError(f"Tool {self.name!r}: description must be a str")
-        if not callable(self.execute):
-            raise TypeError(f"Tool {self.name!r}: execute must be callable")
-        schema = _frozen_schema(self.parameters, f"Tool {self.name!r} parameters", 0)
-        if schema.get("type") != "object":
-            raise ValueError(
-                f'Tool {self.name!r} parameters must have "type": "object": '
-                "a tool's arguments are always a JSON object"
-            )
-        object.__setattr__(self, "parameters", schema)
+        parameters = _checked_tool_fields("Tool", self.name, self.description, self.parameters)
+        _check_execute(self.name, self.execute)
+        object.__setattr__(self, "parameters", parameters)
 
     def __reduce__(self) -> Tuple[Any, ...]:
-        return (Tool, (self.name, self.description, _thawed(self.parameters), self.execute))
+        return _reduce_to_plain_fields(self)
 
     def spec(self) -> ToolSpec:
         """Returns what a model request tells the model about this tool."""
         return ToolSpec(self.name, self.description, self.parameters)
+
+
+def _checked_tool_fields(
+    kind: str, name: object, description: object, parameters: object
+) -> Mapping[str, Any]:
+    """Checks a Tool's or ToolSpec's name and description; returns its frozen parameters."""
+    if not _is_id(name):
+        raise TypeError(f"{kind} name must be a non-empty str, got {name!r}")
+    if not _is_text(description):
+        raise TypeError(
+            f"{kind} {name!r}: description must be a str, got {type(description).__name__}"
+        )
+    schema = _frozen_schema(parameters, f"{kind} {name!r} parameters", 0)
+    if schema.get("type") != "object":
+        raise ValueError(
+            f'{kind} {name!r} parameters must have "type": "object": '
+            "a tool's arguments are always a JSON object"
+        )
+    return schema
+
+
+def _check_execute(name: str, execute: object) -> None:
+    """A tool's execute must accept (arguments, signal): a TypeError now, not at each call."""
+    if not callable(execute):
+        raise TypeError(f"Tool {name!r}: execute must be callable, got {type(execute).__name__}")
+    try:
+        signature = inspect.signature(execute)
+    except (TypeError, ValueError):  # some builtins have no signature: trust them
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        raise TypeError(
+            f"Tool {name!r}: execute{signature} cannot be called as execute(arguments, "
+            "signal); give it two positional parameters, e.g. def execute(arguments, signal)"
+        ) from None
 
 
 def _frozen_schema(schema: object, where: str, depth: int) -> Mapping[str, Any]:
@@ -624,7 +1089,7 @@ def _frozen_schema(schema: object, where: str, depth: int) -> Mapping[str, Any]:
                 raise TypeError(f"{where}: enum must be a list of JSON values")
             try:
                 value = _frozen_json(value, 0, _ArgumentBudget())
-            except _Violation as violation:
+            except _NotPlainJSON as violation:
                 raise ValueError(f"{where}: enum: {violation}") from None
         elif not isinstance(value, str):  # description, title
             raise TypeError(f"{where}: {key} must be a str")
@@ -697,9 +1162,7 @@ class ToolRegistry:
         return tuple(tool.spec() for tool in self._tools.values())
 
 
-def execute_tool_call(
-    registry: ToolRegistry, call: ToolCall, signal: Signal
-) -> ToolResultMessage:
+def execute_tool_call(registry: ToolRegistry, call: ToolCall, signal: Signal) -> ToolResultMessage:
     """Runs one tool call and returns its linked result message.
 
     An unknown tool, arguments that are not bounded plain JSON or fail the tool's
@@ -710,26 +1173,56 @@ def execute_tool_call(
     compactly. Only BaseExceptions that are not Exceptions (KeyboardInterrupt,
     SystemExit...) propagate.
     """
+    try:
+        _check_arguments(call)
+    except _NotPlainJSON as problem:
+        return _tool_result(call, f"invalid arguments for tool {call.name!r}: {problem}", True)
+    return _execute_checked_call(registry, call, signal)
+
+
+def _execute_checked_call(
+    registry: ToolRegistry, call: ToolCall, signal: Signal
+) -> ToolResultMessage:
+    """execute_tool_call() for a call whose arguments are known to be plain bounded JSON."""
     tool = registry.get(call.name)
     if tool is None:
         known = ", ".join(registered.name for registered in registry) or "none"
         return _tool_result(call, f"unknown tool {call.name!r} (available: {known})", True)
-    problem = call._argument_problem or _schema_problem(call.arguments, tool.parameters, "$")
+    problem = _schema_problem(call.arguments, tool.parameters, "$")
     if problem is not None:
         return _tool_result(call, f"invalid arguments for tool {call.name!r}: {problem}", True)
     try:
-        value = tool.execute(_thawed(call.arguments), signal)
+        value = tool.execute(call.plain_arguments(), signal)
+    except ToolError as error:
+        return _tool_result(call, error.message, True)  # the tool's own words, as it chose them
     except Exception as error:
+        _logger.warning("tool %r raised; the model gets an error result", call.name, exc_info=True)
         return _tool_result(call, f"tool {call.name!r} raised {_describe(error)}", True)
     if _is_text(value):
         return _tool_result(call, value, False)
     try:
         content = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except Exception as error:  # json.dumps runs the value's own code (a dict subclass's items())
+        _logger.warning("tool %r returned a value that is not JSON", call.name, exc_info=True)
         return _tool_result(
             call, f"tool {call.name!r} returned a value that is not JSON: {error}", True
         )
     return _tool_result(call, content, False)
+
+
+class ToolError(Exception):
+    """Raised by a tool to tell the model what went wrong, in its own words.
+
+    The call's result is ``is_error=True`` with content exactly ``message``, with no
+    prefix (any other exception's result names the tool and the exception). It is
+    not logged: it is an answer, not a bug.
+    """
+
+    def __init__(self, message: str) -> None:
+        if not _is_text(message):
+            raise TypeError(f"ToolError message must be a str, got {type(message).__name__}")
+        super().__init__(message)
+        self.message = message
 
 
 def _tool_result(call: ToolCall, content: str, is_error: bool) -> ToolResultMessage:
@@ -746,120 +1239,240 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {message}" if message else type(error).__name__
 
 
-# --- Model boundary -----------------------------------------------------------------
+# --- Bounded plain JSON -------------------------------------------------------------
+
+
+class _NotPlainJSON(Exception):
+    """A value is not plain bounded JSON; whoever catches it knows which failure that is."""
+
+
+class _ArgumentBudget:
+    """What one call's arguments have spent of the seed's bounds so far."""
+
+    def __init__(self) -> None:
+        self.values = 0
+        self.text = 0
+        self.mutable_containers: Set[int] = set()
+
+    def spend_text(self, text: str) -> None:
+        # Seed: "4096 Unicode code points across keys/string values". len() of a str
+        # counts code points, and costs nothing even for a 10 MB string.
+        self.text += len(text)
+        if self.text > MAX_ARGUMENT_TEXT:
+            raise _NotPlainJSON(
+                f"arguments hold more than {MAX_ARGUMENT_TEXT} code points of text"
+            )
+
+
+def _check_arguments(call: ToolCall) -> None:
+    """Raises _NotPlainJSON unless the call's arguments are plain bounded JSON."""
+    # Seed: "Tool arguments must be plain bounded JSON ... These checks occur before
+    # a Tool effect." The constructor measured them: it froze them only if they passed.
+    if type(call.arguments) is MappingProxyType:
+        return
+    _frozen_arguments(call.arguments)  # raises, naming the bound that was broken
+    # They pass now, so they changed since the call was built: not frozen, not accepted.
+    raise _NotPlainJSON("arguments were not plain bounded JSON when the call was built")
+
+
+def _frozen_arguments(arguments: object) -> Mapping[str, JSON]:
+    """Checks that arguments are a plain bounded JSON object; returns a frozen copy."""
+    if not isinstance(arguments, (dict, MappingProxyType)):
+        raise _NotPlainJSON(f"arguments must be a JSON object, got {type(arguments).__name__}")
+    return cast("Mapping[str, JSON]", _frozen_json(arguments, 0, _ArgumentBudget()))
+
+
+def _frozen_json(value: object, depth: int, budget: _ArgumentBudget) -> JSON:
+    """Walks one value once: checks the seed's bounds for plain JSON and freezes a copy."""
+    # Seed: "at most 257 values including the root, 256 object fields plus array
+    # slots". Every value but the root fills exactly one slot, so values == slots + 1
+    # and counting values enforces both limits at once.
+    budget.values += 1
+    if budget.values > MAX_ARGUMENT_VALUES:
+        raise _NotPlainJSON(
+            f"arguments hold more than {MAX_ARGUMENT_VALUES} values "
+            f"({MAX_ARGUMENT_SLOTS} object fields plus array slots)"
+        )
+    if type(value) is str:
+        budget.spend_text(value)
+        return value
+    if value is None or type(value) is bool or type(value) is int:
+        return value
+    if type(value) is float:
+        if not math.isfinite(value):
+            raise _NotPlainJSON(f"arguments hold {value}, which is not a JSON number")
+        return value
+    if not (
+        type(value) is dict
+        or type(value) is MappingProxyType
+        or type(value) is list
+        or type(value) is tuple
+    ):
+        raise _NotPlainJSON(f"arguments hold a {type(value).__name__}, which is not plain JSON")
+    # Seed: "depth 32". Checked before descending, so depth 100,000 costs 33 frames.
+    if depth == MAX_ARGUMENT_DEPTH:
+        raise _NotPlainJSON(f"arguments nest containers deeper than {MAX_ARGUMENT_DEPTH}")
+    # "No object reachable twice" guards against aliasing and cycles, which only a dict
+    # or a list can make: frozen tuples and mappings may be shared (CPython shares the
+    # empty tuple), and a cycle through them still meets a dict or the depth limit.
+    if type(value) is dict or type(value) is list:
+        if id(value) in budget.mutable_containers:
+            raise _NotPlainJSON("arguments reach the same dict or list twice (shared or cyclic)")
+        budget.mutable_containers.add(id(value))
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen_json(item, depth + 1, budget) for item in value)
+    frozen: Dict[str, JSON] = {}
+    for key, item in value.items():
+        if type(key) is not str:
+            raise _NotPlainJSON(f"arguments hold a {type(key).__name__} key, not a string")
+        budget.spend_text(key)
+        frozen[key] = _frozen_json(item, depth + 1, budget)
+    return MappingProxyType(frozen)
+
+
+def _reduce_to_plain_fields(value: Any) -> Tuple[Any, ...]:
+    """``__reduce__`` of a value that holds read-only mappings, which pickle and copy
+    cannot copy: the value is rebuilt from a plain copy of each of its fields."""
+    plain_fields = (_thawed(getattr(value, field.name)) for field in dataclasses.fields(value))
+    return (type(value), tuple(plain_fields))
+
+
+def _thawed(value: object) -> Any:
+    """Returns a fresh plain copy (dicts and lists) of frozen JSON."""
+    if type(value) is MappingProxyType:
+        return {key: _thawed(item) for key, item in value.items()}
+    if type(value) is tuple:
+        return [_thawed(item) for item in value]
+    return value
+
+
+def _same_json(left: object, right: object) -> bool:
+    """JSON equality at any depth: unlike ==, True is not 1 and 1 is not 1.0."""
+    if left is right:
+        return True
+    # Frozen JSON objects are MappingProxyType, as in _schema_problem: testing for that
+    # class costs a tenth of isinstance(value, typing.Mapping).
+    if isinstance(left, MappingProxyType) and isinstance(right, MappingProxyType):
+        return left.keys() == right.keys() and all(_same_json(left[k], right[k]) for k in left)
+    if isinstance(left, tuple) and isinstance(right, tuple):
+        return len(left) == len(right) and all(map(_same_json, left, right))
+    return type(left) is type(right) and left == right
+
+
+def _json_type(value: object) -> str:
+    """Names the JSON type of a frozen JSON value."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, tuple):
+        return "array"
+    return "object"
+
+
+# --- Message IR ---------------------------------------------------------------------
+
+JSON: TypeAlias = Union[bool, int, float, str, Sequence["JSON"], Mapping[str, "JSON"], None]
+"""A JSON value. Frozen JSON (as a ToolCall holds it) uses read-only mappings and tuples."""
 
 
 @dataclass(frozen=True)
-class ModelRequest:
-    """One step's request: a frozen snapshot of the transcript and the tools' specs."""
+class TextBlock:
+    """Assistant text."""
 
-    id: str
-    messages: Tuple[Message, ...]
-    tools: Tuple[ToolSpec, ...]
-
-    def __reduce__(self) -> Tuple[Any, ...]:
-        # Also turns a loop-built request's lazy snapshot (see _TranscriptPrefix) into
-        # its tuple, so a copy never carries the run's transcript list.
-        return (ModelRequest, (self.id, self.messages, self.tools))
-
-    def to_dict(self) -> Dict[str, Any]:
-        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
-        return {
-            "id": self.id,
-            "messages": [message.to_dict() for message in self.messages],
-            "tools": [spec.to_dict() for spec in self.tools],
-        }
-
-
-class _TranscriptPrefix:
-    """``ModelRequest.messages`` of a request built by ``_snapshot_request()``.
-
-    Such a request holds the run's transcript list and its length at the step: the
-    list is only ever appended to, so its first ``length`` messages never change, and
-    copying them into the tuple can wait until a model reads ``messages`` (the loop
-    itself never does). The tuple is then stored in the request's ``__dict__``, where
-    attribute lookup finds it before this descriptor, as it does for a request built
-    by ``ModelRequest(...)``. So a step costs the same at 10 messages and at 4,000.
-    """
-
-    def __get__(self, request: ModelRequest, owner: Type[ModelRequest]) -> Tuple[Message, ...]:
-        # On the class itself request is None, and None.__dict__ raises AttributeError,
-        # as ModelRequest.messages always has (the field has no default).
-        transcript, length = request.__dict__["_transcript_prefix"]
-        messages = tuple(transcript[:length])
-        request.__dict__["messages"] = messages
-        return messages
-
-
-# Installed after @dataclass, which would otherwise take it for the field's default.
-ModelRequest.messages = _TranscriptPrefix()  # type: ignore[assignment]
-
-
-def _snapshot_request(
-    id: str, transcript: List[Message], tools: Tuple[ToolSpec, ...]
-) -> ModelRequest:
-    """A ModelRequest for the transcript as it is now, in O(1): see _TranscriptPrefix."""
-    request = object.__new__(ModelRequest)
-    fields = request.__dict__
-    fields["id"] = id
-    fields["_transcript_prefix"] = (transcript, len(transcript))
-    fields["tools"] = tools
-    return request
-
-
-@dataclass(frozen=True, init=False)
-class TextDelta:
-    """A streamed piece of assistant text."""
-
-    request_id: str
     text: str
     type: ClassVar[Literal["text"]] = "text"
 
-    def __init__(self, request_id: str, text: str) -> None:
-        # A model builds one chunk per delta: storing into __dict__ costs half of the
-        # generated frozen __init__, which goes through object.__setattr__ per field.
-        fields = self.__dict__
-        fields["request_id"] = request_id
-        fields["text"] = text
-
     def to_dict(self) -> Dict[str, Any]:
         """Returns the seed's JSON shape of this object (plain dicts and lists)."""
-        return {"type": self.type, "requestId": self.request_id, "text": self.text}
+        return {"type": self.type, "text": self.text}
 
 
-@dataclass(frozen=True, init=False)
-class ToolCallChunk:
-    """A streamed, complete tool call."""
+@dataclass(frozen=True, eq=False)
+class ToolCall:
+    """A request from the model to run one tool.
 
-    request_id: str
-    tool_call: ToolCall
+    ``arguments`` is a frozen copy made when the call is built: objects become
+    read-only mappings and arrays become tuples, so the caller's dict can change
+    afterwards without touching the call. The constructor never rejects arguments:
+    arguments that are not plain bounded JSON are kept as given, and the run that
+    receives such a call fails with MODEL_PROTOCOL_ERROR before any tool runs
+    (``execute_tool_call`` makes it an error result). Two calls are equal when their
+    id, name and arguments are equal as JSON (``True`` is not ``1``).
+    """
+
+    id: str
+    name: str
+    arguments: Mapping[str, JSON]
     type: ClassVar[Literal["toolCall"]] = "toolCall"
 
-    def __init__(self, request_id: str, tool_call: ToolCall) -> None:
-        fields = self.__dict__  # as in TextDelta: a chunk is built per streamed block
-        fields["request_id"] = request_id
-        fields["tool_call"] = tool_call
+    def __post_init__(self) -> None:
+        # Normalises only; the run decides where the call enters it (_checked_arguments).
+        # Invariant: the arguments are a read-only mapping exactly when they were plain
+        # bounded JSON when the call was built.
+        try:
+            arguments = _frozen_arguments(self.arguments)
+        except _NotPlainJSON:
+            if type(self.arguments) is not MappingProxyType:
+                return  # kept as given
+            arguments = dict(self.arguments)
+        object.__setattr__(self, "arguments", arguments)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ToolCall):
+            return NotImplemented
+        return (
+            self.id == other.id
+            and self.name == other.name
+            and _same_json(self.arguments, other.arguments)
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.id, self.name))  # equal calls share these; arguments are unhashable
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        return _reduce_to_plain_fields(self)
+
+    def plain_arguments(self) -> Dict[str, Any]:
+        """Returns a fresh plain copy of the arguments (dicts and lists), for ``json.dumps``."""
+        return cast("Dict[str, Any]", _thawed(self.arguments))
 
     def to_dict(self) -> Dict[str, Any]:
         """Returns the seed's JSON shape of this object (plain dicts and lists)."""
         return {
             "type": self.type,
-            "requestId": self.request_id,
-            "toolCall": self.tool_call.to_dict(),
+            "id": self.id,
+            "name": self.name,
+            "arguments": self.plain_arguments(),
         }
 
 
-ModelChunk = Union[TextDelta, ToolCallChunk]
+@dataclass(frozen=True)
+class UserMessage:
+    """A message from the user."""
+
+    id: str
+    content: str
+    role: ClassVar[Literal["user"]] = "user"
+
+    def to_dict(self) -> Dict[str, Any]:
+        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
+        return {"id": self.id, "role": self.role, "content": self.content}
 
 
 @dataclass(frozen=True)
-class ModelResponse:
-    """A model's terminal response to one request."""
+class AssistantMessage:
+    """A complete assistant response: text and tool-call blocks, in the model's order."""
 
     id: str
-    request_id: str
-    content: Sequence[_Block]  # any sequence; stored as a tuple
-    stop_reason: _StopReason
+    content: Sequence[Union[TextBlock, ToolCall]]  # any sequence; stored as a tuple
+    role: ClassVar[Literal["assistant"]] = "assistant"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "content", tuple(self.content))
@@ -868,22 +1481,62 @@ class ModelResponse:
         """Returns the seed's JSON shape of this object (plain dicts and lists)."""
         return {
             "id": self.id,
-            "requestId": self.request_id,
+            "role": self.role,
             "content": [block.to_dict() for block in self.content],
-            "stopReason": self.stop_reason,
         }
 
 
-class Model(Protocol):
-    """A model: ``stream()`` returns a generator that yields chunks and returns its response."""
+@dataclass(frozen=True)
+class ToolResultMessage:
+    """The result of one tool call, linked to it by ``tool_call_id``."""
 
-    def stream(
-        self, request: ModelRequest, signal: Signal
-    ) -> Generator[ModelChunk, None, ModelResponse]:
-        """Streams the answer to one request; the generator's return value is the response."""
+    id: str
+    tool_call_id: str
+    tool_name: str
+    content: str
+    is_error: bool
+    role: ClassVar[Literal["toolResult"]] = "toolResult"
+
+    def to_dict(self) -> Dict[str, Any]:
+        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
+        return {
+            "id": self.id,
+            "role": self.role,
+            "toolCallId": self.tool_call_id,
+            "toolName": self.tool_name,
+            "content": self.content,
+            "isError": self.is_error,
+        }
+
+
+Message = Union[UserMessage, AssistantMessage, ToolResultMessage]
+
+
+def text_from_assistant(message: AssistantMessage) -> str:
+    """Returns the text blocks of an assistant message, concatenated with no separator."""
+    return "".join(block.text for block in message.content if isinstance(block, TextBlock))
+
+
+def _tool_calls(message: AssistantMessage) -> List[ToolCall]:
+    """Returns the tool-call blocks of an assistant message, in assistant order."""
+    return [block for block in message.content if isinstance(block, ToolCall)]
 
 
 # --- Events and results -------------------------------------------------------------
+
+RunStatus = Literal["completed", "cancelled", "maxSteps", "failed"]
+"""How a run ended."""
+FailureCode = Literal[
+    "INVALID_TRANSCRIPT", "MODEL_PROTOCOL_ERROR", "MODEL_STREAM_ERROR", "TOOL_PHASE_ERROR"
+]
+"""Why a run failed (see the README's table of failure codes)."""
+EventType = Literal[
+    "message.accepted", "model.chunk", "tool.started", "tool.finished", "run.finished"
+]
+"""The five kinds of event a run yields."""
+_RUN_STATUSES: Final = get_args(RunStatus)
+_FAILURE_CODES: Final = get_args(FailureCode)
+_EVENT_TYPES: Final = get_args(EventType)
 
 
 @dataclass(frozen=True)
@@ -895,7 +1548,7 @@ class RunError:
     say), so it is not part of ``to_dict()`` or of equality.
     """
 
-    code: _FailureCode
+    code: FailureCode
     message: str
     exception: Optional[BaseException] = field(default=None, compare=False, repr=False)
 
@@ -908,7 +1561,7 @@ class RunError:
 class RunResult:
     """How a run ended, and the transcript it ended with (complete messages only)."""
 
-    status: _RunStatus
+    status: RunStatus
     messages: Tuple[Message, ...]
     steps: int
     final_text: Optional[str] = None
@@ -941,7 +1594,7 @@ _PAYLOAD_JSON_KEYS: Final = {
 }
 
 
-@dataclass(frozen=True, init=False)
+@dataclass(frozen=True)
 class Event:
     """One observable step of a run, numbered by the run's single counter.
 
@@ -949,22 +1602,16 @@ class Event:
     """
 
     sequence: int
-    type: _EventType
+    type: EventType
     payload: Mapping[str, Any]
+    __hash__ = None  # type: ignore[assignment]  # it holds a mapping
 
-    def __init__(self, sequence: int, type: _EventType, payload: Mapping[str, Any]) -> None:
-        # Every event of a run is built here. A frozen dataclass's generated __init__ goes
-        # through object.__setattr__ once per field; storing into __dict__ costs half.
-        fields = self.__dict__
-        fields["sequence"] = sequence
-        fields["type"] = type
-        if not isinstance(payload, MappingProxyType):  # (`type` is the event's, here)
-            payload = MappingProxyType(dict(payload))
-        fields["payload"] = payload
+    def __post_init__(self) -> None:
+        if type(self.payload) is not MappingProxyType:
+            object.__setattr__(self, "payload", MappingProxyType(dict(self.payload)))
 
     def __reduce__(self) -> Tuple[Any, ...]:
-        # pickle and copy cannot copy a read-only mapping: rebuild from a plain one.
-        return (Event, (self.sequence, self.type, dict(self.payload)))
+        return _reduce_to_plain_fields(self)
 
     def to_dict(self) -> Dict[str, Any]:
         """Returns the seed's JSON shape of this object (plain dicts and lists)."""
@@ -978,536 +1625,48 @@ class Event:
         }
 
 
-class _RunFailure(Exception):
-    """A run-time failure; the driver turns it into a ``failed`` RunResult, in one place."""
-
-    def __init__(self, code: _FailureCode, message: str) -> None:
-        super().__init__(message)
-        self.code: _FailureCode = code
-        self.message = message
-
-
-class _Cancelled(Exception):
-    """The signal was set; the driver turns it into a ``cancelled`` RunResult, in one place."""
-
-
-# --- The transcript -----------------------------------------------------------------
-
-
-def _is_text(value: object) -> TypeGuard[str]:
-    """Exactly a str: a subclass could redefine ==, len() or hash() under the loop's checks."""
-    return type(value) is str
-
-
-def _is_id(value: object) -> bool:
-    """Ids and names are non-empty strings."""
-    return _is_text(value) and value != ""
-
-
-# The checks below ask for the exact IR classes, as _is_text asks for exactly str: a
-# subclass could redefine == (and so agree with anything) or unfreeze its fields.
-
-
-def _block_problem(block: object) -> Optional[str]:
-    """Returns why an assistant block is malformed, or None."""
-    if type(block) is TextBlock:
-        return None if _is_text(block.text) else "a text block's text is not a str"
-    if type(block) is ToolCall:
-        if not _is_id(block.id):
-            return f"a tool call's id must be a non-empty str, got {block.id!r}"
-        if not _is_id(block.name):
-            return f"tool call {block.id!r}: name must be a non-empty str, got {block.name!r}"
-        if block._argument_problem is not None:
-            # Seed: "Tool arguments must be plain bounded JSON ... These checks occur
-            # before a Tool effect." The bounds were measured when the call was built.
-            return f"tool call {block.id!r}: {block._argument_problem}"
-        return None
-    return f"a {type(block).__name__} is not a TextBlock or ToolCall"
-
-
-def _message_problem(message: object) -> Optional[str]:
-    """Returns why a message is malformed on its own (linkage aside), or None."""
-    if type(message) is UserMessage:
-        fields_ok = _is_text(message.content)
-    elif type(message) is AssistantMessage:
-        for block in message.content:
-            problem = _block_problem(block)
-            if problem is not None:
-                return f"message {message.id!r}: {problem}"
-        fields_ok = True
-    elif type(message) is ToolResultMessage:
-        fields_ok = (
-            _is_id(message.tool_call_id)
-            and _is_id(message.tool_name)
-            and _is_text(message.content)
-            and isinstance(message.is_error, bool)
-        )
-    else:
-        return f"a {type(message).__name__} is not a message"
-    if not _is_id(message.id):
-        return f"a {message.role} message's id must be a non-empty str, got {message.id!r}"
-    if not fields_ok:
-        return f"message {message.id!r} has a field of the wrong type"
-    return None
-
-
-class _Transcript:
-    """The run's private transcript, with the indexes that make checking a message cost
-    what the message holds, whatever the length of the transcript.
-
-    ``messages`` is only ever appended to: requests keep it as their snapshot.
-
-    ``check`` validates one message against what is already here; ``append`` adds it
-    (a starting message or a response once checked; a tool result as
-    ``execute_tool_call`` linked it). A valid transcript: unique message ids and
-    tool-call ids, every tool result answers an open call of an earlier assistant
-    message with the same tool name, once. It is complete when no call is left open.
-    """
-
-    def __init__(self) -> None:
-        self.messages: List[Message] = []
-        self._message_ids: Set[str] = set()
-        self._call_ids: Set[str] = set()
-        self._open_calls: Dict[str, ToolCall] = {}
-
-    def check(self, message: object, code: _FailureCode) -> None:
-        """Raises _RunFailure(code) if the message is malformed or would break linkage."""
-        problem = _message_problem(message) or self._linkage_problem(message)  # type: ignore[arg-type]
-        if problem is not None:
-            raise _RunFailure(code, problem)
-
-    def _linkage_problem(self, message: Message) -> Optional[str]:
-        if message.id in self._message_ids:
-            return f"message id {message.id!r} is used twice"
-        if isinstance(message, AssistantMessage):
-            new_ids: Set[str] = set()
-            for call in message.content:
-                # Not _tool_calls(): this runs for every starting message and response,
-                # and a loop costs less than building a list (most hold no call).
-                if not isinstance(call, ToolCall):
-                    continue
-                if call.id in self._call_ids or call.id in new_ids:
-                    return f"tool call id {call.id!r} is used twice"
-                if "tool-result-" + call.id in self._message_ids:
-                    return f"the result id of tool call {call.id!r} is already taken"
-                new_ids.add(call.id)
-        elif isinstance(message, ToolResultMessage):
-            # Seed: "every call has one later matching result".
-            answered = self._open_calls.get(message.tool_call_id)
-            if answered is None:
-                return f"tool result {message.id!r} answers no open tool call"
-            if answered.name != message.tool_name:
-                return (
-                    f"tool result {message.id!r} names tool {message.tool_name!r}, "
-                    f"but its call names {answered.name!r}"
-                )
-        return None
-
-    def append(self, message: Message) -> None:
-        """Adds a message that keeps linkage, and indexes its ids and open calls."""
-        self.messages.append(message)
-        self._message_ids.add(message.id)
-        if isinstance(message, AssistantMessage):
-            for call in message.content:
-                if isinstance(call, ToolCall):  # as in _linkage_problem, no list built
-                    self._call_ids.add(call.id)
-                    self._open_calls[call.id] = call
-        elif isinstance(message, ToolResultMessage):
-            del self._open_calls[message.tool_call_id]
-
-    def require_complete(self, code: _FailureCode) -> None:
-        """Raises _RunFailure(code) while a tool call has no result."""
-        if self._open_calls:
-            raise _RunFailure(code, f"tool calls without a result: {list(self._open_calls)}")
-
-
-# --- The loop -----------------------------------------------------------------------
-
-
-def run_agent_loop(
-    *,
-    messages: Iterable[Message],
-    model: Model,
-    tools: ToolRegistry,
-    max_steps: int,
-    signal: Optional[Signal] = None,
-    request_sequence_start: int = 0,
-) -> Generator[Event, None, RunResult]:
-    """Validates the options, snapshots the run, and returns its event generator.
-
-    Iterating the generator yields the run's events; its return value is the
-    ``RunResult`` (``result = yield from run``, or ``settle_run(run)``). The starting
-    messages (at most ``MAX_INITIAL_MESSAGES + 1`` items are read) and the registry's
-    membership are snapshotted now: later changes to either do not reach the run.
-
-    Raises TypeError for an option of the wrong kind and ValueError for one out of
-    range, now, before anything is iterated. A bad starting transcript is not an
-    error here: the run finishes ``failed`` with ``INVALID_TRANSCRIPT``.
-    """
-    # ValidateOptions. Seed: "maxSteps must be a positive safe integer no greater
-    # than MAX_AGENT_STEPS ... Invalid construction throws before an EventStream is returned."
-    if not isinstance(max_steps, int) or isinstance(max_steps, bool):
-        raise TypeError(f"max_steps must be an int, got {type(max_steps).__name__}")
-    if not 1 <= max_steps <= MAX_AGENT_STEPS:
-        raise ValueError(f"max_steps must be an int in 1..{MAX_AGENT_STEPS}, got {max_steps}")
-    if not isinstance(request_sequence_start, int) or isinstance(request_sequence_start, bool):
-        raise TypeError(
-            f"request_sequence_start must be an int, got {type(request_sequence_start).__name__}"
-        )
-    # Seed: "Optional requestSequenceStart must keep the requested range within the same ceiling."
-    if request_sequence_start < 0 or request_sequence_start + max_steps > MAX_AGENT_STEPS:
-        raise ValueError(
-            f"request_sequence_start must be >= 0 with request_sequence_start + max_steps "
-            f"<= {MAX_AGENT_STEPS}, got {request_sequence_start} + {max_steps}"
-        )
-    if not callable(getattr(model, "stream", None)):
-        raise TypeError(f"model must have a callable stream(), got {type(model).__name__}")
-    if not isinstance(tools, ToolRegistry):
-        raise TypeError(f"tools must be a ToolRegistry, got {type(tools).__name__}")
-    if signal is None:
-        signal = threading.Event()
-    elif not (
-        callable(getattr(signal, "is_set", None)) and callable(getattr(signal, "wait", None))
-    ):
-        raise TypeError(f"signal must be a threading.Event, got {type(signal).__name__}")
-    try:
-        items = iter(messages)
-    except TypeError:
-        raise TypeError(
-            f"messages must be an iterable of messages, got {type(messages).__name__}"
-        ) from None
-    # SnapshotRun. Reading one past the cap tells "too many" without reading forever.
-    start: List[object] = list(itertools.islice(items, MAX_INITIAL_MESSAGES + 1))
-    run = _Run(start, model, ToolRegistry(tools), max_steps, signal, request_sequence_start)
-    return run.drive()
-
-
-class _Run:
-    """One run's private state: its snapshots, the transcript it owns, its one event counter."""
-
-    def __init__(
-        self,
-        start: List[object],
-        model: Model,
-        tools: ToolRegistry,
-        max_steps: int,
-        signal: Signal,
-        request_sequence_start: int,
-    ) -> None:
-        self.model = model
-        self.tools = tools
-        self.specs = tools.specs()
-        self.max_steps = max_steps
-        self.signal = signal
-        self.request_sequence_start = request_sequence_start
-        self.steps = 0
-        self.next_sequence = 0
-        self.transcript = _Transcript()
-        self.start_problem = self._snapshot_transcript(start)
-
-    def _snapshot_transcript(self, start: List[object]) -> Optional[str]:
-        """SnapshotRun: accepts the starting messages, or says why they are not a transcript."""
-        # Seed: "Initial messages are capped at 4096 ... and validated as a complete transcript."
-        if len(start) > MAX_INITIAL_MESSAGES:
-            return f"more than {MAX_INITIAL_MESSAGES} starting messages"
-        try:
-            for message in start:
-                self.transcript.check(message, "INVALID_TRANSCRIPT")
-                self.transcript.append(message)  # type: ignore[arg-type]
-            self.transcript.require_complete("INVALID_TRANSCRIPT")
-        except _RunFailure as failure:
-            self.transcript = _Transcript()  # nothing was accepted
-            return failure.message
-        return None
-
-    def drive(self) -> Generator[Event, None, RunResult]:
-        """The state diagram, from ValidateOptions' end to Finish.
-
-        Each ``--> Failed`` edge raises _RunFailure and each ``--> Cancelled`` edge
-        raises _Cancelled; both become the result here, and nowhere else.
-        """
-        try:
-            result = yield from self._run_steps()
-        except _Cancelled:
-            result = self._result("cancelled")
-        except _RunFailure as failure:
-            error = RunError(failure.code, failure.message, failure.__cause__)
-            result = self._result("failed", error=error)
-        return (yield from self._finish(result))
-
-    def _run_steps(self) -> Generator[Event, None, RunResult]:
-        """From SnapshotRun to Completed or MaxSteps; the other endings raise."""
-        if self.start_problem is not None:
-            raise _RunFailure("INVALID_TRANSCRIPT", self.start_problem)  # SnapshotRun --> Failed
-        self._check_signal()  # SnapshotRun --> Cancelled
-        yield from self._emit_accepted()  # SnapshotRun --> EmitAccepted --> OpenModel
-        for step in range(1, self.max_steps + 1):
-            request, stream = self._open_model(step)  # OpenModel --> ReadChunks
-            response, message = yield from self._read_chunks(request, stream)
-            self._append_assistant(message)  # ReadChunks --> AppendAssistant
-            if response.stop_reason == "stop":
-                # AppendAssistant --> Completed: stopReason stop
-                return self._result("completed", final_text=text_from_assistant(message))
-            # AppendAssistant --> ExecuteTools: stopReason toolCall
-            yield from self._execute_tools(request, message)
-            # ExecuteTools --> OpenModel: continuation allowed, while steps remain
-        # ExecuteTools --> MaxSteps. Seed: "If the current step equals maxSteps, the
-        # loop emits run.finished with status maxSteps and does not open another
-        # model request." The budget counts model turns, not tool calls.
-        return self._result("maxSteps", max_steps=self.max_steps)
-
-    def _emit_accepted(self) -> Generator[Event, None, None]:
-        """EmitAccepted: one message.accepted event per starting message."""
-        for message in self.transcript.messages:
-            yield self._event("message.accepted", message=message)
-            self._check_signal()  # after every event: its consumer may have set the signal
-
-    def _open_model(self, step: int) -> Tuple[ModelRequest, Generator[ModelChunk, None, Any]]:
-        """OpenModel: snapshots the transcript into request-NNN (in O(1): see
-        _TranscriptPrefix) and calls model.stream() once."""
-        # Seed: "requestSnapshot() freezes the current transcript and creates
-        # request-001, request-002, and so on, offset by requestSequenceStart".
-        request_id = f"request-{self.request_sequence_start + step:03d}"
-        request = _snapshot_request(request_id, self.transcript.messages, self.specs)
-        self.steps = step
-        try:
-            stream = self.model.stream(request, self.signal)
-        except Exception as error:
-            self._check_signal()  # a model that refused because it saw the signal was cancelled
-            raise _RunFailure(
-                "MODEL_STREAM_ERROR", f"model.stream() raised {_describe(error)}"
-            ) from error
-        if not isinstance(stream, collections.abc.Generator):
-            raise _RunFailure(
-                "MODEL_PROTOCOL_ERROR",
-                f"model.stream() must return a generator, got {type(stream).__name__}",
-            )
-        return request, stream
-
-    def _read_chunks(
-        self, request: ModelRequest, stream: Generator[ModelChunk, None, Any]
-    ) -> Generator[Event, None, Tuple[ModelResponse, AssistantMessage]]:
-        """ReadChunks: one model.chunk per valid chunk, then the checked terminal response.
-
-        Returns the response and its assistant message. The model's stream is closed
-        whichever way this ends.
-        """
-        # Seed: "The loop calls model.stream() and drains its event channel before
-        # awaiting the terminal response." The generator returns the response.
-        streamed: List[Union[str, ToolCall]] = []
-        text = 0
-        try:
-            while True:
-                try:
-                    chunk = next(stream)
-                except StopIteration as done:
-                    response = done.value
-                    break
-                except Exception as error:
-                    self._check_signal()  # a stream broken by cancellation was cancelled
-                    raise _RunFailure(
-                        "MODEL_STREAM_ERROR", f"the model's stream raised {_describe(error)}"
-                    ) from error
-                self._check_signal()  # after every chunk
-                # Seed: "The loop caps one step at 1024 chunks, 65,536 Unicode code points
-                # of text, and 1024 assistant blocks." (blocks: see _checked_response)
-                if len(streamed) == MAX_STEP_CHUNKS:
-                    raise _protocol_error(f"the model streamed more than {MAX_STEP_CHUNKS} chunks")
-                item = _streamed_item(chunk, request)
-                if isinstance(item, str):
-                    text += len(item)
-                    if text > MAX_STEP_TEXT:
-                        raise _protocol_error(
-                            f"the model streamed more than {MAX_STEP_TEXT} code points of text"
-                        )
-                streamed.append(item)
-                yield self._event("model.chunk", request_id=request.id, chunk=chunk)
-                self._check_signal()  # after every event
-        finally:
-            # A model whose cleanup fails cannot replace the step's outcome.
-            with contextlib.suppress(Exception):
-                stream.close()
-        self._check_signal()  # the terminal response arrived after cancellation: not appended
-        return self._checked_response(request, response, streamed)
-
-    def _checked_response(
-        self, request: ModelRequest, response: object, streamed: List[Union[str, ToolCall]]
-    ) -> Tuple[ModelResponse, AssistantMessage]:
-        """ReadChunks --> AppendAssistant: only a terminal response that keeps every rule."""
-        if type(response) is not ModelResponse:
-            raise _protocol_error(
-                f"the model's stream returned a {type(response).__name__}, not a ModelResponse"
-            )
-        _check_request_id(response.request_id, request)
-        if not _is_id(response.id):
-            raise _protocol_error(f"a response id must be a non-empty str, got {response.id!r}")
-        if response.stop_reason not in _STOP_REASONS:
-            raise _protocol_error(f"unknown stop reason {response.stop_reason!r}")
-        # Seed: "... and 1024 assistant blocks."
-        if len(response.content) > MAX_ASSISTANT_BLOCKS:
-            raise _protocol_error(f"the response holds more than {MAX_ASSISTANT_BLOCKS} blocks")
-        message = AssistantMessage("message-" + response.id, response.content)
-        self.transcript.check(message, "MODEL_PROTOCOL_ERROR")
-        calls = sum(isinstance(block, ToolCall) for block in response.content)
-        # Seed: "Tool calls are forbidden in a stop response."
-        if response.stop_reason == "stop" and calls:
-            raise _protocol_error("a stop response holds tool calls")
-        if response.stop_reason == "toolCall" and not calls:
-            raise _protocol_error("a toolCall response holds no tool call")
-        # Seed: "The resulting normalized block sequences must agree in content and
-        # order; raw text-chunk segmentation may differ."
-        terminal = [
-            block.text if isinstance(block, TextBlock) else block for block in response.content
-        ]
-        if _normalized(terminal) != _normalized(streamed):
-            raise _protocol_error("the streamed chunks and the terminal response disagree")
-        return response, message
-
-    def _append_assistant(self, message: AssistantMessage) -> None:
-        """AppendAssistant: the complete assistant message joins the transcript."""
-        self.transcript.append(message)
-
-    def _execute_tools(
-        self, request: ModelRequest, message: AssistantMessage
-    ) -> Generator[Event, None, None]:
-        """ExecuteTools: every call of the message, in assistant order, one at a time."""
-        for call in _tool_calls(message):
-            # Seed: "For each call, it emits tool.started, awaits executeToolCall(),
-            # appends the linked Tool-result message, then emits tool.finished."
-            yield self._event("tool.started", request_id=request.id, tool_call=call)
-            self._check_signal()  # after every event
-            try:
-                result = execute_tool_call(self.tools, call, self.signal)
-            except (KeyboardInterrupt, SystemExit):
-                raise
-            except BaseException as error:  # Exceptions already became recoverable results
-                self._check_signal()
-                raise _RunFailure(
-                    "TOOL_PHASE_ERROR",
-                    f"tool call {call.id!r} could not finish: {_describe(error)}",
-                ) from error
-            # A result that arrives after cancellation is discarded, never appended.
-            self._check_signal()
-            # Linked by construction: execute_tool_call derives the result from the call,
-            # whose result id was checked free before any tool ran.
-            self.transcript.append(result)
-            yield self._event(
-                "tool.finished", request_id=request.id, tool_call=call, tool_result=result
-            )
-            self._check_signal()  # after every event
-        # Seed: "After the complete Tool batch, validateTranscript() proves that every
-        # call has one later matching result." As built it cannot fail (each call above
-        # got its result or raised); it stays as the seed's own check, and costs O(1).
-        self.transcript.require_complete("TOOL_PHASE_ERROR")
-
-    def _finish(self, result: RunResult) -> Generator[Event, None, RunResult]:
-        """Finish: run.finished, always the last event, carries the result the run returns."""
-        yield self._event("run.finished", result=result)
-        return result
-
-    def _check_signal(self) -> None:
-        """Any phase --> Cancelled: signal aborts."""
-        if self.signal.is_set():
-            raise _Cancelled
-
-    def _event(self, type: _EventType, **payload: Any) -> Event:
-        # Seed: "Each event receives the next integer sequence; no component owns a
-        # separate counter."
-        event = Event(self.next_sequence, type, MappingProxyType(payload))
-        self.next_sequence += 1
-        return event
-
-    def _result(self, status: _RunStatus, **fields: Any) -> RunResult:
-        return RunResult(status, tuple(self.transcript.messages), self.steps, **fields)
-
-
-def _protocol_error(message: str) -> _RunFailure:
-    """Seed: "Contradiction or excess becomes a failed MODEL_PROTOCOL_ERROR result"."""
-    return _RunFailure("MODEL_PROTOCOL_ERROR", message)
-
-
-def _check_request_id(request_id: object, request: ModelRequest) -> None:
-    """Seed: "Request IDs must match the active request." (chunks and responses alike)"""
-    if not _is_text(request_id) or request_id != request.id:
-        raise _protocol_error(f"{request_id!r} is not the active request {request.id!r}")
-
-
-def _streamed_item(chunk: object, request: ModelRequest) -> Union[str, ToolCall]:
-    """Checks one streamed chunk; returns its text or its tool call."""
-    if type(chunk) is TextDelta:
-        if not _is_text(chunk.text):
-            raise _protocol_error(
-                f"a text chunk's text must be a str, got {type(chunk.text).__name__}"
-            )
-        item: Union[str, ToolCall] = chunk.text
-    elif type(chunk) is ToolCallChunk:
-        if type(chunk.tool_call) is not ToolCall:
-            raise _protocol_error(f"a tool-call chunk carries a {type(chunk.tool_call).__name__}")
-        problem = _block_problem(chunk.tool_call)
-        if problem is not None:
-            raise _protocol_error(problem)
-        item = chunk.tool_call
-    else:
-        raise _protocol_error(f"the model streamed a {type(chunk).__name__}, not a model chunk")
-    _check_request_id(chunk.request_id, request)
-    return item
-
-
-def _normalized(items: Iterable[Union[str, ToolCall]]) -> List[Union[str, ToolCall]]:
-    """Coalesces adjacent text, with tool calls as boundaries; empty text carries nothing."""
-    # Seed: "the loop coalesces adjacent streamed text deltas and adjacent terminal
-    # text blocks, using Tool calls as boundaries."
-    normalized: List[Union[str, ToolCall]] = []
-    for is_text, run in itertools.groupby(items, key=lambda item: isinstance(item, str)):
-        if is_text:
-            text = "".join(cast(Iterable[str], run))
-            if text:
-                normalized.append(text)
-        else:
-            normalized.extend(run)
-    return normalized
-
-
-def settle_run(run: Generator[Event, None, RunResult]) -> Tuple[List[Event], RunResult]:
-    """Drains a run; returns its events and its RunResult."""
-    events: List[Event] = []
-    while True:
-        try:
-            events.append(next(run))
-        except StopIteration as done:
-            return events, done.value
-
-
 # --- Test helpers -------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class _ScriptedResponse:
-    """One turn of a ScriptedModel: the response it returns and the chunks it streams."""
+class ScriptedResponse:
+    """One turn of a ScriptedModel: the response it returns and the chunks it streams.
+
+    Build it with ``scripted_response()``, which says what each field does.
+    """
 
     id: str
-    content: Tuple[_Block, ...]
-    stop_reason: _StopReason
-    chunks: Optional[Tuple[_Block, ...]]
-    request_id: Optional[str]
+    content: Sequence[Union[TextBlock, ToolCall]]  # any sequence; stored as a tuple
+    stop_reason: StopReason
+    chunks: Optional[Sequence[Union[TextBlock, ToolCall]]] = None  # stored as a tuple
+    request_id: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "content", tuple(self.content))
+        if self.chunks is not None:
+            object.__setattr__(self, "chunks", tuple(self.chunks))
 
 
 def scripted_response(
     id: str,
-    content: Iterable[_Block],
-    stop_reason: _StopReason,
+    content: Iterable[Union[TextBlock, ToolCall]],
+    stop_reason: StopReason,
     *,
-    chunks: Optional[Iterable[_Block]] = None,
+    chunks: Optional[Iterable[Union[TextBlock, ToolCall]]] = None,
     request_id: Optional[str] = None,
-) -> _ScriptedResponse:
+) -> ScriptedResponse:
     """One scripted model turn.
 
     The model streams each block of ``chunks`` (default: ``content``) as one chunk
     with the active request id, then returns ``ModelResponse(id, request_id or the
     active request id, content, stop_reason)``.
     """
-    return _ScriptedResponse(
-        id, tuple(content), stop_reason, None if chunks is None else tuple(chunks), request_id
+    return ScriptedResponse(
+        id,
+        tuple(content),
+        stop_reason,
+        chunks=None if chunks is None else tuple(chunks),
+        request_id=request_id,
     )
 
 
@@ -1519,7 +1678,7 @@ class ScriptedModel:
     recorded), so a run that asks for one turn too many fails with MODEL_STREAM_ERROR.
     """
 
-    def __init__(self, responses: Iterable[_ScriptedResponse]) -> None:
+    def __init__(self, responses: Iterable[ScriptedResponse]) -> None:
         self._responses = tuple(responses)
         self.requests: List[ModelRequest] = []
         self.call_count = 0
@@ -1534,7 +1693,7 @@ class ScriptedModel:
                 response_id = (
                     message.id[len(prefix) :] if message.id.startswith(prefix) else message.id
                 )
-                stop_reason: _StopReason = "toolCall" if _tool_calls(message) else "stop"
+                stop_reason: StopReason = "toolCall" if _tool_calls(message) else "stop"
                 responses.append(scripted_response(response_id, message.content, stop_reason))
         return cls(responses)
 
@@ -1552,7 +1711,7 @@ class ScriptedModel:
 
     @staticmethod
     def _replay(
-        request: ModelRequest, scripted: _ScriptedResponse
+        request: ModelRequest, scripted: ScriptedResponse
     ) -> Generator[ModelChunk, None, ModelResponse]:
         blocks = scripted.content if scripted.chunks is None else scripted.chunks
         for block in blocks:
@@ -1607,18 +1766,16 @@ def _read_choice(data: Dict[str, Any], key: str, choices: Tuple[str, ...], where
     return value
 
 
-def _block_from_dict(data: object, where: str) -> _Block:
+def _block_from_dict(data: object, where: str) -> Union[TextBlock, ToolCall]:
     block = _object(data, where)
     if _read_choice(block, "type", ("text", "toolCall"), where) == "text":
         return TextBlock(_read(block, "text", str, where))
-    call = ToolCall(
-        _read(block, "id", str, where),
-        _read(block, "name", str, where),
-        _read(block, "arguments", dict, where),
-    )
-    if call._argument_problem is not None:
-        raise ValueError(f"{where}.arguments: {call._argument_problem}")
-    return call
+    arguments = _read(block, "arguments", dict, where)
+    try:
+        _frozen_arguments(arguments)
+    except _NotPlainJSON as problem:
+        raise ValueError(f"{where}.arguments: {problem}") from None
+    return ToolCall(_read(block, "id", str, where), _read(block, "name", str, where), arguments)
 
 
 def _tool_call_from_dict(data: object, where: str) -> ToolCall:
@@ -1828,7 +1985,7 @@ def _demo_model() -> ScriptedModel:
 
 
 def _brief(call: ToolCall) -> str:
-    return f"{call.name}({json.dumps(_thawed(call.arguments), separators=(',', ':'))}) [{call.id}]"
+    return f"{call.name}({json.dumps(call.plain_arguments(), separators=(',', ':'))}) [{call.id}]"
 
 
 def _demo_line(event: Event) -> str:

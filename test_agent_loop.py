@@ -3199,15 +3199,20 @@ _LIM_API_NAMES = [
     "TextDelta",
     "ToolCallChunk",
     "ModelResponse",
+    "StopReason",
     # Tools
     "Tool",
     "ToolRegistry",
     "ToolSpec",
     "execute_tool_call",
+    "ToolError",
     # Events and results
     "Event",
     "RunResult",
     "RunError",
+    "RunStatus",
+    "FailureCode",
+    "EventType",
     # Limits
     "MAX_AGENT_STEPS",
     "MAX_INITIAL_MESSAGES",
@@ -3220,6 +3225,7 @@ _LIM_API_NAMES = [
     "MAX_ARGUMENT_TEXT",
     # Test helpers
     "ScriptedModel",
+    "ScriptedResponse",
     "scripted_response",
     # Interop, replay and resumption
     "message_from_dict",
