@@ -57,7 +57,7 @@ Invariants:
   whatever the length of the transcript; a request's snapshot is a tuple of it.
 - Cancellation is a ``threading.Event`` (or anything with its ``is_set()`` and
   ``wait()``: see ``Signal``). The loop looks at it each time control comes back
-  from code it does not own, in two places: ``_Run._emit`` after every event (the
+  from code it does not own, in two places: ``_Run.drive`` after every event (the
   consumer ran), and ``_Run._call`` after the model, its stream or a tool returned
   or raised. Those are the seed's points: between phases, during initial emission,
   during streaming, while waiting for the terminal response, and around tools.
@@ -330,18 +330,32 @@ class _Run:
             self.invalid_start = failure
 
     def drive(self) -> Generator[Event, None, RunResult]:
-        """The state diagram, from SnapshotRun to Finish.
+        """The state diagram, from SnapshotRun to Finish, and the one place where events
+        leave the run: the phases yield them here, and this hands each to the consumer.
 
         Each ``--> Failed`` edge raises _RunFailure and each ``--> Cancelled`` edge
         raises _Cancelled; both become the result here, and nowhere else.
         """
+        steps = self._run_steps()
         try:
-            result = yield from self._run_steps()
+            while True:
+                try:
+                    event = next(steps)
+                except StopIteration as done:
+                    result: RunResult = done.value
+                    break
+                yield event
+                # After every event: the consumer ran, and may have set the signal.
+                self._check_signal()
         except _Cancelled:
             result = self._result("cancelled")
         except _RunFailure as failure:
             error = RunError(failure.code, failure.message, failure.__cause__)
             result = self._result("failed", error=error)
+        finally:
+            # Cancelled after an event, or closed by the consumer: the phase that was
+            # waiting ends too, and with it the model's stream.
+            steps.close()
         return (yield from self._finish(result))
 
     def _run_steps(self) -> Generator[Event, None, RunResult]:
@@ -370,7 +384,7 @@ class _Run:
     def _emit_accepted(self) -> Generator[Event, None, None]:
         """EmitAccepted: one message.accepted event per starting message."""
         for message in self.transcript.messages:
-            yield from self._emit("message.accepted", message=message)
+            yield self._event("message.accepted", message=message)
 
     def _open_model(self, step: int) -> Tuple[ModelRequest, Generator[ModelChunk, None, Any]]:
         """OpenModel: snapshots the transcript into request-NNN and calls model.stream() once."""
@@ -407,7 +421,7 @@ class _Run:
                     response = done.value
                     break
                 streamed.add(chunk)
-                yield from self._emit("model.chunk", request_id=request.id, chunk=chunk)
+                yield self._event("model.chunk", request_id=request.id, chunk=chunk)
         finally:
             # A model whose cleanup fails cannot replace the step's outcome.
             with contextlib.suppress(Exception):
@@ -453,7 +467,7 @@ class _Run:
         for call in _tool_calls(message):
             # Seed: "For each call, it emits tool.started, awaits executeToolCall(),
             # appends the linked Tool-result message, then emits tool.finished."
-            yield from self._emit("tool.started", request_id=request.id, tool_call=call)
+            yield self._event("tool.started", request_id=request.id, tool_call=call)
             # A result that arrives after cancellation is discarded. An Exception from the
             # tool is already a recoverable result; what else it raises ends the phase.
             result = self._call(
@@ -467,7 +481,7 @@ class _Run:
             # Linked by construction: the result is derived from the call, whose
             # result id was checked free before any tool ran.
             self.transcript.append(result)
-            yield from self._emit(
+            yield self._event(
                 "tool.finished", request_id=request.id, tool_call=call, tool_result=result
             )
         # Seed: "After the complete Tool batch, validateTranscript() proves that every
@@ -479,12 +493,6 @@ class _Run:
         """Finish: run.finished, always the last event, carries the result the run returns."""
         yield self._event("run.finished", result=result)
         return result
-
-    def _emit(self, type: EventType, **payload: Any) -> Generator[Event, None, None]:
-        """Yields the next event; when the consumer resumes the run, looks at the signal."""
-        yield self._event(type, **payload)
-        # The consumer ran between the yield and now, and may have set the signal.
-        self._check_signal()
 
     def _event(self, type: EventType, **payload: Any) -> Event:
         # Seed: "Each event receives the next integer sequence; no component owns a
@@ -615,10 +623,7 @@ class _StreamedBlocks:
                 f"{len(content)} block(s): a model must yield a chunk for each block it "
                 "returns (a TextDelta per text, a ToolCallChunk per tool call)"
             )
-        index = next(
-            (i for i, (a, b) in enumerate(zip(streamed, terminal)) if a != b),
-            min(len(streamed), len(terminal)),
-        )
+        index = cast(int, _first_difference(streamed, terminal))  # they differ
         raise _protocol_error(
             "the streamed chunks and the terminal response disagree at normalised block "
             f"{index}: streamed {_shortened(streamed, index)}, "
@@ -639,6 +644,14 @@ def _normalized(items: Iterable[Union[str, ToolCall]]) -> List[Union[str, ToolCa
         else:
             normalized.extend(run)
     return normalized
+
+
+def _first_difference(left: Sequence[Any], right: Sequence[Any]) -> Optional[int]:
+    """The first index at which two sequences differ (one may end first), or None."""
+    for index, (left_item, right_item) in enumerate(zip(left, right)):
+        if left_item != right_item:
+            return index
+    return None if len(left) == len(right) else min(len(left), len(right))
 
 
 def _shortened(blocks: List[Union[str, ToolCall]], index: int) -> str:
@@ -680,7 +693,7 @@ def _checked_block(block: object, code: FailureCode) -> Union[TextBlock, ToolCal
     if type(block) is TextBlock:
         if not _is_text(block.text):
             given = f"{block.text!r} ({type(block.text).__name__})"
-            raise _RunFailure(code, f"a text block's field 'text' must be a str, got {given}")
+            raise _RunFailure(code, f"a text block: field 'text' must be a str, got {given}")
         return block
     if type(block) is not ToolCall:
         raise _RunFailure(code, f"a {type(block).__name__} is not a TextBlock or ToolCall")
@@ -699,40 +712,48 @@ def _checked_block(block: object, code: FailureCode) -> Union[TextBlock, ToolCal
 
 def _checked_message(message: object, code: FailureCode) -> Message:
     """Returns a message that keeps the IR's rules on its own (linkage aside), or raises
-    _RunFailure(code)."""
-    if type(message) is AssistantMessage:
+    _RunFailure(code) naming the field."""
+    if type(message) is UserMessage:
+        if not _is_text(message.content):
+            raise _RunFailure(code, _wrong_field(message, "content"))
+    elif type(message) is AssistantMessage:
         for block in message.content:
             try:
                 _checked_block(block, code)
             except _RunFailure as failure:
                 raise _RunFailure(code, f"message {message.id!r}: {failure.message}") from None
-    elif type(message) is not UserMessage and type(message) is not ToolResultMessage:
+    elif type(message) is ToolResultMessage:
+        if not _is_id(message.tool_call_id):
+            raise _RunFailure(code, _wrong_field(message, "tool_call_id"))
+        if not _is_id(message.tool_name):
+            raise _RunFailure(code, _wrong_field(message, "tool_name"))
+        if not _is_text(message.content):
+            raise _RunFailure(code, _wrong_field(message, "content"))
+        if type(message.is_error) is not bool:
+            raise _RunFailure(code, _wrong_field(message, "is_error"))
+    else:
         raise _RunFailure(code, f"a {type(message).__name__} is not a message")
-    for name, expected, is_valid in _MESSAGE_FIELDS[message.role]:
-        value = getattr(message, name)
-        if not is_valid(value):
-            where = f"a {message.role} message" if name == "id" else f"message {message.id!r}"
-            given = f"{value!r} ({type(value).__name__})"
-            raise _RunFailure(code, f"{where}: field {name!r} must be a {expected}, got {given}")
+    if not _is_id(message.id):
+        raise _RunFailure(code, _wrong_field(message, "id"))
     return message
 
 
-def _is_bool(value: object) -> bool:
-    return type(value) is bool
-
-
-# For each role, the fields _checked_message checks: name, what it must be, its test.
-_MESSAGE_FIELDS: Final[Dict[str, Tuple[Tuple[str, str, Callable[[object], bool]], ...]]] = {
-    "user": (("id", "non-empty str", _is_id), ("content", "str", _is_text)),
-    "assistant": (("id", "non-empty str", _is_id),),
-    "toolResult": (
-        ("id", "non-empty str", _is_id),
-        ("tool_call_id", "non-empty str", _is_id),
-        ("tool_name", "non-empty str", _is_id),
-        ("content", "str", _is_text),
-        ("is_error", "bool", _is_bool),
-    ),
+# What _wrong_field says each checked field must be.
+_FIELD_TYPES: Final = {
+    "id": "a non-empty str",
+    "tool_call_id": "a non-empty str",
+    "tool_name": "a non-empty str",
+    "content": "a str",
+    "is_error": "a bool",
 }
+
+
+def _wrong_field(message: Message, name: str) -> str:
+    """Says which field of a message has the wrong type: expected and given."""
+    value = getattr(message, name)
+    where = f"a {message.role} message" if name == "id" else f"message {message.id!r}"
+    given = f"{value!r} ({type(value).__name__})"
+    return f"{where}: field {name!r} must be {_FIELD_TYPES[name]}, got {given}"
 
 
 class _Transcript:
@@ -926,10 +947,15 @@ class Signal(Protocol):
 
 
 class Model(Protocol):
-    """A model: ``stream()`` returns a generator that yields chunks and returns its response."""
+    """A model: ``stream()`` returns a generator that yields chunks and returns its response.
+
+    ``signal`` is the run's signal, as the caller gave it (a ``threading.Event`` unless
+    they gave another ``Signal``). It is typed ``Any`` here, as a tool's is, so that an
+    implementation may annotate it ``Signal`` or ``threading.Event``.
+    """
 
     def stream(
-        self, request: ModelRequest, signal: Signal
+        self, request: ModelRequest, signal: Any
     ) -> Generator[ModelChunk, None, ModelResponse]:
         """Streams the answer to one request; the generator's return value is the response."""
 
