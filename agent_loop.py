@@ -128,6 +128,7 @@ import os
 import reprlib
 import sys
 import threading
+import types
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import (
@@ -152,6 +153,8 @@ from typing import (
     Union,
     cast,
     get_args,
+    get_origin,
+    get_type_hints,
 )
 
 if TYPE_CHECKING:  # annotations only: the module needs nothing at run time
@@ -1022,7 +1025,9 @@ class Tool:
     name: str
     description: str
     parameters: Mapping[str, Any]
-    execute: Callable[[Dict[str, Any], Signal], object]
+    # The signal is Any here so that a function annotated with Signal or with
+    # threading.Event fits (a Callable's parameters are contravariant).
+    execute: Callable[[Dict[str, Any], Any], object]
     __hash__ = None  # type: ignore[assignment]  # it holds a mapping
 
     def __post_init__(self) -> None:
@@ -1036,6 +1041,53 @@ class Tool:
     def spec(self) -> ToolSpec:
         """Returns what a model request tells the model about this tool."""
         return ToolSpec(self.name, self.description, self.parameters)
+
+    @classmethod
+    def from_function(
+        cls,
+        fn: Callable[..., object],
+        *,
+        name: Optional[str] = None,
+        description: Optional[str] = None,
+    ) -> Tool:
+        """Builds a Tool from a function that takes the arguments as keyword parameters.
+
+        ``def add(left: float, right: float) -> float`` becomes the tool ``add``. The
+        schema comes from the type hints (``typing.get_type_hints``, so ``from
+        __future__ import annotations`` works); every parameter without a default is
+        required, and no other property is allowed. A parameter named ``signal`` gets
+        the run's signal and is not in the schema. The description is the whole
+        docstring, as ``inspect.getdoc`` cleans it (``""`` without one); ``name`` and
+        ``description`` override. The tool calls ``fn(**arguments)`` (with
+        ``signal=signal`` if asked), and what ``fn`` returns is the result, as for any
+        tool.
+
+        Hints: ``str`` string, ``int`` integer, ``float`` number (an int is accepted
+        too), ``bool`` boolean, ``None`` null, ``list``/``List[X]``/``list[X]`` array
+        (``items`` from X), ``dict``/``Dict[str, Any]`` object, ``Literal[...]`` of
+        JSON scalars ``enum`` (with ``type`` when the values share one JSON type).
+        A schema has one ``type``, so ``Optional[X]``/``X | None`` needs the default
+        None: its schema is X's, not required, and the model leaves it out for None
+        (``Optional[Literal[...]]`` adds null to the ``enum`` and needs no default).
+
+        Raises TypeError, naming the parameter, for a hint the enforced schema subset
+        cannot express, a parameter with no hint, ``*args``, ``**kwargs`` or a
+        positional-only parameter; for an async function or anything but a function or
+        a method; and as ``Tool()`` does for the name or description.
+        """
+        parameters, wants_signal = _function_parameters(fn)
+
+        def execute(arguments: Dict[str, Any], signal: Signal) -> object:
+            if wants_signal:
+                return fn(**arguments, signal=signal)
+            return fn(**arguments)
+
+        return cls(
+            fn.__name__ if name is None else name,
+            (inspect.getdoc(fn) or "") if description is None else description,
+            parameters,
+            execute,
+        )
 
 
 def _checked_tool_fields(
@@ -1072,6 +1124,117 @@ def _check_execute(name: str, execute: object) -> None:
             f"Tool {name!r}: execute{signature} cannot be called as execute(arguments, "
             "signal); give it two positional parameters, e.g. def execute(arguments, signal)"
         ) from None
+
+
+def _function_parameters(fn: object) -> Tuple[Dict[str, Any], bool]:
+    """Tool.from_function: the schema of fn's keyword parameters, and whether it takes
+    the signal."""
+    if not (inspect.isfunction(fn) or inspect.ismethod(fn)):
+        raise TypeError(
+            f"Tool.from_function takes a function or a method, got {type(fn).__name__}"
+        )
+    if inspect.iscoroutinefunction(fn):  # its result would be a coroutine, never awaited
+        raise TypeError(
+            f"Tool.from_function: {fn.__qualname__} is an async function, and the loop "
+            "calls tools synchronously; give it a plain def"
+        )
+    try:
+        hints = get_type_hints(fn)
+    except Exception as error:  # a name the annotation string uses is not defined, say
+        raise TypeError(
+            f"Tool.from_function: cannot resolve the type hints of {fn.__qualname__}: "
+            f"{_describe(error)}"
+        ) from None
+    properties: Dict[str, Any] = {}
+    required: List[str] = []
+    wants_signal = False
+    for parameter in inspect.signature(fn).parameters.values():
+        where = f"Tool.from_function({fn.__qualname__}): parameter {parameter.name!r}"
+        if parameter.kind not in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY):
+            raise TypeError(
+                f"{where} is {parameter.kind.description}: the tool calls fn(**arguments), "
+                "so each parameter must be one that can be passed by name"
+            )
+        if parameter.name == "signal":
+            wants_signal = True
+            continue
+        if parameter.name not in hints:
+            raise TypeError(f"{where} has no type hint: the schema is made from the hints")
+        default_none = parameter.default is None
+        properties[parameter.name] = _hint_schema(hints[parameter.name], where, default_none)
+        if parameter.default is parameter.empty:
+            required.append(parameter.name)
+    schema = {
+        "type": "object",
+        "properties": properties,
+        "required": required,
+        "additionalProperties": False,
+    }
+    return schema, wants_signal
+
+
+_HINT_TYPES: Final = (
+    (str, "string"),
+    (bool, "boolean"),
+    (int, "integer"),
+    (float, "number"),
+    (type(None), "null"),
+)
+"""The hints Tool.from_function turns into a schema type, as pairs: Literal values and
+others may be unhashable, so they are compared by identity, not looked up."""
+
+
+def _hint_schema(hint: Any, where: str, default_none: bool) -> Dict[str, Any]:
+    """Tool.from_function: the schema that admits exactly the JSON values of a hint."""
+    origin = get_origin(hint)
+    arguments = get_args(hint)
+    for python_type, json_type in _HINT_TYPES:
+        if hint is python_type:
+            return {"type": json_type}
+    # Union[X, None] has the origin typing.Union, and X | None (3.10+) types.UnionType.
+    if origin is Union or origin is getattr(types, "UnionType", Union):
+        others = [argument for argument in arguments if argument is not type(None)]
+        if len(others) == 1 and len(arguments) == 2:
+            if get_origin(others[0]) is Literal:
+                return _literal_schema((*get_args(others[0]), None), where)
+            if default_none:  # the model leaves it out, and fn gets its default None
+                return _hint_schema(others[0], where, False)
+        raise TypeError(
+            f"{where}: {hint} admits values of several JSON types, and a schema here has "
+            "one type (no anyOf); for Optional[X], give the parameter the default None"
+        )
+    if hint is list or origin is list:
+        if arguments:
+            return {"type": "array", "items": _hint_schema(arguments[0], where, False)}
+        return {"type": "array"}
+    if hint is dict or origin is dict:
+        if arguments and arguments != (str, Any):
+            raise TypeError(
+                f"{where}: {hint} types the values of an object, which a schema here "
+                "cannot say (no additionalProperties schema); use dict or Dict[str, Any]"
+            )
+        return {"type": "object"}
+    if origin is Literal:
+        return _literal_schema(arguments, where)
+    raise TypeError(
+        f"{where}: {hint!r} has no schema in the subset this loop enforces; use str, "
+        "int, float, bool, None, list, dict, Literal, or Optional of one of them"
+    )
+
+
+def _literal_schema(values: Tuple[object, ...], where: str) -> Dict[str, Any]:
+    """Tool.from_function: the enum of a Literal, typed when its values share a JSON type."""
+    kinds = set()
+    for value in values:
+        if not any(type(value) is python_type for python_type, _ in _HINT_TYPES):
+            raise TypeError(
+                f"{where}: Literal value {value!r} is a {type(value).__name__}, "
+                "not a JSON scalar (str, int, float, bool or None)"
+            )
+        kinds.add(_json_type(value))
+    if len(kinds) == 1:
+        return {"type": kinds.pop(), "enum": list(values)}
+    return {"enum": list(values)}
 
 
 def _frozen_schema(schema: object, where: str, depth: int) -> Mapping[str, Any]:

@@ -1,4 +1,4 @@
-"""Timing of agent_loop on the workloads of Pi's bench.mjs, with a scripted model.
+"""Timing of agent_loop on the workloads that pi/bench_pi.mjs times for Pi, with a scripted model.
 
 Run from the repository root (standard library only; it imports the local
 ``agent_loop.py``)::
@@ -7,7 +7,7 @@ Run from the repository root (standard library only; it imports the local
     python benchmarks/bench_agent_loop.py --quick          # 20 warm-up + 100 runs each
     python benchmarks/bench_agent_loop.py --pi pi.jsonl    # also compare with Pi
 
-``--pi`` takes the JSON lines that ``node bench.mjs`` prints (shared/bench-pi);
+``--pi`` takes the JSON lines that ``node bench_pi.mjs`` prints (benchmarks/pi);
 other lines in the file are ignored, and a workload measured several times counts
 with the median of its medians.
 
@@ -27,12 +27,12 @@ Workloads (a scripted model and one ``echo`` tool, which returns its ``text``):
   leaves to step 1. (A 9-step run minus a 1-step run, divided by 8, measures the
   same, but a 4,000-message run lasts ~5-8 ms and its jitter swamps 8 steps.)
 
-Method, as in bench.mjs: one untimed run whose outcome is checked (the script
+Method, as in bench_pi.mjs: one untimed run whose outcome is checked (the script
 exits with status 1 if it is wrong, so a broken run is never measured), warm-up
 runs, then timed runs. One timed run builds a fresh ScriptedModel (the scripted
 responses are built once and reused, like Pi's steps), calls run_agent_loop,
 drains every event and takes the result. The figure is the median, read as
-``sorted[int(p / 100 * (n - 1) + 0.5)]`` like bench.mjs. The garbage collector
+``sorted[int(p / 100 * (n - 1) + 0.5)]`` like bench_pi.mjs. The garbage collector
 stays on, as Node's does. The targets are printed, never asserted: a timing is
 not a test.
 """
@@ -64,7 +64,7 @@ PI_WORKLOADS = {
     "W2": "W2_streaming",
     "W3": "W3p_long_transcript_as_prompts",
 }
-"""Which of bench.mjs's workloads each of ours is compared with."""
+"""Which of bench_pi.mjs's workloads each of ours is compared with."""
 PI_TARGET = 2.0
 """W1-W3 may take at most twice as long as Pi's."""
 SCALING_TARGET = 1.5
@@ -219,7 +219,7 @@ def long_transcript(name: str, length: int, tool_steps: int) -> Workload:
 
 
 def percentile(samples: Sequence[float], p: float) -> float:
-    """bench.mjs's percentile: no interpolation, halves rounded up."""
+    """bench_pi.mjs's percentile: no interpolation, halves rounded up."""
     ordered = sorted(samples)
     return ordered[int(p / 100 * (len(ordered) - 1) + 0.5)]
 
@@ -252,7 +252,7 @@ def median_seconds(runs: Sequence[Callable[[], object]], warmup: int, count: int
 
 
 def pi_medians(path: str | None) -> dict[str, tuple[float, int, int]]:
-    """Pi's median µs, events per run and number of measurements, by bench.mjs label."""
+    """Pi's median µs, events per run and number of measurements, by bench_pi.mjs label."""
     if path is None:
         return {}
     found: dict[str, list[dict[str, Any]]] = {}
@@ -382,13 +382,13 @@ def report_validation(warmup: int, runs: int) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python benchmarks/bench_agent_loop.py",
-        description="Times agent_loop on Pi's bench.mjs workloads (W1-W3) and its scaling (W4).",
+        description="Times agent_loop on bench_pi.mjs's workloads (W1-W3) and its scaling (W4).",
     )
     parser.add_argument(
         "--quick", action="store_true", help="20 warm-up and 100 timed runs per workload"
     )
     parser.add_argument(
-        "--pi", metavar="FILE", help="JSON lines printed by bench.mjs, to compare with Pi"
+        "--pi", metavar="FILE", help="JSON lines printed by bench_pi.mjs, to compare with Pi"
     )
     parser.add_argument(
         "--only",
