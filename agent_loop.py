@@ -218,6 +218,8 @@ __all__ = [  # grouped as the README presents the API
     # Interop, replay and resumption
     "open_tool_calls",
     "resolve_open_tool_calls",
+    "replay",
+    "ReplayedRun",
 ]
 
 # The library logs the exceptions that become tool results, and prints nothing unless
@@ -527,7 +529,13 @@ class _Run:
             raise _Cancelled
 
     def _result(self, status: RunStatus, **fields: Any) -> RunResult:
-        return RunResult(status, tuple(self.transcript.messages), self.steps, **fields)
+        return RunResult(
+            status,
+            tuple(self.transcript.messages),
+            self.steps,
+            request_sequence_start=self.request_sequence_start,
+            **fields,
+        )
 
 
 class _RunFailure(Exception):
@@ -1748,7 +1756,11 @@ class RunError:
 
 @dataclass(frozen=True)
 class RunResult:
-    """How a run ended, and the transcript it ended with (complete messages only)."""
+    """How a run ended, and the transcript it ended with (complete messages only).
+
+    ``request_sequence_start`` is the run's option of that name, so that
+    ``next_request_sequence`` can say where a resumed run's request ids go on.
+    """
 
     status: RunStatus
     messages: Tuple[Message, ...]
@@ -1756,9 +1768,20 @@ class RunResult:
     final_text: Optional[str] = None
     max_steps: Optional[int] = None
     error: Optional[RunError] = None
+    request_sequence_start: int = 0
+
+    @property
+    def next_request_sequence(self) -> int:
+        """``request_sequence_start + steps``: pass it as the next run's
+        ``request_sequence_start``, and its first request id follows this run's last."""
+        return self.request_sequence_start + self.steps
 
     def to_dict(self) -> Dict[str, Any]:
-        """Returns the seed's JSON shape of this result; optional keys only when set."""
+        """Returns the seed's JSON shape of this result; optional keys only when set.
+
+        ``requestSequenceStart`` is written only when it is not 0, so the result of an
+        ordinary run has exactly the seed's keys.
+        """
         data: Dict[str, Any] = {
             "status": self.status,
             "messages": [message.to_dict() for message in self.messages],
@@ -1770,6 +1793,8 @@ class RunResult:
             data["maxSteps"] = self.max_steps
         if self.error is not None:
             data["error"] = self.error.to_dict()
+        if self.request_sequence_start != 0:
+            data["requestSequenceStart"] = self.request_sequence_start
         return data
 
 
@@ -1874,7 +1899,11 @@ class ScriptedModel:
 
     @classmethod
     def from_transcript(cls, messages: Iterable[Message]) -> ScriptedModel:
-        """A model that replays the assistant messages of a recorded transcript, in order."""
+        """A model that replays the assistant messages of a recorded transcript, in order.
+
+        It streams one chunk per block and leaves the tools to the caller, who runs them
+        again; ``replay()`` of the run's event log is exact.
+        """
         responses = []
         for message in messages:
             if isinstance(message, AssistantMessage):
@@ -2030,6 +2059,7 @@ def _result_from_dict(data: object, where: str) -> RunResult:
         final_text=_read_optional(result, "finalText", str, where),
         max_steps=_read_optional(result, "maxSteps", int, where),
         error=error,
+        request_sequence_start=_read_optional(result, "requestSequenceStart", int, where) or 0,
     )
 
 
@@ -2098,6 +2128,352 @@ def resolve_open_tool_calls(messages: Iterable[Message], content: str) -> Tuple[
     return transcript + tuple(
         _tool_result(call, content, True) for call in open_tool_calls(transcript)
     )
+
+
+def replay(events: Iterable[Event]) -> ReplayedRun:
+    """Rebuilds a recorded run from its event log, so that it runs again offline.
+
+    ``events`` is one run's log: the live ``Event``s, or ``event_from_dict()`` of each
+    line of a JSON lines file. Returns a ``ReplayedRun``: the starting messages; a
+    model that streams each step's chunks exactly as recorded (same blocks, same
+    segmentation, empty text deltas too) and returns the response the transcript
+    holds; a registry with one tool per tool name the run's calls use, which answers
+    each call with its recorded result and runs nothing (a recorded error result is
+    raised as ``ToolError``, so its content is exact); and the recorded budget.
+
+    For a run that ended ``completed`` or ``maxSteps``, the replayed run's events
+    have the same ``to_dict()`` as the recording. Its budget is the recorded
+    ``steps``: a maxSteps run's budget is its steps, and a completed run needed all
+    of them (a larger budget changes nothing). ``request_sequence_start`` is the
+    result's.
+
+    A ``cancelled`` or ``failed`` run is replayed to where its log stops. There, the
+    replayed code that has control (the request that never returned its response,
+    the tool call that never finished, or the request after the last) sets the run's
+    signal, so the replay ends ``cancelled`` at that point; its budget is one step
+    more than it recorded, so that it can get there. Hence:
+
+    - a run cancelled while the model or a tool had control (the signal was seen
+      during a request or a tool call) replays exactly;
+    - a run that failed in a request or a tool call replays every event before
+      ``run.finished`` and ends ``cancelled`` with the same messages and steps: the
+      log does not hold what the model sent or what the tool raised;
+    - a run that its consumer cancelled between two events runs on to the next such
+      point: one more ``tool.started`` (the call gets no result, as recorded) or one
+      more request counted in ``steps``;
+    - a run that failed ``INVALID_TRANSCRIPT`` logged none of its starting messages:
+      a ValueError.
+
+    The replayed model compares each request's messages with the transcript that
+    the recording implies. With real tools instead of the recorded ones
+    (``dataclasses.replace(replayed, tools=...)``), a tool that now answers
+    differently fails the run with ``MODEL_STREAM_ERROR`` at the next request, and
+    the message shows the request, the index of the first different message and both
+    sides, shortened. (A maxSteps run's last tool batch is seen by no request:
+    compare the event logs.) A request the recording does not hold fails the run too.
+
+    Raises TypeError for an item that is not an Event, and ValueError, saying what is
+    wrong, for a log that is not one whole run's: empty, sequences other than 0, 1,
+    2... in order, no ``run.finished`` at the end or another one before it,
+    ``message.accepted`` after the start, an event naming a request the run did not
+    open (or out of order), tool events that do not pair up, or a result whose
+    transcript disagrees with the events.
+    """
+    log = tuple(events)
+    for position, event in enumerate(log):
+        if type(event) is not Event:
+            raise TypeError(f"replay() takes Events, got a {type(event).__name__} at {position}")
+        if event.sequence != position:
+            raise ValueError(
+                f"the event at position {position} has sequence {event.sequence}: a run's "
+                "events are numbered 0, 1, 2... in order, with no gap"
+            )
+    if not log or log[-1].type != "run.finished":
+        raise ValueError("the log does not end with run.finished: it is not a whole run's")
+    result: RunResult = log[-1].payload["result"]
+    if result.error is not None and result.error.code == "INVALID_TRANSCRIPT":
+        raise ValueError(
+            "the run failed INVALID_TRANSCRIPT: its log holds none of the starting "
+            "messages it rejected, so there is nothing to replay"
+        )
+    start = result.request_sequence_start
+    if not 0 <= start <= MAX_AGENT_STEPS - max(result.steps, 1):
+        raise ValueError(
+            f"the result's request_sequence_start {start} and steps {result.steps} do not "
+            f"fit in {MAX_AGENT_STEPS} requests"
+        )
+    accepted = tuple(
+        event.payload["message"]
+        for event in itertools.takewhile(lambda event: event.type == "message.accepted", log)
+    )
+    # A run cancelled before its first request holds every starting message, accepted or not.
+    messages = result.messages if result.steps == 0 else accepted
+    if result.messages[: len(accepted)] != accepted:
+        raise ValueError("the result's transcript does not begin with the accepted messages")
+    steps = _recorded_steps(log[len(accepted) : -1], result, len(messages))
+    complete = result.status in ("completed", "maxSteps")
+    model = _ReplayedModel(
+        steps, None if complete else f"request-{result.next_request_sequence + 1:03d}"
+    )
+    names = dict.fromkeys(call.name for step in steps for call in step.calls)
+    return ReplayedRun(
+        messages,
+        model,
+        ToolRegistry(_recorded_tool(model, name) for name in names),
+        result.steps if complete else min(result.steps + 1, MAX_AGENT_STEPS - start),
+        start,
+    )
+
+
+@dataclass(frozen=True)
+class ReplayedRun:
+    """A recorded run, rebuilt by ``replay()``; ``run()`` runs it again.
+
+    The fields are the options of ``run_agent_loop()``: replace one with
+    ``dataclasses.replace()`` (real tools, another budget) to run a variant. The
+    model and the recorded tools work together and keep track of the request being
+    replayed: run one replay of them at a time.
+    """
+
+    messages: Tuple[Message, ...]
+    model: Model
+    tools: ToolRegistry
+    max_steps: int
+    request_sequence_start: int = 0
+
+    def run(self) -> Generator[Event, None, RunResult]:
+        """Returns ``run_agent_loop()`` on these fields, with a signal of its own."""
+        return run_agent_loop(
+            messages=self.messages,
+            model=self.model,
+            tools=self.tools,
+            max_steps=self.max_steps,
+            request_sequence_start=self.request_sequence_start,
+        )
+
+
+@dataclass(frozen=True)
+class _RecordedStep:
+    """One request of a recording: what it was sent, what it streamed and answered."""
+
+    request_id: str
+    messages: Tuple[Message, ...]  # the request's transcript, as the recording implies it
+    chunks: Tuple[ModelChunk, ...]
+    response: Optional[ModelResponse]  # None: the log stops inside this request
+    calls: Tuple[ToolCall, ...]
+    results: Tuple[ToolResultMessage, ...]  # fewer than calls where the log stops
+
+
+def _recorded_steps(
+    body: Sequence[Event], result: RunResult, start_length: int
+) -> List[_RecordedStep]:
+    """replay(): the steps of a log, from its events after the accepted messages and
+    before run.finished, checked against the result's transcript."""
+    request_ids = [
+        f"request-{result.request_sequence_start + step:03d}"
+        for step in range(1, result.steps + 1)
+    ]
+    positions = {request_id: index for index, request_id in enumerate(request_ids)}
+    chunks: List[List[ModelChunk]] = [[] for _ in request_ids]
+    started: List[List[ToolCall]] = [[] for _ in request_ids]
+    finished: List[List[ToolResultMessage]] = [[] for _ in request_ids]
+    current = 0
+    for event in body:
+        where = f"event {event.sequence} ({event.type})"
+        if event.type == "message.accepted" or event.type == "run.finished":
+            raise ValueError(
+                f"{where}: a run's message.accepted events come before its first request, "
+                "and its one run.finished last"
+            )
+        request_id = event.payload["request_id"]
+        index = positions.get(request_id, -1)
+        if index < current:
+            raise ValueError(
+                f"{where} names {request_id!r}, which is not the run's current or next "
+                f"request (it opened {', '.join(request_ids) or 'none'}, in that order)"
+            )
+        current = index
+        if event.type == "model.chunk":
+            if event.payload["chunk"].request_id != request_id or started[index]:
+                raise ValueError(
+                    f"{where}: a chunk carries its event's request id, and comes before "
+                    "the request's tool calls"
+                )
+            chunks[index].append(event.payload["chunk"])
+        elif event.type == "tool.started":
+            if len(started[index]) != len(finished[index]):
+                raise ValueError(f"{where}: a tool call started before the previous one finished")
+            started[index].append(event.payload["tool_call"])
+        else:
+            call = event.payload["tool_call"]
+            if len(started[index]) != len(finished[index]) + 1 or started[index][-1] != call:
+                raise ValueError(f"{where}: tool call {call.id!r} finished without starting")
+            finished[index].append(event.payload["tool_result"])
+
+    # The transcript the run added: each assistant message, then its tool results.
+    groups: List[Tuple[AssistantMessage, List[ToolResultMessage]]] = []
+    for message in result.messages[start_length:]:
+        if isinstance(message, AssistantMessage) and message.id.startswith("message-"):
+            groups.append((message, []))
+        elif isinstance(message, ToolResultMessage) and groups:
+            groups[-1][1].append(message)
+        else:
+            raise ValueError(
+                f"the result's transcript holds {message.role} message {message.id!r} after "
+                'the starting messages, where a run adds only assistant messages ("message-" '
+                "+ a response id), each followed by its tool results"
+            )
+    complete = result.status in ("completed", "maxSteps")
+    if not (
+        len(groups) == result.steps >= 1
+        if complete
+        else result.steps - 1 <= len(groups) <= result.steps
+    ):
+        raise ValueError(
+            f"the result's transcript holds {len(groups)} assistant message(s) for "
+            f"{result.steps} step(s) of a {result.status} run"
+        )
+    steps = []
+    length = start_length
+    for index, request_id in enumerate(request_ids):
+        calls: Tuple[ToolCall, ...] = ()
+        response = None
+        if index < len(groups):
+            message, results = groups[index]
+            calls = tuple(_tool_calls(message))
+            stopped_here = not complete and index == len(request_ids) - 1
+            if (
+                finished[index] != results
+                or tuple(started[index]) != calls[: len(started[index])]
+                or (len(results) != len(calls) and not stopped_here)
+            ):
+                raise ValueError(
+                    f"the tool events of {request_id} do not agree with the result's transcript"
+                )
+            stop_reason: StopReason = "toolCall" if calls else "stop"
+            response = ModelResponse(
+                message.id[len("message-") :], request_id, message.content, stop_reason
+            )
+        elif started[index]:
+            raise ValueError(f"{request_id} ran tools, but the result holds no response to it")
+        steps.append(
+            _RecordedStep(
+                request_id,
+                result.messages[:length],
+                tuple(chunks[index]),
+                response,
+                calls,
+                tuple(finished[index]),
+            )
+        )
+        length += 1 + len(calls)
+    return steps
+
+
+class _ReplayedModel:
+    """replay()'s model: checks each request against the recording and streams its step.
+
+    Its tools (``_recorded_tool``) ask it for the recorded result of the call that
+    the step being replayed runs next.
+    """
+
+    def __init__(self, steps: Sequence[_RecordedStep], stop_at: Optional[str]) -> None:
+        self._steps = {step.request_id: step for step in steps}
+        self._stop_at = stop_at  # the request after a cancelled or failed log's end
+        self._active: Optional[_RecordedStep] = None
+        self._next_call = 0
+
+    def stream(
+        self, request: ModelRequest, signal: Signal
+    ) -> Generator[ModelChunk, None, ModelResponse]:
+        step = self._steps.get(request.id)
+        self._active, self._next_call = step, 0
+        if step is None:
+            if request.id != self._stop_at:
+                held = ", ".join(self._steps) or "none"
+                raise RuntimeError(f"the recording holds no {request.id} (it holds {held})")
+            _stop_here(signal, request.id)
+            return self._play(_RecordedStep(request.id, (), (), None, (), ()), signal)
+        index = _first_difference(step.messages, request.messages)
+        if index is not None:
+            recorded, got = _drift_sides(step.messages, request.messages, index)
+            raise RuntimeError(
+                f"{request.id} differs from the recording at message {index}: "
+                f"recorded {recorded}, got {got}"
+            )
+        return self._play(step, signal)
+
+    @staticmethod
+    def _play(step: _RecordedStep, signal: Signal) -> Generator[ModelChunk, None, ModelResponse]:
+        yield from step.chunks
+        if step.response is None:
+            _stop_here(signal, step.request_id)  # the loop sees the signal, not the response
+        return cast(ModelResponse, step.response)
+
+    def answer(self, name: str, arguments: Dict[str, Any], signal: Signal) -> object:
+        """A recorded tool's execute: the recorded result of the active step's next call."""
+        step, index = self._active, self._next_call
+        self._next_call += 1
+        if (
+            step is None
+            or index >= len(step.calls)
+            or step.calls[index] != ToolCall(step.calls[index].id, name, arguments)
+        ):
+            raise RuntimeError(
+                f"the recording has no call of tool {name!r} with these arguments here "
+                "(the recorded tools answer the replayed model's calls, in order)"
+            )
+        if index == len(step.results):
+            _stop_here(signal, f"tool call {step.calls[index].id!r}")
+            return ""  # discarded: the loop sees the signal first
+        result = step.results[index]
+        if result.is_error:
+            raise ToolError(result.content)
+        return result.content
+
+
+def _recorded_tool(model: _ReplayedModel, name: str) -> Tool:
+    """replay(): a tool that accepts any arguments and answers with the recorded results."""
+
+    def execute(arguments: Dict[str, Any], signal: Signal) -> object:
+        return model.answer(name, arguments, signal)
+
+    return Tool(name, f"Answers as the recorded tool {name!r} did.", {"type": "object"}, execute)
+
+
+def _stop_here(signal: Signal, where: str) -> None:
+    """Where a cancelled or failed log stops: sets the run's signal, to end it there."""
+    set_signal = getattr(signal, "set", None)
+    if not callable(set_signal):
+        raise RuntimeError(
+            f"the recording stops at {where}, and the run's signal has no set() to end "
+            "the replay there (replay with ReplayedRun.run(), or pass a threading.Event)"
+        )
+    set_signal()
+
+
+_DRIFT_BEFORE: Final = 160
+"""Characters of a drift message's sides shown before their first difference: enough
+for a message's repr up to its content, with call ids as long as providers make them."""
+_DRIFT_AFTER: Final = 60
+"""Characters shown from the first difference on."""
+
+
+def _drift_sides(
+    recorded: Sequence[Message], got: Sequence[Message], index: int
+) -> Tuple[str, str]:
+    """The reprs of two different messages (or "nothing"), shortened around where they differ."""
+    left, right = (
+        repr(side[index]) if index < len(side) else "nothing" for side in (recorded, got)
+    )
+    at = _first_difference(left, right) or 0  # equal reprs: from the start
+    begin = max(0, at - _DRIFT_BEFORE)
+
+    def window(text: str) -> str:
+        end = at + _DRIFT_AFTER
+        return ("..." if begin else "") + text[begin:end] + ("..." if end < len(text) else "")
+
+    return window(left), window(right)
 
 
 # --- The demonstration --------------------------------------------------------------
