@@ -273,33 +273,10 @@ def run_agent_loop(
     range, now, before anything is iterated. A bad starting transcript is not an
     error here: the run finishes ``failed`` with ``INVALID_TRANSCRIPT``.
     """
-    # ValidateOptions. Seed: "maxSteps must be a positive safe integer no greater
-    # than MAX_AGENT_STEPS ... Invalid construction throws before an EventStream is returned."
-    if not isinstance(max_steps, int) or isinstance(max_steps, bool):
-        raise TypeError(f"max_steps must be an int, got {type(max_steps).__name__}")
-    if not 1 <= max_steps <= MAX_AGENT_STEPS:
-        raise ValueError(f"max_steps must be an int in 1..{MAX_AGENT_STEPS}, got {max_steps}")
-    if not isinstance(request_sequence_start, int) or isinstance(request_sequence_start, bool):
-        raise TypeError(
-            f"request_sequence_start must be an int, got {type(request_sequence_start).__name__}"
-        )
-    # Seed: "Optional requestSequenceStart must keep the requested range within the same ceiling."
-    if request_sequence_start < 0 or request_sequence_start + max_steps > MAX_AGENT_STEPS:
-        raise ValueError(
-            f"request_sequence_start must be >= 0 with request_sequence_start + max_steps "
-            f"<= {MAX_AGENT_STEPS}, got {request_sequence_start} + {max_steps}"
-        )
-    if not callable(getattr(model, "stream", None)):
-        raise TypeError(f"model must have a callable stream(), got {type(model).__name__}")
-    if not isinstance(tools, ToolRegistry):
-        raise TypeError(f"tools must be a ToolRegistry, got {type(tools).__name__}")
+    # ValidateOptions. Seed: "Invalid construction throws before an EventStream is returned."
+    _check_options(model, tools, max_steps, request_sequence_start)
     signal = _checked_signal(signal)
-    try:
-        items = iter(messages)
-    except TypeError:
-        raise TypeError(
-            f"messages must be an iterable of messages, got {type(messages).__name__}"
-        ) from None
+    items = _iterated(messages)
     # SnapshotRun. Reading one past the cap tells "too many" without reading forever.
     start: List[object] = list(itertools.islice(items, MAX_INITIAL_MESSAGES + 1))
     run = _Run(start, model, ToolRegistry(tools), max_steps, signal, request_sequence_start)
@@ -475,13 +452,9 @@ class _Run:
             yield self._event("tool.started", request_id=request.id, tool_call=call)
             # A result that arrives after cancellation is discarded. An Exception from the
             # tool is already a recoverable result; what else it raises ends the phase.
+            what = f"tool call {call.id!r}"
             result = self._call(
-                "TOOL_PHASE_ERROR",
-                f"tool call {call.id!r}",
-                _execute_checked_call,
-                self.tools,
-                call,
-                self.signal,
+                "TOOL_PHASE_ERROR", what, _execute_checked_call, self.tools, call, self.signal
             )
             # Linked by construction: the result is derived from the call, whose
             # result id was checked free before any tool ran.
@@ -554,6 +527,37 @@ class _Cancelled(Exception):
 def _protocol_error(message: str) -> _RunFailure:
     """Seed: "Contradiction or excess becomes a failed MODEL_PROTOCOL_ERROR result"."""
     return _RunFailure("MODEL_PROTOCOL_ERROR", message)
+
+
+def _check_options(model: object, tools: object, max_steps: object, start: object) -> None:
+    """ValidateOptions: raises TypeError or ValueError for an option the run cannot take."""
+    # Seed: "maxSteps must be a positive safe integer no greater than MAX_AGENT_STEPS."
+    if not isinstance(max_steps, int) or isinstance(max_steps, bool):
+        raise TypeError(f"max_steps must be an int, got {type(max_steps).__name__}")
+    if not 1 <= max_steps <= MAX_AGENT_STEPS:
+        raise ValueError(f"max_steps must be an int in 1..{MAX_AGENT_STEPS}, got {max_steps}")
+    if not isinstance(start, int) or isinstance(start, bool):
+        raise TypeError(f"request_sequence_start must be an int, got {type(start).__name__}")
+    # Seed: "Optional requestSequenceStart must keep the requested range within the same ceiling."
+    if start < 0 or start + max_steps > MAX_AGENT_STEPS:
+        raise ValueError(
+            f"request_sequence_start must be >= 0 with request_sequence_start + max_steps "
+            f"<= {MAX_AGENT_STEPS}, got {start} + {max_steps}"
+        )
+    if not callable(getattr(model, "stream", None)):
+        raise TypeError(f"model must have a callable stream(), got {type(model).__name__}")
+    if not isinstance(tools, ToolRegistry):
+        raise TypeError(f"tools must be a ToolRegistry, got {type(tools).__name__}")
+
+
+def _iterated(messages: Iterable[object]) -> Iterator[object]:
+    """ValidateOptions for the messages: any iterable (typing aside), read at call time."""
+    try:
+        return iter(messages)
+    except TypeError:
+        raise TypeError(
+            f"messages must be an iterable of messages, got {type(messages).__name__}"
+        ) from None
 
 
 def _checked_signal(signal: object) -> Signal:
