@@ -1,20 +1,71 @@
 """Tests for agent_loop: every rule, limit, failure code, event order, cancellation
 case and acceptance criterion of the seed ("Checkpoint 07: Run the iterative Agent
-Loop"), then the contract of API.md.
+Loop"), then the public contract that the module's docstrings and the README state.
 
 The suite imports ``agent_loop`` once, as ``al``: point it at another copy of the
-module by putting that copy first on sys.path.
+module by putting that copy first on sys.path. This file uses ``from __future__ import
+annotations`` on purpose: Tool.from_function must read the string annotations that
+PEP 563 gives a user's module.
+
+Layout. One fixture layer comes first: the seed's builders (user(), call(), add_tool(),
+echo_tool(), ...), one fake model (FakeModel) and one driver (run(), over settle()) that
+checks the run's invariants (check_run) after every run. Then one section per section
+of the module, in the module's order, each holding the classes that exercise it; a
+helper that one class alone uses sits just above that class. Attacker-style tests (a
+model, tool or caller that tries to break the loop) carry the ``hostile`` mark, marked
+[hostile] below: ``pytest -m hostile`` runs them alone, ``-m "not hostile"`` skips them.
+
+Contents
+    The fixture layer: builders, JSON that is not plain, FakeModel, run() and check_run()
+    The module: TestPublicNames, TestRuntimeTyping
+    Limits: TestLimits
+    The loop, one class per acceptance criterion of the seed in the seed's order:
+        TestGoldenFragments, TestConstructionRejectsInvalidOptions, TestRunOwnsSnapshots,
+        TestEachStepGetsFrozenTranscriptAndRequestId,
+        TestAssistantMessagesPrecedeToolResults, TestRecoverableToolErrors,
+        TestEventSequence, TestCancellation, TestStepBudget;
+        then TestFailureCodes, TestModelFailures, TestCancellationWinsOverLateErrors,
+        TestModelCorrelationAndAgreement, TestStreamDisagreementIsShown, TestRunHelpers,
+        TestCancellationAtEveryEvent [hostile], TestCancellationFromAnotherThread
+        [hostile], TestConsumerWalksAway [hostile], TestInterruptsAreNeverSwallowed
+        [hostile], TestCallersCannotChangeTheRun [hostile],
+        TestRandomScriptsAgainstAReference [hostile]
+    The transcript: TestInvalidStartingTranscript, TestWrongFieldIsNamed,
+        TestDuplicateIdsSayHowTheyWereDerived, TestOnlyTheExactClasses
+    Model boundary: TestSignalIsPublic, TestSignalSaysWhatIsAccepted,
+        TestMalformedModelOutput [hostile], TestModelStrSubclasses [hostile],
+        TestModelStreamCleanup [hostile]
+    Tools: TestToolSchemas, TestToolSpecIsChecked, TestToolFromFunction,
+        TestToolRegistry, TestExecuteToolCall, TestExecuteMustTakeArgumentsAndSignal,
+        TestToolError, TestRecoverableExceptionsAreLogged, TestMisbehavingTools [hostile]
+    Bounded plain JSON: TestPlainJsonArguments, TestInvalidToolCallArguments
+    Message IR: TestToolCallIsFrozen, TestPlainArguments, TestCopyingAndHashing,
+        TestWhatHashes
+    Events and results, Test helpers: no class of their own; TestEventSequence,
+        TestJsonShapes and TestCopyingAndHashing exercise events and results, and
+        TestGoldenFragments runs al.ScriptedModel as the seed's fragments do
+    Interop, replay and resumption: TestJsonShapes, TestRoundTrips, TestMalformedDicts,
+        TestReplay, TestExactReplay, TestReplayOfCancelledAndFailedRuns,
+        TestReplayDetectsDrift, TestReplayRejectsLogsOfNoSingleRun,
+        TestNextRequestSequence, TestJsonLinesRecordings,
+        TestRandomRecordedRunsReplayExactly, TestResumeAfterCancellation
+    The demonstration: TestDemonstration, TestDemonstrationPipes, TestReadme,
+        TestReadmeBlocksRunAlone
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections.abc
+import contextlib
 import copy
 import dataclasses
 import gc
 import inspect
+import io
 import itertools
 import json
+import logging
 import os
 import pickle
 import random
@@ -24,15 +75,23 @@ import sys
 import threading
 import tracemalloc
 import typing
+from pathlib import Path
 from types import MappingProxyType
 from typing import (
     Any,
     Callable,
+    ClassVar,
+    Dict,
     Generator,
     Iterable,
     Iterator,
+    List,
+    Literal,
     Mapping,
+    Optional,
     Sequence,
+    Tuple,
+    Union,
     cast,
 )
 
@@ -40,7 +99,14 @@ import pytest
 
 import agent_loop as al
 
-# --- Helpers shared by every test class: the seed's own test vocabulary -----------------
+# --- The fixture layer: builders, the one fake model, the one driver -------------------
+#
+# Every test builds its values with the builders below (the seed's own vocabulary), plays
+# a model with FakeModel and runs the loop with run(), which checks the run's invariants
+# (check_run) every time. Helpers that one class alone uses sit just above that class.
+
+
+# The seed's vocabulary: messages, calls, responses and tools.
 
 
 def user(text: str = "Add 20 and 22.", id: str = "user-001") -> al.UserMessage:
@@ -91,45 +157,6 @@ def text(value: str) -> al.TextBlock:
     return al.TextBlock(value)
 
 
-def run(
-    responses: Sequence[Any],
-    *,
-    messages: Iterable[al.Message] | None = None,
-    tools: Sequence[al.Tool] = (),
-    max_steps: int = 4,
-    signal: threading.Event | None = None,
-    request_sequence_start: int = 0,
-) -> tuple[list[al.Event], al.RunResult, al.ScriptedModel]:
-    """Runs a ScriptedModel over ``responses`` to the end; returns events, result, model."""
-    model = al.ScriptedModel(responses)
-    events, result = al.settle_run(
-        al.run_agent_loop(
-            messages=[user()] if messages is None else messages,
-            model=model,
-            tools=al.ToolRegistry(tools),
-            max_steps=max_steps,
-            signal=signal,
-            request_sequence_start=request_sequence_start,
-        )
-    )
-    return events, result, model
-
-
-def types_of(events: Iterable[al.Event]) -> list[str]:
-    return [event.type for event in events]
-
-
-def assert_well_formed(events: Sequence[al.Event], result: al.RunResult) -> None:
-    """The invariants every run keeps, whatever happened in it."""
-    assert [event.sequence for event in events] == list(range(len(events)))
-    assert types_of(events).count("run.finished") == 1
-    assert events[-1].type == "run.finished"
-    assert events[-1].payload["result"] is result
-
-
-# --- Helpers of the core test classes ---------------------------------------------------
-
-
 def add_call(id: str = "call-add-001") -> al.ToolCall:
     """The seed's addCall: call("add", id, {left: 20, right: 22})."""
     return call("add", id, {"left": 20, "right": 22})
@@ -140,9 +167,10 @@ def add_result(id: str = "call-add-001") -> al.ToolResultMessage:
     return al.ToolResultMessage("tool-result-" + id, id, "add", '{"sum":42}', False)
 
 
-def echo_call(id: str) -> al.ToolCall:
-    """An echo call whose text is its own id, so that echo_tool(executed) records call order."""
-    return call("echo", id, {"text": id})
+def echo_call(id: str, value: str | None = None) -> al.ToolCall:
+    """An echo call of ``value``; by default its text is its own id, so that
+    echo_tool(executed) records call order."""
+    return call("echo", id, {"text": id if value is None else value})
 
 
 def echo_result(id: str) -> al.ToolResultMessage:
@@ -185,87 +213,584 @@ def no_arguments_tool(name: str, execute: Callable[[dict[str, Any], Any], object
     return al.Tool(name, f"The {name} tool.", {"type": "object"}, execute)
 
 
+def copy_echo(arguments: dict[str, Any], signal: Any) -> object:
+    """A module-level tool function, so that a Tool using it can be pickled."""
+    return arguments["text"]
+
+
+def two_parameters(arguments: Dict[str, Any], signal: al.Signal) -> object:
+    return "two"
+
+
+def one_call(name: str, arguments: Any = None) -> FakeModel:
+    """A model that calls the tool once, then stops with "done"."""
+    return FakeModel(
+        al.scripted_response("r1", [al.ToolCall("c1", name, arguments or {})], "toolCall"),
+        al.scripted_response("r2", [al.TextBlock("done")], "stop"),
+    )
+
+
+def probe_tool(received: list[dict[str, Any]], parameters: Any | None = None) -> al.Tool:
+    """A tool named "probe" that records the arguments it was given and returns "ok"."""
+
+    def execute(arguments: dict[str, Any], signal: Any) -> object:
+        received.append(arguments)
+        return "ok"
+
+    schema = {"type": "object"} if parameters is None else parameters
+    return al.Tool("probe", "Records its arguments.", schema, execute)
+
+
 class Fatal(BaseException):
     """A BaseException that is not an Exception: no tool result can stand for it."""
 
 
-class GeneratorModel:
-    """A hand-written model: ``stream`` calls the given function, counting and recording
-    each request like ScriptedModel does."""
+PRIOR_ROUND = (
+    user("Add 1 and 2.", "user-000"),
+    al.AssistantMessage(
+        "message-response-000", (call("add", "call-add-000", {"left": 1, "right": 2}),)
+    ),
+    al.ToolResultMessage("tool-result-call-add-000", "call-add-000", "add", '{"sum":3}', False),
+    al.AssistantMessage("message-response-000b", (text("It is 3."),)),
+    user(),
+)
 
-    def __init__(self, stream: Callable[[al.ModelRequest, Any], Any]) -> None:
-        self._stream = stream
-        self.requests: list[al.ModelRequest] = []
+
+ADD_ROUND = (assistant("response-000", add_call()), add_result())
+
+
+HISTORY: tuple[al.Message, ...] = (
+    al.UserMessage("user-000", "Echo old."),
+    al.AssistantMessage("message-old", (echo_call("call-old", "old"),)),
+    al.ToolResultMessage("tool-result-call-old", "call-old", "echo", "old", False),
+    user(),
+)
+
+
+untyped: Any = al
+"""The module, untyped: tests build values of the wrong type with it on purpose."""
+
+REPOSITORY = Path(__file__).resolve().parent
+"""The folder of this file and of the README it checks."""
+
+
+# JSON: the one nested-JSON builder, the one not-plain-JSON table, plain comparisons.
+
+
+def nested(depth: int, kinds: str = "object-array") -> Any:
+    """JSON with ``depth`` nested containers around a 0: objects and arrays in turn, or
+    objects only (``kinds="object"``), or arrays only (``kinds="array"``)."""
+    value: Any = 0
+    for level in reversed(range(depth)):
+        as_object = kinds == "object" or (kinds == "object-array" and level % 2 == 0)
+        value = {"k": value} if as_object else [value]
+    return value
+
+
+class Custom:
+    """An object that is not JSON."""
+
+
+def cyclic_object() -> dict[str, Any]:
+    arguments: dict[str, Any] = {"a": 1}
+    arguments["self"] = arguments
+    return arguments
+
+
+def cyclic_array() -> dict[str, Any]:
+    items: list[Any] = [1]
+    items.append(items)
+    return {"xs": items}
+
+
+def shared_array() -> dict[str, Any]:
+    shared = [1, 2]
+    return {"a": shared, "b": shared}
+
+
+def shared_object() -> dict[str, Any]:
+    shared = {"k": "v"}
+    return {"xs": [shared, shared]}
+
+
+DEEP_ARGUMENTS = [
+    pytest.param(lambda: nested(100_000, "object"), id="nested-100000-deep-objects"),
+    pytest.param(lambda: {"a": nested(100_000, "array")}, id="nested-100000-deep-arrays"),
+]
+"""Arguments far deeper than any bound: checking them must never raise RecursionError."""
+
+
+NOT_PLAIN_JSON = [
+    *DEEP_ARGUMENTS,
+    pytest.param(lambda: {"x": float("nan")}, id="nan"),
+    pytest.param(lambda: {"x": float("inf")}, id="inf"),
+    pytest.param(lambda: {"x": [float("-inf")]}, id="minus-inf-in-array"),
+    pytest.param(lambda: {"x": {1, 2}}, id="set"),
+    pytest.param(lambda: {"x": frozenset()}, id="frozenset"),
+    pytest.param(lambda: {"x": b"bytes"}, id="bytes"),
+    pytest.param(lambda: {1: "one"}, id="int-key"),
+    pytest.param(lambda: {"x": {None: 1}}, id="none-key-nested"),
+    pytest.param(lambda: {"x": {("a",): 1}}, id="tuple-key"),
+    pytest.param(shared_array, id="shared-list"),
+    pytest.param(shared_object, id="shared-object"),
+    pytest.param(cyclic_object, id="cyclic-dict"),
+    pytest.param(cyclic_array, id="cyclic-list"),
+    pytest.param(lambda: {"x": Custom()}, id="custom-object"),
+    pytest.param(lambda: {"x": object()}, id="object"),
+    pytest.param(lambda: [1], id="list-root"),
+    pytest.param(lambda: "text", id="str-root"),
+    pytest.param(lambda: None, id="none-root"),
+]
+"""Tool arguments that are not plain bounded JSON, each built fresh by its factory: plain
+JSON is a dict with str keys, list, str, int, finite float, bool and None, with no object
+reachable twice, within the depth bound."""
+
+
+def plain_copy(value: object) -> Any:
+    """A plain copy (dicts and lists) of JSON, frozen or not, to compare with a literal."""
+    if isinstance(value, Mapping):
+        return {key: plain_copy(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_copy(item) for item in value]
+    return value
+
+
+def is_plain(value: object) -> bool:
+    """True if value is made of dict (str keys), list and JSON scalars only."""
+    if type(value) is dict:
+        return all(type(key) is str and is_plain(item) for key, item in value.items())
+    if type(value) is list:
+        return all(is_plain(item) for item in value)
+    return value is None or type(value) in (bool, int, float, str)
+
+
+def same_json(left: object, right: object) -> bool:
+    """JSON equality that also tells True from 1 and 1 from 1.0, and keeps key order."""
+    return json.dumps(left) == json.dumps(right)
+
+
+AT_LIMIT = pytest.param(True, id="at-limit")
+
+
+OVER_LIMIT = pytest.param(False, id="over-limit")
+
+
+# The one fake model, and the steps it plays.
+
+
+Step = Callable[["FakeModel", al.ModelRequest, Any], Any]
+"""A hand-written model step: called with the model, the request and the signal; what it
+returns (usually a generator) is the stream."""
+
+
+class FakeModel:
+    """The suite's one fake model: each call of stream() plays the next step of its script.
+
+    A step is either a ScriptedResponse, played as al.ScriptedModel plays it (each block of
+    its chunks, else of its content, as one chunk with the active request id, then its
+    response), or a Step function for everything a script cannot say (raising, blocking,
+    foreign ids, wrong types). Like al.ScriptedModel it records ``requests`` and counts
+    ``call_count``, and a call with no step left raises RuntimeError. ``finalized`` lists
+    the request ids whose stream's ``finally`` ran, ``exits`` those whose stream was closed
+    while suspended; ``held`` copies what each request held when it was made, and
+    ``signals`` lists the signal each call received.
+
+    Why a model of our own rather than al.ScriptedModel: a ScriptedModel replays only
+    well-behaved turns, while the loop's tests also need models that raise, block, reuse
+    ids or return the wrong types. FakeModel plays both kinds in one script, so every test
+    speaks to the same model. al.ScriptedModel still runs where a test is about it: the
+    seed's golden fragments, ScriptedModel.from_transcript, a script that runs out.
+    """
+
+    def __init__(self, *steps: al.ScriptedResponse | Step) -> None:
+        self._steps = steps
         self.call_count = 0
+        self.requests: list[al.ModelRequest] = []
+        self.finalized: list[str] = []
+        self.exits: list[str] = []
+        self.held: list[list[al.Message]] = []
+        self.signals: list[Any] = []
 
     def stream(self, request: al.ModelRequest, signal: Any) -> Any:
         self.call_count += 1
         self.requests.append(request)
-        return self._stream(request, signal)
+        self.held.append(list(request.messages))
+        self.signals.append(signal)
+        if self.call_count > len(self._steps):
+            raise RuntimeError(f"FakeModel has no step left for {request.id}")
+        step = self._steps[self.call_count - 1]
+        if isinstance(step, al.ScriptedResponse):
+            blocks = step.content if step.chunks is None else step.chunks
+            request_id = request.id if step.request_id is None else step.request_id
+            response = untyped.ModelResponse(step.id, request_id, step.content, step.stop_reason)
+            return stream_of(self, request, blocks, lambda request: response)
+        return step(self, request, signal)
 
 
-def model_of(script: Any) -> Any:
-    """A ScriptedModel for a list of scripted responses, a GeneratorModel for a function."""
-    return GeneratorModel(script) if callable(script) else al.ScriptedModel(script)
+def stream_of(
+    model: FakeModel,
+    request: al.ModelRequest,
+    stream: Sequence[object],
+    response: Callable[[al.ModelRequest], object],
+) -> Generator[object, None, object]:
+    """Streams ``stream`` (a block becomes its chunk with the active request id; a callable
+    is called with the request and what it returns is yielded), then returns the response."""
+    try:
+        for item in stream:
+            if isinstance(item, al.TextBlock):
+                yield al.TextDelta(request.id, item.text)
+            elif isinstance(item, al.ToolCall):
+                yield al.ToolCallChunk(request.id, item)
+            else:
+                yield cast(Callable[[al.ModelRequest], object], item)(request)
+        return response(request)
+    except GeneratorExit:
+        model.exits.append(request.id)
+        raise
+    finally:
+        model.finalized.append(request.id)
 
 
-def run_with(
+def respond(
+    response_id: str, content: Sequence[object], stop_reason: str
+) -> Callable[[al.ModelRequest], object]:
+    """A response for the active request: ModelResponse(response_id, request.id, ...)."""
+    return lambda request: untyped.ModelResponse(response_id, request.id, content, stop_reason)
+
+
+def stream_step(stream: Sequence[object], response: Callable[[al.ModelRequest], object]) -> Step:
+    """A Step that streams ``stream`` (see stream_of), then returns ``response(request)``."""
+    return lambda model, request, signal: stream_of(model, request, stream, response)
+
+
+def turn(response_id: str, content: Sequence[object], stop_reason: str) -> Step:
+    """A well-behaved Step: streams each block of ``content`` as one chunk."""
+    return stream_step(content, respond(response_id, content, stop_reason))
+
+
+def raise_error(error: BaseException) -> Callable[[al.ModelRequest], object]:
+    """A stream item or response that raises ``error`` when it is reached."""
+
+    def raiser(request: al.ModelRequest) -> object:
+        raise error
+
+    return raiser
+
+
+# The one driver, and the invariants it checks after every run.
+
+
+CancelAt = Union[Tuple[str, int], int, Callable[[al.Event], bool], None]
+"""Where a consumer cancels: the ``[1]``-th event of type ``[0]`` (counting from 1), the
+event of that sequence, or the first event for which a predicate holds."""
+
+
+def start_run(
     model: Any,
+    tools: Sequence[al.Tool] = (),
     *,
     messages: Iterable[Any] | None = None,
-    tools: Sequence[al.Tool] = (),
     max_steps: int = 4,
     signal: Any = None,
-) -> tuple[list[al.Event], al.RunResult]:
-    """Runs any model to the end; returns events and result."""
-    return al.settle_run(
-        al.run_agent_loop(
-            messages=[user()] if messages is None else messages,
-            model=model,
-            tools=al.ToolRegistry(tools),
-            max_steps=max_steps,
-            signal=signal,
-        )
+    request_sequence_start: int = 0,
+) -> Any:
+    """The run generator, not yet started: for tests that step, close or throw into it."""
+    return al.run_agent_loop(
+        messages=[user()] if messages is None else messages,
+        model=model,
+        tools=al.ToolRegistry(tools),
+        max_steps=max_steps,
+        signal=signal,
+        request_sequence_start=request_sequence_start,
     )
 
 
-def settle_setting_signal(
-    run: Generator[al.Event, None, al.RunResult], signal: threading.Event, at: tuple[str, int]
+def run(
+    script: Any,
+    tools: Sequence[al.Tool] = (),
+    *,
+    messages: Iterable[Any] | None = None,
+    max_steps: int = 4,
+    signal: Any = None,
+    request_sequence_start: int = 0,
+    cancel_at: CancelAt = None,
+) -> tuple[list[al.Event], al.RunResult, Any]:
+    """The driver: starts a run and settles it (see settle), so that the run's invariants
+    are checked. ``script`` is a model (anything with ``stream``) or the steps of a
+    FakeModel. Returns the events, the result and the model."""
+    model = script if hasattr(script, "stream") else FakeModel(*script)
+    start = [user()] if messages is None else messages
+    snapshot = tuple(start) if isinstance(start, (list, tuple)) else None
+    loop = start_run(
+        model,
+        tools,
+        messages=start,
+        max_steps=max_steps,
+        signal=signal,
+        request_sequence_start=request_sequence_start,
+    )
+    events, result = settle(
+        loop, model, max_steps=max_steps, start=snapshot, signal=signal, cancel_at=cancel_at
+    )
+    return events, result, model
+
+
+def settle(
+    loop: Generator[al.Event, None, al.RunResult],
+    model: Any = None,
+    *,
+    max_steps: int | None = None,
+    start: Sequence[al.Message] | None = None,
+    signal: Any = None,
+    cancel_at: CancelAt = None,
 ) -> tuple[list[al.Event], al.RunResult]:
-    """Drains a run like settle_run, and sets ``signal`` while it holds the ``at[1]``-th
-    event of type ``at[0]`` (counting from 1): an observer that cancels on that event."""
-    event_type, nth = at
+    """Drains a run to its end, then checks its invariants (check_run; the deeper checks
+    when the model records its requests). With ``cancel_at`` the consumer sets ``signal``
+    while it holds that event (see CancelAt). Returns the events and the result."""
     events: list[al.Event] = []
     while True:
         try:
-            event = next(run)
+            event = next(loop)
         except StopIteration as done:
-            return events, done.value
+            result: al.RunResult = done.value
+            break
         events.append(event)
-        if event.type == event_type and types_of(events).count(event_type) == nth:
+        if cancels(cancel_at, events):
             signal.set()
+    recorded = hasattr(model, "requests") and hasattr(model, "call_count")
+    check_run(events, result, model if recorded else None, max_steps=max_steps, start=start)
+    return events, result
 
 
-def abort_from_another_thread(ready: threading.Event, signal: threading.Event) -> threading.Thread:
-    """Starts a helper thread that sets ``signal`` once ``ready`` is set."""
-
-    def abort() -> None:
-        if ready.wait(5):  # a safety net: the test sets ready long before
-            signal.set()
-
-    thread = threading.Thread(target=abort)
-    thread.start()
-    return thread
+STATUSES = ("completed", "cancelled", "maxSteps", "failed")
 
 
-def assert_joined(thread: threading.Thread) -> None:
-    thread.join(5)
-    assert not thread.is_alive()
+CODES = ("INVALID_TRANSCRIPT", "MODEL_PROTOCOL_ERROR", "MODEL_STREAM_ERROR", "TOOL_PHASE_ERROR")
 
 
-def assert_failed(events: Sequence[al.Event], result: al.RunResult, code: str) -> None:
-    """A failed run: well formed, status failed, the given code and a message that says why."""
-    assert_well_formed(events, result)
+EVENT_TYPES = (
+    "message.accepted",
+    "model.chunk",
+    "tool.started",
+    "tool.finished",
+    "run.finished",
+)
+
+
+MESSAGE_TYPES = (al.UserMessage, al.AssistantMessage, al.ToolResultMessage)
+
+
+def normalized(items: Sequence[object]) -> list[object]:
+    """Text coalesced between tool calls, empty text dropped: the seed's normalisation,
+    written again here so that the checker does not trust the loop's own."""
+    normalized: list[object] = []
+    pending = ""
+    for item in items:
+        if isinstance(item, al.TextBlock):
+            item = item.text
+        if isinstance(item, str):
+            pending += item
+            continue
+        if pending:
+            normalized.append(pending)
+            pending = ""
+        normalized.append(item)
+    if pending:
+        normalized.append(pending)
+    return normalized
+
+
+def chunk_item(chunk: object) -> object:
+    if isinstance(chunk, al.TextDelta):
+        return chunk.text
+    assert isinstance(chunk, al.ToolCallChunk)
+    return chunk.tool_call
+
+
+def cancels(at: CancelAt, events: Sequence[al.Event]) -> bool:
+    """True if the consumer cancels on the last of ``events`` (see CancelAt)."""
+    event = events[-1]
+    if isinstance(at, tuple):
+        return event.type == at[0] and types_of(events).count(at[0]) == at[1]
+    if isinstance(at, int):
+        return event.sequence == at
+    return at is not None and at(event)
+
+
+def check_run(
+    events: Sequence[al.Event],
+    result: al.RunResult,
+    model: Any = None,
+    *,
+    max_steps: int | None = None,
+    start: Sequence[al.Message] | None = None,
+) -> None:
+    """The invariants every run keeps whatever the model, the tools and the caller did,
+    checked from the outside: one counter (sequences 0..n-1, no gap), exactly one
+    run.finished, last, carrying the returned result; complete messages with unique ids,
+    every tool result answering an earlier call. Given the ``model`` (which needs
+    ``call_count`` and ``requests``), also how the requests, chunks, tools and the
+    transcript agree; given ``start``, that the starting messages are the prefix."""
+    # One counter: sequences 0, 1, 2, ... and exactly one run.finished, last, carrying the result.
+    assert [event.sequence for event in events] == list(range(len(events)))
+    kinds = [event.type for event in events]
+    assert set(kinds) <= set(EVENT_TYPES)
+    assert kinds.count("run.finished") == 1
+    assert kinds[-1] == "run.finished"
+    assert events[-1].payload["result"] is result
+    status = result.status
+    assert status in STATUSES
+    assert (result.final_text is not None) == (status == "completed")
+    if max_steps is not None:
+        assert result.max_steps == (max_steps if status == "maxSteps" else None)
+    assert (result.error is not None) == (status == "failed")
+    code = None
+    if result.error is not None:
+        code = result.error.code
+        assert code in CODES
+        assert isinstance(result.error.message, str)
+        assert result.error.message
+
+    # message.accepted events come first.
+    accepted = [event.payload["message"] for event in events if event.type == "message.accepted"]
+    assert kinds[: len(accepted)] == ["message.accepted"] * len(accepted)
+
+    # Complete protocol messages with unique ids and valid linkage.
+    messages = result.messages
+    assert isinstance(messages, tuple)
+    assert all(type(message) in MESSAGE_TYPES for message in messages)
+    assert len({message.id for message in messages}) == len(messages)
+    calls: dict[str, tuple[str, int]] = {}  # call id -> (tool name, index of its message)
+    answered: dict[str, int] = {}
+    assistant_indexes = []
+    for index, message in enumerate(messages):
+        if isinstance(message, al.AssistantMessage):
+            assistant_indexes.append(index)
+            for block in message.content:
+                assert type(block) in (al.TextBlock, al.ToolCall)
+                if isinstance(block, al.TextBlock):
+                    assert isinstance(block.text, str)
+                    continue
+                assert isinstance(block.id, str)
+                assert block.id
+                assert isinstance(block.name, str)
+                assert block.name
+                assert block.id not in calls, "tool-call ids are unique in a transcript"
+                calls[block.id] = (block.name, index)
+        elif isinstance(message, al.ToolResultMessage):
+            # Every result answers an earlier call with the same tool name, exactly once.
+            assert message.tool_call_id in calls
+            assert calls[message.tool_call_id][0] == message.tool_name
+            assert message.tool_call_id not in answered
+            answered[message.tool_call_id] = index
+            assert isinstance(message.content, str)
+            assert isinstance(message.is_error, bool)
+        else:
+            assert isinstance(message.content, str)
+    open_calls = [call_id for call_id in calls if call_id not in answered]
+    if open_calls:
+        # Only a run interrupted inside its last tool batch leaves calls without a result,
+        # and only those of the last assistant message.
+        assert status == "cancelled" or code == "TOOL_PHASE_ERROR"
+        assert {calls[call_id][1] for call_id in open_calls} == {assistant_indexes[-1]}
+
+    # The starting messages: accepted in order, then kept as the transcript's prefix.
+    if code == "INVALID_TRANSCRIPT":
+        assert kinds == ["run.finished"]
+        assert messages == ()
+        assert result.steps == 0
+    else:
+        assert accepted == list(messages[: len(accepted)])
+        if start is not None:
+            assert messages[: len(start)] == tuple(start)
+            assert accepted == list(start[: len(accepted)])
+            if result.steps > 0 or status != "cancelled":
+                assert len(accepted) == len(start)
+            start_count = len(start)
+        elif result.steps > 0 or status != "cancelled":
+            start_count = len(accepted)
+        else:
+            start_count = len(messages)
+
+    if model is None:
+        return
+    # The model: one call per step, within the budget; every request a prefix of the end.
+    assert model.call_count == result.steps
+    assert max_steps is None or result.steps <= max_steps
+    requests = list(model.requests)
+    assert len(requests) == result.steps
+    request_ids = [request.id for request in requests]
+    if request_ids:
+        first = int(request_ids[0][len("request-") :])
+        assert request_ids == [f"request-{n:03d}" for n in range(first, first + len(requests))]
+    for request in requests:
+        assert request.messages == messages[: len(request.messages)]
+    if code == "INVALID_TRANSCRIPT":
+        return
+
+    # Chunks: every chunk event belongs to an opened request and carries its id.
+    for event in events:
+        if event.type == "model.chunk":
+            assert event.payload["request_id"] in request_ids
+            assert event.payload["chunk"].request_id == event.payload["request_id"]
+
+    # No assistant message for a response whose stream was interrupted: the run added one
+    # assistant message per step, except a last step that never reached tool.started or
+    # completion. Each added message agrees with the chunks streamed for its request.
+    added = messages[start_count:]
+    added_assistants = [m for m in added if isinstance(m, al.AssistantMessage)]
+    if result.steps == 0:
+        assert added == ()
+    else:
+        last_accepted = status == "completed" or any(
+            event.type == "tool.started" and event.payload["request_id"] == request_ids[-1]
+            for event in events
+        )
+        assert len(added_assistants) == result.steps - 1 + int(last_accepted)
+    for request_id, message in zip(request_ids, added_assistants):
+        streamed = [
+            chunk_item(event.payload["chunk"])
+            for event in events
+            if event.type == "model.chunk" and event.payload["request_id"] == request_id
+        ]
+        assert normalized(streamed) == normalized(message.content)
+        # Tools ran in assistant order, for this request only.
+        started = [
+            event.payload["tool_call"]
+            for event in events
+            if event.type == "tool.started" and event.payload["request_id"] == request_id
+        ]
+        message_calls = [block for block in message.content if isinstance(block, al.ToolCall)]
+        assert started == message_calls[: len(started)]
+
+    # Tools: each tool.started is followed at once by its tool.finished, unless the run
+    # ended right there; each tool.finished carries a result that is in the transcript.
+    finished = [event for event in events if event.type == "tool.finished"]
+    added_results = [m for m in added if isinstance(m, al.ToolResultMessage)]
+    assert len(finished) == len(added_results)
+    for event, message in zip(finished, added_results):
+        assert event.payload["tool_result"] is message
+        assert event.payload["tool_call"].id == message.tool_call_id
+        assert event.payload["tool_call"].name == message.tool_name
+    for index, event in enumerate(events):
+        if event.type != "tool.started":
+            continue
+        follower = events[index + 1]
+        if follower.type == "tool.finished":
+            assert follower.payload["tool_call"] is event.payload["tool_call"]
+            assert follower.payload["request_id"] == event.payload["request_id"]
+        else:
+            assert follower.type == "run.finished"
+            assert status == "cancelled" or code == "TOOL_PHASE_ERROR"
+            assert event.payload["tool_call"].id in open_calls, "no result for an interrupted call"
+
+
+def assert_failed(
+    events: Sequence[al.Event], result: al.RunResult, code: str, *words: str
+) -> None:
+    """A failed run: well formed, status failed, the given code and a message that says
+    why, naming each of ``words``."""
+    check_run(events, result)
     assert result.status == "failed"
     assert isinstance(result.error, al.RunError)
     assert result.error.code == code
@@ -273,18 +798,458 @@ def assert_failed(events: Sequence[al.Event], result: al.RunResult, code: str) -
     assert result.error.message
     assert result.final_text is None
     assert result.max_steps is None
+    for word in words:
+        assert word in result.error.message
 
 
-def index_of(events: Sequence[al.Event], at: tuple[str, int]) -> int:
-    """The index of the ``at[1]``-th event of type ``at[0]`` (counting from 1)."""
-    return [index for index, event in enumerate(events) if event.type == at[0]][at[1] - 1]
+def failure_message(result: al.RunResult, code: str) -> str:
+    """The message of a failed result with this code."""
+    assert result.status == "failed"
+    assert result.error is not None
+    assert result.error.code == code
+    return result.error.message
+
+
+def only_tool_result(result: al.RunResult) -> al.ToolResultMessage:
+    """The one tool result of a run's transcript."""
+    [message] = [m for m in result.messages if isinstance(m, al.ToolResultMessage)]
+    return message
+
+
+def run_probe_call(
+    arguments: Any,
+) -> tuple[list[al.Event], al.RunResult, FakeModel, list[dict[str, Any]]]:
+    """Runs one step that calls "probe" with ``arguments``, then a step that stops."""
+    received: list[dict[str, Any]] = []
+    tool_call = al.ToolCall("call-probe-001", "probe", arguments)
+    events, result, model = run(
+        [
+            al.scripted_response("response-001", [tool_call], "toolCall"),
+            al.scripted_response("response-002", [text("done")], "stop"),
+        ],
+        tools=[probe_tool(received)],
+    )
+    return events, result, model, received
+
+
+def assert_no_tool_ran(
+    events: list[al.Event],
+    result: al.RunResult,
+    model: FakeModel,
+    received: list[dict[str, Any]],
+) -> None:
+    """Nothing of the failed step was kept: no tool ran, no assistant message was appended."""
+    assert received == []
+    assert "tool.started" not in types_of(events)
+    assert model.call_count == 1
+    assert result.messages == (user(),)
+
+
+def assert_tool_received(
+    events: list[al.Event],
+    result: al.RunResult,
+    received: list[dict[str, Any]],
+    arguments: Any,
+) -> None:
+    """The run completed and the tool ran once, with exactly ``arguments`` as plain JSON."""
+    check_run(events, result)
+    assert result.status == "completed"
+    assert len(received) == 1
+    assert is_plain(received[0])
+    assert same_json(received[0], arguments)
+
+
+def types_of(events: Iterable[al.Event]) -> list[str]:
+    return [event.type for event in events]
 
 
 def open_call_ids(messages: Iterable[al.Message]) -> list[str]:
     return [open_call.id for open_call in al.open_tool_calls(messages)]
 
 
-# --- 1. The focused test: the seed's two verbatim fragments, translated -----------------
+def until(run_: Any, event_type: str, occurrence: int = 1) -> list[al.Event]:
+    """Iterates a run until the given occurrence of an event type has been yielded."""
+    events: list[al.Event] = []
+    while True:
+        events.append(next(run_))
+        if types_of(events).count(event_type) == occurrence and events[-1].type == event_type:
+            return events
+
+
+# --- The module: its public names and their types ----------------------------------------
+
+
+# Every public name the README documents, section by section.
+API_NAMES = [
+    # Entry point
+    "run_agent_loop",
+    "settle_run",
+    "Signal",
+    # Message IR
+    "TextBlock",
+    "ToolCall",
+    "UserMessage",
+    "AssistantMessage",
+    "ToolResultMessage",
+    "Message",
+    "JSON",
+    "text_from_assistant",
+    # Model boundary
+    "Model",
+    "ModelRequest",
+    "ModelChunk",
+    "TextDelta",
+    "ToolCallChunk",
+    "ModelResponse",
+    "StopReason",
+    # Tools
+    "Tool",
+    "ToolRegistry",
+    "ToolSpec",
+    "execute_tool_call",
+    "ToolError",
+    # Events and results
+    "Event",
+    "RunResult",
+    "RunError",
+    "RunStatus",
+    "FailureCode",
+    "EventType",
+    # Limits
+    "MAX_AGENT_STEPS",
+    "MAX_INITIAL_MESSAGES",
+    "MAX_STEP_CHUNKS",
+    "MAX_STEP_TEXT",
+    "MAX_ASSISTANT_BLOCKS",
+    "MAX_ARGUMENT_DEPTH",
+    "MAX_ARGUMENT_VALUES",
+    "MAX_ARGUMENT_SLOTS",
+    "MAX_ARGUMENT_TEXT",
+    # Test helpers
+    "ScriptedModel",
+    "ScriptedResponse",
+    "scripted_response",
+    # Interop, replay and resumption
+    "message_from_dict",
+    "event_from_dict",
+    "open_tool_calls",
+    "resolve_open_tool_calls",
+    "replay",
+    "ReplayedRun",
+]
+
+
+class TestPublicNames:
+    """__all__ holds exactly the public names the README documents."""
+
+    def test_all_is_exactly_the_names_listed_here(self) -> None:
+        assert len(al.__all__) == len(set(al.__all__))
+        assert set(al.__all__) == set(API_NAMES)
+
+    def test_the_readme_api_table_names_exactly_all(self) -> None:
+        """The README's "The API at a glance" documents every public name, and no other
+        name of the module."""
+        readme = (REPOSITORY / "README.md").read_text(encoding="utf-8")
+        section = readme.split("## The API at a glance\n", 1)[1].split("\n## ", 1)[0]
+        table = [line for line in section.splitlines() if line.startswith("| ")]
+        named = set(re.findall(r"`([A-Za-z_][A-Za-z_0-9]*)", "\n".join(table)))
+        assert {name for name in named if hasattr(al, name)} == set(al.__all__)
+
+    @pytest.mark.parametrize("name", API_NAMES)
+    def test_every_public_name_exists(self, name: str) -> None:
+        assert hasattr(al, name)
+
+    def test_version_is_a_str(self) -> None:
+        assert isinstance(al.__version__, str)
+        assert al.__version__
+
+
+class TestRuntimeTyping:
+    @pytest.mark.parametrize(
+        "name", [name for name in al.__all__ if isinstance(getattr(al, name), type)]
+    )
+    def test_type_hints_of_every_public_class_resolve(self, name: str) -> None:
+        """A copied file is introspected (dataclass tools, validators) on every Python it
+        runs on: its annotations use typing's spelling, which 3.8 can evaluate."""
+        assert isinstance(typing.get_type_hints(getattr(al, name)), dict)
+
+
+# --- Limits ------------------------------------------------------------------------------
+
+
+def assert_bound(arguments: Any, passes: bool, limit: str) -> None:
+    """Runs one call with ``arguments``: within the bound the tool receives exactly them;
+    past it the run fails with MODEL_PROTOCOL_ERROR naming ``limit``, and no tool runs."""
+    events, result, model, received = run_probe_call(arguments)
+    if passes:
+        assert_tool_received(events, result, received, arguments)
+    else:
+        assert_failed(events, result, "MODEL_PROTOCOL_ERROR", limit)
+        assert_no_tool_ran(events, result, model, received)
+
+
+def chunk_event_count(events: list[al.Event]) -> int:
+    return types_of(events).count("model.chunk")
+
+
+class TestLimits:
+    """Seed: "The loop caps one step at 1024 chunks, 65,536 Unicode code points of text,
+    and 1024 assistant blocks." Every limit is inclusive: the limit passes, one more fails."""
+
+    def test_limit_constants_are_the_seeds_numbers(self) -> None:
+        """Seed: "MAX_AGENT_STEPS, which is 64"; "Initial messages are capped at 4096"; "1024
+        chunks, 65,536 Unicode code points of text, and 1024 assistant blocks"; "depth 32, at
+        most 257 values including the root, 256 object fields plus array slots, and 4096
+        Unicode code points across keys/string values"."""
+        assert al.MAX_AGENT_STEPS == 64
+        assert al.MAX_INITIAL_MESSAGES == 4096
+        assert al.MAX_STEP_CHUNKS == 1024
+        assert al.MAX_STEP_TEXT == 65536
+        assert al.MAX_ASSISTANT_BLOCKS == 1024
+        assert al.MAX_ARGUMENT_DEPTH == 32
+        assert al.MAX_ARGUMENT_VALUES == 257
+        assert al.MAX_ARGUMENT_SLOTS == 256
+        assert al.MAX_ARGUMENT_TEXT == 4096
+
+    @pytest.mark.parametrize(
+        ("count", "passes"),
+        [pytest.param(4096, True, id="at-limit"), pytest.param(4097, False, id="over-limit")],
+    )
+    def test_initial_messages(self, count: int, passes: bool) -> None:
+        """Seed: "Initial messages are capped at 4096 ... An invalid starting transcript
+        produces one run.finished event with a failed INVALID_TRANSCRIPT result and never
+        invokes the model." """
+        start = [al.UserMessage(f"user-{index:04d}", "hi") for index in range(count)]
+        events, result, model = run(
+            [al.scripted_response("response-001", [text("hello")], "stop")], messages=start
+        )
+        check_run(events, result)
+        if passes:
+            assert result.status == "completed"
+            assert types_of(events)[:count] == ["message.accepted"] * count
+            assert [event.payload["message"] for event in events[:count]] == start
+            assert model.call_count == 1
+            assert model.requests[0].messages == tuple(start)
+            assert result.messages[:count] == tuple(start)
+        else:
+            assert_failed(events, result, "INVALID_TRANSCRIPT", "4096")
+            assert types_of(events) == ["run.finished"]
+            assert model.call_count == 0
+            assert result.messages == ()
+
+    @pytest.mark.parametrize(
+        ("count", "passes"),
+        [pytest.param(1024, True, id="at-limit"), pytest.param(1025, False, id="over-limit")],
+    )
+    def test_step_chunks(self, count: int, passes: bool) -> None:
+        """Seed: "The loop caps one step at 1024 chunks". The chunk over the cap gets no
+        model.chunk event, and the unfinished assistant message is not appended."""
+        response = al.scripted_response(
+            "response-001", [text("a" * count)], "stop", chunks=[text("a")] * count
+        )
+        events, result, model = run([response])
+        check_run(events, result)
+        assert chunk_event_count(events) == 1024
+        if passes:
+            assert result.status == "completed"
+            assert result.final_text == "a" * 1024
+        else:
+            assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "1024")
+            assert result.messages == (user(),)
+            assert model.call_count == 1
+
+    @pytest.mark.parametrize(
+        ("count", "passes"),
+        [pytest.param(1024, True, id="at-limit"), pytest.param(1025, False, id="over-limit")],
+    )
+    def test_empty_chunks_count_toward_the_chunk_cap(self, count: int, passes: bool) -> None:
+        """An empty text delta carries no text, but it is still a chunk of the step."""
+        response = al.scripted_response("response-001", [], "stop", chunks=[text("")] * count)
+        events, result, _ = run([response])
+        assert chunk_event_count(events) == 1024
+        if passes:
+            assert result.status == "completed"
+            assert result.final_text == ""
+        else:
+            assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "1024")
+            assert result.messages == (user(),)
+
+    @pytest.mark.parametrize("passes", [AT_LIMIT, OVER_LIMIT])
+    def test_step_text_in_code_points(self, passes: bool) -> None:
+        """Seed: "65,536 Unicode code points of text": a non-BMP character is one code point
+        (two UTF-16 units), so 65,536 emoji pass and one more fails."""
+        chunks = [text("😀" * 1024)] * 64 + ([] if passes else [text("😀")])
+        full = "".join(chunk.text for chunk in chunks)
+        assert len(full.encode("utf-16-le")) // 2 > 65536  # in UTF-16 units it is far over
+        response = al.scripted_response("response-001", [text(full)], "stop", chunks=chunks)
+        events, result, _ = run([response])
+        if passes:
+            check_run(events, result)
+            assert result.status == "completed"
+            assert result.final_text == full
+            assert len(full) == 65536
+            assert chunk_event_count(events) == 64
+        else:
+            assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "65536")
+            assert chunk_event_count(events) == 64  # the chunk over the limit has no event
+            assert result.messages == (user(),)
+
+    @pytest.mark.parametrize("passes", [AT_LIMIT, OVER_LIMIT])
+    def test_step_text_at_the_chunk_cap(self, passes: bool) -> None:
+        """1024 chunks of 64 ASCII characters are exactly both caps and pass; one more
+        character in the last chunk breaks the text cap alone."""
+        chunks = [text("x" * 64)] * 1023 + [text("x" * (64 if passes else 65))]
+        full = "".join(chunk.text for chunk in chunks)
+        response = al.scripted_response("response-001", [text(full)], "stop", chunks=chunks)
+        events, result, _ = run([response])
+        if passes:
+            check_run(events, result)
+            assert result.status == "completed"
+            assert result.final_text == "x" * 65536
+            assert chunk_event_count(events) == 1024
+        else:
+            assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "65536")
+            assert chunk_event_count(events) == 1023
+            assert result.messages == (user(),)
+
+    @pytest.mark.parametrize(
+        ("count", "passes"),
+        [pytest.param(1024, True, id="at-limit"), pytest.param(1025, False, id="over-limit")],
+    )
+    def test_assistant_blocks_as_returned(self, count: int, passes: bool) -> None:
+        """Seed: "... and 1024 assistant blocks", counted as the response returns them, before
+        coalescing: 1025 text blocks streamed as one chunk are too many."""
+        blocks = [text("a")] * count
+        response = al.scripted_response("response-001", blocks, "stop", chunks=[text("a" * count)])
+        events, result, model = run([response])
+        assert chunk_event_count(events) == 1
+        if passes:
+            check_run(events, result)
+            assert result.status == "completed"
+            assert result.messages[-1] == al.AssistantMessage(
+                "message-response-001", tuple(blocks)
+            )
+            assert len(result.messages[-1].content) == 1024
+            assert result.final_text == "a" * 1024
+        else:
+            assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "1024")
+            assert result.messages == (user(),)
+            assert model.call_count == 1
+
+    @pytest.mark.parametrize(
+        ("depth", "passes"),
+        [pytest.param(32, True, id="at-limit"), pytest.param(33, False, id="over-limit")],
+    )
+    def test_argument_depth(self, depth: int, passes: bool) -> None:
+        """Seed: "Tool arguments must be plain bounded JSON with depth 32"; ``{}`` has depth 1
+        and a scalar 0. "These checks occur before a Tool effect." """
+        arguments = nested(depth)
+        assert_bound(arguments, passes, "32")
+
+    @pytest.mark.parametrize("passes", [AT_LIMIT, OVER_LIMIT])
+    def test_argument_depth_of_objects_only(self, passes: bool) -> None:
+        """Depth counts objects too: 32 nested objects pass, 33 fail."""
+        assert_bound(nested(32 if passes else 33, "object"), passes, "32")
+
+    @pytest.mark.parametrize(
+        ("count", "passes"),
+        [pytest.param(255, True, id="at-limit"), pytest.param(256, False, id="over-limit")],
+    )
+    def test_argument_values(self, count: int, passes: bool) -> None:
+        """Seed: "at most 257 values including the root": the root, one array, and 255
+        numbers in it are 257 values."""
+        arguments = {"xs": list(range(count))}
+        assert_bound(arguments, passes, "257")
+
+    @pytest.mark.parametrize("passes", [AT_LIMIT, OVER_LIMIT])
+    def test_argument_values_count_like_the_example(self, passes: bool) -> None:
+        """``{"a": [1]}`` counts 3 values, so 128 of its fields make 257 values with the root;
+        one more element in one array makes 258."""
+        arguments: dict[str, Any] = {f"a{index:03d}": [1] for index in range(128)}
+        if not passes:
+            arguments["a127"].append(2)
+        assert_bound(arguments, passes, "257")
+
+    @pytest.mark.parametrize(
+        ("count", "passes"),
+        [pytest.param(256, True, id="at-limit"), pytest.param(257, False, id="over-limit")],
+    )
+    def test_argument_slots_of_object_fields(self, count: int, passes: bool) -> None:
+        """Seed: "256 object fields plus array slots": 256 fields of one object pass."""
+        arguments = {f"f{index:03d}": index for index in range(count)}
+        assert_bound(arguments, passes, "256")
+
+    @pytest.mark.parametrize(
+        ("slots", "passes"),
+        [pytest.param(128, True, id="at-limit"), pytest.param(129, False, id="over-limit")],
+    )
+    def test_argument_slots_of_fields_plus_array_slots(self, slots: int, passes: bool) -> None:
+        """Fields and array slots add up: 128 object fields (one of them an array) plus 128
+        array slots are 256 and pass; one more slot fails."""
+        arguments: dict[str, Any] = {f"f{index:03d}": None for index in range(127)}
+        arguments["xs"] = [True] * slots
+        assert len(arguments) + slots == (256 if passes else 257)
+        assert_bound(arguments, passes, "256")
+
+    @pytest.mark.parametrize(
+        ("length", "passes"),
+        [pytest.param(4000, True, id="at-limit"), pytest.param(4001, False, id="over-limit")],
+    )
+    def test_argument_text_in_code_points(self, length: int, passes: bool) -> None:
+        """Seed: "4096 Unicode code points across keys/string values": a 96-emoji key and a
+        4000-emoji value are 4096 code points (8192 UTF-16 units) and pass."""
+        arguments = {"😀" * 96: "😀" * length}
+        assert_bound(arguments, passes, "4096")
+
+    @pytest.mark.parametrize(
+        ("length", "passes"),
+        [pytest.param(4095, True, id="at-limit"), pytest.param(4096, False, id="over-limit")],
+    )
+    def test_argument_text_counts_keys(self, length: int, passes: bool) -> None:
+        """Keys count: a 1-character key with a 4096-character value is 4097 code points."""
+        arguments = {"k": "a" * length}
+        assert_bound(arguments, passes, "4096")
+
+    @pytest.mark.parametrize(
+        ("length", "passes"),
+        [pytest.param(2044, True, id="at-limit"), pytest.param(2045, False, id="over-limit")],
+    )
+    def test_argument_text_adds_up_across_strings(self, length: int, passes: bool) -> None:
+        """Text adds up across every key and string, in arrays and nested objects too:
+        keys a, b, c, n and the strings, not the number 5."""
+        arguments = {"a": ["😀" * 2048], "b": {"c": "é" * length, "n": 5}}
+        total = 1 + 2048 + 1 + 1 + length + 1
+        assert total == (4096 if passes else 4097)
+        assert_bound(arguments, passes, "4096")
+
+    def test_an_argument_violation_stops_earlier_calls_of_the_batch(self) -> None:
+        """Seed: "These checks occur before a Tool effect": a bad call late in the response
+        keeps the valid call before it from running."""
+        received: list[dict[str, Any]] = []
+        good = al.ToolCall("call-probe-001", "probe", {"n": 1})
+        bad = al.ToolCall("call-probe-002", "probe", nested(33))
+        events, result, model = run(
+            [al.scripted_response("response-001", [good, bad], "toolCall")],
+            tools=[probe_tool(received)],
+        )
+        assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "call-probe-002")
+        assert_no_tool_ran(events, result, model, received)
+        assert chunk_event_count(events) == 1  # the good call streamed; the bad one did not
+
+    def test_an_argument_violation_in_the_terminal_response_only(self) -> None:
+        """A bad call that only the terminal response holds is found there, before any tool."""
+        received: list[dict[str, Any]] = []
+        bad = al.ToolCall("call-probe-001", "probe", {"k": "a" * 4096})
+        events, result, model = run(
+            [al.scripted_response("response-001", [bad], "toolCall", chunks=[])],
+            tools=[probe_tool(received)],
+        )
+        assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "4096")
+        assert_no_tool_ran(events, result, model, received)
+        assert chunk_event_count(events) == 0
+
+
+# --- The loop ----------------------------------------------------------------------------
 
 
 class TestGoldenFragments:
@@ -303,15 +1268,7 @@ class TestGoldenFragments:
             ]
         )
 
-        events, result = al.settle_run(
-            al.run_agent_loop(
-                messages=[user()],
-                model=model,
-                tools=al.ToolRegistry([add_tool()]),
-                max_steps=2,
-                signal=threading.Event(),
-            )
-        )
+        events, result, _ = run(model, [add_tool()], max_steps=2, signal=threading.Event())
 
         assert model.call_count == 2
         assert [request.id for request in model.requests] == ["request-001", "request-002"]
@@ -351,14 +1308,12 @@ class TestGoldenFragments:
                 ),
             ]
         )
-        events, result = al.settle_run(
-            al.run_agent_loop(
-                messages=[user("Echo three values.")],
-                model=model,
-                tools=al.ToolRegistry([echo_tool(executed)]),
-                max_steps=max_steps,
-                signal=threading.Event(),
-            )
+        events, result, _ = run(
+            model,
+            [echo_tool(executed)],
+            messages=[user("Echo three values.")],
+            max_steps=max_steps,
+            signal=threading.Event(),
         )
         return executed, events, result, model
 
@@ -386,10 +1341,7 @@ class TestGoldenFragments:
         assert result.status == "completed"
         assert result.final_text == "must not run"
         assert result.max_steps is None
-        assert_well_formed(events, result)
-
-
-# --- 2. Construction rejects invalid options before starting model work -----------------
+        check_run(events, result)
 
 
 class SignalLike:
@@ -460,6 +1412,7 @@ INVALID_OPTIONS = [
     pytest.param({"messages": None}, TypeError, "messages", id="messages-None"),
 ]
 
+
 VALID_OPTIONS = [
     pytest.param({"max_steps": 1}, id="max_steps-at-limit-1"),
     pytest.param({"max_steps": 64}, id="max_steps-at-limit-64"),
@@ -478,7 +1431,7 @@ VALID_OPTIONS = [
 
 class TestConstructionRejectsInvalidOptions:
     @staticmethod
-    def options(model: al.ScriptedModel, overrides: dict[str, Any]) -> dict[str, Any]:
+    def options(model: FakeModel, overrides: dict[str, Any]) -> dict[str, Any]:
         options: dict[str, Any] = {
             "messages": [user()],
             "model": model,
@@ -495,7 +1448,7 @@ class TestConstructionRejectsInvalidOptions:
     ) -> None:
         """Seed: "Invalid construction throws before an EventStream is returned." The
         call itself raises (nothing is iterated), naming the option; the model never runs."""
-        model = al.ScriptedModel([stop("response-001")])
+        model = FakeModel(stop("response-001"))
         with pytest.raises(error, match=names):
             al.run_agent_loop(**self.options(model, overrides))
         assert model.call_count == 0
@@ -504,19 +1457,16 @@ class TestConstructionRejectsInvalidOptions:
     def test_a_valid_option_returns_a_generator_that_has_not_called_the_model(
         self, overrides: dict[str, Any]
     ) -> None:
-        model = al.ScriptedModel([stop("response-001")])
+        model = FakeModel(stop("response-001"))
         run = al.run_agent_loop(**self.options(model, overrides))
 
         assert isinstance(run, collections.abc.Generator)
         assert inspect.getgeneratorstate(run) == "GEN_CREATED"
         assert model.call_count == 0
-        events, result = al.settle_run(run)
+        events, result = settle(run, model)
         assert result.status == "completed"
         assert model.call_count == 1
-        assert_well_formed(events, result)
-
-
-# --- 3. The run owns snapshots of starting messages and Tool registry membership -------
+        check_run(events, result)
 
 
 class TestRunOwnsSnapshots:
@@ -536,12 +1486,12 @@ class TestRunOwnsSnapshots:
         """Seed: "The caller can later mutate its input array ... without changing the
         active run." """
         messages: list[Any] = [user()]
-        model = al.ScriptedModel([stop("response-001")])
+        model = FakeModel(stop("response-001"))
         run = al.run_agent_loop(
             messages=messages, model=model, tools=al.ToolRegistry(), max_steps=1
         )
         mutate(messages)
-        events, result = al.settle_run(run)
+        events, result = settle(run, model, max_steps=1, start=[user()])
 
         assert result.status == "completed"
         assert model.requests[0].messages == (user(),)
@@ -558,14 +1508,14 @@ class TestRunOwnsSnapshots:
                 yield message
 
         messages = start()
-        model = al.ScriptedModel([stop("response-001")])
+        model = FakeModel(stop("response-001"))
         run = al.run_agent_loop(
             messages=messages, model=model, tools=al.ToolRegistry(), max_steps=1
         )
         assert read == ["user-001", "user-002"]
         assert next(messages, None) is None  # consumed once, by the call
 
-        _events, result = al.settle_run(run)
+        _events, result = settle(run, model, max_steps=1)
         assert model.requests[0].messages == (user(), user("And then?", "user-002"))
         assert result.status == "completed"
 
@@ -574,12 +1524,12 @@ class TestRunOwnsSnapshots:
         active run." A call to the late tool gets an unknown-tool result."""
         executed: list[str] = []
         registry = al.ToolRegistry([add_tool()])
-        model = al.ScriptedModel(
-            [tool_turn("response-001", echo_call("call-echo-001")), stop("response-002")]
+        model = FakeModel(
+            tool_turn("response-001", echo_call("call-echo-001")), stop("response-002")
         )
         run = al.run_agent_loop(messages=[user()], model=model, tools=registry, max_steps=2)
         registry.register(echo_tool(executed))
-        _events, result = al.settle_run(run)
+        _events, result = settle(run, model, max_steps=2, start=[user()])
 
         assert executed == []
         assert [[spec.name for spec in request.tools] for request in model.requests] == [
@@ -602,15 +1552,16 @@ class TestRunOwnsSnapshots:
             return "registered"
 
         registry.register(no_arguments_tool("register", register_echo))
-        model = al.ScriptedModel(
-            [
-                tool_turn("response-001", call("register", "call-register-001", {})),
-                tool_turn("response-002", echo_call("call-echo-001")),
-                stop("response-003"),
-            ]
+        model = FakeModel(
+            tool_turn("response-001", call("register", "call-register-001", {})),
+            tool_turn("response-002", echo_call("call-echo-001")),
+            stop("response-003"),
         )
-        _events, result = al.settle_run(
-            al.run_agent_loop(messages=[user()], model=model, tools=registry, max_steps=3)
+        _events, result = settle(
+            al.run_agent_loop(messages=[user()], model=model, tools=registry, max_steps=3),
+            model,
+            max_steps=3,
+            start=[user()],
         )
 
         assert "echo" in registry  # the caller's registry did change...
@@ -623,21 +1574,6 @@ class TestRunOwnsSnapshots:
         assert late.tool_call_id == "call-echo-001"
         assert late.is_error
         assert result.status == "completed"
-
-
-# --- 4. Each model step receives the complete frozen transcript and a correlated id ---
-
-
-class SnapshotRecordingModel(al.ScriptedModel):
-    """A ScriptedModel that also copies what each request held when it was made."""
-
-    def __init__(self, responses: Sequence[Any]) -> None:
-        super().__init__(responses)
-        self.held: list[list[al.Message]] = []
-
-    def stream(self, request: al.ModelRequest, signal: Any) -> Any:
-        self.held.append(list(request.messages))
-        return super().stream(request, signal)
 
 
 THREE_STEPS = (
@@ -671,8 +1607,7 @@ class TestEachStepGetsFrozenTranscriptAndRequestId:
         )
 
     def test_later_steps_do_not_change_earlier_requests(self) -> None:
-        model = SnapshotRecordingModel(THREE_STEPS)
-        run_with(model, tools=[add_tool(), echo_tool()])
+        _, _, model = run(THREE_STEPS, tools=[add_tool(), echo_tool()])
 
         assert [len(held) for held in model.held] == [1, 3, 5]
         assert [list(request.messages) for request in model.requests] == model.held
@@ -731,10 +1666,9 @@ class TestEachStepGetsFrozenTranscriptAndRequestId:
         assert [request.tools for request in model.requests] == [expected] * 3
 
 
-# --- 5. Assistant messages precede their tool results, in assistant order --------------
-
-
 BATCH = (echo_call("call-echo-001"), add_call(), echo_call("call-echo-002"))
+
+
 BATCH_RESULTS = (echo_result("call-echo-001"), add_result(), echo_result("call-echo-002"))
 
 
@@ -812,9 +1746,6 @@ class TestAssistantMessagesPrecedeToolResults:
         assert result.steps == 3
 
 
-# --- 6. Recoverable tool errors remain linked messages and reach the continuation ------
-
-
 def explode(arguments: dict[str, Any], signal: Any) -> object:
     raise ValueError("the fuse blew")
 
@@ -877,20 +1808,6 @@ class TestRecoverableToolErrors:
         assert result.final_text == "Sorry."
 
 
-# --- 7. Event sequence values increase by one; run.finished is last --------------------
-
-
-PRIOR_ROUND = (
-    user("Add 1 and 2.", "user-000"),
-    al.AssistantMessage(
-        "message-response-000", (call("add", "call-add-000", {"left": 1, "right": 2}),)
-    ),
-    al.ToolResultMessage("tool-result-call-add-000", "call-add-000", "add", '{"sum":3}', False),
-    al.AssistantMessage("message-response-000b", (text("It is 3."),)),
-    user(),
-)
-
-
 def run_ending(status: str) -> tuple[list[al.Event], al.RunResult]:
     """A run with every kind of event that ends with ``status``."""
     script = [tool_turn("response-001", add_call()), stop("response-002")]
@@ -902,14 +1819,13 @@ def run_ending(status: str) -> tuple[list[al.Event], al.RunResult]:
         events, result, _ = run(script[:1], messages=PRIOR_ROUND, tools=[add_tool()])
     else:
         signal = threading.Event()
-        loop = al.run_agent_loop(
+        events, result, _ = run(
+            script,
             messages=PRIOR_ROUND,
-            model=al.ScriptedModel(script),
-            tools=al.ToolRegistry([add_tool()]),
-            max_steps=4,
+            tools=[add_tool()],
             signal=signal,
+            cancel_at=("model.chunk", 2),
         )
-        events, result = settle_setting_signal(loop, signal, ("model.chunk", 2))
     return events, result
 
 
@@ -967,9 +1883,6 @@ class TestEventSequence:
         ]
 
 
-# --- 8. Cancellation retains only complete messages, never a fabricated result ---------
-
-
 CANCEL_START = (user("Add 20 and 22.", "user-001"), user("Then echo it.", "user-002"))
 
 
@@ -979,6 +1892,28 @@ def cancel_script() -> list[Any]:
         tool_turn("response-001", text("Adding."), add_call(), echo_call("call-echo-001")),
         stop("response-002"),
     ]
+
+
+def index_of(events: Sequence[al.Event], at: tuple[str, int]) -> int:
+    """The index of the ``at[1]``-th event of type ``at[0]`` (counting from 1)."""
+    return [index for index, event in enumerate(events) if event.type == at[0]][at[1] - 1]
+
+
+def abort_from_another_thread(ready: threading.Event, signal: threading.Event) -> threading.Thread:
+    """Starts a helper thread that sets ``signal`` once ``ready`` is set."""
+
+    def abort() -> None:
+        if ready.wait(5):  # a safety net: the test sets ready long before
+            signal.set()
+
+    thread = threading.Thread(target=abort)
+    thread.start()
+    return thread
+
+
+def assert_joined(thread: threading.Thread) -> None:
+    thread.join(5)
+    assert not thread.is_alive()
 
 
 class TestCancellation:
@@ -1041,22 +1976,15 @@ class TestCancellation:
 
         ran: list[str] = []
         signal = threading.Event()
-        model = al.ScriptedModel(cancel_script())
-        loop = al.run_agent_loop(
-            messages=CANCEL_START,
-            model=model,
-            tools=al.ToolRegistry(recording_tools(ran)),
-            max_steps=4,
-            signal=signal,
-        )
+        model = FakeModel(*cancel_script())
         if at is None:
             signal.set()
-            events, result = al.settle_run(loop)
-        else:
-            events, result = settle_setting_signal(loop, signal, at)
+        events, result, _ = run(
+            model, recording_tools(ran), messages=CANCEL_START, signal=signal, cancel_at=at
+        )
 
         assert result.status == "cancelled"
-        assert_well_formed(events, result)
+        check_run(events, result)
         # Up to the event that set the signal, the same events as the uncancelled run;
         # after it, nothing but run.finished.
         cut = 0 if at is None else index_of(full_events, at) + 1
@@ -1071,18 +1999,18 @@ class TestCancellation:
         """Seed: cancellation can arrive during "terminal response waiting"."""
         signal = threading.Event()
 
-        def answer_then_abort(request: al.ModelRequest, signal: Any) -> Any:
+        def answer_then_abort(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
             yield al.TextDelta(request.id, "The sum is 42.")
             signal.set()  # after the last chunk, before the terminal response
             return al.ModelResponse("response-001", request.id, (text("The sum is 42."),), "stop")
 
-        events, result = run_with(GeneratorModel(answer_then_abort), signal=signal)
+        events, result, _ = run(FakeModel(answer_then_abort), signal=signal)
 
         assert result.status == "cancelled"
         assert types_of(events) == ["message.accepted", "model.chunk", "run.finished"]
         assert result.messages == (user(),)
         assert result.steps == 1
-        assert_well_formed(events, result)
+        check_run(events, result)
 
     def test_a_tool_that_returns_after_the_signal_has_its_result_discarded(self) -> None:
         """Seed: "Cancellation during Tool execution retains the complete assistant
@@ -1157,7 +2085,7 @@ class TestCancellation:
         signal = threading.Event()
         waiting = threading.Event()
 
-        def stream(request: al.ModelRequest, model_signal: Any) -> Any:
+        def stream(model: FakeModel, request: al.ModelRequest, model_signal: Any) -> Any:
             yield al.TextDelta(request.id, "The sum")
             waiting.set()
             model_signal.wait(5)
@@ -1169,7 +2097,7 @@ class TestCancellation:
             return al.ModelResponse("response-001", request.id, (text("The sum is 42."),), "stop")
 
         thread = abort_from_another_thread(waiting, signal)
-        events, result = run_with(GeneratorModel(stream), signal=signal)
+        events, result, _ = run(FakeModel(stream), signal=signal)
         assert_joined(thread)
 
         assert result.status == "cancelled"
@@ -1183,23 +2111,20 @@ class TestCancellation:
         signal = threading.Event()
         waiting = threading.Event()
 
-        def refuse(request: al.ModelRequest, model_signal: Any) -> Any:
+        def refuse(model: FakeModel, request: al.ModelRequest, model_signal: Any) -> Any:
             waiting.set()
             model_signal.wait(5)
             raise RuntimeError("the request was aborted")
 
         thread = abort_from_another_thread(waiting, signal)
-        model = GeneratorModel(refuse)
-        events, result = run_with(model, signal=signal)
+        model = FakeModel(refuse)
+        events, result, _ = run(model, signal=signal)
         assert_joined(thread)
 
         assert result.status == "cancelled"
         assert types_of(events) == ["message.accepted", "run.finished"]
         assert result.messages == (user(),)
         assert result.steps == model.call_count == 1
-
-
-# --- 9. The step budget: a one-step budget completes its batch, opens no continuation --
 
 
 def budget_script(tool_steps: int) -> list[Any]:
@@ -1229,7 +2154,7 @@ class TestStepBudget:
         assert executed == [f"call-echo-{step:03d}" for step in range(1, max_steps + 1)]
         assert open_call_ids(result.messages) == []
         assert result.final_text is None
-        assert_well_formed(events, result)
+        check_run(events, result)
 
     @pytest.mark.parametrize("max_steps", [1, 2, 64])
     def test_a_stop_response_on_the_last_allowed_step_completes(self, max_steps: int) -> None:
@@ -1264,183 +2189,215 @@ class TestStepBudget:
         assert result.max_steps is None
 
 
-# --- Invalid starting transcripts --------------------------------------------------------
-
-
-ADD_ROUND = (assistant("response-000", add_call()), add_result())
-
-INVALID_STARTS = [
-    pytest.param([user(), "Add 20 and 22."], id="non-message-item"),
-    pytest.param([user(), user().to_dict()], id="message-dict-not-a-message"),
-    pytest.param([user(), add_result()], id="result-without-call"),
-    pytest.param(
-        [user(), add_result(), assistant("response-000", add_call())], id="result-before-call"
-    ),
-    pytest.param(
-        [
-            user(),
-            assistant("response-000", add_call()),
-            al.ToolResultMessage("tool-result-call-add-001", "call-add-001", "echo", "42", False),
-        ],
-        id="mismatched-tool-name",
-    ),
-    pytest.param(
-        [
-            user(),
-            *ADD_ROUND,
-            al.ToolResultMessage("tool-result-again", "call-add-001", "add", "42", False),
-        ],
-        id="two-results-for-one-call",
-    ),
-    pytest.param([user("One.", "user-001"), user("Two.", "user-001")], id="duplicate-message-ids"),
-    pytest.param(
-        [user(), *ADD_ROUND, assistant("response-001", add_call())], id="duplicate-tool-call-ids"
-    ),
-    pytest.param(
-        [user(), assistant("response-000", add_call(), add_call()), add_result()],
-        id="duplicate-tool-call-ids-in-one-message",
-    ),
-    pytest.param([user(), assistant("response-000", add_call())], id="incomplete-open-call"),
-    pytest.param(
-        [user(), assistant("response-000", add_call(), echo_call("call-echo-001")), add_result()],
-        id="incomplete-one-of-two-calls",
-    ),
-    pytest.param([al.UserMessage("user-001", cast(Any, 42))], id="user-content-int"),
-    pytest.param([al.UserMessage("", "Hi.")], id="empty-id"),
-    pytest.param([al.UserMessage(cast(Any, 7), "Hi.")], id="int-id"),
-    pytest.param(
-        [user(), al.AssistantMessage("message-response-000", cast(Any, ("Hello.",)))],
-        id="assistant-block-not-a-block",
-    ),
-    pytest.param(
-        [
-            user(),
-            assistant("response-000", add_call()),
-            al.ToolResultMessage(
-                "tool-result-call-add-001", "call-add-001", "add", "42", cast(Any, "no")
-            ),
-        ],
-        id="result-is_error-not-bool",
-    ),
-    pytest.param(
-        [
-            user(),
-            assistant(
-                "response-000", al.ToolCall("call-add-001", "add", cast(Any, {"left": object()}))
-            ),
-            add_result(),
-        ],
-        id="tool-call-arguments-not-json",
-    ),
-]
-
-
-def numbered_users(count: int) -> list[al.UserMessage]:
-    return [al.UserMessage(f"user-{n:05d}", "Hi.") for n in range(count)]
-
-
-class TestInvalidStartingTranscript:
-    @pytest.mark.parametrize("messages", INVALID_STARTS)
-    def test_an_invalid_start_fails_with_one_event_and_never_calls_the_model(
-        self, messages: list[Any]
-    ) -> None:
-        """Seed: "An invalid starting transcript produces one run.finished event with a
-        failed INVALID_TRANSCRIPT result and never invokes the model." """
-        events, result, model = run([stop("response-001")], messages=messages, tools=[add_tool()])
-
-        assert types_of(events) == ["run.finished"]
-        assert_failed(events, result, "INVALID_TRANSCRIPT")
-        assert model.call_count == 0
-        assert result.messages == ()
-        assert result.steps == 0
-
-    def test_an_invalid_start_is_reported_even_when_the_signal_is_already_set(self) -> None:
-        """Documented choice: the inputs decide before the signal is looked at."""
-        signal = threading.Event()
-        signal.set()
-        events, result, model = run(
-            [stop("response-001")], messages=[user(), user()], signal=signal
-        )
-        assert_failed(events, result, "INVALID_TRANSCRIPT")
-        assert model.call_count == 0
-
-    def test_an_endless_generator_of_messages_fails_instead_of_hanging(self) -> None:
-        """Documented choice: at most MAX_INITIAL_MESSAGES + 1 items are read."""
-        read = []
-
-        def endless() -> Iterator[al.Message]:
-            for n in itertools.count():
-                assert n < 100_000, "the loop kept reading an endless iterable"
-                read.append(n)
-                yield al.UserMessage(f"user-{n}", "Hi.")
-
-        events, result, model = run([stop("response-001")], messages=endless())
-
-        assert_failed(events, result, "INVALID_TRANSCRIPT")
-        assert len(read) == al.MAX_INITIAL_MESSAGES + 1
-        assert model.call_count == 0
-
-    def test_an_empty_start_is_a_complete_transcript(self) -> None:
-        """Documented choice: an empty starting transcript is complete, hence valid."""
-        events, result, model = run([stop("response-001")], messages=[])
-
-        assert result.status == "completed"
-        assert model.requests[0].messages == ()
-        assert types_of(events) == ["model.chunk", "run.finished"]
-
-    def test_a_start_with_complete_prior_tool_rounds_is_valid(self) -> None:
-        _events, result, model = run(
-            [tool_turn("response-001", add_call()), stop("response-002")],
-            messages=PRIOR_ROUND,
-            tools=[add_tool()],
-        )
-
-        assert result.status == "completed"
-        assert result.messages[: len(PRIOR_ROUND)] == PRIOR_ROUND
-        assert model.requests[0].messages == PRIOR_ROUND
-
-
-# --- Model correlation and normalized chunk/response agreement ---------------------------
-
-
-def foreign_text_chunk(request: al.ModelRequest, signal: Any) -> Any:
-    yield al.TextDelta("request-999", "The sum is 42.")
-    return al.ModelResponse("response-001", request.id, (text("The sum is 42."),), "stop")
-
-
-def foreign_call_chunk(request: al.ModelRequest, signal: Any) -> Any:
-    yield al.ToolCallChunk("request-999", add_call())
-    return al.ModelResponse("response-001", request.id, (add_call(),), "toolCall")
-
-
-def returns_a_dict(request: al.ModelRequest, signal: Any) -> Any:
-    yield al.TextDelta(request.id, "The sum is 42.")
-    return stop("response-001").__dict__
-
-
-def returns_a_list(request: al.ModelRequest, signal: Any) -> Any:
-    return [al.TextDelta(request.id, "The sum is 42.")]
-
-
-def streams_a_block(request: al.ModelRequest, signal: Any) -> Any:
-    yield text("The sum is 42.")
-    return al.ModelResponse("response-001", request.id, (text("The sum is 42."),), "stop")
-
-
-def text_chunk_not_a_str(request: al.ModelRequest, signal: Any) -> Any:
-    yield al.TextDelta(request.id, cast(Any, 42))
-    return al.ModelResponse("response-001", request.id, (text("42"),), "stop")
-
-
-def call_chunk_not_a_call(request: al.ModelRequest, signal: Any) -> Any:
-    yield al.ToolCallChunk(request.id, cast(Any, add_call().to_dict()))
-    return al.ModelResponse("response-001", request.id, (add_call(),), "toolCall")
-
-
 def scripted(
     content: Sequence[Any], stop_reason: str = "toolCall", chunks: Sequence[Any] | None = None
 ) -> list[Any]:
     return [al.scripted_response("response-001", content, cast(Any, stop_reason), chunks=chunks)]
+
+
+class TestFailureCodes:
+    def test_invalid_transcript(self) -> None:
+        events, result, _model = run([stop("response-001")], messages=[user(), add_result()])
+
+        assert_failed(events, result, "INVALID_TRANSCRIPT")
+        assert "tool-result-call-add-001" in result.error.message  # type: ignore[union-attr]
+
+    def test_model_protocol_error(self) -> None:
+        """Seed: "Tool calls are forbidden in a stop response." """
+        events, result, _model = run(scripted([add_call()], "stop"), tools=[add_tool()])
+
+        assert_failed(events, result, "MODEL_PROTOCOL_ERROR")
+        assert result.messages == (user(),)
+
+    def test_model_stream_error_when_the_stream_raises_after_a_chunk(self) -> None:
+        def breaks(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
+            yield al.TextDelta(request.id, "The sum")
+            raise ConnectionError("the socket closed")
+
+        events, result, _ = run(FakeModel(breaks))
+
+        assert_failed(events, result, "MODEL_STREAM_ERROR")
+        assert types_of(events) == ["message.accepted", "model.chunk", "run.finished"]
+        assert "the socket closed" in result.error.message  # type: ignore[union-attr]
+        assert result.messages == (user(),)
+        assert result.steps == 1
+
+    def test_model_stream_error_when_model_stream_itself_raises(self) -> None:
+        def refuses(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
+            raise ConnectionError("no route to the model")
+
+        model = FakeModel(refuses)
+        events, result, _ = run(model)
+
+        assert_failed(events, result, "MODEL_STREAM_ERROR")
+        assert types_of(events) == ["message.accepted", "run.finished"]
+        assert "no route to the model" in result.error.message  # type: ignore[union-attr]
+        assert result.steps == model.call_count == 1
+
+    def test_model_stream_error_when_a_scripted_model_runs_out_of_responses(self) -> None:
+        events, result, model = run([tool_turn("response-001", add_call())], tools=[add_tool()])
+
+        assert_failed(events, result, "MODEL_STREAM_ERROR")
+        assert model.call_count == 2
+        assert [request.id for request in model.requests] == ["request-001", "request-002"]
+        round_one = (user(), assistant("response-001", add_call()), add_result())
+        assert model.requests[1].messages == round_one
+        assert result.messages == round_one
+        assert result.steps == 2
+
+    def test_tool_phase_error_when_a_tool_raises_a_base_exception(self) -> None:
+        def fatal(arguments: dict[str, Any], signal: Any) -> object:
+            raise Fatal("the disk caught fire")
+
+        fatal_call = call("fatal", "call-fatal-001", {})
+        events, result, model = run(
+            [tool_turn("response-001", fatal_call, add_call()), stop("response-002")],
+            tools=[no_arguments_tool("fatal", fatal), add_tool()],
+            signal=threading.Event(),
+        )
+
+        assert_failed(events, result, "TOOL_PHASE_ERROR")
+        assert "the disk caught fire" in result.error.message  # type: ignore[union-attr]
+        assert types_of(events)[-2:] == ["tool.started", "run.finished"]
+        assert "tool.finished" not in types_of(events)
+        assert result.messages == (user(), assistant("response-001", fatal_call, add_call()))
+        assert open_call_ids(result.messages) == ["call-fatal-001", "call-add-001"]
+        assert model.call_count == 1
+
+    @pytest.mark.parametrize(
+        "interrupt",
+        [
+            pytest.param(KeyboardInterrupt(), id="KeyboardInterrupt"),
+            pytest.param(SystemExit(3), id="SystemExit"),
+        ],
+    )
+    def test_keyboard_interrupt_and_system_exit_from_a_tool_propagate_unchanged(
+        self, interrupt: BaseException
+    ) -> None:
+        def interrupted(arguments: dict[str, Any], signal: Any) -> object:
+            raise interrupt
+
+        loop = al.run_agent_loop(
+            messages=[user()],
+            model=FakeModel(tool_turn("response-001", call("stop-me", "call-stop-me-001", {}))),
+            tools=al.ToolRegistry([no_arguments_tool("stop-me", interrupted)]),
+            max_steps=1,
+        )
+        seen = [next(loop).type for _ in range(3)]
+        assert seen == ["message.accepted", "model.chunk", "tool.started"]
+        with pytest.raises(type(interrupt)) as raised:
+            next(loop)  # runs the tool
+
+        assert raised.value is interrupt
+        assert list(loop) == []  # the generator is finished: nothing is swallowed or resumed
+
+
+class TestModelFailures:
+    """The module docstring: "any other exception from a model fails the run with
+    MODEL_STREAM_ERROR"; "RunError.exception ... is not part of to_dict() or of
+    equality"."""
+
+    def test_a_base_exception_from_the_stream(self) -> None:
+        raised = Fatal("stop here")
+
+        def stream(
+            model: FakeModel, request: al.ModelRequest, signal: al.Signal
+        ) -> Generator[al.ModelChunk, None, al.ModelResponse]:
+            yield al.TextDelta(request.id, "partial")
+            raise raised
+
+        events, result, _ = run(FakeModel(stream))
+        assert failure_message(result, "MODEL_STREAM_ERROR") == (
+            "the model's stream raised Fatal: stop here"
+        )
+        assert result.error is not None
+        assert result.error.exception is raised
+        assert result.error.to_dict() == {
+            "code": "MODEL_STREAM_ERROR",
+            "message": "the model's stream raised Fatal: stop here",
+        }
+        assert [event.type for event in events] == [
+            "message.accepted",
+            "model.chunk",
+            "run.finished",
+        ]
+
+    def test_run_errors_differing_only_in_exception_are_equal(self) -> None:
+        first = al.RunError("MODEL_STREAM_ERROR", "m", ValueError("a"))
+        second = al.RunError("MODEL_STREAM_ERROR", "m", KeyError("b"))
+        assert first == second
+        assert first == al.RunError("MODEL_STREAM_ERROR", "m")
+        assert "exception" not in first.to_dict()
+
+
+class TestCancellationWinsOverLateErrors:
+    """The module docstring: "Cancellation wins over a stream or tool error that arrives
+    after the signal was set"."""
+
+    def test_a_stream_error_after_the_signal(self) -> None:
+        signal = threading.Event()
+
+        def stream(
+            model: FakeModel, request: al.ModelRequest, s: al.Signal
+        ) -> Generator[al.ModelChunk, None, al.ModelResponse]:
+            yield from ()  # a generator that raises at its first next()
+            signal.set()
+            raise ConnectionError("closed because of the signal")
+
+        _, result, _ = run(FakeModel(stream), signal=signal)
+        assert result.status == "cancelled"
+        assert result.error is None
+
+    @pytest.mark.parametrize(
+        "error",
+        [LookupError("late"), al.ToolError("late"), Fatal("late")],
+        ids=["exception", "tool-error", "base-exception"],
+    )
+    def test_a_tool_error_after_the_signal(self, error: BaseException) -> None:
+        signal = threading.Event()
+
+        def execute(arguments: Dict[str, Any], s: al.Signal) -> object:
+            signal.set()
+            raise error
+
+        _, result, _ = run(one_call("t"), tools=[no_arguments_tool("t", execute)], signal=signal)
+        assert result.status == "cancelled"
+        assert result.error is None
+        assert [m.role for m in result.messages] == ["user", "assistant"]  # no result
+
+
+def foreign_text_chunk(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
+    yield al.TextDelta("request-999", "The sum is 42.")
+    return al.ModelResponse("response-001", request.id, (text("The sum is 42."),), "stop")
+
+
+def foreign_call_chunk(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
+    yield al.ToolCallChunk("request-999", add_call())
+    return al.ModelResponse("response-001", request.id, (add_call(),), "toolCall")
+
+
+def returns_a_dict(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
+    yield al.TextDelta(request.id, "The sum is 42.")
+    return stop("response-001").__dict__
+
+
+def returns_a_list(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
+    return [al.TextDelta(request.id, "The sum is 42.")]
+
+
+def streams_a_block(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
+    yield text("The sum is 42.")
+    return al.ModelResponse("response-001", request.id, (text("The sum is 42."),), "stop")
+
+
+def text_chunk_not_a_str(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
+    yield al.TextDelta(request.id, cast(Any, 42))
+    return al.ModelResponse("response-001", request.id, (text("42"),), "stop")
+
+
+def call_chunk_not_a_call(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
+    yield al.ToolCallChunk(request.id, cast(Any, add_call().to_dict()))
+    return al.ModelResponse("response-001", request.id, (add_call(),), "toolCall")
 
 
 PROTOCOL_VIOLATIONS = [
@@ -1604,8 +2561,8 @@ class TestModelCorrelationAndAgreement:
         """Seed: "These checks occur before a Tool effect. Contradiction or excess becomes
         a failed MODEL_PROTOCOL_ERROR result." The bad response is never appended."""
         executed: list[str] = []
-        model = model_of(script)
-        events, result = run_with(model, messages=start, tools=recording_tools(executed))
+        model = FakeModel(*script) if isinstance(script, list) else FakeModel(script)
+        events, result, _ = run(model, messages=start, tools=recording_tools(executed))
 
         assert_failed(events, result, "MODEL_PROTOCOL_ERROR")
         assert executed == []
@@ -1615,7 +2572,7 @@ class TestModelCorrelationAndAgreement:
 
     def test_a_chunk_with_another_request_id_has_no_event(self) -> None:
         """Seed: "Request IDs must match the active request." """
-        events, result = run_with(GeneratorModel(foreign_text_chunk))
+        events, result, _ = run(FakeModel(foreign_text_chunk))
 
         assert types_of(events) == ["message.accepted", "run.finished"]
         assert_failed(events, result, "MODEL_PROTOCOL_ERROR")
@@ -1638,109 +2595,59 @@ class TestModelCorrelationAndAgreement:
         assert result.steps == 2
 
 
-# --- Failure codes ---------------------------------------------------------------------
+class TestStreamDisagreementIsShown:
+    """Show the first differing normalised block on each side (shortened
+    reprs), and when nothing was streamed at all, say that a model must yield a chunk
+    for each block it returns."""
 
-
-class TestFailureCodes:
-    def test_invalid_transcript(self) -> None:
-        events, result, _model = run([stop("response-001")], messages=[user(), add_result()])
-
-        assert_failed(events, result, "INVALID_TRANSCRIPT")
-        assert "tool-result-call-add-001" in result.error.message  # type: ignore[union-attr]
-
-    def test_model_protocol_error(self) -> None:
-        """Seed: "Tool calls are forbidden in a stop response." """
-        events, result, _model = run(scripted([add_call()], "stop"), tools=[add_tool()])
-
-        assert_failed(events, result, "MODEL_PROTOCOL_ERROR")
-        assert result.messages == (user(),)
-
-    def test_model_stream_error_when_the_stream_raises_after_a_chunk(self) -> None:
-        def breaks(request: al.ModelRequest, signal: Any) -> Any:
-            yield al.TextDelta(request.id, "The sum")
-            raise ConnectionError("the socket closed")
-
-        events, result = run_with(GeneratorModel(breaks))
-
-        assert_failed(events, result, "MODEL_STREAM_ERROR")
-        assert types_of(events) == ["message.accepted", "model.chunk", "run.finished"]
-        assert "the socket closed" in result.error.message  # type: ignore[union-attr]
-        assert result.messages == (user(),)
-        assert result.steps == 1
-
-    def test_model_stream_error_when_model_stream_itself_raises(self) -> None:
-        def refuses(request: al.ModelRequest, signal: Any) -> Any:
-            raise ConnectionError("no route to the model")
-
-        model = GeneratorModel(refuses)
-        events, result = run_with(model)
-
-        assert_failed(events, result, "MODEL_STREAM_ERROR")
-        assert types_of(events) == ["message.accepted", "run.finished"]
-        assert "no route to the model" in result.error.message  # type: ignore[union-attr]
-        assert result.steps == model.call_count == 1
-
-    def test_model_stream_error_when_a_scripted_model_runs_out_of_responses(self) -> None:
-        events, result, model = run([tool_turn("response-001", add_call())], tools=[add_tool()])
-
-        assert_failed(events, result, "MODEL_STREAM_ERROR")
-        assert model.call_count == 2
-        assert [request.id for request in model.requests] == ["request-001", "request-002"]
-        round_one = (user(), assistant("response-001", add_call()), add_result())
-        assert model.requests[1].messages == round_one
-        assert result.messages == round_one
-        assert result.steps == 2
-
-    def test_tool_phase_error_when_a_tool_raises_a_base_exception(self) -> None:
-        def fatal(arguments: dict[str, Any], signal: Any) -> object:
-            raise Fatal("the disk caught fire")
-
-        fatal_call = call("fatal", "call-fatal-001", {})
-        events, result, model = run(
-            [tool_turn("response-001", fatal_call, add_call()), stop("response-002")],
-            tools=[no_arguments_tool("fatal", fatal), add_tool()],
-            signal=threading.Event(),
+    def test_the_first_differing_block_is_shown_on_each_side(self) -> None:
+        model = FakeModel(
+            al.scripted_response(
+                "r1",
+                [al.TextBlock("Hello"), al.TextBlock(" world")],
+                "stop",
+                chunks=[al.TextBlock("Hello"), al.TextBlock(" there")],
+            )
+        )
+        _, result, _ = run(model)
+        message = failure_message(result, "MODEL_PROTOCOL_ERROR")
+        assert message == (
+            "the streamed chunks and the terminal response disagree at normalised block 0: "
+            "streamed 'Hello there', terminal 'Hello world'"
         )
 
-        assert_failed(events, result, "TOOL_PHASE_ERROR")
-        assert "the disk caught fire" in result.error.message  # type: ignore[union-attr]
-        assert types_of(events)[-2:] == ["tool.started", "run.finished"]
-        assert "tool.finished" not in types_of(events)
-        assert result.messages == (user(), assistant("response-001", fatal_call, add_call()))
-        assert open_call_ids(result.messages) == ["call-fatal-001", "call-add-001"]
-        assert model.call_count == 1
-
-    @pytest.mark.parametrize(
-        "interrupt",
-        [
-            pytest.param(KeyboardInterrupt(), id="KeyboardInterrupt"),
-            pytest.param(SystemExit(3), id="SystemExit"),
-        ],
-    )
-    def test_keyboard_interrupt_and_system_exit_from_a_tool_propagate_unchanged(
-        self, interrupt: BaseException
-    ) -> None:
-        def interrupted(arguments: dict[str, Any], signal: Any) -> object:
-            raise interrupt
-
-        loop = al.run_agent_loop(
-            messages=[user()],
-            model=al.ScriptedModel(
-                [tool_turn("response-001", call("stop-me", "call-stop-me-001", {}))]
-            ),
-            tools=al.ToolRegistry([no_arguments_tool("stop-me", interrupted)]),
-            max_steps=1,
+    def test_a_missing_block_is_shown_as_nothing(self) -> None:
+        call = al.ToolCall("c1", "echo", {"text": "x"})
+        model = FakeModel(
+            al.scripted_response(
+                "r1", [al.TextBlock("a"), call], "toolCall", chunks=[al.TextBlock("a")]
+            )
         )
-        seen = [next(loop).type for _ in range(3)]
-        assert seen == ["message.accepted", "model.chunk", "tool.started"]
-        with pytest.raises(type(interrupt)) as raised:
-            next(loop)  # runs the tool
+        _, result, _ = run(model)
+        message = failure_message(result, "MODEL_PROTOCOL_ERROR")
+        assert "disagree at normalised block 1: streamed nothing, terminal ToolCall(" in message
 
-        assert raised.value is interrupt
-        assert list(loop) == []  # the generator is finished: nothing is swallowed or resumed
+    def test_long_blocks_are_shortened(self) -> None:
+        model = FakeModel(
+            al.scripted_response(
+                "r1", [al.TextBlock("x" * 5000)], "stop", chunks=[al.TextBlock("y" * 5000)]
+            )
+        )
+        _, result, _ = run(model)
+        message = failure_message(result, "MODEL_PROTOCOL_ERROR")
+        assert len(message) < 200
+        assert "..." in message
 
-
-# --- The run's helpers: settle_run, text_from_assistant, the signal --------------------
+    def test_a_model_that_streamed_nothing_is_told_to_yield_a_chunk_per_block(self) -> None:
+        model = FakeModel(
+            al.scripted_response("r1", [al.TextBlock("a"), al.TextBlock("b")], "stop", chunks=[])
+        )
+        _, result, _ = run(model)
+        assert failure_message(result, "MODEL_PROTOCOL_ERROR") == (
+            "the model streamed nothing, but its terminal response holds 2 block(s): a model "
+            "must yield a chunk for each block it returns (a TextDelta per text, a "
+            "ToolCallChunk per tool call)"
+        )
 
 
 class TestRunHelpers:
@@ -1792,7 +2699,7 @@ class TestRunHelpers:
         ]
         received: list[Any] = []
 
-        def stream(request: al.ModelRequest, model_signal: Any) -> Any:
+        def stream(model: FakeModel, request: al.ModelRequest, model_signal: Any) -> Any:
             received.append(model_signal)
             if len(received) == 1:
                 yield al.ToolCallChunk(request.id, call("note", "call-note-001", {}))
@@ -1806,8 +2713,8 @@ class TestRunHelpers:
             received.append(tool_signal)
             return "noted"
 
-        _events, result = run_with(
-            GeneratorModel(stream), tools=[no_arguments_tool("note", note)], signal=signal
+        _events, result, _ = run(
+            FakeModel(stream, stream), tools=[no_arguments_tool("note", note)], signal=signal
         )
 
         assert result.status == "completed"
@@ -1820,705 +2727,1936 @@ class TestRunHelpers:
             assert received[0] is signal
 
 
-# --- Helpers of the limit, argument, schema and registry classes ------------------------
+@dataclasses.dataclass
+class CallPlan:
+    """One tool call of a script and what the reference expects of it."""
+
+    call: al.ToolCall
+    runs: bool  # whether the tool's function is entered
+    record: tuple[object, ...]  # what the tool logs when it runs
+    is_error: bool
+    content: str | None  # the expected result content, when it is predictable
 
 
-def _lim_plain(value: object) -> Any:
-    """A plain copy (dicts and lists) of JSON, frozen or not, to compare with a literal."""
-    if isinstance(value, Mapping):
-        return {key: _lim_plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_lim_plain(item) for item in value]
-    return value
+@dataclasses.dataclass
+class StepPlan:
+    """One model step of a script. ``stream`` items: a block (streamed as its chunk) or a
+    callable(request) whose return value is yielded raw (or which raises)."""
+
+    response_id: str
+    stream: list[object]
+    response: Callable[[al.ModelRequest], object]
+    chunk_events: int  # model.chunk events this step yields
+    code: str | None = None  # the failure this step causes, if any
+    stop: bool = False
+    calls: list[CallPlan] = dataclasses.field(default_factory=list)
+    final_text: str = ""
 
 
-def _lim_is_plain(value: object) -> bool:
-    """True if value is made of dict (str keys), list and JSON scalars only."""
-    if type(value) is dict:
-        return all(type(key) is str and _lim_is_plain(item) for key, item in value.items())
-    if type(value) is list:
-        return all(_lim_is_plain(item) for item in value)
-    return value is None or type(value) in (bool, int, float, str)
+def echo_plan(call_id: str, value: str) -> CallPlan:
+    return CallPlan(echo_call(call_id, value), True, ("echo", value), False, value)
 
 
-def _lim_same_json(left: object, right: object) -> bool:
-    """JSON equality that also tells True from 1 and 1 from 1.0, and keeps key order."""
-    return json.dumps(left) == json.dumps(right)
-
-
-def _lim_probe(received: list[dict[str, Any]], parameters: Any | None = None) -> al.Tool:
-    """A tool named "probe" that records the arguments it was given and returns "ok"."""
-
-    def execute(arguments: dict[str, Any], signal: Any) -> object:
-        received.append(arguments)
-        return "ok"
-
-    schema = {"type": "object"} if parameters is None else parameters
-    return al.Tool("probe", "Records its arguments.", schema, execute)
-
-
-def _lim_run_call(
-    arguments: Any,
-) -> tuple[list[al.Event], al.RunResult, al.ScriptedModel, list[dict[str, Any]]]:
-    """Runs one step that calls "probe" with ``arguments``, then a step that stops."""
-    received: list[dict[str, Any]] = []
-    tool_call = al.ToolCall("call-probe-001", "probe", arguments)
-    events, result, model = run(
-        [
-            al.scripted_response("response-001", [tool_call], "toolCall"),
-            al.scripted_response("response-002", [text("done")], "stop"),
-        ],
-        tools=[_lim_probe(received)],
+def add_plan(call_id: str, left: int, right: int) -> CallPlan:
+    return CallPlan(
+        al.ToolCall(call_id, "add", {"left": left, "right": right}),
+        True,
+        ("add", left, right),
+        False,
+        f'{{"sum":{left + right}}}',
     )
-    return events, result, model, received
 
 
-def _lim_assert_failed(
-    events: list[al.Event], result: al.RunResult, code: str, *words: str
-) -> None:
-    """The run failed with ``code``, and its error message names each of ``words``."""
-    assert_well_formed(events, result)
-    assert result.status == "failed"
-    assert result.error is not None
-    assert result.error.code == code
-    for word in words:
-        assert word in result.error.message
-
-
-def _lim_assert_no_tool_ran(
-    events: list[al.Event],
-    result: al.RunResult,
-    model: al.ScriptedModel,
-    received: list[dict[str, Any]],
-) -> None:
-    """Nothing of the failed step was kept: no tool ran, no assistant message was appended."""
-    assert received == []
-    assert "tool.started" not in types_of(events)
-    assert model.call_count == 1
-    assert result.messages == (user(),)
-
-
-def _lim_assert_tool_received(
-    events: list[al.Event],
-    result: al.RunResult,
-    received: list[dict[str, Any]],
-    arguments: Any,
-) -> None:
-    """The run completed and the tool ran once, with exactly ``arguments`` as plain JSON."""
-    assert_well_formed(events, result)
-    assert result.status == "completed"
-    assert len(received) == 1
-    assert _lim_is_plain(received[0])
-    assert _lim_same_json(received[0], arguments)
-
-
-def _lim_assert_bound(arguments: Any, passes: bool, limit: str) -> None:
-    """Runs one call with ``arguments``: within the bound the tool receives exactly them;
-    past it the run fails with MODEL_PROTOCOL_ERROR naming ``limit``, and no tool runs."""
-    events, result, model, received = _lim_run_call(arguments)
-    if passes:
-        _lim_assert_tool_received(events, result, received, arguments)
-    else:
-        _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", limit)
-        _lim_assert_no_tool_ran(events, result, model, received)
-
-
-def _lim_nested(depth: int) -> Any:
-    """Arguments with ``depth`` nested containers (objects and arrays in turn) around a 0."""
-    value: Any = 0
-    for level in reversed(range(depth)):
-        value = {"k": value} if level % 2 == 0 else [value]
-    return value
-
-
-def _lim_chunk_events(events: list[al.Event]) -> int:
-    return types_of(events).count("model.chunk")
-
-
-_LIM_AT_LIMIT = pytest.param(True, id="at-limit")
-_LIM_OVER_LIMIT = pytest.param(False, id="over-limit")
-
-
-# --- Limits ------------------------------------------------------------------------------
-
-
-class TestLimits:
-    """Seed: "The loop caps one step at 1024 chunks, 65,536 Unicode code points of text,
-    and 1024 assistant blocks." Every limit is inclusive: the limit passes, one more fails."""
-
-    def test_limit_constants_are_the_seeds_numbers(self) -> None:
-        """Seed: "MAX_AGENT_STEPS, which is 64"; "Initial messages are capped at 4096"; "1024
-        chunks, 65,536 Unicode code points of text, and 1024 assistant blocks"; "depth 32, at
-        most 257 values including the root, 256 object fields plus array slots, and 4096
-        Unicode code points across keys/string values"."""
-        assert al.MAX_AGENT_STEPS == 64
-        assert al.MAX_INITIAL_MESSAGES == 4096
-        assert al.MAX_STEP_CHUNKS == 1024
-        assert al.MAX_STEP_TEXT == 65536
-        assert al.MAX_ASSISTANT_BLOCKS == 1024
-        assert al.MAX_ARGUMENT_DEPTH == 32
-        assert al.MAX_ARGUMENT_VALUES == 257
-        assert al.MAX_ARGUMENT_SLOTS == 256
-        assert al.MAX_ARGUMENT_TEXT == 4096
-
-    @pytest.mark.parametrize(
-        ("count", "passes"),
-        [pytest.param(4096, True, id="at-limit"), pytest.param(4097, False, id="over-limit")],
+def boom_plan(call_id: str, value: str) -> CallPlan:
+    """A tool that runs and raises: a recoverable error result."""
+    return CallPlan(
+        al.ToolCall(call_id, "boom", {"text": value}), True, ("boom", value), True, None
     )
-    def test_initial_messages(self, count: int, passes: bool) -> None:
-        """Seed: "Initial messages are capped at 4096 ... An invalid starting transcript
-        produces one run.finished event with a failed INVALID_TRANSCRIPT result and never
-        invokes the model." """
-        start = [al.UserMessage(f"user-{index:04d}", "hi") for index in range(count)]
-        events, result, model = run(
-            [al.scripted_response("response-001", [text("hello")], "stop")], messages=start
-        )
-        assert_well_formed(events, result)
-        if passes:
-            assert result.status == "completed"
-            assert types_of(events)[:count] == ["message.accepted"] * count
-            assert [event.payload["message"] for event in events[:count]] == start
-            assert model.call_count == 1
-            assert model.requests[0].messages == tuple(start)
-            assert result.messages[:count] == tuple(start)
-        else:
-            _lim_assert_failed(events, result, "INVALID_TRANSCRIPT", "4096")
-            assert types_of(events) == ["run.finished"]
-            assert model.call_count == 0
-            assert result.messages == ()
-
-    @pytest.mark.parametrize(
-        ("count", "passes"),
-        [pytest.param(1024, True, id="at-limit"), pytest.param(1025, False, id="over-limit")],
-    )
-    def test_step_chunks(self, count: int, passes: bool) -> None:
-        """Seed: "The loop caps one step at 1024 chunks". The chunk over the cap gets no
-        model.chunk event, and the unfinished assistant message is not appended."""
-        response = al.scripted_response(
-            "response-001", [text("a" * count)], "stop", chunks=[text("a")] * count
-        )
-        events, result, model = run([response])
-        assert_well_formed(events, result)
-        assert _lim_chunk_events(events) == 1024
-        if passes:
-            assert result.status == "completed"
-            assert result.final_text == "a" * 1024
-        else:
-            _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "1024")
-            assert result.messages == (user(),)
-            assert model.call_count == 1
-
-    @pytest.mark.parametrize(
-        ("count", "passes"),
-        [pytest.param(1024, True, id="at-limit"), pytest.param(1025, False, id="over-limit")],
-    )
-    def test_empty_chunks_count_toward_the_chunk_cap(self, count: int, passes: bool) -> None:
-        """An empty text delta carries no text, but it is still a chunk of the step."""
-        response = al.scripted_response("response-001", [], "stop", chunks=[text("")] * count)
-        events, result, _ = run([response])
-        assert _lim_chunk_events(events) == 1024
-        if passes:
-            assert result.status == "completed"
-            assert result.final_text == ""
-        else:
-            _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "1024")
-            assert result.messages == (user(),)
-
-    @pytest.mark.parametrize("passes", [_LIM_AT_LIMIT, _LIM_OVER_LIMIT])
-    def test_step_text_in_code_points(self, passes: bool) -> None:
-        """Seed: "65,536 Unicode code points of text": a non-BMP character is one code point
-        (two UTF-16 units), so 65,536 emoji pass and one more fails."""
-        chunks = [text("😀" * 1024)] * 64 + ([] if passes else [text("😀")])
-        full = "".join(chunk.text for chunk in chunks)
-        assert len(full.encode("utf-16-le")) // 2 > 65536  # in UTF-16 units it is far over
-        response = al.scripted_response("response-001", [text(full)], "stop", chunks=chunks)
-        events, result, _ = run([response])
-        if passes:
-            assert_well_formed(events, result)
-            assert result.status == "completed"
-            assert result.final_text == full
-            assert len(full) == 65536
-            assert _lim_chunk_events(events) == 64
-        else:
-            _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "65536")
-            assert _lim_chunk_events(events) == 64  # the chunk over the limit has no event
-            assert result.messages == (user(),)
-
-    @pytest.mark.parametrize("passes", [_LIM_AT_LIMIT, _LIM_OVER_LIMIT])
-    def test_step_text_at_the_chunk_cap(self, passes: bool) -> None:
-        """1024 chunks of 64 ASCII characters are exactly both caps and pass; one more
-        character in the last chunk breaks the text cap alone."""
-        chunks = [text("x" * 64)] * 1023 + [text("x" * (64 if passes else 65))]
-        full = "".join(chunk.text for chunk in chunks)
-        response = al.scripted_response("response-001", [text(full)], "stop", chunks=chunks)
-        events, result, _ = run([response])
-        if passes:
-            assert_well_formed(events, result)
-            assert result.status == "completed"
-            assert result.final_text == "x" * 65536
-            assert _lim_chunk_events(events) == 1024
-        else:
-            _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "65536")
-            assert _lim_chunk_events(events) == 1023
-            assert result.messages == (user(),)
-
-    @pytest.mark.parametrize(
-        ("count", "passes"),
-        [pytest.param(1024, True, id="at-limit"), pytest.param(1025, False, id="over-limit")],
-    )
-    def test_assistant_blocks_as_returned(self, count: int, passes: bool) -> None:
-        """Seed: "... and 1024 assistant blocks", counted as the response returns them, before
-        coalescing: 1025 text blocks streamed as one chunk are too many."""
-        blocks = [text("a")] * count
-        response = al.scripted_response("response-001", blocks, "stop", chunks=[text("a" * count)])
-        events, result, model = run([response])
-        assert _lim_chunk_events(events) == 1
-        if passes:
-            assert_well_formed(events, result)
-            assert result.status == "completed"
-            assert result.messages[-1] == al.AssistantMessage(
-                "message-response-001", tuple(blocks)
-            )
-            assert len(result.messages[-1].content) == 1024
-            assert result.final_text == "a" * 1024
-        else:
-            _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "1024")
-            assert result.messages == (user(),)
-            assert model.call_count == 1
-
-    @pytest.mark.parametrize(
-        ("depth", "passes"),
-        [pytest.param(32, True, id="at-limit"), pytest.param(33, False, id="over-limit")],
-    )
-    def test_argument_depth(self, depth: int, passes: bool) -> None:
-        """Seed: "Tool arguments must be plain bounded JSON with depth 32"; ``{}`` has depth 1
-        and a scalar 0. "These checks occur before a Tool effect." """
-        arguments = _lim_nested(depth)
-        _lim_assert_bound(arguments, passes, "32")
-
-    @pytest.mark.parametrize("passes", [_LIM_AT_LIMIT, _LIM_OVER_LIMIT])
-    def test_argument_depth_of_objects_only(self, passes: bool) -> None:
-        """Depth counts objects too: 32 nested objects pass, 33 fail."""
-        arguments: dict[str, Any] = {}
-        for _ in range(31 if passes else 32):
-            arguments = {"k": arguments}
-        _lim_assert_bound(arguments, passes, "32")
-
-    @pytest.mark.parametrize(
-        ("count", "passes"),
-        [pytest.param(255, True, id="at-limit"), pytest.param(256, False, id="over-limit")],
-    )
-    def test_argument_values(self, count: int, passes: bool) -> None:
-        """Seed: "at most 257 values including the root": the root, one array, and 255
-        numbers in it are 257 values."""
-        arguments = {"xs": list(range(count))}
-        _lim_assert_bound(arguments, passes, "257")
-
-    @pytest.mark.parametrize("passes", [_LIM_AT_LIMIT, _LIM_OVER_LIMIT])
-    def test_argument_values_count_like_the_example(self, passes: bool) -> None:
-        """``{"a": [1]}`` counts 3 values, so 128 of its fields make 257 values with the root;
-        one more element in one array makes 258."""
-        arguments: dict[str, Any] = {f"a{index:03d}": [1] for index in range(128)}
-        if not passes:
-            arguments["a127"].append(2)
-        _lim_assert_bound(arguments, passes, "257")
-
-    @pytest.mark.parametrize(
-        ("count", "passes"),
-        [pytest.param(256, True, id="at-limit"), pytest.param(257, False, id="over-limit")],
-    )
-    def test_argument_slots_of_object_fields(self, count: int, passes: bool) -> None:
-        """Seed: "256 object fields plus array slots": 256 fields of one object pass."""
-        arguments = {f"f{index:03d}": index for index in range(count)}
-        _lim_assert_bound(arguments, passes, "256")
-
-    @pytest.mark.parametrize(
-        ("slots", "passes"),
-        [pytest.param(128, True, id="at-limit"), pytest.param(129, False, id="over-limit")],
-    )
-    def test_argument_slots_of_fields_plus_array_slots(self, slots: int, passes: bool) -> None:
-        """Fields and array slots add up: 128 object fields (one of them an array) plus 128
-        array slots are 256 and pass; one more slot fails."""
-        arguments: dict[str, Any] = {f"f{index:03d}": None for index in range(127)}
-        arguments["xs"] = [True] * slots
-        assert len(arguments) + slots == (256 if passes else 257)
-        _lim_assert_bound(arguments, passes, "256")
-
-    @pytest.mark.parametrize(
-        ("length", "passes"),
-        [pytest.param(4000, True, id="at-limit"), pytest.param(4001, False, id="over-limit")],
-    )
-    def test_argument_text_in_code_points(self, length: int, passes: bool) -> None:
-        """Seed: "4096 Unicode code points across keys/string values": a 96-emoji key and a
-        4000-emoji value are 4096 code points (8192 UTF-16 units) and pass."""
-        arguments = {"😀" * 96: "😀" * length}
-        _lim_assert_bound(arguments, passes, "4096")
-
-    @pytest.mark.parametrize(
-        ("length", "passes"),
-        [pytest.param(4095, True, id="at-limit"), pytest.param(4096, False, id="over-limit")],
-    )
-    def test_argument_text_counts_keys(self, length: int, passes: bool) -> None:
-        """Keys count: a 1-character key with a 4096-character value is 4097 code points."""
-        arguments = {"k": "a" * length}
-        _lim_assert_bound(arguments, passes, "4096")
-
-    @pytest.mark.parametrize(
-        ("length", "passes"),
-        [pytest.param(2044, True, id="at-limit"), pytest.param(2045, False, id="over-limit")],
-    )
-    def test_argument_text_adds_up_across_strings(self, length: int, passes: bool) -> None:
-        """Text adds up across every key and string, in arrays and nested objects too:
-        keys a, b, c, n and the strings, not the number 5."""
-        arguments = {"a": ["😀" * 2048], "b": {"c": "é" * length, "n": 5}}
-        total = 1 + 2048 + 1 + 1 + length + 1
-        assert total == (4096 if passes else 4097)
-        _lim_assert_bound(arguments, passes, "4096")
-
-    def test_an_argument_violation_stops_earlier_calls_of_the_batch(self) -> None:
-        """Seed: "These checks occur before a Tool effect": a bad call late in the response
-        keeps the valid call before it from running."""
-        received: list[dict[str, Any]] = []
-        good = al.ToolCall("call-probe-001", "probe", {"n": 1})
-        bad = al.ToolCall("call-probe-002", "probe", _lim_nested(33))
-        events, result, model = run(
-            [al.scripted_response("response-001", [good, bad], "toolCall")],
-            tools=[_lim_probe(received)],
-        )
-        _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "call-probe-002")
-        _lim_assert_no_tool_ran(events, result, model, received)
-        assert _lim_chunk_events(events) == 1  # the good call streamed; the bad one did not
-
-    def test_an_argument_violation_in_the_terminal_response_only(self) -> None:
-        """A bad call that only the terminal response holds is found there, before any tool."""
-        received: list[dict[str, Any]] = []
-        bad = al.ToolCall("call-probe-001", "probe", {"k": "a" * 4096})
-        events, result, model = run(
-            [al.scripted_response("response-001", [bad], "toolCall", chunks=[])],
-            tools=[_lim_probe(received)],
-        )
-        _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "4096")
-        _lim_assert_no_tool_ran(events, result, model, received)
-        assert _lim_chunk_events(events) == 0
 
 
-# --- Plain JSON arguments ----------------------------------------------------------------
+def plan_tools(log: list[tuple[object, ...]]) -> list[al.Tool]:
+    """echo, add and boom; each appends what it was called with to ``log``."""
+    string = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
 
+    def echo(arguments: dict[str, Any], signal: Any) -> object:
+        log.append(("echo", arguments["text"]))
+        return arguments["text"]
 
-class _LimCustom:
-    """An object that is not JSON."""
+    def add(arguments: dict[str, Any], signal: Any) -> object:
+        log.append(("add", arguments["left"], arguments["right"]))
+        return {"sum": arguments["left"] + arguments["right"]}
 
+    def boom(arguments: dict[str, Any], signal: Any) -> object:
+        log.append(("boom", arguments["text"]))
+        raise ValueError("boom " + arguments["text"])
 
-def _lim_cyclic_root() -> dict[str, Any]:
-    arguments: dict[str, Any] = {"a": 1}
-    arguments["self"] = arguments
-    return arguments
-
-
-def _lim_cyclic_list() -> dict[str, Any]:
-    items: list[Any] = [1]
-    items.append(items)
-    return {"xs": items}
-
-
-def _lim_shared_list() -> dict[str, Any]:
-    shared = [1, 2]
-    return {"a": shared, "b": shared}
-
-
-def _lim_shared_object() -> dict[str, Any]:
-    shared = {"k": "v"}
-    return {"xs": [shared, shared]}
-
-
-_LIM_NOT_PLAIN = [
-    pytest.param(lambda: {"x": float("nan")}, id="nan"),
-    pytest.param(lambda: {"x": float("inf")}, id="inf"),
-    pytest.param(lambda: {"x": [float("-inf")]}, id="minus-inf-in-array"),
-    pytest.param(lambda: {"x": {1, 2}}, id="set"),
-    pytest.param(lambda: {"x": frozenset()}, id="frozenset"),
-    pytest.param(lambda: {"x": b"bytes"}, id="bytes"),
-    pytest.param(lambda: {1: "one"}, id="int-key"),
-    pytest.param(lambda: {"x": {None: 1}}, id="none-key-nested"),
-    pytest.param(lambda: {"x": {("a",): 1}}, id="tuple-key"),
-    pytest.param(_lim_shared_list, id="shared-list"),
-    pytest.param(_lim_shared_object, id="shared-object"),
-    pytest.param(_lim_cyclic_root, id="cyclic-dict"),
-    pytest.param(_lim_cyclic_list, id="cyclic-list"),
-    pytest.param(lambda: {"x": _LimCustom()}, id="custom-object"),
-    pytest.param(lambda: {"x": object()}, id="object"),
-    pytest.param(lambda: [1], id="list-root"),
-    pytest.param(lambda: "text", id="str-root"),
-    pytest.param(lambda: None, id="none-root"),
-]
-
-
-class TestPlainJsonArguments:
-    """Seed: "Tool arguments must be plain bounded JSON ... These checks occur before a Tool
-    effect. Contradiction or excess becomes a failed MODEL_PROTOCOL_ERROR result." """
-
-    def test_a_call_rebuilt_from_frozen_arguments_is_plain(self) -> None:
-        """Frozen arrays are tuples and CPython shares the empty one: an immutable value
-        reached twice is not aliasing, so a call rebuilt from another's arguments runs."""
-        original = al.ToolCall("call-1", "anything", {"a": [], "b": [], "c": {"d": []}})
-        received: list[Any] = []
-        tool = al.Tool(
-            "anything", "Takes any object.", {"type": "object"}, lambda a, s: received.append(a)
-        )
-        rebuilt = dataclasses.replace(original, id="call-2")
-        _, result, _ = run(
-            [
-                al.scripted_response("response-001", [rebuilt], "toolCall"),
-                al.scripted_response("response-002", [text("Done.")], "stop"),
-            ],
-            tools=[tool],
-        )
-        assert result.status == "completed"
-        assert received == [{"a": [], "b": [], "c": {"d": []}}]
-        assert rebuilt == al.ToolCall("call-2", "anything", original.arguments)
-
-    @pytest.mark.parametrize("make", _LIM_NOT_PLAIN)
-    def test_not_plain_arguments_fail_before_any_tool(self, make: Callable[[], Any]) -> None:
-        """Plain JSON is dict with str keys, list, str, int, finite float, bool and None, with
-        no object reachable twice; anything else fails the run before the tool runs."""
-        events, result, model, received = _lim_run_call(make())
-        _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "call-probe-001")
-        _lim_assert_no_tool_ran(events, result, model, received)
-
-    @pytest.mark.parametrize("make", _LIM_NOT_PLAIN)
-    def test_tool_call_construction_never_raises(self, make: Callable[[], Any]) -> None:
-        """The documented choice (ToolCall's docstring; API.md allows either): the constructor
-        never rejects arguments, it keeps them for the loop to reject."""
-        tool_call = al.ToolCall("call-001", "probe", make())
-        assert tool_call.id == "call-001"
-        assert tool_call.name == "probe"
-
-    def test_tuples_are_accepted_as_arrays(self) -> None:
-        """Frozen arrays are tuples, so a tuple is an array; the tool receives lists."""
-        events, result, _, received = _lim_run_call({"xs": (1, (2, "three"), [])})
-        _lim_assert_tool_received(events, result, received, {"xs": [1, [2, "three"], []]})
-        assert type(received[0]["xs"][1]) is list
-
-    def test_frozen_arguments_of_another_call_are_accepted(self) -> None:
-        """A call built from another call's (frozen) arguments is plain JSON and equal."""
-        first = al.ToolCall("call-probe-001", "probe", {"o": {"k": [1, None]}, "s": "x"})
-        events, result, _, received = _lim_run_call(first.arguments)
-        _lim_assert_tool_received(events, result, received, {"o": {"k": [1, None]}, "s": "x"})
-        assert al.ToolCall("call-probe-001", "probe", first.arguments) == first
-
-    def test_equal_scalars_may_repeat(self) -> None:
-        """Only a container reachable twice is a violation: the same string or number may
-        appear any number of times."""
-        same = "same"
-        arguments = {"a": same, "b": same, "c": [same, same], "d": 1, "e": 1, "f": [[], []]}
-        events, result, _, received = _lim_run_call(arguments)
-        _lim_assert_tool_received(events, result, received, arguments)
-
-    def test_arguments_nested_100000_deep_fail_without_recursion_error(self) -> None:
-        """A pathological nesting is found at the 33rd level, not by exhausting the stack."""
-        deep: Any = 0
-        for _ in range(100_000):
-            deep = [deep]
-        tool_call = al.ToolCall("call-probe-001", "probe", {"deep": deep})  # does not raise
-        assert tool_call.name == "probe"
-        events, result, model, received = _lim_run_call({"deep": deep})
-        _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "32")
-        _lim_assert_no_tool_ran(events, result, model, received)
-
-    def test_objects_nested_100000_deep_fail_without_recursion_error(self) -> None:
-        """The same with objects only: no RecursionError escapes, the run fails cleanly."""
-        deep: dict[str, Any] = {}
-        for _ in range(100_000):
-            deep = {"k": deep}
-        events, result, model, received = _lim_run_call(deep)
-        _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "32")
-        _lim_assert_no_tool_ran(events, result, model, received)
-
-    def test_ten_megabyte_string_fails_with_protocol_error(self) -> None:
-        """A 10 MB string is one value over the text bound: the run fails, no tool runs."""
-        events, result, model, received = _lim_run_call({"s": "x" * 10_000_000})
-        _lim_assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "4096")
-        _lim_assert_no_tool_ran(events, result, model, received)
-
-
-# --- The Message IR is frozen ------------------------------------------------------------
-
-
-def _lim_ir_instances() -> list[Any]:
     return [
-        al.TextBlock("hello"),
-        al.ToolCall("call-001", "add", {"left": 1, "right": 2}),
-        al.UserMessage("user-001", "hi"),
-        al.AssistantMessage("message-001", (al.TextBlock("hello"),)),
-        al.ToolResultMessage("tool-result-call-001", "call-001", "add", "3", False),
+        al.Tool("echo", "Returns its text.", string, echo),
+        al.Tool("add", "Adds two numbers.", NUMBERS, add),
+        al.Tool("boom", "Always raises.", string, boom),
     ]
 
 
-class TestToolCallIsFrozen:
-    """API.md: the Message IR is frozen dataclasses compared by value; "the run's transcript
-    never changes under anyone"."""
+def plan_step(
+    response_id: str,
+    items: Sequence[object],
+    stop_reason: str,
+    *,
+    stream: Sequence[object] | None = None,
+    content: Sequence[object] | None = None,
+) -> StepPlan:
+    """A valid step: ``items`` are texts and CallPlans in assistant order."""
+    blocks = [
+        al.TextBlock(item) if isinstance(item, str) else cast(CallPlan, item).call
+        for item in items
+    ]
+    content = blocks if content is None else list(content)
+    stream = blocks if stream is None else list(stream)
+    return StepPlan(
+        response_id,
+        list(stream),
+        respond(response_id, content, stop_reason),
+        len(stream),
+        stop=stop_reason == "stop",
+        calls=[item for item in items if isinstance(item, CallPlan)],
+        final_text="".join(item for item in items if isinstance(item, str)),
+    )
 
-    @pytest.mark.parametrize(
-        ("index", "field_name"),
-        [
-            pytest.param(0, "text", id="TextBlock"),
-            pytest.param(1, "arguments", id="ToolCall"),
-            pytest.param(1, "id", id="ToolCall-id"),
-            pytest.param(2, "content", id="UserMessage"),
-            pytest.param(3, "content", id="AssistantMessage"),
-            pytest.param(4, "is_error", id="ToolResultMessage"),
+
+@dataclasses.dataclass
+class Prediction:
+    events: list[tuple[str, int, str | None]]  # (type, step, tool-call id)
+    status: str
+    code: str | None
+    steps: int
+    message_ids: list[str]
+    results: dict[str, CallPlan]  # result message id -> its call's plan
+    executed: list[tuple[object, ...]]
+    final_text: str | None
+
+
+def predict(
+    start: Sequence[al.Message],
+    plans: Sequence[StepPlan],
+    max_steps: int,
+    cancel_at: int | None = None,
+) -> Prediction:
+    """What the seed says the run does: events, status, steps, transcript, tool effects.
+    ``cancel_at``: the signal is set when the event with that sequence arrives."""
+    events: list[tuple[str, int, str | None]] = [("message.accepted", 0, None)] * len(start)
+    # Each message with the index of the first event that proves it was appended.
+    messages: list[tuple[str, int]] = [(message.id, -1) for message in start]
+    executed: list[tuple[tuple[object, ...], int]] = []
+    results: dict[str, CallPlan] = {}
+    code: str | None = None
+    final_text: str | None = None
+    status = "maxSteps"
+    steps = max_steps
+    for step in range(1, max_steps + 1):
+        if step > len(plans):  # the model has nothing left: its stream() raises
+            status, code, steps = "failed", "MODEL_STREAM_ERROR", step
+            break
+        plan = plans[step - 1]
+        events += [("model.chunk", step, None)] * plan.chunk_events
+        if plan.code is not None:
+            status, code, steps = "failed", plan.code, step
+            break
+        # The assistant message is appended before the first tool.started (or run.finished).
+        messages.append(("message-" + plan.response_id, len(events)))
+        if plan.stop:
+            status, final_text, steps = "completed", plan.final_text, step
+            break
+        for call_plan in plan.calls:
+            events.append(("tool.started", step, call_plan.call.id))
+            events.append(("tool.finished", step, call_plan.call.id))
+            messages.append(("tool-result-" + call_plan.call.id, len(events) - 1))
+            results["tool-result-" + call_plan.call.id] = call_plan
+            if call_plan.runs:
+                executed.append((call_plan.record, len(events) - 1))
+    events.append(("run.finished", steps, None))
+    if cancel_at is not None and cancel_at < len(events) - 1:
+        # The loop looks at the signal right after each event: it stops there, keeping
+        # the messages appended so far and opening no further request.
+        events = events[: cancel_at + 1]
+        steps = max(step for _, step, _ in events)
+        events.append(("run.finished", steps, None))
+        status, code, final_text = "cancelled", None, None
+        messages = [(message_id, proof) for message_id, proof in messages if proof <= cancel_at]
+        executed = [(record, proof) for record, proof in executed if proof <= cancel_at]
+    return Prediction(
+        events,
+        status,
+        code,
+        steps,
+        [message_id for message_id, _ in messages],
+        results,
+        [record for record, _ in executed],
+        final_text,
+    )
+
+
+def run_plans(
+    start: Sequence[al.Message],
+    plans: Sequence[StepPlan],
+    max_steps: int,
+    cancel_at: int | None = None,
+) -> tuple[list[al.Event], al.RunResult, FakeModel, list[tuple[object, ...]]]:
+    """Runs a script; the consumer sets the signal when event ``cancel_at`` arrives."""
+    log: list[tuple[object, ...]] = []
+    model = FakeModel(*[stream_step(plan.stream, plan.response) for plan in plans])
+    events, result, _ = run(
+        model,
+        plan_tools(log),
+        messages=list(start),
+        max_steps=max_steps,
+        signal=threading.Event(),
+        cancel_at=cancel_at,
+    )
+    return events, result, model, log
+
+
+def assert_predicted(
+    prediction: Prediction,
+    events: Sequence[al.Event],
+    result: al.RunResult,
+    model: FakeModel,
+    log: Sequence[tuple[object, ...]],
+    plans: Sequence[StepPlan],
+) -> None:
+    def request_id(step: int) -> str:
+        return f"request-{step:03d}"
+
+    observed = []
+    for event in events:
+        payload = event.payload
+        call_id = payload["tool_call"].id if "tool_call" in payload else None
+        step = int(payload["request_id"][len("request-") :]) if "request_id" in payload else 0
+        observed.append((event.type, step, call_id))
+    # run.finished carries no request id; the prediction tags it with the step count.
+    assert observed[:-1] == prediction.events[:-1]
+    assert observed[-1][0] == "run.finished"
+    assert result.status == prediction.status
+    assert (result.error.code if result.error else None) == prediction.code
+    assert result.steps == prediction.steps
+    assert model.call_count == prediction.steps
+    assert [message.id for message in result.messages] == prediction.message_ids
+    assert result.final_text == prediction.final_text
+    assert log == prediction.executed
+    for message in result.messages:
+        if message.id in prediction.results and isinstance(message, al.ToolResultMessage):
+            expected = prediction.results[message.id]
+            assert message.is_error is expected.is_error
+            if expected.content is not None:
+                assert message.content == expected.content
+    # Every stream the loop opened was finished or closed: none is left suspended.
+    opened = [request_id(step) for step in range(1, prediction.steps + 1) if step <= len(plans)]
+    assert model.finalized == opened
+
+
+def sweep_scripts() -> dict[str, tuple[Sequence[al.Message], list[StepPlan], int]]:
+    """Multi-step scripts with several tool calls, ending in each natural status."""
+    step_one = plan_step(
+        "response-001",
+        ["Let me ", echo_plan("call-echo-001", "a"), add_plan("call-add-001", 20, 22)],
+        "toolCall",
+        stream=[
+            al.TextBlock("Let "),
+            al.TextBlock("me "),
+            echo_call("call-echo-001", "a"),
+            al.ToolCall("call-add-001", "add", {"left": 20, "right": 22}),
         ],
     )
-    def test_ir_classes_are_frozen(self, index: int, field_name: str) -> None:
-        instance = _lim_ir_instances()[index]
-        before = getattr(instance, field_name)
-        with pytest.raises(dataclasses.FrozenInstanceError):
-            setattr(instance, field_name, "changed")
-        assert getattr(instance, field_name) is before
-
-    def test_ir_classes_compare_by_value(self) -> None:
-        assert _lim_ir_instances() == _lim_ir_instances()
-        assert al.TextBlock("a") != al.TextBlock("b")
-        assert al.UserMessage("user-001", "a") != al.UserMessage("user-002", "a")
-        assert al.ToolResultMessage("r", "c", "t", "x", False) != al.ToolResultMessage(
-            "r", "c", "t", "x", True
-        )
-        assert al.ToolCall("c", "t", {}) != al.ToolCall("d", "t", {})
-        assert al.ToolCall("c", "t", {}) != al.ToolCall("c", "u", {})
-        assert al.ToolCall("c", "t", {}) != al.TextBlock("c")
-
-    def test_mutating_the_callers_dict_changes_nothing(self) -> None:
-        arguments: dict[str, Any] = {"xs": [1, 2], "o": {"k": "v"}}
-        tool_call = al.ToolCall("call-001", "probe", arguments)
-        arguments["xs"].append(3)
-        arguments["o"]["k"] = "changed"
-        arguments["new"] = True
-        del arguments["o"]
-        assert _lim_plain(tool_call.arguments) == {"xs": [1, 2], "o": {"k": "v"}}
-
-    def test_arguments_cannot_be_mutated(self) -> None:
-        tool_call = al.ToolCall("call-001", "probe", {"xs": [1, 2], "o": {"k": "v"}})
-        with pytest.raises(TypeError):
-            tool_call.arguments["new"] = 1  # type: ignore[index]
-        with pytest.raises(TypeError):
-            del tool_call.arguments["xs"]  # type: ignore[attr-defined]
-        with pytest.raises(TypeError):
-            tool_call.arguments["o"]["k"] = "changed"  # type: ignore[index]
-        assert type(tool_call.arguments["xs"]) is tuple
-        assert _lim_plain(tool_call.arguments) == {"xs": [1, 2], "o": {"k": "v"}}
-
-    def test_calls_from_equal_arguments_are_equal(self) -> None:
-        """API.md: "Two ToolCalls built from equal arguments compare equal" (key order and
-        list-or-tuple do not matter)."""
-        first = al.ToolCall("c", "t", {"a": [1, {"b": None}], "s": "x"})
-        assert first == al.ToolCall("c", "t", {"s": "x", "a": [1, {"b": None}]})
-        assert first == al.ToolCall("c", "t", {"a": (1, {"b": None}), "s": "x"})
-
-    @pytest.mark.parametrize(
-        ("left", "right"),
-        [
-            pytest.param({"x": 1}, {"x": True}, id="1-true"),
-            pytest.param({"x": 1}, {"x": 1.0}, id="1-1.0"),
-            pytest.param({"x": True}, {"x": 1.0}, id="true-1.0"),
-            pytest.param({"x": 0}, {"x": False}, id="0-false"),
-            pytest.param({"x": [1]}, {"x": [True]}, id="nested-array"),
-            pytest.param({"x": {"y": 0}}, {"x": {"y": 0.0}}, id="nested-object"),
-            pytest.param({"x": 1}, {"x": "1"}, id="1-string"),
-            pytest.param({"x": [1]}, {"x": [1, 1]}, id="array-length"),
-            pytest.param({"x": 1}, {"y": 1}, id="keys"),
-        ],
+    step_two = plan_step(
+        "response-002",
+        [boom_plan("call-boom-001", "b"), "and ", echo_plan("call-echo-002", "c")],
+        "toolCall",
     )
-    def test_equality_is_json_strict(self, left: dict[str, Any], right: dict[str, Any]) -> None:
-        """The documented choice: JSON equality is strict, True is not 1 and 1 is not 1.0;
-        so are the assistant messages that hold such calls."""
-        assert al.ToolCall("c", "t", left) != al.ToolCall("c", "t", right)
-        assert al.AssistantMessage("m", (al.ToolCall("c", "t", left),)) != al.AssistantMessage(
-            "m", (al.ToolCall("c", "t", right),)
-        )
+    step_three = plan_step(
+        "response-003",
+        ["The sum is 42."],
+        "stop",
+        stream=[al.TextBlock("The "), al.TextBlock("sum is "), al.TextBlock("42.")],
+    )
+    violation = dataclasses.replace(
+        plan_step("response-003", ["Bad ", echo_plan("call-echo-003", "d")], "stop"),
+        code="MODEL_PROTOCOL_ERROR",
+    )
+    return {
+        "completed": (HISTORY, [step_one, step_two, step_three], 3),
+        "maxSteps": (HISTORY, [step_one, step_two, step_three], 2),
+        "failed": ([user()], [step_one, step_two, violation], 3),
+    }
 
-    def test_each_execution_gets_a_fresh_plain_dict_it_may_mutate(self) -> None:
-        """API.md: "a tool's execute receives a fresh plain dict (lists as list) that it may
-        mutate freely without any effect on the transcript"."""
-        original: dict[str, Any] = {"xs": [1, 2], "o": {"k": "v"}, "s": "text"}
-        received: list[dict[str, Any]] = []
-        snapshots: list[dict[str, Any]] = []
 
-        def execute(arguments: dict[str, Any], signal: Any) -> object:
-            received.append(arguments)
-            snapshots.append(copy.deepcopy(arguments))
-            arguments["xs"].append(99)
-            arguments["o"]["k"] = "mutated"
-            arguments["added"] = True
-            del arguments["s"]
-            return "ok"
+def sweep_params() -> list[Any]:
+    params = []
+    for name, (start, plans, max_steps) in sweep_scripts().items():
+        count = len(predict(start, plans, max_steps).events)
+        params += [pytest.param(name, k, id=f"{name}-event-{k}") for k in range(count)]
+    return params
 
-        tool = al.Tool("probe", "Mutates its arguments.", {"type": "object"}, execute)
-        calls = [call("probe", "call-001", original), call("probe", "call-002", original)]
-        events, result, model = run(
-            [
-                al.scripted_response("response-001", calls, "toolCall"),
-                al.scripted_response("response-002", [text("done")], "stop"),
-            ],
-            tools=[tool],
-        )
-        assert_well_formed(events, result)
-        assert result.status == "completed"
-        assert snapshots == [original, original]
-        assert received[0] is not received[1]
-        for arguments in received:
-            assert type(arguments) is dict
-            assert type(arguments["xs"]) is list
-            assert type(arguments["o"]) is dict
-        assert result.messages[1] == al.AssistantMessage("message-response-001", tuple(calls))
-        assert model.requests[1].messages[1] == al.AssistantMessage(
-            "message-response-001", tuple(calls)
-        )
-        for message in (result.messages[1], model.requests[1].messages[1]):
-            for block in message.content:
-                assert _lim_plain(block.arguments) == original  # type: ignore[union-attr]
-        carried = [
-            event.payload["tool_call"]
-            for event in events
-            if event.type in ("tool.started", "tool.finished")
-        ] + [
-            event.payload["chunk"].tool_call
-            for event in events
-            if isinstance(event.payload.get("chunk"), al.ToolCallChunk)
+
+@pytest.mark.hostile
+class TestCancellationAtEveryEvent:
+    """Seed: "Cancellation can arrive during initial emission, model streaming, terminal
+    response waiting, Tool execution, or between phases. The result retains only complete
+    messages." The signal is set when event k arrives, for every k of three scripts."""
+
+    @pytest.mark.parametrize(("script", "k"), sweep_params())
+    def test_cancel_when_event_k_arrives(self, script: str, k: int) -> None:
+        start, plans, max_steps = sweep_scripts()[script]
+        natural_events, natural, _, natural_log = run_plans(start, plans, max_steps)
+        events, result, model, log = run_plans(start, plans, max_steps, cancel_at=k)
+
+        last = len(natural_events) - 1
+        assert result.status == ("cancelled" if k < last else natural.status)
+        # The run is the natural run up to event k, then run.finished.
+        assert [(e.sequence, e.type, dict(e.payload)) for e in events[:-1]] == [
+            (e.sequence, e.type, dict(e.payload)) for e in natural_events[: min(k, last - 1) + 1]
         ]
-        assert len(carried) == 6  # two calls, each streamed, started and finished
-        assert all(_lim_plain(tool_call.arguments) == original for tool_call in carried)
+        # Only complete messages: what the natural run had appended when event k arrived.
+        assert result.messages == natural.messages[: len(result.messages)]
+        assert log == natural_log[: len(log)]
+        assert_predicted(predict(start, plans, max_steps, k), events, result, model, log, plans)
+        if natural_events[k].type == "tool.started":
+            # Seed: "appends no fabricated result" for the call that was interrupted.
+            interrupted = natural_events[k].payload["tool_call"]
+            assert interrupted.id not in [
+                m.tool_call_id for m in result.messages if isinstance(m, al.ToolResultMessage)
+            ]
+            assert interrupted == events[-2].payload["tool_call"]
+
+    def test_sweep_visits_every_kind_of_event(self) -> None:
+        """The sweep is not vacuous: each script has all five event types, several tool
+        calls, and ends with the status it is named after."""
+        for name, (start, plans, max_steps) in sweep_scripts().items():
+            events, result, _, _ = run_plans(start, plans, max_steps)
+            assert set(types_of(events)) == set(EVENT_TYPES)
+            assert result.status == name
+            assert types_of(events).count("tool.started") >= 3
+
+
+@pytest.mark.hostile
+class TestCancellationFromAnotherThread:
+    """Another thread sets the signal while the loop is blocked in a tool or in the model."""
+
+    @staticmethod
+    def _set_when(ready: threading.Event, signal: threading.Event) -> threading.Thread:
+        def setter() -> None:
+            if ready.wait(5):
+                signal.set()
+
+        thread = threading.Thread(target=setter)
+        thread.start()
+        return thread
+
+    def test_tool_blocked_on_the_signal_gets_no_result(self) -> None:
+        """Seed: "Cancellation during Tool execution retains the complete assistant
+        Tool-call message, emits tool.started, and appends no fabricated result.\""""
+        blocking, woke = threading.Event(), []
+
+        def wait_for_cancel(arguments: dict[str, Any], signal: Any) -> object:
+            blocking.set()
+            woke.append(signal.wait(5))
+            return "a result that arrives too late"
+
+        tool = al.Tool("wait", "Waits.", {"type": "object"}, wait_for_cancel)
+        first = al.ToolCall("call-wait-001", "wait", {})
+        model = FakeModel(
+            turn("response-001", [first], "toolCall"), turn("r2", [text("x")], "stop")
+        )
+        signal = threading.Event()
+        setter = self._set_when(blocking, signal)
+        events, result, _ = run(model, [tool], signal=signal)
+        setter.join(5)
+        assert not setter.is_alive()
+
+        assert woke == [True]  # released by the signal, not by the safety timeout
+        assert result.status == "cancelled"
+        assert types_of(events) == [
+            "message.accepted",
+            "model.chunk",
+            "tool.started",
+            "run.finished",
+        ]
+        assert result.messages == (user(), al.AssistantMessage("message-response-001", (first,)))
+        assert model.call_count == 1
+
+    def test_tool_that_raises_because_of_the_signal_is_cancelled_not_recoverable(self) -> None:
+        blocking = threading.Event()
+
+        def abort_on_cancel(arguments: dict[str, Any], signal: Any) -> object:
+            blocking.set()
+            signal.wait(5)
+            raise RuntimeError("aborted")
+
+        tool = al.Tool("wait", "Waits.", {"type": "object"}, abort_on_cancel)
+        model = FakeModel(turn("response-001", [al.ToolCall("c-1", "wait", {})], "toolCall"))
+        signal = threading.Event()
+        setter = self._set_when(blocking, signal)
+        events, result, _ = run(model, [tool], signal=signal)
+        setter.join(5)
+        assert not setter.is_alive()
+        assert result.status == "cancelled"
+        assert "tool.finished" not in types_of(events)
+        assert not any(isinstance(m, al.ToolResultMessage) for m in result.messages)
 
     @pytest.mark.parametrize(
-        "make",
+        "after_wake",
         [
-            pytest.param(lambda blocks: al.AssistantMessage("m", blocks), id="AssistantMessage"),
-            pytest.param(lambda blocks: al.ModelResponse("r", "q", blocks, "stop"), id="Response"),
+            pytest.param("yields", id="then-yields-another-chunk"),
+            pytest.param("raises", id="then-raises"),
+            pytest.param("returns", id="then-returns-its-response"),
         ],
     )
-    def test_content_given_as_a_list_is_stored_as_a_tuple(
-        self, make: Callable[[list[Any]], Any]
+    def test_model_blocked_between_chunks(self, after_wake: str) -> None:
+        """Seed: "A partial model chunk may already have an event but its unfinished
+        assistant message is not appended." Whatever the model does once it wakes."""
+        blocking, woke = threading.Event(), []
+
+        def step(
+            model: FakeModel, request: al.ModelRequest, signal: Any
+        ) -> Generator[object, None, object]:
+            try:
+                yield al.TextDelta(request.id, "Hel")
+                blocking.set()
+                woke.append(signal.wait(5))
+                if after_wake == "yields":
+                    yield al.TextDelta(request.id, "lo")
+                elif after_wake == "raises":
+                    raise ConnectionError("stream aborted")
+                return al.ModelResponse("response-001", request.id, [text("Hel")], "stop")
+            finally:
+                model.finalized.append(request.id)
+
+        model = FakeModel(step)
+        signal = threading.Event()
+        setter = self._set_when(blocking, signal)
+        events, result, _ = run(model, signal=signal)
+        setter.join(5)
+        assert not setter.is_alive()
+        assert woke == [True]
+        assert result.status == "cancelled"
+        assert result.error is None
+        assert types_of(events) == ["message.accepted", "model.chunk", "run.finished"]
+        assert result.messages == (user(),)
+        assert model.finalized == ["request-001"]
+
+    def test_model_stream_call_blocked_until_cancelled_then_raising(self) -> None:
+        """A model whose stream() call itself blocks on the signal, then raises because it
+        was cancelled: the run is cancelled, not failed with MODEL_STREAM_ERROR."""
+        blocking = threading.Event()
+
+        def refuse(model: FakeModel, request: al.ModelRequest, signal: Any) -> object:
+            blocking.set()
+            signal.wait(5)
+            raise ConnectionAbortedError("cancelled by the caller")
+
+        model = FakeModel(refuse)
+        signal = threading.Event()
+        setter = self._set_when(blocking, signal)
+        events, result, _ = run(model, signal=signal)
+        setter.join(5)
+        assert not setter.is_alive()
+        assert result.status == "cancelled"
+        assert types_of(events) == ["message.accepted", "run.finished"]
+        assert result.steps == 1
+
+
+@pytest.mark.hostile
+class TestConsumerWalksAway:
+    """API: "A consumer that calls close() ends the run at once: the model's stream is
+    closed, no tool runs, and nothing more is yielded.\""""
+
+    @staticmethod
+    def _model() -> FakeModel:
+        return FakeModel(
+            turn(
+                "response-001",
+                [text("Echo twice."), echo_call("call-1", "a"), echo_call("call-2", "b")],
+                "toolCall",
+            ),
+            turn("response-002", [text("done")], "stop"),
+        )
+
+    def test_close_at_a_model_chunk_closes_the_model_stream(self) -> None:
+        executed: list[str] = []
+        model = self._model()
+        run_ = start_run(model, [echo_tool(executed)])
+        events = until(run_, "model.chunk")
+        assert run_.close() is None
+        assert model.exits == ["request-001"]  # closed while suspended, not exhausted
+        assert model.finalized == ["request-001"]
+        assert executed == []
+        with pytest.raises(StopIteration):
+            next(run_)
+        assert "run.finished" not in types_of(events)
+
+    @pytest.mark.parametrize("occurrence", [1, 2])
+    def test_close_at_tool_started_runs_no_tool(self, occurrence: int) -> None:
+        executed: list[str] = []
+        model = self._model()
+        run_ = start_run(model, [echo_tool(executed)])
+        until(run_, "tool.started", occurrence)
+        run_.close()
+        assert executed == ["a"] * (occurrence - 1)  # the announced call never ran
+        assert model.call_count == 1
+        assert model.finalized == ["request-001"]
+        with pytest.raises(StopIteration):
+            next(run_)
+
+    def test_close_at_tool_finished_runs_no_further_tool(self) -> None:
+        executed: list[str] = []
+        model = self._model()
+        run_ = start_run(model, [echo_tool(executed)])
+        until(run_, "tool.finished")
+        run_.close()
+        assert executed == ["a"]
+        assert model.call_count == 1
+
+    def test_close_at_message_accepted_never_opens_the_model(self) -> None:
+        executed: list[str] = []
+        model = self._model()
+        run_ = start_run(model, [echo_tool(executed)], messages=list(HISTORY))
+        until(run_, "message.accepted")
+        run_.close()
+        assert model.call_count == 0
+        assert executed == []
+        with pytest.raises(StopIteration):
+            next(run_)
+
+    def test_dropping_the_generator_closes_the_model_stream(self) -> None:
+        executed: list[str] = []
+        model = self._model()
+        run_ = start_run(model, [echo_tool(executed)])
+        until(run_, "model.chunk", 2)
+        del run_
+        gc.collect()
+        assert model.exits == ["request-001"]
+        assert model.finalized == ["request-001"]
+        assert executed == []
+
+    @pytest.mark.parametrize(
+        "error",
+        [
+            pytest.param(ValueError("x"), id="ValueError"),
+            pytest.param(KeyboardInterrupt(), id="KeyboardInterrupt"),
+            pytest.param(SystemExit(3), id="SystemExit"),
+        ],
+    )
+    def test_throw_at_a_model_chunk_reaches_the_caller_unchanged(
+        self, error: BaseException
     ) -> None:
-        blocks: list[Any] = [al.TextBlock("a"), al.ToolCall("c", "t", {})]
-        instance = make(blocks)
-        blocks.append(al.TextBlock("later"))
-        assert type(instance.content) is tuple
-        assert instance.content == (al.TextBlock("a"), al.ToolCall("c", "t", {}))
+        executed: list[str] = []
+        model = self._model()
+        run_ = start_run(model, [echo_tool(executed)])
+        until(run_, "model.chunk", 2)
+        with pytest.raises(type(error)) as raised:
+            run_.throw(error)
+        assert raised.value is error
+        assert model.exits == ["request-001"]
+        assert model.finalized == ["request-001"]
+        assert executed == []
+        with pytest.raises(StopIteration):
+            next(run_)
 
-    def test_discriminators_have_the_protocol_values(self) -> None:
-        """Protocol values are spelled as in the seed ("toolResult", "toolCall")."""
-        text_block, tool_call, user_message, assistant, tool_result = _lim_ir_instances()
-        assert text_block.type == "text"
-        assert tool_call.type == "toolCall"
-        assert user_message.role == "user"
-        assert assistant.role == "assistant"
-        assert tool_result.role == "toolResult"
-        assert al.TextDelta("request-001", "a").type == "text"
-        assert al.ToolCallChunk("request-001", tool_call).type == "toolCall"
+    def test_throw_at_tool_started_runs_no_tool(self) -> None:
+        executed: list[str] = []
+        model = self._model()
+        run_ = start_run(model, [echo_tool(executed)])
+        until(run_, "tool.started")
+        error = ValueError("x")
+        with pytest.raises(ValueError, match=r"^x$") as raised:
+            run_.throw(error)
+        assert raised.value is error
+        assert executed == []
+        assert model.call_count == 1
 
 
-# --- Tool schemas ------------------------------------------------------------------------
+def drain(run_: Any, events: list[al.Event]) -> None:
+    """Appends each event of a run to ``events`` until the run ends or raises."""
+    for event in run_:
+        events.append(event)
 
-_LIM_KINDS: dict[str, Any] = {
+
+@pytest.mark.hostile
+class TestInterruptsAreNeverSwallowed:
+    """KeyboardInterrupt and SystemExit from the model or a tool propagate out of next()
+    unchanged; the model's stream is closed and no tool runs after them."""
+
+    @pytest.mark.parametrize("error_type", [KeyboardInterrupt, SystemExit])
+    @pytest.mark.parametrize("where", ["stream()", "generator"])
+    def test_from_the_model(self, error_type: type, where: str) -> None:
+        error = error_type()
+        executed: list[str] = []
+
+        def raise_from_stream(model: FakeModel, request: al.ModelRequest, signal: Any) -> object:
+            raise error
+
+        if where == "stream()":
+            step: Step = raise_from_stream
+        else:
+            step = stream_step(
+                [echo_call("call-1", "a"), raise_error(error)], raise_error(AssertionError())
+            )
+        model = FakeModel(step)
+        run_ = start_run(model, [echo_tool(executed)])
+        events: list[al.Event] = []
+        with pytest.raises(error_type) as raised:
+            drain(run_, events)
+        assert raised.value is error
+        assert "run.finished" not in types_of(events)
+        assert model.finalized == ([] if where == "stream()" else ["request-001"])
+        assert executed == []
+        with pytest.raises(StopIteration):
+            next(run_)
+
+    @pytest.mark.parametrize("error_type", [KeyboardInterrupt, SystemExit])
+    def test_from_a_tool(self, error_type: type) -> None:
+        error = error_type()
+        executed: list[str] = []
+
+        def interrupt(arguments: dict[str, Any], signal: Any) -> object:
+            raise error
+
+        tools = [
+            al.Tool("stop", "Interrupts.", {"type": "object"}, interrupt),
+            echo_tool(executed),
+        ]
+        model = FakeModel(
+            turn(
+                "response-001",
+                [al.ToolCall("call-1", "stop", {}), echo_call("call-2", "b")],
+                "toolCall",
+            )
+        )
+        run_ = start_run(model, tools)
+        events: list[al.Event] = []
+        with pytest.raises(error_type) as raised:
+            drain(run_, events)
+        assert raised.value is error
+        assert types_of(events)[-1] == "tool.started"
+        assert executed == []  # the next call of the batch never ran
+        assert model.finalized == ["request-001"]
+        with pytest.raises(StopIteration):
+            next(run_)
+
+
+def mutable_paths(root: object) -> list[str]:
+    """Paths to every mutable container reachable from an object of the loop's API."""
+    found: list[str] = []
+    seen: set[int] = set()
+
+    def walk(value: object, path: str) -> None:
+        if id(value) in seen or value is None or isinstance(value, (str, int, float, bool)):
+            return
+        seen.add(id(value))
+        if isinstance(value, (list, dict, set, bytearray)):
+            found.append(path)
+        elif isinstance(value, MappingProxyType):
+            for key, item in value.items():
+                walk(item, f"{path}[{key!r}]")
+        elif isinstance(value, tuple):
+            for index, item in enumerate(value):
+                walk(item, f"{path}[{index}]")
+        elif dataclasses.is_dataclass(value):
+            for item in dataclasses.fields(value):
+                try:
+                    setattr(value, item.name, None)
+                except dataclasses.FrozenInstanceError:
+                    pass
+                else:
+                    found.append(f"{path}.{item.name} (assignable)")
+                walk(getattr(value, item.name), f"{path}.{item.name}")
+        else:
+            found.append(f"{path} ({type(value).__name__})")
+
+    walk(root, "root")
+    return found
+
+
+@pytest.mark.hostile
+class TestCallersCannotChangeTheRun:
+    """Seed: "The caller can later mutate its input array or register another Tool
+    without changing the active run.\""""
+
+    @staticmethod
+    def _script() -> FakeModel:
+        return FakeModel(
+            turn(
+                "response-001",
+                [text("Adding."), call("add", "call-1", {"left": 1, "right": 2})],
+                "toolCall",
+            ),
+            turn("response-002", [text("3")], "stop"),
+        )
+
+    def test_mutating_the_input_list_during_the_run(self) -> None:
+        messages: list[Any] = [user()]
+        model = self._script()
+        run_ = al.run_agent_loop(
+            messages=messages, model=model, tools=al.ToolRegistry([add_tool()]), max_steps=2
+        )
+        events: list[al.Event] = []
+        while True:
+            try:
+                events.append(next(run_))
+            except StopIteration as done:
+                result = done.value
+                break
+            messages.clear()
+            messages.append("not a message")
+        check_run(events, result, model, max_steps=2, start=[user()])
+        assert result.status == "completed"
+        assert model.requests[0].messages == (user(),)
+        assert model.requests[1].messages[0] == user()
+
+    def test_registering_a_tool_during_the_run(self) -> None:
+        registry = al.ToolRegistry([add_tool()])
+        executed: list[str] = []
+        model = FakeModel(
+            turn("response-001", [call("add", "call-1", {"left": 1, "right": 2})], "toolCall"),
+            turn("response-002", [echo_call("call-2", "late")], "toolCall"),
+            turn("response-003", [text("done")], "stop"),
+        )
+        run_ = al.run_agent_loop(messages=[user()], model=model, tools=registry, max_steps=3)
+        events = until(run_, "model.chunk")
+        registry.register(echo_tool(executed))
+        more, result = al.settle_run(run_)
+        events += more
+        check_run(events, result, model, max_steps=3, start=[user()])
+        assert [[spec.name for spec in r.tools] for r in model.requests] == [["add"]] * 3
+        assert executed == []
+        late = result.messages[4]
+        assert isinstance(late, al.ToolResultMessage)
+        assert late.is_error is True
+
+    def test_nothing_reachable_from_events_results_or_requests_is_mutable(self) -> None:
+        """Whatever the caller holds (events, the result, the requests a model saw), it
+        cannot change the run's transcript through it: all of it is frozen."""
+        model = FakeModel(
+            turn(
+                "response-001",
+                [
+                    text("A."),
+                    call("add", "call-1", {"left": 1, "right": 2}),
+                    echo_call("call-2", "e"),
+                ],
+                "toolCall",
+            ),
+            turn("response-002", [text("3")], "stop"),
+        )
+        echo_schema_tool = al.Tool(
+            "echo",
+            "Echoes.",
+            {"type": "object", "properties": {"text": {"type": "string", "enum": ["e", "f"]}}},
+            lambda a, s: {"echo": [a["text"]]},
+        )
+        events, result, _ = run(model, [add_tool(), echo_schema_tool])
+        assert result.status == "completed"
+        assert mutable_paths((tuple(events), result, tuple(model.requests))) == []
+
+    def test_mutation_attempts_leave_the_transcript_unchanged(self) -> None:
+        model = self._script()
+        run_: Any = al.run_agent_loop(
+            messages=[user()], model=model, tools=al.ToolRegistry([add_tool()]), max_steps=2
+        )
+        events: list[al.Event] = []
+        while True:
+            try:
+                event = run_.send(None) if not events else run_.send("ignored value")
+            except StopIteration as done:
+                result = done.value
+                break
+            events.append(event)
+            payload: Any = event.payload
+            with pytest.raises(TypeError):
+                payload["extra"] = 1
+            if event.type == "tool.started":
+                with pytest.raises(TypeError):
+                    event.payload["tool_call"].arguments["left"] = 100
+        check_run(events, result, model, max_steps=2, start=[user()])
+        assert result.status == "completed"
+        added = result.messages[2]
+        assert isinstance(added, al.ToolResultMessage)
+        assert added.content == '{"sum":3}'
+
+
+def bad_schema_plan(call_id: str) -> CallPlan:
+    """Arguments that fail the echo schema: a recoverable error, the tool never runs."""
+    return CallPlan(al.ToolCall(call_id, "echo", {"text": 5}), False, (), True, None)
+
+
+def unknown_tool_plan(call_id: str) -> CallPlan:
+    return CallPlan(al.ToolCall(call_id, "missing", {"x": 1}), False, (), True, None)
+
+
+BAD_ARGUMENTS: tuple[Callable[[], Any], ...] = (
+    lambda: {"x": float("nan")},
+    lambda: {1: "key"},
+    cyclic_object,
+    lambda: nested(41, "object"),
+    lambda: {"x": {1, 2}},
+)
+
+
+BAD_CHUNKS: tuple[Callable[[al.ModelRequest], object], ...] = (
+    lambda r: None,
+    lambda r: "text",
+    lambda r: untyped.TextDelta(r.id, None),
+    lambda r: untyped.TextDelta(r.id, 5),
+    lambda r: untyped.ToolCallChunk(r.id, untyped.TextBlock("x")),
+    lambda r: untyped.ToolCallChunk(r.id, None),
+    lambda r: al.TextDelta("request-999", "x"),
+)
+
+
+BAD_RESPONSES: tuple[Callable[[al.ModelRequest], object], ...] = (
+    lambda r: None,
+    lambda r: {"id": "r"},
+    lambda r: al.ModelResponse("", r.id, [], "stop"),
+    lambda r: untyped.ModelResponse(None, r.id, [], "stop"),
+    lambda r: untyped.ModelResponse("r-bad", r.id, [], "length"),
+    lambda r: al.ModelResponse("r-bad", "request-999", [], "stop"),
+)
+
+
+VIOLATIONS = (
+    "stop-with-call",
+    "toolCall-without-call",
+    "disagree",
+    "duplicate-id",
+    "reused-id",
+    "bad-arguments",
+    "bad-chunk",
+    "bad-response",
+    "stream-raises",
+)
+
+
+def random_text(rng: random.Random) -> str:
+    return "".join(rng.choice(["a", "b", " ", "é", "🙂", "42"]) for _ in range(rng.randint(0, 5)))
+
+
+def split_text(rng: random.Random, value: str) -> list[al.TextBlock]:
+    """Random chunk boundaries, empty pieces included: all of it normalises to ``value``."""
+    cuts = sorted(rng.randint(0, len(value)) for _ in range(rng.randint(0, 3)))
+    bounds = [0, *cuts, len(value)]
+    return [al.TextBlock(value[a:b]) for a, b in zip(bounds, bounds[1:])]
+
+
+def random_call(rng: random.Random, call_id: str) -> CallPlan:
+    kind = rng.randrange(5)
+    if kind == 0:
+        return echo_plan(call_id, random_text(rng))
+    if kind == 1:
+        return add_plan(call_id, rng.randint(-9, 9), rng.randint(0, 99))
+    if kind == 2:
+        return boom_plan(call_id, random_text(rng))
+    if kind == 3:
+        return bad_schema_plan(call_id)
+    return unknown_tool_plan(call_id)
+
+
+def random_valid_step(
+    rng: random.Random, response_id: str, step: int, stop: bool
+) -> tuple[list[object], StepPlan]:
+    """A valid step with random text, calls and chunk splits; returns its items too."""
+    items: list[object] = []
+    if stop:
+        items = [random_text(rng) for _ in range(rng.randint(0, 3))]
+    else:
+        if rng.random() < 0.5:
+            items.append(random_text(rng))
+        for index in range(rng.randint(1, 3)):
+            items.append(random_call(rng, f"call-{step}-{index}"))
+            if rng.random() < 0.3:
+                items.append(random_text(rng))
+    stream: list[object] = []
+    content: list[object] = []
+    for item in items:
+        if isinstance(item, str):
+            stream += split_text(rng, item)
+            # The terminal response may split its text differently, or drop empty text.
+            if item and rng.random() < 0.5:
+                content += split_text(rng, item)
+            elif item or rng.random() < 0.5:
+                content.append(al.TextBlock(item))
+        else:
+            stream.append(cast(CallPlan, item).call)
+            content.append(cast(CallPlan, item).call)
+    plan = plan_step(
+        response_id, items, "stop" if stop else "toolCall", stream=stream, content=content
+    )
+    return items, plan
+
+
+def random_violation(
+    rng: random.Random, response_id: str, step: int, used_ids: Sequence[str]
+) -> StepPlan:
+    """A step that breaks one rule; the reference knows how many chunks get an event."""
+    kind = rng.choice(VIOLATIONS)
+    _, plan = random_valid_step(rng, response_id, step, stop=kind == "toolCall-without-call")
+    stream = list(plan.stream)
+    if kind == "stop-with-call":
+        # A toolCall script answered with stopReason stop: all chunks stream, then it fails.
+        calls: list[object] = [block for block in stream if isinstance(block, al.ToolCall)]
+        return dataclasses.replace(
+            plan,
+            response=respond(response_id, calls, "stop"),
+            stream=calls,
+            chunk_events=len(calls),
+            code="MODEL_PROTOCOL_ERROR",
+        )
+    if kind == "toolCall-without-call":
+        return dataclasses.replace(
+            plan,
+            response=respond(response_id, [al.TextBlock("x")], "toolCall"),
+            stream=[*stream, al.TextBlock("x")],
+            chunk_events=len(stream) + 1,
+            code="MODEL_PROTOCOL_ERROR",
+        )
+    if kind == "disagree":
+        return dataclasses.replace(
+            plan,
+            stream=[*stream, al.TextBlock("!")],
+            chunk_events=len(stream) + 1,
+            code="MODEL_PROTOCOL_ERROR",
+        )
+    if kind in ("duplicate-id", "reused-id"):
+        reused = rng.choice(list(used_ids)) if kind == "reused-id" and used_ids else None
+        stream_calls = [block for block in stream if isinstance(block, al.ToolCall)]
+        duplicate_id = reused or stream_calls[0].id
+        duplicate = al.ToolCall(duplicate_id, "echo", {"text": "dup"})
+        content: list[object] = [*stream_calls, duplicate] if reused is None else [duplicate]
+        return dataclasses.replace(
+            plan,
+            stream=content,
+            response=respond(response_id, content, "toolCall"),
+            chunk_events=len(content),
+            code="MODEL_PROTOCOL_ERROR",
+        )
+    position = rng.randint(0, len(stream))
+    if kind == "bad-arguments":
+        bad: object = al.ToolCall(f"call-{step}-bad", "echo", rng.choice(BAD_ARGUMENTS)())
+        code = "MODEL_PROTOCOL_ERROR"
+    elif kind == "bad-chunk":
+        bad = rng.choice(BAD_CHUNKS)
+        code = "MODEL_PROTOCOL_ERROR"
+    elif kind == "stream-raises":
+        bad = raise_error(ConnectionResetError("peer"))
+        code = "MODEL_STREAM_ERROR"
+    else:  # bad-response: every chunk streams, then the terminal response is wrong
+        return dataclasses.replace(
+            plan, response=rng.choice(BAD_RESPONSES), code="MODEL_PROTOCOL_ERROR"
+        )
+    return dataclasses.replace(
+        plan,
+        stream=[*stream[:position], bad, *stream[position:]],
+        chunk_events=position,
+        code=code,
+    )
+
+
+def random_script(
+    rng: random.Random,
+) -> tuple[list[al.Message], list[StepPlan], int, int | None]:
+    start: list[al.Message] = list(HISTORY) if rng.random() < 0.3 else [user()]
+    used_ids = ["call-old"] if len(start) > 1 else []
+    plans: list[StepPlan] = []
+    for step in range(1, rng.randint(1, 7) + 1):
+        response_id = f"response-{step:03d}"
+        roll = rng.random()
+        if roll < 0.2:
+            plans.append(random_violation(rng, response_id, step, used_ids))
+            break
+        _, plan = random_valid_step(rng, response_id, step, stop=roll < 0.4)
+        plans.append(plan)
+        used_ids += [call_plan.call.id for call_plan in plan.calls]
+        if plan.stop:
+            break
+    if rng.random() < 0.1:
+        plans = plans[: rng.randint(0, len(plans) - 1)]  # the model runs out of answers
+    max_steps = rng.randint(1, 6)
+    cancel_at = None
+    if rng.random() < 0.3:
+        cancel_at = rng.randrange(len(predict(start, plans, max_steps).events))
+    return start, plans, max_steps, cancel_at
+
+
+RANDOM_SEEDS = 40
+
+
+SCRIPTS_PER_SEED = 10
+
+
+@pytest.mark.hostile
+class TestRandomScriptsAgainstAReference:
+    """Seeded random scripts mixing text, tool calls, bad arguments, raising tools, random
+    chunk splits, protocol violations, budgets and cancellation. Each run keeps every
+    invariant and ends as the reference model predicts: status, failure code, steps,
+    events, transcript and tool effects."""
+
+    @pytest.mark.parametrize("seed", range(RANDOM_SEEDS))
+    def test_random_scripts(self, seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(SCRIPTS_PER_SEED):
+            start, plans, max_steps, cancel_at = random_script(rng)
+            prediction = predict(start, plans, max_steps, cancel_at)
+            events, result, model, log = run_plans(start, plans, max_steps, cancel_at)
+            assert_predicted(prediction, events, result, model, log, plans)
+            assert model.call_count == result.steps <= max_steps
+
+    def test_random_scripts_reach_every_outcome(self) -> None:
+        """The generator is not vacuous: across the seeds it produces every status and
+        every code it can, and cancels at every kind of event."""
+        statuses = set()
+        cancelled_at = set()
+        for seed in range(RANDOM_SEEDS):
+            rng = random.Random(seed)
+            for _ in range(SCRIPTS_PER_SEED):
+                start, plans, max_steps, cancel_at = random_script(rng)
+                prediction = predict(start, plans, max_steps, cancel_at)
+                statuses.add((prediction.status, prediction.code))
+                if prediction.status == "cancelled":
+                    cancelled_at.add(prediction.events[-2][0])
+        assert statuses == {
+            ("completed", None),
+            ("maxSteps", None),
+            ("cancelled", None),
+            ("failed", "MODEL_PROTOCOL_ERROR"),
+            ("failed", "MODEL_STREAM_ERROR"),
+        }
+        assert cancelled_at == set(EVENT_TYPES) - {"run.finished"}
+
+
+# --- The transcript ----------------------------------------------------------------------
+
+
+INVALID_STARTS = [
+    pytest.param([user(), "Add 20 and 22."], id="non-message-item"),
+    pytest.param([user(), user().to_dict()], id="message-dict-not-a-message"),
+    pytest.param([user(), add_result()], id="result-without-call"),
+    pytest.param(
+        [user(), add_result(), assistant("response-000", add_call())], id="result-before-call"
+    ),
+    pytest.param(
+        [
+            user(),
+            assistant("response-000", add_call()),
+            al.ToolResultMessage("tool-result-call-add-001", "call-add-001", "echo", "42", False),
+        ],
+        id="mismatched-tool-name",
+    ),
+    pytest.param(
+        [
+            user(),
+            *ADD_ROUND,
+            al.ToolResultMessage("tool-result-again", "call-add-001", "add", "42", False),
+        ],
+        id="two-results-for-one-call",
+    ),
+    pytest.param([user("One.", "user-001"), user("Two.", "user-001")], id="duplicate-message-ids"),
+    pytest.param(
+        [user(), *ADD_ROUND, assistant("response-001", add_call())], id="duplicate-tool-call-ids"
+    ),
+    pytest.param(
+        [user(), assistant("response-000", add_call(), add_call()), add_result()],
+        id="duplicate-tool-call-ids-in-one-message",
+    ),
+    pytest.param([user(), assistant("response-000", add_call())], id="incomplete-open-call"),
+    pytest.param(
+        [user(), assistant("response-000", add_call(), echo_call("call-echo-001")), add_result()],
+        id="incomplete-one-of-two-calls",
+    ),
+    pytest.param([al.UserMessage("user-001", cast(Any, 42))], id="user-content-int"),
+    pytest.param([al.UserMessage("", "Hi.")], id="empty-id"),
+    pytest.param([al.UserMessage(cast(Any, 7), "Hi.")], id="int-id"),
+    pytest.param(
+        [user(), al.AssistantMessage("message-response-000", cast(Any, ("Hello.",)))],
+        id="assistant-block-not-a-block",
+    ),
+    pytest.param(
+        [
+            user(),
+            assistant("response-000", add_call()),
+            al.ToolResultMessage(
+                "tool-result-call-add-001", "call-add-001", "add", "42", cast(Any, "no")
+            ),
+        ],
+        id="result-is_error-not-bool",
+    ),
+    pytest.param(
+        [
+            user(),
+            assistant(
+                "response-000", al.ToolCall("call-add-001", "add", cast(Any, {"left": object()}))
+            ),
+            add_result(),
+        ],
+        id="tool-call-arguments-not-json",
+    ),
+]
+
+
+class TestInvalidStartingTranscript:
+    @pytest.mark.parametrize("messages", INVALID_STARTS)
+    def test_an_invalid_start_fails_with_one_event_and_never_calls_the_model(
+        self, messages: list[Any]
+    ) -> None:
+        """Seed: "An invalid starting transcript produces one run.finished event with a
+        failed INVALID_TRANSCRIPT result and never invokes the model." """
+        events, result, model = run([stop("response-001")], messages=messages, tools=[add_tool()])
+
+        assert types_of(events) == ["run.finished"]
+        assert_failed(events, result, "INVALID_TRANSCRIPT")
+        assert model.call_count == 0
+        assert result.messages == ()
+        assert result.steps == 0
+
+    def test_an_invalid_start_is_reported_even_when_the_signal_is_already_set(self) -> None:
+        """Documented choice: the inputs decide before the signal is looked at."""
+        signal = threading.Event()
+        signal.set()
+        events, result, model = run(
+            [stop("response-001")], messages=[user(), user()], signal=signal
+        )
+        assert_failed(events, result, "INVALID_TRANSCRIPT")
+        assert model.call_count == 0
+
+    def test_an_endless_generator_of_messages_fails_instead_of_hanging(self) -> None:
+        """Documented choice: at most MAX_INITIAL_MESSAGES + 1 items are read."""
+        read = []
+
+        def endless() -> Iterator[al.Message]:
+            for n in itertools.count():
+                assert n < 100_000, "the loop kept reading an endless iterable"
+                read.append(n)
+                yield al.UserMessage(f"user-{n}", "Hi.")
+
+        events, result, model = run([stop("response-001")], messages=endless())
+
+        assert_failed(events, result, "INVALID_TRANSCRIPT")
+        assert len(read) == al.MAX_INITIAL_MESSAGES + 1
+        assert model.call_count == 0
+
+    def test_an_empty_start_is_a_complete_transcript(self) -> None:
+        """Documented choice: an empty starting transcript is complete, hence valid."""
+        events, result, model = run([stop("response-001")], messages=[])
+
+        assert result.status == "completed"
+        assert model.requests[0].messages == ()
+        assert types_of(events) == ["model.chunk", "run.finished"]
+
+    def test_a_start_with_complete_prior_tool_rounds_is_valid(self) -> None:
+        _events, result, model = run(
+            [tool_turn("response-001", add_call()), stop("response-002")],
+            messages=PRIOR_ROUND,
+            tools=[add_tool()],
+        )
+
+        assert result.status == "completed"
+        assert result.messages[: len(PRIOR_ROUND)] == PRIOR_ROUND
+        assert model.requests[0].messages == PRIOR_ROUND
+
+
+# Every field of every message kind that _checked_message checks, with a wrong value.
+FIELD_CASES = [
+    pytest.param(al.UserMessage("u", "hi"), "id", 5, "user", "non-empty str", id="u-id"),
+    pytest.param(al.UserMessage("u", "hi"), "id", "", "user", "non-empty str", id="u-empty-id"),
+    pytest.param(al.UserMessage("u", "hi"), "content", 5, "message 'u'", "str", id="u-content"),
+    pytest.param(
+        al.AssistantMessage("a", ()), "id", None, "assistant", "non-empty str", id="a-id"
+    ),
+    pytest.param(
+        al.ToolResultMessage("t", "c", "n", "x", False),
+        "id",
+        b"t",
+        "toolResult",
+        "non-empty str",
+        id="t-id",
+    ),
+    pytest.param(
+        al.ToolResultMessage("t", "c", "n", "x", False),
+        "tool_call_id",
+        1,
+        "message 't'",
+        "non-empty str",
+        id="t-tool_call_id",
+    ),
+    pytest.param(
+        al.ToolResultMessage("t", "c", "n", "x", False),
+        "tool_name",
+        "",
+        "message 't'",
+        "non-empty str",
+        id="t-tool_name",
+    ),
+    pytest.param(
+        al.ToolResultMessage("t", "c", "n", "x", False),
+        "content",
+        ["x"],
+        "message 't'",
+        "str",
+        id="t-content",
+    ),
+    pytest.param(
+        al.ToolResultMessage("t", "c", "n", "x", False),
+        "is_error",
+        0,
+        "message 't'",
+        "bool",
+        id="t-is_error",
+    ),
+]
+
+
+class TestWrongFieldIsNamed:
+    """An error about a message field names the field, with the type expected and the
+    type given, not just "message 'u' has a field of the wrong type"."""
+
+    @pytest.mark.parametrize(("message", "name", "value", "where", "expected"), FIELD_CASES)
+    def test_every_field_of_every_message_kind(
+        self, message: al.Message, name: str, value: object, where: str, expected: str
+    ) -> None:
+        broken = dataclasses.replace(cast(Any, message), **{name: value})
+        _, result, _ = run(FakeModel(), messages=[broken])
+        said = failure_message(result, "INVALID_TRANSCRIPT")
+        assert where in said.split(":")[0]  # the message, or for its id, its role
+        assert f"field {name!r} must be a {expected}, got " in said
+        assert said.endswith(f"got {value!r} ({type(value).__name__})")
+
+    def test_a_text_block_names_its_text_field(self) -> None:
+        block = al.TextBlock(5)  # type: ignore[arg-type]
+        _, result, _ = run(FakeModel(), messages=[al.AssistantMessage("a", [block])])
+        said = failure_message(result, "INVALID_TRANSCRIPT")
+        assert said.startswith("message 'a': a text block")
+        assert said.endswith("field 'text' must be a str, got 5 (int)")
+
+    def test_a_response_block_names_its_field_too(self) -> None:
+        model = FakeModel(self._streams_a_bad_text_block)
+        _, result, _ = run(model)
+        said = failure_message(result, "MODEL_PROTOCOL_ERROR")
+        assert said.startswith("message 'message-r1': a text block")
+        assert said.endswith("field 'text' must be a str, got None (NoneType)")
+
+    @staticmethod
+    def _streams_a_bad_text_block(
+        model: FakeModel, request: al.ModelRequest, signal: al.Signal
+    ) -> Generator[al.ModelChunk, None, al.ModelResponse]:
+        yield from ()
+        block = al.TextBlock(None)  # type: ignore[arg-type]
+        return al.ModelResponse("r1", request.id, [block], "stop")
+
+
+class TestDuplicateIdsSayHowTheyWereDerived:
+    """A duplicate id error must "say how it was derived ("message-" +
+    response id) and that response ids and tool-call ids must be unique across the
+    whole transcript"."""
+
+    def test_a_repeated_response_id(self) -> None:
+        model = FakeModel(
+            al.scripted_response("resp", [al.ToolCall("c1", "noop", {})], "toolCall"),
+            al.scripted_response("resp", [al.TextBlock("done")], "stop"),
+        )
+        _, result, _ = run(model, tools=[no_arguments_tool("noop", lambda a, s: "ok")])
+        assert failure_message(result, "MODEL_PROTOCOL_ERROR") == (
+            "message id 'message-resp' is used twice (an assistant message's id is "
+            '"message-" + its response id, a tool result\'s is "tool-result-" + its call id: '
+            "response ids and tool-call ids must be unique across the whole transcript)"
+        )
+
+    def test_a_tool_call_id_repeated_in_a_later_step(self) -> None:
+        model = FakeModel(
+            al.scripted_response("r1", [al.ToolCall("c1", "noop", {})], "toolCall"),
+            al.scripted_response("r2", [al.ToolCall("c1", "noop", {})], "toolCall"),
+        )
+        _, result, _ = run(model, tools=[no_arguments_tool("noop", lambda a, s: "ok")])
+        assert failure_message(result, "MODEL_PROTOCOL_ERROR") == (
+            "tool call id 'c1' is used twice (tool-call ids must be unique across the whole "
+            "transcript)"
+        )
+
+    def test_the_readme_states_the_id_rules(self) -> None:
+        readme = " ".join((REPOSITORY / "README.md").read_text(encoding="utf-8").split())
+        assert '"message-" + response id' in readme
+        assert '"tool-result-" + call id' in readme
+        assert "unique across the whole transcript" in readme
+
+
+class SubclassedToolCall(al.ToolCall):
+    """A model's own ToolCall subclass that agrees with anything."""
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    __hash__ = al.ToolCall.__hash__
+
+
+class SubclassedUserMessage(al.UserMessage):
+    """A caller's UserMessage subclass whose fields can change after acceptance."""
+
+    __setattr__ = object.__setattr__
+
+
+class RaisingItems(dict):  # type: ignore[type-arg]
+    def items(self) -> Any:
+        raise KeyError("items")
+
+
+class TestOnlyTheExactClasses:
+    """Blocks, chunks, messages and responses must be exactly the IR classes, as ids
+    and text must be exactly str: a subclass could redefine == or unfreeze itself."""
+
+    def test_a_streamed_tool_call_subclass_is_a_protocol_error(self) -> None:
+        executed: list[str] = []
+        liar = SubclassedToolCall("call-1", "echo", {"text": "streamed"})
+        terminal = call("echo", "call-1", {"text": "DIFFERENT"})
+        events, result, _ = run(
+            [al.scripted_response("response-001", [terminal], "toolCall", chunks=[liar])],
+            tools=[echo_tool(executed)],
+        )
+        assert_failed(events, result, "MODEL_PROTOCOL_ERROR")
+        assert executed == []
+
+    def test_a_message_subclass_in_the_start_is_an_invalid_transcript(self) -> None:
+        message = SubclassedUserMessage("user-001", "Hi.")
+        events, result, model = run([stop("response-001")], messages=[message])
+        assert_failed(events, result, "INVALID_TRANSCRIPT")
+        assert model.call_count == 0
+
+    def test_a_return_value_whose_encoding_raises_is_recoverable(self) -> None:
+        tool = al.Tool(
+            "odd", "Returns an odd dict.", {"type": "object"}, lambda a, s: RaisingItems(a=1)
+        )
+        result = al.execute_tool_call(
+            al.ToolRegistry([tool]), call("odd", "call-1", {}), threading.Event()
+        )
+        assert result.is_error is True
+        assert "not JSON" in result.content
+
+    def test_a_tool_name_and_resolved_content_must_be_exactly_str(self) -> None:
+        class Name(str):
+            pass
+
+        with pytest.raises(TypeError, match="name"):
+            al.Tool(Name("echo"), "Echoes.", {"type": "object"}, copy_echo)
+        with pytest.raises(TypeError, match="content"):
+            al.resolve_open_tool_calls([user()], Name("cancelled"))
+
+
+# --- Model boundary ----------------------------------------------------------------------
+
+
+def one_tool_step(request: al.ModelRequest) -> Generator[al.ModelChunk, None, al.ModelResponse]:
+    """Calls the tool "annotated" in the first step, then answers "done"."""
+    if len(request.messages) == 1:
+        call = al.ToolCall("c1", "annotated", {})
+        yield al.ToolCallChunk(request.id, call)
+        return al.ModelResponse("r1", request.id, [call], "toolCall")
+    yield al.TextDelta(request.id, "done")
+    return al.ModelResponse("r2", request.id, [al.TextBlock("done")], "stop")
+
+
+class SignalAnnotatedModel:
+    """A model whose signal is annotated with the public protocol, al.Signal."""
+
+    def stream(
+        self, request: al.ModelRequest, signal: al.Signal
+    ) -> Generator[al.ModelChunk, None, al.ModelResponse]:
+        assert not signal.is_set()
+        return one_tool_step(request)
+
+
+class EventAnnotatedModel:
+    """A model whose signal is annotated with threading.Event."""
+
+    def stream(
+        self, request: al.ModelRequest, signal: threading.Event
+    ) -> Generator[al.ModelChunk, None, al.ModelResponse]:
+        assert not signal.is_set()
+        return one_tool_step(request)
+
+
+def signal_annotated_tool(arguments: Dict[str, Any], signal: al.Signal) -> object:
+    return {"waited": signal.wait(0)}
+
+
+def event_annotated_tool(arguments: Dict[str, Any], signal: threading.Event) -> object:
+    return {"waited": signal.wait(0)}
+
+
+class TestSignalIsPublic:
+    """The signal protocol is public (Signal), so a model or tool annotated with
+    threading.Event or Signal passes mypy --strict (this module is checked by it)."""
+
+    def test_signal_annotations_run(self) -> None:
+        tool = al.Tool("annotated", "d", {"type": "object"}, signal_annotated_tool)
+        _, result, _ = run(SignalAnnotatedModel(), tools=[tool])
+        assert result.status == "completed"
+        assert only_tool_result(result).content == '{"waited":false}'
+
+    def test_threading_event_annotations_run(self) -> None:
+        tool = al.Tool("annotated", "d", {"type": "object"}, event_annotated_tool)
+        signal = threading.Event()
+        model: al.Model = EventAnnotatedModel()  # mypy --strict checks this assignment
+        _, result, _ = run(model, tools=[tool], signal=signal)
+        assert result.status == "completed"
+        assert only_tool_result(result).content == '{"waited":false}'
+
+    def test_signal_is_exported(self) -> None:
+        assert "Signal" in al.__all__
+        for method in ("is_set", "wait"):
+            assert callable(getattr(al.Signal, method))
+            assert callable(getattr(threading.Event, method))
+
+
+class HasWaitCoroutine:
+    """Looks like a signal, but its wait() is a coroutine, as asyncio.Event's is."""
+
+    def is_set(self) -> bool:
+        return False
+
+    async def wait(self) -> bool:
+        return True
+
+
+class TestSignalSaysWhatIsAccepted:
+    """Not "signal must be a threading.Event, got bool" while anything with is_set() and
+    wait() is accepted: the error says what is accepted. An asyncio.Event (its wait is a
+    coroutine) is a TypeError at call time that says to use threading.Event."""
+
+    def test_a_bool_is_told_what_is_accepted(self) -> None:
+        with pytest.raises(TypeError) as raised:
+            al.run_agent_loop(
+                messages=[],
+                model=FakeModel(),
+                tools=al.ToolRegistry(),
+                max_steps=1,
+                signal=cast(Any, True),
+            )
+        assert str(raised.value) == (
+            "signal must be a threading.Event, or an object with is_set() and wait(timeout), "
+            "got bool"
+        )
+
+    def test_an_asyncio_event_is_a_type_error_at_call_time(self) -> None:
+        async def call_with_an_asyncio_event() -> str:
+            with pytest.raises(TypeError) as raised:
+                al.run_agent_loop(
+                    messages=[],
+                    model=FakeModel(),
+                    tools=al.ToolRegistry(),
+                    max_steps=1,
+                    signal=cast(Any, asyncio.Event()),
+                )
+            return str(raised.value)
+
+        message = asyncio.run(call_with_an_asyncio_event())
+        assert "Event.wait() is a coroutine (an asyncio.Event?)" in message
+        assert "use threading.Event, and set it from your event loop" in message
+
+    def test_any_object_whose_wait_is_a_coroutine(self) -> None:
+        with pytest.raises(TypeError, match=r"HasWaitCoroutine\.wait\(\) is a coroutine"):
+            al.run_agent_loop(
+                messages=[],
+                model=FakeModel(),
+                tools=al.ToolRegistry(),
+                max_steps=1,
+                signal=cast(Any, HasWaitCoroutine()),
+            )
+
+
+@pytest.mark.hostile
+class TestMalformedModelOutput:
+    """Seed: "Tool arguments must be plain bounded JSON ... These checks occur before a
+    Tool effect. Contradiction or excess becomes a failed MODEL_PROTOCOL_ERROR result.\""""
+
+    @staticmethod
+    def _failed(
+        step: Step, code: str, chunk_events: int
+    ) -> tuple[list[al.Event], al.RunResult, FakeModel, list[str]]:
+        executed: list[str] = []
+        model = FakeModel(step, turn("response-unused", [text("unused")], "stop"))
+        events, result, _ = run(model, [echo_tool(executed)])
+        assert result.status == "failed"
+        assert result.error is not None
+        assert result.error.code == code
+        assert types_of(events).count("model.chunk") == chunk_events
+        assert result.messages == (user(),)  # nothing was appended
+        assert model.call_count == 1
+        assert executed == []
+        return events, result, model, executed
+
+    @pytest.mark.parametrize("make_arguments", NOT_PLAIN_JSON)
+    def test_bad_arguments_are_a_protocol_error_before_any_effect(
+        self, make_arguments: Callable[[], Any]
+    ) -> None:
+        bad = al.ToolCall("call-1", "echo", make_arguments())
+        good = echo_call("call-0", "ran?")
+        step = turn("response-001", [good, bad], "toolCall")
+        # The good call before it streamed (one event) but never ran: the batch is rejected.
+        _, _, model, _ = self._failed(step, "MODEL_PROTOCOL_ERROR", 1)
+        assert model.finalized == ["request-001"]
+
+    @pytest.mark.parametrize("make_arguments", DEEP_ARGUMENTS)
+    def test_deep_arguments_only_in_the_terminal_response(
+        self, make_arguments: Callable[[], Any]
+    ) -> None:
+        """Never a RecursionError, even where no chunk announced the call."""
+        bad = al.ToolCall("call-1", "echo", make_arguments())
+        step = stream_step([], respond("response-001", [bad], "toolCall"))
+        self._failed(step, "MODEL_PROTOCOL_ERROR", 0)
+
+    def test_ten_megabyte_argument_is_rejected_without_a_copy(self) -> None:
+        """The text bound is measured, not copied: the run allocates far less than the
+        string it rejects (a copy, an encoding or a repr of it would cost 10 MB)."""
+        big = "x" * 10_000_000
+        tracemalloc.start()
+        try:
+            bad = echo_call("call-1", big)
+            step = turn("response-001", [bad], "toolCall")
+            _, result, _, _ = self._failed(step, "MODEL_PROTOCOL_ERROR", 0)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak < 1_000_000
+        assert result.error is not None
+        assert len(result.error.message) < 1000
+
+    @pytest.mark.parametrize(
+        ("step", "chunk_events"),
+        [
+            pytest.param(lambda m, r, s: None, 0, id="stream-returns-None"),
+            pytest.param(lambda m, r, s: [al.TextDelta(r.id, "x")], 0, id="stream-returns-a-list"),
+            pytest.param(
+                lambda m, r, s: iter([al.TextDelta(r.id, "x")]), 0, id="stream-returns-an-iterator"
+            ),
+            pytest.param(lambda m, r, s: "text", 0, id="stream-returns-a-str"),
+            pytest.param(stream_step([text("x")], lambda r: None), 1, id="generator-returns-None"),
+            pytest.param(
+                stream_step([text("x")], lambda r: {"id": "r", "requestId": r.id, "content": []}),
+                1,
+                id="generator-returns-a-dict",
+            ),
+            pytest.param(
+                stream_step([lambda r: None], respond("r", [], "stop")), 0, id="yields-None"
+            ),
+            pytest.param(
+                stream_step([lambda r: "x"], respond("r", [text("x")], "stop")),
+                0,
+                id="yields-a-str",
+            ),
+            pytest.param(
+                stream_step([lambda r: untyped.TextDelta(r.id, None)], respond("r", [], "stop")),
+                0,
+                id="TextDelta-text-None",
+            ),
+            pytest.param(
+                stream_step([lambda r: untyped.TextDelta(r.id, 5)], respond("r", [], "stop")),
+                0,
+                id="TextDelta-text-int",
+            ),
+            pytest.param(
+                stream_step(
+                    [text("a"), lambda r: untyped.ToolCallChunk(r.id, text("b"))],
+                    respond("r", [text("ab")], "stop"),
+                ),
+                1,
+                id="ToolCallChunk-carrying-a-TextBlock",
+            ),
+            pytest.param(
+                stream_step(
+                    [lambda r: untyped.ToolCallChunk(r.id, None)], respond("r", [], "stop")
+                ),
+                0,
+                id="ToolCallChunk-carrying-None",
+            ),
+            pytest.param(
+                stream_step(
+                    [lambda r: {"type": "text", "requestId": r.id, "text": "x"}],
+                    respond("r", [text("x")], "stop"),
+                ),
+                0,
+                id="yields-a-chunk-dict",
+            ),
+            pytest.param(
+                turn("r", [al.ToolCall("", "echo", {"text": "x"})], "toolCall"),
+                0,
+                id="tool-call-id-empty",
+            ),
+            pytest.param(
+                turn("r", [untyped.ToolCall(None, "echo", {"text": "x"})], "toolCall"),
+                0,
+                id="tool-call-id-None",
+            ),
+            pytest.param(
+                turn("r", [untyped.ToolCall(7, "echo", {"text": "x"})], "toolCall"),
+                0,
+                id="tool-call-id-int",
+            ),
+            pytest.param(
+                turn("r", [untyped.ToolCall("c", None, {"text": "x"})], "toolCall"),
+                0,
+                id="tool-call-name-None",
+            ),
+            pytest.param(
+                turn("r", [al.ToolCall("c", "", {"text": "x"})], "toolCall"),
+                0,
+                id="tool-call-name-empty",
+            ),
+            pytest.param(
+                stream_step(
+                    [text("x")],
+                    lambda r: untyped.ModelResponse(None, r.id, [text("x")], "stop"),
+                ),
+                1,
+                id="response-id-None",
+            ),
+            pytest.param(
+                stream_step(
+                    [text("x")], lambda r: al.ModelResponse("", r.id, [text("x")], "stop")
+                ),
+                1,
+                id="response-id-empty",
+            ),
+            pytest.param(
+                stream_step(
+                    [text("x")],
+                    lambda r: untyped.ModelResponse("r", r.id, [text("x")], "length"),
+                ),
+                1,
+                id="stop-reason-length",
+            ),
+            pytest.param(
+                stream_step(
+                    [text("x")], lambda r: untyped.ModelResponse("r", r.id, [text("x")], None)
+                ),
+                1,
+                id="stop-reason-None",
+            ),
+            pytest.param(
+                stream_step(
+                    [],
+                    lambda r: untyped.ModelResponse(
+                        "r", r.id, [{"type": "text", "text": "x"}], "stop"
+                    ),
+                ),
+                0,
+                id="response-block-is-a-dict",
+            ),
+            pytest.param(
+                stream_step(
+                    [],
+                    lambda r: untyped.ModelResponse("r", r.id, [untyped.TextBlock(5)], "stop"),
+                ),
+                0,
+                id="response-text-block-int",
+            ),
+            pytest.param(
+                stream_step([], lambda r: untyped.ModelResponse("r", r.id, "text", "stop")),
+                0,
+                id="response-content-a-str",
+            ),
+            pytest.param(
+                turn("r", [echo_call("c", "a"), echo_call("c", "b")], "toolCall"),
+                2,
+                id="duplicate-call-ids-in-one-response",
+            ),
+            pytest.param(
+                turn("r", [echo_call("c", "a"), text("and"), echo_call("c", "a")], "toolCall"),
+                3,
+                id="same-call-twice-in-one-response",
+            ),
+            pytest.param(
+                turn("r", [al.ToolCall("c", "echo", {"text": "x"})], "stop"),
+                1,
+                id="tool-call-in-a-stop-response",
+            ),
+            pytest.param(
+                turn("r", [text("x")], "toolCall"), 1, id="toolCall-response-without-a-call"
+            ),
+            pytest.param(
+                stream_step([text("abc")], respond("r", [text("abd")], "stop")),
+                1,
+                id="stream-and-response-disagree",
+            ),
+            pytest.param(
+                stream_step(
+                    [echo_call("c", "a")], respond("r", [echo_call("c", "b")], "toolCall")
+                ),
+                1,
+                id="streamed-call-differs-from-terminal-call",
+            ),
+        ],
+    )
+    def test_wrong_output_is_a_protocol_error(self, step: Step, chunk_events: int) -> None:
+        self._failed(step, "MODEL_PROTOCOL_ERROR", chunk_events)
+
+    def test_call_id_reused_from_the_transcript(self) -> None:
+        """An id the starting transcript already used (call-old) is a protocol error."""
+        executed: list[str] = []
+        model = FakeModel(turn("response-001", [echo_call("call-old", "again")], "toolCall"))
+        _, result, _ = run(model, [echo_tool(executed)], messages=HISTORY)
+        assert result.status == "failed"
+        assert result.error is not None
+        assert result.error.code == "MODEL_PROTOCOL_ERROR"
+        assert result.messages == HISTORY
+        assert executed == []
+
+    @pytest.mark.parametrize(
+        ("taken", "content", "stop_reason"),
+        [
+            pytest.param("message-r", [text("x")], "stop", id="assistant-message-id"),
+            pytest.param(
+                "tool-result-c", [echo_call("c", "x")], "toolCall", id="derived-result-id"
+            ),
+        ],
+    )
+    def test_ids_already_taken_in_the_transcript(
+        self, taken: str, content: list[object], stop_reason: str
+    ) -> None:
+        """A response whose message id, or a call whose result id, is already taken by a
+        starting message: a protocol error before any effect."""
+        executed: list[str] = []
+        start = [al.UserMessage(taken, "hi")]
+        model = FakeModel(turn("r", content, stop_reason))
+        _, result, _ = run(model, [echo_tool(executed)], messages=start)
+        assert result.error is not None
+        assert result.error.code == "MODEL_PROTOCOL_ERROR"
+        assert result.messages == tuple(start)
+        assert executed == []
+
+    def test_call_id_reused_from_an_earlier_step(self) -> None:
+        executed: list[str] = []
+        model = FakeModel(
+            turn("response-001", [echo_call("call-1", "first")], "toolCall"),
+            turn("response-002", [echo_call("call-1", "second")], "toolCall"),
+        )
+        _, result, _ = run(model, [echo_tool(executed)])
+        assert result.error is not None
+        assert result.error.code == "MODEL_PROTOCOL_ERROR"
+        assert executed == ["first"]
+        assert len(result.messages) == 3
+        assert model.call_count == 2
+
+    def test_endless_stream_is_stopped_by_the_chunk_limit(self) -> None:
+        """Seed: "The loop caps one step at 1024 chunks": a stream that never ends is
+        closed after the first chunk over the cap."""
+        pulled: list[int] = []
+
+        def endless(
+            model: FakeModel, request: al.ModelRequest, signal: Any
+        ) -> Generator[object, None, object]:
+            try:
+                while True:
+                    pulled.append(1)
+                    yield al.TextDelta(request.id, "")
+            finally:
+                model.finalized.append(request.id)
+
+        _, _, model, _ = self._failed(endless, "MODEL_PROTOCOL_ERROR", al.MAX_STEP_CHUNKS)
+        assert len(pulled) == al.MAX_STEP_CHUNKS + 1
+        assert model.finalized == ["request-001"]
+
+    @pytest.mark.parametrize("after", [0, 1, 3])
+    def test_stream_that_raises_after_some_chunks(self, after: int) -> None:
+        """The chunks before it have events; the announced tool call never runs."""
+        stream: list[object] = [echo_call("call-1", "a"), text("b"), text("c")][:after]
+        step = stream_step(
+            [*stream, raise_error(ConnectionResetError("peer"))], respond("r", [], "stop")
+        )
+        _, result, model, _ = self._failed(step, "MODEL_STREAM_ERROR", after)
+        assert result.error is not None
+        assert "ConnectionResetError" in result.error.message
+        assert model.finalized == ["request-001"]
+
+    def test_stream_that_raises_stop_iteration_inside(self) -> None:
+        """PEP 479 turns it into RuntimeError inside the model: a stream error, not a
+        silently empty response."""
+
+        def stop_early(
+            model: FakeModel, request: al.ModelRequest, signal: Any
+        ) -> Generator[object, None, object]:
+            yield al.TextDelta(request.id, "x")
+            raise StopIteration
+
+        self._failed(stop_early, "MODEL_STREAM_ERROR", 1)
+
+    @pytest.mark.parametrize(
+        ("step", "chunk_events"),
+        [
+            pytest.param(
+                stream_step(
+                    [lambda r: al.TextDelta("request-999", "x")],
+                    respond("r", [text("x")], "stop"),
+                ),
+                0,
+                id="chunk-with-another-request-id",
+            ),
+            pytest.param(
+                stream_step(
+                    [lambda r: untyped.TextDelta(None, "x")],
+                    respond("r", [text("x")], "stop"),
+                ),
+                0,
+                id="chunk-request-id-None",
+            ),
+            pytest.param(
+                stream_step(
+                    [text("x")],
+                    lambda r: al.ModelResponse("r", "request-999", [text("x")], "stop"),
+                ),
+                1,
+                id="response-with-another-request-id",
+            ),
+        ],
+    )
+    def test_model_that_ignores_the_request_id(self, step: Step, chunk_events: int) -> None:
+        """Seed: "Request IDs must match the active request.\""""
+        _, result, _, _ = self._failed(step, "MODEL_PROTOCOL_ERROR", chunk_events)
+        assert result.error is not None
+        assert "request-001" in result.error.message
+
+    def test_model_that_replays_a_stale_request_id_on_the_second_step(self) -> None:
+        executed: list[str] = []
+        stale = lambda r: al.TextDelta("request-001", "done")  # noqa: E731
+        model = FakeModel(
+            turn("response-001", [echo_call("call-1", "a")], "toolCall"),
+            stream_step([stale], respond("response-002", [text("done")], "stop")),
+        )
+        events, result, _ = run(model, [echo_tool(executed)])
+        assert result.error is not None
+        assert result.error.code == "MODEL_PROTOCOL_ERROR"
+        assert executed == ["a"]
+        assert [m.id for m in result.messages] == [
+            "user-001",
+            "message-response-001",
+            "tool-result-call-1",
+        ]
+        assert types_of(events).count("model.chunk") == 1  # the stale chunk got no event
+
+
+class RaisingEq(str):
+    """A str that cannot be compared: what a hostile model may put where a str belongs."""
+
+    def __eq__(self, other: object) -> bool:
+        raise ValueError("cannot compare")
+
+    def __ne__(self, other: object) -> bool:
+        raise ValueError("cannot compare")
+
+    __hash__ = str.__hash__
+
+
+class RaisingLen(str):
+    def __len__(self) -> int:
+        raise ValueError("cannot measure")
+
+
+class RaisingHash(str):
+    def __hash__(self) -> int:
+        raise ValueError("cannot hash")
+
+
+@pytest.mark.hostile
+class TestModelStrSubclasses:
+    """A str subclass that raises from ==, len() or hash() is model output of the wrong
+    type, like any non-str: the run fails MODEL_PROTOCOL_ERROR, it does not raise."""
+
+    @pytest.mark.parametrize(
+        "step",
+        [
+            pytest.param(
+                stream_step(
+                    [lambda r: al.TextDelta(RaisingEq(r.id), "x")],
+                    respond("r", [text("x")], "stop"),
+                ),
+                id="request-id-raising-eq",
+            ),
+            pytest.param(
+                stream_step(
+                    [lambda r: al.TextDelta(r.id, RaisingLen("x"))],
+                    respond("r", [text("x")], "stop"),
+                ),
+                id="text-raising-len",
+            ),
+            pytest.param(
+                turn("r", [al.ToolCall(RaisingHash("c"), "echo", {"text": "x"})], "toolCall"),
+                id="call-id-raising-hash",
+            ),
+        ],
+    )
+    def test_hostile_str_subclass(self, step: Step) -> None:
+        executed: list[str] = []
+        model = FakeModel(step)
+        _, result, _ = run(model, [echo_tool(executed)])
+        assert result.error is not None
+        assert result.error.code == "MODEL_PROTOCOL_ERROR"
+        assert result.messages == (user(),)
+        assert executed == []
+
+
+@pytest.mark.hostile
+class TestModelStreamCleanup:
+    """A model stream whose cleanup raises, or that ignores GeneratorExit, when the loop
+    closes it: the run still ends with exactly one run.finished, for its first cause."""
+
+    @staticmethod
+    def _endless(how: str) -> Step:
+        def step(
+            model: FakeModel, request: al.ModelRequest, signal: Any
+        ) -> Generator[object, None, object]:
+            ignored = False
+            try:
+                while True:
+                    try:
+                        yield al.TextDelta(request.id, "x")
+                    except GeneratorExit:
+                        if how != "ignores-exit" or ignored:
+                            raise
+                        ignored = True  # keeps going once: close() raises RuntimeError
+            finally:
+                model.finalized.append(request.id)
+                if how == "cleanup-raises":
+                    raise OSError("cleanup failed")
+
+        return step
+
+    @pytest.mark.parametrize("how", ["cleanup-raises", "ignores-exit"])
+    def test_endless_stream_over_the_chunk_limit(self, how: str) -> None:
+        model = FakeModel(self._endless(how))
+        events, result, _ = run(model)
+        assert result.error is not None
+        assert result.error.code == "MODEL_PROTOCOL_ERROR"
+        assert types_of(events).count("model.chunk") == al.MAX_STEP_CHUNKS
+
+    @pytest.mark.parametrize("how", ["cleanup-raises", "ignores-exit"])
+    def test_cancelled_mid_stream(self, how: str) -> None:
+        model = FakeModel(self._endless(how))
+        signal = threading.Event()
+        run_ = start_run(model, signal=signal)
+        events = until(run_, "model.chunk", 3)
+        signal.set()
+        more, result = al.settle_run(run_)
+        events += more
+        check_run(events, result, model, max_steps=4, start=[user()])
+        assert result.status == "cancelled"
+        assert result.messages == (user(),)
+
+    @pytest.mark.parametrize("how", ["cleanup-raises", "ignores-exit"])
+    def test_consumer_close_does_not_raise(self, how: str) -> None:
+        model = FakeModel(self._endless(how))
+        run_ = start_run(model)
+        until(run_, "model.chunk", 3)
+        run_.close()
+        assert model.finalized[:1] == ["request-001"]
+
+
+# --- Tools -------------------------------------------------------------------------------
+
+
+EXAMPLE_OF_TYPE: dict[str, Any] = {
     "object": {"k": 1},
     "string": "s",
     "number": 1.5,
@@ -2529,32 +4667,32 @@ _LIM_KINDS: dict[str, Any] = {
 }
 
 
-_LIM_ENUM = [1, "a", None, [1, 2], {"k": True}]
+ENUM_VALUES = [1, "a", None, [1, 2], {"k": True}]
 
 
-def _lim_execute(
+def execute_probe(
     parameters: Mapping[str, Any], arguments: Any
 ) -> tuple[al.ToolResultMessage, list[dict[str, Any]]]:
     """Runs ``probe`` with this schema on these arguments through execute_tool_call."""
     received: list[dict[str, Any]] = []
-    registry = al.ToolRegistry([_lim_probe(received, parameters)])
+    registry = al.ToolRegistry([probe_tool(received, parameters)])
     tool_call = al.ToolCall("call-001", "probe", arguments)
     return al.execute_tool_call(registry, tool_call, threading.Event()), received
 
 
-def _lim_property(schema: Mapping[str, Any], value: Any) -> Any:
+def execute_probe_property(schema: Mapping[str, Any], value: Any) -> Any:
     """Runs ``probe`` whose one required property ``v`` has this schema, with ``v`` = value."""
     parameters = {"type": "object", "properties": {"v": schema}, "required": ["v"]}
-    return _lim_execute(parameters, {"v": value})
+    return execute_probe(parameters, {"v": value})
 
 
-def _lim_assert_accepted(result: al.ToolResultMessage, received: list[dict[str, Any]]) -> None:
+def assert_accepted(result: al.ToolResultMessage, received: list[dict[str, Any]]) -> None:
     assert result.is_error is False
     assert result.content == "ok"
     assert len(received) == 1
 
 
-def _lim_assert_rejected(
+def assert_rejected(
     result: al.ToolResultMessage, received: list[dict[str, Any]], *words: str
 ) -> None:
     """A recoverable result that names the problem; the tool did not run."""
@@ -2569,54 +4707,54 @@ def _lim_assert_rejected(
 
 
 class TestToolSchemas:
-    """API.md: "parameters is a JSON Schema subset: type (object, string, number, integer,
+    """A tool's parameters are a JSON Schema subset: "type (object, string, number, integer,
     boolean, array, null), properties, required, additionalProperties (bool), items, enum.
     bool is never a number or an integer." Failures are recoverable results."""
 
-    @pytest.mark.parametrize("kind", list(_LIM_KINDS))
-    @pytest.mark.parametrize("schema_type", list(_LIM_KINDS))
+    @pytest.mark.parametrize("kind", list(EXAMPLE_OF_TYPE))
+    @pytest.mark.parametrize("schema_type", list(EXAMPLE_OF_TYPE))
     def test_type_accepts_its_kind_and_rejects_others(self, schema_type: str, kind: str) -> None:
         """Each type accepts its own kind; a number also accepts an integer."""
-        result, received = _lim_property({"type": schema_type}, _LIM_KINDS[kind])
+        result, received = execute_probe_property({"type": schema_type}, EXAMPLE_OF_TYPE[kind])
         if kind == schema_type or (schema_type, kind) == ("number", "integer"):
-            _lim_assert_accepted(result, received)
+            assert_accepted(result, received)
         else:
-            _lim_assert_rejected(result, received, "$.v", schema_type, kind)
+            assert_rejected(result, received, "$.v", schema_type, kind)
 
     @pytest.mark.parametrize("value", [True, False])
     @pytest.mark.parametrize("schema_type", ["number", "integer"])
     def test_bool_is_never_a_number_or_an_integer(self, schema_type: str, value: bool) -> None:
-        result, received = _lim_property({"type": schema_type}, value)
-        _lim_assert_rejected(result, received, "$.v", schema_type, "boolean")
+        result, received = execute_probe_property({"type": schema_type}, value)
+        assert_rejected(result, received, "$.v", schema_type, "boolean")
 
     @pytest.mark.parametrize("value", [0, 42, -7, 2**70])
     def test_an_int_is_a_number(self, value: int) -> None:
-        result, received = _lim_property({"type": "number"}, value)
-        _lim_assert_accepted(result, received)
+        result, received = execute_probe_property({"type": "number"}, value)
+        assert_accepted(result, received)
         assert received[0]["v"] == value
 
     @pytest.mark.parametrize("value", [1.0, 0.0, -3.0, 1.5])
     def test_a_float_is_not_an_integer(self, value: float) -> None:
         """The documented choice: a schema integer is an int, never a float (even 1.0)."""
-        result, received = _lim_property({"type": "integer"}, value)
-        _lim_assert_rejected(result, received, "$.v", "integer", "number")
+        result, received = execute_probe_property({"type": "integer"}, value)
+        assert_rejected(result, received, "$.v", "integer", "number")
 
     def test_properties_are_checked(self) -> None:
-        result, received = _lim_execute(NUMBERS, {"left": 20, "right": "22"})
-        _lim_assert_rejected(result, received, "$.right", "number", "string")
+        result, received = execute_probe(NUMBERS, {"left": 20, "right": "22"})
+        assert_rejected(result, received, "$.right", "number", "string")
 
     def test_a_missing_required_property_is_named(self) -> None:
-        result, received = _lim_execute(NUMBERS, {"left": 20})
-        _lim_assert_rejected(result, received, "required", "'right'")
+        result, received = execute_probe(NUMBERS, {"left": 20})
+        assert_rejected(result, received, "required", "'right'")
 
     def test_required_properties_present_pass(self) -> None:
-        result, received = _lim_execute(NUMBERS, {"left": 20, "right": 22.5})
-        _lim_assert_accepted(result, received)
+        result, received = execute_probe(NUMBERS, {"left": 20, "right": 22.5})
+        assert_accepted(result, received)
         assert received == [{"left": 20, "right": 22.5}]
 
     def test_additional_properties_false_rejects_an_extra_property(self) -> None:
-        result, received = _lim_execute(NUMBERS, {"left": 1, "right": 2, "extra": 3})
-        _lim_assert_rejected(result, received, "unexpected", "'extra'")
+        result, received = execute_probe(NUMBERS, {"left": 1, "right": 2, "extra": 3})
+        assert_rejected(result, received, "unexpected", "'extra'")
 
     @pytest.mark.parametrize(
         "parameters",
@@ -2635,8 +4773,8 @@ class TestToolSchemas:
         ],
     )
     def test_additional_properties_are_allowed_otherwise(self, parameters: Any) -> None:
-        result, received = _lim_execute(parameters, {"n": 1, "extra": [None]})
-        _lim_assert_accepted(result, received)
+        result, received = execute_probe(parameters, {"n": 1, "extra": [None]})
+        assert_accepted(result, received)
         assert received == [{"n": 1, "extra": [None]}]
 
     def test_additional_properties_true_still_checks_declared_properties(self) -> None:
@@ -2645,18 +4783,18 @@ class TestToolSchemas:
             "properties": {"n": {"type": "integer"}},
             "additionalProperties": True,
         }
-        result, received = _lim_execute(parameters, {"n": "one", "extra": 1})
-        _lim_assert_rejected(result, received, "$.n", "integer")
+        result, received = execute_probe(parameters, {"n": "one", "extra": 1})
+        assert_rejected(result, received, "$.n", "integer")
 
     def test_items_checks_each_element_and_names_its_index(self) -> None:
         parameters = {
             "type": "object",
             "properties": {"xs": {"type": "array", "items": {"type": "integer"}}},
         }
-        result, received = _lim_execute(parameters, {"xs": [1, 2, 3]})
-        _lim_assert_accepted(result, received)
-        result, received = _lim_execute(parameters, {"xs": [1, "two", 3]})
-        _lim_assert_rejected(result, received, "$.xs[1]", "integer", "string")
+        result, received = execute_probe(parameters, {"xs": [1, 2, 3]})
+        assert_accepted(result, received)
+        result, received = execute_probe(parameters, {"xs": [1, "two", 3]})
+        assert_rejected(result, received, "$.xs[1]", "integer", "string")
 
     def test_items_path_reaches_into_nested_objects(self) -> None:
         item = {
@@ -2668,12 +4806,12 @@ class TestToolSchemas:
             "type": "object",
             "properties": {"xs": {"type": "array", "items": item}},
         }
-        result, received = _lim_execute(parameters, {"xs": [{"n": 1}, {"n": 2}]})
-        _lim_assert_accepted(result, received)
-        result, received = _lim_execute(parameters, {"xs": [{"n": 1}, {"n": "x"}]})
-        _lim_assert_rejected(result, received, "$.xs[1].n")
-        result, received = _lim_execute(parameters, {"xs": [{"n": 1}, {}, {"n": 3}]})
-        _lim_assert_rejected(result, received, "$.xs[1]", "'n'")
+        result, received = execute_probe(parameters, {"xs": [{"n": 1}, {"n": 2}]})
+        assert_accepted(result, received)
+        result, received = execute_probe(parameters, {"xs": [{"n": 1}, {"n": "x"}]})
+        assert_rejected(result, received, "$.xs[1].n")
+        result, received = execute_probe(parameters, {"xs": [{"n": 1}, {}, {"n": 3}]})
+        assert_rejected(result, received, "$.xs[1]", "'n'")
 
     @pytest.mark.parametrize(
         "value",
@@ -2686,8 +4824,8 @@ class TestToolSchemas:
         ],
     )
     def test_enum_accepts_its_values(self, value: Any) -> None:
-        result, received = _lim_property({"enum": _LIM_ENUM}, value)
-        _lim_assert_accepted(result, received)
+        result, received = execute_probe_property({"enum": ENUM_VALUES}, value)
+        assert_accepted(result, received)
 
     @pytest.mark.parametrize(
         "value",
@@ -2703,14 +4841,14 @@ class TestToolSchemas:
     )
     def test_enum_is_strict(self, value: Any) -> None:
         """The documented choice: enum compares as strict JSON, so True is not 1."""
-        result, received = _lim_property({"enum": _LIM_ENUM}, value)
-        _lim_assert_rejected(result, received, "$.v", "one of")
+        result, received = execute_probe_property({"enum": ENUM_VALUES}, value)
+        assert_rejected(result, received, "$.v", "one of")
 
     def test_enum_of_true_rejects_1(self) -> None:
-        result, received = _lim_property({"enum": [True]}, 1)
-        _lim_assert_rejected(result, received, "$.v", "one of")
-        result, received = _lim_property({"enum": [True]}, True)
-        _lim_assert_accepted(result, received)
+        result, received = execute_probe_property({"enum": [True]}, 1)
+        assert_rejected(result, received, "$.v", "one of")
+        result, received = execute_probe_property({"enum": [True]}, True)
+        assert_accepted(result, received)
 
     def test_nested_objects_are_checked_at_every_level(self) -> None:
         inner = {
@@ -2720,16 +4858,16 @@ class TestToolSchemas:
             "additionalProperties": False,
         }
         parameters = {"type": "object", "properties": {"inner": inner}, "required": ["inner"]}
-        result, received = _lim_execute(parameters, {"inner": {"n": 1}})
-        _lim_assert_accepted(result, received)
-        result, received = _lim_execute(parameters, {"inner": {}})
-        _lim_assert_rejected(result, received, "$.inner", "required", "'n'")
-        result, received = _lim_execute(parameters, {"inner": {"n": 1, "x": 2}})
-        _lim_assert_rejected(result, received, "$.inner", "unexpected", "'x'")
-        result, received = _lim_execute(parameters, {"inner": {"n": "one"}})
-        _lim_assert_rejected(result, received, "$.inner.n", "integer")
-        result, received = _lim_execute(parameters, {"inner": [1]})
-        _lim_assert_rejected(result, received, "$.inner", "object", "array")
+        result, received = execute_probe(parameters, {"inner": {"n": 1}})
+        assert_accepted(result, received)
+        result, received = execute_probe(parameters, {"inner": {}})
+        assert_rejected(result, received, "$.inner", "required", "'n'")
+        result, received = execute_probe(parameters, {"inner": {"n": 1, "x": 2}})
+        assert_rejected(result, received, "$.inner", "unexpected", "'x'")
+        result, received = execute_probe(parameters, {"inner": {"n": "one"}})
+        assert_rejected(result, received, "$.inner.n", "integer")
+        result, received = execute_probe(parameters, {"inner": [1]})
+        assert_rejected(result, received, "$.inner", "object", "array")
 
     @pytest.mark.parametrize(
         ("parameters", "error", "word"),
@@ -2828,8 +4966,8 @@ class TestToolSchemas:
             "description": "The probe's arguments.",
             "properties": {"n": {"type": "integer", "description": "A number.", "title": "N"}},
         }
-        result, received = _lim_execute(parameters, {"n": 1})
-        _lim_assert_accepted(result, received)
+        result, received = execute_probe(parameters, {"n": 1})
+        assert_accepted(result, received)
 
     @pytest.mark.parametrize(
         "name",
@@ -2847,7 +4985,7 @@ class TestToolSchemas:
         with pytest.raises(TypeError, match="execute"):
             al.Tool("probe", "A tool.", {"type": "object"}, "ok")  # type: ignore[arg-type]
 
-    @pytest.mark.parametrize("passes", [_LIM_AT_LIMIT, _LIM_OVER_LIMIT])
+    @pytest.mark.parametrize("passes", [AT_LIMIT, OVER_LIMIT])
     def test_schema_depth(self, passes: bool) -> None:
         """A schema may nest as deep as arguments can (MAX_ARGUMENT_DEPTH containers, a scalar
         inside the last); one level more describes values no call can have: ValueError."""
@@ -2858,11 +4996,9 @@ class TestToolSchemas:
             with pytest.raises(ValueError, match="32"):
                 al.Tool("probe", "A tool.", schema, lambda arguments, signal: "ok")
             return
-        arguments: Any = 7
-        for _ in range(32):
-            arguments = {"k": arguments}
-        result, received = _lim_execute(schema, arguments)
-        _lim_assert_accepted(result, received)
+        arguments = nested(32, "object")
+        result, received = execute_probe(schema, arguments)
+        assert_accepted(result, received)
         assert received == [arguments]
 
     def test_parameters_are_frozen(self) -> None:
@@ -2874,62 +5010,368 @@ class TestToolSchemas:
             "additionalProperties": False,
         }
         before = copy.deepcopy(parameters)
-        tool = _lim_probe([], parameters)
+        tool = probe_tool([], parameters)
         parameters["required"].append("m")
         parameters["properties"]["n"]["type"] = "string"
         parameters["properties"]["m"] = {"type": "string"}
         parameters["additionalProperties"] = True
-        assert _lim_plain(tool.parameters) == before
-        assert _lim_plain(tool.spec().parameters) == before
+        assert plain_copy(tool.parameters) == before
+        assert plain_copy(tool.spec().parameters) == before
         with pytest.raises(TypeError):
             tool.parameters["type"] = "string"  # type: ignore[index]
         with pytest.raises(TypeError):
             tool.parameters["properties"]["n"] = {}
         received: list[dict[str, Any]] = []
         registry = al.ToolRegistry(
-            [al.Tool("probe", "A tool.", tool.parameters, _lim_probe(received).execute)]
+            [al.Tool("probe", "A tool.", tool.parameters, probe_tool(received).execute)]
         )
         result = al.execute_tool_call(
             registry, call("probe", "call-001", {"n": 1}), threading.Event()
         )
-        _lim_assert_accepted(result, received)
+        assert_accepted(result, received)
         result = al.execute_tool_call(
             registry, call("probe", "call-001", {"n": 1, "m": "x"}), threading.Event()
         )
-        _lim_assert_rejected(result, [], "unexpected", "'m'")
+        assert_rejected(result, [], "unexpected", "'m'")
 
 
-# --- The tool registry -------------------------------------------------------------------
+class TestToolSpecIsChecked:
+    """ToolSpec's docstring: "Checked as a Tool is (TypeError or ValueError naming the
+    field), and its parameters are frozen"."""
+
+    def test_a_bogus_type_in_a_read_only_mapping(self) -> None:
+        with pytest.raises(ValueError, match="type must be one of"):
+            al.ToolSpec("x", "d", MappingProxyType({"type": "bogus"}))
+
+    def test_the_root_must_be_an_object(self) -> None:
+        with pytest.raises(ValueError, match=r"ToolSpec 'x' parameters must have \"type\""):
+            al.ToolSpec("x", "d", {"type": "string"})
+
+    @pytest.mark.parametrize(("name", "description"), [("", "d"), (1, "d"), ("x", None)])
+    def test_name_and_description(self, name: Any, description: Any) -> None:
+        with pytest.raises(TypeError, match="ToolSpec"):
+            al.ToolSpec(name, description, {"type": "object"})
+
+    def test_its_parameters_are_frozen(self) -> None:
+        schema: Dict[str, Any] = {"type": "object", "properties": {}}
+        spec = al.ToolSpec("x", "d", schema)
+        schema["type"] = "string"
+        assert type(spec.parameters) is MappingProxyType
+        assert spec.parameters["type"] == "object"
 
 
-def _lim_tool(name: str) -> al.Tool:
+class Executor:
+    def method(self, arguments: Dict[str, Any], signal: al.Signal) -> object:
+        return "method"
+
+    def __call__(self, arguments: Dict[str, Any], signal: al.Signal) -> object:
+        return "callable object"
+
+
+def add(left: float, right: float) -> float:
+    """Adds two numbers.
+
+    Both may be integers."""
+    return left + right
+
+
+def undocumented(text: str) -> str:
+    return text
+
+
+def search(
+    query: str,
+    limit: int = 10,
+    exact: bool = False,
+    tags: Optional[List[str]] = None,
+    *,
+    order: Literal["asc", "desc"] = "asc",
+    signal: al.Signal,
+) -> Dict[str, Any]:
+    """Searches the notes."""
+    return {"query": query, "limit": limit, "tags": tags, "order": order, "set": signal.is_set()}
+
+
+def from_source(source: str, future_annotations: bool) -> Callable[..., object]:
+    """The function ``f`` of a module made of this source, compiled with or without
+    PEP 563 (``from __future__ import annotations``), as a user's module would be."""
+    header = "from __future__ import annotations\n" if future_annotations else ""
+    namespace: Dict[str, Any] = {}
+    code = compile(
+        header + "from typing import *\nimport agent_loop as al\n" + source,
+        "<user module>",
+        "exec",
+        dont_inherit=True,  # not this module's PEP 563
+    )
+    exec(code, namespace)
+    function: Callable[..., object] = namespace["f"]
+    return function
+
+
+def parameter_schema(tool: al.Tool, name: str = "x") -> Any:
+    return al.ToolSpec(tool.name, tool.description, tool.parameters).to_dict()["parameters"][
+        "properties"
+    ][name]
+
+
+# Hints, as source, and the schema each gives; both with and without PEP 563.
+HINT_SCHEMAS = [
+    ("str", {"type": "string"}),
+    ("int", {"type": "integer"}),
+    ("float", {"type": "number"}),
+    ("bool", {"type": "boolean"}),
+    ("None", {"type": "null"}),
+    ("list", {"type": "array"}),
+    ("List", {"type": "array"}),
+    ("List[int]", {"type": "array", "items": {"type": "integer"}}),
+    (
+        "List[List[str]]",
+        {"type": "array", "items": {"type": "array", "items": {"type": "string"}}},
+    ),
+    ("dict", {"type": "object"}),
+    ("Dict", {"type": "object"}),
+    ("Dict[str, Any]", {"type": "object"}),
+    ('Literal["a", "b"]', {"type": "string", "enum": ["a", "b"]}),
+    ("Literal[1, 2]", {"type": "integer", "enum": [1, 2]}),
+    ('Literal[1, "a"]', {"enum": [1, "a"]}),
+    ('Optional[Literal["a"]]', {"enum": ["a", None]}),
+    ("List[Literal[True]]", {"type": "array", "items": {"type": "boolean", "enum": [True]}}),
+]
+
+
+# Hints whose schema would need more than the enforced subset, and what the error says.
+UNEXPRESSIBLE_HINTS = [
+    ("Optional[int]", "give the parameter the default None"),
+    ("Union[int, str]", "a schema here has one type (no anyOf)"),
+    ("Union[int, str, None]", "a schema here has one type (no anyOf)"),
+    ("List[Optional[int]]", "a schema here has one type (no anyOf)"),
+    ("Dict[str, int]", "use dict or Dict[str, Any]"),
+    ("Tuple[int, int]", "has no schema in the subset this loop enforces"),
+    ("Any", "has no schema in the subset this loop enforces"),
+    ("set", "has no schema in the subset this loop enforces"),
+    ("al.Tool", "has no schema in the subset this loop enforces"),
+    ('Literal[b"x"]', "Literal value b'x' is a bytes, not a JSON scalar"),
+]
+
+
+class TestToolFromFunction:
+    """Tool.from_function(fn, *, name=None, description=None) -> Tool: the
+    schema from the function's type hints ..., the description from its docstring,
+    required = parameters without defaults; anything it cannot express in the enforced
+    schema subset is a TypeError naming the parameter."""
+
+    def test_a_function_of_keyword_parameters_becomes_a_tool(self) -> None:
+        tool = al.Tool.from_function(add)
+        assert tool.name == "add"
+        assert tool.description == "Adds two numbers.\n\nBoth may be integers."
+        assert tool.spec().to_dict()["parameters"] == {
+            "type": "object",
+            "properties": {"left": {"type": "number"}, "right": {"type": "number"}},
+            "required": ["left", "right"],
+            "additionalProperties": False,
+        }
+
+    def test_it_runs_and_its_return_value_is_the_result(self) -> None:
+        """float means JSON number (an int argument is accepted); the result is JSON."""
+        _, result, _ = run(
+            one_call("add", {"left": 20, "right": 22.5}), tools=[al.Tool.from_function(add)]
+        )
+        assert result.status == "completed"
+        assert only_tool_result(result).content == "42.5"
+        assert not only_tool_result(result).is_error
+
+    def test_a_str_return_is_the_content_verbatim(self) -> None:
+        _, result, _ = run(
+            one_call("undocumented", {"text": "as is"}),
+            tools=[al.Tool.from_function(undocumented)],
+        )
+        assert only_tool_result(result).content == "as is"
+
+    def test_name_and_description_override(self) -> None:
+        tool = al.Tool.from_function(add, name="plus", description="Sums.")
+        assert (tool.name, tool.description) == ("plus", "Sums.")
+
+    def test_no_docstring_gives_an_empty_description(self) -> None:
+        assert al.Tool.from_function(undocumented).description == ""
+
+    def test_defaults_keyword_only_and_signal(self) -> None:
+        """A parameter named signal (if present) receives the run's signal and is not in
+        the schema; parameters with defaults are not required."""
+        tool = al.Tool.from_function(search)
+        parameters = tool.spec().to_dict()["parameters"]
+        assert parameters["properties"] == {
+            "query": {"type": "string"},
+            "limit": {"type": "integer"},
+            "exact": {"type": "boolean"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "order": {"type": "string", "enum": ["asc", "desc"]},
+        }
+        assert parameters["required"] == ["query"]
+        assert parameters["additionalProperties"] is False
+        signal = threading.Event()
+        assert tool.execute({"query": "q", "order": "desc"}, signal) == {
+            "query": "q",
+            "limit": 10,
+            "tags": None,
+            "order": "desc",
+            "set": False,
+        }
+
+    def test_the_schema_is_enforced(self) -> None:
+        model = FakeModel(
+            al.scripted_response(
+                "r1", [al.ToolCall("c1", "search", {"query": "q", "other": 1})], "toolCall"
+            ),
+            al.scripted_response(
+                "r2", [al.ToolCall("c2", "search", {"query": "q", "tags": None})], "toolCall"
+            ),
+            al.scripted_response("r3", [al.TextBlock("done")], "stop"),
+        )
+        _, result, _ = run(model, tools=[al.Tool.from_function(search)])
+        contents = [m.content for m in result.messages if isinstance(m, al.ToolResultMessage)]
+        assert contents == [
+            "invalid arguments for tool 'search': $ has the unexpected property 'other'",
+            "invalid arguments for tool 'search': $.tags must be array, got null",
+        ]
+
+    def test_a_bound_method_and_a_tool_error(self) -> None:
+        class Stations:
+            def weather(self, city: str) -> str:
+                """Reports the weather in a city."""
+                raise al.ToolError(f"No station in {city}.")
+
+        tool = al.Tool.from_function(Stations().weather)
+        assert tool.name == "weather"
+        assert list(tool.parameters["properties"]) == ["city"]
+        _, result, _ = run(one_call("weather", {"city": "Atlantis"}), tools=[tool])
+        assert only_tool_result(result).content == "No station in Atlantis."
+        assert only_tool_result(result).is_error
+
+    @pytest.mark.parametrize("future_annotations", [False, True], ids=["hints", "pep563"])
+    @pytest.mark.parametrize(("hint", "schema"), HINT_SCHEMAS)
+    def test_each_hint_and_its_schema(
+        self, hint: str, schema: Dict[str, Any], future_annotations: bool
+    ) -> None:
+        function = from_source(f"def f(x: {hint}): pass", future_annotations)
+        assert parameter_schema(al.Tool.from_function(function)) == schema
+
+    @pytest.mark.parametrize("future_annotations", [False, True], ids=["hints", "pep563"])
+    @pytest.mark.parametrize("hint", ["Optional[int]", "Union[None, int]", "int"])
+    def test_optional_with_the_default_none_is_x_not_required(
+        self, hint: str, future_annotations: bool
+    ) -> None:
+        """Optional[X] / X | None: a schema has one type, so the model leaves the
+        parameter out to get None (and a null is refused)."""
+        function = from_source(f"def f(x: {hint} = None): return x", future_annotations)
+        tool = al.Tool.from_function(function)
+        assert parameter_schema(tool) == {"type": "integer"}
+        assert tool.parameters["required"] == ()
+        assert tool.execute({}, threading.Event()) is None
+
+    @pytest.mark.skipif(sys.version_info < (3, 9), reason="list[int] needs Python 3.9")
+    def test_builtin_generic_spelling(self) -> None:
+        for future_annotations in (False, True):
+            function = from_source(
+                "def f(x: list[int], y: dict[str, Any]): pass", future_annotations
+            )
+            tool = al.Tool.from_function(function)
+            assert parameter_schema(tool) == {"type": "array", "items": {"type": "integer"}}
+            assert parameter_schema(tool, "y") == {"type": "object"}
+
+    @pytest.mark.skipif(sys.version_info < (3, 10), reason="X | None needs Python 3.10")
+    def test_union_operator_spelling(self) -> None:
+        for future_annotations in (False, True):
+            function = from_source(
+                "def f(x: int | None = None, y: str | int = 1): pass", future_annotations
+            )
+            with pytest.raises(TypeError, match=r"parameter 'y': .* one type"):
+                al.Tool.from_function(function)
+            function = from_source("def f(x: int | None = None): pass", future_annotations)
+            assert parameter_schema(al.Tool.from_function(function)) == {"type": "integer"}
+
+    @pytest.mark.parametrize(("hint", "says"), UNEXPRESSIBLE_HINTS)
+    def test_an_unexpressible_hint_is_a_type_error_naming_the_parameter(
+        self, hint: str, says: str
+    ) -> None:
+        function = from_source(f"def f(ok: str, x: {hint}): pass", future_annotations=False)
+        with pytest.raises(TypeError) as raised:
+            al.Tool.from_function(function)
+        assert str(raised.value).startswith("Tool.from_function(f): parameter 'x': ")
+        assert says in str(raised.value)
+
+    @pytest.mark.parametrize(
+        ("source", "says"),
+        [
+            ("def f(x): pass", "parameter 'x' has no type hint"),
+            ("def f(ok: int, *x: int): pass", "parameter 'x' is variadic positional"),
+            ("def f(ok: int, **x: int): pass", "parameter 'x' is variadic keyword"),
+            ("def f(x: int, /): pass", "parameter 'x' is positional-only"),
+            ("def f(signal, /): pass", "parameter 'signal' is positional-only"),
+        ],
+    )
+    def test_parameters_it_cannot_pass_by_name(self, source: str, says: str) -> None:
+        with pytest.raises(TypeError) as raised:
+            al.Tool.from_function(from_source(source, future_annotations=False))
+        assert str(raised.value).startswith("Tool.from_function(f): " + says)
+
+    def test_an_annotation_that_cannot_be_resolved(self) -> None:
+        function = from_source("def f(x: Undefined): pass", future_annotations=True)
+        with pytest.raises(TypeError) as raised:
+            al.Tool.from_function(function)
+        assert str(raised.value) == (
+            "Tool.from_function: cannot resolve the type hints of f: "
+            "NameError: name 'Undefined' is not defined"
+        )
+
+    @pytest.mark.parametrize("fn", [len, Executor(), int], ids=["builtin", "object", "class"])
+    def test_only_functions_and_methods(self, fn: Callable[..., object]) -> None:
+        with pytest.raises(TypeError, match="takes a function or a method, got "):
+            al.Tool.from_function(fn)
+
+    def test_an_async_function_is_refused(self) -> None:
+        """Its result would be a coroutine that nobody awaits: an error result each time."""
+
+        async def fetch(url: str) -> str:
+            return url
+
+        with pytest.raises(TypeError) as raised:
+            al.Tool.from_function(fetch)
+        assert "fetch is an async function" in str(raised.value)
+        assert "give it a plain def" in str(raised.value)
+
+    def test_the_name_is_checked_as_tool_checks_it(self) -> None:
+        with pytest.raises(TypeError, match="Tool name must be a non-empty str"):
+            al.Tool.from_function(add, name="")
+
+
+def named_tool(name: str) -> al.Tool:
     return al.Tool(name, f"The {name} tool.", {"type": "object"}, lambda arguments, signal: name)
 
 
 class TestToolRegistry:
-    """API.md: "ToolRegistry(tools) with register(tool) (duplicate name -> ValueError),
-    get(name), __contains__, __len__, __iter__, specs()"."""
+    """The registry's contract: ToolRegistry(tools) with register(tool) (a duplicate name
+    raises ValueError), get(name), __contains__, __len__, __iter__ and specs()."""
 
     def test_register_and_get(self) -> None:
         registry = al.ToolRegistry()
         assert len(registry) == 0
-        tool = _lim_tool("one")
+        tool = named_tool("one")
         registry.register(tool)
         assert registry.get("one") is tool
         assert registry.get("two") is None
         assert len(registry) == 1
 
     def test_duplicate_name_is_a_value_error(self) -> None:
-        registry = al.ToolRegistry([_lim_tool("one")])
+        registry = al.ToolRegistry([named_tool("one")])
         original = registry.get("one")
         with pytest.raises(ValueError, match="one"):
-            registry.register(_lim_tool("one"))
+            registry.register(named_tool("one"))
         assert registry.get("one") is original
         assert len(registry) == 1
 
     def test_duplicate_in_the_constructor_is_a_value_error(self) -> None:
         with pytest.raises(ValueError, match="one"):
-            al.ToolRegistry([_lim_tool("one"), _lim_tool("one")])
+            al.ToolRegistry([named_tool("one"), named_tool("one")])
 
     @pytest.mark.parametrize(
         "item",
@@ -2946,13 +5388,13 @@ class TestToolRegistry:
         assert len(registry) == 0
 
     def test_contains(self) -> None:
-        registry = al.ToolRegistry([_lim_tool("one")])
+        registry = al.ToolRegistry([named_tool("one")])
         assert "one" in registry
         assert "two" not in registry
         assert 1 not in registry
 
     def test_iterates_in_registration_order(self) -> None:
-        tools = [_lim_tool(name) for name in ("zeta", "alpha", "mid")]
+        tools = [named_tool(name) for name in ("zeta", "alpha", "mid")]
         registry = al.ToolRegistry(tools[:2])
         registry.register(tools[2])
         assert list(registry) == tools
@@ -2965,41 +5407,38 @@ class TestToolRegistry:
         assert [spec.name for spec in specs] == ["add", "echo"]
         assert specs[0] == al.ToolSpec("add", "Adds two numbers.", registry.get("add").parameters)  # type: ignore[union-attr]
         assert specs[1].description == "Returns its text."
-        assert _lim_plain(specs[0].parameters) == NUMBERS
+        assert plain_copy(specs[0].parameters) == NUMBERS
         assert all(isinstance(spec, al.ToolSpec) for spec in specs)
 
     def test_iterating_while_registering_is_safe(self) -> None:
         """Registering during iteration neither raises nor changes what that iteration sees."""
-        tools = [_lim_tool("one"), _lim_tool("two")]
+        tools = [named_tool("one"), named_tool("two")]
         registry = al.ToolRegistry(tools)
         seen = []
         for tool in registry:
             seen.append(tool)
-            registry.register(_lim_tool(tool.name + "-copy"))
+            registry.register(named_tool(tool.name + "-copy"))
         assert seen == tools
         assert [tool.name for tool in registry] == ["one", "two", "one-copy", "two-copy"]
 
 
-# --- execute_tool_call -------------------------------------------------------------------
-
-
-def _lim_returning(value: Any) -> tuple[al.ToolResultMessage, al.ToolCall]:
+def returning(value: Any) -> tuple[al.ToolResultMessage, al.ToolCall]:
     """Runs a tool named "give" that returns ``value``, through execute_tool_call."""
     tool = al.Tool("give", "Returns a value.", {"type": "object"}, lambda arguments, signal: value)
     tool_call = call("give", "call-give-001", {})
     return al.execute_tool_call(al.ToolRegistry([tool]), tool_call, threading.Event()), tool_call
 
 
-class _LimStrSubclass(str):
+class StrSubclass(str):
     """Only an exact str is taken verbatim: a subclass is just another JSON value."""
 
 
 class TestExecuteToolCall:
-    """API.md: execute_tool_call(registry, call, signal) -> ToolResultMessage; an unknown tool,
+    """execute_tool_call(registry, call, signal) -> ToolResultMessage; an unknown tool,
     bad arguments or an exception become a recoverable result; it never raises for those."""
 
     def test_a_str_return_is_the_content_verbatim(self) -> None:
-        result, _ = _lim_returning('He said "hi"\n')
+        result, _ = returning('He said "hi"\n')
         assert result.is_error is False
         assert result.content == 'He said "hi"\n'
 
@@ -3024,11 +5463,11 @@ class TestExecuteToolCall:
             pytest.param({"a": [{"b": []}]}, '{"a":[{"b":[]}]}', id="nested"),
             pytest.param(7, "7", id="int"),
             pytest.param(False, "false", id="bool"),
-            pytest.param(_LimStrSubclass("hi"), '"hi"', id="str-subclass"),
+            pytest.param(StrSubclass("hi"), '"hi"', id="str-subclass"),
         ],
     )
     def test_other_json_is_encoded_compactly(self, value: Any, content: str) -> None:
-        result, _ = _lim_returning(value)
+        result, _ = returning(value)
         assert result.is_error is False
         assert result.content == content
 
@@ -3036,17 +5475,17 @@ class TestExecuteToolCall:
         "make",
         [
             pytest.param(lambda: {1, 2}, id="set"),
-            pytest.param(_LimCustom, id="object"),
+            pytest.param(Custom, id="object"),
             pytest.param(lambda: float("nan"), id="nan"),
             pytest.param(lambda: {"x": float("inf")}, id="inf"),
-            pytest.param(_lim_cyclic_list, id="cyclic-list"),
+            pytest.param(cyclic_array, id="cyclic-list"),
             pytest.param(lambda: b"bytes", id="bytes"),
         ],
     )
     def test_a_value_that_is_not_json_is_a_recoverable_error(
         self, make: Callable[[], Any]
     ) -> None:
-        result, _tool_call = _lim_returning(make())
+        result, _tool_call = returning(make())
         assert result.is_error is True
         assert "give" in result.content
         assert "JSON" in result.content
@@ -3104,7 +5543,7 @@ class TestExecuteToolCall:
         assert "divide" in result.content
 
     def test_result_ids_link_to_the_call(self) -> None:
-        result, tool_call = _lim_returning("fine")
+        result, tool_call = returning("fine")
         assert result.id == "tool-result-" + tool_call.id
         assert result.tool_call_id == tool_call.id
         assert result.tool_name == tool_call.name
@@ -3122,36 +5561,20 @@ class TestExecuteToolCall:
         "given", [pytest.param(True, id="given"), pytest.param(False, id="default")]
     )
     def test_tools_receive_the_runs_signal(self, given: bool) -> None:
-        """API.md: "The model and every tool receive that same object"."""
+        """The model and every tool receive the run's signal: the same object."""
         seen: list[Any] = []
-        model_signals: list[Any] = []
-
-        class _LimRecordingModel(al.ScriptedModel):
-            def stream(self, request: al.ModelRequest, signal: Any) -> Any:
-                model_signals.append(signal)
-                return super().stream(request, signal)
-
         tool = al.Tool("probe", "", {"type": "object"}, lambda a, signal: seen.append(signal))
-        model = _LimRecordingModel(
-            [
-                al.scripted_response(
-                    "response-001",
-                    [call("probe", "call-001", {}), call("probe", "call-002", {})],
-                    "toolCall",
-                ),
-                al.scripted_response("response-002", [text("done")], "stop"),
-            ]
+        model = FakeModel(
+            al.scripted_response(
+                "response-001",
+                [call("probe", "call-001", {}), call("probe", "call-002", {})],
+                "toolCall",
+            ),
+            al.scripted_response("response-002", [text("done")], "stop"),
         )
+        model_signals = model.signals
         signal = threading.Event() if given else None
-        _, result = al.settle_run(
-            al.run_agent_loop(
-                messages=[user()],
-                model=model,
-                tools=al.ToolRegistry([tool]),
-                max_steps=2,
-                signal=signal,
-            )
-        )
+        _, result, _ = run(model, [tool], max_steps=2, signal=signal)
         assert result.status == "completed"
         assert len(seen) == 2
         assert len(model_signals) == 2
@@ -3163,137 +5586,808 @@ class TestExecuteToolCall:
         "make",
         [
             pytest.param(lambda: {"x": float("nan")}, id="nan"),
-            pytest.param(_lim_shared_list, id="shared-list"),
-            pytest.param(lambda: _lim_nested(33), id="too-deep"),
+            pytest.param(shared_array, id="shared-list"),
+            pytest.param(lambda: nested(33), id="too-deep"),
             pytest.param(lambda: [1], id="list-root"),
         ],
     )
     def test_invalid_arguments_passed_directly_are_a_recoverable_error(
         self, make: Callable[[], Any]
     ) -> None:
-        result, received = _lim_execute({"type": "object"}, make())
-        _lim_assert_rejected(result, received, "arguments")
+        result, received = execute_probe({"type": "object"}, make())
+        assert_rejected(result, received, "arguments")
 
 
-# --- Public names ------------------------------------------------------------------------
-
-# Every public name API.md defines, section by section.
-_LIM_API_NAMES = [
-    # Entry point
-    "run_agent_loop",
-    "settle_run",
-    "Signal",
-    # Message IR
-    "TextBlock",
-    "ToolCall",
-    "UserMessage",
-    "AssistantMessage",
-    "ToolResultMessage",
-    "Message",
-    "JSON",
-    "text_from_assistant",
-    # Model boundary
-    "Model",
-    "ModelRequest",
-    "ModelChunk",
-    "TextDelta",
-    "ToolCallChunk",
-    "ModelResponse",
-    "StopReason",
-    # Tools
-    "Tool",
-    "ToolRegistry",
-    "ToolSpec",
-    "execute_tool_call",
-    "ToolError",
-    # Events and results
-    "Event",
-    "RunResult",
-    "RunError",
-    "RunStatus",
-    "FailureCode",
-    "EventType",
-    # Limits
-    "MAX_AGENT_STEPS",
-    "MAX_INITIAL_MESSAGES",
-    "MAX_STEP_CHUNKS",
-    "MAX_STEP_TEXT",
-    "MAX_ASSISTANT_BLOCKS",
-    "MAX_ARGUMENT_DEPTH",
-    "MAX_ARGUMENT_VALUES",
-    "MAX_ARGUMENT_SLOTS",
-    "MAX_ARGUMENT_TEXT",
-    # Test helpers
-    "ScriptedModel",
-    "ScriptedResponse",
-    "scripted_response",
-    # Interop, replay and resumption
-    "message_from_dict",
-    "event_from_dict",
-    "open_tool_calls",
-    "resolve_open_tool_calls",
-]
+def one_parameter(arguments: Dict[str, Any]) -> object:
+    return "one"
 
 
-class TestPublicNames:
-    """STYLE.md: "A test that __all__ matches the names in API.md"."""
-
-    def test_all_is_exactly_the_names_of_api_md(self) -> None:
-        assert len(al.__all__) == len(set(al.__all__))
-        assert set(al.__all__) == set(_LIM_API_NAMES)
-
-    @pytest.mark.parametrize("name", _LIM_API_NAMES)
-    def test_every_public_name_exists(self, name: str) -> None:
-        assert hasattr(al, name)
-
-    def test_version_is_a_str(self) -> None:
-        assert isinstance(al.__version__, str)
-        assert al.__version__
+def three_required(arguments: Dict[str, Any], signal: al.Signal, extra: int) -> object:
+    return "three"
 
 
-# --- Interop, replay and resumption; the demonstration ------------------------------------
+def keyword_only(*, arguments: Dict[str, Any], signal: al.Signal) -> object:
+    return "keyword"
 
 
-def _io_settle(
-    model: al.ScriptedModel,
-    messages: Sequence[al.Message],
-    tools: Sequence[al.Tool],
-    *,
-    max_steps: int = 8,
-    signal: threading.Event | None = None,
-    request_sequence_start: int = 0,
-) -> tuple[list[al.Event], al.RunResult]:
-    """Runs the loop over any model to the end; returns events and result."""
-    return al.settle_run(
-        al.run_agent_loop(
-            messages=messages,
-            model=model,
-            tools=al.ToolRegistry(tools),
-            max_steps=max_steps,
-            signal=signal,
-            request_sequence_start=request_sequence_start,
-        )
+def variadic(*values: Any) -> object:
+    return "variadic"
+
+
+class NoSignature:
+    """A callable that inspect.signature() cannot read: its __signature__ is not a
+    Signature, which is a TypeError on every Python."""
+
+    __signature__ = 42
+
+    def __call__(self, *values: Any) -> object:
+        return "no signature"
+
+
+class TestExecuteMustTakeArgumentsAndSignal:
+    """A tool whose execute cannot take (arguments, signal) is a TypeError when the Tool
+    is built, not a recoverable "raised TypeError" that hides the bug."""
+
+    @pytest.mark.parametrize(
+        "execute", [one_parameter, three_required, keyword_only], ids=lambda f: f.__name__
     )
+    def test_a_function_that_cannot_take_them_is_refused(
+        self, execute: Callable[..., object]
+    ) -> None:
+        with pytest.raises(TypeError) as raised:
+            no_arguments_tool("t", execute)
+        assert str(raised.value).startswith("Tool 't': execute(")
+        assert "cannot be called as execute(arguments, signal)" in str(raised.value)
+
+    @pytest.mark.parametrize(
+        ("execute", "returned"),
+        [
+            pytest.param(two_parameters, "two", id="function"),
+            pytest.param(variadic, "variadic", id="*args"),
+            pytest.param(lambda a, s: "lambda", "lambda", id="lambda"),
+            pytest.param(Executor().method, "method", id="bound-method"),
+            pytest.param(Executor(), "callable object", id="callable-object"),
+            pytest.param(NoSignature(), "no signature", id="no-signature"),
+        ],
+    )
+    def test_a_callable_that_can_take_them_is_accepted_and_runs(
+        self, execute: Callable[..., object], returned: str
+    ) -> None:
+        _, result, _ = run(one_call("t"), tools=[no_arguments_tool("t", execute)])
+        assert result.status == "completed"
+        assert only_tool_result(result).content == returned
+
+    def test_a_callable_with_no_signature_is_trusted(self) -> None:
+        with pytest.raises(TypeError):
+            __import__("inspect").signature(NoSignature())
+        assert no_arguments_tool("t", NoSignature()).name == "t"
 
 
-def _io_drain(
-    stream: Generator[al.ModelChunk, None, al.ModelResponse],
-) -> tuple[list[al.ModelChunk], al.ModelResponse]:
-    """Drains one model stream; returns its chunks and its terminal response."""
-    chunks: list[al.ModelChunk] = []
-    while True:
-        try:
-            chunks.append(next(stream))
-        except StopIteration as done:
-            return chunks, done.value
+class TestToolError:
+    """ToolError's docstring: "The call's result is is_error=True with content exactly
+    message, with no prefix"."""
+
+    def test_its_message_is_the_content(self) -> None:
+        tool = no_arguments_tool("t", lambda a, s: (_ for _ in ()).throw(al.ToolError("x")))
+        message = al.execute_tool_call(
+            al.ToolRegistry([tool]), al.ToolCall("c1", "t", {}), threading.Event()
+        )
+        assert (message.content, message.is_error) == ("x", True)
+        assert al.ToolError("x").message == "x"
+
+    @pytest.mark.parametrize("message", [1, None, b"x"])
+    def test_a_message_that_is_not_a_str(self, message: Any) -> None:
+        with pytest.raises(TypeError, match="ToolError message must be a str, got "):
+            al.ToolError(message)
 
 
-def _io_json(value: Any) -> Any:
-    """A value after a trip through JSON text, as a log file would carry it."""
-    return json.loads(json.dumps(value))
+def not_json(arguments: Dict[str, Any], signal: al.Signal) -> object:
+    return {1, 2}
 
 
-_IO_EXTRA_ARGUMENTS: dict[str, Any] = {
+def raises_lookup_error(arguments: Dict[str, Any], signal: al.Signal) -> object:
+    raise LookupError("no such station")
+
+
+def raises_tool_error(arguments: Dict[str, Any], signal: al.Signal) -> object:
+    raise al.ToolError("Try another city.")
+
+
+class TestRecoverableExceptionsAreLogged:
+    """Every exception that becomes a recoverable tool result is also logged through
+    logging.getLogger("agent_loop") with its traceback (the library adds only a
+    NullHandler)."""
+
+    @pytest.mark.parametrize(
+        ("execute", "exception"),
+        [(raises_lookup_error, LookupError), (not_json, TypeError)],
+        ids=["raises", "not-json"],
+    )
+    def test_the_record_has_the_traceback(
+        self,
+        caplog: pytest.LogCaptureFixture,
+        execute: Callable[..., object],
+        exception: type,
+    ) -> None:
+        caplog.set_level(logging.WARNING, logger="agent_loop")
+        _, result, _ = run(one_call("t"), tools=[no_arguments_tool("t", execute)])
+        assert only_tool_result(result).is_error
+        [record] = [r for r in caplog.records if r.name == "agent_loop"]
+        assert record.levelno == logging.WARNING
+        assert "'t'" in record.getMessage()
+        assert record.exc_info is not None
+        assert isinstance(record.exc_info[1], exception)
+
+    def test_a_tool_error_is_not_logged(self, caplog: pytest.LogCaptureFixture) -> None:
+        caplog.set_level(logging.DEBUG, logger="agent_loop")
+        _, result, _ = run(one_call("t"), tools=[no_arguments_tool("t", raises_tool_error)])
+        assert only_tool_result(result).content == "Try another city."
+        assert [r for r in caplog.records if r.name == "agent_loop"] == []
+
+    def test_the_library_adds_only_a_null_handler(self) -> None:
+        handlers = logging.getLogger("agent_loop").handlers
+        assert len(handlers) == 1
+        assert type(handlers[0]) is logging.NullHandler
+
+
+class UnprintableError(Exception):
+    """An exception whose str() itself raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no message for you")
+
+
+class Abort(BaseException):
+    """A BaseException that is neither KeyboardInterrupt nor SystemExit."""
+
+
+def cyclic_value() -> object:
+    value: list[Any] = []
+    value.append(value)
+    return value
+
+
+@pytest.mark.hostile
+class TestMisbehavingTools:
+    """Seed: "A recoverable Tool error is still appended and sent to the next model
+    request; it does not end the run by itself.\""""
+
+    @staticmethod
+    def _one_call_then_stop(tool: al.Tool) -> tuple[list[al.Event], al.RunResult, FakeModel]:
+        model = FakeModel(
+            turn("response-001", [al.ToolCall("call-1", tool.name, {"text": "hi"})], "toolCall"),
+            turn("response-002", [text("noted")], "stop"),
+        )
+        events, result, _ = run(model, [tool])
+        return events, result, model
+
+    @pytest.mark.parametrize(
+        "error",
+        [
+            pytest.param(ValueError("bad value"), id="ValueError"),
+            pytest.param(RuntimeError(), id="RuntimeError-without-message"),
+            pytest.param(RecursionError("deep"), id="RecursionError"),
+            pytest.param(StopIteration("leaked"), id="StopIteration"),
+            pytest.param(UnprintableError(), id="exception-whose-str-raises"),
+        ],
+    )
+    def test_raising_an_exception_is_recoverable(self, error: Exception) -> None:
+        def raising(arguments: dict[str, Any], signal: Any) -> object:
+            raise error
+
+        tool = al.Tool("flaky", "Raises.", {"type": "object"}, raising)
+        _, result, model = self._one_call_then_stop(tool)
+        assert result.status == "completed"
+        tool_result = result.messages[2]
+        assert isinstance(tool_result, al.ToolResultMessage)
+        assert tool_result.is_error is True
+        assert type(error).__name__ in tool_result.content
+        assert model.requests[1].messages[-1] == tool_result  # sent to the next request
+
+    @pytest.mark.parametrize(
+        "value",
+        [
+            pytest.param(object(), id="object"),
+            pytest.param({1, 2}, id="set"),
+            pytest.param(b"bytes", id="bytes"),
+            pytest.param(float("nan"), id="NaN"),
+            pytest.param({"x": float("inf")}, id="nested-Infinity"),
+            pytest.param({(1, 2): "tuple key"}, id="tuple-key"),
+            pytest.param(cyclic_value(), id="cyclic"),
+            pytest.param(nested(100_001, "array"), id="nested-100000-deep"),
+        ],
+    )
+    def test_returning_a_non_json_value_is_recoverable(self, value: object) -> None:
+        tool = al.Tool("odd", "Returns odd things.", {"type": "object"}, lambda a, s: value)
+        _, result, _ = self._one_call_then_stop(tool)
+        assert result.status == "completed"
+        tool_result = result.messages[2]
+        assert isinstance(tool_result, al.ToolResultMessage)
+        assert tool_result.is_error is True
+
+    def test_returning_a_huge_string_is_kept_verbatim(self) -> None:
+        huge = "y" * 5_000_000
+        tool = al.Tool("huge", "Returns a lot.", {"type": "object"}, lambda a, s: huge)
+        _, result, _ = self._one_call_then_stop(tool)
+        assert result.status == "completed"
+        tool_result = result.messages[2]
+        assert isinstance(tool_result, al.ToolResultMessage)
+        assert tool_result.is_error is False
+        assert tool_result.content == huge
+
+    def test_mutating_its_arguments_changes_nothing_in_the_run(self) -> None:
+        """API: "a tool's execute receives a fresh plain dict ... that it may mutate freely
+        without any effect on the transcript.\""""
+        seen: list[Any] = []
+
+        def mutate(arguments: dict[str, Any], signal: Any) -> object:
+            seen.append(repr(arguments))
+            arguments["items"].append("added")
+            arguments["nested"]["key"] = "changed"
+            arguments["new"] = True
+            del arguments["text"]
+            return "ok"
+
+        arguments: dict[str, Any] = {"text": "t", "items": [1, [2]], "nested": {"key": "v"}}
+        first = al.ToolCall("call-1", "mutate", arguments)
+        second = al.ToolCall("call-2", "mutate", arguments)
+        tool = al.Tool("mutate", "Mutates.", {"type": "object"}, mutate)
+        model = FakeModel(
+            turn("response-001", [first, second], "toolCall"),
+            turn("response-002", [text("done")], "stop"),
+        )
+        _, result, _ = run(model, [tool])
+        assert result.status == "completed"
+        assert seen[0] == seen[1]  # the second call saw fresh arguments
+        tool_results = [m for m in result.messages if isinstance(m, al.ToolResultMessage)]
+        assert [(m.content, m.is_error) for m in tool_results] == [("ok", False)] * 2
+        assistant = result.messages[1]
+        assert isinstance(assistant, al.AssistantMessage)
+        for block in assistant.content:
+            assert isinstance(block, al.ToolCall)
+            assert block.to_dict()["arguments"] == arguments
+        assert model.requests[1].messages[1] == assistant
+        assert arguments == {"text": "t", "items": [1, [2]], "nested": {"key": "v"}}
+
+    def test_registering_tools_during_the_run_changes_nothing(self) -> None:
+        """Seed: "The caller can later ... register another Tool without changing the
+        active run." Even from inside a tool of that run."""
+        registry = al.ToolRegistry()
+        late_runs: list[str] = []
+        late = al.Tool("late", "Late.", {"type": "object"}, lambda a, s: late_runs.append("x"))
+
+        def registrar(arguments: dict[str, Any], signal: Any) -> object:
+            registry.register(late)
+            return "registered"
+
+        registry.register(al.Tool("registrar", "Registers.", {"type": "object"}, registrar))
+        model = FakeModel(
+            turn("response-001", [al.ToolCall("call-1", "registrar", {})], "toolCall"),
+            turn("response-002", [al.ToolCall("call-2", "late", {})], "toolCall"),
+            turn("response-003", [text("done")], "stop"),
+        )
+        _events, result = settle(
+            al.run_agent_loop(messages=[user()], model=model, tools=registry, max_steps=3),
+            model,
+            max_steps=3,
+            start=[user()],
+        )
+        assert "late" in registry
+        assert result.status == "completed"
+        assert [spec.name for spec in model.requests[2].tools] == ["registrar"]
+        unknown = result.messages[4]
+        assert isinstance(unknown, al.ToolResultMessage)
+        assert unknown.is_error is True
+        assert late_runs == []
+
+    @pytest.mark.parametrize(
+        "error",
+        [
+            pytest.param(Abort(), id="BaseException"),
+            pytest.param(GeneratorExit(), id="GeneratorExit"),
+        ],
+    )
+    def test_base_exception_is_a_tool_phase_error_without_a_result(
+        self, error: BaseException
+    ) -> None:
+        """API: TOOL_PHASE_ERROR is "a tool phase that cannot be turned into a linked
+        result message": the call stays open, no result is fabricated."""
+
+        def abort(arguments: dict[str, Any], signal: Any) -> object:
+            raise error
+
+        executed: list[str] = []
+        tools = [al.Tool("abort", "Aborts.", {"type": "object"}, abort), echo_tool(executed)]
+        call_1 = al.ToolCall("call-1", "abort", {})
+        model = FakeModel(turn("response-001", [call_1, echo_call("call-2", "b")], "toolCall"))
+        events, result, _ = run(model, tools)
+        assert result.status == "failed"
+        assert result.error is not None
+        assert result.error.code == "TOOL_PHASE_ERROR"
+        assert types_of(events)[-2:] == ["tool.started", "run.finished"]
+        assert [m.id for m in result.messages] == ["user-001", "message-response-001"]
+        assert executed == []
+
+    def test_base_exception_after_cancellation_is_cancelled(self) -> None:
+        def abort(arguments: dict[str, Any], signal: Any) -> object:
+            signal.set()
+            raise Abort()
+
+        tool = al.Tool("abort", "Aborts.", {"type": "object"}, abort)
+        model = FakeModel(turn("response-001", [al.ToolCall("call-1", "abort", {})], "toolCall"))
+        _, result, _ = run(model, [tool])
+        assert result.status == "cancelled"
+        assert result.error is None
+
+    def test_tool_that_drives_the_run_reentrantly_is_recoverable(self) -> None:
+        """A tool that calls next() on the very run it is part of gets ValueError
+        ("generator already executing"), which is an ordinary, recoverable error."""
+        holder: list[Any] = []
+
+        def reenter(arguments: dict[str, Any], signal: Any) -> object:
+            return next(holder[0])
+
+        tool = al.Tool("reenter", "Re-enters.", {"type": "object"}, reenter)
+        model = FakeModel(
+            turn("response-001", [al.ToolCall("call-1", "reenter", {})], "toolCall"),
+            turn("response-002", [text("done")], "stop"),
+        )
+        run_ = start_run(model, [tool])
+        holder.append(run_)
+        _events, result = settle(run_, model, max_steps=4, start=[user()])
+        assert result.status == "completed"
+        tool_result = result.messages[2]
+        assert isinstance(tool_result, al.ToolResultMessage)
+        assert tool_result.is_error is True
+        assert "ValueError" in tool_result.content
+
+
+# --- Bounded plain JSON ------------------------------------------------------------------
+
+
+class TestPlainJsonArguments:
+    """Seed: "Tool arguments must be plain bounded JSON ... These checks occur before a Tool
+    effect. Contradiction or excess becomes a failed MODEL_PROTOCOL_ERROR result." """
+
+    def test_a_call_rebuilt_from_frozen_arguments_is_plain(self) -> None:
+        """Frozen arrays are tuples and CPython shares the empty one: an immutable value
+        reached twice is not aliasing, so a call rebuilt from another's arguments runs."""
+        original = al.ToolCall("call-1", "anything", {"a": [], "b": [], "c": {"d": []}})
+        received: list[Any] = []
+        tool = al.Tool(
+            "anything", "Takes any object.", {"type": "object"}, lambda a, s: received.append(a)
+        )
+        rebuilt = dataclasses.replace(original, id="call-2")
+        _, result, _ = run(
+            [
+                al.scripted_response("response-001", [rebuilt], "toolCall"),
+                al.scripted_response("response-002", [text("Done.")], "stop"),
+            ],
+            tools=[tool],
+        )
+        assert result.status == "completed"
+        assert received == [{"a": [], "b": [], "c": {"d": []}}]
+        assert rebuilt == al.ToolCall("call-2", "anything", original.arguments)
+
+    @pytest.mark.parametrize("make", NOT_PLAIN_JSON)
+    def test_not_plain_arguments_fail_before_any_tool(self, make: Callable[[], Any]) -> None:
+        """Plain JSON is dict with str keys, list, str, int, finite float, bool and None, with
+        no object reachable twice; anything else fails the run before the tool runs."""
+        events, result, model, received = run_probe_call(make())
+        assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "call-probe-001")
+        assert_no_tool_ran(events, result, model, received)
+
+    @pytest.mark.parametrize("make", NOT_PLAIN_JSON)
+    def test_tool_call_construction_never_raises(self, make: Callable[[], Any]) -> None:
+        """The documented choice (ToolCall's docstring): the constructor
+        never rejects arguments, it keeps them for the loop to reject."""
+        tool_call = al.ToolCall("call-001", "probe", make())
+        assert tool_call.id == "call-001"
+        assert tool_call.name == "probe"
+
+    def test_tuples_are_accepted_as_arrays(self) -> None:
+        """Frozen arrays are tuples, so a tuple is an array; the tool receives lists."""
+        events, result, _, received = run_probe_call({"xs": (1, (2, "three"), [])})
+        assert_tool_received(events, result, received, {"xs": [1, [2, "three"], []]})
+        assert type(received[0]["xs"][1]) is list
+
+    def test_frozen_arguments_of_another_call_are_accepted(self) -> None:
+        """A call built from another call's (frozen) arguments is plain JSON and equal."""
+        first = al.ToolCall("call-probe-001", "probe", {"o": {"k": [1, None]}, "s": "x"})
+        events, result, _, received = run_probe_call(first.arguments)
+        assert_tool_received(events, result, received, {"o": {"k": [1, None]}, "s": "x"})
+        assert al.ToolCall("call-probe-001", "probe", first.arguments) == first
+
+    def test_equal_scalars_may_repeat(self) -> None:
+        """Only a container reachable twice is a violation: the same string or number may
+        appear any number of times."""
+        same = "same"
+        arguments = {"a": same, "b": same, "c": [same, same], "d": 1, "e": 1, "f": [[], []]}
+        events, result, _, received = run_probe_call(arguments)
+        assert_tool_received(events, result, received, arguments)
+
+    def test_arguments_nested_100000_deep_fail_without_recursion_error(self) -> None:
+        """A pathological nesting is found at the 33rd level, not by exhausting the stack."""
+        deep = nested(100_000, "array")
+        tool_call = al.ToolCall("call-probe-001", "probe", {"deep": deep})  # does not raise
+        assert tool_call.name == "probe"
+        events, result, model, received = run_probe_call({"deep": deep})
+        assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "32")
+        assert_no_tool_ran(events, result, model, received)
+
+    def test_objects_nested_100000_deep_fail_without_recursion_error(self) -> None:
+        """The same with objects only: no RecursionError escapes, the run fails cleanly."""
+        deep = nested(100_000, "object")
+        events, result, model, received = run_probe_call(deep)
+        assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "32")
+        assert_no_tool_ran(events, result, model, received)
+
+    def test_ten_megabyte_string_fails_with_protocol_error(self) -> None:
+        """A 10 MB string is one value over the text bound: the run fails, no tool runs."""
+        events, result, model, received = run_probe_call({"s": "x" * 10_000_000})
+        assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "4096")
+        assert_no_tool_ran(events, result, model, received)
+
+
+class TestInvalidToolCallArguments:
+    """ToolCall's docstring: "arguments that are not plain bounded JSON are kept as
+    given, and the run that receives such a call fails with MODEL_PROTOCOL_ERROR before
+    any tool runs (execute_tool_call makes it an error result)"."""
+
+    def test_invalid_arguments_in_a_read_only_mapping_are_kept_as_a_plain_dict(self) -> None:
+        arguments = MappingProxyType({"bad": float("nan")})
+        call = al.ToolCall("c1", "t", arguments)
+        assert type(call.arguments) is dict
+        assert dict(call.arguments) == dict(arguments)
+
+    def test_the_run_fails_before_any_tool_runs(self) -> None:
+        ran: List[str] = []
+        tool = no_arguments_tool("t", lambda a, s: ran.append("ran"))
+        call = al.ToolCall("c1", "t", cast(Any, MappingProxyType({"bad": {1, 2}})))
+        _, result, _ = run(FakeModel(al.scripted_response("r1", [call], "toolCall")), tools=[tool])
+        assert "arguments hold a set, which is not plain JSON" in failure_message(
+            result, "MODEL_PROTOCOL_ERROR"
+        )
+        assert ran == []
+
+    def test_arguments_made_valid_after_construction_still_fail(self) -> None:
+        arguments: Dict[str, Any] = {"bad": float("inf")}
+        call = al.ToolCall("c1", "t", arguments)
+        assert call.arguments is arguments
+        arguments["bad"] = 1.0  # now plain JSON, but not when the call was built
+        ran: List[str] = []
+        tool = no_arguments_tool("t", lambda a, s: ran.append("ran"))
+        _, result, _ = run(FakeModel(al.scripted_response("r1", [call], "toolCall")), tools=[tool])
+        assert failure_message(result, "MODEL_PROTOCOL_ERROR") == (
+            "tool call 'c1': arguments were not plain bounded JSON when the call was built"
+        )
+        assert ran == []
+        message = al.execute_tool_call(al.ToolRegistry([tool]), call, threading.Event())
+        assert message == al.ToolResultMessage(
+            "tool-result-c1",
+            "c1",
+            "t",
+            "invalid arguments for tool 't': arguments were not plain bounded JSON when "
+            "the call was built",
+            True,
+        )
+        assert ran == []
+
+
+# --- Message IR --------------------------------------------------------------------------
+
+
+def ir_instances() -> list[Any]:
+    return [
+        al.TextBlock("hello"),
+        al.ToolCall("call-001", "add", {"left": 1, "right": 2}),
+        al.UserMessage("user-001", "hi"),
+        al.AssistantMessage("message-001", (al.TextBlock("hello"),)),
+        al.ToolResultMessage("tool-result-call-001", "call-001", "add", "3", False),
+    ]
+
+
+class TestToolCallIsFrozen:
+    """The Message IR is frozen dataclasses compared by value: the run's transcript never
+    changes under anyone."""
+
+    @pytest.mark.parametrize(
+        ("index", "field_name"),
+        [
+            pytest.param(0, "text", id="TextBlock"),
+            pytest.param(1, "arguments", id="ToolCall"),
+            pytest.param(1, "id", id="ToolCall-id"),
+            pytest.param(2, "content", id="UserMessage"),
+            pytest.param(3, "content", id="AssistantMessage"),
+            pytest.param(4, "is_error", id="ToolResultMessage"),
+        ],
+    )
+    def test_ir_classes_are_frozen(self, index: int, field_name: str) -> None:
+        instance = ir_instances()[index]
+        before = getattr(instance, field_name)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(instance, field_name, "changed")
+        assert getattr(instance, field_name) is before
+
+    def test_ir_classes_compare_by_value(self) -> None:
+        assert ir_instances() == ir_instances()
+        assert al.TextBlock("a") != al.TextBlock("b")
+        assert al.UserMessage("user-001", "a") != al.UserMessage("user-002", "a")
+        assert al.ToolResultMessage("r", "c", "t", "x", False) != al.ToolResultMessage(
+            "r", "c", "t", "x", True
+        )
+        assert al.ToolCall("c", "t", {}) != al.ToolCall("d", "t", {})
+        assert al.ToolCall("c", "t", {}) != al.ToolCall("c", "u", {})
+        assert al.ToolCall("c", "t", {}) != al.TextBlock("c")
+
+    def test_mutating_the_callers_dict_changes_nothing(self) -> None:
+        arguments: dict[str, Any] = {"xs": [1, 2], "o": {"k": "v"}}
+        tool_call = al.ToolCall("call-001", "probe", arguments)
+        arguments["xs"].append(3)
+        arguments["o"]["k"] = "changed"
+        arguments["new"] = True
+        del arguments["o"]
+        assert plain_copy(tool_call.arguments) == {"xs": [1, 2], "o": {"k": "v"}}
+
+    def test_arguments_cannot_be_mutated(self) -> None:
+        tool_call = al.ToolCall("call-001", "probe", {"xs": [1, 2], "o": {"k": "v"}})
+        with pytest.raises(TypeError):
+            tool_call.arguments["new"] = 1  # type: ignore[index]
+        with pytest.raises(TypeError):
+            del tool_call.arguments["xs"]  # type: ignore[attr-defined]
+        with pytest.raises(TypeError):
+            tool_call.arguments["o"]["k"] = "changed"  # type: ignore[index]
+        assert type(tool_call.arguments["xs"]) is tuple
+        assert plain_copy(tool_call.arguments) == {"xs": [1, 2], "o": {"k": "v"}}
+
+    def test_calls_from_equal_arguments_are_equal(self) -> None:
+        """Two ToolCalls built from equal arguments compare equal (key order and
+        list-or-tuple do not matter)."""
+        first = al.ToolCall("c", "t", {"a": [1, {"b": None}], "s": "x"})
+        assert first == al.ToolCall("c", "t", {"s": "x", "a": [1, {"b": None}]})
+        assert first == al.ToolCall("c", "t", {"a": (1, {"b": None}), "s": "x"})
+
+    @pytest.mark.parametrize(
+        ("left", "right"),
+        [
+            pytest.param({"x": 1}, {"x": True}, id="1-true"),
+            pytest.param({"x": 1}, {"x": 1.0}, id="1-1.0"),
+            pytest.param({"x": True}, {"x": 1.0}, id="true-1.0"),
+            pytest.param({"x": 0}, {"x": False}, id="0-false"),
+            pytest.param({"x": [1]}, {"x": [True]}, id="nested-array"),
+            pytest.param({"x": {"y": 0}}, {"x": {"y": 0.0}}, id="nested-object"),
+            pytest.param({"x": 1}, {"x": "1"}, id="1-string"),
+            pytest.param({"x": [1]}, {"x": [1, 1]}, id="array-length"),
+            pytest.param({"x": 1}, {"y": 1}, id="keys"),
+        ],
+    )
+    def test_equality_is_json_strict(self, left: dict[str, Any], right: dict[str, Any]) -> None:
+        """The documented choice: JSON equality is strict, True is not 1 and 1 is not 1.0;
+        so are the assistant messages that hold such calls."""
+        assert al.ToolCall("c", "t", left) != al.ToolCall("c", "t", right)
+        assert al.AssistantMessage("m", (al.ToolCall("c", "t", left),)) != al.AssistantMessage(
+            "m", (al.ToolCall("c", "t", right),)
+        )
+
+    def test_each_execution_gets_a_fresh_plain_dict_it_may_mutate(self) -> None:
+        """A tool's execute receives a fresh plain dict (lists as list) that it may mutate
+        freely without any effect on the transcript."""
+        original: dict[str, Any] = {"xs": [1, 2], "o": {"k": "v"}, "s": "text"}
+        received: list[dict[str, Any]] = []
+        snapshots: list[dict[str, Any]] = []
+
+        def execute(arguments: dict[str, Any], signal: Any) -> object:
+            received.append(arguments)
+            snapshots.append(copy.deepcopy(arguments))
+            arguments["xs"].append(99)
+            arguments["o"]["k"] = "mutated"
+            arguments["added"] = True
+            del arguments["s"]
+            return "ok"
+
+        tool = al.Tool("probe", "Mutates its arguments.", {"type": "object"}, execute)
+        calls = [call("probe", "call-001", original), call("probe", "call-002", original)]
+        events, result, model = run(
+            [
+                al.scripted_response("response-001", calls, "toolCall"),
+                al.scripted_response("response-002", [text("done")], "stop"),
+            ],
+            tools=[tool],
+        )
+        check_run(events, result)
+        assert result.status == "completed"
+        assert snapshots == [original, original]
+        assert received[0] is not received[1]
+        for arguments in received:
+            assert type(arguments) is dict
+            assert type(arguments["xs"]) is list
+            assert type(arguments["o"]) is dict
+        assert result.messages[1] == al.AssistantMessage("message-response-001", tuple(calls))
+        assert model.requests[1].messages[1] == al.AssistantMessage(
+            "message-response-001", tuple(calls)
+        )
+        for message in (result.messages[1], model.requests[1].messages[1]):
+            for block in message.content:
+                assert plain_copy(block.arguments) == original  # type: ignore[union-attr]
+        carried = [
+            event.payload["tool_call"]
+            for event in events
+            if event.type in ("tool.started", "tool.finished")
+        ] + [
+            event.payload["chunk"].tool_call
+            for event in events
+            if isinstance(event.payload.get("chunk"), al.ToolCallChunk)
+        ]
+        assert len(carried) == 6  # two calls, each streamed, started and finished
+        assert all(plain_copy(tool_call.arguments) == original for tool_call in carried)
+
+    @pytest.mark.parametrize(
+        "make",
+        [
+            pytest.param(lambda blocks: al.AssistantMessage("m", blocks), id="AssistantMessage"),
+            pytest.param(lambda blocks: al.ModelResponse("r", "q", blocks, "stop"), id="Response"),
+        ],
+    )
+    def test_content_given_as_a_list_is_stored_as_a_tuple(
+        self, make: Callable[[list[Any]], Any]
+    ) -> None:
+        blocks: list[Any] = [al.TextBlock("a"), al.ToolCall("c", "t", {})]
+        instance = make(blocks)
+        blocks.append(al.TextBlock("later"))
+        assert type(instance.content) is tuple
+        assert instance.content == (al.TextBlock("a"), al.ToolCall("c", "t", {}))
+
+    def test_discriminators_have_the_protocol_values(self) -> None:
+        """Protocol values are spelled as in the seed ("toolResult", "toolCall")."""
+        text_block, tool_call, user_message, assistant, tool_result = ir_instances()
+        assert text_block.type == "text"
+        assert tool_call.type == "toolCall"
+        assert user_message.role == "user"
+        assert assistant.role == "assistant"
+        assert tool_result.role == "toolResult"
+        assert al.TextDelta("request-001", "a").type == "text"
+        assert al.ToolCallChunk("request-001", tool_call).type == "toolCall"
+
+
+class TestPlainArguments:
+    """ToolCall.plain_arguments(): a fresh plain copy (dicts and lists) of a
+    call's arguments, ready for json.dumps."""
+
+    ARGUMENTS: ClassVar[Dict[str, Any]] = {"a": [1, {"b": [True, None, 1.5]}], "c": {"d": "e"}}
+
+    def test_plain_types_at_every_depth(self) -> None:
+        plain = al.ToolCall("c1", "t", self.ARGUMENTS).plain_arguments()
+        assert plain == self.ARGUMENTS
+        assert type(plain) is dict
+        assert type(plain["a"]) is list
+        assert type(plain["a"][1]) is dict
+        assert type(plain["a"][1]["b"]) is list
+        assert type(plain["c"]) is dict
+
+    def test_json_dumps_accepts_it(self) -> None:
+        plain = al.ToolCall("c1", "t", self.ARGUMENTS).plain_arguments()
+        assert json.loads(json.dumps(plain)) == self.ARGUMENTS
+
+    def test_a_fresh_copy_each_time_that_mutation_does_not_reach(self) -> None:
+        call = al.ToolCall("c1", "t", self.ARGUMENTS)
+        first = call.plain_arguments()
+        second = call.plain_arguments()
+        assert first is not second
+        assert first["a"] is not second["a"]
+        first["a"][1]["b"].append("changed")
+        first["new"] = 1
+        assert call.plain_arguments() == self.ARGUMENTS
+        assert call == al.ToolCall("c1", "t", self.ARGUMENTS)
+
+
+NUMBERS_20_22 = {"left": 20, "right": 22}
+
+
+class TestCopyingAndHashing:
+    """Messages, events, requests and results survive pickle and copy.deepcopy, equal to
+    the originals; a read-only mapping cannot be pickled, so each is rebuilt from plain
+    JSON and frozen again."""
+
+    def _recorded(self) -> tuple[list[al.Event], al.RunResult, FakeModel]:
+        return run(
+            [
+                tool_turn("response-001", text("Adding."), call("add", "call-1", NUMBERS_20_22)),
+                stop("response-002"),
+            ],
+            tools=[add_tool()],
+        )
+
+    @pytest.mark.parametrize(
+        "duplicate",
+        [
+            pytest.param(lambda value: pickle.loads(pickle.dumps(value)), id="pickle"),
+            pytest.param(copy.deepcopy, id="deepcopy"),
+            pytest.param(copy.copy, id="copy"),
+        ],
+    )
+    def test_results_events_and_requests_copy_equal(self, duplicate: Callable[[Any], Any]) -> None:
+        events, result, model = self._recorded()
+        assert duplicate(result) == result
+        assert [duplicate(event) for event in events] == events
+        assert [duplicate(request) for request in model.requests] == model.requests
+        copied_call = duplicate(result.messages[1].content[1])
+        assert isinstance(copied_call.arguments, MappingProxyType)
+
+    def test_a_pickled_request_holds_only_its_own_snapshot(self) -> None:
+        """A loop-built request's snapshot is lazy; its pickle must not carry the
+        messages that were appended after it."""
+        _, result, model = self._recorded()
+        pickled = pickle.dumps(model.requests[0])
+        assert b"The sum is 42." not in pickled
+        assert pickle.loads(pickled).messages == result.messages[:1]
+
+    def test_tools_and_specs_copy_equal_and_stay_frozen(self) -> None:
+        tool = al.Tool("echo", "Echoes.", {"type": "object"}, copy_echo)
+        copied = pickle.loads(pickle.dumps(tool))
+        assert copied == tool
+        assert isinstance(copied.parameters, MappingProxyType)
+        spec = pickle.loads(pickle.dumps(tool.spec()))
+        assert spec == tool.spec()
+        assert isinstance(spec.parameters, MappingProxyType)
+
+    def test_a_spec_built_from_a_plain_dict_is_frozen(self) -> None:
+        parameters: dict[str, Any] = {"type": "object", "properties": {}}
+        spec = al.ToolSpec("echo", "Echoes.", parameters)
+        parameters["properties"]["text"] = {"type": "string"}
+        assert spec.parameters == {"type": "object", "properties": {}}
+        with pytest.raises(TypeError):
+            spec.parameters["type"] = "string"  # type: ignore[index]
+
+    def test_an_event_built_from_a_plain_dict_has_a_read_only_payload(self) -> None:
+        payload: dict[str, Any] = {"request_id": "request-001"}
+        event = al.Event(0, "tool.started", payload)
+        payload["request_id"] = "changed"
+        assert event.payload["request_id"] == "request-001"
+        with pytest.raises(TypeError):
+            event.payload["request_id"] = "x"  # type: ignore[index]
+
+    def test_tool_calls_and_the_messages_holding_them_hash(self) -> None:
+        first = call("add", "call-1", {"left": 1, "right": 2})
+        same = call("add", "call-1", {"left": 1, "right": 2})
+        assert hash(first) == hash(same)
+        assert len({first, same}) == 1
+        message = al.AssistantMessage("message-1", (text("Adding."), first))
+        assert message in {al.AssistantMessage("message-1", (text("Adding."), same))}
+
+
+class TestWhatHashes:
+    """A value that holds a mapping says __hash__ = None; messages and blocks hash."""
+
+    def test_values_holding_mappings_are_unhashable(self) -> None:
+        spec = al.ToolSpec("x", "d", {"type": "object"})
+        values: List[object] = [
+            al.Event(0, "run.finished", {"result": None}),
+            no_arguments_tool("t", two_parameters),
+            spec,
+            al.ModelRequest("request-001", (), (spec,)),
+        ]
+        for value in values:
+            with pytest.raises(TypeError):
+                hash(value)
+
+    def test_messages_and_blocks_hash(self) -> None:
+        call = al.ToolCall("c1", "t", {"a": [1]})
+        values: List[object] = [
+            al.TextBlock("x"),
+            call,
+            al.UserMessage("u", "x"),
+            al.AssistantMessage("a", [al.TextBlock("x"), call]),
+            al.ToolResultMessage("t", "c1", "t", "x", False),
+        ]
+        for value in values:
+            assert hash(value) == hash(value)
+        assert {call, al.ToolCall("c1", "t", {"a": [1]})} == {call}
+
+
+# --- Interop, replay and resumption ------------------------------------------------------
+
+
+EXTRA_ARGUMENTS: dict[str, Any] = {
     "text": 'héllo, wörld 🙂 \u2028 "quoted" \\ back',
     "meta": {
         "numbers": [0, -7, 2.5, 1.0, 1e-300, 12345678901234567890],
@@ -3305,7 +6399,7 @@ _IO_EXTRA_ARGUMENTS: dict[str, Any] = {
 """Echo arguments with every JSON kind: nested, unicode, floats, bools, null."""
 
 
-def _io_recorded_responses() -> list[Any]:
+def recorded_responses() -> list[Any]:
     """A three-step script: text and a tool call; three calls of which two fail
     recoverably (bad arguments, unknown tool); then the answer."""
     return [
@@ -3317,7 +6411,7 @@ def _io_recorded_responses() -> list[Any]:
         al.scripted_response(
             "response-002",
             [
-                call("echo", "call-echo-001", _IO_EXTRA_ARGUMENTS),
+                call("echo", "call-echo-001", EXTRA_ARGUMENTS),
                 call("add", "call-add-002", {"left": "twenty", "right": 22}),
                 call("missing", "call-missing-001", {}),
                 text("Three calls; two will fail."),
@@ -3328,59 +6422,13 @@ def _io_recorded_responses() -> list[Any]:
     ]
 
 
-def _io_recorded_run() -> tuple[list[al.Event], al.RunResult, al.ScriptedModel]:
-    return run(_io_recorded_responses(), tools=[add_tool(), echo_tool()], max_steps=4)
-
-
-def _io_slow_tool(executed: list[str]) -> al.Tool:
-    """A tool that sets the run's signal while it runs (so its result is discarded)."""
-
-    def slow(arguments: dict[str, Any], signal: Any) -> object:
-        executed.append("slow")
-        signal.set()
-        return "too late"
-
-    return al.Tool("slow", "Takes long enough to be cancelled.", {"type": "object"}, slow)
-
-
-def _io_runs_of_every_status() -> dict[str, tuple[list[al.Event], al.RunResult]]:
-    """One real run for each RunResult status."""
-    cancel_signal = threading.Event()
-    cancelled = run(
-        [
-            al.scripted_response(
-                "response-001",
-                [text("Slowly."), call("slow", "call-slow-001", {"why": ["x"]})],
-                "toolCall",
-            )
-        ],
-        tools=[_io_slow_tool([])],
-        signal=cancel_signal,
-    )
-    failed = run(
-        [al.scripted_response("response-001", [text("Hi")], "stop", request_id="request-999")]
-    )
-    max_steps = run(
-        [
-            al.scripted_response(
-                "response-001", [call("add", "call-add-001", {"left": 1, "right": 2})], "toolCall"
-            )
-        ],
-        tools=[add_tool()],
-        max_steps=1,
-    )
-    events, result, _ = _io_recorded_run()
-    return {
-        "completed": (events, result),
-        "cancelled": cancelled[:2],
-        "failed": failed[:2],
-        "maxSteps": max_steps[:2],
-    }
+def recorded_run() -> tuple[list[al.Event], al.RunResult, FakeModel]:
+    return run(recorded_responses(), tools=[add_tool(), echo_tool()], max_steps=4)
 
 
 class TestJsonShapes:
-    """API.md: "The JSON keys are the seed's (toolCallId, toolName, isError, stopReason,
-    requestId, finalText, maxSteps, ...)"; each to_dict() is written out literally here."""
+    """The JSON keys are the seed's (toolCallId, toolName, isError, stopReason, requestId,
+    finalText, maxSteps, ...); each to_dict() is written out literally here."""
 
     def test_blocks(self) -> None:
         assert al.TextBlock("hi").to_dict() == {"type": "text", "text": "hi"}
@@ -3451,7 +6499,7 @@ class TestJsonShapes:
         }
 
     def test_request_and_tool_spec(self) -> None:
-        """Not named by API.md, but public and written in the same style."""
+        """Public, and written in the same style."""
         request = al.ModelRequest("request-001", (user(),), (add_tool().spec(),))
         assert request.to_dict() == {
             "id": "request-001",
@@ -3590,7 +6638,7 @@ class TestJsonShapes:
         assert tool_call == call("echo", "call-1", arguments)
 
     def test_every_event_of_a_run_serialises_to_json(self) -> None:
-        events, result, _ = _io_recorded_run()
+        events, result, _ = recorded_run()
         assert result.status == "completed"
         for event in events:
             data = event.to_dict()
@@ -3598,8 +6646,59 @@ class TestJsonShapes:
             assert json.loads(json.dumps(data)) == data
 
 
+def through_json(value: Any) -> Any:
+    """A value after a trip through JSON text, as a log file would carry it."""
+    return json.loads(json.dumps(value))
+
+
+def slow_tool(executed: list[str]) -> al.Tool:
+    """A tool that sets the run's signal while it runs (so its result is discarded)."""
+
+    def slow(arguments: dict[str, Any], signal: Any) -> object:
+        executed.append("slow")
+        signal.set()
+        return "too late"
+
+    return al.Tool("slow", "Takes long enough to be cancelled.", {"type": "object"}, slow)
+
+
+def runs_of_every_status() -> dict[str, tuple[list[al.Event], al.RunResult]]:
+    """One real run for each RunResult status."""
+    cancel_signal = threading.Event()
+    cancelled = run(
+        [
+            al.scripted_response(
+                "response-001",
+                [text("Slowly."), call("slow", "call-slow-001", {"why": ["x"]})],
+                "toolCall",
+            )
+        ],
+        tools=[slow_tool([])],
+        signal=cancel_signal,
+    )
+    failed = run(
+        [al.scripted_response("response-001", [text("Hi")], "stop", request_id="request-999")]
+    )
+    max_steps = run(
+        [
+            al.scripted_response(
+                "response-001", [call("add", "call-add-001", {"left": 1, "right": 2})], "toolCall"
+            )
+        ],
+        tools=[add_tool()],
+        max_steps=1,
+    )
+    events, result, _ = recorded_run()
+    return {
+        "completed": (events, result),
+        "cancelled": cancelled[:2],
+        "failed": failed[:2],
+        "maxSteps": max_steps[:2],
+    }
+
+
 class TestRoundTrips:
-    """API.md: "message_from_dict(m.to_dict()) == m and event_from_dict(e.to_dict()) == e"."""
+    """message_from_dict(m.to_dict()) == m and event_from_dict(e.to_dict()) == e."""
 
     @pytest.mark.parametrize(
         "message",
@@ -3614,7 +6713,7 @@ class TestRoundTrips:
                     "message-r",
                     (
                         text("a"),
-                        call("echo", "call-1", _IO_EXTRA_ARGUMENTS),
+                        call("echo", "call-1", EXTRA_ARGUMENTS),
                         text("b"),
                         call("add", "call-2", {}),
                     ),
@@ -3631,7 +6730,7 @@ class TestRoundTrips:
     )
     def test_message(self, message: al.Message) -> None:
         assert al.message_from_dict(message.to_dict()) == message
-        assert al.message_from_dict(_io_json(message.to_dict())) == message
+        assert al.message_from_dict(through_json(message.to_dict())) == message
         assert type(al.message_from_dict(message.to_dict())) is type(message)
 
     @pytest.mark.parametrize(
@@ -3650,22 +6749,22 @@ class TestRoundTrips:
         original and still differs from a look-alike of another kind."""
         original = al.AssistantMessage("message-r", (call("echo", "call-1", left),))
         look_alike = al.AssistantMessage("message-r", (call("echo", "call-1", right),))
-        copy = al.message_from_dict(_io_json(original.to_dict()))
+        copy = al.message_from_dict(through_json(original.to_dict()))
         assert copy == original
         assert copy != look_alike
 
     @pytest.mark.parametrize("status", ["completed", "cancelled", "failed", "maxSteps"])
     def test_every_event_of_a_run_round_trips(self, status: str) -> None:
-        events, result = _io_runs_of_every_status()[status]
+        events, result = runs_of_every_status()[status]
         assert result.status == status
-        assert_well_formed(events, result)
+        check_run(events, result)
         for event in events:
             assert al.event_from_dict(event.to_dict()) == event
-            assert al.event_from_dict(_io_json(event.to_dict())) == event
+            assert al.event_from_dict(through_json(event.to_dict())) == event
 
     def test_the_recorded_run_has_what_the_round_trip_must_carry(self) -> None:
         """The run used above holds text chunks, tool calls and a recoverable error."""
-        events, result, _ = _io_recorded_run()
+        events, result, _ = recorded_run()
         assert types_of(events) == (
             ["message.accepted"]
             + ["model.chunk"] * 2
@@ -3683,7 +6782,7 @@ class TestRoundTrips:
         assert result.final_text == "The sum is 42. Ünïcödé 🙂"
 
     def test_the_full_event_log_survives_json_text_exactly(self) -> None:
-        events, result, _ = _io_recorded_run()
+        events, result, _ = recorded_run()
         log = "\n".join(json.dumps(event.to_dict()) for event in events)
         rebuilt = [al.event_from_dict(json.loads(line)) for line in log.split("\n")]
         assert rebuilt == events
@@ -3695,8 +6794,8 @@ class TestRoundTrips:
 
     @pytest.mark.parametrize("status", ["completed", "cancelled", "failed", "maxSteps"])
     def test_run_result_through_run_finished(self, status: str) -> None:
-        events, result = _io_runs_of_every_status()[status]
-        rebuilt = al.event_from_dict(_io_json(events[-1].to_dict())).payload["result"]
+        events, result = runs_of_every_status()[status]
+        rebuilt = al.event_from_dict(through_json(events[-1].to_dict())).payload["result"]
         assert rebuilt == result
         assert (rebuilt.final_text, rebuilt.max_steps, rebuilt.error) == (
             result.final_text,
@@ -3714,25 +6813,19 @@ class TestRoundTrips:
         )
 
 
-def _io_event(type: str, payload: Any, sequence: Any = 0) -> dict[str, Any]:
+def event_dict(type: str, payload: Any, sequence: Any = 0) -> dict[str, Any]:
     return {"sequence": sequence, "type": type, "payload": payload}
 
 
-def _io_nested(depth: int) -> dict[str, Any]:
-    """An object nesting ``depth`` containers, the root included."""
-    value: dict[str, Any] = {}
-    for _ in range(depth - 1):
-        value = {"a": value}
-    return value
-
-
-def _io_assistant_with(arguments: Any) -> dict[str, Any]:
+def assistant_dict_with(arguments: Any) -> dict[str, Any]:
     block = {"type": "toolCall", "id": "c", "name": "n", "arguments": arguments}
     return {"id": "m", "role": "assistant", "content": [block]}
 
 
-_IO_CALL = {"type": "toolCall", "id": "call-1", "name": "add", "arguments": {}}
-_IO_RESULT = {
+CALL_DICT = {"type": "toolCall", "id": "call-1", "name": "add", "arguments": {}}
+
+
+TOOL_RESULT_DICT = {
     "id": "tool-result-call-1",
     "role": "toolResult",
     "toolCallId": "call-1",
@@ -3740,12 +6833,14 @@ _IO_RESULT = {
     "content": "3",
     "isError": False,
 }
-_IO_RUN_RESULT = {"status": "completed", "messages": [], "steps": 1, "finalText": "ok"}
+
+
+RUN_RESULT_DICT = {"status": "completed", "messages": [], "steps": 1, "finalText": "ok"}
 
 
 class TestMalformedDicts:
-    """API.md: "A malformed dict (a missing key, a value of the wrong JSON type, an unknown
-    role, block type, event type or status) raises ValueError naming the field."""
+    """A malformed dict (a missing key, a value of the wrong JSON type, an unknown role,
+    block type, event type or status) raises ValueError naming the field."""
 
     @pytest.mark.parametrize(
         ("data", "field"),
@@ -3761,15 +6856,15 @@ class TestMalformedDicts:
                          r"message\.id must be a string", id="id-int"),
             pytest.param({"id": "u", "role": "user", "content": 5},
                          r"message\.content must be a string, got int", id="content-int"),
-            pytest.param({**_IO_RESULT, "toolCallId": None}, r"message\.toolCallId",
+            pytest.param({**TOOL_RESULT_DICT, "toolCallId": None}, r"message\.toolCallId",
                          id="toolCallId-null"),
-            pytest.param({k: v for k, v in _IO_RESULT.items() if k != "toolCallId"},
+            pytest.param({k: v for k, v in TOOL_RESULT_DICT.items() if k != "toolCallId"},
                          r"message\.toolCallId is missing", id="no-toolCallId"),
-            pytest.param({k: v for k, v in _IO_RESULT.items() if k != "toolName"},
+            pytest.param({k: v for k, v in TOOL_RESULT_DICT.items() if k != "toolName"},
                          r"message\.toolName is missing", id="no-toolName"),
-            pytest.param({**_IO_RESULT, "isError": "yes"}, r"message\.isError must be a boolean",
-                         id="isError-string"),
-            pytest.param({**_IO_RESULT, "isError": 1}, r"message\.isError must be a boolean",
+            pytest.param({**TOOL_RESULT_DICT, "isError": "yes"},
+                         r"message\.isError must be a boolean", id="isError-string"),
+            pytest.param({**TOOL_RESULT_DICT, "isError": 1}, r"message\.isError must be a boolean",
                          id="isError-int"),
             pytest.param({"id": "a", "role": "assistant", "content": "hi"},
                          r"message\.content must be an array", id="assistant-content-string"),
@@ -3784,23 +6879,23 @@ class TestMalformedDicts:
                           "content": [{"type": "text", "text": "ok"}, {"type": "text"}]},
                          r"message\.content\[1\]\.text is missing", id="text-without-text"),
             pytest.param({"id": "a", "role": "assistant",
-                          "content": [{**_IO_CALL, "name": 3}]},
+                          "content": [{**CALL_DICT, "name": 3}]},
                          r"message\.content\[0\]\.name must be a string", id="call-name-int"),
-            pytest.param(_io_assistant_with([1, 2]),
+            pytest.param(assistant_dict_with([1, 2]),
                          r"message\.content\[0\]\.arguments must be an object, got list",
                          id="arguments-list"),
-            pytest.param(_io_assistant_with(None), r"message\.content\[0\]\.arguments",
+            pytest.param(assistant_dict_with(None), r"message\.content\[0\]\.arguments",
                          id="arguments-null"),
-            pytest.param(_io_assistant_with(_io_nested(al.MAX_ARGUMENT_DEPTH + 1)),
+            pytest.param(assistant_dict_with(nested(al.MAX_ARGUMENT_DEPTH + 1)),
                          r"message\.content\[0\]\.arguments: .*deeper than 32",
                          id="arguments-too-deep"),
-            pytest.param(_io_assistant_with({"a": [0] * al.MAX_ARGUMENT_SLOTS}),
+            pytest.param(assistant_dict_with({"a": [0] * al.MAX_ARGUMENT_SLOTS}),
                          r"message\.content\[0\]\.arguments: .*more than 257 values",
                          id="arguments-too-many-values"),
-            pytest.param(_io_assistant_with({"a": "x" * al.MAX_ARGUMENT_TEXT}),
+            pytest.param(assistant_dict_with({"a": "x" * al.MAX_ARGUMENT_TEXT}),
                          r"message\.content\[0\]\.arguments: .*code points",
                          id="arguments-too-much-text"),
-            pytest.param(_io_assistant_with({"a": float("nan")}),
+            pytest.param(assistant_dict_with({"a": float("nan")}),
                          r"message\.content\[0\]\.arguments: .*not a JSON number",
                          id="arguments-nan"),
         ],
@@ -3812,14 +6907,14 @@ class TestMalformedDicts:
     @pytest.mark.parametrize(
         "arguments",
         [
-            pytest.param(_io_nested(al.MAX_ARGUMENT_DEPTH), id="depth-at-limit"),
+            pytest.param(nested(al.MAX_ARGUMENT_DEPTH), id="depth-at-limit"),
             pytest.param({"a": [0] * (al.MAX_ARGUMENT_SLOTS - 1)}, id="values-at-limit"),
             pytest.param({"a": "x" * (al.MAX_ARGUMENT_TEXT - 1)}, id="text-at-limit"),
         ],
     )
     def test_arguments_at_the_bounds_are_read(self, arguments: dict[str, Any]) -> None:
         """The over-limit twins of these are in test_message."""
-        message = al.message_from_dict(_io_assistant_with(arguments))
+        message = al.message_from_dict(assistant_dict_with(arguments))
         assert isinstance(message, al.AssistantMessage)
         assert message.content[0] == al.ToolCall("c", "n", arguments)
 
@@ -3838,106 +6933,106 @@ class TestMalformedDicts:
             pytest.param("event", r"^event must be an object", id="not-an-object"),
             pytest.param({"type": "message.accepted", "payload": {"message": user().to_dict()}},
                          r"event\.sequence is missing", id="no-sequence"),
-            pytest.param(_io_event("message.accepted", {"message": user().to_dict()}, "1"),
+            pytest.param(event_dict("message.accepted", {"message": user().to_dict()}, "1"),
                          r"event\.sequence must be an integer, got str", id="sequence-string"),
-            pytest.param(_io_event("message.accepted", {"message": user().to_dict()}, True),
+            pytest.param(event_dict("message.accepted", {"message": user().to_dict()}, True),
                          r"event\.sequence must be an integer, got bool", id="sequence-true"),
-            pytest.param(_io_event("message.accepted", {"message": user().to_dict()}, 1.0),
+            pytest.param(event_dict("message.accepted", {"message": user().to_dict()}, 1.0),
                          r"event\.sequence must be an integer, got float", id="sequence-float"),
             pytest.param({"sequence": 0, "payload": {}}, r"event\.type is missing", id="no-type"),
-            pytest.param(_io_event("agent_start", {}), r"event\.type: unknown value 'agent_start'",
-                         id="unknown-type"),
-            pytest.param(_io_event("message.accepted", [user().to_dict()]),
+            pytest.param(event_dict("agent_start", {}),
+                         r"event\.type: unknown value 'agent_start'", id="unknown-type"),
+            pytest.param(event_dict("message.accepted", [user().to_dict()]),
                          r"event\.payload must be an object, got list", id="payload-list"),
             pytest.param({"sequence": 0, "type": "message.accepted"},
                          r"event\.payload is missing", id="no-payload"),
-            pytest.param(_io_event("message.accepted", {}), r"event\.payload\.message",
+            pytest.param(event_dict("message.accepted", {}), r"event\.payload\.message",
                          id="no-message"),
-            pytest.param(_io_event("message.accepted", {"message": {"id": "u", "role": "user"}}),
+            pytest.param(event_dict("message.accepted", {"message": {"id": "u", "role": "user"}}),
                          r"event\.payload\.message\.content is missing", id="message-malformed"),
-            pytest.param(_io_event("model.chunk",
+            pytest.param(event_dict("model.chunk",
                                    {"chunk": {"type": "text", "requestId": "r", "text": "x"}}),
                          r"event\.payload\.requestId", id="no-requestId"),
-            pytest.param(_io_event("model.chunk", {"requestId": 1, "chunk": {}}),
+            pytest.param(event_dict("model.chunk", {"requestId": 1, "chunk": {}}),
                          r"event\.payload\.requestId must be a string, got int",
                          id="requestId-int"),
-            pytest.param(_io_event("model.chunk", {"requestId": "r"}), r"event\.payload\.chunk",
+            pytest.param(event_dict("model.chunk", {"requestId": "r"}), r"event\.payload\.chunk",
                          id="no-chunk"),
-            pytest.param(_io_event("model.chunk", {"requestId": "r",
+            pytest.param(event_dict("model.chunk", {"requestId": "r",
                                                    "chunk": {"type": "image", "requestId": "r"}}),
                          r"event\.payload\.chunk\.type: unknown value 'image'",
                          id="unknown-chunk-type"),
-            pytest.param(_io_event("model.chunk", {"requestId": "r",
+            pytest.param(event_dict("model.chunk", {"requestId": "r",
                                                    "chunk": {"type": "text", "text": "x"}}),
                          r"event\.payload\.chunk\.requestId is missing", id="chunk-no-requestId"),
-            pytest.param(_io_event("model.chunk",
+            pytest.param(event_dict("model.chunk",
                                    {"requestId": "r",
                                     "chunk": {"type": "toolCall", "requestId": "r",
                                               "toolCall": {"type": "text", "text": "x"}}}),
                          r"event\.payload\.chunk\.toolCall must be a toolCall block",
                          id="chunk-toolCall-is-text"),
-            pytest.param(_io_event("tool.started", {"requestId": "r",
+            pytest.param(event_dict("tool.started", {"requestId": "r",
                                                     "toolCall": {"type": "text", "text": "x"}}),
                          r"event\.payload\.toolCall must be a toolCall block",
                          id="started-toolCall-is-text"),
-            pytest.param(_io_event("tool.started", {"requestId": "r"}),
+            pytest.param(event_dict("tool.started", {"requestId": "r"}),
                          r"event\.payload\.toolCall", id="started-no-toolCall"),
-            pytest.param(_io_event("tool.started", {"requestId": "r",
-                                                    "toolCall": {**_IO_CALL, "arguments": []}}),
+            pytest.param(event_dict("tool.started", {"requestId": "r",
+                                                    "toolCall": {**CALL_DICT, "arguments": []}}),
                          r"event\.payload\.toolCall\.arguments must be an object",
                          id="started-arguments-list"),
-            pytest.param(_io_event("tool.finished", {"requestId": "r", "toolCall": _IO_CALL,
+            pytest.param(event_dict("tool.finished", {"requestId": "r", "toolCall": CALL_DICT,
                                                      "toolResult": user().to_dict()}),
                          r"event\.payload\.toolResult must be a toolResult message",
                          id="finished-toolResult-is-user"),
-            pytest.param(_io_event("tool.finished", {"requestId": "r", "toolCall": _IO_CALL}),
+            pytest.param(event_dict("tool.finished", {"requestId": "r", "toolCall": CALL_DICT}),
                          r"event\.payload\.toolResult", id="finished-no-toolResult"),
-            pytest.param(_io_event("tool.finished", {"requestId": "r", "toolCall": _IO_CALL,
-                                                     "toolResult": {**_IO_RESULT,
+            pytest.param(event_dict("tool.finished", {"requestId": "r", "toolCall": CALL_DICT,
+                                                     "toolResult": {**TOOL_RESULT_DICT,
                                                                     "isError": "no"}}),
                          r"event\.payload\.toolResult\.isError must be a boolean",
                          id="finished-isError-string"),
-            pytest.param(_io_event("run.finished", {}), r"event\.payload\.result",
+            pytest.param(event_dict("run.finished", {}), r"event\.payload\.result",
                          id="no-result"),
-            pytest.param(_io_event("run.finished", {"result": {**_IO_RUN_RESULT, "steps": 1.5}}),
+            pytest.param(event_dict("run.finished", {"result": {**RUN_RESULT_DICT, "steps": 1.5}}),
                          r"event\.payload\.result\.steps must be an integer, got float",
                          id="steps-float"),
-            pytest.param(_io_event("run.finished",
-                                   {"result": {k: v for k, v in _IO_RUN_RESULT.items()
+            pytest.param(event_dict("run.finished",
+                                   {"result": {k: v for k, v in RUN_RESULT_DICT.items()
                                                if k != "steps"}}),
                          r"event\.payload\.result\.steps is missing", id="no-steps"),
-            pytest.param(_io_event("run.finished", {"result": {**_IO_RUN_RESULT,
+            pytest.param(event_dict("run.finished", {"result": {**RUN_RESULT_DICT,
                                                                "status": "done"}}),
                          r"event\.payload\.result\.status: unknown value 'done'",
                          id="unknown-status"),
-            pytest.param(_io_event("run.finished", {"result": {**_IO_RUN_RESULT,
+            pytest.param(event_dict("run.finished", {"result": {**RUN_RESULT_DICT,
                                                                "messages": {}}}),
                          r"event\.payload\.result\.messages must be an array",
                          id="messages-object"),
-            pytest.param(_io_event("run.finished",
-                                   {"result": {**_IO_RUN_RESULT,
+            pytest.param(event_dict("run.finished",
+                                   {"result": {**RUN_RESULT_DICT,
                                                "messages": [user().to_dict(), {"id": "x"}]}}),
                          r"event\.payload\.result\.messages\[1\]\.role is missing",
                          id="result-message-malformed"),
-            pytest.param(_io_event("run.finished", {"result": {**_IO_RUN_RESULT,
+            pytest.param(event_dict("run.finished", {"result": {**RUN_RESULT_DICT,
                                                                "finalText": 5}}),
                          r"event\.payload\.result\.finalText must be a string",
                          id="finalText-int"),
-            pytest.param(_io_event("run.finished", {"result": {**_IO_RUN_RESULT,
+            pytest.param(event_dict("run.finished", {"result": {**RUN_RESULT_DICT,
                                                                "maxSteps": "1"}}),
                          r"event\.payload\.result\.maxSteps must be an integer",
                          id="maxSteps-string"),
-            pytest.param(_io_event("run.finished", {"result": {**_IO_RUN_RESULT,
+            pytest.param(event_dict("run.finished", {"result": {**RUN_RESULT_DICT,
                                                                "error": "boom"}}),
                          r"event\.payload\.result\.error must be an object",
                          id="error-string"),
-            pytest.param(_io_event("run.finished",
-                                   {"result": {**_IO_RUN_RESULT,
+            pytest.param(event_dict("run.finished",
+                                   {"result": {**RUN_RESULT_DICT,
                                                "error": {"code": "OOPS", "message": "m"}}}),
                          r"event\.payload\.result\.error\.code: unknown value 'OOPS'",
                          id="unknown-error-code"),
-            pytest.param(_io_event("run.finished",
-                                   {"result": {**_IO_RUN_RESULT,
+            pytest.param(event_dict("run.finished",
+                                   {"result": {**RUN_RESULT_DICT,
                                                "error": {"code": "MODEL_STREAM_ERROR"}}}),
                          r"event\.payload\.result\.error\.message is missing",
                          id="error-no-message"),
@@ -3948,9 +7043,9 @@ class TestMalformedDicts:
             al.event_from_dict(data)
 
     def test_a_rejected_dict_is_left_unchanged(self) -> None:
-        data = _io_event(
+        data = event_dict(
             "tool.finished",
-            {"requestId": "r", "toolCall": _IO_CALL, "toolResult": user().to_dict()},
+            {"requestId": "r", "toolCall": CALL_DICT, "toolResult": user().to_dict()},
         )
         before = json.dumps(data, sort_keys=True)
         with pytest.raises(ValueError, match="toolResult"):
@@ -3958,24 +7053,38 @@ class TestMalformedDicts:
         assert json.dumps(data, sort_keys=True) == before
 
 
-def _io_replay(
+def drain_stream(
+    stream: Generator[al.ModelChunk, None, al.ModelResponse],
+) -> tuple[list[al.ModelChunk], al.ModelResponse]:
+    """Drains one model stream; returns its chunks and its terminal response."""
+    chunks: list[al.ModelChunk] = []
+    while True:
+        try:
+            chunks.append(next(stream))
+        except StopIteration as done:
+            return chunks, done.value
+
+
+def replay_added(
     recorded: al.RunResult, start: Sequence[al.Message], tools: Sequence[al.Tool]
 ) -> tuple[list[al.Event], al.RunResult, al.ScriptedModel]:
     """Replays the part of a recorded transcript that the run added, from the same start."""
     model = al.ScriptedModel.from_transcript(recorded.messages[len(start) :])
-    events, result = _io_settle(model, start, tools, max_steps=4)
+    events, result, _ = run(model, tools, messages=start, max_steps=4)
     return events, result, model
 
 
 class TestReplay:
-    """API.md: "Running the loop again from the same starting messages, with tools that
-    behave the same, reproduces the recorded transcript exactly."""
+    """Running the loop again from the same starting messages, with tools that behave the
+    same, reproduces the recorded transcript exactly."""
 
     def test_replay_reproduces_the_transcript_and_the_events(self) -> None:
-        events, result, recorder = _io_recorded_run()
+        events, result, recorder = recorded_run()
         assert result.status == "completed"
         assert result.steps == 3
-        replayed_events, replayed, model = _io_replay(result, [user()], [add_tool(), echo_tool()])
+        replayed_events, replayed, model = replay_added(
+            result, [user()], [add_tool(), echo_tool()]
+        )
         assert replayed.messages == result.messages
         assert replayed == result
         assert types_of(replayed_events) == types_of(events)
@@ -3988,11 +7097,11 @@ class TestReplay:
 
     def test_replay_of_a_transcript_read_back_from_json(self) -> None:
         """A transcript saved as JSON text and read back replays the same run."""
-        _, result, _ = _io_recorded_run()
+        _, result, _ = recorded_run()
         saved = json.dumps([message.to_dict() for message in result.messages])
         loaded = tuple(al.message_from_dict(data) for data in json.loads(saved))
         assert loaded == result.messages
-        _, replayed, _ = _io_replay(
+        _, replayed, _ = replay_added(
             al.RunResult("completed", loaded, 3), [user()], [add_tool(), echo_tool()]
         )
         assert replayed == result
@@ -4010,7 +7119,7 @@ class TestReplay:
                 )
             ]
         )
-        replayed_events, replayed, _ = _io_replay(result, [user()], [])
+        replayed_events, replayed, _ = replay_added(result, [user()], [])
         assert replayed == result
         assert types_of(events).count("model.chunk") == 3
         assert types_of(replayed_events).count("model.chunk") == 1
@@ -4033,7 +7142,7 @@ class TestReplay:
         ]
         for step, (response_id, content, stop_reason) in enumerate(expected, start=1):
             request = al.ModelRequest(f"request-{step:03d}", (), ())
-            chunks, response = _io_drain(model.stream(request, threading.Event()))
+            chunks, response = drain_stream(model.stream(request, threading.Event()))
             assert response == al.ModelResponse(response_id, request.id, content, stop_reason)
             assert all(chunk.request_id == request.id for chunk in chunks)
             assert len(chunks) == len(content)
@@ -4045,13 +7154,13 @@ class TestReplay:
     def test_from_transcript_accepts_any_iterable(self) -> None:
         message = al.AssistantMessage("message-response-001", (text("Hi"),))
         model = al.ScriptedModel.from_transcript(iter([message]))
-        _, result = _io_settle(model, [user()], [])
+        _, result, _ = run(model, max_steps=8)
         assert result.status == "completed"
         assert result.messages == (user(), message)
 
     def test_history_must_be_left_out_of_the_replayed_part(self) -> None:
-        """API.md: "Every assistant message given is replayed, so when the start held
-        history, pass only the part that the run added." """
+        """Every assistant message given is replayed, so when the start held history,
+        pass only the part that the run added."""
         history: list[al.Message] = [
             user("Hi.", "user-000"),
             al.AssistantMessage("message-response-000", (text("Hello."),)),
@@ -4070,11 +7179,11 @@ class TestReplay:
             tools=[add_tool()],
         )
         assert recorded.status == "completed"
-        _, replayed, _ = _io_replay(recorded, history, [add_tool()])
+        _, replayed, _ = replay_added(recorded, history, [add_tool()])
         assert replayed == recorded
         # Passed whole, the old turn is replayed first: its message id is taken already.
         whole = al.ScriptedModel.from_transcript(recorded.messages)
-        _, wrong = _io_settle(whole, history, [add_tool()])
+        _, wrong, _ = run(whole, [add_tool()], messages=history, max_steps=8)
         assert wrong.status == "failed"
         assert wrong.error is not None
         assert wrong.error.code == "MODEL_PROTOCOL_ERROR"
@@ -4082,65 +7191,897 @@ class TestReplay:
         assert whole.call_count == 1
 
 
-def _io_first_run(
+def counter_tool(start: int = 41) -> al.Tool:
+    """A tool that answers differently each time: a recording must not run it again."""
+    count = [start]
+
+    def counter(arguments: dict[str, Any], signal: al.Signal) -> object:
+        count[0] += 1
+        return str(count[0])
+
+    return al.Tool("counter", "Counts.", {"type": "object"}, counter)
+
+
+def refuse_with_tool_error(arguments: dict[str, Any], signal: al.Signal) -> object:
+    raise al.ToolError("No, and that is final.")
+
+
+def raise_lookup_error(arguments: dict[str, Any], signal: al.Signal) -> object:
+    raise LookupError("nothing here")
+
+
+def every_kind_of_tool(executed: list[str] | None = None) -> list[al.Tool]:
+    """echo, counter, refuse (ToolError) and boom (raises): every kind of result."""
+    return [
+        echo_tool(executed),
+        counter_tool(),
+        al.Tool("refuse", "Refuses.", {"type": "object"}, refuse_with_tool_error),
+        al.Tool("boom", "Raises.", {"type": "object"}, raise_lookup_error),
+    ]
+
+
+def record_run(
+    responses: Sequence[al.ScriptedResponse],
+    *,
+    messages: Sequence[al.Message] | None = None,
+    tools: Sequence[al.Tool] | None = None,
+    max_steps: int = 8,
+    request_sequence_start: int = 0,
+    cancel_when: CancelAt = None,
+) -> tuple[list[al.Event], al.RunResult]:
+    """Records a run with the driver: tools of every kind of result unless ``tools`` says
+    otherwise, and a signal that the consumer sets at ``cancel_when``."""
+    events, result, _ = run(
+        responses,
+        every_kind_of_tool() if tools is None else tools,
+        messages=messages,
+        max_steps=max_steps,
+        signal=threading.Event(),
+        request_sequence_start=request_sequence_start,
+        cancel_at=cancel_when,
+    )
+    return events, result
+
+
+def settle_replay(replayed: al.ReplayedRun) -> tuple[list[al.Event], al.RunResult]:
+    """Runs a replayed run with the driver's settle, so that its invariants are checked."""
+    return settle(replayed.run(), max_steps=replayed.max_steps)
+
+
+def dicts_of(events: Iterable[al.Event]) -> list[dict[str, Any]]:
+    return [event.to_dict() for event in events]
+
+
+def json_lines(events: Iterable[al.Event]) -> str:
+    """A recording as the demo's --json writes it: one to_dict() per line."""
+    return "".join(json.dumps(event.to_dict(), ensure_ascii=False) + "\n" for event in events)
+
+
+def read_json_lines(text: str) -> list[al.Event]:
+    return [al.event_from_dict(json.loads(line)) for line in text.splitlines()]
+
+
+def assert_replays_exactly(events: list[al.Event]) -> al.ReplayedRun:
+    """replay() of the log, live and read back from JSON lines, reproduces it exactly."""
+    for log in (events, read_json_lines(json_lines(events))):
+        replayed = al.replay(log)
+        again, result = settle_replay(replayed)
+        assert dicts_of(again) == dicts_of(events)
+        assert result == events[-1].payload["result"]
+    return replayed
+
+
+def three_step_script() -> list[al.ScriptedResponse]:
+    """Text split into chunks (an empty delta too), tool calls of every kind of result."""
+    return [
+        al.scripted_response(
+            "response-001",
+            [text("Echo, then count."), call("echo", "call-1", {"text": "one"})],
+            "toolCall",
+            chunks=[
+                text("Echo, "),
+                text(""),
+                text("then count."),
+                call("echo", "call-1", {"text": "one"}),
+            ],
+        ),
+        tool_turn(
+            "response-002",
+            call("counter", "call-2", {}),
+            call("refuse", "call-3", {}),
+            call("boom", "call-4", {}),
+            call("missing", "call-5", {}),
+            call("echo", "call-6", {"text": 5}),
+        ),
+        al.scripted_response(
+            "response-003",
+            [text("All done.")],
+            "stop",
+            chunks=[text("All "), text("done.")],
+        ),
+    ]
+
+
+class TestExactReplay:
+    """Running the loop on them with the recorded budget yields an event log whose
+    to_dict() equals the recording, for every run that ended completed or maxSteps."""
+
+    def test_a_completed_run_replays_exactly_and_runs_no_tool(self) -> None:
+        executed: list[str] = []
+        events, result = record_run(three_step_script(), tools=every_kind_of_tool(executed))
+        assert result.status == "completed"
+        assert executed == ["one"]
+        replayed = assert_replays_exactly(events)
+        assert executed == ["one"]  # the recorded tools answered; nothing ran again
+        assert replayed.messages == (user(),)
+        assert replayed.max_steps == 3
+        assert replayed.request_sequence_start == 0
+
+    def test_chunks_are_streamed_as_recorded_empty_deltas_included(self) -> None:
+        events, _ = record_run(three_step_script())
+        again, _ = settle_replay(al.replay(events))
+        chunks = [event.payload["chunk"] for event in again if event.type == "model.chunk"]
+        assert chunks[:3] == [
+            al.TextDelta("request-001", "Echo, "),
+            al.TextDelta("request-001", ""),
+            al.TextDelta("request-001", "then count."),
+        ]
+        assert len(chunks) == 4 + 5 + 2
+
+    def test_recorded_error_results_are_reproduced_exactly(self) -> None:
+        """Replay's recorded-result tools may use it [ToolError] to reproduce
+        is_error=True results exactly."""
+        events, result = record_run(three_step_script())
+        _, again = settle_replay(al.replay(events))
+        results = [m for m in again.messages if isinstance(m, al.ToolResultMessage)]
+        assert [(m.content, m.is_error) for m in results] == [
+            ("one", False),
+            ("42", False),
+            ("No, and that is final.", True),
+            ("tool 'boom' raised LookupError: nothing here", True),
+            ("unknown tool 'missing' (available: echo, counter, refuse, boom)", True),
+            ("invalid arguments for tool 'echo': $.text must be string, got integer", True),
+        ]
+        assert again.messages == result.messages
+
+    def test_a_non_deterministic_tool_answers_as_recorded(self) -> None:
+        script = [tool_turn("response-001", call("counter", "call-1", {})), stop("r2", "Done.")]
+        events, result = record_run(script)
+        assert result.messages[2].content == "42"
+        for _ in range(3):  # a ReplayedRun runs again and again, one run at a time
+            assert_replays_exactly(events)
+
+    def test_a_max_steps_run_replays_exactly_with_its_budget(self) -> None:
+        script = [
+            tool_turn("response-001", call("echo", "call-1", {"text": "a"})),
+            tool_turn("response-002", call("counter", "call-2", {})),
+            stop("response-003", "Done."),
+        ]
+        events, result = record_run(script, max_steps=2)
+        assert result.status == "maxSteps"
+        replayed = assert_replays_exactly(events)
+        assert replayed.max_steps == 2
+
+    def test_a_run_with_history_and_a_request_sequence_start_replays_exactly(self) -> None:
+        history: list[al.Message] = [
+            user("Hi.", "user-000"),
+            al.AssistantMessage("message-response-000", (call("weather", "call-0", {}),)),
+            al.ToolResultMessage("tool-result-call-0", "call-0", "weather", "Sunny.", False),
+            al.AssistantMessage("message-response-00", (text("Hello."),)),
+            user(),
+        ]
+        script = [tool_turn("response-005", call("echo", "call-1", {"text": "b"}))]
+        events, result = record_run(
+            [*script, stop("response-006", "Done.")], messages=history, request_sequence_start=4
+        )
+        assert result.status == "completed"
+        replayed = assert_replays_exactly(events)
+        assert replayed.messages == tuple(history)
+        assert replayed.request_sequence_start == 4
+        # The tools are those the run's own calls name, not the history's.
+        assert [tool.name for tool in replayed.tools] == ["echo"]
+
+    def test_a_step_that_streamed_nothing_replays_exactly(self) -> None:
+        """A stop response with no content streams no chunk: its request has no event."""
+        script = [
+            tool_turn("response-001", call("echo", "call-1", {"text": "a"})),
+            al.scripted_response("response-002", [], "stop"),
+        ]
+        events, result = record_run(script)
+        assert result.status == "completed"
+        assert result.final_text == ""
+        assert "request-002" not in json.dumps(dicts_of(events))
+        assert_replays_exactly(events)
+
+    def test_the_replayed_run_is_run_agent_loop_on_its_fields(self) -> None:
+        """A frozen dataclass with messages, model, tools, max_steps and
+        request_sequence_start, whose run() returns run_agent_loop(...) on them."""
+        events, _ = record_run(three_step_script())
+        replayed = al.replay(iter(events))
+        assert [field.name for field in dataclasses.fields(al.ReplayedRun)] == [
+            "messages",
+            "model",
+            "tools",
+            "max_steps",
+            "request_sequence_start",
+        ]
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            replayed.max_steps = 4  # type: ignore[misc]
+        assert [tool.name for tool in replayed.tools] == [
+            "echo",
+            "counter",
+            "refuse",
+            "boom",
+            "missing",
+        ]
+        assert all(spec.parameters == {"type": "object"} for spec in replayed.tools.specs())
+        by_hand = al.run_agent_loop(
+            messages=replayed.messages,
+            model=replayed.model,
+            tools=replayed.tools,
+            max_steps=replayed.max_steps,
+        )
+        assert dicts_of(settle(by_hand)[0]) == dicts_of(events)
+
+    def test_a_larger_budget_changes_nothing_for_a_completed_run(self) -> None:
+        events, _ = record_run(three_step_script())
+        replayed = dataclasses.replace(al.replay(events), max_steps=al.MAX_AGENT_STEPS)
+        assert dicts_of(settle_replay(replayed)[0]) == dicts_of(events)
+
+    def test_a_request_the_recording_does_not_hold_fails_the_run(self) -> None:
+        script = [
+            tool_turn("response-001", call("echo", "call-1", {"text": "a"})),
+            stop("response-002", "Done."),
+        ]
+        events, result = record_run(script, max_steps=1)
+        assert result.status == "maxSteps"
+        again, failed = settle_replay(dataclasses.replace(al.replay(events), max_steps=2))
+        assert dicts_of(again[:-1]) == dicts_of(events[:-1])
+        assert failed.status == "failed"
+        assert failed.error is not None
+        assert failed.error.code == "MODEL_STREAM_ERROR"
+        assert failed.error.message == (
+            "model.stream() raised RuntimeError: the recording holds no request-002 "
+            "(it holds request-001)"
+        )
+
+
+class SignalWithoutSet:
+    """A Signal (is_set() and wait()) that cannot be set."""
+
+    def is_set(self) -> bool:
+        return False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return False
+
+
+def two_call_script() -> list[al.ScriptedResponse]:
+    return [
+        al.scripted_response(
+            "response-001",
+            [text("Two calls."), call("echo", "call-1", {"text": "a"})],
+            "toolCall",
+            chunks=[text("Two "), text("calls."), call("echo", "call-1", {"text": "a"})],
+        ),
+        tool_turn(
+            "response-002",
+            call("echo", "call-2", {"text": "b"}),
+            call("counter", "call-3", {}),
+        ),
+        stop("response-003", "Done."),
+    ]
+
+
+class TestReplayOfCancelledAndFailedRuns:
+    """replay(): "A cancelled or failed run is replayed to where its log stops. There, the
+    replayed code that has control ... sets the run's signal, so the replay ends cancelled
+    at that point"."""
+
+    @pytest.mark.parametrize(
+        "sequence",
+        [
+            pytest.param(1, id="at-a-chunk"),
+            pytest.param(3, id="at-the-last-chunk"),
+            pytest.param(4, id="at-tool-started"),
+            pytest.param(8, id="at-a-tool-started-of-the-second-step"),
+        ],
+    )
+    def test_a_run_cancelled_while_the_model_or_a_tool_had_control_replays_exactly(
+        self, sequence: int
+    ) -> None:
+        """ "a run cancelled while the model or a tool had control (the signal was seen
+        during a request or a tool call) replays exactly"."""
+        events, result = record_run(two_call_script(), cancel_when=sequence)
+        assert result.status == "cancelled"
+        assert events[-2].sequence == sequence
+        replayed = assert_replays_exactly(events)
+        assert replayed.max_steps == result.steps + 1
+
+    def test_a_tool_that_saw_the_signal_replays_exactly(self) -> None:
+        def cancels(arguments: dict[str, Any], signal: al.Signal) -> object:
+            assert isinstance(signal, threading.Event)
+            signal.set()
+            return "too late"
+
+        tools = [
+            *every_kind_of_tool(),
+            al.Tool("cancels", "Cancels.", {"type": "object"}, cancels),
+        ]
+        script = [tool_turn("response-001", call("cancels", "call-1", {}))]
+        events, result = record_run(script, tools=tools)
+        assert result.status == "cancelled"
+        assert [call.id for call in al.open_tool_calls(result.messages)] == ["call-1"]
+        assert_replays_exactly(events)
+
+    def test_a_consumer_that_cancelled_between_two_tool_calls_gets_one_tool_started_more(
+        self,
+    ) -> None:
+        """ "a run that its consumer cancelled between two events runs on to the next such
+        point: one more tool.started (the call gets no result, as recorded)"."""
+        events, result = record_run(two_call_script(), cancel_when=9)
+        assert events[-2].type == "tool.finished"
+        again, replayed = settle_replay(al.replay(events))
+        one_more = {
+            "sequence": 10,
+            "type": "tool.started",
+            "payload": {
+                "requestId": "request-002",
+                "toolCall": call("counter", "call-3", {}).to_dict(),
+            },
+        }
+        assert dicts_of(again[:-1]) == [*dicts_of(events[:-1]), one_more]
+        assert replayed == result
+
+    @pytest.mark.parametrize(
+        ("sequence", "steps"),
+        [pytest.param(5, 1, id="after-a-batch"), pytest.param(0, 0, id="at-accepted")],
+    )
+    def test_a_consumer_that_cancelled_before_a_request_gets_one_request_more(
+        self, sequence: int, steps: int
+    ) -> None:
+        """ "... or one more request counted in steps"."""
+        events, result = record_run(two_call_script(), cancel_when=sequence)
+        assert result.steps == steps
+        again, replayed = settle_replay(al.replay(events))
+        assert dicts_of(again) == [*dicts_of(events)[:-1], again[-1].to_dict()]
+        assert replayed == dataclasses.replace(result, steps=steps + 1)
+
+    def test_a_run_cancelled_before_its_first_event_replays_exactly(self) -> None:
+        """Cancelled at SnapshotRun: the result holds the starting messages, no event does."""
+        signal = threading.Event()
+        signal.set()
+        events, result, _ = run([], max_steps=1, signal=signal)
+        assert [event.type for event in events] == ["run.finished"]
+        replayed = al.replay(events)
+        assert replayed.messages == (user(),)
+        assert replayed.max_steps == 1
+        again, cancelled = settle_replay(replayed)
+        assert [event.type for event in again] == ["message.accepted", "run.finished"]
+        assert cancelled == dataclasses.replace(result, steps=1)
+
+    def _failed_run(self, how: str) -> tuple[list[al.Event], al.RunResult]:
+        class Halt(BaseException):
+            pass
+
+        def aborts(arguments: dict[str, Any], signal: al.Signal) -> object:
+            raise Halt
+
+        tools = [*every_kind_of_tool(), al.Tool("aborts", "Aborts.", {"type": "object"}, aborts)]
+        first = tool_turn("response-001", call("echo", "call-1", {"text": "a"}))
+        if how == "TOOL_PHASE_ERROR":
+            second = tool_turn("response-002", call("aborts", "call-2", {}))
+        else:  # the streamed chunks and the terminal response disagree
+            second = al.scripted_response(
+                "response-002", [text("Yes.")], "stop", chunks=[text("No.")]
+            )
+        events, result = record_run([first, second], tools=tools)
+        if how == "MODEL_STREAM_ERROR":
+            script = al.ScriptedModel([first])  # asked for a second response it does not have
+            events, result, _ = run(script, tools, max_steps=4)
+        assert result.error is not None
+        assert result.error.code == how
+        return events, result
+
+    @pytest.mark.parametrize(
+        "how", ["MODEL_STREAM_ERROR", "MODEL_PROTOCOL_ERROR", "TOOL_PHASE_ERROR"]
+    )
+    def test_a_failed_run_replays_its_events_and_ends_cancelled_where_it_failed(
+        self, how: str
+    ) -> None:
+        """ "a run that failed in a request or a tool call replays every event before
+        run.finished and ends cancelled with the same messages and steps"."""
+        events, result = self._failed_run(how)
+        again, replayed = settle_replay(al.replay(events))
+        assert dicts_of(again[:-1]) == dicts_of(events[:-1])
+        assert replayed == al.RunResult("cancelled", result.messages, result.steps)
+
+    def test_a_run_that_failed_invalid_transcript_is_a_value_error(self) -> None:
+        """ "a run that failed INVALID_TRANSCRIPT logged none of its starting messages"."""
+        events, result = record_run([], messages=[al.ToolResultMessage("t", "c", "x", "", False)])
+        assert result.error is not None
+        assert result.error.code == "INVALID_TRANSCRIPT"
+        with pytest.raises(ValueError, match="INVALID_TRANSCRIPT: its log holds none"):
+            al.replay(events)
+
+    def test_a_signal_that_cannot_be_set_fails_the_replay_where_the_log_stops(self) -> None:
+        events, _ = record_run(two_call_script(), cancel_when=2)
+        replayed = al.replay(events)
+        _, result = settle(
+            al.run_agent_loop(
+                messages=replayed.messages,
+                model=replayed.model,
+                tools=replayed.tools,
+                max_steps=replayed.max_steps,
+                signal=SignalWithoutSet(),
+            )
+        )
+        assert result.error is not None
+        assert result.error.code == "MODEL_STREAM_ERROR"
+        assert "the recording stops at request-001, and the run's signal has no set()" in (
+            result.error.message
+        )
+
+
+def answer_tool(answer: str) -> al.Tool:
+    return al.Tool("answer", "Answers.", {"type": "object"}, lambda arguments, signal: answer)
+
+
+def answer_script() -> list[al.ScriptedResponse]:
+    return [
+        tool_turn("response-001", text("Asking."), call("answer", "call-1", {})),
+        stop("response-002", "The answer was given."),
+    ]
+
+
+class TestReplayDetectsDrift:
+    """The replayed model compares each request it receives with the transcript the
+    recording implies; on the first difference it raises, and the run fails
+    MODEL_STREAM_ERROR with a message that shows the index and both sides (shortened),
+    never a silently different run."""
+
+    def test_a_tool_whose_answer_changed_fails_the_replay(self) -> None:
+        events, _ = record_run(answer_script(), tools=[answer_tool("42")])
+        same = dataclasses.replace(al.replay(events), tools=al.ToolRegistry([answer_tool("42")]))
+        assert dicts_of(settle_replay(same)[0]) == dicts_of(events)
+        changed = dataclasses.replace(same, tools=al.ToolRegistry([answer_tool("43")]))
+        again, result = settle_replay(changed)
+        assert result.status == "failed"
+        assert result.error is not None
+        assert result.error.code == "MODEL_STREAM_ERROR"
+        assert result.error.message == (
+            "model.stream() raised RuntimeError: request-002 differs from the recording at "
+            "message 2: recorded ToolResultMessage(id='tool-result-call-1', "
+            "tool_call_id='call-1', tool_name='answer', content='42', is_error=False), got "
+            "ToolResultMessage(id='tool-result-call-1', tool_call_id='call-1', "
+            "tool_name='answer', content='43', is_error=False)"
+        )
+        # Nothing of request-002 was streamed: the run stopped at the difference.
+        assert dicts_of(again[:4]) == dicts_of(events[:4])
+        assert [event.type for event in again[4:]] == ["tool.finished", "run.finished"]
+
+    def test_both_sides_are_shortened_around_the_difference(self) -> None:
+        recorded, changed = "x" * 500 + "42" + "y" * 500, "x" * 500 + "43" + "y" * 500
+        events, _ = record_run(answer_script(), tools=[answer_tool(recorded)])
+        replayed = dataclasses.replace(
+            al.replay(events), tools=al.ToolRegistry([answer_tool(changed)])
+        )
+        _, result = settle_replay(replayed)
+        assert result.error is not None
+        message = result.error.message
+        assert len(message) < 600
+        shown = "x" * 159 + "4{}" + "y" * 59 + "..."
+        assert f"recorded ...{shown.format(2)}, got ...{shown.format(3)}" in message
+
+    def test_a_missing_or_extra_message_shows_nothing_on_one_side(self) -> None:
+        events, _ = record_run(answer_script(), tools=[answer_tool("42")])
+        longer = dataclasses.replace(
+            al.replay(events), messages=(user(), user("More.", "user-002"))
+        )
+        _, result = settle_replay(longer)
+        assert result.error is not None
+        assert result.error.message.endswith(
+            "request-001 differs from the recording at message 1: recorded nothing, got "
+            "UserMessage(id='user-002', content='More.')"
+        )
+
+    def test_recorded_tools_refuse_calls_the_recording_does_not_hold(self) -> None:
+        """The recorded tools answer the replayed model's calls, in order; another model's
+        call gets a recoverable error result, not a recorded answer."""
+        events, _ = record_run(answer_script(), tools=[answer_tool("42")])
+        replayed = al.replay(events)
+        other = FakeModel(
+            tool_turn("response-001", call("answer", "call-1", {"extra": 1})),
+            stop("response-002", "Done."),
+        )
+        _, result = settle_replay(dataclasses.replace(replayed, model=other))
+        assert result.status == "completed"
+        tool_result = result.messages[2]
+        assert isinstance(tool_result, al.ToolResultMessage)
+        assert tool_result.is_error
+        assert "the recording has no call of tool 'answer' with these arguments" in (
+            tool_result.content
+        )
+
+
+def recording() -> list[dict[str, Any]]:
+    """A completed two-step run, as to_dict() of each event."""
+    script = [
+        tool_turn(
+            "response-001",
+            call("echo", "call-1", {"text": "a"}),
+            call("echo", "call-2", {"text": "b"}),
+        ),
+        stop("response-002", "Done."),
+    ]
+    return dicts_of(record_run(script)[0])
+
+
+def renumbered(log: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{**event, "sequence": index} for index, event in enumerate(log)]
+
+
+def result_of_log(log: list[dict[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = log[-1]["payload"]["result"]
+    return result
+
+
+def broken_log(how: str) -> list[dict[str, Any]]:
+    """The recording, broken in one way. Events: 0 accepted, 1-2 chunks, 3-6 tools of
+    request-001, 7 chunk of request-002, 8 run.finished."""
+    log = recording()
+    if how == "empty":
+        return []
+    if how == "gap":
+        return log[:3] + log[4:]
+    if how == "no-run-finished":
+        return log[:-1]
+    if how == "two-runs":
+        return renumbered(log + log)
+    if how == "run-finished-inside":
+        return renumbered([*log[:3], log[-1], *log[3:]])
+    if how == "accepted-later":
+        return renumbered([*log[:3], log[0], *log[3:]])
+    if how == "unknown-request":
+        log[7]["payload"]["requestId"] = log[7]["payload"]["chunk"]["requestId"] = "request-009"
+    elif how == "requests-out-of-order":
+        return renumbered([*log[:1], log[7], *log[1:7], *log[8:]])
+    elif how == "chunk-of-another-request":
+        log[1]["payload"]["chunk"]["requestId"] = "request-002"
+    elif how == "chunk-after-a-tool":
+        return renumbered(log[:1] + log[2:4] + [log[1]] + log[4:])
+    elif how == "started-twice":
+        return renumbered(log[:4] + log[5:6] + log[4:5] + log[6:])
+    elif how == "finished-without-starting":
+        return renumbered(log[:3] + log[4:5] + log[3:4] + log[5:])
+    elif how == "result-without-the-accepted":
+        result_of_log(log)["messages"][0]["content"] = "Something else."
+    elif how == "result-with-a-user-message-added":
+        result_of_log(log)["messages"].append(user("Hm?", "user-002").to_dict())
+    elif how == "result-with-a-foreign-assistant-id":
+        result_of_log(log)["messages"][-1]["id"] = "assistant-2"
+    elif how == "result-with-too-few-steps":
+        result_of_log(log)["messages"] = result_of_log(log)["messages"][:-1]
+    elif how == "result-with-another-tool-result":
+        log[4]["payload"]["toolResult"]["content"] = "not what the transcript says"
+    elif how == "start-out-of-range":
+        result_of_log(log)["requestSequenceStart"] = 63
+    return log
+
+
+BROKEN_LOGS = [
+    ("empty", "does not end with run.finished"),
+    ("gap", "the event at position 3 has sequence 4"),
+    ("no-run-finished", "does not end with run.finished"),
+    ("two-runs", r"event 8 \(run.finished\): a run's message.accepted events come before"),
+    ("run-finished-inside", r"event 3 \(run.finished\): .* and its one run.finished last"),
+    ("accepted-later", r"event 3 \(message.accepted\)"),
+    ("unknown-request", r"event 7 \(model.chunk\) names 'request-009', which is not the run's"),
+    (
+        "requests-out-of-order",
+        r"event 2 \(model.chunk\) names 'request-001'.*request-001, request-002, in that order",
+    ),
+    (
+        "chunk-of-another-request",
+        r"event 1 \(model.chunk\): a chunk carries its event's request id",
+    ),
+    ("chunk-after-a-tool", r"event 3 \(model.chunk\): .* before the request's tool calls"),
+    ("started-twice", r"event 4 \(tool.started\): a tool call started before the previous"),
+    (
+        "finished-without-starting",
+        r"event 3 \(tool.finished\): tool call 'call-1' finished without",
+    ),
+    ("result-without-the-accepted", "does not begin with the accepted messages"),
+    ("result-with-a-user-message-added", "holds user message 'user-002' after the starting"),
+    ("result-with-a-foreign-assistant-id", "holds assistant message 'assistant-2'"),
+    ("result-with-too-few-steps", "holds 1 assistant message.* for 2 step.* of a completed run"),
+    ("result-with-another-tool-result", "the tool events of request-001 do not agree"),
+    ("start-out-of-range", "request_sequence_start 63 and steps 2 do not fit in 64 requests"),
+]
+
+
+class TestReplayRejectsLogsOfNoSingleRun:
+    """A log that is not a single run's (missing run.finished, sequences with gaps,
+    chunks of an unknown request) is a ValueError that says what is wrong."""
+
+    @pytest.mark.parametrize(("how", "message"), BROKEN_LOGS, ids=[c[0] for c in BROKEN_LOGS])
+    def test_a_broken_log_is_a_value_error_that_says_what_is_wrong(
+        self, how: str, message: str
+    ) -> None:
+        events = [al.event_from_dict(data) for data in broken_log(how)]
+        with pytest.raises(ValueError, match=message):
+            al.replay(events)
+
+    def test_the_unbroken_recording_replays(self) -> None:
+        assert_replays_exactly([al.event_from_dict(data) for data in recording()])
+
+    def test_tool_events_of_a_request_without_a_response_are_a_value_error(self) -> None:
+        events, result = record_run(two_call_script(), cancel_when=4)
+        assert result.status == "cancelled"
+        log = dicts_of(events)
+        result_of_log(log)["messages"] = result_of_log(log)["messages"][:1]
+        with pytest.raises(ValueError, match="request-001 ran tools, but the result holds no"):
+            al.replay([al.event_from_dict(data) for data in log])
+
+    def test_an_item_that_is_not_an_event_is_a_type_error(self) -> None:
+        with pytest.raises(TypeError, match="replay\\(\\) takes Events, got a dict at 0"):
+            al.replay([recording()[0]])  # type: ignore[list-item]
+
+
+class TestNextRequestSequence:
+    """RunResult.next_request_sequence says where the next run's request ids go on
+    (request_sequence_start + steps), so that a run resumed twice does not repeat a
+    request id."""
+
+    def test_it_is_the_start_plus_the_steps(self) -> None:
+        script = [tool_turn("r1", call("echo", "c1", {"text": "a"})), stop("r2", "Done.")]
+        _, result = record_run(script, request_sequence_start=5)
+        assert (result.request_sequence_start, result.steps) == (5, 2)
+        assert result.next_request_sequence == 7
+
+    def test_request_sequence_start_is_written_only_when_it_is_not_0(self) -> None:
+        _, ordinary = record_run([stop("r1", "Done.")])
+        assert "requestSequenceStart" not in ordinary.to_dict()
+        _, resumed = record_run([stop("r1", "Done.")], request_sequence_start=3)
+        assert resumed.to_dict()["requestSequenceStart"] == 3
+        for result in (ordinary, resumed):
+            event = al.Event(0, "run.finished", {"result": result})
+            assert al.event_from_dict(json.loads(json.dumps(event.to_dict()))) == event
+
+    def test_a_result_without_the_key_reads_as_0(self) -> None:
+        data = {
+            "sequence": 0,
+            "type": "run.finished",
+            "payload": {
+                "result": {
+                    "status": "cancelled",
+                    "messages": [],
+                    "steps": 0,
+                    "requestSequenceStart": None,
+                }
+            },
+        }
+        result = al.event_from_dict(data).payload["result"]
+        assert result.request_sequence_start == 0
+        assert result.next_request_sequence == 0
+
+    def test_three_runs_in_a_row_have_contiguous_request_ids(self) -> None:
+        """Three runs in a row (cancel, resume, cancel, resume) with contiguous
+        request ids and a transcript that grows by complete messages only."""
+        scripts = [
+            [  # cancelled in its second step, while echo runs
+                tool_turn("response-001", call("echo", "call-1", {"text": "a"})),
+                tool_turn("response-002", call("slow", "call-2", {})),
+            ],
+            [  # resumed, then cancelled while its second response streams
+                tool_turn("response-003", call("echo", "call-3", {"text": "b"})),
+                al.scripted_response(
+                    "response-004",
+                    [text("Almost.")],
+                    "stop",
+                    chunks=[text("Alm"), text("ost.")],
+                ),
+            ],
+            [stop("response-005", "Finished.")],
+        ]
+
+        def slow(arguments: dict[str, Any], signal: al.Signal) -> object:
+            assert isinstance(signal, threading.Event)
+            signal.set()  # as if the user pressed stop while it ran
+            return "never kept"
+
+        tools = [*every_kind_of_tool(), al.Tool("slow", "Slow.", {"type": "object"}, slow)]
+        cancel_points: list[Callable[[al.Event], bool] | None] = [
+            None,
+            lambda event: event.payload.get("chunk") == al.TextDelta("request-004", "Alm"),
+            None,
+        ]
+        messages: tuple[al.Message, ...] = (user(),)
+        start = 0
+        request_ids: list[str] = []
+        statuses = []
+        for script, cancel_when in zip(scripts, cancel_points):
+            events, result = record_run(
+                script,
+                messages=messages,
+                tools=tools,
+                request_sequence_start=start,
+                cancel_when=cancel_when,
+            )
+            assert_replays_exactly(events)
+            statuses.append(result.status)
+            request_ids += sorted(
+                {e.payload["request_id"] for e in events if "request_id" in e.payload}
+            )
+            # The transcript grows by complete messages only: the old one is its prefix,
+            # and what is open is what the cancellation interrupted.
+            assert result.messages[: len(messages)] == messages
+            messages = al.resolve_open_tool_calls(result.messages, "cancelled by the user")
+            start = result.next_request_sequence
+        assert statuses == ["cancelled", "cancelled", "completed"]
+        assert request_ids == [f"request-{n:03d}" for n in range(1, 6)]
+        assert start == 5
+        assert [m.id for m in messages] == [
+            "user-001",
+            "message-response-001",
+            "tool-result-call-1",
+            "message-response-002",
+            "tool-result-call-2",
+            "message-response-003",
+            "tool-result-call-3",
+            "message-response-005",
+        ]
+
+
+def demo_json_output(*options: str) -> str:
+    """The demonstration's output with ``--json`` and the options."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert al._main(["--json", *options]) == 0
+    return out.getvalue()
+
+
+class TestJsonLinesRecordings:
+    """Make the replay of the demo's own --json output reproduce it byte for
+    byte."""
+
+    @pytest.mark.parametrize(
+        "options",
+        [
+            pytest.param((), id="completed"),
+            pytest.param(("--max-steps", "1"), id="maxSteps-1"),
+            pytest.param(("--max-steps", "2"), id="maxSteps-2"),
+            pytest.param(("--cancel-after", "3"), id="cancelled-at-a-tool"),
+            pytest.param(("--cancel-after", "12"), id="cancelled-while-streaming"),
+        ],
+    )
+    def test_the_demos_json_output_replays_byte_for_byte(self, options: tuple[str, ...]) -> None:
+        recorded = demo_json_output(*options)
+        events, _ = settle_replay(al.replay(read_json_lines(recorded)))
+        assert json_lines(events) == recorded
+
+    def test_the_readme_recording_block_runs_on_its_own(self) -> None:
+        path = os.path.join(os.path.dirname(os.path.abspath(al.__file__)), "README.md")
+        with open(path, encoding="utf-8") as readme:
+            blocks = re.findall(r"```python\n(.*?)```", readme.read(), re.DOTALL)
+        (block,) = [block for block in blocks if "al.replay(" in block]
+        exec(compile(block, "README.md record-and-replay block", "exec"), {})
+
+
+def random_recorded_text(rng: random.Random) -> str:
+    return rng.choice(["", "a", "Hello, ", "world.", "é", "\U0001f600", "x" * rng.randint(1, 40)])
+
+
+def random_recorded_call(rng: random.Random, call_id: str) -> al.ToolCall:
+    kind = rng.choice(["echo", "counter", "refuse", "boom", "missing", "bad-arguments"])
+    if kind == "echo":
+        return call("echo", call_id, {"text": random_recorded_text(rng)})
+    if kind == "bad-arguments":
+        return call("echo", call_id, {"text": rng.randint(0, 9)})
+    return call(kind, call_id, {"n": rng.randint(0, 3)})
+
+
+def random_recorded_step(rng: random.Random, step: int, stop: bool) -> al.ScriptedResponse:
+    """A valid step: random text blocks and calls, streamed in random pieces."""
+    content: list[al.TextBlock | al.ToolCall] = []
+    chunks: list[al.TextBlock | al.ToolCall] = []
+    calls = 0 if stop else rng.randint(1, 3)
+    for index in range(calls + 1):
+        if rng.random() < 0.6:
+            pieces = [random_recorded_text(rng) for _ in range(rng.randint(1, 3))]
+            content.append(text("".join(pieces)))
+            chunks += [text(piece) for piece in pieces]
+        if index < calls:
+            call = random_recorded_call(rng, f"call-{step}-{index}")
+            content.append(call)
+            chunks.append(call)
+    return al.scripted_response(
+        f"response-{step}", content, "stop" if stop else "toolCall", chunks=chunks
+    )
+
+
+def random_recorded_run(seed: int) -> tuple[list[al.Event], al.RunResult]:
+    rng = random.Random(seed)
+    tool_steps = rng.randint(0, 5)
+    ends_max_steps = rng.random() < 0.3 and tool_steps > 0
+    script = [random_recorded_step(rng, step, False) for step in range(1, tool_steps + 1)]
+    if not ends_max_steps:
+        script.append(random_recorded_step(rng, tool_steps + 1, True))
+    return record_run(
+        script,
+        max_steps=len(script) if ends_max_steps else len(script) + rng.randint(0, 2),
+        request_sequence_start=rng.choice([0, 0, 3, 50]),
+    )
+
+
+class TestRandomRecordedRunsReplayExactly:
+    """Replaying any recorded random run reproduces its event log."""
+
+    @pytest.mark.parametrize("seed", range(200))
+    def test_a_random_run_replays_exactly(self, seed: int) -> None:
+        events, result = random_recorded_run(seed)
+        assert result.status in ("completed", "maxSteps")
+        assert_replays_exactly(events)
+
+    def test_the_random_runs_reach_every_kind_of_step_and_ending(self) -> None:
+        statuses: set[str] = set()
+        errors = 0
+        for seed in range(200):
+            _, result = random_recorded_run(seed)
+            statuses.add(result.status)
+            errors += sum(
+                1 for m in result.messages if isinstance(m, al.ToolResultMessage) and m.is_error
+            )
+        assert statuses == {"completed", "maxSteps"}
+        assert errors > 100
+
+
+def first_run(
     mode: str,
-) -> tuple[list[al.Event], al.RunResult, list[str], al.ScriptedModel]:
+) -> tuple[list[al.Event], al.RunResult, list[str], FakeModel]:
     """Two steps; the second is cancelled during the first of its two calls, either by the
     tool itself (mode "tool") or by the observer at its tool.started (mode "observer")."""
     executed: list[str] = []
-    model = al.ScriptedModel(
-        [
-            al.scripted_response(
-                "response-001",
-                [text("Echo first."), call("echo", "call-echo-001", {"text": "one"})],
-                "toolCall",
-            ),
-            al.scripted_response(
-                "response-002",
-                [
-                    call("slow", "call-slow-001", {}),
-                    call("echo", "call-echo-002", {"text": "two"}),
-                ],
-                "toolCall",
-            ),
-            al.scripted_response("response-003", [text("must not run")], "stop"),
-        ]
+    model = FakeModel(
+        al.scripted_response(
+            "response-001",
+            [text("Echo first."), call("echo", "call-echo-001", {"text": "one"})],
+            "toolCall",
+        ),
+        al.scripted_response(
+            "response-002",
+            [
+                call("slow", "call-slow-001", {}),
+                call("echo", "call-echo-002", {"text": "two"}),
+            ],
+            "toolCall",
+        ),
+        al.scripted_response("response-003", [text("must not run")], "stop"),
     )
-    signal = threading.Event()
-    loop = al.run_agent_loop(
-        messages=[user()],
-        model=model,
-        tools=al.ToolRegistry([echo_tool(executed), _io_slow_tool(executed)]),
+    # The observer sets the signal at the second tool.started, that of call-slow-001.
+    events, result, _ = run(
+        model,
+        [echo_tool(executed), slow_tool(executed)],
         max_steps=8,
-        signal=signal,
+        signal=threading.Event(),
+        cancel_at=("tool.started", 2) if mode == "observer" else None,
     )
-    events: list[al.Event] = []
-    while True:
-        try:
-            event = next(loop)
-        except StopIteration as done:
-            return events, done.value, executed, model
-        events.append(event)
-        if (
-            mode == "observer"
-            and event.type == "tool.started"
-            and event.payload["tool_call"].id == "call-slow-001"
-        ):
-            signal.set()
+    assert events[-2].payload["tool_call"].id == "call-slow-001"
+    return events, result, executed, model
 
 
-_IO_MODES = ["tool", "observer"]
+CANCEL_MODES = ["tool", "observer"]
 
 
 class TestResumeAfterCancellation:
     """Seed: "Cancellation during Tool execution retains the complete assistant Tool-call
-    message, emits tool.started, and appends no fabricated result." API.md: open_tool_calls
+    message, emits tool.started, and appends no fabricated result." open_tool_calls
     and resolve_open_tool_calls let a cancelled run's transcript start a new run."""
 
-    @pytest.mark.parametrize("mode", _IO_MODES)
+    @pytest.mark.parametrize("mode", CANCEL_MODES)
     def test_the_cancelled_run_leaves_open_calls(self, mode: str) -> None:
-        events, result, executed, model = _io_first_run(mode)
-        assert_well_formed(events, result)
+        events, result, executed, model = first_run(mode)
+        check_run(events, result)
         assert result.status == "cancelled"
         assert result.steps == 2
         assert model.call_count == 2
@@ -4158,7 +8099,7 @@ class TestResumeAfterCancellation:
         )
 
     def test_a_complete_transcript_has_no_open_calls(self) -> None:
-        _, result, _ = _io_recorded_run()
+        _, result, _ = recorded_run()
         assert al.open_tool_calls(result.messages) == ()
         assert al.open_tool_calls([]) == ()
         assert al.open_tool_calls([user()]) == ()
@@ -4176,9 +8117,9 @@ class TestResumeAfterCancellation:
         assert al.open_tool_calls(transcript) == (second, third)
         assert al.open_tool_calls(iter(transcript)) == (second, third)
 
-    @pytest.mark.parametrize("mode", _IO_MODES)
+    @pytest.mark.parametrize("mode", CANCEL_MODES)
     def test_resolve_appends_one_error_result_per_open_call(self, mode: str) -> None:
-        _, result, _, _ = _io_first_run(mode)
+        _, result, _, _ = first_run(mode)
         given = list(result.messages)
         snapshot = list(given)
         resolved = al.resolve_open_tool_calls(given, "interrupted by cancellation")
@@ -4205,30 +8146,32 @@ class TestResumeAfterCancellation:
         assert al.resolve_open_tool_calls(resolved, "again") == resolved
 
     def test_resolve_reads_any_iterable(self) -> None:
-        _, result, _, _ = _io_first_run("tool")
+        _, result, _, _ = first_run("tool")
         assert al.resolve_open_tool_calls(iter(result.messages), "x") == (
             al.resolve_open_tool_calls(result.messages, "x")
         )
 
     @pytest.mark.parametrize("content", [None, b"interrupted", 1, ["interrupted"]])
     def test_resolve_needs_str_content(self, content: Any) -> None:
-        _, result, _, _ = _io_first_run("tool")
+        _, result, _, _ = first_run("tool")
         with pytest.raises(TypeError, match="content"):
             al.resolve_open_tool_calls(result.messages, content)
 
-    @pytest.mark.parametrize("mode", _IO_MODES)
+    @pytest.mark.parametrize("mode", CANCEL_MODES)
     def test_a_resolved_transcript_starts_a_new_run_that_continues_the_request_ids(
         self, mode: str
     ) -> None:
-        _, cancelled, _, _ = _io_first_run(mode)
+        _, cancelled, _, _ = first_run(mode)
         resolved = al.resolve_open_tool_calls(cancelled.messages, "interrupted")
-        model = al.ScriptedModel(
-            [al.scripted_response("response-003", [text("Resumed.")], "stop")]
+        model = FakeModel(al.scripted_response("response-003", [text("Resumed.")], "stop"))
+        events, result, _ = run(
+            model,
+            [echo_tool()],
+            messages=resolved,
+            max_steps=2,
+            request_sequence_start=cancelled.steps,
         )
-        events, result = _io_settle(
-            model, resolved, [echo_tool()], max_steps=2, request_sequence_start=cancelled.steps
-        )
-        assert_well_formed(events, result)
+        check_run(events, result)
         assert [request.id for request in model.requests] == ["request-003"]
         assert model.requests[0].messages == resolved
         accepted = events[: len(resolved)]
@@ -4244,14 +8187,18 @@ class TestResumeAfterCancellation:
             al.AssistantMessage("message-response-003", (text("Resumed."),)),
         )
 
-    @pytest.mark.parametrize("mode", _IO_MODES)
+    @pytest.mark.parametrize("mode", CANCEL_MODES)
     def test_an_unresolved_transcript_cannot_start_a_new_run(self, mode: str) -> None:
         """Seed: "An invalid starting transcript produces one run.finished event with a
         failed INVALID_TRANSCRIPT result and never invokes the model." """
-        _, cancelled, _, _ = _io_first_run(mode)
-        model = al.ScriptedModel([al.scripted_response("response-003", [text("No.")], "stop")])
-        events, result = _io_settle(
-            model, cancelled.messages, [echo_tool()], request_sequence_start=cancelled.steps
+        _, cancelled, _, _ = first_run(mode)
+        model = FakeModel(al.scripted_response("response-003", [text("No.")], "stop"))
+        events, result, _ = run(
+            model,
+            [echo_tool()],
+            messages=cancelled.messages,
+            max_steps=8,
+            request_sequence_start=cancelled.steps,
         )
         assert types_of(events) == ["run.finished"]
         assert result.status == "failed"
@@ -4269,16 +8216,19 @@ class TestResumeAfterCancellation:
         assert cancelled.status == "cancelled"
         assert [c.id for c in al.open_tool_calls(cancelled.messages)] == ["call-add-001"]
         resolved = al.resolve_open_tool_calls(cancelled.messages, "interrupted")
-        model = al.ScriptedModel([al.scripted_response("response-002", [text("Later.")], "stop")])
-        events, result = _io_settle(
-            model, resolved, [], max_steps=1, request_sequence_start=cancelled.steps
+        model = FakeModel(al.scripted_response("response-002", [text("Later.")], "stop"))
+        events, result, _ = run(
+            model, messages=resolved, max_steps=1, request_sequence_start=cancelled.steps
         )
         assert [request.id for request in model.requests] == ["request-002"]
         assert types_of(events) == ["message.accepted"] * 3 + ["model.chunk", "run.finished"]
         assert result.status == "completed"
 
 
-_IO_DEMO_OUTPUT = "\n".join(
+# --- The demonstration -------------------------------------------------------------------
+
+
+DEMO_OUTPUT = "\n".join(
     [
         '  0  message.accepted  user user-001: "What is (20 + 22) * 2? And the weather in '
         'Atlantis?"',
@@ -4307,53 +8257,55 @@ _IO_DEMO_OUTPUT = "\n".join(
 """``python agent_loop.py`` with no options, checked by hand: three steps, a recoverable
 weather error, the final text assembled from three chunks."""
 
-_IO_DEMO_QUESTION = "What is (20 + 22) * 2? And the weather in Atlantis?"
+
+DEMO_QUESTION = "What is (20 + 22) * 2? And the weather in Atlantis?"
 
 
-def _io_demo(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[str, str]:
+def run_demo(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[str, str]:
     assert al._main(list(argv)) == 0
     captured = capsys.readouterr()
     return captured.out, captured.err
 
 
-def _io_event_lines(out: str) -> tuple[list[str], list[str]]:
+def event_lines(out: str) -> tuple[list[str], list[str]]:
     """Splits readable demo output into its event lines and the result lines after them."""
     lines = out.splitlines()
     finished = next(i for i, line in enumerate(lines) if "  run.finished  " in line)
     return lines[: finished + 1], lines[finished + 1 :]
 
 
-def _io_demo_direct(max_steps: int = al.MAX_AGENT_STEPS) -> tuple[list[al.Event], al.RunResult]:
-    return al.settle_run(
+def demo_run(max_steps: int = al.MAX_AGENT_STEPS) -> tuple[list[al.Event], al.RunResult]:
+    return settle(
         al.run_agent_loop(
-            messages=[al.UserMessage("user-001", _IO_DEMO_QUESTION)],
+            messages=[al.UserMessage("user-001", DEMO_QUESTION)],
             model=al._demo_model(),
             tools=al._demo_tools(),
             max_steps=max_steps,
-        )
+        ),
+        max_steps=max_steps,
     )
 
 
 class TestDemonstration:
-    """API.md "Running it": python agent_loop.py prints its event stream, one line per
+    """Running it: python agent_loop.py prints its event stream, one line per
     event, then the result; the output is deterministic."""
 
     def test_default_output_is_the_golden_output(self, capsys: pytest.CaptureFixture[str]) -> None:
-        out, err = _io_demo(capsys)
-        assert out == _IO_DEMO_OUTPUT
+        out, err = run_demo(capsys)
+        assert out == DEMO_OUTPUT
         assert err == ""
 
     def test_default_output_is_deterministic(self, capsys: pytest.CaptureFixture[str]) -> None:
-        first, _ = _io_demo(capsys)
-        second, _ = _io_demo(capsys)
+        first, _ = run_demo(capsys)
+        second, _ = run_demo(capsys)
         assert first == second
 
     def test_each_event_is_one_line_starting_with_its_sequence(
         self, capsys: pytest.CaptureFixture[str]
     ) -> None:
-        out, _ = _io_demo(capsys)
-        events, results = _io_event_lines(out)
-        direct_events, direct = _io_demo_direct()
+        out, _ = run_demo(capsys)
+        events, results = event_lines(out)
+        direct_events, direct = demo_run()
         assert len(events) == len(direct_events)
         for sequence, (line, event) in enumerate(zip(events, direct_events)):
             assert line.split()[:2] == [str(sequence), event.type]
@@ -4378,7 +8330,7 @@ class TestDemonstration:
             check=False,
         )
         assert (completed.returncode, completed.stderr) == (0, "")
-        assert completed.stdout == _IO_DEMO_OUTPUT
+        assert completed.stdout == DEMO_OUTPUT
 
     def test_the_script_entry_point_rejects_a_bad_option(self) -> None:
         completed = subprocess.run(
@@ -4395,7 +8347,7 @@ class TestDemonstration:
         assert "--bogus" in completed.stderr
 
     def test_json_prints_only_json_events(self, capsys: pytest.CaptureFixture[str]) -> None:
-        out, err = _io_demo(capsys, "--json")
+        out, err = run_demo(capsys, "--json")
         assert err == ""
         lines = out.splitlines()
         assert out.endswith("\n")
@@ -4406,13 +8358,13 @@ class TestDemonstration:
     def test_json_events_rebuild_the_run_and_its_result(
         self, capsys: pytest.CaptureFixture[str]
     ) -> None:
-        out, _ = _io_demo(capsys, "--json")
+        out, _ = run_demo(capsys, "--json")
         events = [al.event_from_dict(json.loads(line)) for line in out.splitlines()]
         assert [event.sequence for event in events] == list(range(len(events)))
         assert types_of(events).count("run.finished") == 1
         assert events[-1].type == "run.finished"
         result = events[-1].payload["result"]
-        direct_events, direct = _io_demo_direct()
+        direct_events, direct = demo_run()
         assert events == direct_events
         assert result == direct
         assert result.status == "completed"
@@ -4430,10 +8382,10 @@ class TestDemonstration:
     def test_json_and_readable_output_describe_the_same_events(
         self, capsys: pytest.CaptureFixture[str]
     ) -> None:
-        readable, _ = _io_demo(capsys)
-        as_json, _ = _io_demo(capsys, "--json")
+        readable, _ = run_demo(capsys)
+        as_json, _ = run_demo(capsys, "--json")
         events = [json.loads(line) for line in as_json.splitlines()]
-        lines, _ = _io_event_lines(readable)
+        lines, _ = event_lines(readable)
         assert [line.split()[:2] for line in lines] == [
             [str(event["sequence"]), event["type"]] for event in events
         ]
@@ -4446,8 +8398,8 @@ class TestDemonstration:
             pytest.param(2, "maxSteps", 11, ["result: maxSteps, 2 step(s), 6 messages",
                                               "the budget of 2 step(s) ended the run"],
                          id="2-one-short"),
-            pytest.param(3, "completed", 14, _IO_DEMO_OUTPUT.splitlines()[-2:], id="3-enough"),
-            pytest.param(64, "completed", 14, _IO_DEMO_OUTPUT.splitlines()[-2:], id="64-ceiling"),
+            pytest.param(3, "completed", 14, DEMO_OUTPUT.splitlines()[-2:], id="3-enough"),
+            pytest.param(64, "completed", 14, DEMO_OUTPUT.splitlines()[-2:], id="64-ceiling"),
         ],
     )  # fmt: skip
     def test_max_steps(
@@ -4460,15 +8412,15 @@ class TestDemonstration:
     ) -> None:
         """Seed: "If the current step equals maxSteps, the loop emits run.finished with
         status maxSteps and does not open another model request." """
-        out, _ = _io_demo(capsys, "--max-steps", str(max_steps))
-        events, results = _io_event_lines(out)
+        out, _ = run_demo(capsys, "--max-steps", str(max_steps))
+        events, results = event_lines(out)
         assert len(events) == last_sequence + 1
         assert events[-1].split()[:3] == [str(last_sequence), "run.finished", status]
         assert results == result_lines
-        assert _IO_DEMO_OUTPUT.startswith("\n".join(events[:-1]))
-        as_json, _ = _io_demo(capsys, "--json", "--max-steps", str(max_steps))
+        assert DEMO_OUTPUT.startswith("\n".join(events[:-1]))
+        as_json, _ = run_demo(capsys, "--json", "--max-steps", str(max_steps))
         rebuilt = al.event_from_dict(json.loads(as_json.splitlines()[-1])).payload["result"]
-        assert rebuilt == _io_demo_direct(max_steps)[1]
+        assert rebuilt == demo_run(max_steps)[1]
         assert rebuilt.status == status
         assert rebuilt.max_steps == (max_steps if status == "maxSteps" else None)
 
@@ -4491,11 +8443,11 @@ class TestDemonstration:
         open_calls: list[str],
     ) -> None:
         """Seed: "The last observable event is still run.finished with a cancelled result"."""
-        out, _ = _io_demo(capsys, "--cancel-after", str(cancel_after))
-        events, results = _io_event_lines(out)
+        out, _ = run_demo(capsys, "--cancel-after", str(cancel_after))
+        events, results = event_lines(out)
         assert len(events) == cancel_after + 2
         assert "\n".join(events[:-1]) + "\n" == "\n".join(
-            [*_IO_DEMO_OUTPUT.splitlines()[: cancel_after + 1], ""]
+            [*DEMO_OUTPUT.splitlines()[: cancel_after + 1], ""]
         )
         assert (
             events[-1]
@@ -4505,7 +8457,7 @@ class TestDemonstration:
         if open_calls:
             expected.append("left without a result: " + ", ".join(open_calls))
         assert results == expected
-        as_json, _ = _io_demo(capsys, "--json", "--cancel-after", str(cancel_after))
+        as_json, _ = run_demo(capsys, "--json", "--cancel-after", str(cancel_after))
         logged = [al.event_from_dict(json.loads(line)) for line in as_json.splitlines()]
         assert len(logged) == cancel_after + 2
         result = logged[-1].payload["result"]
@@ -4520,8 +8472,8 @@ class TestDemonstration:
         self, capsys: pytest.CaptureFixture[str]
     ) -> None:
         """K = 14 is run.finished itself: the signal comes too late to cancel anything."""
-        out, _ = _io_demo(capsys, "--cancel-after", "14")
-        assert out == _IO_DEMO_OUTPUT
+        out, _ = run_demo(capsys, "--cancel-after", "14")
+        assert out == DEMO_OUTPUT
 
     def test_help(self, capsys: pytest.CaptureFixture[str]) -> None:
         with pytest.raises(SystemExit) as exit_info:
@@ -4583,2290 +8535,6 @@ class TestDemonstration:
         )
 
 
-_README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")
-
-
-def _readme_blocks(language: str) -> list[str]:
-    with open(_README, encoding="utf-8") as readme:
-        return re.findall(rf"```{language}\n(.*?)```", readme.read(), re.DOTALL)
-
-
-class TestReadme:
-    """What the README tells a newcomer is true."""
-
-    def test_it_opens_with_the_demonstration_and_the_test_command(self) -> None:
-        first_block = _readme_blocks("sh")[0]
-        commands = [line.split("#")[0].strip() for line in first_block.splitlines()]
-        assert commands == ["python agent_loop.py", "pip install tox && tox"]
-
-    def test_its_python_blocks_run_and_their_assertions_hold(
-        self, capsys: pytest.CaptureFixture[str]
-    ) -> None:
-        blocks = _readme_blocks("python")
-        assert len(blocks) >= 4  # quick start, adapter, cancellation, replay
-        namespace: dict[str, Any] = {}
-        for number, block in enumerate(blocks, start=1):
-            exec(compile(block, f"README.md python block {number}", "exec"), namespace)
-        assert namespace["result"].status == "completed"
-        assert capsys.readouterr().out.splitlines()[0] == "0 message.accepted"
-
-    def test_its_demonstration_output_is_what_the_demo_prints(self) -> None:
-        assert _readme_blocks("text")[0] == _IO_DEMO_OUTPUT
-
-
-# --- Adversarial tests: "Prove that the loop cannot be broken" ---------------------------
-#
-# Helpers of this part are prefixed ``_h_`` (classes ``_H``) so that they cannot clash with
-# the rest of the suite. Nothing here uses agent_loop's private helpers: the checker and
-# the reference model below look at a run only from the outside.
-
-_h_untyped: Any = al
-"""The module, untyped: tests build values of the wrong type with it on purpose."""
-
-_H_STATUSES = ("completed", "cancelled", "maxSteps", "failed")
-_H_CODES = ("INVALID_TRANSCRIPT", "MODEL_PROTOCOL_ERROR", "MODEL_STREAM_ERROR", "TOOL_PHASE_ERROR")
-_H_EVENT_TYPES = (
-    "message.accepted",
-    "model.chunk",
-    "tool.started",
-    "tool.finished",
-    "run.finished",
-)
-_H_MESSAGE_TYPES = (al.UserMessage, al.AssistantMessage, al.ToolResultMessage)
-
-
-def _h_normalized(items: Sequence[object]) -> list[object]:
-    """Text coalesced between tool calls, empty text dropped: the seed's normalisation,
-    written again here so that the checker does not trust the loop's own."""
-    normalized: list[object] = []
-    pending = ""
-    for item in items:
-        if isinstance(item, al.TextBlock):
-            item = item.text
-        if isinstance(item, str):
-            pending += item
-            continue
-        if pending:
-            normalized.append(pending)
-            pending = ""
-        normalized.append(item)
-    if pending:
-        normalized.append(pending)
-    return normalized
-
-
-def _h_chunk_item(chunk: object) -> object:
-    if isinstance(chunk, al.TextDelta):
-        return chunk.text
-    assert isinstance(chunk, al.ToolCallChunk)
-    return chunk.tool_call
-
-
-def _h_check_invariants(
-    events: Sequence[al.Event],
-    result: al.RunResult,
-    model: Any,
-    max_steps: int,
-    *,
-    start: Sequence[al.Message] | None = None,
-) -> None:
-    """Every invariant a run keeps whatever the model, the tools and the caller did,
-    checked from the outside. ``model`` needs ``call_count`` and ``requests``."""
-    # One counter: sequences 0, 1, 2, ... and exactly one run.finished, last, carrying the result.
-    assert [event.sequence for event in events] == list(range(len(events)))
-    kinds = [event.type for event in events]
-    assert set(kinds) <= set(_H_EVENT_TYPES)
-    assert kinds.count("run.finished") == 1
-    assert kinds[-1] == "run.finished"
-    assert events[-1].payload["result"] is result
-    status = result.status
-    assert status in _H_STATUSES
-    assert (result.final_text is not None) == (status == "completed")
-    assert result.max_steps == (max_steps if status == "maxSteps" else None)
-    assert (result.error is not None) == (status == "failed")
-    code = None
-    if result.error is not None:
-        code = result.error.code
-        assert code in _H_CODES
-        assert isinstance(result.error.message, str)
-        assert result.error.message
-
-    # message.accepted events come first.
-    accepted = [event.payload["message"] for event in events if event.type == "message.accepted"]
-    assert kinds[: len(accepted)] == ["message.accepted"] * len(accepted)
-
-    # Complete protocol messages with unique ids and valid linkage.
-    messages = result.messages
-    assert isinstance(messages, tuple)
-    assert all(type(message) in _H_MESSAGE_TYPES for message in messages)
-    assert len({message.id for message in messages}) == len(messages)
-    calls: dict[str, tuple[str, int]] = {}  # call id -> (tool name, index of its message)
-    answered: dict[str, int] = {}
-    assistant_indexes = []
-    for index, message in enumerate(messages):
-        if isinstance(message, al.AssistantMessage):
-            assistant_indexes.append(index)
-            for block in message.content:
-                assert type(block) in (al.TextBlock, al.ToolCall)
-                if isinstance(block, al.TextBlock):
-                    assert isinstance(block.text, str)
-                    continue
-                assert isinstance(block.id, str)
-                assert block.id
-                assert isinstance(block.name, str)
-                assert block.name
-                assert block.id not in calls, "tool-call ids are unique in a transcript"
-                calls[block.id] = (block.name, index)
-        elif isinstance(message, al.ToolResultMessage):
-            # Every result answers an earlier call with the same tool name, exactly once.
-            assert message.tool_call_id in calls
-            assert calls[message.tool_call_id][0] == message.tool_name
-            assert message.tool_call_id not in answered
-            answered[message.tool_call_id] = index
-            assert isinstance(message.content, str)
-            assert isinstance(message.is_error, bool)
-        else:
-            assert isinstance(message.content, str)
-    open_calls = [call_id for call_id in calls if call_id not in answered]
-    if open_calls:
-        # Only a run interrupted inside its last tool batch leaves calls without a result,
-        # and only those of the last assistant message.
-        assert status == "cancelled" or code == "TOOL_PHASE_ERROR"
-        assert {calls[call_id][1] for call_id in open_calls} == {assistant_indexes[-1]}
-
-    # The starting messages: accepted in order, then kept as the transcript's prefix.
-    if code == "INVALID_TRANSCRIPT":
-        assert kinds == ["run.finished"]
-        assert messages == ()
-        assert result.steps == 0
-    else:
-        assert accepted == list(messages[: len(accepted)])
-        if start is not None:
-            assert messages[: len(start)] == tuple(start)
-            assert accepted == list(start[: len(accepted)])
-            if result.steps > 0 or status != "cancelled":
-                assert len(accepted) == len(start)
-            start_count = len(start)
-        elif result.steps > 0 or status != "cancelled":
-            start_count = len(accepted)
-        else:
-            start_count = len(messages)
-
-    # The model: one call per step, within the budget; every request a prefix of the end.
-    assert model.call_count == result.steps <= max_steps
-    requests = list(model.requests)
-    assert len(requests) == result.steps
-    request_ids = [request.id for request in requests]
-    if request_ids:
-        first = int(request_ids[0][len("request-") :])
-        assert request_ids == [f"request-{n:03d}" for n in range(first, first + len(requests))]
-    for request in requests:
-        assert request.messages == messages[: len(request.messages)]
-    if code == "INVALID_TRANSCRIPT":
-        return
-
-    # Chunks: every chunk event belongs to an opened request and carries its id.
-    for event in events:
-        if event.type == "model.chunk":
-            assert event.payload["request_id"] in request_ids
-            assert event.payload["chunk"].request_id == event.payload["request_id"]
-
-    # No assistant message for a response whose stream was interrupted: the run added one
-    # assistant message per step, except a last step that never reached tool.started or
-    # completion. Each added message agrees with the chunks streamed for its request.
-    added = messages[start_count:]
-    added_assistants = [m for m in added if isinstance(m, al.AssistantMessage)]
-    if result.steps == 0:
-        assert added == ()
-    else:
-        last_accepted = status == "completed" or any(
-            event.type == "tool.started" and event.payload["request_id"] == request_ids[-1]
-            for event in events
-        )
-        assert len(added_assistants) == result.steps - 1 + int(last_accepted)
-    for request_id, message in zip(request_ids, added_assistants):
-        streamed = [
-            _h_chunk_item(event.payload["chunk"])
-            for event in events
-            if event.type == "model.chunk" and event.payload["request_id"] == request_id
-        ]
-        assert _h_normalized(streamed) == _h_normalized(message.content)
-        # Tools ran in assistant order, for this request only.
-        started = [
-            event.payload["tool_call"]
-            for event in events
-            if event.type == "tool.started" and event.payload["request_id"] == request_id
-        ]
-        message_calls = [block for block in message.content if isinstance(block, al.ToolCall)]
-        assert started == message_calls[: len(started)]
-
-    # Tools: each tool.started is followed at once by its tool.finished, unless the run
-    # ended right there; each tool.finished carries a result that is in the transcript.
-    finished = [event for event in events if event.type == "tool.finished"]
-    added_results = [m for m in added if isinstance(m, al.ToolResultMessage)]
-    assert len(finished) == len(added_results)
-    for event, message in zip(finished, added_results):
-        assert event.payload["tool_result"] is message
-        assert event.payload["tool_call"].id == message.tool_call_id
-        assert event.payload["tool_call"].name == message.tool_name
-    for index, event in enumerate(events):
-        if event.type != "tool.started":
-            continue
-        follower = events[index + 1]
-        if follower.type == "tool.finished":
-            assert follower.payload["tool_call"] is event.payload["tool_call"]
-            assert follower.payload["request_id"] == event.payload["request_id"]
-        else:
-            assert follower.type == "run.finished"
-            assert status == "cancelled" or code == "TOOL_PHASE_ERROR"
-            assert event.payload["tool_call"].id in open_calls, "no result for an interrupted call"
-
-
-# --- A model that does exactly what a test tells it, and records what happened to it ---
-
-_HStep = Callable[["_HModel", al.ModelRequest, Any], Any]
-
-
-class _HModel:
-    """Runs one step function per model call. ``finalized`` lists the request ids whose
-    stream's ``finally`` ran; ``exits`` those that received GeneratorExit (were closed)."""
-
-    def __init__(self, *steps: _HStep) -> None:
-        self._steps = steps
-        self.call_count = 0
-        self.requests: list[al.ModelRequest] = []
-        self.finalized: list[str] = []
-        self.exits: list[str] = []
-
-    def stream(self, request: al.ModelRequest, signal: Any) -> Any:
-        self.call_count += 1
-        self.requests.append(request)
-        if self.call_count > len(self._steps):
-            raise RuntimeError(f"_HModel has no step left for {request.id}")
-        return self._steps[self.call_count - 1](self, request, signal)
-
-
-def _h_gen(
-    model: _HModel,
-    request: al.ModelRequest,
-    stream: Sequence[object],
-    response: Callable[[al.ModelRequest], object],
-) -> Generator[object, None, object]:
-    """Streams ``stream`` (a block becomes its chunk with the active request id; a callable
-    is called with the request and what it returns is yielded), then returns the response."""
-    try:
-        for item in stream:
-            if isinstance(item, al.TextBlock):
-                yield al.TextDelta(request.id, item.text)
-            elif isinstance(item, al.ToolCall):
-                yield al.ToolCallChunk(request.id, item)
-            else:
-                yield cast(Callable[[al.ModelRequest], object], item)(request)
-        return response(request)
-    except GeneratorExit:
-        model.exits.append(request.id)
-        raise
-    finally:
-        model.finalized.append(request.id)
-
-
-def _h_respond(
-    response_id: str, content: Sequence[object], stop_reason: str
-) -> Callable[[al.ModelRequest], object]:
-    return lambda request: _h_untyped.ModelResponse(
-        response_id,
-        request.id,
-        content,
-        stop_reason,
-    )
-
-
-def _h_step(stream: Sequence[object], response: Callable[[al.ModelRequest], object]) -> _HStep:
-    return lambda model, request, signal: _h_gen(model, request, stream, response)
-
-
-def _h_turn(response_id: str, content: Sequence[object], stop_reason: str) -> _HStep:
-    """A well-behaved step: streams each block of ``content`` as one chunk."""
-    return _h_step(content, _h_respond(response_id, content, stop_reason))
-
-
-def _h_raise(error: BaseException) -> Callable[[al.ModelRequest], object]:
-    def raiser(request: al.ModelRequest) -> object:
-        raise error
-
-    return raiser
-
-
-def _h_echo_call(call_id: str, value: str) -> al.ToolCall:
-    return al.ToolCall(call_id, "echo", {"text": value})
-
-
-def _h_start(
-    model: Any,
-    tools: Sequence[al.Tool] = (),
-    *,
-    messages: Sequence[al.Message] | None = None,
-    max_steps: int = 4,
-    signal: threading.Event | None = None,
-) -> Any:
-    return al.run_agent_loop(
-        messages=[user()] if messages is None else messages,
-        model=model,
-        tools=al.ToolRegistry(tools),
-        max_steps=max_steps,
-        signal=signal,
-    )
-
-
-def _h_settle(
-    model: Any,
-    tools: Sequence[al.Tool] = (),
-    *,
-    messages: Sequence[al.Message] | None = None,
-    max_steps: int = 4,
-    signal: threading.Event | None = None,
-) -> tuple[list[al.Event], al.RunResult]:
-    """Runs to the end and checks every invariant of the run."""
-    events, result = al.settle_run(
-        _h_start(model, tools, messages=messages, max_steps=max_steps, signal=signal)
-    )
-    start = [user()] if messages is None else messages
-    _h_check_invariants(events, result, model, max_steps, start=start)
-    return events, result
-
-
-def _h_drain(run_: Any, events: list[al.Event]) -> None:
-    """Appends each event of a run to ``events`` until the run ends or raises."""
-    for event in run_:
-        events.append(event)
-
-
-def _h_until(run_: Any, event_type: str, occurrence: int = 1) -> list[al.Event]:
-    """Iterates a run until the given occurrence of an event type has been yielded."""
-    events: list[al.Event] = []
-    while True:
-        events.append(next(run_))
-        if types_of(events).count(event_type) == occurrence and events[-1].type == event_type:
-            return events
-
-
-# --- A reference model of expected outcomes, for the sweep and the random scripts ---------
-
-
-@dataclasses.dataclass
-class _HCallPlan:
-    """One tool call of a script and what the reference expects of it."""
-
-    call: al.ToolCall
-    runs: bool  # whether the tool's function is entered
-    record: tuple[object, ...]  # what the tool logs when it runs
-    is_error: bool
-    content: str | None  # the expected result content, when it is predictable
-
-
-@dataclasses.dataclass
-class _HPlan:
-    """One model step of a script. ``stream`` items: a block (streamed as its chunk) or a
-    callable(request) whose return value is yielded raw (or which raises)."""
-
-    response_id: str
-    stream: list[object]
-    response: Callable[[al.ModelRequest], object]
-    chunk_events: int  # model.chunk events this step yields
-    code: str | None = None  # the failure this step causes, if any
-    stop: bool = False
-    calls: list[_HCallPlan] = dataclasses.field(default_factory=list)
-    final_text: str = ""
-
-
-def _h_ok_echo(call_id: str, value: str) -> _HCallPlan:
-    return _HCallPlan(_h_echo_call(call_id, value), True, ("echo", value), False, value)
-
-
-def _h_ok_add(call_id: str, left: int, right: int) -> _HCallPlan:
-    return _HCallPlan(
-        al.ToolCall(call_id, "add", {"left": left, "right": right}),
-        True,
-        ("add", left, right),
-        False,
-        f'{{"sum":{left + right}}}',
-    )
-
-
-def _h_boom(call_id: str, value: str) -> _HCallPlan:
-    """A tool that runs and raises: a recoverable error result."""
-    return _HCallPlan(
-        al.ToolCall(call_id, "boom", {"text": value}), True, ("boom", value), True, None
-    )
-
-
-def _h_bad_schema(call_id: str) -> _HCallPlan:
-    """Arguments that fail the echo schema: a recoverable error, the tool never runs."""
-    return _HCallPlan(al.ToolCall(call_id, "echo", {"text": 5}), False, (), True, None)
-
-
-def _h_unknown(call_id: str) -> _HCallPlan:
-    return _HCallPlan(al.ToolCall(call_id, "missing", {"x": 1}), False, (), True, None)
-
-
-def _h_tools(log: list[tuple[object, ...]]) -> list[al.Tool]:
-    """echo, add and boom; each appends what it was called with to ``log``."""
-    string = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
-
-    def echo(arguments: dict[str, Any], signal: Any) -> object:
-        log.append(("echo", arguments["text"]))
-        return arguments["text"]
-
-    def add(arguments: dict[str, Any], signal: Any) -> object:
-        log.append(("add", arguments["left"], arguments["right"]))
-        return {"sum": arguments["left"] + arguments["right"]}
-
-    def boom(arguments: dict[str, Any], signal: Any) -> object:
-        log.append(("boom", arguments["text"]))
-        raise ValueError("boom " + arguments["text"])
-
-    return [
-        al.Tool("echo", "Returns its text.", string, echo),
-        al.Tool("add", "Adds two numbers.", NUMBERS, add),
-        al.Tool("boom", "Always raises.", string, boom),
-    ]
-
-
-def _h_plan(
-    response_id: str,
-    items: Sequence[object],
-    stop_reason: str,
-    *,
-    stream: Sequence[object] | None = None,
-    content: Sequence[object] | None = None,
-) -> _HPlan:
-    """A valid step: ``items`` are texts and _HCallPlans in assistant order."""
-    blocks = [
-        al.TextBlock(item) if isinstance(item, str) else cast(_HCallPlan, item).call
-        for item in items
-    ]
-    content = blocks if content is None else list(content)
-    stream = blocks if stream is None else list(stream)
-    return _HPlan(
-        response_id,
-        list(stream),
-        _h_respond(response_id, content, stop_reason),
-        len(stream),
-        stop=stop_reason == "stop",
-        calls=[item for item in items if isinstance(item, _HCallPlan)],
-        final_text="".join(item for item in items if isinstance(item, str)),
-    )
-
-
-@dataclasses.dataclass
-class _HPrediction:
-    events: list[tuple[str, int, str | None]]  # (type, step, tool-call id)
-    status: str
-    code: str | None
-    steps: int
-    message_ids: list[str]
-    results: dict[str, _HCallPlan]  # result message id -> its call's plan
-    executed: list[tuple[object, ...]]
-    final_text: str | None
-
-
-def _h_predict(
-    start: Sequence[al.Message],
-    plans: Sequence[_HPlan],
-    max_steps: int,
-    cancel_at: int | None = None,
-) -> _HPrediction:
-    """What the seed says the run does: events, status, steps, transcript, tool effects.
-    ``cancel_at``: the signal is set when the event with that sequence arrives."""
-    events: list[tuple[str, int, str | None]] = [("message.accepted", 0, None)] * len(start)
-    # Each message with the index of the first event that proves it was appended.
-    messages: list[tuple[str, int]] = [(message.id, -1) for message in start]
-    executed: list[tuple[tuple[object, ...], int]] = []
-    results: dict[str, _HCallPlan] = {}
-    code: str | None = None
-    final_text: str | None = None
-    status = "maxSteps"
-    steps = max_steps
-    for step in range(1, max_steps + 1):
-        if step > len(plans):  # the model has nothing left: its stream() raises
-            status, code, steps = "failed", "MODEL_STREAM_ERROR", step
-            break
-        plan = plans[step - 1]
-        events += [("model.chunk", step, None)] * plan.chunk_events
-        if plan.code is not None:
-            status, code, steps = "failed", plan.code, step
-            break
-        # The assistant message is appended before the first tool.started (or run.finished).
-        messages.append(("message-" + plan.response_id, len(events)))
-        if plan.stop:
-            status, final_text, steps = "completed", plan.final_text, step
-            break
-        for call_plan in plan.calls:
-            events.append(("tool.started", step, call_plan.call.id))
-            events.append(("tool.finished", step, call_plan.call.id))
-            messages.append(("tool-result-" + call_plan.call.id, len(events) - 1))
-            results["tool-result-" + call_plan.call.id] = call_plan
-            if call_plan.runs:
-                executed.append((call_plan.record, len(events) - 1))
-    events.append(("run.finished", steps, None))
-    if cancel_at is not None and cancel_at < len(events) - 1:
-        # The loop looks at the signal right after each event: it stops there, keeping
-        # the messages appended so far and opening no further request.
-        events = events[: cancel_at + 1]
-        steps = max(step for _, step, _ in events)
-        events.append(("run.finished", steps, None))
-        status, code, final_text = "cancelled", None, None
-        messages = [(message_id, proof) for message_id, proof in messages if proof <= cancel_at]
-        executed = [(record, proof) for record, proof in executed if proof <= cancel_at]
-    return _HPrediction(
-        events,
-        status,
-        code,
-        steps,
-        [message_id for message_id, _ in messages],
-        results,
-        [record for record, _ in executed],
-        final_text,
-    )
-
-
-def _h_run_plans(
-    start: Sequence[al.Message],
-    plans: Sequence[_HPlan],
-    max_steps: int,
-    cancel_at: int | None = None,
-) -> tuple[list[al.Event], al.RunResult, _HModel, list[tuple[object, ...]]]:
-    """Runs a script; the consumer sets the signal when event ``cancel_at`` arrives."""
-    log: list[tuple[object, ...]] = []
-    model = _HModel(*[_h_step(plan.stream, plan.response) for plan in plans])
-    signal = threading.Event()
-    run_ = al.run_agent_loop(
-        messages=list(start),
-        model=model,
-        tools=al.ToolRegistry(_h_tools(log)),
-        max_steps=max_steps,
-        signal=signal,
-    )
-    events: list[al.Event] = []
-    while True:
-        try:
-            event = next(run_)
-        except StopIteration as done:
-            result: al.RunResult = done.value
-            break
-        events.append(event)
-        if event.sequence == cancel_at:
-            signal.set()
-    _h_check_invariants(events, result, model, max_steps, start=start)
-    return events, result, model, log
-
-
-def _h_assert_predicted(
-    prediction: _HPrediction,
-    events: Sequence[al.Event],
-    result: al.RunResult,
-    model: _HModel,
-    log: Sequence[tuple[object, ...]],
-    plans: Sequence[_HPlan],
-) -> None:
-    def request_id(step: int) -> str:
-        return f"request-{step:03d}"
-
-    observed = []
-    for event in events:
-        payload = event.payload
-        call_id = payload["tool_call"].id if "tool_call" in payload else None
-        step = int(payload["request_id"][len("request-") :]) if "request_id" in payload else 0
-        observed.append((event.type, step, call_id))
-    # run.finished carries no request id; the prediction tags it with the step count.
-    assert observed[:-1] == prediction.events[:-1]
-    assert observed[-1][0] == "run.finished"
-    assert result.status == prediction.status
-    assert (result.error.code if result.error else None) == prediction.code
-    assert result.steps == prediction.steps
-    assert model.call_count == prediction.steps
-    assert [message.id for message in result.messages] == prediction.message_ids
-    assert result.final_text == prediction.final_text
-    assert log == prediction.executed
-    for message in result.messages:
-        if message.id in prediction.results and isinstance(message, al.ToolResultMessage):
-            expected = prediction.results[message.id]
-            assert message.is_error is expected.is_error
-            if expected.content is not None:
-                assert message.content == expected.content
-    # Every stream the loop opened was finished or closed: none is left suspended.
-    opened = [request_id(step) for step in range(1, prediction.steps + 1) if step <= len(plans)]
-    assert model.finalized == opened
-
-
-# --- Cancellation at every event ---------------------------------------------------------
-
-_H_HISTORY: tuple[al.Message, ...] = (
-    al.UserMessage("user-000", "Echo old."),
-    al.AssistantMessage("message-old", (_h_echo_call("call-old", "old"),)),
-    al.ToolResultMessage("tool-result-call-old", "call-old", "echo", "old", False),
-    user(),
-)
-
-
-def _h_sweep_scripts() -> dict[str, tuple[Sequence[al.Message], list[_HPlan], int]]:
-    """Multi-step scripts with several tool calls, ending in each natural status."""
-    step_one = _h_plan(
-        "response-001",
-        ["Let me ", _h_ok_echo("call-echo-001", "a"), _h_ok_add("call-add-001", 20, 22)],
-        "toolCall",
-        stream=[
-            al.TextBlock("Let "),
-            al.TextBlock("me "),
-            _h_echo_call("call-echo-001", "a"),
-            al.ToolCall("call-add-001", "add", {"left": 20, "right": 22}),
-        ],
-    )
-    step_two = _h_plan(
-        "response-002",
-        [_h_boom("call-boom-001", "b"), "and ", _h_ok_echo("call-echo-002", "c")],
-        "toolCall",
-    )
-    step_three = _h_plan(
-        "response-003",
-        ["The sum is 42."],
-        "stop",
-        stream=[al.TextBlock("The "), al.TextBlock("sum is "), al.TextBlock("42.")],
-    )
-    violation = dataclasses.replace(
-        _h_plan("response-003", ["Bad ", _h_ok_echo("call-echo-003", "d")], "stop"),
-        code="MODEL_PROTOCOL_ERROR",
-    )
-    return {
-        "completed": (_H_HISTORY, [step_one, step_two, step_three], 3),
-        "maxSteps": (_H_HISTORY, [step_one, step_two, step_three], 2),
-        "failed": ([user()], [step_one, step_two, violation], 3),
-    }
-
-
-def _h_sweep_params() -> list[Any]:
-    params = []
-    for name, (start, plans, max_steps) in _h_sweep_scripts().items():
-        count = len(_h_predict(start, plans, max_steps).events)
-        params += [pytest.param(name, k, id=f"{name}-event-{k}") for k in range(count)]
-    return params
-
-
-class TestHostileCancellationAtEveryEvent:
-    """Seed: "Cancellation can arrive during initial emission, model streaming, terminal
-    response waiting, Tool execution, or between phases. The result retains only complete
-    messages." The signal is set when event k arrives, for every k of three scripts."""
-
-    @pytest.mark.parametrize(("script", "k"), _h_sweep_params())
-    def test_cancel_when_event_k_arrives(self, script: str, k: int) -> None:
-        start, plans, max_steps = _h_sweep_scripts()[script]
-        natural_events, natural, _, natural_log = _h_run_plans(start, plans, max_steps)
-        events, result, model, log = _h_run_plans(start, plans, max_steps, cancel_at=k)
-
-        last = len(natural_events) - 1
-        assert result.status == ("cancelled" if k < last else natural.status)
-        # The run is the natural run up to event k, then run.finished.
-        assert [(e.sequence, e.type, dict(e.payload)) for e in events[:-1]] == [
-            (e.sequence, e.type, dict(e.payload)) for e in natural_events[: min(k, last - 1) + 1]
-        ]
-        # Only complete messages: what the natural run had appended when event k arrived.
-        assert result.messages == natural.messages[: len(result.messages)]
-        assert log == natural_log[: len(log)]
-        _h_assert_predicted(
-            _h_predict(start, plans, max_steps, k), events, result, model, log, plans
-        )
-        if natural_events[k].type == "tool.started":
-            # Seed: "appends no fabricated result" for the call that was interrupted.
-            interrupted = natural_events[k].payload["tool_call"]
-            assert interrupted.id not in [
-                m.tool_call_id for m in result.messages if isinstance(m, al.ToolResultMessage)
-            ]
-            assert interrupted == events[-2].payload["tool_call"]
-
-    def test_sweep_visits_every_kind_of_event(self) -> None:
-        """The sweep is not vacuous: each script has all five event types, several tool
-        calls, and ends with the status it is named after."""
-        for name, (start, plans, max_steps) in _h_sweep_scripts().items():
-            events, result, _, _ = _h_run_plans(start, plans, max_steps)
-            assert set(types_of(events)) == set(_H_EVENT_TYPES)
-            assert result.status == name
-            assert types_of(events).count("tool.started") >= 3
-
-
-# --- Cancellation from another thread ----------------------------------------------------
-
-
-class TestHostileCancellationFromAnotherThread:
-    """Another thread sets the signal while the loop is blocked in a tool or in the model."""
-
-    @staticmethod
-    def _set_when(ready: threading.Event, signal: threading.Event) -> threading.Thread:
-        def setter() -> None:
-            if ready.wait(5):
-                signal.set()
-
-        thread = threading.Thread(target=setter)
-        thread.start()
-        return thread
-
-    def test_tool_blocked_on_the_signal_gets_no_result(self) -> None:
-        """Seed: "Cancellation during Tool execution retains the complete assistant
-        Tool-call message, emits tool.started, and appends no fabricated result.\""""
-        blocking, woke = threading.Event(), []
-
-        def wait_for_cancel(arguments: dict[str, Any], signal: Any) -> object:
-            blocking.set()
-            woke.append(signal.wait(5))
-            return "a result that arrives too late"
-
-        tool = al.Tool("wait", "Waits.", {"type": "object"}, wait_for_cancel)
-        first = al.ToolCall("call-wait-001", "wait", {})
-        model = _HModel(
-            _h_turn("response-001", [first], "toolCall"), _h_turn("r2", [text("x")], "stop")
-        )
-        signal = threading.Event()
-        setter = self._set_when(blocking, signal)
-        events, result = _h_settle(model, [tool], signal=signal)
-        setter.join(5)
-        assert not setter.is_alive()
-
-        assert woke == [True]  # released by the signal, not by the safety timeout
-        assert result.status == "cancelled"
-        assert types_of(events) == [
-            "message.accepted",
-            "model.chunk",
-            "tool.started",
-            "run.finished",
-        ]
-        assert result.messages == (user(), al.AssistantMessage("message-response-001", (first,)))
-        assert model.call_count == 1
-
-    def test_tool_that_raises_because_of_the_signal_is_cancelled_not_recoverable(self) -> None:
-        blocking = threading.Event()
-
-        def abort_on_cancel(arguments: dict[str, Any], signal: Any) -> object:
-            blocking.set()
-            signal.wait(5)
-            raise RuntimeError("aborted")
-
-        tool = al.Tool("wait", "Waits.", {"type": "object"}, abort_on_cancel)
-        model = _HModel(_h_turn("response-001", [al.ToolCall("c-1", "wait", {})], "toolCall"))
-        signal = threading.Event()
-        setter = self._set_when(blocking, signal)
-        events, result = _h_settle(model, [tool], signal=signal)
-        setter.join(5)
-        assert not setter.is_alive()
-        assert result.status == "cancelled"
-        assert "tool.finished" not in types_of(events)
-        assert not any(isinstance(m, al.ToolResultMessage) for m in result.messages)
-
-    @pytest.mark.parametrize(
-        "after_wake",
-        [
-            pytest.param("yields", id="then-yields-another-chunk"),
-            pytest.param("raises", id="then-raises"),
-            pytest.param("returns", id="then-returns-its-response"),
-        ],
-    )
-    def test_model_blocked_between_chunks(self, after_wake: str) -> None:
-        """Seed: "A partial model chunk may already have an event but its unfinished
-        assistant message is not appended." Whatever the model does once it wakes."""
-        blocking, woke = threading.Event(), []
-
-        def step(
-            model: _HModel, request: al.ModelRequest, signal: Any
-        ) -> Generator[object, None, object]:
-            try:
-                yield al.TextDelta(request.id, "Hel")
-                blocking.set()
-                woke.append(signal.wait(5))
-                if after_wake == "yields":
-                    yield al.TextDelta(request.id, "lo")
-                elif after_wake == "raises":
-                    raise ConnectionError("stream aborted")
-                return al.ModelResponse("response-001", request.id, [text("Hel")], "stop")
-            finally:
-                model.finalized.append(request.id)
-
-        model = _HModel(step)
-        signal = threading.Event()
-        setter = self._set_when(blocking, signal)
-        events, result = _h_settle(model, signal=signal)
-        setter.join(5)
-        assert not setter.is_alive()
-        assert woke == [True]
-        assert result.status == "cancelled"
-        assert result.error is None
-        assert types_of(events) == ["message.accepted", "model.chunk", "run.finished"]
-        assert result.messages == (user(),)
-        assert model.finalized == ["request-001"]
-
-    def test_model_stream_call_blocked_until_cancelled_then_raising(self) -> None:
-        """A model whose stream() call itself blocks on the signal, then raises because it
-        was cancelled: the run is cancelled, not failed with MODEL_STREAM_ERROR."""
-        blocking = threading.Event()
-
-        def refuse(model: _HModel, request: al.ModelRequest, signal: Any) -> object:
-            blocking.set()
-            signal.wait(5)
-            raise ConnectionAbortedError("cancelled by the caller")
-
-        model = _HModel(refuse)
-        signal = threading.Event()
-        setter = self._set_when(blocking, signal)
-        events, result = _h_settle(model, signal=signal)
-        setter.join(5)
-        assert not setter.is_alive()
-        assert result.status == "cancelled"
-        assert types_of(events) == ["message.accepted", "run.finished"]
-        assert result.steps == 1
-
-
-# --- Walking away: close(), throw(), dropping the generator -------------------------------
-
-
-class TestHostileConsumerWalksAway:
-    """API: "A consumer that calls close() ends the run at once: the model's stream is
-    closed, no tool runs, and nothing more is yielded.\""""
-
-    @staticmethod
-    def _model() -> _HModel:
-        return _HModel(
-            _h_turn(
-                "response-001",
-                [text("Echo twice."), _h_echo_call("call-1", "a"), _h_echo_call("call-2", "b")],
-                "toolCall",
-            ),
-            _h_turn("response-002", [text("done")], "stop"),
-        )
-
-    def test_close_at_a_model_chunk_closes_the_model_stream(self) -> None:
-        executed: list[str] = []
-        model = self._model()
-        run_ = _h_start(model, [echo_tool(executed)])
-        events = _h_until(run_, "model.chunk")
-        assert run_.close() is None
-        assert model.exits == ["request-001"]  # closed while suspended, not exhausted
-        assert model.finalized == ["request-001"]
-        assert executed == []
-        with pytest.raises(StopIteration):
-            next(run_)
-        assert "run.finished" not in types_of(events)
-
-    @pytest.mark.parametrize("occurrence", [1, 2])
-    def test_close_at_tool_started_runs_no_tool(self, occurrence: int) -> None:
-        executed: list[str] = []
-        model = self._model()
-        run_ = _h_start(model, [echo_tool(executed)])
-        _h_until(run_, "tool.started", occurrence)
-        run_.close()
-        assert executed == ["a"] * (occurrence - 1)  # the announced call never ran
-        assert model.call_count == 1
-        assert model.finalized == ["request-001"]
-        with pytest.raises(StopIteration):
-            next(run_)
-
-    def test_close_at_tool_finished_runs_no_further_tool(self) -> None:
-        executed: list[str] = []
-        model = self._model()
-        run_ = _h_start(model, [echo_tool(executed)])
-        _h_until(run_, "tool.finished")
-        run_.close()
-        assert executed == ["a"]
-        assert model.call_count == 1
-
-    def test_close_at_message_accepted_never_opens_the_model(self) -> None:
-        executed: list[str] = []
-        model = self._model()
-        run_ = _h_start(model, [echo_tool(executed)], messages=list(_H_HISTORY))
-        _h_until(run_, "message.accepted")
-        run_.close()
-        assert model.call_count == 0
-        assert executed == []
-        with pytest.raises(StopIteration):
-            next(run_)
-
-    def test_dropping_the_generator_closes_the_model_stream(self) -> None:
-        executed: list[str] = []
-        model = self._model()
-        run_ = _h_start(model, [echo_tool(executed)])
-        _h_until(run_, "model.chunk", 2)
-        del run_
-        gc.collect()
-        assert model.exits == ["request-001"]
-        assert model.finalized == ["request-001"]
-        assert executed == []
-
-    @pytest.mark.parametrize(
-        "error",
-        [
-            pytest.param(ValueError("x"), id="ValueError"),
-            pytest.param(KeyboardInterrupt(), id="KeyboardInterrupt"),
-            pytest.param(SystemExit(3), id="SystemExit"),
-        ],
-    )
-    def test_throw_at_a_model_chunk_reaches_the_caller_unchanged(
-        self, error: BaseException
-    ) -> None:
-        executed: list[str] = []
-        model = self._model()
-        run_ = _h_start(model, [echo_tool(executed)])
-        _h_until(run_, "model.chunk", 2)
-        with pytest.raises(type(error)) as raised:
-            run_.throw(error)
-        assert raised.value is error
-        assert model.exits == ["request-001"]
-        assert model.finalized == ["request-001"]
-        assert executed == []
-        with pytest.raises(StopIteration):
-            next(run_)
-
-    def test_throw_at_tool_started_runs_no_tool(self) -> None:
-        executed: list[str] = []
-        model = self._model()
-        run_ = _h_start(model, [echo_tool(executed)])
-        _h_until(run_, "tool.started")
-        error = ValueError("x")
-        with pytest.raises(ValueError, match=r"^x$") as raised:
-            run_.throw(error)
-        assert raised.value is error
-        assert executed == []
-        assert model.call_count == 1
-
-
-class TestHostileInterruptsAreNeverSwallowed:
-    """KeyboardInterrupt and SystemExit from the model or a tool propagate out of next()
-    unchanged; the model's stream is closed and no tool runs after them."""
-
-    @pytest.mark.parametrize("error_type", [KeyboardInterrupt, SystemExit])
-    @pytest.mark.parametrize("where", ["stream()", "generator"])
-    def test_from_the_model(self, error_type: type, where: str) -> None:
-        error = error_type()
-        executed: list[str] = []
-
-        def raise_from_stream(model: _HModel, request: al.ModelRequest, signal: Any) -> object:
-            raise error
-
-        if where == "stream()":
-            step: _HStep = raise_from_stream
-        else:
-            step = _h_step(
-                [_h_echo_call("call-1", "a"), _h_raise(error)], _h_raise(AssertionError())
-            )
-        model = _HModel(step)
-        run_ = _h_start(model, [echo_tool(executed)])
-        events: list[al.Event] = []
-        with pytest.raises(error_type) as raised:
-            _h_drain(run_, events)
-        assert raised.value is error
-        assert "run.finished" not in types_of(events)
-        assert model.finalized == ([] if where == "stream()" else ["request-001"])
-        assert executed == []
-        with pytest.raises(StopIteration):
-            next(run_)
-
-    @pytest.mark.parametrize("error_type", [KeyboardInterrupt, SystemExit])
-    def test_from_a_tool(self, error_type: type) -> None:
-        error = error_type()
-        executed: list[str] = []
-
-        def interrupt(arguments: dict[str, Any], signal: Any) -> object:
-            raise error
-
-        tools = [
-            al.Tool("stop", "Interrupts.", {"type": "object"}, interrupt),
-            echo_tool(executed),
-        ]
-        model = _HModel(
-            _h_turn(
-                "response-001",
-                [al.ToolCall("call-1", "stop", {}), _h_echo_call("call-2", "b")],
-                "toolCall",
-            )
-        )
-        run_ = _h_start(model, tools)
-        events: list[al.Event] = []
-        with pytest.raises(error_type) as raised:
-            _h_drain(run_, events)
-        assert raised.value is error
-        assert types_of(events)[-1] == "tool.started"
-        assert executed == []  # the next call of the batch never ran
-        assert model.finalized == ["request-001"]
-        with pytest.raises(StopIteration):
-            next(run_)
-
-
-# --- Hostile model output ----------------------------------------------------------------
-
-
-def _h_deep(depth: int) -> dict[str, Any]:
-    value: dict[str, Any] = {}
-    for _ in range(depth):
-        value = {"a": value}
-    return value
-
-
-def _h_cyclic_dict() -> dict[str, Any]:
-    value: dict[str, Any] = {"text": "x"}
-    value["self"] = value
-    return value
-
-
-def _h_cyclic_list() -> dict[str, Any]:
-    items: list[Any] = []
-    items.append(items)
-    return {"items": items}
-
-
-def _h_shared() -> dict[str, Any]:
-    shared: list[Any] = [1]
-    return {"a": shared, "b": shared}
-
-
-def _h_arguments_cases() -> list[Any]:
-    return [
-        pytest.param(lambda: _h_deep(100_000), id="nested-100000-deep-objects"),
-        pytest.param(lambda: {"a": _h_deep_list(100_000)}, id="nested-100000-deep-arrays"),
-        pytest.param(_h_cyclic_dict, id="cyclic-object"),
-        pytest.param(_h_cyclic_list, id="cyclic-array"),
-        pytest.param(_h_shared, id="one-array-reachable-twice"),
-        pytest.param(lambda: {"x": float("nan")}, id="NaN"),
-        pytest.param(lambda: {"x": float("inf")}, id="Infinity"),
-        pytest.param(lambda: {1: "one"}, id="int-key"),
-        pytest.param(lambda: {"x": {None: 1}}, id="None-key-nested"),
-        pytest.param(lambda: {"x": {1, 2}}, id="set-value"),
-        pytest.param(lambda: {"x": b"bytes"}, id="bytes-value"),
-        pytest.param(lambda: {"x": object()}, id="object-value"),
-        pytest.param(lambda: [1, 2], id="array-not-object"),
-        pytest.param(lambda: None, id="None-not-object"),
-    ]
-
-
-def _h_deep_list(depth: int) -> list[Any]:
-    value: list[Any] = []
-    for _ in range(depth):
-        value = [value]
-    return value
-
-
-class TestHostileModelOutput:
-    """Seed: "Tool arguments must be plain bounded JSON ... These checks occur before a
-    Tool effect. Contradiction or excess becomes a failed MODEL_PROTOCOL_ERROR result.\""""
-
-    @staticmethod
-    def _failed(
-        step: _HStep, code: str, chunk_events: int
-    ) -> tuple[list[al.Event], al.RunResult, _HModel, list[str]]:
-        executed: list[str] = []
-        model = _HModel(step, _h_turn("response-unused", [text("unused")], "stop"))
-        events, result = _h_settle(model, [echo_tool(executed)])
-        assert result.status == "failed"
-        assert result.error is not None
-        assert result.error.code == code
-        assert types_of(events).count("model.chunk") == chunk_events
-        assert result.messages == (user(),)  # nothing was appended
-        assert model.call_count == 1
-        assert executed == []
-        return events, result, model, executed
-
-    @pytest.mark.parametrize("make_arguments", _h_arguments_cases())
-    def test_bad_arguments_are_a_protocol_error_before_any_effect(
-        self, make_arguments: Callable[[], Any]
-    ) -> None:
-        bad = al.ToolCall("call-1", "echo", make_arguments())
-        good = _h_echo_call("call-0", "ran?")
-        step = _h_turn("response-001", [good, bad], "toolCall")
-        # The good call before it streamed (one event) but never ran: the batch is rejected.
-        _, _, model, _ = self._failed(step, "MODEL_PROTOCOL_ERROR", 1)
-        assert model.finalized == ["request-001"]
-
-    @pytest.mark.parametrize("make_arguments", _h_arguments_cases()[:2])
-    def test_deep_arguments_only_in_the_terminal_response(
-        self, make_arguments: Callable[[], Any]
-    ) -> None:
-        """Never a RecursionError, even where no chunk announced the call."""
-        bad = al.ToolCall("call-1", "echo", make_arguments())
-        step = _h_step([], _h_respond("response-001", [bad], "toolCall"))
-        self._failed(step, "MODEL_PROTOCOL_ERROR", 0)
-
-    def test_ten_megabyte_argument_is_rejected_without_a_copy(self) -> None:
-        """The text bound is measured, not copied: the run allocates far less than the
-        string it rejects (a copy, an encoding or a repr of it would cost 10 MB)."""
-        big = "x" * 10_000_000
-        tracemalloc.start()
-        try:
-            bad = _h_echo_call("call-1", big)
-            step = _h_turn("response-001", [bad], "toolCall")
-            _, result, _, _ = self._failed(step, "MODEL_PROTOCOL_ERROR", 0)
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
-        assert peak < 1_000_000
-        assert result.error is not None
-        assert len(result.error.message) < 1000
-
-    @pytest.mark.parametrize(
-        ("step", "chunk_events"),
-        [
-            pytest.param(lambda m, r, s: None, 0, id="stream-returns-None"),
-            pytest.param(lambda m, r, s: [al.TextDelta(r.id, "x")], 0, id="stream-returns-a-list"),
-            pytest.param(
-                lambda m, r, s: iter([al.TextDelta(r.id, "x")]), 0, id="stream-returns-an-iterator"
-            ),
-            pytest.param(lambda m, r, s: "text", 0, id="stream-returns-a-str"),
-            pytest.param(_h_step([text("x")], lambda r: None), 1, id="generator-returns-None"),
-            pytest.param(
-                _h_step([text("x")], lambda r: {"id": "r", "requestId": r.id, "content": []}),
-                1,
-                id="generator-returns-a-dict",
-            ),
-            pytest.param(
-                _h_step([lambda r: None], _h_respond("r", [], "stop")), 0, id="yields-None"
-            ),
-            pytest.param(
-                _h_step([lambda r: "x"], _h_respond("r", [text("x")], "stop")),
-                0,
-                id="yields-a-str",
-            ),
-            pytest.param(
-                _h_step([lambda r: _h_untyped.TextDelta(r.id, None)], _h_respond("r", [], "stop")),
-                0,
-                id="TextDelta-text-None",
-            ),
-            pytest.param(
-                _h_step([lambda r: _h_untyped.TextDelta(r.id, 5)], _h_respond("r", [], "stop")),
-                0,
-                id="TextDelta-text-int",
-            ),
-            pytest.param(
-                _h_step(
-                    [text("a"), lambda r: _h_untyped.ToolCallChunk(r.id, text("b"))],
-                    _h_respond("r", [text("ab")], "stop"),
-                ),
-                1,
-                id="ToolCallChunk-carrying-a-TextBlock",
-            ),
-            pytest.param(
-                _h_step(
-                    [lambda r: _h_untyped.ToolCallChunk(r.id, None)], _h_respond("r", [], "stop")
-                ),
-                0,
-                id="ToolCallChunk-carrying-None",
-            ),
-            pytest.param(
-                _h_step(
-                    [lambda r: {"type": "text", "requestId": r.id, "text": "x"}],
-                    _h_respond("r", [text("x")], "stop"),
-                ),
-                0,
-                id="yields-a-chunk-dict",
-            ),
-            pytest.param(
-                _h_turn("r", [al.ToolCall("", "echo", {"text": "x"})], "toolCall"),
-                0,
-                id="tool-call-id-empty",
-            ),
-            pytest.param(
-                _h_turn("r", [_h_untyped.ToolCall(None, "echo", {"text": "x"})], "toolCall"),
-                0,
-                id="tool-call-id-None",
-            ),
-            pytest.param(
-                _h_turn("r", [_h_untyped.ToolCall(7, "echo", {"text": "x"})], "toolCall"),
-                0,
-                id="tool-call-id-int",
-            ),
-            pytest.param(
-                _h_turn("r", [_h_untyped.ToolCall("c", None, {"text": "x"})], "toolCall"),
-                0,
-                id="tool-call-name-None",
-            ),
-            pytest.param(
-                _h_turn("r", [al.ToolCall("c", "", {"text": "x"})], "toolCall"),
-                0,
-                id="tool-call-name-empty",
-            ),
-            pytest.param(
-                _h_step(
-                    [text("x")],
-                    lambda r: _h_untyped.ModelResponse(None, r.id, [text("x")], "stop"),
-                ),
-                1,
-                id="response-id-None",
-            ),
-            pytest.param(
-                _h_step([text("x")], lambda r: al.ModelResponse("", r.id, [text("x")], "stop")),
-                1,
-                id="response-id-empty",
-            ),
-            pytest.param(
-                _h_step(
-                    [text("x")],
-                    lambda r: _h_untyped.ModelResponse("r", r.id, [text("x")], "length"),
-                ),
-                1,
-                id="stop-reason-length",
-            ),
-            pytest.param(
-                _h_step(
-                    [text("x")], lambda r: _h_untyped.ModelResponse("r", r.id, [text("x")], None)
-                ),
-                1,
-                id="stop-reason-None",
-            ),
-            pytest.param(
-                _h_step(
-                    [],
-                    lambda r: _h_untyped.ModelResponse(
-                        "r", r.id, [{"type": "text", "text": "x"}], "stop"
-                    ),
-                ),
-                0,
-                id="response-block-is-a-dict",
-            ),
-            pytest.param(
-                _h_step(
-                    [],
-                    lambda r: _h_untyped.ModelResponse(
-                        "r", r.id, [_h_untyped.TextBlock(5)], "stop"
-                    ),
-                ),
-                0,
-                id="response-text-block-int",
-            ),
-            pytest.param(
-                _h_step([], lambda r: _h_untyped.ModelResponse("r", r.id, "text", "stop")),
-                0,
-                id="response-content-a-str",
-            ),
-            pytest.param(
-                _h_turn("r", [_h_echo_call("c", "a"), _h_echo_call("c", "b")], "toolCall"),
-                2,
-                id="duplicate-call-ids-in-one-response",
-            ),
-            pytest.param(
-                _h_turn(
-                    "r", [_h_echo_call("c", "a"), text("and"), _h_echo_call("c", "a")], "toolCall"
-                ),
-                3,
-                id="same-call-twice-in-one-response",
-            ),
-            pytest.param(
-                _h_turn("r", [al.ToolCall("c", "echo", {"text": "x"})], "stop"),
-                1,
-                id="tool-call-in-a-stop-response",
-            ),
-            pytest.param(
-                _h_turn("r", [text("x")], "toolCall"), 1, id="toolCall-response-without-a-call"
-            ),
-            pytest.param(
-                _h_step([text("abc")], _h_respond("r", [text("abd")], "stop")),
-                1,
-                id="stream-and-response-disagree",
-            ),
-            pytest.param(
-                _h_step(
-                    [_h_echo_call("c", "a")], _h_respond("r", [_h_echo_call("c", "b")], "toolCall")
-                ),
-                1,
-                id="streamed-call-differs-from-terminal-call",
-            ),
-        ],
-    )
-    def test_wrong_output_is_a_protocol_error(self, step: _HStep, chunk_events: int) -> None:
-        self._failed(step, "MODEL_PROTOCOL_ERROR", chunk_events)
-
-    def test_call_id_reused_from_the_transcript(self) -> None:
-        """An id the starting transcript already used (call-old) is a protocol error."""
-        executed: list[str] = []
-        model = _HModel(_h_turn("response-001", [_h_echo_call("call-old", "again")], "toolCall"))
-        _, result = _h_settle(model, [echo_tool(executed)], messages=_H_HISTORY)
-        assert result.status == "failed"
-        assert result.error is not None
-        assert result.error.code == "MODEL_PROTOCOL_ERROR"
-        assert result.messages == _H_HISTORY
-        assert executed == []
-
-    @pytest.mark.parametrize(
-        ("taken", "content", "stop_reason"),
-        [
-            pytest.param("message-r", [text("x")], "stop", id="assistant-message-id"),
-            pytest.param(
-                "tool-result-c", [_h_echo_call("c", "x")], "toolCall", id="derived-result-id"
-            ),
-        ],
-    )
-    def test_ids_already_taken_in_the_transcript(
-        self, taken: str, content: list[object], stop_reason: str
-    ) -> None:
-        """A response whose message id, or a call whose result id, is already taken by a
-        starting message: a protocol error before any effect."""
-        executed: list[str] = []
-        start = [al.UserMessage(taken, "hi")]
-        model = _HModel(_h_turn("r", content, stop_reason))
-        _, result = _h_settle(model, [echo_tool(executed)], messages=start)
-        assert result.error is not None
-        assert result.error.code == "MODEL_PROTOCOL_ERROR"
-        assert result.messages == tuple(start)
-        assert executed == []
-
-    def test_call_id_reused_from_an_earlier_step(self) -> None:
-        executed: list[str] = []
-        model = _HModel(
-            _h_turn("response-001", [_h_echo_call("call-1", "first")], "toolCall"),
-            _h_turn("response-002", [_h_echo_call("call-1", "second")], "toolCall"),
-        )
-        _, result = _h_settle(model, [echo_tool(executed)])
-        assert result.error is not None
-        assert result.error.code == "MODEL_PROTOCOL_ERROR"
-        assert executed == ["first"]
-        assert len(result.messages) == 3
-        assert model.call_count == 2
-
-    def test_endless_stream_is_stopped_by_the_chunk_limit(self) -> None:
-        """Seed: "The loop caps one step at 1024 chunks": a stream that never ends is
-        closed after the first chunk over the cap."""
-        pulled: list[int] = []
-
-        def endless(
-            model: _HModel, request: al.ModelRequest, signal: Any
-        ) -> Generator[object, None, object]:
-            try:
-                while True:
-                    pulled.append(1)
-                    yield al.TextDelta(request.id, "")
-            finally:
-                model.finalized.append(request.id)
-
-        _, _, model, _ = self._failed(endless, "MODEL_PROTOCOL_ERROR", al.MAX_STEP_CHUNKS)
-        assert len(pulled) == al.MAX_STEP_CHUNKS + 1
-        assert model.finalized == ["request-001"]
-
-    @pytest.mark.parametrize("after", [0, 1, 3])
-    def test_stream_that_raises_after_some_chunks(self, after: int) -> None:
-        """The chunks before it have events; the announced tool call never runs."""
-        stream: list[object] = [_h_echo_call("call-1", "a"), text("b"), text("c")][:after]
-        step = _h_step(
-            [*stream, _h_raise(ConnectionResetError("peer"))], _h_respond("r", [], "stop")
-        )
-        _, result, model, _ = self._failed(step, "MODEL_STREAM_ERROR", after)
-        assert result.error is not None
-        assert "ConnectionResetError" in result.error.message
-        assert model.finalized == ["request-001"]
-
-    def test_stream_that_raises_stop_iteration_inside(self) -> None:
-        """PEP 479 turns it into RuntimeError inside the model: a stream error, not a
-        silently empty response."""
-
-        def stop_early(
-            model: _HModel, request: al.ModelRequest, signal: Any
-        ) -> Generator[object, None, object]:
-            yield al.TextDelta(request.id, "x")
-            raise StopIteration
-
-        self._failed(stop_early, "MODEL_STREAM_ERROR", 1)
-
-    @pytest.mark.parametrize(
-        ("step", "chunk_events"),
-        [
-            pytest.param(
-                _h_step(
-                    [lambda r: al.TextDelta("request-999", "x")],
-                    _h_respond("r", [text("x")], "stop"),
-                ),
-                0,
-                id="chunk-with-another-request-id",
-            ),
-            pytest.param(
-                _h_step(
-                    [lambda r: _h_untyped.TextDelta(None, "x")],
-                    _h_respond("r", [text("x")], "stop"),
-                ),
-                0,
-                id="chunk-request-id-None",
-            ),
-            pytest.param(
-                _h_step(
-                    [text("x")],
-                    lambda r: al.ModelResponse("r", "request-999", [text("x")], "stop"),
-                ),
-                1,
-                id="response-with-another-request-id",
-            ),
-        ],
-    )
-    def test_model_that_ignores_the_request_id(self, step: _HStep, chunk_events: int) -> None:
-        """Seed: "Request IDs must match the active request.\""""
-        _, result, _, _ = self._failed(step, "MODEL_PROTOCOL_ERROR", chunk_events)
-        assert result.error is not None
-        assert "request-001" in result.error.message
-
-    def test_model_that_replays_a_stale_request_id_on_the_second_step(self) -> None:
-        executed: list[str] = []
-        stale = lambda r: al.TextDelta("request-001", "done")  # noqa: E731
-        model = _HModel(
-            _h_turn("response-001", [_h_echo_call("call-1", "a")], "toolCall"),
-            _h_step([stale], _h_respond("response-002", [text("done")], "stop")),
-        )
-        events, result = _h_settle(model, [echo_tool(executed)])
-        assert result.error is not None
-        assert result.error.code == "MODEL_PROTOCOL_ERROR"
-        assert executed == ["a"]
-        assert [m.id for m in result.messages] == [
-            "user-001",
-            "message-response-001",
-            "tool-result-call-1",
-        ]
-        assert types_of(events).count("model.chunk") == 1  # the stale chunk got no event
-
-
-class _HRaisingEq(str):
-    """A str that cannot be compared: what a hostile model may put where a str belongs."""
-
-    def __eq__(self, other: object) -> bool:
-        raise ValueError("cannot compare")
-
-    def __ne__(self, other: object) -> bool:
-        raise ValueError("cannot compare")
-
-    __hash__ = str.__hash__
-
-
-class _HRaisingLen(str):
-    def __len__(self) -> int:
-        raise ValueError("cannot measure")
-
-
-class _HRaisingHash(str):
-    def __hash__(self) -> int:
-        raise ValueError("cannot hash")
-
-
-class TestHostileModelStrSubclasses:
-    """A str subclass that raises from ==, len() or hash() is model output of the wrong
-    type, like any non-str: the run fails MODEL_PROTOCOL_ERROR, it does not raise."""
-
-    @pytest.mark.parametrize(
-        "step",
-        [
-            pytest.param(
-                _h_step(
-                    [lambda r: al.TextDelta(_HRaisingEq(r.id), "x")],
-                    _h_respond("r", [text("x")], "stop"),
-                ),
-                id="request-id-raising-eq",
-            ),
-            pytest.param(
-                _h_step(
-                    [lambda r: al.TextDelta(r.id, _HRaisingLen("x"))],
-                    _h_respond("r", [text("x")], "stop"),
-                ),
-                id="text-raising-len",
-            ),
-            pytest.param(
-                _h_turn("r", [al.ToolCall(_HRaisingHash("c"), "echo", {"text": "x"})], "toolCall"),
-                id="call-id-raising-hash",
-            ),
-        ],
-    )
-    def test_hostile_str_subclass(self, step: _HStep) -> None:
-        executed: list[str] = []
-        model = _HModel(step)
-        _, result = _h_settle(model, [echo_tool(executed)])
-        assert result.error is not None
-        assert result.error.code == "MODEL_PROTOCOL_ERROR"
-        assert result.messages == (user(),)
-        assert executed == []
-
-
-class TestHostileModelCleanup:
-    """A model stream whose cleanup raises, or that ignores GeneratorExit, when the loop
-    closes it: the run still ends with exactly one run.finished, for its first cause."""
-
-    @staticmethod
-    def _endless(how: str) -> _HStep:
-        def step(
-            model: _HModel, request: al.ModelRequest, signal: Any
-        ) -> Generator[object, None, object]:
-            ignored = False
-            try:
-                while True:
-                    try:
-                        yield al.TextDelta(request.id, "x")
-                    except GeneratorExit:
-                        if how != "ignores-exit" or ignored:
-                            raise
-                        ignored = True  # keeps going once: close() raises RuntimeError
-            finally:
-                model.finalized.append(request.id)
-                if how == "cleanup-raises":
-                    raise OSError("cleanup failed")
-
-        return step
-
-    @pytest.mark.parametrize("how", ["cleanup-raises", "ignores-exit"])
-    def test_endless_stream_over_the_chunk_limit(self, how: str) -> None:
-        model = _HModel(self._endless(how))
-        events, result = _h_settle(model)
-        assert result.error is not None
-        assert result.error.code == "MODEL_PROTOCOL_ERROR"
-        assert types_of(events).count("model.chunk") == al.MAX_STEP_CHUNKS
-
-    @pytest.mark.parametrize("how", ["cleanup-raises", "ignores-exit"])
-    def test_cancelled_mid_stream(self, how: str) -> None:
-        model = _HModel(self._endless(how))
-        signal = threading.Event()
-        run_ = _h_start(model, signal=signal)
-        events = _h_until(run_, "model.chunk", 3)
-        signal.set()
-        more, result = al.settle_run(run_)
-        events += more
-        _h_check_invariants(events, result, model, 4, start=[user()])
-        assert result.status == "cancelled"
-        assert result.messages == (user(),)
-
-    @pytest.mark.parametrize("how", ["cleanup-raises", "ignores-exit"])
-    def test_consumer_close_does_not_raise(self, how: str) -> None:
-        model = _HModel(self._endless(how))
-        run_ = _h_start(model)
-        _h_until(run_, "model.chunk", 3)
-        run_.close()
-        assert model.finalized[:1] == ["request-001"]
-
-
-# --- Hostile tools ------------------------------------------------------------------------
-
-
-class _HUnprintableError(Exception):
-    """An exception whose str() itself raises."""
-
-    def __str__(self) -> str:
-        raise RuntimeError("no message for you")
-
-
-class _HAbort(BaseException):
-    """A BaseException that is neither KeyboardInterrupt nor SystemExit."""
-
-
-def _h_cyclic_value() -> object:
-    value: list[Any] = []
-    value.append(value)
-    return value
-
-
-class TestHostileTools:
-    """Seed: "A recoverable Tool error is still appended and sent to the next model
-    request; it does not end the run by itself.\""""
-
-    @staticmethod
-    def _one_call_then_stop(tool: al.Tool) -> tuple[list[al.Event], al.RunResult, _HModel]:
-        model = _HModel(
-            _h_turn(
-                "response-001", [al.ToolCall("call-1", tool.name, {"text": "hi"})], "toolCall"
-            ),
-            _h_turn("response-002", [text("noted")], "stop"),
-        )
-        events, result = _h_settle(model, [tool])
-        return events, result, model
-
-    @pytest.mark.parametrize(
-        "error",
-        [
-            pytest.param(ValueError("bad value"), id="ValueError"),
-            pytest.param(RuntimeError(), id="RuntimeError-without-message"),
-            pytest.param(RecursionError("deep"), id="RecursionError"),
-            pytest.param(StopIteration("leaked"), id="StopIteration"),
-            pytest.param(_HUnprintableError(), id="exception-whose-str-raises"),
-        ],
-    )
-    def test_raising_an_exception_is_recoverable(self, error: Exception) -> None:
-        def raising(arguments: dict[str, Any], signal: Any) -> object:
-            raise error
-
-        tool = al.Tool("flaky", "Raises.", {"type": "object"}, raising)
-        _, result, model = self._one_call_then_stop(tool)
-        assert result.status == "completed"
-        tool_result = result.messages[2]
-        assert isinstance(tool_result, al.ToolResultMessage)
-        assert tool_result.is_error is True
-        assert type(error).__name__ in tool_result.content
-        assert model.requests[1].messages[-1] == tool_result  # sent to the next request
-
-    @pytest.mark.parametrize(
-        "value",
-        [
-            pytest.param(object(), id="object"),
-            pytest.param({1, 2}, id="set"),
-            pytest.param(b"bytes", id="bytes"),
-            pytest.param(float("nan"), id="NaN"),
-            pytest.param({"x": float("inf")}, id="nested-Infinity"),
-            pytest.param({(1, 2): "tuple key"}, id="tuple-key"),
-            pytest.param(_h_cyclic_value(), id="cyclic"),
-            pytest.param(_h_deep_list(100_000), id="nested-100000-deep"),
-        ],
-    )
-    def test_returning_a_non_json_value_is_recoverable(self, value: object) -> None:
-        tool = al.Tool("odd", "Returns odd things.", {"type": "object"}, lambda a, s: value)
-        _, result, _ = self._one_call_then_stop(tool)
-        assert result.status == "completed"
-        tool_result = result.messages[2]
-        assert isinstance(tool_result, al.ToolResultMessage)
-        assert tool_result.is_error is True
-
-    def test_returning_a_huge_string_is_kept_verbatim(self) -> None:
-        huge = "y" * 5_000_000
-        tool = al.Tool("huge", "Returns a lot.", {"type": "object"}, lambda a, s: huge)
-        _, result, _ = self._one_call_then_stop(tool)
-        assert result.status == "completed"
-        tool_result = result.messages[2]
-        assert isinstance(tool_result, al.ToolResultMessage)
-        assert tool_result.is_error is False
-        assert tool_result.content == huge
-
-    def test_mutating_its_arguments_changes_nothing_in_the_run(self) -> None:
-        """API: "a tool's execute receives a fresh plain dict ... that it may mutate freely
-        without any effect on the transcript.\""""
-        seen: list[Any] = []
-
-        def mutate(arguments: dict[str, Any], signal: Any) -> object:
-            seen.append(repr(arguments))
-            arguments["items"].append("added")
-            arguments["nested"]["key"] = "changed"
-            arguments["new"] = True
-            del arguments["text"]
-            return "ok"
-
-        arguments: dict[str, Any] = {"text": "t", "items": [1, [2]], "nested": {"key": "v"}}
-        first = al.ToolCall("call-1", "mutate", arguments)
-        second = al.ToolCall("call-2", "mutate", arguments)
-        tool = al.Tool("mutate", "Mutates.", {"type": "object"}, mutate)
-        model = _HModel(
-            _h_turn("response-001", [first, second], "toolCall"),
-            _h_turn("response-002", [text("done")], "stop"),
-        )
-        _, result = _h_settle(model, [tool])
-        assert result.status == "completed"
-        assert seen[0] == seen[1]  # the second call saw fresh arguments
-        tool_results = [m for m in result.messages if isinstance(m, al.ToolResultMessage)]
-        assert [(m.content, m.is_error) for m in tool_results] == [("ok", False)] * 2
-        assistant = result.messages[1]
-        assert isinstance(assistant, al.AssistantMessage)
-        for block in assistant.content:
-            assert isinstance(block, al.ToolCall)
-            assert block.to_dict()["arguments"] == arguments
-        assert model.requests[1].messages[1] == assistant
-        assert arguments == {"text": "t", "items": [1, [2]], "nested": {"key": "v"}}
-
-    def test_registering_tools_during_the_run_changes_nothing(self) -> None:
-        """Seed: "The caller can later ... register another Tool without changing the
-        active run." Even from inside a tool of that run."""
-        registry = al.ToolRegistry()
-        late_runs: list[str] = []
-        late = al.Tool("late", "Late.", {"type": "object"}, lambda a, s: late_runs.append("x"))
-
-        def registrar(arguments: dict[str, Any], signal: Any) -> object:
-            registry.register(late)
-            return "registered"
-
-        registry.register(al.Tool("registrar", "Registers.", {"type": "object"}, registrar))
-        model = _HModel(
-            _h_turn("response-001", [al.ToolCall("call-1", "registrar", {})], "toolCall"),
-            _h_turn("response-002", [al.ToolCall("call-2", "late", {})], "toolCall"),
-            _h_turn("response-003", [text("done")], "stop"),
-        )
-        events, result = al.settle_run(
-            al.run_agent_loop(messages=[user()], model=model, tools=registry, max_steps=3)
-        )
-        _h_check_invariants(events, result, model, 3, start=[user()])
-        assert "late" in registry
-        assert result.status == "completed"
-        assert [spec.name for spec in model.requests[2].tools] == ["registrar"]
-        unknown = result.messages[4]
-        assert isinstance(unknown, al.ToolResultMessage)
-        assert unknown.is_error is True
-        assert late_runs == []
-
-    @pytest.mark.parametrize(
-        "error",
-        [
-            pytest.param(_HAbort(), id="BaseException"),
-            pytest.param(GeneratorExit(), id="GeneratorExit"),
-        ],
-    )
-    def test_base_exception_is_a_tool_phase_error_without_a_result(
-        self, error: BaseException
-    ) -> None:
-        """API: TOOL_PHASE_ERROR is "a tool phase that cannot be turned into a linked
-        result message": the call stays open, no result is fabricated."""
-
-        def abort(arguments: dict[str, Any], signal: Any) -> object:
-            raise error
-
-        executed: list[str] = []
-        tools = [al.Tool("abort", "Aborts.", {"type": "object"}, abort), echo_tool(executed)]
-        call_1 = al.ToolCall("call-1", "abort", {})
-        model = _HModel(_h_turn("response-001", [call_1, _h_echo_call("call-2", "b")], "toolCall"))
-        events, result = _h_settle(model, tools)
-        assert result.status == "failed"
-        assert result.error is not None
-        assert result.error.code == "TOOL_PHASE_ERROR"
-        assert types_of(events)[-2:] == ["tool.started", "run.finished"]
-        assert [m.id for m in result.messages] == ["user-001", "message-response-001"]
-        assert executed == []
-
-    def test_base_exception_after_cancellation_is_cancelled(self) -> None:
-        def abort(arguments: dict[str, Any], signal: Any) -> object:
-            signal.set()
-            raise _HAbort()
-
-        tool = al.Tool("abort", "Aborts.", {"type": "object"}, abort)
-        model = _HModel(_h_turn("response-001", [al.ToolCall("call-1", "abort", {})], "toolCall"))
-        _, result = _h_settle(model, [tool])
-        assert result.status == "cancelled"
-        assert result.error is None
-
-    def test_tool_that_drives_the_run_reentrantly_is_recoverable(self) -> None:
-        """A tool that calls next() on the very run it is part of gets ValueError
-        ("generator already executing"), which is an ordinary, recoverable error."""
-        holder: list[Any] = []
-
-        def reenter(arguments: dict[str, Any], signal: Any) -> object:
-            return next(holder[0])
-
-        tool = al.Tool("reenter", "Re-enters.", {"type": "object"}, reenter)
-        model = _HModel(
-            _h_turn("response-001", [al.ToolCall("call-1", "reenter", {})], "toolCall"),
-            _h_turn("response-002", [text("done")], "stop"),
-        )
-        run_ = _h_start(model, [tool])
-        holder.append(run_)
-        events, result = al.settle_run(run_)
-        _h_check_invariants(events, result, model, 4, start=[user()])
-        assert result.status == "completed"
-        tool_result = result.messages[2]
-        assert isinstance(tool_result, al.ToolResultMessage)
-        assert tool_result.is_error is True
-        assert "ValueError" in tool_result.content
-
-
-# --- Hostile callers ------------------------------------------------------------------------
-
-
-def _h_mutable_reachable(root: object) -> list[str]:
-    """Paths to every mutable container reachable from an object of the loop's API."""
-    found: list[str] = []
-    seen: set[int] = set()
-
-    def walk(value: object, path: str) -> None:
-        if id(value) in seen or value is None or isinstance(value, (str, int, float, bool)):
-            return
-        seen.add(id(value))
-        if isinstance(value, (list, dict, set, bytearray)):
-            found.append(path)
-        elif isinstance(value, MappingProxyType):
-            for key, item in value.items():
-                walk(item, f"{path}[{key!r}]")
-        elif isinstance(value, tuple):
-            for index, item in enumerate(value):
-                walk(item, f"{path}[{index}]")
-        elif dataclasses.is_dataclass(value):
-            for item in dataclasses.fields(value):
-                try:
-                    setattr(value, item.name, None)
-                except dataclasses.FrozenInstanceError:
-                    pass
-                else:
-                    found.append(f"{path}.{item.name} (assignable)")
-                walk(getattr(value, item.name), f"{path}.{item.name}")
-        else:
-            found.append(f"{path} ({type(value).__name__})")
-
-    walk(root, "root")
-    return found
-
-
-class TestHostileCallers:
-    """Seed: "The caller can later mutate its input array or register another Tool
-    without changing the active run.\""""
-
-    @staticmethod
-    def _script() -> _HModel:
-        return _HModel(
-            _h_turn(
-                "response-001",
-                [text("Adding."), call("add", "call-1", {"left": 1, "right": 2})],
-                "toolCall",
-            ),
-            _h_turn("response-002", [text("3")], "stop"),
-        )
-
-    def test_mutating_the_input_list_during_the_run(self) -> None:
-        messages: list[Any] = [user()]
-        model = self._script()
-        run_ = al.run_agent_loop(
-            messages=messages, model=model, tools=al.ToolRegistry([add_tool()]), max_steps=2
-        )
-        events: list[al.Event] = []
-        while True:
-            try:
-                events.append(next(run_))
-            except StopIteration as done:
-                result = done.value
-                break
-            messages.clear()
-            messages.append("not a message")
-        _h_check_invariants(events, result, model, 2, start=[user()])
-        assert result.status == "completed"
-        assert model.requests[0].messages == (user(),)
-        assert model.requests[1].messages[0] == user()
-
-    def test_registering_a_tool_during_the_run(self) -> None:
-        registry = al.ToolRegistry([add_tool()])
-        executed: list[str] = []
-        model = _HModel(
-            _h_turn("response-001", [call("add", "call-1", {"left": 1, "right": 2})], "toolCall"),
-            _h_turn("response-002", [_h_echo_call("call-2", "late")], "toolCall"),
-            _h_turn("response-003", [text("done")], "stop"),
-        )
-        run_ = al.run_agent_loop(messages=[user()], model=model, tools=registry, max_steps=3)
-        events = _h_until(run_, "model.chunk")
-        registry.register(echo_tool(executed))
-        more, result = al.settle_run(run_)
-        events += more
-        _h_check_invariants(events, result, model, 3, start=[user()])
-        assert [[spec.name for spec in r.tools] for r in model.requests] == [["add"]] * 3
-        assert executed == []
-        late = result.messages[4]
-        assert isinstance(late, al.ToolResultMessage)
-        assert late.is_error is True
-
-    def test_nothing_reachable_from_events_results_or_requests_is_mutable(self) -> None:
-        """Whatever the caller holds (events, the result, the requests a model saw), it
-        cannot change the run's transcript through it: all of it is frozen."""
-        model = _HModel(
-            _h_turn(
-                "response-001",
-                [
-                    text("A."),
-                    call("add", "call-1", {"left": 1, "right": 2}),
-                    _h_echo_call("call-2", "e"),
-                ],
-                "toolCall",
-            ),
-            _h_turn("response-002", [text("3")], "stop"),
-        )
-        echo_schema_tool = al.Tool(
-            "echo",
-            "Echoes.",
-            {"type": "object", "properties": {"text": {"type": "string", "enum": ["e", "f"]}}},
-            lambda a, s: {"echo": [a["text"]]},
-        )
-        events, result = _h_settle(model, [add_tool(), echo_schema_tool])
-        assert result.status == "completed"
-        assert _h_mutable_reachable((tuple(events), result, tuple(model.requests))) == []
-
-    def test_mutation_attempts_leave_the_transcript_unchanged(self) -> None:
-        model = self._script()
-        run_: Any = al.run_agent_loop(
-            messages=[user()], model=model, tools=al.ToolRegistry([add_tool()]), max_steps=2
-        )
-        events: list[al.Event] = []
-        while True:
-            try:
-                event = run_.send(None) if not events else run_.send("ignored value")
-            except StopIteration as done:
-                result = done.value
-                break
-            events.append(event)
-            payload: Any = event.payload
-            with pytest.raises(TypeError):
-                payload["extra"] = 1
-            if event.type == "tool.started":
-                with pytest.raises(TypeError):
-                    event.payload["tool_call"].arguments["left"] = 100
-        _h_check_invariants(events, result, model, 2, start=[user()])
-        assert result.status == "completed"
-        added = result.messages[2]
-        assert isinstance(added, al.ToolResultMessage)
-        assert added.content == '{"sum":3}'
-
-
-# --- Random scripts against the reference model ------------------------------------------
-
-_H_BAD_ARGUMENTS: tuple[Callable[[], Any], ...] = (
-    lambda: {"x": float("nan")},
-    lambda: {1: "key"},
-    _h_cyclic_dict,
-    lambda: _h_deep(40),
-    lambda: {"x": {1, 2}},
-)
-
-_H_BAD_CHUNKS: tuple[Callable[[al.ModelRequest], object], ...] = (
-    lambda r: None,
-    lambda r: "text",
-    lambda r: _h_untyped.TextDelta(r.id, None),
-    lambda r: _h_untyped.TextDelta(r.id, 5),
-    lambda r: _h_untyped.ToolCallChunk(r.id, _h_untyped.TextBlock("x")),
-    lambda r: _h_untyped.ToolCallChunk(r.id, None),
-    lambda r: al.TextDelta("request-999", "x"),
-)
-
-_H_BAD_RESPONSES: tuple[Callable[[al.ModelRequest], object], ...] = (
-    lambda r: None,
-    lambda r: {"id": "r"},
-    lambda r: al.ModelResponse("", r.id, [], "stop"),
-    lambda r: _h_untyped.ModelResponse(None, r.id, [], "stop"),
-    lambda r: _h_untyped.ModelResponse("r-bad", r.id, [], "length"),
-    lambda r: al.ModelResponse("r-bad", "request-999", [], "stop"),
-)
-
-_H_VIOLATIONS = (
-    "stop-with-call",
-    "toolCall-without-call",
-    "disagree",
-    "duplicate-id",
-    "reused-id",
-    "bad-arguments",
-    "bad-chunk",
-    "bad-response",
-    "stream-raises",
-)
-
-
-def _h_random_text(rng: random.Random) -> str:
-    return "".join(rng.choice(["a", "b", " ", "é", "🙂", "42"]) for _ in range(rng.randint(0, 5)))
-
-
-def _h_split(rng: random.Random, value: str) -> list[al.TextBlock]:
-    """Random chunk boundaries, empty pieces included: all of it normalises to ``value``."""
-    cuts = sorted(rng.randint(0, len(value)) for _ in range(rng.randint(0, 3)))
-    bounds = [0, *cuts, len(value)]
-    return [al.TextBlock(value[a:b]) for a, b in zip(bounds, bounds[1:])]
-
-
-def _h_random_call(rng: random.Random, call_id: str) -> _HCallPlan:
-    kind = rng.randrange(5)
-    if kind == 0:
-        return _h_ok_echo(call_id, _h_random_text(rng))
-    if kind == 1:
-        return _h_ok_add(call_id, rng.randint(-9, 9), rng.randint(0, 99))
-    if kind == 2:
-        return _h_boom(call_id, _h_random_text(rng))
-    if kind == 3:
-        return _h_bad_schema(call_id)
-    return _h_unknown(call_id)
-
-
-def _h_random_valid(
-    rng: random.Random, response_id: str, step: int, stop: bool
-) -> tuple[list[object], _HPlan]:
-    """A valid step with random text, calls and chunk splits; returns its items too."""
-    items: list[object] = []
-    if stop:
-        items = [_h_random_text(rng) for _ in range(rng.randint(0, 3))]
-    else:
-        if rng.random() < 0.5:
-            items.append(_h_random_text(rng))
-        for index in range(rng.randint(1, 3)):
-            items.append(_h_random_call(rng, f"call-{step}-{index}"))
-            if rng.random() < 0.3:
-                items.append(_h_random_text(rng))
-    stream: list[object] = []
-    content: list[object] = []
-    for item in items:
-        if isinstance(item, str):
-            stream += _h_split(rng, item)
-            # The terminal response may split its text differently, or drop empty text.
-            if item and rng.random() < 0.5:
-                content += _h_split(rng, item)
-            elif item or rng.random() < 0.5:
-                content.append(al.TextBlock(item))
-        else:
-            stream.append(cast(_HCallPlan, item).call)
-            content.append(cast(_HCallPlan, item).call)
-    plan = _h_plan(
-        response_id, items, "stop" if stop else "toolCall", stream=stream, content=content
-    )
-    return items, plan
-
-
-def _h_random_violation(
-    rng: random.Random, response_id: str, step: int, used_ids: Sequence[str]
-) -> _HPlan:
-    """A step that breaks one rule; the reference knows how many chunks get an event."""
-    kind = rng.choice(_H_VIOLATIONS)
-    _, plan = _h_random_valid(rng, response_id, step, stop=kind == "toolCall-without-call")
-    stream = list(plan.stream)
-    if kind == "stop-with-call":
-        # A toolCall script answered with stopReason stop: all chunks stream, then it fails.
-        calls: list[object] = [block for block in stream if isinstance(block, al.ToolCall)]
-        return dataclasses.replace(
-            plan,
-            response=_h_respond(response_id, calls, "stop"),
-            stream=calls,
-            chunk_events=len(calls),
-            code="MODEL_PROTOCOL_ERROR",
-        )
-    if kind == "toolCall-without-call":
-        return dataclasses.replace(
-            plan,
-            response=_h_respond(response_id, [al.TextBlock("x")], "toolCall"),
-            stream=[*stream, al.TextBlock("x")],
-            chunk_events=len(stream) + 1,
-            code="MODEL_PROTOCOL_ERROR",
-        )
-    if kind == "disagree":
-        return dataclasses.replace(
-            plan,
-            stream=[*stream, al.TextBlock("!")],
-            chunk_events=len(stream) + 1,
-            code="MODEL_PROTOCOL_ERROR",
-        )
-    if kind in ("duplicate-id", "reused-id"):
-        reused = rng.choice(list(used_ids)) if kind == "reused-id" and used_ids else None
-        stream_calls = [block for block in stream if isinstance(block, al.ToolCall)]
-        duplicate_id = reused or stream_calls[0].id
-        duplicate = al.ToolCall(duplicate_id, "echo", {"text": "dup"})
-        content: list[object] = [*stream_calls, duplicate] if reused is None else [duplicate]
-        return dataclasses.replace(
-            plan,
-            stream=content,
-            response=_h_respond(response_id, content, "toolCall"),
-            chunk_events=len(content),
-            code="MODEL_PROTOCOL_ERROR",
-        )
-    position = rng.randint(0, len(stream))
-    if kind == "bad-arguments":
-        bad: object = al.ToolCall(f"call-{step}-bad", "echo", rng.choice(_H_BAD_ARGUMENTS)())
-        code = "MODEL_PROTOCOL_ERROR"
-    elif kind == "bad-chunk":
-        bad = rng.choice(_H_BAD_CHUNKS)
-        code = "MODEL_PROTOCOL_ERROR"
-    elif kind == "stream-raises":
-        bad = _h_raise(ConnectionResetError("peer"))
-        code = "MODEL_STREAM_ERROR"
-    else:  # bad-response: every chunk streams, then the terminal response is wrong
-        return dataclasses.replace(
-            plan, response=rng.choice(_H_BAD_RESPONSES), code="MODEL_PROTOCOL_ERROR"
-        )
-    return dataclasses.replace(
-        plan,
-        stream=[*stream[:position], bad, *stream[position:]],
-        chunk_events=position,
-        code=code,
-    )
-
-
-def _h_random_script(
-    rng: random.Random,
-) -> tuple[list[al.Message], list[_HPlan], int, int | None]:
-    start: list[al.Message] = list(_H_HISTORY) if rng.random() < 0.3 else [user()]
-    used_ids = ["call-old"] if len(start) > 1 else []
-    plans: list[_HPlan] = []
-    for step in range(1, rng.randint(1, 7) + 1):
-        response_id = f"response-{step:03d}"
-        roll = rng.random()
-        if roll < 0.2:
-            plans.append(_h_random_violation(rng, response_id, step, used_ids))
-            break
-        _, plan = _h_random_valid(rng, response_id, step, stop=roll < 0.4)
-        plans.append(plan)
-        used_ids += [call_plan.call.id for call_plan in plan.calls]
-        if plan.stop:
-            break
-    if rng.random() < 0.1:
-        plans = plans[: rng.randint(0, len(plans) - 1)]  # the model runs out of answers
-    max_steps = rng.randint(1, 6)
-    cancel_at = None
-    if rng.random() < 0.3:
-        cancel_at = rng.randrange(len(_h_predict(start, plans, max_steps).events))
-    return start, plans, max_steps, cancel_at
-
-
-_H_RANDOM_SEEDS = 40
-_H_SCRIPTS_PER_SEED = 10
-
-
-class TestHostileRandomScripts:
-    """Seeded random scripts mixing text, tool calls, bad arguments, raising tools, random
-    chunk splits, protocol violations, budgets and cancellation. Each run keeps every
-    invariant and ends as the reference model predicts: status, failure code, steps,
-    events, transcript and tool effects."""
-
-    @pytest.mark.parametrize("seed", range(_H_RANDOM_SEEDS))
-    def test_random_scripts(self, seed: int) -> None:
-        rng = random.Random(seed)
-        for _ in range(_H_SCRIPTS_PER_SEED):
-            start, plans, max_steps, cancel_at = _h_random_script(rng)
-            prediction = _h_predict(start, plans, max_steps, cancel_at)
-            events, result, model, log = _h_run_plans(start, plans, max_steps, cancel_at)
-            _h_assert_predicted(prediction, events, result, model, log, plans)
-            assert model.call_count == result.steps <= max_steps
-
-    def test_random_scripts_reach_every_outcome(self) -> None:
-        """The generator is not vacuous: across the seeds it produces every status and
-        every code it can, and cancels at every kind of event."""
-        statuses = set()
-        cancelled_at = set()
-        for seed in range(_H_RANDOM_SEEDS):
-            rng = random.Random(seed)
-            for _ in range(_H_SCRIPTS_PER_SEED):
-                start, plans, max_steps, cancel_at = _h_random_script(rng)
-                prediction = _h_predict(start, plans, max_steps, cancel_at)
-                statuses.add((prediction.status, prediction.code))
-                if prediction.status == "cancelled":
-                    cancelled_at.add(prediction.events[-2][0])
-        assert statuses == {
-            ("completed", None),
-            ("maxSteps", None),
-            ("cancelled", None),
-            ("failed", "MODEL_PROTOCOL_ERROR"),
-            ("failed", "MODEL_STREAM_ERROR"),
-        }
-        assert cancelled_at == set(_H_EVENT_TYPES) - {"run.finished"}
-
-
-def _copy_echo(arguments: dict[str, Any], signal: Any) -> object:
-    """A module-level tool function, so that a Tool using it can be pickled."""
-    return arguments["text"]
-
-
-class TestCopyingAndHashing:
-    """Messages, events, requests and results survive pickle and copy.deepcopy, equal to
-    the originals; a read-only mapping cannot be pickled, so each is rebuilt from plain
-    JSON and frozen again."""
-
-    def _recorded(self) -> tuple[list[al.Event], al.RunResult, al.ScriptedModel]:
-        return run(
-            [
-                tool_turn("response-001", text("Adding."), call("add", "call-1", NUMBERS_20_22)),
-                stop("response-002"),
-            ],
-            tools=[add_tool()],
-        )
-
-    @pytest.mark.parametrize(
-        "duplicate",
-        [
-            pytest.param(lambda value: pickle.loads(pickle.dumps(value)), id="pickle"),
-            pytest.param(copy.deepcopy, id="deepcopy"),
-            pytest.param(copy.copy, id="copy"),
-        ],
-    )
-    def test_results_events_and_requests_copy_equal(self, duplicate: Callable[[Any], Any]) -> None:
-        events, result, model = self._recorded()
-        assert duplicate(result) == result
-        assert [duplicate(event) for event in events] == events
-        assert [duplicate(request) for request in model.requests] == model.requests
-        copied_call = duplicate(result.messages[1].content[1])
-        assert isinstance(copied_call.arguments, MappingProxyType)
-
-    def test_a_pickled_request_holds_only_its_own_snapshot(self) -> None:
-        """A loop-built request's snapshot is lazy; its pickle must not carry the
-        messages that were appended after it."""
-        _, result, model = self._recorded()
-        pickled = pickle.dumps(model.requests[0])
-        assert b"The sum is 42." not in pickled
-        assert pickle.loads(pickled).messages == result.messages[:1]
-
-    def test_tools_and_specs_copy_equal_and_stay_frozen(self) -> None:
-        tool = al.Tool("echo", "Echoes.", {"type": "object"}, _copy_echo)
-        copied = pickle.loads(pickle.dumps(tool))
-        assert copied == tool
-        assert isinstance(copied.parameters, MappingProxyType)
-        spec = pickle.loads(pickle.dumps(tool.spec()))
-        assert spec == tool.spec()
-        assert isinstance(spec.parameters, MappingProxyType)
-
-    def test_a_spec_built_from_a_plain_dict_is_frozen(self) -> None:
-        parameters: dict[str, Any] = {"type": "object", "properties": {}}
-        spec = al.ToolSpec("echo", "Echoes.", parameters)
-        parameters["properties"]["text"] = {"type": "string"}
-        assert spec.parameters == {"type": "object", "properties": {}}
-        with pytest.raises(TypeError):
-            spec.parameters["type"] = "string"  # type: ignore[index]
-
-    def test_an_event_built_from_a_plain_dict_has_a_read_only_payload(self) -> None:
-        payload: dict[str, Any] = {"request_id": "request-001"}
-        event = al.Event(0, "tool.started", payload)
-        payload["request_id"] = "changed"
-        assert event.payload["request_id"] == "request-001"
-        with pytest.raises(TypeError):
-            event.payload["request_id"] = "x"  # type: ignore[index]
-
-    def test_tool_calls_and_the_messages_holding_them_hash(self) -> None:
-        first = call("add", "call-1", {"left": 1, "right": 2})
-        same = call("add", "call-1", {"left": 1, "right": 2})
-        assert hash(first) == hash(same)
-        assert len({first, same}) == 1
-        message = al.AssistantMessage("message-1", (text("Adding."), first))
-        assert message in {al.AssistantMessage("message-1", (text("Adding."), same))}
-
-
-NUMBERS_20_22 = {"left": 20, "right": 22}
-
-
-class _SubclassedToolCall(al.ToolCall):
-    """A model's own ToolCall subclass that agrees with anything."""
-
-    def __eq__(self, other: object) -> bool:
-        return True
-
-    __hash__ = al.ToolCall.__hash__
-
-
-class _SubclassedUserMessage(al.UserMessage):
-    """A caller's UserMessage subclass whose fields can change after acceptance."""
-
-    __setattr__ = object.__setattr__
-
-
-class _RaisingItems(dict):  # type: ignore[type-arg]
-    def items(self) -> Any:
-        raise KeyError("items")
-
-
-class TestOnlyTheExactClasses:
-    """Blocks, chunks, messages and responses must be exactly the IR classes, as ids
-    and text must be exactly str: a subclass could redefine == or unfreeze itself."""
-
-    def test_a_streamed_tool_call_subclass_is_a_protocol_error(self) -> None:
-        executed: list[str] = []
-        liar = _SubclassedToolCall("call-1", "echo", {"text": "streamed"})
-        terminal = call("echo", "call-1", {"text": "DIFFERENT"})
-        events, result, _ = run(
-            [al.scripted_response("response-001", [terminal], "toolCall", chunks=[liar])],
-            tools=[echo_tool(executed)],
-        )
-        assert_failed(events, result, "MODEL_PROTOCOL_ERROR")
-        assert executed == []
-
-    def test_a_message_subclass_in_the_start_is_an_invalid_transcript(self) -> None:
-        message = _SubclassedUserMessage("user-001", "Hi.")
-        events, result, model = run([stop("response-001")], messages=[message])
-        assert_failed(events, result, "INVALID_TRANSCRIPT")
-        assert model.call_count == 0
-
-    def test_a_return_value_whose_encoding_raises_is_recoverable(self) -> None:
-        tool = al.Tool(
-            "odd", "Returns an odd dict.", {"type": "object"}, lambda a, s: _RaisingItems(a=1)
-        )
-        result = al.execute_tool_call(
-            al.ToolRegistry([tool]), call("odd", "call-1", {}), threading.Event()
-        )
-        assert result.is_error is True
-        assert "not JSON" in result.content
-
-    def test_a_tool_name_and_resolved_content_must_be_exactly_str(self) -> None:
-        class Name(str):
-            pass
-
-        with pytest.raises(TypeError, match="name"):
-            al.Tool(Name("echo"), "Echoes.", {"type": "object"}, _copy_echo)
-        with pytest.raises(TypeError, match="content"):
-            al.resolve_open_tool_calls([user()], Name("cancelled"))
-
-
 class TestDemonstrationPipes:
     def test_a_reader_that_leaves_early_gets_no_traceback(self) -> None:
         """`python agent_loop.py --json | head -1`: the demo stops quietly when its
@@ -6886,11 +8554,79 @@ class TestDemonstrationPipes:
         assert finished.returncode == 1
 
 
-class TestRuntimeTyping:
-    @pytest.mark.parametrize(
-        "name", [name for name in al.__all__ if isinstance(getattr(al, name), type)]
-    )
-    def test_type_hints_of_every_public_class_resolve(self, name: str) -> None:
-        """A copied file is introspected (dataclass tools, validators) on every Python it
-        runs on: its annotations use typing's spelling, which 3.8 can evaluate."""
-        assert isinstance(typing.get_type_hints(getattr(al, name)), dict)
+def readme_blocks(language: str) -> list[str]:
+    """The README's fenced blocks of this language, in order."""
+    readme = (REPOSITORY / "README.md").read_text(encoding="utf-8")
+    return re.findall(rf"^```{language}\n(.*?)^```$", readme, flags=re.MULTILINE | re.DOTALL)
+
+
+class TestReadme:
+    """What the README tells a newcomer is true."""
+
+    def test_it_opens_with_the_demonstration_and_the_test_command(self) -> None:
+        first_block = readme_blocks("sh")[0]
+        commands = [line.split("#")[0].strip() for line in first_block.splitlines()]
+        assert commands == ["python agent_loop.py", "pip install tox && tox"]
+
+    def test_its_python_blocks_run_and_their_assertions_hold(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        blocks = readme_blocks("python")
+        assert len(blocks) >= 4  # quick start, adapter, cancellation, replay
+        namespace: dict[str, Any] = {}
+        for number, block in enumerate(blocks, start=1):
+            exec(compile(block, f"README.md python block {number}", "exec"), namespace)
+        assert namespace["result"].status == "completed"
+        assert capsys.readouterr().out.splitlines()[0] == "0 message.accepted"
+
+    def test_its_demonstration_output_is_what_the_demo_prints(self) -> None:
+        assert readme_blocks("text")[0] == DEMO_OUTPUT
+
+
+class TestReadmeBlocksRunAlone:
+    """Every python block runs on its own when pasted into a fresh
+    interpreter ...; the tests run each block alone."""
+
+    def test_there_are_blocks(self) -> None:
+        assert len(readme_blocks("python")) >= 4
+
+    @pytest.mark.parametrize("index", range(len(readme_blocks("python"))))
+    def test_each_block_alone(self, index: int) -> None:
+        block = readme_blocks("python")[index]
+        finished = subprocess.run(
+            [sys.executable, "-c", block],
+            cwd=REPOSITORY,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert finished.returncode == 0, f"block {index + 1}:\n{block}\n{finished.stderr}"
+
+    def test_nothing_refers_to_files_outside_the_repository(self) -> None:
+        """Nothing in the repository refers to files outside it. The pattern is escaped so
+        that this file does not name them either."""
+        outside = re.compile(r"API\.md|STYLE\.md|\.\./shared|shared/bench\-pi")
+        paths = [
+            *REPOSITORY.glob("*.py"),
+            *REPOSITORY.glob("*.md"),
+            *REPOSITORY.glob("*.cfg"),
+            *REPOSITORY.glob("*.toml"),
+            *REPOSITORY.glob("*.ini"),
+            *REPOSITORY.glob("benchmarks/*.py"),
+            *REPOSITORY.glob("benchmarks/pi/*.*"),
+        ]
+        checked = paths
+        assert len(checked) >= 10
+        for path in checked:
+            assert outside.search(path.read_text(encoding="utf-8")) is None, path
+
+    def test_the_pi_benchmark_is_in_the_repository(self) -> None:
+        package = json.loads((REPOSITORY / "benchmarks/pi/package.json").read_text("utf-8"))
+        assert package["dependencies"]["@earendil-works/pi-agent-core"] == "0.85.0"
+        assert (REPOSITORY / "benchmarks/pi/package-lock.json").is_file()
+        assert (REPOSITORY / "benchmarks/pi/bench_pi.mjs").is_file()
+
+    def test_typed_is_not_claimed(self) -> None:
+        """A single module cannot carry py.typed (PEP 561), so the classifier is dropped."""
+        assert "Typing :: Typed" not in (REPOSITORY / "setup.cfg").read_text("utf-8")
