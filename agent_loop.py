@@ -1,4 +1,4 @@
-# agent_loop.py 1.0.0: the reference Python implementation of the iterative Agent Loop.
+# agent_loop.py 1.1.0: the reference Python implementation of the iterative Agent Loop.
 # One file, standard library only; copy it into your project. Home: the agent_loop repository.
 """The iterative Agent Loop of checkpoint 07 ("Run the iterative Agent Loop"), in Python.
 
@@ -104,6 +104,13 @@ Choices where the seed is silent:
 Deliberately not here (as the seed says): concurrent tool execution,
 steering/follow-up queues, context transformation, provider retries, persistent
 session state, a production scheduling policy.
+
+Beyond the loop: ``Tool.from_function`` makes a tool from a typed function,
+``ToolError`` lets a tool answer with an error of its own words, ``replay()`` rebuilds
+a recorded run from its event log so that it runs again offline with the same events,
+and ``RunResult.next_request_sequence`` tells a resumed run where its request ids go
+on. ``agent_loop_providers.py``, a second file, drives real models (OpenAI-compatible
+and Anthropic streaming APIs) through the ``Model`` protocol.
 
 The file reads top down: the limits, the loop (``run_agent_loop`` and the run's
 phases, in the diagram's order), then what the loop uses in the order it uses it
