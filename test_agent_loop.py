@@ -8603,6 +8603,21 @@ class TestReadmeBlocksRunAlone:
         )
         assert finished.returncode == 0, f"block {index + 1}:\n{block}\n{finished.stderr}"
 
+    def test_every_block_passes_mypy_strict(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The blocks are typed code that a type-checked project can copy. `tox -e type`
+        runs this; where mypy is not installed it is skipped."""
+        mypy = pytest.importorskip("mypy.api")
+        files = []
+        for index, block in enumerate(readme_blocks("python"), 1):
+            path = tmp_path / f"readme_block_{index}.py"
+            path.write_text(block, encoding="utf-8")
+            files.append(str(path))
+        monkeypatch.setenv("MYPYPATH", str(REPOSITORY))
+        report, errors, status = mypy.run(["--strict", "--no-incremental", *files])
+        assert status == 0, report + errors
+
     def test_nothing_refers_to_files_outside_the_repository(self) -> None:
         """Nothing in the repository refers to files outside it. The pattern is escaped so
         that this file does not name them either."""
@@ -8616,9 +8631,8 @@ class TestReadmeBlocksRunAlone:
             *REPOSITORY.glob("benchmarks/*.py"),
             *REPOSITORY.glob("benchmarks/pi/*.*"),
         ]
-        checked = paths
-        assert len(checked) >= 10
-        for path in checked:
+        assert len(paths) >= 10
+        for path in paths:
             assert outside.search(path.read_text(encoding="utf-8")) is None, path
 
     def test_the_pi_benchmark_is_in_the_repository(self) -> None:
