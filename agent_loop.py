@@ -423,14 +423,18 @@ class _Run:
     ) -> Tuple[ModelResponse, AssistantMessage]:
         """ReadChunks --> AppendAssistant: only a terminal response that keeps every rule."""
         if type(response) is not ModelResponse:
+            missing = " (did its generator end without `return ModelResponse(...)`?)"
             raise _protocol_error(
-                f"the model's stream returned a {type(response).__name__}, not a ModelResponse"
+                f"the model's stream returned a {type(response).__name__}, not a "
+                f"ModelResponse{missing if response is None else ''}"
             )
         _check_request_id(response.request_id, request)
         if not _is_id(response.id):
             raise _protocol_error(f"a response id must be a non-empty str, got {response.id!r}")
         if response.stop_reason not in _STOP_REASONS:
-            raise _protocol_error(f"unknown stop reason {response.stop_reason!r}")
+            raise _protocol_error(
+                f"unknown stop reason {response.stop_reason!r} (expected one of {_STOP_REASONS})"
+            )
         # Seed: "... and 1024 assistant blocks."
         if len(response.content) > MAX_ASSISTANT_BLOCKS:
             raise _protocol_error(f"the response holds more than {MAX_ASSISTANT_BLOCKS} blocks")
@@ -587,7 +591,10 @@ def _checked_signal(signal: object) -> Signal:
 def _check_request_id(request_id: object, request: ModelRequest) -> None:
     """Seed: "Request IDs must match the active request." (chunks and responses alike)"""
     if not _is_text(request_id) or request_id != request.id:
-        raise _protocol_error(f"{request_id!r} is not the active request {request.id!r}")
+        raise _protocol_error(
+            f"{request_id!r} is not the active request {request.id!r}: every chunk's and the "
+            "response's request_id must be the request's id"
+        )
 
 
 class _StreamedBlocks:
@@ -718,7 +725,8 @@ def _checked_block(block: object, code: FailureCode) -> Union[TextBlock, ToolCal
             raise _RunFailure(code, f"a text block: field 'text' must be a str, got {given}")
         return block
     if type(block) is not ToolCall:
-        raise _RunFailure(code, f"a {type(block).__name__} is not a TextBlock or ToolCall")
+        hint = ": wrap text in TextBlock(...)" if isinstance(block, str) else ""
+        raise _RunFailure(code, f"a {type(block).__name__} is not a TextBlock or ToolCall{hint}")
     if not _is_id(block.id):
         raise _RunFailure(code, f"a tool call's id must be a non-empty str, got {block.id!r}")
     if not _is_id(block.name):
@@ -754,7 +762,8 @@ def _checked_message(message: object, code: FailureCode) -> Message:
         if type(message.is_error) is not bool:
             raise _RunFailure(code, _wrong_field(message, "is_error"))
     else:
-        raise _RunFailure(code, f"a {type(message).__name__} is not a message")
+        hint = " (read a dict with message_from_dict())" if isinstance(message, dict) else ""
+        raise _RunFailure(code, f"a {type(message).__name__} is not a message{hint}")
     if not _is_id(message.id):
         raise _RunFailure(code, _wrong_field(message, "id"))
     return message
@@ -1867,6 +1876,13 @@ class ScriptedResponse:
     request_id: Optional[str] = None
 
     def __post_init__(self) -> None:
+        # A str is a sequence too, of characters: never what a script means.
+        for name in ("content", "chunks"):
+            if isinstance(getattr(self, name), str):
+                raise TypeError(
+                    f"scripted {name} must be a sequence of TextBlock and ToolCall, got a "
+                    "str: wrap text in TextBlock(...)"
+                )
         object.__setattr__(self, "content", tuple(self.content))
         if self.chunks is not None:
             object.__setattr__(self, "chunks", tuple(self.chunks))

@@ -25,7 +25,8 @@ Contents
         TestAssistantMessagesPrecedeToolResults, TestRecoverableToolErrors,
         TestEventSequence, TestCancellation, TestStepBudget;
         then TestFailureCodes, TestModelFailures, TestCancellationWinsOverLateErrors,
-        TestModelCorrelationAndAgreement, TestStreamDisagreementIsShown, TestRunHelpers,
+        TestModelCorrelationAndAgreement, TestStreamDisagreementIsShown,
+        TestMistakesNameTheirFix, TestRunHelpers,
         TestCancellationAtEveryEvent [hostile], TestCancellationFromAnotherThread
         [hostile], TestConsumerWalksAway [hostile], TestInterruptsAreNeverSwallowed
         [hostile], TestCallersCannotChangeTheRun [hostile],
@@ -2648,6 +2649,64 @@ class TestStreamDisagreementIsShown:
             "must yield a chunk for each block it returns (a TextDelta per text, a "
             "ToolCallChunk per tool call)"
         )
+
+
+class TestMistakesNameTheirFix:
+    """The mistakes a newcomer makes first: each error says what to change."""
+
+    def test_a_generator_that_returns_nothing_is_asked_for_its_response(self) -> None:
+        def no_return(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
+            return stream_of(model, request, [al.TextBlock("hi")], lambda request: None)
+
+        _, result, _ = run(FakeModel(no_return))
+        assert failure_message(result, "MODEL_PROTOCOL_ERROR") == (
+            "the model's stream returned a NoneType, not a ModelResponse (did its "
+            "generator end without `return ModelResponse(...)`?)"
+        )
+
+    def test_another_wrong_response_type_is_named_without_the_hint(self) -> None:
+        def returns_a_dict(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
+            return stream_of(model, request, [al.TextBlock("hi")], lambda request: {})
+
+        _, result, _ = run(FakeModel(returns_a_dict))
+        assert failure_message(result, "MODEL_PROTOCOL_ERROR") == (
+            "the model's stream returned a dict, not a ModelResponse"
+        )
+
+    def test_an_unknown_stop_reason_lists_the_known_ones(self) -> None:
+        model = FakeModel(untyped.scripted_response("r1", [al.TextBlock("hi")], "end_turn"))
+        _, result, _ = run(model)
+        assert failure_message(result, "MODEL_PROTOCOL_ERROR") == (
+            "unknown stop reason 'end_turn' (expected one of ('stop', 'toolCall'))"
+        )
+
+    def test_a_foreign_request_id_says_which_id_is_expected(self) -> None:
+        model = FakeModel(
+            al.scripted_response("r1", [al.TextBlock("hi")], "stop", request_id="request-1")
+        )
+        _, result, _ = run(model)
+        assert failure_message(result, "MODEL_PROTOCOL_ERROR") == (
+            "'request-1' is not the active request 'request-001': every chunk's and the "
+            "response's request_id must be the request's id"
+        )
+
+    def test_text_given_as_a_str_block_is_told_to_wrap_it(self) -> None:
+        _, result, _ = run(FakeModel(), messages=[untyped.AssistantMessage("a1", ["hi"])])
+        assert failure_message(result, "INVALID_TRANSCRIPT") == (
+            "message 'a1': a str is not a TextBlock or ToolCall: wrap text in TextBlock(...)"
+        )
+
+    def test_a_dict_message_is_pointed_at_message_from_dict(self) -> None:
+        _, result, _ = run(FakeModel(), messages=[{"id": "u1", "role": "user", "content": "x"}])
+        assert failure_message(result, "INVALID_TRANSCRIPT") == (
+            "a dict is not a message (read a dict with message_from_dict())"
+        )
+
+    @pytest.mark.parametrize("field", ["content", "chunks"])
+    def test_a_script_given_text_as_a_str_is_a_type_error(self, field: str) -> None:
+        blocks = {"content": [al.TextBlock("hello")], field: "hello"}
+        with pytest.raises(TypeError, match=f"^scripted {field} must be a sequence .* got a str"):
+            untyped.ScriptedResponse("r1", blocks["content"], "stop", chunks=blocks.get("chunks"))
 
 
 class TestRunHelpers:
