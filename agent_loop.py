@@ -56,11 +56,12 @@ Invariants:
 - Only what is appended is validated, so a step's checks cost what the step adds,
   whatever the length of the transcript; a request's snapshot is a tuple of it.
 - Cancellation is a ``threading.Event`` (or anything with its ``is_set()`` and
-  ``wait()``: see ``Signal``). The loop looks at it each time control comes back
-  from code it does not own, in two places: ``_Run.drive`` after every event (the
-  consumer ran), and ``_Run._call`` after the model, its stream or a tool returned
-  or raised. Those are the seed's points: between phases, during initial emission,
-  during streaming, while waiting for the terminal response, and around tools.
+  ``wait()``: see ``Signal``). Besides once before the first event, the loop looks
+  at it each time control comes back from code it does not own, in two places:
+  ``_Run.drive`` after every event (the consumer ran), and ``_Run._call`` after the
+  model, its stream or a tool returned or raised. Those are the seed's points:
+  between phases, during initial emission, during streaming, while waiting for the
+  terminal response, and around tools.
   Cancellation wins over a stream or tool error that arrives after the signal was set.
 - Values are frozen dataclasses, normalised in ``__post_init__``. A value from
   outside (the caller's messages, a model's chunks and response, a tool's schema)
@@ -404,19 +405,18 @@ class _Run:
         streamed = _StreamedBlocks(request)
         try:
             while True:
-                try:
-                    chunk = self._call("MODEL_STREAM_ERROR", "the model's stream", next, stream)
-                except StopIteration as done:
-                    response = done.value
+                # After the last chunk, the terminal response: if the signal was set by
+                # then, _call ends the run cancelled and the response is not appended.
+                ended, item = self._call("MODEL_STREAM_ERROR", "the model's stream", _pull, stream)
+                if ended:
                     break
-                streamed.add(chunk)
-                yield self._event("model.chunk", request_id=request.id, chunk=chunk)
+                streamed.add(item)
+                yield self._event("model.chunk", request_id=request.id, chunk=item)
         finally:
             # A model whose cleanup fails cannot replace the step's outcome.
             with contextlib.suppress(Exception):
                 stream.close()
-        self._check_signal()  # the terminal response arrived after cancellation: not appended
-        return self._checked_response(request, response, streamed)
+        return self._checked_response(request, item, streamed)
 
     def _checked_response(
         self, request: ModelRequest, response: object, streamed: _StreamedBlocks
@@ -486,7 +486,7 @@ class _Run:
     def _event(self, type: EventType, **payload: Any) -> Event:
         # Seed: "Each event receives the next integer sequence; no component owns a
         # separate counter."
-        event = Event(self.next_sequence, type, MappingProxyType(payload))
+        event = Event(self.next_sequence, type, payload)
         self.next_sequence += 1
         return event
 
@@ -496,10 +496,10 @@ class _Run:
         """Calls code the loop does not own (the model, its stream, a tool) and looks at
         the signal when it returns or raises: cancellation wins over either. Any other
         exception becomes the failure ``code``; KeyboardInterrupt and SystemExit
-        propagate, and StopIteration is a stream's end, not an error."""
+        propagate."""
         try:
             value = function(*arguments)
-        except (StopIteration, KeyboardInterrupt, SystemExit):
+        except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as error:
             self._check_signal()  # code that failed because it saw the signal
@@ -586,6 +586,16 @@ def _checked_signal(signal: object) -> Signal:
             "(an asyncio.Event?): use threading.Event, and set it from your event loop"
         )
     return cast(Signal, signal)
+
+
+def _pull(stream: Generator[ModelChunk, None, Any]) -> Tuple[bool, Any]:
+    """One step of a model's stream: (False, its next chunk), or (True, the response it
+    returned). The response arrives as StopIteration's value: caught here, where no
+    other StopIteration can be mistaken for it."""
+    try:
+        return False, next(stream)
+    except StopIteration as done:
+        return True, done.value
 
 
 def _check_request_id(request_id: object, request: ModelRequest) -> None:
@@ -1275,7 +1285,7 @@ def _frozen_schema(schema: object, where: str, depth: int) -> Mapping[str, Any]:
             f"{where} uses {unsupported}, which this loop cannot enforce; "
             f"supported keywords: {', '.join(_SCHEMA_KEYWORDS)}"
         )
-    # A schema nested deeper than arguments may be describes values no call can have.
+    # A schema nested deeper than arguments may be would describe values no call can have.
     if depth > MAX_ARGUMENT_DEPTH:
         raise ValueError(f"{where} nests deeper than {MAX_ARGUMENT_DEPTH} levels")
     frozen: Dict[str, Any] = {}
@@ -1304,10 +1314,17 @@ def _frozen_schema(schema: object, where: str, depth: int) -> Mapping[str, Any]:
         elif key == "enum":
             if not isinstance(value, (list, tuple)):
                 raise TypeError(f"{where}: enum must be a list of JSON values")
-            try:
-                value = _frozen_json(value, 0, _ArgumentBudget())
-            except _NotPlainJSON as violation:
-                raise ValueError(f"{where}: enum: {violation}") from None
+            # Each member is a value some argument may be, within the bounds on its own;
+            # how many there are is the schema's business.
+            members = []
+            for index, member in enumerate(value):
+                try:
+                    members.append(_frozen_json(member, 0, _ArgumentBudget()))
+                except _NotPlainJSON as violation:
+                    raise ValueError(
+                        f"{where}: enum member {index} is no value arguments may hold: {violation}"
+                    ) from None
+            value = tuple(members)
         elif not isinstance(value, str):  # description, title
             raise TypeError(f"{where}: {key} must be a str")
         frozen[key] = value
@@ -1387,9 +1404,18 @@ def execute_tool_call(registry: ToolRegistry, call: ToolCall, signal: Signal) ->
     *recoverable* result: ``is_error=True`` and content that says what went wrong, so
     the model can correct itself on the next step. A ``str`` return value is the
     content verbatim; any other JSON value (a str subclass included) is encoded
-    compactly. Only BaseExceptions that are not Exceptions (KeyboardInterrupt,
-    SystemExit...) propagate.
+    compactly. A ``ToolError`` gives its message as the content, as the tool wrote it.
+    Only BaseExceptions that are not Exceptions (KeyboardInterrupt, SystemExit...)
+    propagate.
+
+    Raises TypeError for a call whose id or name is not a non-empty str: no result
+    message can be linked to it.
     """
+    if not (_is_id(call.id) and _is_id(call.name)):
+        raise TypeError(
+            f"a call's id and name must be non-empty str, got {call.id!r} and {call.name!r}: "
+            "no result message could be linked to it"
+        )
     try:
         _check_arguments(call)
     except _NotPlainJSON as problem:
@@ -1617,8 +1643,9 @@ class ToolCall:
 
     ``arguments`` is a frozen copy made when the call is built: objects become
     read-only mappings and arrays become tuples, so the caller's dict can change
-    afterwards without touching the call. The constructor never rejects arguments:
-    arguments that are not plain bounded JSON are kept as given, and the run that
+    afterwards without touching the call. The constructor rejects no arguments it can read:
+    arguments that are not plain bounded JSON are kept as given (a read-only mapping as
+    a plain dict copy of it: only plain bounded JSON is ever read-only), and the run that
     receives such a call fails with MODEL_PROTOCOL_ERROR before any tool runs
     (``execute_tool_call`` makes it an error result). Two calls are equal when their
     id, name and arguments are equal as JSON (``True`` is not ``1``).
@@ -1630,15 +1657,15 @@ class ToolCall:
     type: ClassVar[Literal["toolCall"]] = "toolCall"
 
     def __post_init__(self) -> None:
-        # Normalises only; the run decides where the call enters it (_checked_arguments).
+        # Normalises only; the run decides where the call enters it (_check_arguments).
         # Invariant: the arguments are a read-only mapping exactly when they were plain
         # bounded JSON when the call was built.
         try:
             arguments = _frozen_arguments(self.arguments)
-        except _NotPlainJSON:
+        except Exception:  # not plain bounded JSON, or a mapping whose own code raised
             if type(self.arguments) is not MappingProxyType:
                 return  # kept as given
-            arguments = dict(self.arguments)
+            arguments = dict(self.arguments)  # a plain copy; raises if it cannot be read
         object.__setattr__(self, "arguments", arguments)
 
     def __eq__(self, other: object) -> bool:
@@ -1832,7 +1859,7 @@ _PAYLOAD_JSON_KEYS: Final = {
 class Event:
     """One observable step of a run, numbered by the run's single counter.
 
-    ``payload`` is read-only: a mapping given in any other form is copied into one.
+    ``payload`` is a read-only copy of the mapping given.
     """
 
     sequence: int
@@ -1841,8 +1868,8 @@ class Event:
     __hash__ = None  # type: ignore[assignment]  # it holds a mapping
 
     def __post_init__(self) -> None:
-        if type(self.payload) is not MappingProxyType:
-            object.__setattr__(self, "payload", MappingProxyType(dict(self.payload)))
+        # Copied even from a read-only mapping, whose own dict its maker could change.
+        object.__setattr__(self, "payload", MappingProxyType(dict(self.payload)))
 
     def __reduce__(self) -> Tuple[Any, ...]:
         return _reduce_to_plain_fields(self)
@@ -2187,7 +2214,8 @@ def replay(events: Iterable[Event]) -> ReplayedRun:
       log does not hold what the model sent or what the tool raised;
     - a run that its consumer cancelled between two events runs on to the next such
       point: one more ``tool.started`` (the call gets no result, as recorded) or one
-      more request counted in ``steps``;
+      more request counted in ``steps``; at the ceiling of ``MAX_AGENT_STEPS``
+      requests there is no next request, and such a replay ends ``maxSteps``;
     - a run that failed ``INVALID_TRANSCRIPT`` logged none of its starting messages:
       a ValueError.
 
@@ -2381,6 +2409,7 @@ def _recorded_steps(
             response = ModelResponse(
                 message.id[len("message-") :], request_id, message.content, stop_reason
             )
+            _check_recorded_stream(request_id, chunks[index], response)
         elif started[index]:
             raise ValueError(f"{request_id} ran tools, but the result holds no response to it")
         steps.append(
@@ -2395,6 +2424,23 @@ def _recorded_steps(
         )
         length += 1 + len(calls)
     return steps
+
+
+def _check_recorded_stream(
+    request_id: str, chunks: Sequence[ModelChunk], response: ModelResponse
+) -> None:
+    """replay(): a step's recorded chunks keep the loop's rules and agree with its
+    response, as every step the loop ever recorded does."""
+    streamed = _StreamedBlocks(ModelRequest(request_id, (), ()))
+    try:
+        for chunk in chunks:
+            streamed.add(chunk)
+        streamed.require_agreement(response.content)
+    except _RunFailure as failure:
+        raise ValueError(
+            f"the chunks of {request_id} do not agree with the result's transcript: "
+            f"{failure.message}"
+        ) from None
 
 
 class _ReplayedModel:

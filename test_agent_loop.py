@@ -2298,6 +2298,22 @@ class TestModelFailures:
     MODEL_STREAM_ERROR"; "RunError.exception ... is not part of to_dict() or of
     equality"."""
 
+    def test_stop_iteration_from_stream_itself_fails_the_run(self) -> None:
+        """A StopIteration raised by stream() (not by its generator) is a failure like any
+        other, never a RuntimeError out of the run (PEP 479)."""
+        raised = StopIteration("no stream")
+
+        def stream(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
+            raise raised
+
+        events, result, _ = run(FakeModel(stream))
+        assert failure_message(result, "MODEL_STREAM_ERROR") == (
+            "model.stream() raised StopIteration: no stream"
+        )
+        assert result.error is not None
+        assert result.error.exception is raised
+        assert types_of(events)[-1] == "run.finished"
+
     def test_a_base_exception_from_the_stream(self) -> None:
         raised = Fatal("stop here")
 
@@ -4770,6 +4786,22 @@ class TestToolSchemas:
     boolean, array, null), properties, required, additionalProperties (bool), items, enum.
     bool is never a number or an integer." Failures are recoverable results."""
 
+    def test_an_enum_longer_than_the_argument_bounds_is_accepted(self) -> None:
+        codes = [f"c{index:03d}" for index in range(al.MAX_ARGUMENT_VALUES + 100)]
+        schema = {"type": "object", "properties": {"code": {"type": "string", "enum": codes}}}
+        tool = al.Tool("country", "Picks one.", schema, lambda arguments, signal: "ok")
+        registry = al.ToolRegistry([tool])
+        chosen = al.execute_tool_call(
+            registry, al.ToolCall("c1", "country", {"code": "c300"}), threading.Event()
+        )
+        assert (chosen.content, chosen.is_error) == ("ok", False)
+
+    def test_an_enum_member_over_the_bounds_is_named(self) -> None:
+        member = "x" * (al.MAX_ARGUMENT_TEXT + 1)
+        schema = {"type": "object", "properties": {"a": {"enum": [member]}}}
+        with pytest.raises(ValueError, match="enum member 0 is no value arguments may hold: "):
+            al.Tool("t", "d", schema, lambda arguments, signal: "ok")
+
     @pytest.mark.parametrize("kind", list(EXAMPLE_OF_TYPE))
     @pytest.mark.parametrize("schema_type", list(EXAMPLE_OF_TYPE))
     def test_type_accepts_its_kind_and_rejects_others(self, schema_type: str, kind: str) -> None:
@@ -5496,6 +5528,14 @@ class TestExecuteToolCall:
     """execute_tool_call(registry, call, signal) -> ToolResultMessage; an unknown tool,
     bad arguments or an exception become a recoverable result; it never raises for those."""
 
+    @pytest.mark.parametrize(("id", "name"), [(1, "echo"), ("c1", ["echo"]), ("", "echo")])
+    def test_a_call_no_result_can_be_linked_to_is_a_type_error(
+        self, id: object, name: object
+    ) -> None:
+        registry = al.ToolRegistry([echo_tool()])
+        with pytest.raises(TypeError, match="id and name must be non-empty str"):
+            al.execute_tool_call(registry, untyped.ToolCall(id, name, {}), threading.Event())
+
     def test_a_str_return_is_the_content_verbatim(self) -> None:
         result, _ = returning('He said "hi"\n')
         assert result.is_error is False
@@ -6093,6 +6133,28 @@ class TestInvalidToolCallArguments:
     given, and the run that receives such a call fails with MODEL_PROTOCOL_ERROR before
     any tool runs (execute_tool_call makes it an error result)"."""
 
+    def test_a_mapping_whose_items_raise_is_kept_as_a_plain_copy(self) -> None:
+        class Grumpy(typing.Mapping[str, Any]):
+            def __getitem__(self, key: str) -> object:
+                return {"a": 1}[key]
+
+            def __iter__(self) -> Iterator[str]:
+                return iter(["a"])
+
+            def __len__(self) -> int:
+                return 1
+
+            def items(self) -> Any:
+                raise RuntimeError("no items today")
+
+        grumpy = untyped.ToolCall("c1", "echo", MappingProxyType(Grumpy()))
+        assert type(grumpy.arguments) is dict
+        assert grumpy.arguments == {"a": 1}
+        _, result, _ = run([tool_turn("r1", grumpy)], [echo_tool()])
+        assert "not plain bounded JSON when the call was built" in failure_message(
+            result, "MODEL_PROTOCOL_ERROR"
+        )
+
     def test_invalid_arguments_in_a_read_only_mapping_are_kept_as_a_plain_dict(self) -> None:
         arguments = MappingProxyType({"bad": float("nan")})
         call = al.ToolCall("c1", "t", arguments)
@@ -6346,6 +6408,13 @@ class TestCopyingAndHashing:
     """Messages, events, requests and results survive pickle and copy.deepcopy, equal to
     the originals; a read-only mapping cannot be pickled, so each is rebuilt from plain
     JSON and frozen again."""
+
+    def test_an_event_copies_a_read_only_payload(self) -> None:
+        underlying = {"message": user()}
+        event = al.Event(0, "message.accepted", MappingProxyType(underlying))
+        underlying["message"] = user("changed", "user-002")
+        assert event.payload["message"] == user()
+        assert isinstance(event.payload, MappingProxyType)
 
     def _recorded(self) -> tuple[list[al.Event], al.RunResult, FakeModel]:
         return run(
@@ -7885,6 +7954,19 @@ class TestReplayRejectsLogsOfNoSingleRun:
     def test_an_item_that_is_not_an_event_is_a_type_error(self) -> None:
         with pytest.raises(TypeError, match="replay\\(\\) takes Events, got a dict at 0"):
             al.replay([recording()[0]])  # type: ignore[list-item]
+
+    @pytest.mark.parametrize("how", ["dropped", "doubled"])
+    def test_chunks_that_disagree_with_the_transcript_are_a_value_error(self, how: str) -> None:
+        log = recording()
+        chunk = next(i for i, data in enumerate(log) if data["type"] == "model.chunk")
+        if how == "dropped":
+            del log[chunk]
+        else:
+            log.insert(chunk, copy.deepcopy(log[chunk]))
+        for sequence, data in enumerate(log):
+            data["sequence"] = sequence
+        with pytest.raises(ValueError, match="the chunks of request-001 do not agree"):
+            al.replay([al.event_from_dict(data) for data in log])
 
 
 class TestNextRequestSequence:
