@@ -56,7 +56,7 @@ Rules:
   ``content_filter``; Anthropic ``stop_reason`` ``max_tokens``, ``refusal``,
   ``pause_turn`` or ``model_context_window_exceeded``. There are no retries.
 - Ignored, as not part of an answer: comment lines and ``id:``/``retry:`` fields of the
-  event stream; OpenAI choices other than index 0, chunks without choices (usage),
+  event stream; OpenAI choices other than index 0, chunks whose choices list is empty (usage),
   fields other than ``content``, ``refusal`` (kept as text: it is the answer) and
   ``tool_calls``; Anthropic ``ping``, unknown event types, and content blocks other than
   ``text`` and ``tool_use`` (``thinking``, ``redacted_thinking``, server tools...) with
@@ -130,6 +130,8 @@ _WATCH_INTERVAL: Final = 0.05
 """Seconds between two looks at the signal: cancellation closes within about this."""
 _ERROR_BODY_LIMIT: Final = 65_536
 """Most bytes of an error response read for its message."""
+_EVENT_LIMIT: Final = 1 << 20
+"""Most characters in one line, or in one event's data, of an event stream (1 MiB)."""
 _EXCERPT: Final = 200
 """Most characters of a body or an event quoted in an error message."""
 _OPENAI_OWNED: Final = frozenset({"model", "messages", "stream", "tools"})
@@ -436,16 +438,19 @@ class _Exchange:
         """The next bytes of the response body (b"" at its end)."""
         response = cast(http.client.HTTPResponse, self.response)  # open() succeeded
         try:
-            return response.read1(_READ_SIZE)
+            data = response.read1(_READ_SIZE)
         except socket.timeout:
             raise self._failure(f"{self.url} sent nothing for {self.timeout:g} s") from None
         except (OSError, http.client.HTTPException) as error:
             raise self._failure(
                 f"the connection to {self.url} broke: {_described(error)}"
             ) from None
+        if not data and self.signal.is_set():  # the end the watcher's shutdown made
+            raise self._cancelled()
+        return data
 
     def close(self) -> None:
-        """Closes the connection and lets the watcher end (within _WATCH_INTERVAL)."""
+        """Closes the connection; the watcher sees it and ends within _WATCH_INTERVAL."""
         self.finished.set()
         self.connection.close()
         if self.response is not None:  # a response that will close holds the socket
@@ -544,7 +549,9 @@ class _ServerEvent:
 class _ServerEvents:
     """The event-stream parser (the WHATWG rules the official SDKs follow), bytes in.
 
-    Bytes are decoded as UTF-8, also when a character is split across reads. Lines end
+    Bytes are decoded as UTF-8 (a leading byte order mark dropped), also when a character
+    is split across reads; a line or an event's data longer than _EVENT_LIMIT characters
+    is refused, so a server that never ends a line cannot fill the memory. Lines end
     with CRLF, CR or LF, also split across reads; a line that starts with ':' is a
     comment; ``data:`` lines accumulate, joined with LF; ``event:`` names the event; one
     space after the colon is dropped; a blank line dispatches the event (when it has
@@ -552,7 +559,8 @@ class _ServerEvents:
     """
 
     def __init__(self) -> None:
-        self.decoder = codecs.getincrementaldecoder("utf-8")()
+        # utf-8-sig: a byte order mark at the start is dropped, as the WHATWG rules say.
+        self.decoder = codecs.getincrementaldecoder("utf-8-sig")()
         self.pending = ""  # the start of a line that has not ended yet
         self.skip_line_feed = False  # the last read ended with a CR
         self.event = ""
@@ -569,6 +577,8 @@ class _ServerEvents:
         self.skip_line_feed = text.endswith("\r")
         lines = (self.pending + text).replace("\r\n", "\n").replace("\r", "\n").split("\n")
         self.pending = lines.pop()
+        if len(self.pending) > _EVENT_LIMIT:
+            raise ProviderError(f"malformed event stream: a line longer than {_EVENT_LIMIT:,}")
         events: List[_ServerEvent] = []
         for line in lines:
             if not line:
@@ -582,6 +592,10 @@ class _ServerEvents:
                 value = value[1:]
             if name == "data":
                 self.data.append(value)
+                if sum(map(len, self.data)) > _EVENT_LIMIT:
+                    raise ProviderError(
+                        f"malformed event stream: an event longer than {_EVENT_LIMIT:,}"
+                    )
             elif name == "event":
                 self.event = value
             # A comment (no name) and the id and retry fields change nothing here.
@@ -914,7 +928,8 @@ def _anthropic_body(
                         "input": block.plain_arguments(),
                     }
                 )
-        messages.append({"role": "assistant", "content": content})
+        if content:  # an empty answer has nothing to send, and the API refuses an empty turn
+            messages.append({"role": "assistant", "content": content})
     body: Dict[str, Any] = {
         "model": model,
         "max_tokens": max_tokens,
@@ -1080,7 +1095,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ValueError as error:
         parser.error(str(error))
     signal = threading.Event()
-    previous = os_signal.signal(os_signal.SIGINT, lambda number, frame: signal.set())
+
+    def interrupt(number: int, frame: object) -> None:
+        signal.set()  # the run ends cancelled
+        # Connecting is not watched: a second Ctrl-C interrupts even that, at once.
+        os_signal.signal(os_signal.SIGINT, previous)
+
+    previous = os_signal.signal(os_signal.SIGINT, interrupt)
     try:
         run = al.run_agent_loop(
             messages=[al.UserMessage("user-001", options.prompt)],

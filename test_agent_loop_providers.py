@@ -635,7 +635,7 @@ class TestRequests:
                 },
                 {"role": "assistant", "content": [{"type": "text", "text": "Done."}]},
                 {"role": "user", "content": "Thanks."},
-                {"role": "assistant", "content": []},
+                # message-r4 is empty: the API refuses an empty turn, so none is sent
                 {"role": "user", "content": "Bye."},
             ],
             "tools": [
@@ -1542,6 +1542,24 @@ class TestServerEvents:
     def test_invalid_utf_8_is_malformed(self) -> None:
         with pytest.raises(providers.ProviderError, match="not UTF-8"):
             self.parse(b"data: \xff\n\n")
+
+    def test_a_leading_byte_order_mark_is_dropped(self) -> None:
+        bom = "\ufeff".encode()
+        assert self.parse(bom[:1], bom[1:] + b"data: a\n\n") == [("", "a")]
+        assert self.parse(b"data: \xef\xbb\xbfa\n\n") == [("", "\ufeffa")]  # only the first
+
+    def test_a_line_at_the_limit_passes_and_one_longer_is_malformed(self) -> None:
+        limit = providers._EVENT_LIMIT
+        line = b"data:" + b"x" * (limit - len("data:"))
+        assert self.parse(line, b"\n\n") == [("", "x" * (limit - 5))]
+        with pytest.raises(providers.ProviderError, match="a line longer than 1,048,576"):
+            self.parse(line + b"x")
+
+    def test_an_event_at_the_limit_passes_and_one_longer_is_malformed(self) -> None:
+        half = b"data: " + b"y" * (providers._EVENT_LIMIT // 2) + b"\n"
+        assert len(self.parse(half, half, b"\n")[0][1]) == providers._EVENT_LIMIT + 1  # the LF
+        with pytest.raises(providers.ProviderError, match="an event longer than 1,048,576"):
+            self.parse(half, half, b"data: z\n")
 
 
 class TestHelpers:
