@@ -380,7 +380,7 @@ class _Run:
         """OpenModel: snapshots the transcript into request-NNN and calls model.stream() once."""
         # Seed: "requestSnapshot() freezes the current transcript and creates
         # request-001, request-002, and so on, offset by requestSequenceStart".
-        request_id = f"request-{self.request_sequence_start + step:03d}"
+        request_id = _request_id(self.request_sequence_start + step)
         request = ModelRequest(request_id, tuple(self.transcript.messages), self.specs)
         self.steps = step
         stream = self._call(
@@ -438,7 +438,7 @@ class _Run:
         # Seed: "... and 1024 assistant blocks."
         if len(response.content) > MAX_ASSISTANT_BLOCKS:
             raise _protocol_error(f"the response holds more than {MAX_ASSISTANT_BLOCKS} blocks")
-        message = AssistantMessage("message-" + response.id, response.content)
+        message = AssistantMessage(_assistant_message_id(response.id), response.content)
         self.transcript.check(message, "MODEL_PROTOCOL_ERROR")
         calls = _tool_calls(message)
         # Seed: "Tool calls are forbidden in a stop response."
@@ -484,6 +484,7 @@ class _Run:
         return result
 
     def _event(self, type: EventType, **payload: Any) -> Event:
+        """The run's next event: the one counter numbers it."""
         # Seed: "Each event receives the next integer sequence; no component owns a
         # separate counter."
         event = Event(self.next_sequence, type, payload)
@@ -513,6 +514,7 @@ class _Run:
             raise _Cancelled
 
     def _result(self, status: RunStatus, **fields: Any) -> RunResult:
+        """The run's result: its transcript as it is now, complete messages only."""
         return RunResult(
             status,
             tuple(self.transcript.messages),
@@ -569,6 +571,35 @@ def _iterated(messages: Iterable[object]) -> Iterator[object]:
         raise TypeError(
             f"messages must be an iterable of messages, got {type(messages).__name__}"
         ) from None
+
+
+# The ids the loop derives. Seed: request-001, request-002 and so on; its test: the
+# assistant message of response R is "message-" + R's id, the result of call C is
+# "tool-result-" + C's id.
+_MESSAGE_ID_PREFIX: Final = "message-"
+_RESULT_ID_PREFIX: Final = "tool-result-"
+
+
+def _request_id(number: int) -> str:
+    """The id of a run's request number ``number`` (request_sequence_start + step)."""
+    return f"request-{number:03d}"
+
+
+def _assistant_message_id(response_id: str) -> str:
+    """The id of the assistant message built from a response."""
+    return _MESSAGE_ID_PREFIX + response_id
+
+
+def _response_id(message_id: str) -> str:
+    """The response id an assistant message's id was derived from (itself if it was not)."""
+    if message_id.startswith(_MESSAGE_ID_PREFIX):
+        return message_id[len(_MESSAGE_ID_PREFIX) :]
+    return message_id
+
+
+def _tool_result_id(call_id: str) -> str:
+    """The id of the result message linked to a tool call."""
+    return _RESULT_ID_PREFIX + call_id
 
 
 def _checked_signal(signal: object) -> Signal:
@@ -698,16 +729,6 @@ def _shortened(blocks: List[Union[str, ToolCall]], index: int) -> str:
     if index == len(blocks):
         return "nothing"
     return reprlib.repr(blocks[index])
-
-
-def settle_run(run: Generator[Event, None, RunResult]) -> Tuple[List[Event], RunResult]:
-    """Drains a run; returns its events and its RunResult."""
-    events: List[Event] = []
-    while True:
-        try:
-            events.append(next(run))
-        except StopIteration as done:
-            return events, done.value
 
 
 # --- The transcript -----------------------------------------------------------------
@@ -856,7 +877,7 @@ class _Transcript:
                         f"tool call id {call.id!r} is used twice (tool-call ids must be "
                         "unique across the whole transcript)"
                     )
-                if "tool-result-" + call.id in self._message_ids:
+                if _tool_result_id(call.id) in self._message_ids:
                     return (
                         f'the result id of tool call {call.id!r} ("tool-result-" + its id) '
                         "is already taken by another message"
@@ -1363,7 +1384,11 @@ def _schema_problem(value: object, schema: Mapping[str, Any], path: str) -> Opti
 
 
 class ToolRegistry:
-    """The tools a run may execute, by unique name."""
+    """The tools a run may execute, by unique name.
+
+    Raises, as ``register()`` does, TypeError for an item that is not a Tool and
+    ValueError for a name that is taken.
+    """
 
     def __init__(self, tools: Iterable[Tool] = ()) -> None:
         self._tools: Dict[str, Tool] = {}
@@ -1470,7 +1495,7 @@ class ToolError(Exception):
 
 def _tool_result(call: ToolCall, content: str, is_error: bool) -> ToolResultMessage:
     """Builds the result message linked to a call (its id is derived from the call's)."""
-    return ToolResultMessage("tool-result-" + call.id, call.id, call.name, content, is_error)
+    return ToolResultMessage(_tool_result_id(call.id), call.id, call.name, content, is_error)
 
 
 def _describe(error: BaseException) -> str:
@@ -1889,6 +1914,16 @@ class Event:
 # --- Test helpers -------------------------------------------------------------------
 
 
+def settle_run(run: Generator[Event, None, RunResult]) -> Tuple[List[Event], RunResult]:
+    """Drains a run; returns its events and its RunResult."""
+    events: List[Event] = []
+    while True:
+        try:
+            events.append(next(run))
+        except StopIteration as done:
+            return events, done.value
+
+
 @dataclass(frozen=True)
 class ScriptedResponse:
     """One turn of a ScriptedModel: the response it returns and the chunks it streams.
@@ -1961,17 +1996,18 @@ class ScriptedModel:
         responses = []
         for message in messages:
             if isinstance(message, AssistantMessage):
-                prefix = "message-"
-                response_id = (
-                    message.id[len(prefix) :] if message.id.startswith(prefix) else message.id
-                )
                 stop_reason: StopReason = "toolCall" if _tool_calls(message) else "stop"
+                response_id = _response_id(message.id)
                 responses.append(scripted_response(response_id, message.content, stop_reason))
         return cls(responses)
 
     def stream(
         self, request: ModelRequest, signal: Signal
     ) -> Generator[ModelChunk, None, ModelResponse]:
+        """Records the request and streams the next scripted turn for it.
+
+        Raises RuntimeError when no scripted turn is left.
+        """
         self.call_count += 1
         self.requests.append(request)
         if self.call_count > len(self._responses):
@@ -2268,7 +2304,7 @@ def replay(events: Iterable[Event]) -> ReplayedRun:
     steps = _recorded_steps(log[len(accepted) : -1], result, len(messages))
     complete = result.status in ("completed", "maxSteps")
     model = _ReplayedModel(
-        steps, None if complete else f"request-{result.next_request_sequence + 1:03d}"
+        steps, None if complete else _request_id(result.next_request_sequence + 1)
     )
     names = dict.fromkeys(call.name for step in steps for call in step.calls)
     return ReplayedRun(
@@ -2325,8 +2361,7 @@ def _recorded_steps(
     """replay(): the steps of a log, from its events after the accepted messages and
     before run.finished, checked against the result's transcript."""
     request_ids = [
-        f"request-{result.request_sequence_start + step:03d}"
-        for step in range(1, result.steps + 1)
+        _request_id(result.request_sequence_start + step) for step in range(1, result.steps + 1)
     ]
     positions = {request_id: index for index, request_id in enumerate(request_ids)}
     chunks: List[List[ModelChunk]] = [[] for _ in request_ids]
@@ -2368,7 +2403,7 @@ def _recorded_steps(
     # The transcript the run added: each assistant message, then its tool results.
     groups: List[Tuple[AssistantMessage, List[ToolResultMessage]]] = []
     for message in result.messages[start_length:]:
-        if isinstance(message, AssistantMessage) and message.id.startswith("message-"):
+        if isinstance(message, AssistantMessage) and message.id.startswith(_MESSAGE_ID_PREFIX):
             groups.append((message, []))
         elif isinstance(message, ToolResultMessage) and groups:
             groups[-1][1].append(message)
@@ -2407,7 +2442,7 @@ def _recorded_steps(
                 )
             stop_reason: StopReason = "toolCall" if calls else "stop"
             response = ModelResponse(
-                message.id[len("message-") :], request_id, message.content, stop_reason
+                _response_id(message.id), request_id, message.content, stop_reason
             )
             _check_recorded_stream(request_id, chunks[index], response)
         elif started[index]:
@@ -2623,6 +2658,7 @@ def _demo_model() -> ScriptedModel:
 
 
 def _brief(call: ToolCall) -> str:
+    """A call as the demonstration prints it: name(arguments) [id]."""
     return f"{call.name}({json.dumps(call.plain_arguments(), separators=(',', ':'))}) [{call.id}]"
 
 
@@ -2649,6 +2685,7 @@ def _demo_line(event: Event) -> str:
 
 
 def _demo_result(result: RunResult) -> str:
+    """A result as the demonstration prints it, after the events."""
     lines = [f"result: {result.status}, {result.steps} step(s), {len(result.messages)} messages"]
     if result.final_text is not None:
         lines.append(f"final text: {result.final_text}")

@@ -7206,6 +7206,22 @@ class TestReplay:
     """Running the loop again from the same starting messages, with tools that behave the
     same, reproduces the recorded transcript exactly."""
 
+    def test_an_id_without_the_message_prefix_is_the_response_id_itself(self) -> None:
+        """(ScriptedModel.from_transcript) Response id = message id without its "message-"
+        prefix; an id without it is taken whole."""
+        history = [
+            al.AssistantMessage("message-r1", [al.TextBlock("one")]),
+            al.AssistantMessage("a2", [al.TextBlock("two")]),
+        ]
+        model = al.ScriptedModel.from_transcript(history)
+        _, first = al.settle_run(
+            al.run_agent_loop(messages=[user()], model=model, tools=al.ToolRegistry(), max_steps=1)
+        )
+        _, second = al.settle_run(
+            al.run_agent_loop(messages=[user()], model=model, tools=al.ToolRegistry(), max_steps=1)
+        )
+        assert [first.messages[-1].id, second.messages[-1].id] == ["message-r1", "message-a2"]
+
     def test_replay_reproduces_the_transcript_and_the_events(self) -> None:
         events, result, recorder = recorded_run()
         assert result.status == "completed"
