@@ -1132,9 +1132,12 @@ class Tool:
         Raises TypeError, naming the parameter, for a hint the enforced schema subset
         cannot express, a parameter with no hint, ``*args``, ``**kwargs`` or a
         positional-only parameter; for an async function or anything but a function or
-        a method; and as ``Tool()`` does for the name or description.
+        a method; for a lambda without ``name``; and as ``Tool()`` does for the name or
+        description.
         """
         parameters, wants_signal = _function_parameters(fn)
+        if name is None and fn.__name__ == "<lambda>":
+            raise TypeError("Tool.from_function: a lambda has no name of its own; give it name=")
 
         def execute(arguments: Dict[str, Any], signal: Signal) -> object:
             if wants_signal:

@@ -94,6 +94,7 @@ import socket
 import sys
 import threading
 import urllib.parse
+from dataclasses import dataclass
 from typing import (
     AbstractSet,
     Any,
@@ -536,14 +537,12 @@ def _described(error: BaseException) -> str:
 # --- Wire formats: server-sent events ------------------------------------------------
 
 
+@dataclass(frozen=True)
 class _ServerEvent:
     """One dispatched server-sent event: its type (``event:``) and its data."""
 
-    __slots__ = ("data", "event")
-
-    def __init__(self, event: str, data: str) -> None:
-        self.event = event
-        self.data = data
+    event: str
+    data: str
 
 
 class _ServerEvents:

@@ -5251,6 +5251,11 @@ class TestToolFromFunction:
     required = parameters without defaults; anything it cannot express in the enforced
     schema subset is a TypeError naming the parameter."""
 
+    def test_a_lambda_needs_a_name(self) -> None:
+        with pytest.raises(TypeError, match="a lambda has no name of its own; give it name="):
+            al.Tool.from_function(lambda: "ok")
+        assert al.Tool.from_function(lambda: "ok", name="ok").name == "ok"
+
     def test_a_function_of_keyword_parameters_becomes_a_tool(self) -> None:
         tool = al.Tool.from_function(add)
         assert tool.name == "add"
