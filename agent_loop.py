@@ -405,18 +405,18 @@ class _Run:
         streamed = _StreamedBlocks(request)
         try:
             while True:
-                # After the last chunk, the terminal response: if the signal was set by
-                # then, _call ends the run cancelled and the response is not appended.
-                ended, item = self._call("MODEL_STREAM_ERROR", "the model's stream", _pull, stream)
-                if ended:
+                try:
+                    chunk = self._call("MODEL_STREAM_ERROR", "the model's stream", next, stream)
+                except StopIteration as done:
+                    response = done.value  # (arrived before any cancellation: see _call)
                     break
-                streamed.add(item)
-                yield self._event("model.chunk", request_id=request.id, chunk=item)
+                streamed.add(chunk)
+                yield self._event("model.chunk", request_id=request.id, chunk=chunk)
         finally:
             # A model whose cleanup fails cannot replace the step's outcome.
             with contextlib.suppress(Exception):
                 stream.close()
-        return self._checked_response(request, item, streamed)
+        return self._checked_response(request, response, streamed)
 
     def _checked_response(
         self, request: ModelRequest, response: object, streamed: _StreamedBlocks
@@ -487,7 +487,7 @@ class _Run:
         """The run's next event: the one counter numbers it."""
         # Seed: "Each event receives the next integer sequence; no component owns a
         # separate counter."
-        event = Event(self.next_sequence, type, payload)
+        event = Event(self.next_sequence, type, MappingProxyType(payload))
         self.next_sequence += 1
         return event
 
@@ -495,15 +495,18 @@ class _Run:
         self, code: FailureCode, what: str, function: Callable[..., _T], *arguments: Any
     ) -> _T:
         """Calls code the loop does not own (the model, its stream, a tool) and looks at
-        the signal when it returns or raises: cancellation wins over either. Any other
-        exception becomes the failure ``code``; KeyboardInterrupt and SystemExit
-        propagate."""
+        the signal when it returns or raises: cancellation wins over either. The
+        StopIteration of next(stream) is the stream's end and passes, with its response;
+        any other exception becomes the failure ``code``. KeyboardInterrupt and
+        SystemExit propagate."""
         try:
             value = function(*arguments)
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as error:
-            self._check_signal()  # code that failed because it saw the signal
+            self._check_signal()  # code that failed, or ended, after the signal was set
+            if type(error) is StopIteration and function is next:
+                raise
             raise _RunFailure(code, f"{what} raised {_describe(error)}") from error
         self._check_signal()
         return value
@@ -617,16 +620,6 @@ def _checked_signal(signal: object) -> Signal:
             "(an asyncio.Event?): use threading.Event, and set it from your event loop"
         )
     return cast(Signal, signal)
-
-
-def _pull(stream: Generator[ModelChunk, None, Any]) -> Tuple[bool, Any]:
-    """One step of a model's stream: (False, its next chunk), or (True, the response it
-    returned). The response arrives as StopIteration's value: caught here, where no
-    other StopIteration can be mistaken for it."""
-    try:
-        return False, next(stream)
-    except StopIteration as done:
-        return True, done.value
 
 
 def _check_request_id(request_id: object, request: ModelRequest) -> None:
@@ -1887,7 +1880,8 @@ _PAYLOAD_JSON_KEYS: Final = {
 class Event:
     """One observable step of a run, numbered by the run's single counter.
 
-    ``payload`` is a read-only copy of the mapping given.
+    ``payload`` is read-only: a read-only mapping (``MappingProxyType``) is kept as
+    given, and any other mapping is copied into one.
     """
 
     sequence: int
@@ -1896,8 +1890,10 @@ class Event:
     __hash__ = None  # type: ignore[assignment]  # it holds a mapping
 
     def __post_init__(self) -> None:
-        # Copied even from a read-only mapping, whose own dict its maker could change.
-        object.__setattr__(self, "payload", MappingProxyType(dict(self.payload)))
+        # A read-only mapping is kept as given: the loop builds each event's payload as a
+        # new mapping, read-only, and copying it again would cost every event of a run.
+        if type(self.payload) is not MappingProxyType:
+            object.__setattr__(self, "payload", MappingProxyType(dict(self.payload)))
 
     def __reduce__(self) -> Tuple[Any, ...]:
         return _reduce_to_plain_fields(self)
