@@ -1913,14 +1913,26 @@ class Event:
 # --- Test helpers -------------------------------------------------------------------
 
 
-def settle_run(run: Generator[Event, None, RunResult]) -> Tuple[List[Event], RunResult]:
-    """Drains a run; returns its events and its RunResult."""
+def settle_run(
+    run: Generator[Event, None, RunResult],
+    on_event: Optional[Callable[[Event], object]] = None,
+) -> Tuple[List[Event], RunResult]:
+    """Drains a run; returns its events and its RunResult.
+
+    ``on_event``, if given, is called with each event as the run yields it, before the
+    run goes on (print it, stream it to a screen, set the signal). If it raises, the
+    run is closed (its model stream too) and the exception propagates.
+    """
     events: List[Event] = []
-    while True:
-        try:
-            events.append(next(run))
-        except StopIteration as done:
-            return events, done.value
+    with contextlib.closing(run):
+        while True:
+            try:
+                event = next(run)
+            except StopIteration as done:
+                return events, done.value
+            events.append(event)
+            if on_event is not None:
+                on_event(event)
 
 
 @dataclass(frozen=True)

@@ -2741,6 +2741,42 @@ class TestRunHelpers:
         assert events == [accepted, finished]
         assert returned is result
 
+    def test_settle_run_hands_each_event_to_on_event_as_it_comes(self) -> None:
+        seen: list[tuple[int, int]] = []  # (sequence, events the run had yielded by then)
+        yielded = 0
+
+        def counted() -> Generator[al.Event, None, al.RunResult]:
+            nonlocal yielded
+            for sequence in range(3):
+                yielded += 1
+                yield al.Event(sequence, "message.accepted", {"message": user()})
+            return al.RunResult("completed", (), 0, final_text="")
+
+        events, result = al.settle_run(
+            counted(), on_event=lambda e: seen.append((e.sequence, yielded))
+        )
+
+        assert seen == [(0, 1), (1, 2), (2, 3)]
+        assert [event.sequence for event in events] == [0, 1, 2]
+        assert result.status == "completed"
+
+    def test_settle_run_closes_the_run_when_on_event_raises(self) -> None:
+        closed: list[bool] = []
+
+        def endless() -> Generator[al.Event, None, al.RunResult]:
+            try:
+                while True:
+                    yield al.Event(0, "message.accepted", {"message": user()})
+            finally:
+                closed.append(True)
+
+        def refuse(event: al.Event) -> None:
+            raise KeyError("the screen is gone")
+
+        with pytest.raises(KeyError, match="the screen is gone"):
+            al.settle_run(endless(), on_event=refuse)
+        assert closed == [True]
+
     @pytest.mark.parametrize(
         ("blocks", "expected"),
         [
