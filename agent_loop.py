@@ -43,82 +43,53 @@ Invariants:
 
 - One counter numbers every event of a run (0, 1, 2, ...); no phase owns another.
   ``run.finished`` is always the last event and carries the returned ``RunResult``.
-- The transcript holds complete messages only. A streamed chunk may already have
-  an event, but an unfinished assistant message is never appended, and a tool that
-  was interrupted never gets a fabricated result.
-- Options are validated, and the messages and the tool registry's membership are
-  snapshotted, when ``run_agent_loop()`` is *called*, not when iteration starts.
-- Immutability is by freezing, not copying: every message and block is a frozen
-  dataclass, and a ``ToolCall`` freezes a copy of its arguments when it is built
-  (objects become read-only mappings, arrays become tuples). Nothing a caller, a
-  model or a tool does to an object it holds can change the run's transcript,
-  short of ``object.__setattr__`` or reaching into private attributes.
-- Only what is appended is validated, so a step's checks cost what the step adds,
-  whatever the length of the transcript; a request's snapshot is a tuple of it.
+- The transcript holds complete messages only. A streamed chunk may already have an
+  event, but an unfinished assistant message is never appended, and a tool that was
+  interrupted never gets a fabricated result.
+- Options are validated, and the messages and the registry's membership snapshotted,
+  when ``run_agent_loop()`` is *called*, not when iteration starts.
+- Values are frozen dataclasses, normalised in ``__post_init__``; a ``ToolCall`` freezes
+  a copy of its arguments (objects become read-only mappings, arrays tuples). Nothing a
+  caller, a model or a tool does to an object it holds changes the run's transcript.
+- A value from outside (the caller's messages, a model's chunks and response, a tool's
+  schema) is checked once, where it enters. A check raises one neutral ``_Problem``; the
+  phase that runs it decides which failure code that becomes. Only what is appended is
+  checked, so a step costs what it adds, whatever the length of the transcript.
 - Cancellation is a ``threading.Event`` (or anything with its ``is_set()`` and
-  ``wait()``: see ``Signal``). Besides once before the first event, the loop looks
-  at it each time control comes back from code it does not own, in two places:
-  ``_Run.drive`` after every event (the consumer ran), and ``_Run._call`` after the
-  model, its stream or a tool returned or raised. Those are the seed's points:
-  between phases, during initial emission, during streaming, while waiting for the
-  terminal response, and around tools.
-  Cancellation wins over a stream or tool error that arrives after the signal was set.
-- Values are frozen dataclasses, normalised in ``__post_init__``. A value from
-  outside (the caller's messages, a model's chunks and response, a tool's schema)
-  is checked once, where it enters: ``_Transcript.check``, ``_StreamedBlocks.add``,
-  ``_Run._checked_response``, and ``Tool``/``ToolSpec`` construction.
+  ``wait()``: see ``Signal``). The loop looks at it once before the first event, after
+  every event (``_Run.drive``: the consumer ran), and whenever the model, its stream or
+  a tool returns or raises (``_Run._call``, ``_Run._next_chunk``). Cancellation wins
+  over a stream or tool error that arrives after the signal was set.
 
-Choices where the seed is silent:
+Choices where the seed is silent (the README lists them all):
 
-- ``messages`` is read at call time, at most ``MAX_INITIAL_MESSAGES + 1`` items of
-  it, so an endless iterable fails with ``INVALID_TRANSCRIPT`` instead of hanging.
-  An empty starting transcript is complete, hence valid. A failed
-  ``INVALID_TRANSCRIPT`` result holds no messages: none was accepted.
-- Empty text carries nothing: normalisation drops empty text, so an empty
-  ``TextDelta`` agrees with a response that has no text block.
-- JSON equality is strict: ``True`` is not ``1`` and ``1`` is not ``1.0`` (in tool
-  arguments, enum checks and the streamed/terminal agreement). A schema ``integer``
-  is an ``int``, never a float.
-- A tool's parameters must use only the JSON Schema subset the loop enforces; a
-  keyword it would silently ignore (``minimum``, ``pattern``...) is a ValueError
-  when the ``Tool`` is built.
-- A tool call whose result id (``"tool-result-" + id``) is already taken in the
-  transcript is a protocol error, found before any tool runs.
-- Ids, names and text must be exactly ``str`` (a subclass could redefine ``==``,
-  ``len()`` or ``hash()`` under the checks); a tool's ``str`` return is its content
-  verbatim, and anything else it returns, a ``str`` subclass too, is encoded as JSON.
-- An invalid starting transcript is reported even when the signal is already set:
-  the inputs decide before the signal is looked at.
-- If closing a model's stream raises, that error is dropped: the step's own outcome
-  (a failure, a cancellation, the consumer's ``close()``) is what the run reports.
-- KeyboardInterrupt and SystemExit from a model or a tool propagate out of the run;
-  any other exception from a model fails the run with ``MODEL_STREAM_ERROR``, and one
-  from a tool becomes a recoverable result if it is an ``Exception`` (logged on the
-  ``agent_loop`` logger with its traceback), else ``TOOL_PHASE_ERROR``. A tool that
-  raises ``ToolError(message)`` gets ``message`` as its result, as it wrote it.
+- ``messages`` is read at call time, at most ``MAX_INITIAL_MESSAGES + 1`` items, so an
+  endless iterable fails ``INVALID_TRANSCRIPT``; an empty start is valid, and a failed
+  ``INVALID_TRANSCRIPT`` result holds no messages. The inputs decide before the signal.
+- Empty text carries nothing when streamed and terminal content are compared. JSON
+  equality is strict: ``True`` is not ``1`` and ``1`` is not ``1.0``.
+- Ids, names and text are exactly ``str``, and the checks ask for the exact IR classes:
+  a subclass could redefine ``==`` or unfreeze itself.
+- A tool's schema uses only the keywords the loop enforces, and its ``execute`` must
+  accept ``(arguments, signal)``: a ValueError or TypeError when the ``Tool`` is built.
 - A ``ToolCall`` built with arguments that are not plain bounded JSON keeps them as
-  given (never as a read-only mapping): the run rejects it where it enters.
-- A tool's ``execute`` must accept ``(arguments, signal)``: a TypeError when the
-  ``Tool`` is built. An ``asyncio.Event`` is not a signal (its ``wait()`` is a
-  coroutine): a TypeError when the run is called.
+  given, and the run that receives it fails ``MODEL_PROTOCOL_ERROR`` before any tool runs.
+- KeyboardInterrupt and SystemExit propagate; any other exception from a model fails
+  the run ``MODEL_STREAM_ERROR``; one from a tool is a recoverable result if it is an
+  ``Exception`` (logged on the ``agent_loop`` logger), else ``TOOL_PHASE_ERROR``. An
+  error from closing a model's stream is dropped: the step's own outcome stands.
 
 Deliberately not here (as the seed says): concurrent tool execution,
 steering/follow-up queues, context transformation, provider retries, persistent
-session state, a production scheduling policy.
+session state, a production scheduling policy. Companion files beside this one use
+only its public names: ``agent_loop_providers.py`` (real models) and
+``agent_loop_replay.py`` (record and replay).
 
-Beyond the loop: ``Tool.from_function`` makes a tool from a typed function,
-``ToolError`` lets a tool answer with an error of its own words, ``replay()`` rebuilds
-a recorded run from its event log so that it runs again offline with the same events,
-and ``RunResult.next_request_sequence`` tells a resumed run where its request ids go
-on. ``agent_loop_providers.py``, a second file, drives real models (OpenAI-compatible
-and Anthropic streaming APIs) through the ``Model`` protocol.
-
-The file reads top down: the limits, the loop (``run_agent_loop`` and the run's
-phases, in the diagram's order), then what the loop uses in the order it uses it
-(the transcript and its checks, the model boundary, tools, bounded plain JSON, the
-Message IR, events and results), then test helpers, interop, and the demonstration.
-
-Run ``python agent_loop.py`` for a demonstration (``--help`` for its options).
+The file reads top down: the limits, the loop and its phases in the diagram's order,
+then what the loop uses in the order it uses it (the transcript and its checks, the
+model boundary, tools, bounded plain JSON, the Message IR with its JSON codec, events
+and results), then the test helpers and the demonstration: run ``python agent_loop.py``
+(``--help`` for its options).
 """
 
 from __future__ import annotations
@@ -314,8 +285,8 @@ class _Run:
         self.invalid_start: Optional[_RunFailure] = None
         try:
             self.transcript = _Transcript.from_start(start)
-        except _RunFailure as failure:
-            self.invalid_start = failure
+        except _Problem as problem:
+            self.invalid_start = _RunFailure("INVALID_TRANSCRIPT", str(problem))
 
     def drive(self) -> Generator[Event, None, RunResult]:
         """The state diagram, from SnapshotRun to Finish, and the one place where events
@@ -385,8 +356,9 @@ class _Run:
             "MODEL_STREAM_ERROR", "model.stream()", self.model.stream, request, self.signal
         )
         if not isinstance(stream, collections.abc.Generator):
-            raise _protocol_error(
-                f"model.stream() must return a generator, got {type(stream).__name__}"
+            raise _RunFailure(
+                "MODEL_PROTOCOL_ERROR",
+                f"model.stream() must return a generator, got {type(stream).__name__}",
             )
         return request, stream
 
@@ -404,17 +376,39 @@ class _Run:
         try:
             while True:
                 try:
-                    chunk = self._call("MODEL_STREAM_ERROR", "the model's stream", next, stream)
+                    chunk = self._next_chunk(stream)
                 except StopIteration as done:
-                    response = done.value  # (arrived before any cancellation: see _call)
+                    response = done.value
                     break
                 streamed.add(chunk)
                 yield self._event("model.chunk", request_id=request.id, chunk=chunk)
+            return self._checked_response(request, response, streamed)
+        except _Problem as problem:
+            # ReadChunks --> Failed: protocol failure. Seed: "Contradiction or excess
+            # becomes a failed MODEL_PROTOCOL_ERROR result".
+            raise _RunFailure("MODEL_PROTOCOL_ERROR", str(problem)) from None
         finally:
             # A model whose cleanup fails cannot replace the step's outcome.
             with contextlib.suppress(Exception):
                 stream.close()
-        return self._checked_response(request, response, streamed)
+
+    def _next_chunk(self, stream: Generator[ModelChunk, None, Any]) -> object:
+        """ReadChunks: advances the model's stream by one chunk, and looks at the signal.
+
+        The stream's StopIteration (its end, carrying the response) passes unless the
+        signal was set; any other exception fails the run with MODEL_STREAM_ERROR.
+        """
+        try:
+            chunk = next(stream)
+        except StopIteration:
+            self._check_signal()  # a response that arrives after the signal is not taken
+            raise
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as error:
+            raise self._failure("MODEL_STREAM_ERROR", "the model's stream", error) from error
+        self._check_signal()
+        return chunk
 
     def _checked_response(
         self, request: ModelRequest, response: object, streamed: _StreamedBlocks
@@ -422,28 +416,28 @@ class _Run:
         """ReadChunks --> AppendAssistant: only a terminal response that keeps every rule."""
         if type(response) is not ModelResponse:
             missing = " (did its generator end without `return ModelResponse(...)`?)"
-            raise _protocol_error(
+            raise _Problem(
                 f"the model's stream returned a {type(response).__name__}, not a "
                 f"ModelResponse{missing if response is None else ''}"
             )
         _check_request_id(response.request_id, request)
         if not _is_id(response.id):
-            raise _protocol_error(f"a response id must be a non-empty str, got {response.id!r}")
+            raise _Problem(f"a response id must be a non-empty str, got {response.id!r}")
         if response.stop_reason not in _STOP_REASONS:
-            raise _protocol_error(
+            raise _Problem(
                 f"unknown stop reason {response.stop_reason!r} (expected one of {_STOP_REASONS})"
             )
         # Seed: "... and 1024 assistant blocks."
         if len(response.content) > MAX_ASSISTANT_BLOCKS:
-            raise _protocol_error(f"the response holds more than {MAX_ASSISTANT_BLOCKS} blocks")
+            raise _Problem(f"the response holds more than {MAX_ASSISTANT_BLOCKS} blocks")
         message = AssistantMessage(_assistant_message_id(response.id), response.content)
-        self.transcript.check(message, "MODEL_PROTOCOL_ERROR")
+        self.transcript.check(message)
         calls = _tool_calls(message)
         # Seed: "Tool calls are forbidden in a stop response."
         if response.stop_reason == "stop" and calls:
-            raise _protocol_error("a stop response holds tool calls")
+            raise _Problem("a stop response holds tool calls")
         if response.stop_reason == "toolCall" and not calls:
-            raise _protocol_error("a toolCall response holds no tool call")
+            raise _Problem("a toolCall response holds no tool call")
         streamed.require_agreement(response.content)
         return response, message
 
@@ -472,9 +466,8 @@ class _Run:
                 "tool.finished", request_id=request.id, tool_call=call, tool_result=result
             )
         # Seed: "After the complete Tool batch, validateTranscript() proves that every
-        # call has one later matching result." As built it cannot fail (each call above
-        # got its result or raised); it stays as the seed's own check, and costs O(1).
-        self.transcript.require_complete("TOOL_PHASE_ERROR")
+        # call has one later matching result." Here that holds by construction: each
+        # call above got its linked result appended, or the phase ended by raising.
 
     def _finish(self, result: RunResult) -> Generator[Event, None, RunResult]:
         """Finish: run.finished, always the last event, carries the result the run returns."""
@@ -492,22 +485,23 @@ class _Run:
     def _call(
         self, code: FailureCode, what: str, function: Callable[..., _T], *arguments: Any
     ) -> _T:
-        """Calls code the loop does not own (the model, its stream, a tool) and looks at
-        the signal when it returns or raises: cancellation wins over either. The
-        StopIteration of next(stream) is the stream's end and passes, with its response;
-        any other exception becomes the failure ``code``. KeyboardInterrupt and
-        SystemExit propagate."""
+        """Calls code the loop does not own (model.stream(), a tool) and looks at the
+        signal when it returns or raises: cancellation wins over either. An exception
+        fails the run with ``code``; KeyboardInterrupt and SystemExit propagate."""
         try:
             value = function(*arguments)
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as error:
-            self._check_signal()  # code that failed, or ended, after the signal was set
-            if type(error) is StopIteration and function is next:
-                raise
-            raise _RunFailure(code, f"{what} raised {_describe(error)}") from error
+            raise self._failure(code, what, error) from error
         self._check_signal()
         return value
+
+    def _failure(self, code: FailureCode, what: str, error: BaseException) -> _RunFailure:
+        """What an exception from code the loop does not own becomes: _Cancelled (raised)
+        if the signal was set meanwhile, else the failure ``code`` that names it."""
+        self._check_signal()
+        return _RunFailure(code, f"{what} raised {_describe(error)}")
 
     def _check_signal(self) -> None:
         """Any phase --> Cancelled: signal aborts."""
@@ -538,9 +532,9 @@ class _Cancelled(Exception):
     """The signal was set; the driver turns it into a ``cancelled`` RunResult, in one place."""
 
 
-def _protocol_error(message: str) -> _RunFailure:
-    """Seed: "Contradiction or excess becomes a failed MODEL_PROTOCOL_ERROR result"."""
-    return _RunFailure("MODEL_PROTOCOL_ERROR", message)
+class _Problem(Exception):
+    """What a check found wrong, as a message and nothing else: the phase that ran the
+    check decides what it becomes (a failure code, a ValueError, an error result)."""
 
 
 def _check_options(model: object, tools: object, max_steps: object, start: object) -> None:
@@ -564,45 +558,6 @@ def _check_options(model: object, tools: object, max_steps: object, start: objec
         raise TypeError(f"tools must be a ToolRegistry, got {type(tools).__name__}")
 
 
-def _iterated(messages: Iterable[object]) -> Iterator[object]:
-    """ValidateOptions for the messages: any iterable (typing aside), read at call time."""
-    try:
-        return iter(messages)
-    except TypeError:
-        raise TypeError(
-            f"messages must be an iterable of messages, got {type(messages).__name__}"
-        ) from None
-
-
-# The ids the loop derives. Seed: request-001, request-002 and so on; its test: the
-# assistant message of response R is "message-" + R's id, the result of call C is
-# "tool-result-" + C's id.
-_MESSAGE_ID_PREFIX: Final = "message-"
-_RESULT_ID_PREFIX: Final = "tool-result-"
-
-
-def _request_id(number: int) -> str:
-    """The id of a run's request number ``number`` (request_sequence_start + step)."""
-    return f"request-{number:03d}"
-
-
-def _assistant_message_id(response_id: str) -> str:
-    """The id of the assistant message built from a response."""
-    return _MESSAGE_ID_PREFIX + response_id
-
-
-def _response_id(message_id: str) -> str:
-    """The response id an assistant message's id was derived from (itself if it was not)."""
-    if message_id.startswith(_MESSAGE_ID_PREFIX):
-        return message_id[len(_MESSAGE_ID_PREFIX) :]
-    return message_id
-
-
-def _tool_result_id(call_id: str) -> str:
-    """The id of the result message linked to a tool call."""
-    return _RESULT_ID_PREFIX + call_id
-
-
 def _checked_signal(signal: object) -> Signal:
     """ValidateOptions for the signal: returns it, or a new Event nobody sets for None."""
     if signal is None:
@@ -620,10 +575,45 @@ def _checked_signal(signal: object) -> Signal:
     return cast(Signal, signal)
 
 
+def _iterated(messages: Iterable[object]) -> Iterator[object]:
+    """ValidateOptions for the messages: any iterable (typing aside), read at call time."""
+    try:
+        return iter(messages)
+    except TypeError:
+        raise TypeError(
+            f"messages must be an iterable of messages, got {type(messages).__name__}"
+        ) from None
+
+
+# The ids the loop derives. Seed: request-001, request-002 and so on; its test: the
+# assistant message of response R is "message-" + R's id, the result of call C is
+# "tool-result-" + C's id.
+
+
+def _request_id(number: int) -> str:
+    """The id of a run's request number ``number`` (request_sequence_start + step)."""
+    return f"request-{number:03d}"
+
+
+def _assistant_message_id(response_id: str) -> str:
+    """The id of the assistant message built from a response."""
+    return "message-" + response_id
+
+
+def _response_id(message_id: str) -> str:
+    """The response id an assistant message's id was derived from (itself if it was not)."""
+    return message_id[len("message-") :] if message_id.startswith("message-") else message_id
+
+
+def _tool_result_id(call_id: str) -> str:
+    """The id of the result message linked to a tool call."""
+    return "tool-result-" + call_id
+
+
 def _check_request_id(request_id: object, request: ModelRequest) -> None:
     """Seed: "Request IDs must match the active request." (chunks and responses alike)"""
     if not _is_text(request_id) or request_id != request.id:
-        raise _protocol_error(
+        raise _Problem(
             f"{request_id!r} is not the active request {request.id!r}: every chunk's and the "
             "response's request_id must be the request's id"
         )
@@ -642,34 +632,32 @@ class _StreamedBlocks:
         # Seed: "The loop caps one step at 1024 chunks, 65,536 Unicode code points
         # of text, and 1024 assistant blocks." (blocks: see _checked_response)
         if len(self.items) == MAX_STEP_CHUNKS:
-            raise _protocol_error(f"the model streamed more than {MAX_STEP_CHUNKS} chunks")
+            raise _Problem(f"the model streamed more than {MAX_STEP_CHUNKS} chunks")
         if type(chunk) is TextDelta:
             if not _is_text(chunk.text):
-                raise _protocol_error(
+                raise _Problem(
                     f"a text chunk's text must be a str, got {type(chunk.text).__name__}"
                 )
             self.text += len(chunk.text)
             if self.text > MAX_STEP_TEXT:
-                raise _protocol_error(
-                    f"the model streamed more than {MAX_STEP_TEXT} code points of text"
-                )
+                raise _Problem(f"the model streamed more than {MAX_STEP_TEXT} code points of text")
             item: Union[str, ToolCall] = chunk.text
         elif type(chunk) is ToolCallChunk:
             if type(chunk.tool_call) is not ToolCall:
-                raise _protocol_error(
+                raise _Problem(
                     f"a tool-call chunk carries a {type(chunk.tool_call).__name__}, not a ToolCall"
                 )
-            _checked_block(chunk.tool_call, "MODEL_PROTOCOL_ERROR")
+            _checked_block(chunk.tool_call)
             item = chunk.tool_call
         else:
-            raise _protocol_error(
+            raise _Problem(
                 f"the model streamed a {type(chunk).__name__}, not a TextDelta or ToolCallChunk"
             )
         _check_request_id(chunk.request_id, self.request)
         self.items.append(item)
 
     def require_agreement(self, content: Sequence[Union[TextBlock, ToolCall]]) -> None:
-        """Raises MODEL_PROTOCOL_ERROR unless the terminal content agrees with the stream."""
+        """Raises _Problem unless the terminal content agrees with the stream."""
         # Seed: "The resulting normalized block sequences must agree in content and
         # order; raw text-chunk segmentation may differ."
         terminal = _normalized(
@@ -679,13 +667,13 @@ class _StreamedBlocks:
         if terminal == streamed:
             return
         if not self.items:
-            raise _protocol_error(
+            raise _Problem(
                 "the model streamed nothing, but its terminal response holds "
                 f"{len(content)} block(s): a model must yield a chunk for each block it "
                 "returns (a TextDelta per text, a ToolCallChunk per tool call)"
             )
         index = cast(int, _first_difference(streamed, terminal))  # they differ
-        raise _protocol_error(
+        raise _Problem(
             "the streamed chunks and the terminal response disagree at normalised block "
             f"{index}: streamed {_shortened(streamed, index)}, "
             f"terminal {_shortened(terminal, index)}"
@@ -722,7 +710,7 @@ def _shortened(blocks: List[Union[str, ToolCall]], index: int) -> str:
     return reprlib.repr(blocks[index])
 
 
-# --- The transcript -----------------------------------------------------------------
+# --- The transcript and its checks ----------------------------------------------------
 
 
 def _is_text(value: object) -> TypeGuard[str]:
@@ -739,55 +727,53 @@ def _is_id(value: object) -> bool:
 # subclass could redefine == (and so agree with anything) or unfreeze its fields.
 
 
-def _checked_block(block: object, code: FailureCode) -> Union[TextBlock, ToolCall]:
-    """Returns an assistant block that keeps the IR's rules, or raises _RunFailure(code)."""
+def _checked_block(block: object) -> Union[TextBlock, ToolCall]:
+    """Returns an assistant block that keeps the IR's rules, or raises _Problem."""
     if type(block) is TextBlock:
         if not _is_text(block.text):
             given = f"{block.text!r} ({type(block.text).__name__})"
-            raise _RunFailure(code, f"a text block: field 'text' must be a str, got {given}")
+            raise _Problem(f"a text block: field 'text' must be a str, got {given}")
         return block
     if type(block) is not ToolCall:
         hint = ": wrap text in TextBlock(...)" if isinstance(block, str) else ""
-        raise _RunFailure(code, f"a {type(block).__name__} is not a TextBlock or ToolCall{hint}")
+        raise _Problem(f"a {type(block).__name__} is not a TextBlock or ToolCall{hint}")
     if not _is_id(block.id):
-        raise _RunFailure(code, f"a tool call's id must be a non-empty str, got {block.id!r}")
+        raise _Problem(f"a tool call's id must be a non-empty str, got {block.id!r}")
     if not _is_id(block.name):
-        raise _RunFailure(
-            code, f"tool call {block.id!r}: name must be a non-empty str, got {block.name!r}"
-        )
+        raise _Problem(f"tool call {block.id!r}: name must be a non-empty str, got {block.name!r}")
     try:
         _check_arguments(block)
-    except _NotPlainJSON as problem:
-        raise _RunFailure(code, f"tool call {block.id!r}: {problem}") from None
+    except _Problem as problem:  # the same problem, saying which call has it
+        raise _Problem(f"tool call {block.id!r}: {problem}") from None
     return block
 
 
-def _checked_message(message: object, code: FailureCode) -> Message:
+def _checked_message(message: object) -> Message:
     """Returns a message that keeps the IR's rules on its own (linkage aside), or raises
-    _RunFailure(code) naming the field."""
+    _Problem naming the field."""
     if type(message) is UserMessage:
         if not _is_text(message.content):
-            raise _RunFailure(code, _wrong_field(message, "content"))
+            raise _Problem(_wrong_field(message, "content"))
     elif type(message) is AssistantMessage:
         for block in message.content:
             try:
-                _checked_block(block, code)
-            except _RunFailure as failure:
-                raise _RunFailure(code, f"message {message.id!r}: {failure.message}") from None
+                _checked_block(block)
+            except _Problem as problem:  # the same problem, saying which message has it
+                raise _Problem(f"message {message.id!r}: {problem}") from None
     elif type(message) is ToolResultMessage:
         if not _is_id(message.tool_call_id):
-            raise _RunFailure(code, _wrong_field(message, "tool_call_id"))
+            raise _Problem(_wrong_field(message, "tool_call_id"))
         if not _is_id(message.tool_name):
-            raise _RunFailure(code, _wrong_field(message, "tool_name"))
+            raise _Problem(_wrong_field(message, "tool_name"))
         if not _is_text(message.content):
-            raise _RunFailure(code, _wrong_field(message, "content"))
+            raise _Problem(_wrong_field(message, "content"))
         if type(message.is_error) is not bool:
-            raise _RunFailure(code, _wrong_field(message, "is_error"))
+            raise _Problem(_wrong_field(message, "is_error"))
     else:
         hint = " (read a dict with message_from_dict())" if isinstance(message, dict) else ""
-        raise _RunFailure(code, f"a {type(message).__name__} is not a message{hint}")
+        raise _Problem(f"a {type(message).__name__} is not a message{hint}")
     if not _is_id(message.id):
-        raise _RunFailure(code, _wrong_field(message, "id"))
+        raise _Problem(_wrong_field(message, "id"))
     return message
 
 
@@ -813,11 +799,9 @@ class _Transcript:
     """The run's private transcript, with the indexes that make checking a message cost
     what the message holds, whatever the length of the transcript.
 
-    ``check`` validates one message against what is already here; ``append`` adds it
-    (a starting message or a response once checked; a tool result as the loop linked
-    it). A valid transcript: unique message ids and tool-call ids, every tool result
-    answers an open call of an earlier assistant message with the same tool name,
-    once. It is complete when no call is left open.
+    A valid transcript: unique message ids and tool-call ids, every tool result answers
+    an open call of an earlier assistant message with the same tool name, once. It is
+    complete when no call is left open.
     """
 
     def __init__(self) -> None:
@@ -828,25 +812,25 @@ class _Transcript:
 
     @classmethod
     def from_start(cls, start: List[object]) -> _Transcript:
-        """SnapshotRun: the starting messages as a transcript, or INVALID_TRANSCRIPT."""
+        """SnapshotRun: the starting messages as a transcript; raises _Problem if they
+        are not a complete one."""
         # Seed: "Initial messages are capped at 4096 ... and validated as a complete transcript."
         if len(start) > MAX_INITIAL_MESSAGES:
-            raise _RunFailure(
-                "INVALID_TRANSCRIPT", f"more than {MAX_INITIAL_MESSAGES} starting messages"
-            )
+            raise _Problem(f"more than {MAX_INITIAL_MESSAGES} starting messages")
         transcript = cls()
         for message in start:
-            transcript.append(transcript.check(message, "INVALID_TRANSCRIPT"))
-        transcript.require_complete("INVALID_TRANSCRIPT")
+            transcript.append(transcript.check(message))
+        if transcript._open_calls:
+            raise _Problem(f"tool calls without a result: {list(transcript._open_calls)}")
         return transcript
 
-    def check(self, message: object, code: FailureCode) -> Message:
-        """Returns the message if it is well formed and keeps linkage, else raises
-        _RunFailure(code)."""
-        checked = _checked_message(message, code)
+    def check(self, message: object) -> Message:
+        """Returns the message if it is well formed and keeps linkage with what is
+        already here, else raises _Problem."""
+        checked = _checked_message(message)
         problem = self._linkage_problem(checked)
         if problem is not None:
-            raise _RunFailure(code, problem)
+            raise _Problem(problem)
         return checked
 
     def _linkage_problem(self, message: Message) -> Optional[str]:
@@ -897,11 +881,6 @@ class _Transcript:
                     self._open_calls[call.id] = call
         elif isinstance(message, ToolResultMessage):
             del self._open_calls[message.tool_call_id]
-
-    def require_complete(self, code: FailureCode) -> None:
-        """Raises _RunFailure(code) while a tool call has no result."""
-        if self._open_calls:
-            raise _RunFailure(code, f"tool calls without a result: {list(self._open_calls)}")
 
 
 # --- Model boundary -----------------------------------------------------------------
@@ -957,6 +936,19 @@ class ToolCallChunk:
 
 ModelChunk = Union[TextDelta, ToolCallChunk]
 
+
+def _chunk_from_dict(data: object, where: str) -> ModelChunk:
+    """Reads a chunk from its to_dict() form; ValueError naming the field if malformed."""
+    chunk = _object(data, where)
+    request_id = _read(chunk, "requestId", str, where)
+    if _read_choice(chunk, "type", ("text", "toolCall"), where) == "text":
+        return TextDelta(request_id, _read(chunk, "text", str, where))
+    return ToolCallChunk(
+        request_id,
+        _tool_call_from_dict(_read(chunk, "toolCall", dict, where), f"{where}.toolCall"),
+    )
+
+
 StopReason = Literal["stop", "toolCall"]
 """Why a model stopped: ``stop`` (its answer is complete) or ``toolCall`` (run the calls)."""
 _STOP_REASONS: Final = get_args(StopReason)
@@ -1002,9 +994,8 @@ class Signal(Protocol):
 class Model(Protocol):
     """A model: ``stream()`` returns a generator that yields chunks and returns its response.
 
-    ``signal`` is the run's signal, as the caller gave it (a ``threading.Event`` unless
-    they gave another ``Signal``). It is typed ``Any`` here, as a tool's is, so that an
-    implementation may annotate it ``Signal`` or ``threading.Event``.
+    ``signal`` is the run's signal, as the caller gave it; it is typed ``Any`` here, as a
+    tool's is, so that an implementation may annotate it ``Signal`` or ``threading.Event``.
     """
 
     def stream(
@@ -1102,29 +1093,20 @@ class Tool:
     ) -> Tool:
         """Builds a Tool from a function that takes the arguments as keyword parameters.
 
-        ``def add(left: float, right: float) -> float`` becomes the tool ``add``. The
-        schema comes from the type hints (``typing.get_type_hints``, so ``from
-        __future__ import annotations`` works); every parameter without a default is
-        required, and no other property is allowed. A parameter named ``signal`` gets
-        the run's signal and is not in the schema. The description is the whole
-        docstring, as ``inspect.getdoc`` cleans it (``""`` without one); ``name`` and
-        ``description`` override. The tool calls ``fn(**arguments)`` (with
-        ``signal=signal`` if asked), and what ``fn`` returns is the result, as for any
-        tool.
+        The schema comes from the type hints (``typing.get_type_hints``): ``str``,
+        ``int``, ``float`` (an int is accepted too), ``bool``, ``None``, ``list`` and
+        ``List[X]``, ``dict`` and ``Dict[str, Any]``, ``Literal[...]`` of JSON scalars,
+        and ``Optional[X]`` with the default None (not required: the model leaves it
+        out). Every parameter without a default is required, and no other property is
+        allowed. A parameter named ``signal`` gets the run's signal and is not in the
+        schema. The description is the docstring (``inspect.getdoc``; ``""`` without
+        one), the name the function's; ``name`` and ``description`` override. The tool
+        calls ``fn(**arguments)``, and what ``fn`` returns is the result.
 
-        Hints: ``str`` string, ``int`` integer, ``float`` number (an int is accepted
-        too), ``bool`` boolean, ``None`` null, ``list``/``List[X]``/``list[X]`` array
-        (``items`` from X), ``dict``/``Dict[str, Any]`` object, ``Literal[...]`` of
-        JSON scalars ``enum`` (with ``type`` when the values share one JSON type).
-        A schema has one ``type``, so ``Optional[X]``/``X | None`` needs the default
-        None: its schema is X's, not required, and the model leaves it out for None
-        (``Optional[Literal[...]]`` adds null to the ``enum`` and needs no default).
-
-        Raises TypeError, naming the parameter, for a hint the enforced schema subset
-        cannot express, a parameter with no hint, ``*args``, ``**kwargs`` or a
-        positional-only parameter; for an async function or anything but a function or
-        a method; for a lambda without ``name``; and as ``Tool()`` does for the name or
-        description.
+        Raises TypeError, naming the parameter, for a hint the schema subset cannot say
+        exactly, a parameter with no hint, ``*args``, ``**kwargs`` or a positional-only
+        parameter; for an async function or anything but a function or a method; for a
+        lambda without ``name``; and as ``Tool()`` does for the name or description.
         """
         parameters, wants_signal = _function_parameters(fn)
         if name is None and fn.__name__ == "<lambda>":
@@ -1335,7 +1317,7 @@ def _frozen_schema(schema: object, where: str, depth: int) -> Mapping[str, Any]:
             for index, member in enumerate(value):
                 try:
                     members.append(_frozen_json(member, 0, _ArgumentBudget()))
-                except _NotPlainJSON as violation:
+                except _Problem as violation:
                     raise ValueError(
                         f"{where}: enum member {index} is no value arguments may hold: {violation}"
                     ) from None
@@ -1437,7 +1419,7 @@ def execute_tool_call(registry: ToolRegistry, call: ToolCall, signal: Signal) ->
         )
     try:
         _check_arguments(call)
-    except _NotPlainJSON as problem:
+    except _Problem as problem:
         return _tool_result(call, f"invalid arguments for tool {call.name!r}: {problem}", True)
     return _execute_checked_call(registry, call, signal)
 
@@ -1504,10 +1486,6 @@ def _describe(error: BaseException) -> str:
 # --- Bounded plain JSON -------------------------------------------------------------
 
 
-class _NotPlainJSON(Exception):
-    """A value is not plain bounded JSON; whoever catches it knows which failure that is."""
-
-
 class _ArgumentBudget:
     """What one call's arguments have spent of the seed's bounds so far."""
 
@@ -1521,26 +1499,24 @@ class _ArgumentBudget:
         # counts code points, and costs nothing even for a 10 MB string.
         self.text += len(text)
         if self.text > MAX_ARGUMENT_TEXT:
-            raise _NotPlainJSON(
-                f"arguments hold more than {MAX_ARGUMENT_TEXT} code points of text"
-            )
+            raise _Problem(f"arguments hold more than {MAX_ARGUMENT_TEXT} code points of text")
 
 
 def _check_arguments(call: ToolCall) -> None:
-    """Raises _NotPlainJSON unless the call's arguments are plain bounded JSON."""
+    """Raises _Problem unless the call's arguments are plain bounded JSON."""
     # Seed: "Tool arguments must be plain bounded JSON ... These checks occur before
-    # a Tool effect." The constructor measured them: it froze them only if they passed.
-    if type(call.arguments) is MappingProxyType:
+    # a Tool effect." The constructor measured them, and says so in _plain_json.
+    if call._plain_json:
         return
     _frozen_arguments(call.arguments)  # raises, naming the bound that was broken
     # They pass now, so they changed since the call was built: not frozen, not accepted.
-    raise _NotPlainJSON("arguments were not plain bounded JSON when the call was built")
+    raise _Problem("arguments were not plain bounded JSON when the call was built")
 
 
 def _frozen_arguments(arguments: object) -> Mapping[str, JSON]:
     """Checks that arguments are a plain bounded JSON object; returns a frozen copy."""
     if not isinstance(arguments, (dict, MappingProxyType)):
-        raise _NotPlainJSON(f"arguments must be a JSON object, got {type(arguments).__name__}")
+        raise _Problem(f"arguments must be a JSON object, got {type(arguments).__name__}")
     return cast("Mapping[str, JSON]", _frozen_json(arguments, 0, _ArgumentBudget()))
 
 
@@ -1551,7 +1527,7 @@ def _frozen_json(value: object, depth: int, budget: _ArgumentBudget) -> JSON:
     # and counting values enforces both limits at once.
     budget.values += 1
     if budget.values > MAX_ARGUMENT_VALUES:
-        raise _NotPlainJSON(
+        raise _Problem(
             f"arguments hold more than {MAX_ARGUMENT_VALUES} values "
             f"({MAX_ARGUMENT_SLOTS} object fields plus array slots)"
         )
@@ -1562,7 +1538,7 @@ def _frozen_json(value: object, depth: int, budget: _ArgumentBudget) -> JSON:
         return value
     if type(value) is float:
         if not math.isfinite(value):
-            raise _NotPlainJSON(f"arguments hold {value}, which is not a JSON number")
+            raise _Problem(f"arguments hold {value}, which is not a JSON number")
         return value
     if not (
         type(value) is dict
@@ -1570,23 +1546,23 @@ def _frozen_json(value: object, depth: int, budget: _ArgumentBudget) -> JSON:
         or type(value) is list
         or type(value) is tuple
     ):
-        raise _NotPlainJSON(f"arguments hold a {type(value).__name__}, which is not plain JSON")
+        raise _Problem(f"arguments hold a {type(value).__name__}, which is not plain JSON")
     # Seed: "depth 32". Checked before descending, so depth 100,000 costs 33 frames.
     if depth == MAX_ARGUMENT_DEPTH:
-        raise _NotPlainJSON(f"arguments nest containers deeper than {MAX_ARGUMENT_DEPTH}")
+        raise _Problem(f"arguments nest containers deeper than {MAX_ARGUMENT_DEPTH}")
     # "No object reachable twice" guards against aliasing and cycles, which only a dict
     # or a list can make: frozen tuples and mappings may be shared (CPython shares the
     # empty tuple), and a cycle through them still meets a dict or the depth limit.
     if type(value) is dict or type(value) is list:
         if id(value) in budget.mutable_containers:
-            raise _NotPlainJSON("arguments reach the same dict or list twice (shared or cyclic)")
+            raise _Problem("arguments reach the same dict or list twice (shared or cyclic)")
         budget.mutable_containers.add(id(value))
     if isinstance(value, (list, tuple)):
         return tuple(_frozen_json(item, depth + 1, budget) for item in value)
     frozen: Dict[str, JSON] = {}
     for key, item in value.items():
         if type(key) is not str:
-            raise _NotPlainJSON(f"arguments hold a {type(key).__name__} key, not a string")
+            raise _Problem(f"arguments hold a {type(key).__name__} key, not a string")
         budget.spend_text(key)
         frozen[key] = _frozen_json(item, depth + 1, budget)
     return MappingProxyType(frozen)
@@ -1595,8 +1571,8 @@ def _frozen_json(value: object, depth: int, budget: _ArgumentBudget) -> JSON:
 def _reduce_to_plain_fields(value: Any) -> Tuple[Any, ...]:
     """``__reduce__`` of a value that holds read-only mappings, which pickle and copy
     cannot copy: the value is rebuilt from a plain copy of each of its fields."""
-    plain_fields = (_thawed(getattr(value, field.name)) for field in dataclasses.fields(value))
-    return (type(value), tuple(plain_fields))
+    fields = dataclasses.fields(value)
+    return (type(value), tuple(_thawed(getattr(value, item.name)) for item in fields if item.init))
 
 
 def _thawed(value: object) -> Any:
@@ -1638,7 +1614,57 @@ def _json_type(value: object) -> str:
     return "object"
 
 
-# --- Message IR ---------------------------------------------------------------------
+# Reading JSON back (the *_from_dict readers beside each class): each takes a value as
+# json.loads gives it and the path that names it, and raises ValueError naming the field.
+
+_JSON_TYPE_NAMES: Final = {
+    str: "a string",
+    int: "an integer",
+    bool: "a boolean",
+    list: "an array",
+    dict: "an object",
+}
+
+
+def _object(data: object, where: str) -> Dict[str, Any]:
+    """Returns data if it is a JSON object (a dict); a ValueError names the field if not."""
+    if type(data) is not dict:
+        raise ValueError(f"{where} must be an object, got {type(data).__name__}")
+    return data
+
+
+def _read(data: Dict[str, Any], key: str, kind: type, where: str) -> Any:
+    """Returns data[key] if it has the JSON type ``kind``; a ValueError names the field if not."""
+    if key not in data:
+        raise ValueError(f"{where}.{key} is missing")
+    value = data[key]
+    if type(value) is not kind:
+        raise ValueError(
+            f"{where}.{key} must be {_JSON_TYPE_NAMES[kind]}, got {type(value).__name__}"
+        )
+    return value
+
+
+def _read_optional(data: Dict[str, Any], key: str, kind: type, where: str) -> Any:
+    """Like _read, for a key that may be absent or null."""
+    return None if data.get(key) is None else _read(data, key, kind, where)
+
+
+def _read_choice(data: Dict[str, Any], key: str, choices: Tuple[str, ...], where: str) -> Any:
+    """Returns data[key] if it is one of the protocol values ``choices``."""
+    value = _read(data, key, str, where)
+    if value not in choices:
+        raise ValueError(f"{where}.{key}: unknown value {value!r} (expected one of {choices})")
+    return value
+
+
+def _string_from_dict(data: object, where: str) -> str:
+    if type(data) is not str:
+        raise ValueError(f"{where} must be a string, got {type(data).__name__}")
+    return data
+
+
+# --- Message IR, and its JSON codec ---------------------------------------------------
 
 JSON: TypeAlias = Union[bool, int, float, str, Sequence["JSON"], Mapping[str, "JSON"], None]
 """A JSON value. Frozen JSON (as a ToolCall holds it) uses read-only mappings and tuples."""
@@ -1662,30 +1688,36 @@ class ToolCall:
 
     ``arguments`` is a frozen copy made when the call is built: objects become
     read-only mappings and arrays become tuples, so the caller's dict can change
-    afterwards without touching the call. The constructor rejects no arguments it can read:
-    arguments that are not plain bounded JSON are kept as given (a read-only mapping as
-    a plain dict copy of it: only plain bounded JSON is ever read-only), and the run that
-    receives such a call fails with MODEL_PROTOCOL_ERROR before any tool runs
-    (``execute_tool_call`` makes it an error result). Two calls are equal when their
-    id, name and arguments are equal as JSON (``True`` is not ``1``).
+    afterwards without touching the call. The constructor rejects no arguments it can
+    read: arguments that are not plain bounded JSON are kept as given (a read-only
+    mapping as a plain dict copy of it), and the run that receives such a call fails
+    with MODEL_PROTOCOL_ERROR before any tool runs (``execute_tool_call`` makes it an
+    error result). Two calls are equal when their id, name and arguments are equal as
+    JSON (``True`` is not ``1``).
     """
 
     id: str
     name: str
     arguments: Mapping[str, JSON]
+    # The proof that the arguments are plain bounded JSON: __post_init__ sets it True
+    # only when it froze them, which it does only when they pass every bound. The run
+    # trusts this flag (_check_arguments), never the type of the arguments. It is not
+    # a constructor argument, and is neither compared nor shown.
+    _plain_json: bool = field(init=False, repr=False, compare=False)
     type: ClassVar[Literal["toolCall"]] = "toolCall"
 
     def __post_init__(self) -> None:
         # Normalises only; the run decides where the call enters it (_check_arguments).
-        # Invariant: the arguments are a read-only mapping exactly when they were plain
-        # bounded JSON when the call was built.
         try:
             arguments = _frozen_arguments(self.arguments)
         except Exception:  # not plain bounded JSON, or a mapping whose own code raised
-            if type(self.arguments) is not MappingProxyType:
-                return  # kept as given
-            arguments = dict(self.arguments)  # a plain copy; raises if it cannot be read
+            if type(self.arguments) is MappingProxyType:
+                # A plain copy, so that read-only means checked; raises if it cannot be read.
+                object.__setattr__(self, "arguments", dict(self.arguments))
+            object.__setattr__(self, "_plain_json", False)
+            return
         object.__setattr__(self, "arguments", arguments)
+        object.__setattr__(self, "_plain_json", True)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ToolCall):
@@ -1714,6 +1746,26 @@ class ToolCall:
             "name": self.name,
             "arguments": self.plain_arguments(),
         }
+
+
+def _block_from_dict(data: object, where: str) -> Union[TextBlock, ToolCall]:
+    """Reads a TextBlock or a ToolCall from its to_dict() form."""
+    block = _object(data, where)
+    if _read_choice(block, "type", ("text", "toolCall"), where) == "text":
+        return TextBlock(_read(block, "text", str, where))
+    arguments = _read(block, "arguments", dict, where)
+    try:
+        _frozen_arguments(arguments)
+    except _Problem as problem:
+        raise ValueError(f"{where}.arguments: {problem}") from None
+    return ToolCall(_read(block, "id", str, where), _read(block, "name", str, where), arguments)
+
+
+def _tool_call_from_dict(data: object, where: str) -> ToolCall:
+    block = _block_from_dict(data, where)
+    if not isinstance(block, ToolCall):
+        raise ValueError(f"{where} must be a toolCall block")
+    return block
 
 
 @dataclass(frozen=True)
@@ -1773,6 +1825,40 @@ class ToolResultMessage:
 
 
 Message = Union[UserMessage, AssistantMessage, ToolResultMessage]
+
+
+def message_from_dict(data: Dict[str, Any]) -> Message:
+    """Reads a message from its ``to_dict()`` form (plain dicts and lists, as json.loads
+    gives). Raises ValueError naming the field that is missing or malformed."""
+    return _message_from_dict(data, "message")
+
+
+def _message_from_dict(data: object, where: str) -> Message:
+    message = _object(data, where)
+    role = _read_choice(message, "role", ("user", "assistant", "toolResult"), where)
+    message_id = _read(message, "id", str, where)
+    if role == "user":
+        return UserMessage(message_id, _read(message, "content", str, where))
+    if role == "assistant":
+        blocks = _read(message, "content", list, where)
+        return AssistantMessage(
+            message_id,
+            tuple(_block_from_dict(b, f"{where}.content[{i}]") for i, b in enumerate(blocks)),
+        )
+    return ToolResultMessage(
+        message_id,
+        _read(message, "toolCallId", str, where),
+        _read(message, "toolName", str, where),
+        _read(message, "content", str, where),
+        _read(message, "isError", bool, where),
+    )
+
+
+def _tool_result_from_dict(data: object, where: str) -> ToolResultMessage:
+    message = _message_from_dict(data, where)
+    if not isinstance(message, ToolResultMessage):
+        raise ValueError(f"{where} must be a toolResult message")
+    return message
 
 
 def text_from_assistant(message: AssistantMessage) -> str:
@@ -1864,6 +1950,27 @@ class RunResult:
         return data
 
 
+def _result_from_dict(data: object, where: str) -> RunResult:
+    result = _object(data, where)
+    error = None
+    if result.get("error") is not None:
+        error_data = _object(result["error"], f"{where}.error")
+        error = RunError(
+            _read_choice(error_data, "code", _FAILURE_CODES, f"{where}.error"),
+            _read(error_data, "message", str, f"{where}.error"),
+        )
+    messages = _read(result, "messages", list, where)
+    return RunResult(
+        _read_choice(result, "status", _RUN_STATUSES, where),
+        tuple(_message_from_dict(m, f"{where}.messages[{i}]") for i, m in enumerate(messages)),
+        _read(result, "steps", int, where),
+        final_text=_read_optional(result, "finalText", str, where),
+        max_steps=_read_optional(result, "maxSteps", int, where),
+        error=error,
+        request_sequence_start=_read_optional(result, "requestSequenceStart", int, where) or 0,
+    )
+
+
 _PAYLOAD_JSON_KEYS: Final = {
     "message": "message",
     "request_id": "requestId",
@@ -1906,6 +2013,64 @@ class Event:
                 for key, value in self.payload.items()
             },
         }
+
+
+# For each event type: its payload keys (as in Python) and how to read each from JSON.
+_PAYLOAD_READERS: Final[Dict[str, Tuple[Tuple[str, Callable[[object, str], object]], ...]]] = {
+    "message.accepted": (("message", _message_from_dict),),
+    "model.chunk": (("request_id", _string_from_dict), ("chunk", _chunk_from_dict)),
+    "tool.started": (("request_id", _string_from_dict), ("tool_call", _tool_call_from_dict)),
+    "tool.finished": (
+        ("request_id", _string_from_dict),
+        ("tool_call", _tool_call_from_dict),
+        ("tool_result", _tool_result_from_dict),
+    ),
+    "run.finished": (("result", _result_from_dict),),
+}
+
+
+def event_from_dict(data: Dict[str, Any]) -> Event:
+    """Reads an event from its ``to_dict()`` form (plain dicts and lists, as json.loads
+    gives). Raises ValueError naming the field that is missing or malformed."""
+    event = _object(data, "event")
+    event_type = _read_choice(event, "type", _EVENT_TYPES, "event")
+    payload_data = _read(event, "payload", dict, "event")
+    payload = {}
+    for key, reader in _PAYLOAD_READERS[event_type]:
+        json_key = _PAYLOAD_JSON_KEYS[key]
+        if json_key not in payload_data:
+            raise ValueError(f"event.payload.{json_key} is missing")
+        payload[key] = reader(payload_data[json_key], f"event.payload.{json_key}")
+    return Event(_read(event, "sequence", int, "event"), event_type, MappingProxyType(payload))
+
+
+# --- Resumption -----------------------------------------------------------------------
+
+
+def open_tool_calls(messages: Iterable[Message]) -> Tuple[ToolCall, ...]:
+    """Returns the tool calls that have no result yet, in transcript order."""
+    open_calls: Dict[str, ToolCall] = {}
+    for message in messages:
+        if isinstance(message, AssistantMessage):
+            open_calls.update((call.id, call) for call in _tool_calls(message))
+        elif isinstance(message, ToolResultMessage):
+            open_calls.pop(message.tool_call_id, None)
+    return tuple(open_calls.values())
+
+
+def resolve_open_tool_calls(messages: Iterable[Message], content: str) -> Tuple[Message, ...]:
+    """Returns the transcript with an ``is_error=True`` result carrying ``content`` for
+    each open tool call, so that a cancelled run's transcript can start a new run.
+
+    The loop never writes such a result itself: whether an interrupted call failed is
+    the caller's decision. Raises TypeError if content is not a str.
+    """
+    if not _is_text(content):
+        raise TypeError(f"content must be a str, got {type(content).__name__}")
+    transcript = tuple(messages)
+    return transcript + tuple(
+        _tool_result(call, content, True) for call in open_tool_calls(transcript)
+    )
 
 
 # --- Test helpers -------------------------------------------------------------------
@@ -2000,7 +2165,7 @@ class ScriptedModel:
         """A model that replays the assistant messages of a recorded transcript, in order.
 
         It streams one chunk per block and leaves the tools to the caller, who runs them
-        again; ``replay()`` of the run's event log is exact.
+        again. (``agent_loop_replay.replay()`` of the run's event log replays it exactly.)
         """
         responses = []
         for message in messages:
@@ -2040,232 +2205,28 @@ class ScriptedModel:
         return ModelResponse(scripted.id, request_id, scripted.content, scripted.stop_reason)
 
 
-# --- Interop, replay and resumption -------------------------------------------------
-
-_JSON_TYPE_NAMES: Final = {
-    str: "a string",
-    int: "an integer",
-    bool: "a boolean",
-    list: "an array",
-    dict: "an object",
-}
-
-
-def _object(data: object, where: str) -> Dict[str, Any]:
-    """Returns data if it is a JSON object (a dict); a ValueError names the field if not."""
-    if type(data) is not dict:
-        raise ValueError(f"{where} must be an object, got {type(data).__name__}")
-    return data
-
-
-def _read(data: Dict[str, Any], key: str, kind: type, where: str) -> Any:
-    """Returns data[key] if it has the JSON type ``kind``; a ValueError names the field if not."""
-    if key not in data:
-        raise ValueError(f"{where}.{key} is missing")
-    value = data[key]
-    if type(value) is not kind:
-        raise ValueError(
-            f"{where}.{key} must be {_JSON_TYPE_NAMES[kind]}, got {type(value).__name__}"
-        )
-    return value
-
-
-def _read_optional(data: Dict[str, Any], key: str, kind: type, where: str) -> Any:
-    """Like _read, for a key that may be absent or null."""
-    return None if data.get(key) is None else _read(data, key, kind, where)
-
-
-def _read_choice(data: Dict[str, Any], key: str, choices: Tuple[str, ...], where: str) -> Any:
-    """Returns data[key] if it is one of the protocol values ``choices``."""
-    value = _read(data, key, str, where)
-    if value not in choices:
-        raise ValueError(f"{where}.{key}: unknown value {value!r} (expected one of {choices})")
-    return value
-
-
-def _block_from_dict(data: object, where: str) -> Union[TextBlock, ToolCall]:
-    block = _object(data, where)
-    if _read_choice(block, "type", ("text", "toolCall"), where) == "text":
-        return TextBlock(_read(block, "text", str, where))
-    arguments = _read(block, "arguments", dict, where)
-    try:
-        _frozen_arguments(arguments)
-    except _NotPlainJSON as problem:
-        raise ValueError(f"{where}.arguments: {problem}") from None
-    return ToolCall(_read(block, "id", str, where), _read(block, "name", str, where), arguments)
-
-
-def _tool_call_from_dict(data: object, where: str) -> ToolCall:
-    block = _block_from_dict(data, where)
-    if not isinstance(block, ToolCall):
-        raise ValueError(f"{where} must be a toolCall block")
-    return block
-
-
-def _message_from_dict(data: object, where: str) -> Message:
-    message = _object(data, where)
-    role = _read_choice(message, "role", ("user", "assistant", "toolResult"), where)
-    message_id = _read(message, "id", str, where)
-    if role == "user":
-        return UserMessage(message_id, _read(message, "content", str, where))
-    if role == "assistant":
-        blocks = _read(message, "content", list, where)
-        return AssistantMessage(
-            message_id,
-            tuple(_block_from_dict(b, f"{where}.content[{i}]") for i, b in enumerate(blocks)),
-        )
-    return ToolResultMessage(
-        message_id,
-        _read(message, "toolCallId", str, where),
-        _read(message, "toolName", str, where),
-        _read(message, "content", str, where),
-        _read(message, "isError", bool, where),
-    )
-
-
-def _tool_result_from_dict(data: object, where: str) -> ToolResultMessage:
-    message = _message_from_dict(data, where)
-    if not isinstance(message, ToolResultMessage):
-        raise ValueError(f"{where} must be a toolResult message")
-    return message
-
-
-def _chunk_from_dict(data: object, where: str) -> ModelChunk:
-    chunk = _object(data, where)
-    request_id = _read(chunk, "requestId", str, where)
-    if _read_choice(chunk, "type", ("text", "toolCall"), where) == "text":
-        return TextDelta(request_id, _read(chunk, "text", str, where))
-    return ToolCallChunk(
-        request_id,
-        _tool_call_from_dict(_read(chunk, "toolCall", dict, where), f"{where}.toolCall"),
-    )
-
-
-def _result_from_dict(data: object, where: str) -> RunResult:
-    result = _object(data, where)
-    error = None
-    if result.get("error") is not None:
-        error_data = _object(result["error"], f"{where}.error")
-        error = RunError(
-            _read_choice(error_data, "code", _FAILURE_CODES, f"{where}.error"),
-            _read(error_data, "message", str, f"{where}.error"),
-        )
-    messages = _read(result, "messages", list, where)
-    return RunResult(
-        _read_choice(result, "status", _RUN_STATUSES, where),
-        tuple(_message_from_dict(m, f"{where}.messages[{i}]") for i, m in enumerate(messages)),
-        _read(result, "steps", int, where),
-        final_text=_read_optional(result, "finalText", str, where),
-        max_steps=_read_optional(result, "maxSteps", int, where),
-        error=error,
-        request_sequence_start=_read_optional(result, "requestSequenceStart", int, where) or 0,
-    )
-
-
-def _string_from_dict(data: object, where: str) -> str:
-    if type(data) is not str:
-        raise ValueError(f"{where} must be a string, got {type(data).__name__}")
-    return data
-
-
-# For each event type: its payload keys (as in Python) and how to read each from JSON.
-_PAYLOAD_READERS: Final[Dict[str, Tuple[Tuple[str, Callable[[object, str], object]], ...]]] = {
-    "message.accepted": (("message", _message_from_dict),),
-    "model.chunk": (("request_id", _string_from_dict), ("chunk", _chunk_from_dict)),
-    "tool.started": (("request_id", _string_from_dict), ("tool_call", _tool_call_from_dict)),
-    "tool.finished": (
-        ("request_id", _string_from_dict),
-        ("tool_call", _tool_call_from_dict),
-        ("tool_result", _tool_result_from_dict),
-    ),
-    "run.finished": (("result", _result_from_dict),),
-}
-
-
-def message_from_dict(data: Dict[str, Any]) -> Message:
-    """Reads a message from its ``to_dict()`` form (plain dicts and lists, as json.loads
-    gives). Raises ValueError naming the field that is missing or malformed."""
-    return _message_from_dict(data, "message")
-
-
-def event_from_dict(data: Dict[str, Any]) -> Event:
-    """Reads an event from its ``to_dict()`` form (plain dicts and lists, as json.loads
-    gives). Raises ValueError naming the field that is missing or malformed."""
-    event = _object(data, "event")
-    event_type = _read_choice(event, "type", _EVENT_TYPES, "event")
-    payload_data = _read(event, "payload", dict, "event")
-    payload = {}
-    for key, reader in _PAYLOAD_READERS[event_type]:
-        json_key = _PAYLOAD_JSON_KEYS[key]
-        if json_key not in payload_data:
-            raise ValueError(f"event.payload.{json_key} is missing")
-        payload[key] = reader(payload_data[json_key], f"event.payload.{json_key}")
-    return Event(_read(event, "sequence", int, "event"), event_type, MappingProxyType(payload))
-
-
-def open_tool_calls(messages: Iterable[Message]) -> Tuple[ToolCall, ...]:
-    """Returns the tool calls that have no result yet, in transcript order."""
-    open_calls: Dict[str, ToolCall] = {}
-    for message in messages:
-        if isinstance(message, AssistantMessage):
-            open_calls.update((call.id, call) for call in _tool_calls(message))
-        elif isinstance(message, ToolResultMessage):
-            open_calls.pop(message.tool_call_id, None)
-    return tuple(open_calls.values())
-
-
-def resolve_open_tool_calls(messages: Iterable[Message], content: str) -> Tuple[Message, ...]:
-    """Returns the transcript with an ``is_error=True`` result carrying ``content`` for
-    each open tool call, so that a cancelled run's transcript can start a new run.
-
-    The loop never writes such a result itself: whether an interrupted call failed is
-    the caller's decision. Raises TypeError if content is not a str.
-    """
-    if not _is_text(content):
-        raise TypeError(f"content must be a str, got {type(content).__name__}")
-    transcript = tuple(messages)
-    return transcript + tuple(
-        _tool_result(call, content, True) for call in open_tool_calls(transcript)
-    )
-
-
 # --- The demonstration --------------------------------------------------------------
 
 
 def _demo_tools() -> ToolRegistry:
     """Three small tools; the weather station in Atlantis is missing, on purpose."""
 
-    def add(arguments: Dict[str, Any], signal: Signal) -> object:
-        return {"sum": arguments["left"] + arguments["right"]}
+    def add(left: float, right: float) -> object:
+        """Adds two numbers."""
+        return {"sum": left + right}
 
-    def multiply(arguments: Dict[str, Any], signal: Signal) -> object:
-        return {"product": arguments["left"] * arguments["right"]}
+    def multiply(left: float, right: float) -> object:
+        """Multiplies two numbers."""
+        return {"product": left * right}
 
-    def weather(arguments: Dict[str, Any], signal: Signal) -> object:
+    def weather(city: str) -> str:
+        """Reports the weather in a city."""
         stations = {"Lisbon": "sunny, 19 C", "Oslo": "snow, -3 C"}
-        if arguments["city"] not in stations:
-            raise LookupError(f"no weather station in {arguments['city']}")
-        return stations[arguments["city"]]
+        if city not in stations:
+            raise LookupError(f"no weather station in {city}")
+        return stations[city]
 
-    two_numbers = {
-        "type": "object",
-        "properties": {"left": {"type": "number"}, "right": {"type": "number"}},
-        "required": ["left", "right"],
-        "additionalProperties": False,
-    }
-    city = {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-        "additionalProperties": False,
-    }
-    return ToolRegistry(
-        [
-            Tool("add", "Adds two numbers.", two_numbers, add),
-            Tool("multiply", "Multiplies two numbers.", two_numbers, multiply),
-            Tool("weather", "Reports the weather in a city.", city, weather),
-        ]
-    )
+    return ToolRegistry(Tool.from_function(tool) for tool in (add, multiply, weather))
 
 
 def _demo_model() -> ScriptedModel:
@@ -2388,6 +2349,14 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
     )
     options = parser.parse_args(argv)
     signal = threading.Event()
+
+    def show(event: Event) -> None:
+        print(
+            json.dumps(event.to_dict(), ensure_ascii=False) if options.json else _demo_line(event)
+        )
+        if event.sequence == options.cancel_after:
+            signal.set()
+
     run = run_agent_loop(
         messages=[UserMessage("user-001", "What is (20 + 22) * 2? And the weather in Atlantis?")],
         model=_demo_model(),
@@ -2395,17 +2364,7 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
         max_steps=options.max_steps,
         signal=signal,
     )
-    while True:
-        try:
-            event = next(run)
-        except StopIteration as done:
-            result: RunResult = done.value
-            break
-        print(
-            json.dumps(event.to_dict(), ensure_ascii=False) if options.json else _demo_line(event)
-        )
-        if event.sequence == options.cancel_after:
-            signal.set()
+    _, result = settle_run(run, on_event=show)
     if not options.json:
         print(_demo_result(result))
     return 0
