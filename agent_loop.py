@@ -41,55 +41,43 @@ The loop reads in the order of the seed's state diagram::
 
 Invariants:
 
-- One counter numbers every event of a run (0, 1, 2, ...); no phase owns another.
-  ``run.finished`` is always the last event and carries the returned ``RunResult``.
-- The transcript holds complete messages only. A streamed chunk may already have an
-  event, but an unfinished assistant message is never appended, and a tool that was
-  interrupted never gets a fabricated result.
+- One counter numbers every event of a run (0, 1, 2, ...); ``run.finished`` is always
+  the last event and carries the returned ``RunResult``.
+- The transcript holds complete messages only: a streamed chunk may have had its event,
+  but an unfinished assistant message is never appended, and an interrupted tool call
+  never gets a fabricated result.
 - Options are validated, and the messages and the registry's membership snapshotted,
   when ``run_agent_loop()`` is *called*, not when iteration starts.
-- Values are frozen dataclasses, normalised in ``__post_init__``; a ``ToolCall`` freezes
-  a copy of its arguments (objects become read-only mappings, arrays tuples). Nothing a
-  caller, a model or a tool does to an object it holds changes the run's transcript.
+- Values are frozen dataclasses normalised in ``__post_init__``; a ``ToolCall`` freezes a
+  copy of its arguments. Nothing a caller, model or tool does to an object it holds
+  changes the run's transcript.
 - A value from outside (the caller's messages, a model's chunks and response, a tool's
   schema) is checked once, where it enters. A check raises one neutral ``_Problem``; the
-  phase that runs it decides which failure code that becomes. Only what is appended is
-  checked, so a step costs what it adds, whatever the length of the transcript.
-- Cancellation is a ``threading.Event`` (or anything with its ``is_set()`` and
-  ``wait()``: see ``Signal``). The loop looks at it once before the first event, after
-  every event (``_Run.drive``: the consumer ran), and whenever the model, its stream or
-  a tool returns or raises (``_Run._call``, ``_Run._next_chunk``). Cancellation wins
-  over a stream or tool error that arrives after the signal was set.
+  phase that runs it says which failure code that is. Only what is appended is checked,
+  so a step costs what it adds, whatever the length of the transcript.
+- The signal (a ``threading.Event``, or any ``Signal``) is looked at before the first
+  event, after every event (``_Run.drive``), and whenever the model, its stream or a tool
+  returns or raises (``_Run._call``, ``_Run._next_chunk``); cancellation wins over an
+  error that arrives after it was set.
 
-Choices where the seed is silent (the README lists them all):
+Choices where the seed is silent (the README lists them all): the messages are read at
+call time, at most ``MAX_INITIAL_MESSAGES + 1`` of them; JSON equality is strict (``True``
+is not ``1``, ``1`` is not ``1.0``) and empty text carries nothing; ids, names and text are
+exactly ``str``, and blocks and messages exactly the IR's classes (a subclass could
+redefine ``==``); a tool's schema uses only keywords the loop enforces; a ``ToolCall``
+keeps arguments that are not plain bounded JSON as given, and the run rejects it before
+any tool runs; KeyboardInterrupt and SystemExit propagate, any other exception from a
+model fails the run, and an ``Exception`` from a tool is a recoverable, logged result.
 
-- ``messages`` is read at call time, at most ``MAX_INITIAL_MESSAGES + 1`` items, so an
-  endless iterable fails ``INVALID_TRANSCRIPT``; an empty start is valid, and a failed
-  ``INVALID_TRANSCRIPT`` result holds no messages. The inputs decide before the signal.
-- Empty text carries nothing when streamed and terminal content are compared. JSON
-  equality is strict: ``True`` is not ``1`` and ``1`` is not ``1.0``.
-- Ids, names and text are exactly ``str``, and the checks ask for the exact IR classes:
-  a subclass could redefine ``==`` or unfreeze itself.
-- A tool's schema uses only the keywords the loop enforces, and its ``execute`` must
-  accept ``(arguments, signal)``: a ValueError or TypeError when the ``Tool`` is built.
-- A ``ToolCall`` built with arguments that are not plain bounded JSON keeps them as
-  given, and the run that receives it fails ``MODEL_PROTOCOL_ERROR`` before any tool runs.
-- KeyboardInterrupt and SystemExit propagate; any other exception from a model fails
-  the run ``MODEL_STREAM_ERROR``; one from a tool is a recoverable result if it is an
-  ``Exception`` (logged on the ``agent_loop`` logger), else ``TOOL_PHASE_ERROR``. An
-  error from closing a model's stream is dropped: the step's own outcome stands.
-
-Deliberately not here (as the seed says): concurrent tool execution,
-steering/follow-up queues, context transformation, provider retries, persistent
-session state, a production scheduling policy. Companion files beside this one use
-only its public names: ``agent_loop_providers.py`` (real models) and
-``agent_loop_replay.py`` (record and replay).
+Deliberately not here (as the seed says): concurrent tool execution, steering/follow-up
+queues, context transformation, provider retries, persistent session state, a
+production scheduling policy. Companion files beside this one use only its public
+names: ``agent_loop_providers.py`` (real models), ``agent_loop_replay.py`` (replay).
 
 The file reads top down: the limits, the loop and its phases in the diagram's order,
-then what the loop uses in the order it uses it (the transcript and its checks, the
-model boundary, tools, bounded plain JSON, the Message IR with its JSON codec, events
-and results), then the test helpers and the demonstration: run ``python agent_loop.py``
-(``--help`` for its options).
+then what the loop uses in that order (the transcript and its checks, the model
+boundary, tools, bounded plain JSON, the Message IR with its JSON codec, events and
+results), the test helpers, and the demonstration: ``python agent_loop.py --help``.
 """
 
 from __future__ import annotations
@@ -227,7 +215,7 @@ MAX_ARGUMENT_TEXT: Final = 4096
 """Unicode code points across all keys and string values of one call's arguments."""
 
 
-# --- The loop -----------------------------------------------------------------------
+# --- The loop ---------------------------------------------------------------------
 
 
 def run_agent_loop(
@@ -610,107 +598,7 @@ def _tool_result_id(call_id: str) -> str:
     return "tool-result-" + call_id
 
 
-def _check_request_id(request_id: object, request: ModelRequest) -> None:
-    """Seed: "Request IDs must match the active request." (chunks and responses alike)"""
-    if not _is_text(request_id) or request_id != request.id:
-        raise _Problem(
-            f"{request_id!r} is not the active request {request.id!r}: every chunk's and the "
-            "response's request_id must be the request's id"
-        )
-
-
-class _StreamedBlocks:
-    """What one step has streamed so far, checked chunk by chunk against the step's limits."""
-
-    def __init__(self, request: ModelRequest) -> None:
-        self.request = request
-        self.items: List[Union[str, ToolCall]] = []
-        self.text = 0
-
-    def add(self, chunk: object) -> None:
-        """Checks one streamed chunk and keeps its text or its tool call."""
-        # Seed: "The loop caps one step at 1024 chunks, 65,536 Unicode code points
-        # of text, and 1024 assistant blocks." (blocks: see _checked_response)
-        if len(self.items) == MAX_STEP_CHUNKS:
-            raise _Problem(f"the model streamed more than {MAX_STEP_CHUNKS} chunks")
-        if type(chunk) is TextDelta:
-            if not _is_text(chunk.text):
-                raise _Problem(
-                    f"a text chunk's text must be a str, got {type(chunk.text).__name__}"
-                )
-            self.text += len(chunk.text)
-            if self.text > MAX_STEP_TEXT:
-                raise _Problem(f"the model streamed more than {MAX_STEP_TEXT} code points of text")
-            item: Union[str, ToolCall] = chunk.text
-        elif type(chunk) is ToolCallChunk:
-            if type(chunk.tool_call) is not ToolCall:
-                raise _Problem(
-                    f"a tool-call chunk carries a {type(chunk.tool_call).__name__}, not a ToolCall"
-                )
-            _checked_block(chunk.tool_call)
-            item = chunk.tool_call
-        else:
-            raise _Problem(
-                f"the model streamed a {type(chunk).__name__}, not a TextDelta or ToolCallChunk"
-            )
-        _check_request_id(chunk.request_id, self.request)
-        self.items.append(item)
-
-    def require_agreement(self, content: Sequence[Union[TextBlock, ToolCall]]) -> None:
-        """Raises _Problem unless the terminal content agrees with the stream."""
-        # Seed: "The resulting normalized block sequences must agree in content and
-        # order; raw text-chunk segmentation may differ."
-        terminal = _normalized(
-            block.text if isinstance(block, TextBlock) else block for block in content
-        )
-        streamed = _normalized(self.items)
-        if terminal == streamed:
-            return
-        if not self.items:
-            raise _Problem(
-                "the model streamed nothing, but its terminal response holds "
-                f"{len(content)} block(s): a model must yield a chunk for each block it "
-                "returns (a TextDelta per text, a ToolCallChunk per tool call)"
-            )
-        index = cast(int, _first_difference(streamed, terminal))  # they differ
-        raise _Problem(
-            "the streamed chunks and the terminal response disagree at normalised block "
-            f"{index}: streamed {_shortened(streamed, index)}, "
-            f"terminal {_shortened(terminal, index)}"
-        )
-
-
-def _normalized(items: Iterable[Union[str, ToolCall]]) -> List[Union[str, ToolCall]]:
-    """Coalesces adjacent text, with tool calls as boundaries; empty text carries nothing."""
-    # Seed: "the loop coalesces adjacent streamed text deltas and adjacent terminal
-    # text blocks, using Tool calls as boundaries."
-    normalized: List[Union[str, ToolCall]] = []
-    for is_text, run in itertools.groupby(items, key=lambda item: isinstance(item, str)):
-        if is_text:
-            text = "".join(cast("Iterable[str]", run))
-            if text:
-                normalized.append(text)
-        else:
-            normalized.extend(run)
-    return normalized
-
-
-def _first_difference(left: Sequence[Any], right: Sequence[Any]) -> Optional[int]:
-    """The first index at which two sequences differ (one may end first), or None."""
-    for index, (left_item, right_item) in enumerate(zip(left, right)):
-        if left_item != right_item:
-            return index
-    return None if len(left) == len(right) else min(len(left), len(right))
-
-
-def _shortened(blocks: List[Union[str, ToolCall]], index: int) -> str:
-    """A short repr of one normalised block, or "nothing" past the end."""
-    if index == len(blocks):
-        return "nothing"
-    return reprlib.repr(blocks[index])
-
-
-# --- The transcript and its checks ----------------------------------------------------
+# --- The transcript, the stream, and their checks ---------------------------------
 
 
 def _is_text(value: object) -> TypeGuard[str]:
@@ -883,7 +771,107 @@ class _Transcript:
             del self._open_calls[message.tool_call_id]
 
 
-# --- Model boundary -----------------------------------------------------------------
+def _check_request_id(request_id: object, request: ModelRequest) -> None:
+    """Seed: "Request IDs must match the active request." (chunks and responses alike)"""
+    if not _is_text(request_id) or request_id != request.id:
+        raise _Problem(
+            f"{request_id!r} is not the active request {request.id!r}: every chunk's and the "
+            "response's request_id must be the request's id"
+        )
+
+
+class _StreamedBlocks:
+    """What one step has streamed so far, checked chunk by chunk against the step's limits."""
+
+    def __init__(self, request: ModelRequest) -> None:
+        self.request = request
+        self.items: List[Union[str, ToolCall]] = []
+        self.text = 0
+
+    def add(self, chunk: object) -> None:
+        """Checks one streamed chunk and keeps its text or its tool call."""
+        # Seed: "The loop caps one step at 1024 chunks, 65,536 Unicode code points
+        # of text, and 1024 assistant blocks." (blocks: see _checked_response)
+        if len(self.items) == MAX_STEP_CHUNKS:
+            raise _Problem(f"the model streamed more than {MAX_STEP_CHUNKS} chunks")
+        if type(chunk) is TextDelta:
+            if not _is_text(chunk.text):
+                raise _Problem(
+                    f"a text chunk's text must be a str, got {type(chunk.text).__name__}"
+                )
+            self.text += len(chunk.text)
+            if self.text > MAX_STEP_TEXT:
+                raise _Problem(f"the model streamed more than {MAX_STEP_TEXT} code points of text")
+            item: Union[str, ToolCall] = chunk.text
+        elif type(chunk) is ToolCallChunk:
+            if type(chunk.tool_call) is not ToolCall:
+                raise _Problem(
+                    f"a tool-call chunk carries a {type(chunk.tool_call).__name__}, not a ToolCall"
+                )
+            _checked_block(chunk.tool_call)
+            item = chunk.tool_call
+        else:
+            raise _Problem(
+                f"the model streamed a {type(chunk).__name__}, not a TextDelta or ToolCallChunk"
+            )
+        _check_request_id(chunk.request_id, self.request)
+        self.items.append(item)
+
+    def require_agreement(self, content: Sequence[Union[TextBlock, ToolCall]]) -> None:
+        """Raises _Problem unless the terminal content agrees with the stream."""
+        # Seed: "The resulting normalized block sequences must agree in content and
+        # order; raw text-chunk segmentation may differ."
+        terminal = _normalized(
+            block.text if isinstance(block, TextBlock) else block for block in content
+        )
+        streamed = _normalized(self.items)
+        if terminal == streamed:
+            return
+        if not self.items:
+            raise _Problem(
+                "the model streamed nothing, but its terminal response holds "
+                f"{len(content)} block(s): a model must yield a chunk for each block it "
+                "returns (a TextDelta per text, a ToolCallChunk per tool call)"
+            )
+        index = cast(int, _first_difference(streamed, terminal))  # they differ
+        raise _Problem(
+            "the streamed chunks and the terminal response disagree at normalised block "
+            f"{index}: streamed {_shortened(streamed, index)}, "
+            f"terminal {_shortened(terminal, index)}"
+        )
+
+
+def _normalized(items: Iterable[Union[str, ToolCall]]) -> List[Union[str, ToolCall]]:
+    """Coalesces adjacent text, with tool calls as boundaries; empty text carries nothing."""
+    # Seed: "the loop coalesces adjacent streamed text deltas and adjacent terminal
+    # text blocks, using Tool calls as boundaries."
+    normalized: List[Union[str, ToolCall]] = []
+    for is_text, run in itertools.groupby(items, key=lambda item: isinstance(item, str)):
+        if is_text:
+            text = "".join(cast("Iterable[str]", run))
+            if text:
+                normalized.append(text)
+        else:
+            normalized.extend(run)
+    return normalized
+
+
+def _first_difference(left: Sequence[Any], right: Sequence[Any]) -> Optional[int]:
+    """The first index at which two sequences differ (one may end first), or None."""
+    for index, (left_item, right_item) in enumerate(zip(left, right)):
+        if left_item != right_item:
+            return index
+    return None if len(left) == len(right) else min(len(left), len(right))
+
+
+def _shortened(blocks: List[Union[str, ToolCall]], index: int) -> str:
+    """A short repr of one normalised block, or "nothing" past the end."""
+    if index == len(blocks):
+        return "nothing"
+    return reprlib.repr(blocks[index])
+
+
+# --- Model boundary ---------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -1004,7 +992,7 @@ class Model(Protocol):
         """Streams the answer to one request; the generator's return value is the response."""
 
 
-# --- Tools --------------------------------------------------------------------------
+# --- Tools ------------------------------------------------------------------------
 
 _SCHEMA_TYPES: Final = ("object", "string", "number", "integer", "boolean", "array", "null")
 _SCHEMA_KEYWORDS: Final = (
@@ -1483,7 +1471,7 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {message}" if message else type(error).__name__
 
 
-# --- Bounded plain JSON -------------------------------------------------------------
+# --- Bounded plain JSON -----------------------------------------------------------
 
 
 class _ArgumentBudget:
@@ -1664,7 +1652,7 @@ def _string_from_dict(data: object, where: str) -> str:
     return data
 
 
-# --- Message IR, and its JSON codec ---------------------------------------------------
+# --- Message IR, and its JSON codec -----------------------------------------------
 
 JSON: TypeAlias = Union[bool, int, float, str, Sequence["JSON"], Mapping[str, "JSON"], None]
 """A JSON value. Frozen JSON (as a ToolCall holds it) uses read-only mappings and tuples."""
@@ -1871,7 +1859,7 @@ def _tool_calls(message: AssistantMessage) -> List[ToolCall]:
     return [block for block in message.content if isinstance(block, ToolCall)]
 
 
-# --- Events and results -------------------------------------------------------------
+# --- Events and results -----------------------------------------------------------
 
 RunStatus = Literal["completed", "cancelled", "maxSteps", "failed"]
 """How a run ended."""
@@ -2044,7 +2032,7 @@ def event_from_dict(data: Dict[str, Any]) -> Event:
     return Event(_read(event, "sequence", int, "event"), event_type, MappingProxyType(payload))
 
 
-# --- Resumption -----------------------------------------------------------------------
+# --- Resumption -------------------------------------------------------------------
 
 
 def open_tool_calls(messages: Iterable[Message]) -> Tuple[ToolCall, ...]:
@@ -2073,7 +2061,7 @@ def resolve_open_tool_calls(messages: Iterable[Message], content: str) -> Tuple[
     )
 
 
-# --- Test helpers -------------------------------------------------------------------
+# --- Test helpers -----------------------------------------------------------------
 
 
 def settle_run(
@@ -2205,7 +2193,7 @@ class ScriptedModel:
         return ModelResponse(scripted.id, request_id, scripted.content, scripted.stop_reason)
 
 
-# --- The demonstration --------------------------------------------------------------
+# --- The demonstration ------------------------------------------------------------
 
 
 def _demo_tools() -> ToolRegistry:
@@ -2231,33 +2219,19 @@ def _demo_tools() -> ToolRegistry:
 
 def _demo_model() -> ScriptedModel:
     """A three-step script: one tool, then two tools (one fails), then the answer."""
+    add = ToolCall("call-add-001", "add", {"left": 20, "right": 22})
+    multiply = ToolCall("call-multiply-001", "multiply", {"left": 42, "right": 2})
+    weather = ToolCall("call-weather-001", "weather", {"city": "Atlantis"})
+    answer = ["(20 + 22) * 2 = 84. ", "Atlantis has no ", "weather station."]
     return ScriptedModel(
         [
-            scripted_response(
-                "response-001",
-                [
-                    TextBlock("First the sum."),
-                    ToolCall("call-add-001", "add", {"left": 20, "right": 22}),
-                ],
-                "toolCall",
-            ),
-            scripted_response(
-                "response-002",
-                [
-                    ToolCall("call-multiply-001", "multiply", {"left": 42, "right": 2}),
-                    ToolCall("call-weather-001", "weather", {"city": "Atlantis"}),
-                ],
-                "toolCall",
-            ),
+            scripted_response("response-001", [TextBlock("First the sum."), add], "toolCall"),
+            scripted_response("response-002", [multiply, weather], "toolCall"),
             scripted_response(
                 "response-003",
-                [TextBlock("(20 + 22) * 2 = 84. Atlantis has no weather station.")],
+                [TextBlock("".join(answer))],
                 "stop",
-                chunks=[
-                    TextBlock("(20 + 22) * 2 = 84. "),
-                    TextBlock("Atlantis has no "),
-                    TextBlock("weather station."),
-                ],
+                chunks=[TextBlock(piece) for piece in answer],
             ),
         ]
     )
@@ -2306,6 +2280,8 @@ def _demo_result(result: RunResult) -> str:
 
 
 def _bounded_int(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an int in low..high."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -2322,12 +2298,9 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
     """The demonstration: a scripted run over three tools, printed one event per line."""
     parser = argparse.ArgumentParser(
         prog="python agent_loop.py",
-        description=(
-            "Runs the Agent Loop on a scripted model with three tools (add, multiply, "
-            "weather): a first step that calls one tool, a second that calls two (one of "
-            "them fails, recoverably), and a final answer. Prints each event on one "
-            "line, then the result. No network; the output is deterministic."
-        ),
+        description="Runs the Agent Loop on a scripted model with three tools (one call "
+        "fails, recoverably) and prints each event on one line, then the result. No "
+        "network; the output is deterministic.",
     )
     parser.add_argument(
         "--json",
