@@ -428,6 +428,14 @@ def start_run(
     )
 
 
+def model_of(steps: Sequence[al.ScriptedResponse | Step]) -> Any:
+    """The model that plays ``steps``: the shipped al.ScriptedModel when every step is a
+    ScriptedResponse, else a FakeModel."""
+    if all(isinstance(step, al.ScriptedResponse) for step in steps):
+        return al.ScriptedModel(cast(Sequence[al.ScriptedResponse], steps))
+    return FakeModel(*steps)
+
+
 def run(
     script: Any,
     tools: Sequence[al.Tool] = (),
@@ -441,7 +449,7 @@ def run(
     """The driver: starts a run and settles it (see settle), so that the run's invariants
     are checked. ``script`` is a model (anything with ``stream``) or the steps of a
     FakeModel. Returns the events, the result and the model."""
-    model = script if hasattr(script, "stream") else FakeModel(*script)
+    model = script if hasattr(script, "stream") else model_of(script)
     start = [user()] if messages is None else messages
     snapshot = tuple(start) if isinstance(start, (list, tuple)) else None
     loop = start_run(

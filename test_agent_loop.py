@@ -566,7 +566,7 @@ VALID_OPTIONS = [
 
 class TestConstructionRejectsInvalidOptions:
     @staticmethod
-    def options(model: FakeModel, overrides: dict[str, Any]) -> dict[str, Any]:
+    def options(model: al.ScriptedModel, overrides: dict[str, Any]) -> dict[str, Any]:
         options: dict[str, Any] = {
             "messages": [user()],
             "model": model,
@@ -583,7 +583,7 @@ class TestConstructionRejectsInvalidOptions:
     ) -> None:
         """Seed: "Invalid construction throws before an EventStream is returned." The
         call itself raises (nothing is iterated), naming the option; the model never runs."""
-        model = FakeModel(stop("response-001"))
+        model = al.ScriptedModel([stop("response-001")])
         with pytest.raises(error, match=names):
             al.run_agent_loop(**self.options(model, overrides))
         assert model.call_count == 0
@@ -592,7 +592,7 @@ class TestConstructionRejectsInvalidOptions:
     def test_a_valid_option_returns_a_generator_that_has_not_called_the_model(
         self, overrides: dict[str, Any]
     ) -> None:
-        model = FakeModel(stop("response-001"))
+        model = al.ScriptedModel([stop("response-001")])
         run = al.run_agent_loop(**self.options(model, overrides))
 
         assert isinstance(run, collections.abc.Generator)
@@ -621,7 +621,7 @@ class TestRunOwnsSnapshots:
         """Seed: "The caller can later mutate its input array ... without changing the
         active run." """
         messages: list[Any] = [user()]
-        model = FakeModel(stop("response-001"))
+        model = al.ScriptedModel([stop("response-001")])
         run = al.run_agent_loop(
             messages=messages, model=model, tools=al.ToolRegistry(), max_steps=1
         )
@@ -643,7 +643,7 @@ class TestRunOwnsSnapshots:
                 yield message
 
         messages = start()
-        model = FakeModel(stop("response-001"))
+        model = al.ScriptedModel([stop("response-001")])
         run = al.run_agent_loop(
             messages=messages, model=model, tools=al.ToolRegistry(), max_steps=1
         )
@@ -659,8 +659,8 @@ class TestRunOwnsSnapshots:
         active run." A call to the late tool gets an unknown-tool result."""
         executed: list[str] = []
         registry = al.ToolRegistry([add_tool()])
-        model = FakeModel(
-            tool_turn("response-001", echo_call("call-echo-001")), stop("response-002")
+        model = al.ScriptedModel(
+            [tool_turn("response-001", echo_call("call-echo-001")), stop("response-002")]
         )
         run = al.run_agent_loop(messages=[user()], model=model, tools=registry, max_steps=2)
         registry.register(echo_tool(executed))
@@ -687,10 +687,12 @@ class TestRunOwnsSnapshots:
             return "registered"
 
         registry.register(no_arguments_tool("register", register_echo))
-        model = FakeModel(
-            tool_turn("response-001", call("register", "call-register-001", {})),
-            tool_turn("response-002", echo_call("call-echo-001")),
-            stop("response-003"),
+        model = al.ScriptedModel(
+            [
+                tool_turn("response-001", call("register", "call-register-001", {})),
+                tool_turn("response-002", echo_call("call-echo-001")),
+                stop("response-003"),
+            ]
         )
         _events, result = settle(
             al.run_agent_loop(messages=[user()], model=model, tools=registry, max_steps=3),
@@ -742,7 +744,7 @@ class TestEachStepGetsFrozenTranscriptAndRequestId:
         )
 
     def test_later_steps_do_not_change_earlier_requests(self) -> None:
-        _, _, model = run(THREE_STEPS, tools=[add_tool(), echo_tool()])
+        _, _, model = run(FakeModel(*THREE_STEPS), tools=[add_tool(), echo_tool()])
 
         assert [len(held) for held in model.held] == [1, 3, 5]
         assert [list(request.messages) for request in model.requests] == model.held
@@ -1111,7 +1113,7 @@ class TestCancellation:
 
         ran: list[str] = []
         signal = threading.Event()
-        model = FakeModel(*cancel_script())
+        model = al.ScriptedModel(cancel_script())
         if at is None:
             signal.set()
         events, result, _ = run(
@@ -1414,7 +1416,9 @@ class TestFailureCodes:
 
         loop = al.run_agent_loop(
             messages=[user()],
-            model=FakeModel(tool_turn("response-001", call("stop-me", "call-stop-me-001", {}))),
+            model=al.ScriptedModel(
+                [tool_turn("response-001", call("stop-me", "call-stop-me-001", {}))]
+            ),
             tools=al.ToolRegistry([no_arguments_tool("stop-me", interrupted)]),
             max_steps=1,
         )
@@ -1752,13 +1756,15 @@ class TestStreamDisagreementIsShown:
     for each block it returns."""
 
     def test_the_first_differing_block_is_shown_on_each_side(self) -> None:
-        model = FakeModel(
-            al.scripted_response(
-                "r1",
-                [al.TextBlock("Hello"), al.TextBlock(" world")],
-                "stop",
-                chunks=[al.TextBlock("Hello"), al.TextBlock(" there")],
-            )
+        model = al.ScriptedModel(
+            [
+                al.scripted_response(
+                    "r1",
+                    [al.TextBlock("Hello"), al.TextBlock(" world")],
+                    "stop",
+                    chunks=[al.TextBlock("Hello"), al.TextBlock(" there")],
+                )
+            ]
         )
         _, result, _ = run(model)
         message = failure_message(result, "MODEL_PROTOCOL_ERROR")
@@ -1769,20 +1775,24 @@ class TestStreamDisagreementIsShown:
 
     def test_a_missing_block_is_shown_as_nothing(self) -> None:
         call = al.ToolCall("c1", "echo", {"text": "x"})
-        model = FakeModel(
-            al.scripted_response(
-                "r1", [al.TextBlock("a"), call], "toolCall", chunks=[al.TextBlock("a")]
-            )
+        model = al.ScriptedModel(
+            [
+                al.scripted_response(
+                    "r1", [al.TextBlock("a"), call], "toolCall", chunks=[al.TextBlock("a")]
+                )
+            ]
         )
         _, result, _ = run(model)
         message = failure_message(result, "MODEL_PROTOCOL_ERROR")
         assert "disagree at normalised block 1: streamed nothing, terminal ToolCall(" in message
 
     def test_long_blocks_are_shortened(self) -> None:
-        model = FakeModel(
-            al.scripted_response(
-                "r1", [al.TextBlock("x" * 5000)], "stop", chunks=[al.TextBlock("y" * 5000)]
-            )
+        model = al.ScriptedModel(
+            [
+                al.scripted_response(
+                    "r1", [al.TextBlock("x" * 5000)], "stop", chunks=[al.TextBlock("y" * 5000)]
+                )
+            ]
         )
         _, result, _ = run(model)
         message = failure_message(result, "MODEL_PROTOCOL_ERROR")
@@ -1790,8 +1800,8 @@ class TestStreamDisagreementIsShown:
         assert "..." in message
 
     def test_a_model_that_streamed_nothing_is_told_to_yield_a_chunk_per_block(self) -> None:
-        model = FakeModel(
-            al.scripted_response("r1", [al.TextBlock("a"), al.TextBlock("b")], "stop", chunks=[])
+        model = al.ScriptedModel(
+            [al.scripted_response("r1", [al.TextBlock("a"), al.TextBlock("b")], "stop", chunks=[])]
         )
         _, result, _ = run(model)
         assert failure_message(result, "MODEL_PROTOCOL_ERROR") == (
@@ -1824,15 +1834,17 @@ class TestMistakesNameTheirFix:
         )
 
     def test_an_unknown_stop_reason_lists_the_known_ones(self) -> None:
-        model = FakeModel(untyped.scripted_response("r1", [al.TextBlock("hi")], "end_turn"))
+        model = al.ScriptedModel(
+            [untyped.scripted_response("r1", [al.TextBlock("hi")], "end_turn")]
+        )
         _, result, _ = run(model)
         assert failure_message(result, "MODEL_PROTOCOL_ERROR") == (
             "unknown stop reason 'end_turn' (expected one of ('stop', 'toolCall'))"
         )
 
     def test_a_foreign_request_id_says_which_id_is_expected(self) -> None:
-        model = FakeModel(
-            al.scripted_response("r1", [al.TextBlock("hi")], "stop", request_id="request-1")
+        model = al.ScriptedModel(
+            [al.scripted_response("r1", [al.TextBlock("hi")], "stop", request_id="request-1")]
         )
         _, result, _ = run(model)
         assert failure_message(result, "MODEL_PROTOCOL_ERROR") == (
@@ -2307,8 +2319,11 @@ class TestCancellationFromAnotherThread:
 
         tool = al.Tool("wait", "Waits.", {"type": "object"}, wait_for_cancel)
         first = al.ToolCall("call-wait-001", "wait", {})
-        model = FakeModel(
-            turn("response-001", [first], "toolCall"), turn("r2", [text("x")], "stop")
+        model = al.ScriptedModel(
+            [
+                al.scripted_response("response-001", [first], "toolCall"),
+                al.scripted_response("r2", [text("x")], "stop"),
+            ]
         )
         signal = threading.Event()
         setter = self._set_when(blocking, signal)
@@ -2336,7 +2351,9 @@ class TestCancellationFromAnotherThread:
             raise RuntimeError("aborted")
 
         tool = al.Tool("wait", "Waits.", {"type": "object"}, abort_on_cancel)
-        model = FakeModel(turn("response-001", [al.ToolCall("c-1", "wait", {})], "toolCall"))
+        model = al.ScriptedModel(
+            [al.scripted_response("response-001", [al.ToolCall("c-1", "wait", {})], "toolCall")]
+        )
         signal = threading.Event()
         setter = self._set_when(blocking, signal)
         events, result, _ = run(model, [tool], signal=signal)
@@ -2626,14 +2643,16 @@ class TestCallersCannotChangeTheRun:
     without changing the active run.\""""
 
     @staticmethod
-    def _script() -> FakeModel:
-        return FakeModel(
-            turn(
-                "response-001",
-                [text("Adding."), call("add", "call-1", {"left": 1, "right": 2})],
-                "toolCall",
-            ),
-            turn("response-002", [text("3")], "stop"),
+    def _script() -> al.ScriptedModel:
+        return al.ScriptedModel(
+            [
+                al.scripted_response(
+                    "response-001",
+                    [text("Adding."), call("add", "call-1", {"left": 1, "right": 2})],
+                    "toolCall",
+                ),
+                al.scripted_response("response-002", [text("3")], "stop"),
+            ]
         )
 
     def test_mutating_the_input_list_during_the_run(self) -> None:
@@ -2659,10 +2678,14 @@ class TestCallersCannotChangeTheRun:
     def test_registering_a_tool_during_the_run(self) -> None:
         registry = al.ToolRegistry([add_tool()])
         executed: list[str] = []
-        model = FakeModel(
-            turn("response-001", [call("add", "call-1", {"left": 1, "right": 2})], "toolCall"),
-            turn("response-002", [echo_call("call-2", "late")], "toolCall"),
-            turn("response-003", [text("done")], "stop"),
+        model = al.ScriptedModel(
+            [
+                al.scripted_response(
+                    "response-001", [call("add", "call-1", {"left": 1, "right": 2})], "toolCall"
+                ),
+                al.scripted_response("response-002", [echo_call("call-2", "late")], "toolCall"),
+                al.scripted_response("response-003", [text("done")], "stop"),
+            ]
         )
         run_ = al.run_agent_loop(messages=[user()], model=model, tools=registry, max_steps=3)
         events = until(run_, "model.chunk")
@@ -2679,17 +2702,19 @@ class TestCallersCannotChangeTheRun:
     def test_nothing_reachable_from_events_results_or_requests_is_mutable(self) -> None:
         """Whatever the caller holds (events, the result, the requests a model saw), it
         cannot change the run's transcript through it: all of it is frozen."""
-        model = FakeModel(
-            turn(
-                "response-001",
-                [
-                    text("A."),
-                    call("add", "call-1", {"left": 1, "right": 2}),
-                    echo_call("call-2", "e"),
-                ],
-                "toolCall",
-            ),
-            turn("response-002", [text("3")], "stop"),
+        model = al.ScriptedModel(
+            [
+                al.scripted_response(
+                    "response-001",
+                    [
+                        text("A."),
+                        call("add", "call-1", {"left": 1, "right": 2}),
+                        echo_call("call-2", "e"),
+                    ],
+                    "toolCall",
+                ),
+                al.scripted_response("response-002", [text("3")], "stop"),
+            ]
         )
         echo_schema_tool = al.Tool(
             "echo",
@@ -3200,9 +3225,11 @@ class TestDuplicateIdsSayHowTheyWereDerived:
     whole transcript"."""
 
     def test_a_repeated_response_id(self) -> None:
-        model = FakeModel(
-            al.scripted_response("resp", [al.ToolCall("c1", "noop", {})], "toolCall"),
-            al.scripted_response("resp", [al.TextBlock("done")], "stop"),
+        model = al.ScriptedModel(
+            [
+                al.scripted_response("resp", [al.ToolCall("c1", "noop", {})], "toolCall"),
+                al.scripted_response("resp", [al.TextBlock("done")], "stop"),
+            ]
         )
         _, result, _ = run(model, tools=[no_arguments_tool("noop", lambda a, s: "ok")])
         assert failure_message(result, "MODEL_PROTOCOL_ERROR") == (
@@ -3212,9 +3239,11 @@ class TestDuplicateIdsSayHowTheyWereDerived:
         )
 
     def test_a_tool_call_id_repeated_in_a_later_step(self) -> None:
-        model = FakeModel(
-            al.scripted_response("r1", [al.ToolCall("c1", "noop", {})], "toolCall"),
-            al.scripted_response("r2", [al.ToolCall("c1", "noop", {})], "toolCall"),
+        model = al.ScriptedModel(
+            [
+                al.scripted_response("r1", [al.ToolCall("c1", "noop", {})], "toolCall"),
+                al.scripted_response("r2", [al.ToolCall("c1", "noop", {})], "toolCall"),
+            ]
         )
         _, result, _ = run(model, tools=[no_arguments_tool("noop", lambda a, s: "ok")])
         assert failure_message(result, "MODEL_PROTOCOL_ERROR") == (
@@ -3641,7 +3670,9 @@ class TestMalformedModelOutput:
     def test_call_id_reused_from_the_transcript(self) -> None:
         """An id the starting transcript already used (call-old) is a protocol error."""
         executed: list[str] = []
-        model = FakeModel(turn("response-001", [echo_call("call-old", "again")], "toolCall"))
+        model = al.ScriptedModel(
+            [al.scripted_response("response-001", [echo_call("call-old", "again")], "toolCall")]
+        )
         _, result, _ = run(model, [echo_tool(executed)], messages=HISTORY)
         assert result.status == "failed"
         assert result.error is not None
@@ -3659,13 +3690,13 @@ class TestMalformedModelOutput:
         ],
     )
     def test_ids_already_taken_in_the_transcript(
-        self, taken: str, content: list[object], stop_reason: str
+        self, taken: str, content: list[Any], stop_reason: Any
     ) -> None:
         """A response whose message id, or a call whose result id, is already taken by a
         starting message: a protocol error before any effect."""
         executed: list[str] = []
         start = [al.UserMessage(taken, "hi")]
-        model = FakeModel(turn("r", content, stop_reason))
+        model = al.ScriptedModel([al.scripted_response("r", content, stop_reason)])
         _, result, _ = run(model, [echo_tool(executed)], messages=start)
         assert result.error is not None
         assert result.error.code == "MODEL_PROTOCOL_ERROR"
@@ -3674,9 +3705,11 @@ class TestMalformedModelOutput:
 
     def test_call_id_reused_from_an_earlier_step(self) -> None:
         executed: list[str] = []
-        model = FakeModel(
-            turn("response-001", [echo_call("call-1", "first")], "toolCall"),
-            turn("response-002", [echo_call("call-1", "second")], "toolCall"),
+        model = al.ScriptedModel(
+            [
+                al.scripted_response("response-001", [echo_call("call-1", "first")], "toolCall"),
+                al.scripted_response("response-002", [echo_call("call-1", "second")], "toolCall"),
+            ]
         )
         _, result, _ = run(model, [echo_tool(executed)])
         assert result.error is not None
@@ -4484,14 +4517,16 @@ class TestToolFromFunction:
         }
 
     def test_the_schema_is_enforced(self) -> None:
-        model = FakeModel(
-            al.scripted_response(
-                "r1", [al.ToolCall("c1", "search", {"query": "q", "other": 1})], "toolCall"
-            ),
-            al.scripted_response(
-                "r2", [al.ToolCall("c2", "search", {"query": "q", "tags": None})], "toolCall"
-            ),
-            al.scripted_response("r3", [al.TextBlock("done")], "stop"),
+        model = al.ScriptedModel(
+            [
+                al.scripted_response(
+                    "r1", [al.ToolCall("c1", "search", {"query": "q", "other": 1})], "toolCall"
+                ),
+                al.scripted_response(
+                    "r2", [al.ToolCall("c2", "search", {"query": "q", "tags": None})], "toolCall"
+                ),
+                al.scripted_response("r3", [al.TextBlock("done")], "stop"),
+            ]
         )
         _, result, _ = run(model, tools=[al.Tool.from_function(search)])
         contents = [m.content for m in result.messages if isinstance(m, al.ToolResultMessage)]
@@ -4838,7 +4873,7 @@ class TestExecuteToolCall:
         """The model and every tool receive the run's signal: the same object."""
         seen: list[Any] = []
         tool = al.Tool("probe", "", {"type": "object"}, lambda a, signal: seen.append(signal))
-        model = FakeModel(
+        model = FakeModel(  # it records the signal that each stream() call receives
             al.scripted_response(
                 "response-001",
                 [call("probe", "call-001", {}), call("probe", "call-002", {})],
@@ -5027,10 +5062,16 @@ class TestMisbehavingTools:
     request; it does not end the run by itself.\""""
 
     @staticmethod
-    def _one_call_then_stop(tool: al.Tool) -> tuple[list[al.Event], al.RunResult, FakeModel]:
-        model = FakeModel(
-            turn("response-001", [al.ToolCall("call-1", tool.name, {"text": "hi"})], "toolCall"),
-            turn("response-002", [text("noted")], "stop"),
+    def _one_call_then_stop(
+        tool: al.Tool,
+    ) -> tuple[list[al.Event], al.RunResult, al.ScriptedModel]:
+        model = al.ScriptedModel(
+            [
+                al.scripted_response(
+                    "response-001", [al.ToolCall("call-1", tool.name, {"text": "hi"})], "toolCall"
+                ),
+                al.scripted_response("response-002", [text("noted")], "stop"),
+            ]
         )
         events, result, _ = run(model, [tool])
         return events, result, model
@@ -5106,9 +5147,11 @@ class TestMisbehavingTools:
         first = al.ToolCall("call-1", "mutate", arguments)
         second = al.ToolCall("call-2", "mutate", arguments)
         tool = al.Tool("mutate", "Mutates.", {"type": "object"}, mutate)
-        model = FakeModel(
-            turn("response-001", [first, second], "toolCall"),
-            turn("response-002", [text("done")], "stop"),
+        model = al.ScriptedModel(
+            [
+                al.scripted_response("response-001", [first, second], "toolCall"),
+                al.scripted_response("response-002", [text("done")], "stop"),
+            ]
         )
         _, result, _ = run(model, [tool])
         assert result.status == "completed"
@@ -5135,10 +5178,16 @@ class TestMisbehavingTools:
             return "registered"
 
         registry.register(al.Tool("registrar", "Registers.", {"type": "object"}, registrar))
-        model = FakeModel(
-            turn("response-001", [al.ToolCall("call-1", "registrar", {})], "toolCall"),
-            turn("response-002", [al.ToolCall("call-2", "late", {})], "toolCall"),
-            turn("response-003", [text("done")], "stop"),
+        model = al.ScriptedModel(
+            [
+                al.scripted_response(
+                    "response-001", [al.ToolCall("call-1", "registrar", {})], "toolCall"
+                ),
+                al.scripted_response(
+                    "response-002", [al.ToolCall("call-2", "late", {})], "toolCall"
+                ),
+                al.scripted_response("response-003", [text("done")], "stop"),
+            ]
         )
         _events, result = settle(
             al.run_agent_loop(messages=[user()], model=model, tools=registry, max_steps=3),
@@ -5173,7 +5222,9 @@ class TestMisbehavingTools:
         executed: list[str] = []
         tools = [al.Tool("abort", "Aborts.", {"type": "object"}, abort), echo_tool(executed)]
         call_1 = al.ToolCall("call-1", "abort", {})
-        model = FakeModel(turn("response-001", [call_1, echo_call("call-2", "b")], "toolCall"))
+        model = al.ScriptedModel(
+            [al.scripted_response("response-001", [call_1, echo_call("call-2", "b")], "toolCall")]
+        )
         events, result, _ = run(model, tools)
         assert result.status == "failed"
         assert result.error is not None
@@ -5188,7 +5239,13 @@ class TestMisbehavingTools:
             raise Abort()
 
         tool = al.Tool("abort", "Aborts.", {"type": "object"}, abort)
-        model = FakeModel(turn("response-001", [al.ToolCall("call-1", "abort", {})], "toolCall"))
+        model = al.ScriptedModel(
+            [
+                al.scripted_response(
+                    "response-001", [al.ToolCall("call-1", "abort", {})], "toolCall"
+                )
+            ]
+        )
         _, result, _ = run(model, [tool])
         assert result.status == "cancelled"
         assert result.error is None
@@ -5202,9 +5259,13 @@ class TestMisbehavingTools:
             return next(holder[0])
 
         tool = al.Tool("reenter", "Re-enters.", {"type": "object"}, reenter)
-        model = FakeModel(
-            turn("response-001", [al.ToolCall("call-1", "reenter", {})], "toolCall"),
-            turn("response-002", [text("done")], "stop"),
+        model = al.ScriptedModel(
+            [
+                al.scripted_response(
+                    "response-001", [al.ToolCall("call-1", "reenter", {})], "toolCall"
+                ),
+                al.scripted_response("response-002", [text("done")], "stop"),
+            ]
         )
         run_ = start_run(model, [tool])
         holder.append(run_)
@@ -5340,7 +5401,9 @@ class TestInvalidToolCallArguments:
         ran: List[str] = []
         tool = no_arguments_tool("t", lambda a, s: ran.append("ran"))
         call = al.ToolCall("c1", "t", cast(Any, MappingProxyType({"bad": {1, 2}})))
-        _, result, _ = run(FakeModel(al.scripted_response("r1", [call], "toolCall")), tools=[tool])
+        _, result, _ = run(
+            al.ScriptedModel([al.scripted_response("r1", [call], "toolCall")]), tools=[tool]
+        )
         assert "arguments hold a set, which is not plain JSON" in failure_message(
             result, "MODEL_PROTOCOL_ERROR"
         )
@@ -5353,7 +5416,9 @@ class TestInvalidToolCallArguments:
         arguments["bad"] = 1.0  # now plain JSON, but not when the call was built
         ran: List[str] = []
         tool = no_arguments_tool("t", lambda a, s: ran.append("ran"))
-        _, result, _ = run(FakeModel(al.scripted_response("r1", [call], "toolCall")), tools=[tool])
+        _, result, _ = run(
+            al.ScriptedModel([al.scripted_response("r1", [call], "toolCall")]), tools=[tool]
+        )
         assert failure_message(result, "MODEL_PROTOCOL_ERROR") == (
             "tool call 'c1': arguments were not plain bounded JSON when the call was built"
         )
@@ -6552,25 +6617,27 @@ class TestNextRequestSequence:
 
 def first_run(
     mode: str,
-) -> tuple[list[al.Event], al.RunResult, list[str], FakeModel]:
+) -> tuple[list[al.Event], al.RunResult, list[str], al.ScriptedModel]:
     """Two steps; the second is cancelled during the first of its two calls, either by the
     tool itself (mode "tool") or by the observer at its tool.started (mode "observer")."""
     executed: list[str] = []
-    model = FakeModel(
-        al.scripted_response(
-            "response-001",
-            [text("Echo first."), call("echo", "call-echo-001", {"text": "one"})],
-            "toolCall",
-        ),
-        al.scripted_response(
-            "response-002",
-            [
-                call("slow", "call-slow-001", {}),
-                call("echo", "call-echo-002", {"text": "two"}),
-            ],
-            "toolCall",
-        ),
-        al.scripted_response("response-003", [text("must not run")], "stop"),
+    model = al.ScriptedModel(
+        [
+            al.scripted_response(
+                "response-001",
+                [text("Echo first."), call("echo", "call-echo-001", {"text": "one"})],
+                "toolCall",
+            ),
+            al.scripted_response(
+                "response-002",
+                [
+                    call("slow", "call-slow-001", {}),
+                    call("echo", "call-echo-002", {"text": "two"}),
+                ],
+                "toolCall",
+            ),
+            al.scripted_response("response-003", [text("must not run")], "stop"),
+        ]
     )
     # The observer sets the signal at the second tool.started, that of call-slow-001.
     events, result, _ = run(
@@ -6677,7 +6744,9 @@ class TestResumeAfterCancellation:
     ) -> None:
         _, cancelled, _, _ = first_run(mode)
         resolved = al.resolve_open_tool_calls(cancelled.messages, "interrupted")
-        model = FakeModel(al.scripted_response("response-003", [text("Resumed.")], "stop"))
+        model = al.ScriptedModel(
+            [al.scripted_response("response-003", [text("Resumed.")], "stop")]
+        )
         events, result, _ = run(
             model,
             [echo_tool()],
@@ -6706,7 +6775,7 @@ class TestResumeAfterCancellation:
         """Seed: "An invalid starting transcript produces one run.finished event with a
         failed INVALID_TRANSCRIPT result and never invokes the model." """
         _, cancelled, _, _ = first_run(mode)
-        model = FakeModel(al.scripted_response("response-003", [text("No.")], "stop"))
+        model = al.ScriptedModel([al.scripted_response("response-003", [text("No.")], "stop")])
         events, result, _ = run(
             model,
             [echo_tool()],
