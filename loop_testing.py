@@ -190,6 +190,10 @@ HISTORY: tuple[al.Message, ...] = (
 )
 
 
+HOSTILE = pytest.mark.hostile
+"""The mark of attacker-style tests, for a row of a table (a class carries
+``@pytest.mark.hostile``)."""
+
 untyped: Any = al
 """The module, untyped: tests build values of the wrong type with it on purpose."""
 
