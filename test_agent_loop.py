@@ -48,6 +48,7 @@ from loop_testing import (
     OVER_LIMIT,
     PRIOR_ROUND,
     REPOSITORY,
+    CancelAt,
     Custom,
     FakeModel,
     Fatal,
@@ -60,6 +61,7 @@ from loop_testing import (
     assert_tool_received,
     assistant,
     call,
+    cancels,
     check_run,
     copy_echo,
     cyclic_array,
@@ -605,35 +607,93 @@ class TestConstructionRejectsInvalidOptions:
         check_run(events, result)
 
 
+def mutable_paths(root: object) -> list[str]:
+    """Paths to every mutable container reachable from an object of the loop's API."""
+    found: list[str] = []
+    seen: set[int] = set()
+
+    def walk(value: object, path: str) -> None:
+        if id(value) in seen or value is None or isinstance(value, (str, int, float, bool)):
+            return
+        seen.add(id(value))
+        if isinstance(value, (list, dict, set, bytearray)):
+            found.append(path)
+        elif isinstance(value, MappingProxyType):
+            for key, item in value.items():
+                walk(item, f"{path}[{key!r}]")
+        elif isinstance(value, tuple):
+            for index, item in enumerate(value):
+                walk(item, f"{path}[{index}]")
+        elif dataclasses.is_dataclass(value):
+            for item in dataclasses.fields(value):
+                try:
+                    setattr(value, item.name, None)
+                except dataclasses.FrozenInstanceError:
+                    pass
+                else:
+                    found.append(f"{path}.{item.name} (assignable)")
+                walk(getattr(value, item.name), f"{path}.{item.name}")
+        else:
+            found.append(f"{path} ({type(value).__name__})")
+
+    walk(root, "root")
+    return found
+
+
 class TestRunOwnsSnapshots:
+    """Seed: "Before asynchronous work, the loop snapshots the Tool registry and starting
+    transcript. The caller can later mutate its input array or register another Tool
+    without changing the active run." """
+
     @pytest.mark.parametrize(
         "mutate",
         [
-            pytest.param(
-                lambda messages: messages.append(user("Later.", "user-002")), id="append"
-            ),
+            pytest.param(lambda messages: messages.append(user("Later.", "user-2")), id="append"),
             pytest.param(lambda messages: messages.clear(), id="clear"),
             pytest.param(lambda messages: messages.insert(0, "not a message"), id="insert-junk"),
         ],
+    )  # fmt: skip
+    @pytest.mark.parametrize(
+        "when",
+        [
+            pytest.param(None, id="after-the-call"),
+            pytest.param(("message.accepted", 1), id="while-the-run-emits-it"),
+            pytest.param(("model.chunk", 1), id="while-the-model-streams"),
+            pytest.param(("tool.started", 1), id="while-a-tool-runs", marks=HOSTILE),
+        ],
     )
-    def test_mutating_the_callers_list_after_the_call_does_not_reach_the_run(
-        self, mutate: Callable[[list[Any]], None]
+    def test_the_caller_can_later_mutate_its_input_array_without_changing_the_active_run(
+        self, mutate: Callable[[list[Any]], None], when: CancelAt
     ) -> None:
-        """Seed: "The caller can later mutate its input array ... without changing the
-        active run." """
         messages: list[Any] = [user()]
-        model = al.ScriptedModel([stop("response-001")])
-        run = al.run_agent_loop(
-            messages=messages, model=model, tools=al.ToolRegistry(), max_steps=1
+        model = al.ScriptedModel(
+            [tool_turn("response-001", text("Adding."), add_call()), stop("response-002")]
         )
-        mutate(messages)
-        events, result = settle(run, model, max_steps=1, start=[user()])
-
+        loop = al.run_agent_loop(
+            messages=messages, model=model, tools=al.ToolRegistry([add_tool()]), max_steps=2
+        )
+        if when is None:
+            mutate(messages)
+        events: list[al.Event] = []
+        while True:
+            try:
+                events.append(next(loop))
+            except StopIteration as done:
+                result: al.RunResult = done.value
+                break
+            if cancels(when, events):
+                mutate(messages)
+        check_run(events, result, model, max_steps=2, start=[user()])
         assert result.status == "completed"
-        assert model.requests[0].messages == (user(),)
+        assert [request.messages[0] for request in model.requests] == [user(), user()]
         assert [event.payload["message"] for event in events[:1]] == [user()]
         assert types_of(events).count("message.accepted") == 1
-        assert result.messages == (user(), assistant("response-001", text("The sum is 42.")))
+        assert result.messages == (
+            user(),
+            assistant("response-001", text("Adding."), add_call()),
+            add_result(),
+            assistant("response-002", text("The sum is 42.")),
+        )
 
     def test_a_generator_of_messages_is_read_completely_at_call_time(self) -> None:
         read: list[str] = []
@@ -655,63 +715,112 @@ class TestRunOwnsSnapshots:
         assert model.requests[0].messages == (user(), user("And then?", "user-002"))
         assert result.status == "completed"
 
-    def test_registering_a_tool_after_the_call_does_not_reach_the_run(self) -> None:
-        """Seed: "The caller can later ... register another Tool without changing the
-        active run." A call to the late tool gets an unknown-tool result."""
+    @pytest.mark.parametrize(
+        "who",
+        [
+            pytest.param("caller-after-the-call", id="the-caller-after-the-call"),
+            pytest.param("caller-during-the-run", id="the-caller-during-the-run", marks=HOSTILE),
+            pytest.param("a-tool-of-the-run", id="a-tool-of-the-run-itself", marks=HOSTILE),
+        ],
+    )
+    def test_the_caller_can_later_register_another_tool_without_changing_the_active_run(
+        self, who: str
+    ) -> None:
+        """A call to the late tool gets an unknown-tool result; the late tool never runs
+        and no request lists it."""
         executed: list[str] = []
         registry = al.ToolRegistry([add_tool()])
-        model = al.ScriptedModel(
-            [tool_turn("response-001", echo_call("call-echo-001")), stop("response-002")]
-        )
-        run = al.run_agent_loop(messages=[user()], model=model, tools=registry, max_steps=2)
-        registry.register(echo_tool(executed))
-        _events, result = settle(run, model, max_steps=2, start=[user()])
-
-        assert executed == []
-        assert [[spec.name for spec in request.tools] for request in model.requests] == [
-            ["add"],
-            ["add"],
-        ]
-        late = result.messages[2]
-        assert isinstance(late, al.ToolResultMessage)
-        assert late.tool_call_id == "call-echo-001"
-        assert late.is_error
-        assert "echo" in late.content
-        assert result.status == "completed"
-
-    def test_a_tool_that_registers_a_tool_during_the_run_does_not_reach_the_run(self) -> None:
-        executed: list[str] = []
-        registry = al.ToolRegistry()
 
         def register_echo(arguments: dict[str, Any], signal: Any) -> object:
             registry.register(echo_tool(executed))
             return "registered"
 
         registry.register(no_arguments_tool("register", register_echo))
+        first = call("register" if who == "a-tool-of-the-run" else "add", "call-1", {})
+        if first.name == "add":
+            first = add_call("call-1")
         model = al.ScriptedModel(
             [
-                tool_turn("response-001", call("register", "call-register-001", {})),
-                tool_turn("response-002", echo_call("call-echo-001")),
+                tool_turn("response-001", first),
+                tool_turn("response-002", echo_call("call-echo-001", "late")),
                 stop("response-003"),
             ]
         )
-        _events, result = settle(
-            al.run_agent_loop(messages=[user()], model=model, tools=registry, max_steps=3),
-            model,
-            max_steps=3,
-            start=[user()],
-        )
+        loop = al.run_agent_loop(messages=[user()], model=model, tools=registry, max_steps=3)
+        if who == "caller-after-the-call":
+            registry.register(echo_tool(executed))
+        events = until(loop, "model.chunk")
+        if who == "caller-during-the-run":
+            registry.register(echo_tool(executed))
+        more, result = al.settle_run(loop)
+        check_run([*events, *more], result, model, max_steps=3, start=[user()])
 
         assert "echo" in registry  # the caller's registry did change...
         assert executed == []  # ...but not the run's snapshot
         assert [[spec.name for spec in request.tools] for request in model.requests] == [
-            ["register"]
+            ["add", "register"]
         ] * 3
         late = result.messages[4]
         assert isinstance(late, al.ToolResultMessage)
-        assert late.tool_call_id == "call-echo-001"
-        assert late.is_error
+        assert (late.tool_call_id, late.is_error) == ("call-echo-001", True)
+        assert "echo" in late.content
         assert result.status == "completed"
+
+    @pytest.mark.hostile
+    def test_nothing_reachable_from_events_results_or_requests_is_mutable(self) -> None:
+        """Whatever the caller holds (events, the result, the requests a model saw), it
+        cannot change the run's transcript through it: all of it is frozen."""
+        model = al.ScriptedModel(
+            [
+                tool_turn(
+                    "response-001",
+                    text("A."),
+                    call("add", "call-1", {"left": 1, "right": 2}),
+                    echo_call("call-2", "e"),
+                ),
+                al.scripted_response("response-002", [text("3")], "stop"),
+            ]
+        )
+        echo_schema_tool = al.Tool(
+            "echo",
+            "Echoes.",
+            {"type": "object", "properties": {"text": {"type": "string", "enum": ["e", "f"]}}},
+            lambda a, s: {"echo": [a["text"]]},
+        )
+        events, result, _ = run(model, [add_tool(), echo_schema_tool])
+        assert result.status == "completed"
+        assert mutable_paths((tuple(events), result, tuple(model.requests))) == []
+
+    @pytest.mark.hostile
+    def test_mutation_attempts_leave_the_transcript_unchanged(self) -> None:
+        model = al.ScriptedModel(
+            [
+                tool_turn("response-001", text("Adding."), add_call("call-1")),
+                al.scripted_response("response-002", [text("3")], "stop"),
+            ]
+        )
+        run_: Any = al.run_agent_loop(
+            messages=[user()], model=model, tools=al.ToolRegistry([add_tool()]), max_steps=2
+        )
+        events: list[al.Event] = []
+        while True:
+            try:
+                event = run_.send(None) if not events else run_.send("ignored value")
+            except StopIteration as done:
+                result = done.value
+                break
+            events.append(event)
+            payload: Any = event.payload
+            with pytest.raises(TypeError):
+                payload["extra"] = 1
+            if event.type == "tool.started":
+                with pytest.raises(TypeError):
+                    event.payload["tool_call"].arguments["left"] = 100
+        check_run(events, result, model, max_steps=2, start=[user()])
+        assert result.status == "completed"
+        added = result.messages[2]
+        assert isinstance(added, al.ToolResultMessage)
+        assert added.content == '{"sum":42}'
 
 
 THREE_STEPS = (
@@ -2442,154 +2551,6 @@ class TestInterruptsAreNeverSwallowed:
         assert model.finalized == ["request-001"]
         with pytest.raises(StopIteration):
             next(run_)
-
-
-def mutable_paths(root: object) -> list[str]:
-    """Paths to every mutable container reachable from an object of the loop's API."""
-    found: list[str] = []
-    seen: set[int] = set()
-
-    def walk(value: object, path: str) -> None:
-        if id(value) in seen or value is None or isinstance(value, (str, int, float, bool)):
-            return
-        seen.add(id(value))
-        if isinstance(value, (list, dict, set, bytearray)):
-            found.append(path)
-        elif isinstance(value, MappingProxyType):
-            for key, item in value.items():
-                walk(item, f"{path}[{key!r}]")
-        elif isinstance(value, tuple):
-            for index, item in enumerate(value):
-                walk(item, f"{path}[{index}]")
-        elif dataclasses.is_dataclass(value):
-            for item in dataclasses.fields(value):
-                try:
-                    setattr(value, item.name, None)
-                except dataclasses.FrozenInstanceError:
-                    pass
-                else:
-                    found.append(f"{path}.{item.name} (assignable)")
-                walk(getattr(value, item.name), f"{path}.{item.name}")
-        else:
-            found.append(f"{path} ({type(value).__name__})")
-
-    walk(root, "root")
-    return found
-
-
-@pytest.mark.hostile
-class TestCallersCannotChangeTheRun:
-    """Seed: "The caller can later mutate its input array or register another Tool
-    without changing the active run.\""""
-
-    @staticmethod
-    def _script() -> al.ScriptedModel:
-        return al.ScriptedModel(
-            [
-                al.scripted_response(
-                    "response-001",
-                    [text("Adding."), call("add", "call-1", {"left": 1, "right": 2})],
-                    "toolCall",
-                ),
-                al.scripted_response("response-002", [text("3")], "stop"),
-            ]
-        )
-
-    def test_mutating_the_input_list_during_the_run(self) -> None:
-        messages: list[Any] = [user()]
-        model = self._script()
-        run_ = al.run_agent_loop(
-            messages=messages, model=model, tools=al.ToolRegistry([add_tool()]), max_steps=2
-        )
-        events: list[al.Event] = []
-        while True:
-            try:
-                events.append(next(run_))
-            except StopIteration as done:
-                result = done.value
-                break
-            messages.clear()
-            messages.append("not a message")
-        check_run(events, result, model, max_steps=2, start=[user()])
-        assert result.status == "completed"
-        assert model.requests[0].messages == (user(),)
-        assert model.requests[1].messages[0] == user()
-
-    def test_registering_a_tool_during_the_run(self) -> None:
-        registry = al.ToolRegistry([add_tool()])
-        executed: list[str] = []
-        model = al.ScriptedModel(
-            [
-                al.scripted_response(
-                    "response-001", [call("add", "call-1", {"left": 1, "right": 2})], "toolCall"
-                ),
-                al.scripted_response("response-002", [echo_call("call-2", "late")], "toolCall"),
-                al.scripted_response("response-003", [text("done")], "stop"),
-            ]
-        )
-        run_ = al.run_agent_loop(messages=[user()], model=model, tools=registry, max_steps=3)
-        events = until(run_, "model.chunk")
-        registry.register(echo_tool(executed))
-        more, result = al.settle_run(run_)
-        events += more
-        check_run(events, result, model, max_steps=3, start=[user()])
-        assert [[spec.name for spec in r.tools] for r in model.requests] == [["add"]] * 3
-        assert executed == []
-        late = result.messages[4]
-        assert isinstance(late, al.ToolResultMessage)
-        assert late.is_error is True
-
-    def test_nothing_reachable_from_events_results_or_requests_is_mutable(self) -> None:
-        """Whatever the caller holds (events, the result, the requests a model saw), it
-        cannot change the run's transcript through it: all of it is frozen."""
-        model = al.ScriptedModel(
-            [
-                al.scripted_response(
-                    "response-001",
-                    [
-                        text("A."),
-                        call("add", "call-1", {"left": 1, "right": 2}),
-                        echo_call("call-2", "e"),
-                    ],
-                    "toolCall",
-                ),
-                al.scripted_response("response-002", [text("3")], "stop"),
-            ]
-        )
-        echo_schema_tool = al.Tool(
-            "echo",
-            "Echoes.",
-            {"type": "object", "properties": {"text": {"type": "string", "enum": ["e", "f"]}}},
-            lambda a, s: {"echo": [a["text"]]},
-        )
-        events, result, _ = run(model, [add_tool(), echo_schema_tool])
-        assert result.status == "completed"
-        assert mutable_paths((tuple(events), result, tuple(model.requests))) == []
-
-    def test_mutation_attempts_leave_the_transcript_unchanged(self) -> None:
-        model = self._script()
-        run_: Any = al.run_agent_loop(
-            messages=[user()], model=model, tools=al.ToolRegistry([add_tool()]), max_steps=2
-        )
-        events: list[al.Event] = []
-        while True:
-            try:
-                event = run_.send(None) if not events else run_.send("ignored value")
-            except StopIteration as done:
-                result = done.value
-                break
-            events.append(event)
-            payload: Any = event.payload
-            with pytest.raises(TypeError):
-                payload["extra"] = 1
-            if event.type == "tool.started":
-                with pytest.raises(TypeError):
-                    event.payload["tool_call"].arguments["left"] = 100
-        check_run(events, result, model, max_steps=2, start=[user()])
-        assert result.status == "completed"
-        added = result.messages[2]
-        assert isinstance(added, al.ToolResultMessage)
-        assert added.content == '{"sum":3}'
 
 
 def bad_schema_plan(call_id: str) -> CallPlan:
@@ -5005,43 +4966,6 @@ class TestMisbehavingTools:
             assert block.to_dict()["arguments"] == arguments
         assert model.requests[1].messages[1] == assistant
         assert arguments == {"text": "t", "items": [1, [2]], "nested": {"key": "v"}}
-
-    def test_registering_tools_during_the_run_changes_nothing(self) -> None:
-        """Seed: "The caller can later ... register another Tool without changing the
-        active run." Even from inside a tool of that run."""
-        registry = al.ToolRegistry()
-        late_runs: list[str] = []
-        late = al.Tool("late", "Late.", {"type": "object"}, lambda a, s: late_runs.append("x"))
-
-        def registrar(arguments: dict[str, Any], signal: Any) -> object:
-            registry.register(late)
-            return "registered"
-
-        registry.register(al.Tool("registrar", "Registers.", {"type": "object"}, registrar))
-        model = al.ScriptedModel(
-            [
-                al.scripted_response(
-                    "response-001", [al.ToolCall("call-1", "registrar", {})], "toolCall"
-                ),
-                al.scripted_response(
-                    "response-002", [al.ToolCall("call-2", "late", {})], "toolCall"
-                ),
-                al.scripted_response("response-003", [text("done")], "stop"),
-            ]
-        )
-        _events, result = settle(
-            al.run_agent_loop(messages=[user()], model=model, tools=registry, max_steps=3),
-            model,
-            max_steps=3,
-            start=[user()],
-        )
-        assert "late" in registry
-        assert result.status == "completed"
-        assert [spec.name for spec in model.requests[2].tools] == ["registrar"]
-        unknown = result.messages[4]
-        assert isinstance(unknown, al.ToolResultMessage)
-        assert unknown.is_error is True
-        assert late_runs == []
 
     @pytest.mark.parametrize(
         "error",
