@@ -1,4 +1,18 @@
-"""Tests only: the builders, the one driver and check_run that the agent_loop test files share."""
+"""Tests only (not collected by pytest, not installed): what the agent_loop test files share.
+
+test_agent_loop.py, test_agent_loop_replay.py and test_docs_and_demo.py import their
+builders, their one fake model, their one driver and its checker from here:
+
+- builders in the seed's vocabulary: user(), call(), add_tool(), echo_tool(), stop(),
+  tool_turn(), ... and the tables of JSON that is not plain (NOT_PLAIN_JSON);
+- FakeModel, for what al.ScriptedModel cannot do (its docstring says what);
+- run() and settle(): the one driver, which checks the run's invariants (check_run) after
+  every run, and start_run() for tests that step, close or throw into a run.
+
+It is a plain module rather than a conftest.py: a test file imports from it by name, as
+it imports agent_loop, and mypy checks it like any module; pytest imports a conftest.py
+itself, under a name of its choosing, so importing from one is fragile.
+"""
 
 from __future__ import annotations
 
@@ -22,11 +36,11 @@ import pytest
 
 import agent_loop as al
 
-# --- The fixture layer: builders, the one fake model, the one driver -------------------
+# --- Builders, the one fake model, the one driver ---------------------------------------
 #
 # Every test builds its values with the builders below (the seed's own vocabulary), plays
-# a model with FakeModel and runs the loop with run(), which checks the run's invariants
-# (check_run) every time. Helpers that one class alone uses sit just above that class.
+# a model with al.ScriptedModel (FakeModel where a script cannot say it) and runs the loop
+# with run(), which checks the run's invariants (check_run) every time.
 
 
 # The seed's vocabulary: messages, calls, responses and tools.
@@ -311,22 +325,20 @@ returns (usually a generator) is the stream."""
 
 
 class FakeModel:
-    """The suite's one fake model: each call of stream() plays the next step of its script.
+    """The one fake model, for what al.ScriptedModel cannot do; everywhere else the tests
+    use al.ScriptedModel (run() builds one for a script of ScriptedResponses only).
 
-    A step is either a ScriptedResponse, played as al.ScriptedModel plays it (each block of
-    its chunks, else of its content, as one chunk with the active request id, then its
-    response), or a Step function for everything a script cannot say (raising, blocking,
-    foreign ids, wrong types). Like al.ScriptedModel it records ``requests`` and counts
-    ``call_count``, and a call with no step left raises RuntimeError. ``finalized`` lists
-    the request ids whose stream's ``finally`` ran, ``exits`` those whose stream was closed
-    while suspended; ``held`` copies what each request held when it was made, and
-    ``signals`` lists the signal each call received.
-
-    Why a model of our own rather than al.ScriptedModel: a ScriptedModel replays only
-    well-behaved turns, while the loop's tests also need models that raise, block, reuse
-    ids or return the wrong types. FakeModel plays both kinds in one script, so every test
-    speaks to the same model. al.ScriptedModel still runs where a test is about it: the
-    seed's golden fragments, ScriptedModel.from_transcript, a script that runs out.
+    Why it exists: a ScriptedModel plays only well-formed turns, and the loop's tests also
+    need models that raise (from stream() or from its generator), block on the signal,
+    never end, yield chunks or return responses of the wrong type or with foreign ids, and
+    streams whose closing can be observed. Each call of stream() plays the next step of its
+    script: a ScriptedResponse is played as al.ScriptedModel plays it (each block of its
+    chunks, else of its content, as one chunk with the active request id, then its
+    response), a Step function does anything else. Like al.ScriptedModel it records
+    ``requests`` and counts ``call_count``, and a call with no step left raises
+    RuntimeError. What only it records: ``finalized``, the request ids whose stream's
+    ``finally`` ran; ``exits``, those whose stream was closed while suspended; ``held``, a
+    copy of what each request held when it was made.
     """
 
     def __init__(self, *steps: al.ScriptedResponse | Step) -> None:
@@ -336,13 +348,11 @@ class FakeModel:
         self.finalized: list[str] = []
         self.exits: list[str] = []
         self.held: list[list[al.Message]] = []
-        self.signals: list[Any] = []
 
     def stream(self, request: al.ModelRequest, signal: Any) -> Any:
         self.call_count += 1
         self.requests.append(request)
         self.held.append(list(request.messages))
-        self.signals.append(signal)
         if self.call_count > len(self._steps):
             raise RuntimeError(f"FakeModel has no step left for {request.id}")
         step = self._steps[self.call_count - 1]

@@ -1463,30 +1463,76 @@ class TestFailureCodes:
         assert_failed(events, result, "MODEL_PROTOCOL_ERROR")
         assert result.messages == (user(),)
 
-    def test_model_stream_error_when_the_stream_raises_after_a_chunk(self) -> None:
-        def breaks(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
-            yield al.TextDelta(request.id, "The sum")
-            raise ConnectionError("the socket closed")
+    @pytest.mark.parametrize(
+        ("how", "chunks", "message"),
+        [
+            pytest.param("stream()-raises", 0, "no route to the model", id="stream()-raises"),
+            pytest.param("stop-iteration-from-stream()", 0,
+                         "model.stream() raised StopIteration: no stream",
+                         id="StopIteration-from-stream()"),
+            pytest.param(0, 0, "ConnectionResetError", id="the-stream-raises-at-once"),
+            pytest.param(1, 1, "ConnectionResetError", id="the-stream-raises-after-a-call-chunk"),
+            pytest.param(3, 3, "ConnectionResetError", id="the-stream-raises-after-3-chunks"),
+            pytest.param("stop-iteration-inside", 1, "RuntimeError",
+                         id="StopIteration-inside-the-generator"),
+            pytest.param("base-exception", 1, "the model's stream raised Fatal: stop here",
+                         id="a-BaseException-from-the-stream"),
+        ],
+    )  # fmt: skip
+    def test_model_stream_error_when_the_model_fails(
+        self, how: str | int, chunks: int, message: str
+    ) -> None:
+        """The module docstring: "any other exception from a model fails the run with
+        MODEL_STREAM_ERROR"; the chunks before it have events, nothing is appended, and
+        a tool call already announced never runs. A StopIteration raised by stream() is a
+        failure like any other, never a RuntimeError out of the run (PEP 479); one raised
+        inside the generator is a stream error, never a silently empty response."""
+        raised: BaseException = ConnectionResetError("peer")
 
-        events, result, _ = run(FakeModel(breaks))
+        def stream(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
+            nonlocal raised
+            if how == "stream()-raises":
+                raised = ConnectionError("no route to the model")
+                raise raised
+            if how == "stop-iteration-from-stream()":
+                raised = StopIteration("no stream")
+                raise raised
+            return streaming(model, request)
 
-        assert_failed(events, result, "MODEL_STREAM_ERROR")
-        assert types_of(events) == ["message.accepted", "model.chunk", "run.finished"]
-        assert "the socket closed" in result.error.message  # type: ignore[union-attr]
+        def streaming(model: FakeModel, request: al.ModelRequest) -> Generator[Any, None, Any]:
+            nonlocal raised
+            try:
+                if isinstance(how, int):
+                    items: list[al.ModelChunk] = [
+                        al.ToolCallChunk(request.id, echo_call("call-1", "a"))
+                    ]
+                    items += [al.TextDelta(request.id, "b"), al.TextDelta(request.id, "c")]
+                    yield from items[:how]
+                    raise raised
+                yield al.TextDelta(request.id, "x")
+                if how == "stop-iteration-inside":
+                    raise StopIteration
+                raised = Fatal("stop here")
+                raise raised
+            finally:
+                model.finalized.append(request.id)
+
+        executed: list[str] = []
+        model = FakeModel(stream, turn("response-unused", [text("unused")], "stop"))
+        events, result, _ = run(model, [echo_tool(executed)])
+
+        assert_failed(events, result, "MODEL_STREAM_ERROR", message)
+        assert types_of(events) == ["message.accepted", *["model.chunk"] * chunks, "run.finished"]
         assert result.messages == (user(),)
-        assert result.steps == 1
-
-    def test_model_stream_error_when_model_stream_itself_raises(self) -> None:
-        def refuses(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
-            raise ConnectionError("no route to the model")
-
-        model = FakeModel(refuses)
-        events, result, _ = run(model)
-
-        assert_failed(events, result, "MODEL_STREAM_ERROR")
-        assert types_of(events) == ["message.accepted", "run.finished"]
-        assert "no route to the model" in result.error.message  # type: ignore[union-attr]
         assert result.steps == model.call_count == 1
+        assert executed == []
+        assert model.finalized == ([] if "stream()" in str(how) else ["request-001"])
+        assert result.error is not None
+        if how != "stop-iteration-inside":
+            assert result.error.exception is raised
+        if how in ("base-exception", "stop-iteration-from-stream()"):
+            assert result.error.message == message
+            assert result.error.to_dict() == {"code": "MODEL_STREAM_ERROR", "message": message}
 
     def test_model_stream_error_when_a_scripted_model_runs_out_of_responses(self) -> None:
         events, result, model = run([tool_turn("response-001", add_call())], tools=[add_tool()])
@@ -1499,102 +1545,49 @@ class TestFailureCodes:
         assert result.messages == round_one
         assert result.steps == 2
 
-    def test_tool_phase_error_when_a_tool_raises_a_base_exception(self) -> None:
-        def fatal(arguments: dict[str, Any], signal: Any) -> object:
-            raise Fatal("the disk caught fire")
+    @pytest.mark.parametrize(
+        "error",
+        [
+            pytest.param(Fatal("the disk caught fire"), id="BaseException"),
+            pytest.param(GeneratorExit(), id="GeneratorExit"),
+        ],
+    )
+    def test_tool_phase_error_when_a_tool_raises_a_base_exception(
+        self, error: BaseException
+    ) -> None:
+        """API: TOOL_PHASE_ERROR is "a tool phase that cannot be turned into a linked
+        result message": the call stays open, no result is fabricated, and the calls
+        after it never run."""
 
+        def fatal(arguments: dict[str, Any], signal: Any) -> object:
+            raise error
+
+        executed: list[str] = []
         fatal_call = call("fatal", "call-fatal-001", {})
         events, result, model = run(
-            [tool_turn("response-001", fatal_call, add_call()), stop("response-002")],
-            tools=[no_arguments_tool("fatal", fatal), add_tool()],
+            [
+                tool_turn("response-001", fatal_call, echo_call("call-echo-001")),
+                stop("response-002"),
+            ],
+            tools=[no_arguments_tool("fatal", fatal), echo_tool(executed)],
             signal=threading.Event(),
         )
 
-        assert_failed(events, result, "TOOL_PHASE_ERROR")
-        assert "the disk caught fire" in result.error.message  # type: ignore[union-attr]
+        assert_failed(events, result, "TOOL_PHASE_ERROR", str(error))
+        assert result.error is not None
+        assert result.error.exception is error
         assert types_of(events)[-2:] == ["tool.started", "run.finished"]
         assert "tool.finished" not in types_of(events)
-        assert result.messages == (user(), assistant("response-001", fatal_call, add_call()))
-        assert open_call_ids(result.messages) == ["call-fatal-001", "call-add-001"]
+        assert result.messages == (
+            user(),
+            assistant("response-001", fatal_call, echo_call("call-echo-001")),
+        )
+        assert open_call_ids(result.messages) == ["call-fatal-001", "call-echo-001"]
+        assert executed == []
         assert model.call_count == 1
 
-    @pytest.mark.parametrize(
-        "interrupt",
-        [
-            pytest.param(KeyboardInterrupt(), id="KeyboardInterrupt"),
-            pytest.param(SystemExit(3), id="SystemExit"),
-        ],
-    )
-    def test_keyboard_interrupt_and_system_exit_from_a_tool_propagate_unchanged(
-        self, interrupt: BaseException
-    ) -> None:
-        def interrupted(arguments: dict[str, Any], signal: Any) -> object:
-            raise interrupt
-
-        loop = al.run_agent_loop(
-            messages=[user()],
-            model=al.ScriptedModel(
-                [tool_turn("response-001", call("stop-me", "call-stop-me-001", {}))]
-            ),
-            tools=al.ToolRegistry([no_arguments_tool("stop-me", interrupted)]),
-            max_steps=1,
-        )
-        seen = [next(loop).type for _ in range(3)]
-        assert seen == ["message.accepted", "model.chunk", "tool.started"]
-        with pytest.raises(type(interrupt)) as raised:
-            next(loop)  # runs the tool
-
-        assert raised.value is interrupt
-        assert list(loop) == []  # the generator is finished: nothing is swallowed or resumed
-
-
-class TestModelFailures:
-    """The module docstring: "any other exception from a model fails the run with
-    MODEL_STREAM_ERROR"; "RunError.exception ... is not part of to_dict() or of
-    equality"."""
-
-    def test_stop_iteration_from_stream_itself_fails_the_run(self) -> None:
-        """A StopIteration raised by stream() (not by its generator) is a failure like any
-        other, never a RuntimeError out of the run (PEP 479)."""
-        raised = StopIteration("no stream")
-
-        def stream(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
-            raise raised
-
-        events, result, _ = run(FakeModel(stream))
-        assert failure_message(result, "MODEL_STREAM_ERROR") == (
-            "model.stream() raised StopIteration: no stream"
-        )
-        assert result.error is not None
-        assert result.error.exception is raised
-        assert types_of(events)[-1] == "run.finished"
-
-    def test_a_base_exception_from_the_stream(self) -> None:
-        raised = Fatal("stop here")
-
-        def stream(
-            model: FakeModel, request: al.ModelRequest, signal: al.Signal
-        ) -> Generator[al.ModelChunk, None, al.ModelResponse]:
-            yield al.TextDelta(request.id, "partial")
-            raise raised
-
-        events, result, _ = run(FakeModel(stream))
-        assert failure_message(result, "MODEL_STREAM_ERROR") == (
-            "the model's stream raised Fatal: stop here"
-        )
-        assert result.error is not None
-        assert result.error.exception is raised
-        assert result.error.to_dict() == {
-            "code": "MODEL_STREAM_ERROR",
-            "message": "the model's stream raised Fatal: stop here",
-        }
-        assert [event.type for event in events] == [
-            "message.accepted",
-            "model.chunk",
-            "run.finished",
-        ]
-
     def test_run_errors_differing_only_in_exception_are_equal(self) -> None:
+        """API: "RunError.exception ... is not part of to_dict() or of equality"."""
         first = al.RunError("MODEL_STREAM_ERROR", "m", ValueError("a"))
         second = al.RunError("MODEL_STREAM_ERROR", "m", KeyError("b"))
         assert first == second
@@ -2546,7 +2539,7 @@ class TestInterruptsAreNeverSwallowed:
         with pytest.raises(error_type) as raised:
             drain(run_, events)
         assert raised.value is error
-        assert types_of(events)[-1] == "tool.started"
+        assert types_of(events) == ["message.accepted", *["model.chunk"] * 2, "tool.started"]
         assert executed == []  # the next call of the batch never ran
         assert model.finalized == ["request-001"]
         with pytest.raises(StopIteration):
@@ -3537,30 +3530,6 @@ class TestMalformedModelOutput:
         _, _, model, _ = self._failed(endless, "MODEL_PROTOCOL_ERROR", al.MAX_STEP_CHUNKS)
         assert len(pulled) == al.MAX_STEP_CHUNKS + 1
         assert model.finalized == ["request-001"]
-
-    @pytest.mark.parametrize("after", [0, 1, 3])
-    def test_stream_that_raises_after_some_chunks(self, after: int) -> None:
-        """The chunks before it have events; the announced tool call never runs."""
-        stream: list[object] = [echo_call("call-1", "a"), text("b"), text("c")][:after]
-        step = stream_step(
-            [*stream, raise_error(ConnectionResetError("peer"))], respond("r", [], "stop")
-        )
-        _, result, model, _ = self._failed(step, "MODEL_STREAM_ERROR", after)
-        assert result.error is not None
-        assert "ConnectionResetError" in result.error.message
-        assert model.finalized == ["request-001"]
-
-    def test_stream_that_raises_stop_iteration_inside(self) -> None:
-        """PEP 479 turns it into RuntimeError inside the model: a stream error, not a
-        silently empty response."""
-
-        def stop_early(
-            model: FakeModel, request: al.ModelRequest, signal: Any
-        ) -> Generator[object, None, object]:
-            yield al.TextDelta(request.id, "x")
-            raise StopIteration
-
-        self._failed(stop_early, "MODEL_STREAM_ERROR", 1)
 
     @pytest.mark.parametrize(
         ("step", "chunk_events"),
@@ -4668,31 +4637,6 @@ class TestExecuteToolCall:
         assert seen[0] is signal
 
     @pytest.mark.parametrize(
-        "given", [pytest.param(True, id="given"), pytest.param(False, id="default")]
-    )
-    def test_tools_receive_the_runs_signal(self, given: bool) -> None:
-        """The model and every tool receive the run's signal: the same object."""
-        seen: list[Any] = []
-        tool = al.Tool("probe", "", {"type": "object"}, lambda a, signal: seen.append(signal))
-        model = FakeModel(  # it records the signal that each stream() call receives
-            al.scripted_response(
-                "response-001",
-                [call("probe", "call-001", {}), call("probe", "call-002", {})],
-                "toolCall",
-            ),
-            al.scripted_response("response-002", [text("done")], "stop"),
-        )
-        model_signals = model.signals
-        signal = threading.Event() if given else None
-        _, result, _ = run(model, [tool], max_steps=2, signal=signal)
-        assert result.status == "completed"
-        assert len(seen) == 2
-        assert len(model_signals) == 2
-        expected = signal if given else model_signals[0]
-        assert expected is not None
-        assert all(item is expected for item in seen + model_signals)
-
-    @pytest.mark.parametrize(
         "make",
         [
             pytest.param(lambda: {"x": float("nan")}, id="nan"),
@@ -4966,36 +4910,6 @@ class TestMisbehavingTools:
             assert block.to_dict()["arguments"] == arguments
         assert model.requests[1].messages[1] == assistant
         assert arguments == {"text": "t", "items": [1, [2]], "nested": {"key": "v"}}
-
-    @pytest.mark.parametrize(
-        "error",
-        [
-            pytest.param(Abort(), id="BaseException"),
-            pytest.param(GeneratorExit(), id="GeneratorExit"),
-        ],
-    )
-    def test_base_exception_is_a_tool_phase_error_without_a_result(
-        self, error: BaseException
-    ) -> None:
-        """API: TOOL_PHASE_ERROR is "a tool phase that cannot be turned into a linked
-        result message": the call stays open, no result is fabricated."""
-
-        def abort(arguments: dict[str, Any], signal: Any) -> object:
-            raise error
-
-        executed: list[str] = []
-        tools = [al.Tool("abort", "Aborts.", {"type": "object"}, abort), echo_tool(executed)]
-        call_1 = al.ToolCall("call-1", "abort", {})
-        model = al.ScriptedModel(
-            [al.scripted_response("response-001", [call_1, echo_call("call-2", "b")], "toolCall")]
-        )
-        events, result, _ = run(model, tools)
-        assert result.status == "failed"
-        assert result.error is not None
-        assert result.error.code == "TOOL_PHASE_ERROR"
-        assert types_of(events)[-2:] == ["tool.started", "run.finished"]
-        assert [m.id for m in result.messages] == ["user-001", "message-response-001"]
-        assert executed == []
 
     def test_tool_that_drives_the_run_reentrantly_is_recoverable(self) -> None:
         """A tool that calls next() on the very run it is part of gets ValueError
