@@ -1001,6 +1001,54 @@ def opaque(arguments: dict[str, Any], signal: Any) -> object:
     return {1, 2}
 
 
+class UnprintableError(Exception):
+    """An exception whose str() itself raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no message for you")
+
+
+def cyclic_value() -> object:
+    value: list[Any] = []
+    value.append(value)
+    return value
+
+
+def raising(error: BaseException) -> Callable[[dict[str, Any], Any], object]:
+    """A tool function that raises ``error``."""
+
+    def execute(arguments: dict[str, Any], signal: Any) -> object:
+        raise error
+
+    return execute
+
+
+def returns(value: object) -> Callable[[dict[str, Any], Any], object]:
+    """A tool function that returns ``value``."""
+    return lambda arguments, signal: value
+
+
+RAISED = [
+    pytest.param(ValueError("bad value"), id="raises-ValueError"),
+    pytest.param(RuntimeError(), id="raises-RuntimeError-without-message"),
+    pytest.param(RecursionError("deep"), id="raises-RecursionError"),
+    pytest.param(StopIteration("leaked"), id="raises-StopIteration"),
+    pytest.param(UnprintableError(), id="raises-an-exception-whose-str-raises"),
+]
+
+
+NOT_JSON_RETURNS = [
+    pytest.param(object(), id="returns-an-object"),
+    pytest.param({1, 2}, id="returns-a-set"),
+    pytest.param(b"bytes", id="returns-bytes"),
+    pytest.param(float("nan"), id="returns-NaN"),
+    pytest.param({"x": float("inf")}, id="returns-nested-Infinity"),
+    pytest.param({(1, 2): "tuple key"}, id="returns-a-tuple-key"),
+    pytest.param(cyclic_value(), id="returns-a-cyclic-value"),
+    pytest.param(nested(100_001, "array"), id="returns-JSON-nested-100000-deep"),
+]
+
+
 class TestRecoverableToolErrors:
     @pytest.mark.parametrize(
         ("tool_call", "tools", "named"),
@@ -1029,6 +1077,26 @@ class TestRecoverableToolErrors:
                 "opaque",
                 id="non-json-return",
             ),
+            *[
+                pytest.param(
+                    call("flaky", "call-flaky-001", {}),
+                    [no_arguments_tool("flaky", raising(cast(BaseException, case.values[0])))],
+                    type(case.values[0]).__name__,
+                    id=case.id,
+                    marks=HOSTILE,
+                )
+                for case in RAISED
+            ],
+            *[
+                pytest.param(
+                    call("odd", "call-odd-001", {}),
+                    [no_arguments_tool("odd", returns(case.values[0]))],
+                    "odd",
+                    id=case.id,
+                    marks=HOSTILE,
+                )
+                for case in NOT_JSON_RETURNS
+            ],
         ],
     )
     def test_a_tool_error_is_a_linked_result_that_reaches_the_continuation(
@@ -4784,21 +4852,8 @@ class TestRecoverableExceptionsAreLogged:
         assert type(handlers[0]) is logging.NullHandler
 
 
-class UnprintableError(Exception):
-    """An exception whose str() itself raises."""
-
-    def __str__(self) -> str:
-        raise RuntimeError("no message for you")
-
-
 class Abort(BaseException):
     """A BaseException that is neither KeyboardInterrupt nor SystemExit."""
-
-
-def cyclic_value() -> object:
-    value: list[Any] = []
-    value.append(value)
-    return value
 
 
 @pytest.mark.hostile
@@ -4820,50 +4875,6 @@ class TestMisbehavingTools:
         )
         events, result, _ = run(model, [tool])
         return events, result, model
-
-    @pytest.mark.parametrize(
-        "error",
-        [
-            pytest.param(ValueError("bad value"), id="ValueError"),
-            pytest.param(RuntimeError(), id="RuntimeError-without-message"),
-            pytest.param(RecursionError("deep"), id="RecursionError"),
-            pytest.param(StopIteration("leaked"), id="StopIteration"),
-            pytest.param(UnprintableError(), id="exception-whose-str-raises"),
-        ],
-    )
-    def test_raising_an_exception_is_recoverable(self, error: Exception) -> None:
-        def raising(arguments: dict[str, Any], signal: Any) -> object:
-            raise error
-
-        tool = al.Tool("flaky", "Raises.", {"type": "object"}, raising)
-        _, result, model = self._one_call_then_stop(tool)
-        assert result.status == "completed"
-        tool_result = result.messages[2]
-        assert isinstance(tool_result, al.ToolResultMessage)
-        assert tool_result.is_error is True
-        assert type(error).__name__ in tool_result.content
-        assert model.requests[1].messages[-1] == tool_result  # sent to the next request
-
-    @pytest.mark.parametrize(
-        "value",
-        [
-            pytest.param(object(), id="object"),
-            pytest.param({1, 2}, id="set"),
-            pytest.param(b"bytes", id="bytes"),
-            pytest.param(float("nan"), id="NaN"),
-            pytest.param({"x": float("inf")}, id="nested-Infinity"),
-            pytest.param({(1, 2): "tuple key"}, id="tuple-key"),
-            pytest.param(cyclic_value(), id="cyclic"),
-            pytest.param(nested(100_001, "array"), id="nested-100000-deep"),
-        ],
-    )
-    def test_returning_a_non_json_value_is_recoverable(self, value: object) -> None:
-        tool = al.Tool("odd", "Returns odd things.", {"type": "object"}, lambda a, s: value)
-        _, result, _ = self._one_call_then_stop(tool)
-        assert result.status == "completed"
-        tool_result = result.messages[2]
-        assert isinstance(tool_result, al.ToolResultMessage)
-        assert tool_result.is_error is True
 
     def test_returning_a_huge_string_is_kept_verbatim(self) -> None:
         huge = "y" * 5_000_000
