@@ -83,6 +83,7 @@ from loop_testing import (
     respond,
     run,
     run_probe_call,
+    same_json,
     settle,
     shared_array,
     start_run,
@@ -3822,6 +3823,99 @@ def assert_rejected(
     assert received == []
 
 
+def one_property(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """Parameters whose one required property ``v`` has this schema."""
+    return {"type": "object", "properties": {"v": schema}, "required": ["v"]}
+
+
+INTEGER_N = {"type": "object", "properties": {"n": {"type": "integer"}}}
+INTEGER_XS = {
+    "type": "object",
+    "properties": {"xs": {"type": "array", "items": {"type": "integer"}}},
+}
+ITEM_N = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+OBJECT_XS = {"type": "object", "properties": {"xs": {"type": "array", "items": ITEM_N}}}
+INNER = {
+    "type": "object",
+    "properties": {"inner": {**ITEM_N, "additionalProperties": False}},
+    "required": ["inner"],
+}
+ANNOTATED = {
+    "type": "object",
+    "title": "Probe",
+    "description": "The probe's arguments.",
+    "properties": {"n": {"type": "integer", "description": "A number.", "title": "N"}},
+}
+
+
+SCHEMA_CASES = [
+    # Each type accepts its own kind and rejects the others; a number also accepts an integer.
+    *[
+        pytest.param(one_property({"type": schema_type}), {"v": value},
+                     None if kind == schema_type or (schema_type, kind) == ("number", "integer")
+                     else ("$.v", schema_type, kind),
+                     id=f"type-{schema_type}-given-{kind}")
+        for schema_type in EXAMPLE_OF_TYPE
+        for kind, value in EXAMPLE_OF_TYPE.items()
+    ],
+    # bool is never a number or an integer.
+    *[
+        pytest.param(one_property({"type": schema_type}), {"v": value},
+                     ("$.v", schema_type, "boolean"), id=f"{value}-is-no-{schema_type}")
+        for schema_type in ("number", "integer")
+        for value in (True, False)
+    ],
+    *[pytest.param(one_property({"type": "number"}), {"v": value}, None,
+                   id=f"int-{value}-is-a-number")
+      for value in (0, 42, -7, 2**70)],
+    # The documented choice: a schema integer is an int, never a float (even 1.0).
+    *[pytest.param(one_property({"type": "integer"}), {"v": value}, ("$.v", "integer", "number"),
+                   id=f"float-{value}-is-no-integer")
+      for value in (1.0, 0.0, -3.0, 1.5)],
+    pytest.param(NUMBERS, {"left": 20, "right": "22"}, ("$.right", "number", "string"),
+                 id="properties-are-checked"),
+    pytest.param(NUMBERS, {"left": 20}, ("required", "'right'"), id="a-missing-required-property"),
+    pytest.param(NUMBERS, {"left": 20, "right": 22.5}, None, id="required-properties-present"),
+    pytest.param(NUMBERS, {"left": 1, "right": 2, "extra": 3}, ("unexpected", "'extra'"),
+                 id="additionalProperties-false-rejects-an-extra"),
+    pytest.param(INTEGER_N, {"n": 1, "extra": [None]}, None, id="additionalProperties-default"),
+    pytest.param({**INTEGER_N, "additionalProperties": True}, {"n": 1, "extra": [None]}, None,
+                 id="additionalProperties-true"),
+    pytest.param({**INTEGER_N, "additionalProperties": True}, {"n": "one", "extra": 1},
+                 ("$.n", "integer"), id="additionalProperties-true-checks-declared-properties"),
+    pytest.param(INTEGER_XS, {"xs": [1, 2, 3]}, None, id="items-pass"),
+    pytest.param(INTEGER_XS, {"xs": [1, "two", 3]}, ("$.xs[1]", "integer", "string"),
+                 id="items-names-the-index"),
+    pytest.param(OBJECT_XS, {"xs": [{"n": 1}, {"n": 2}]}, None, id="items-of-objects-pass"),
+    pytest.param(OBJECT_XS, {"xs": [{"n": 1}, {"n": "x"}]}, ("$.xs[1].n",),
+                 id="items-path-reaches-into-objects"),
+    pytest.param(OBJECT_XS, {"xs": [{"n": 1}, {}, {"n": 3}]}, ("$.xs[1]", "'n'"),
+                 id="items-path-names-a-missing-property"),
+    *[pytest.param(one_property({"enum": ENUM_VALUES}), {"v": value}, None,
+                   id=f"enum-accepts-{name}")
+      for name, value in [("1", 1), ("a", "a"), ("null", None), ("array", [1, 2]),
+                          ("object", {"k": True})]],
+    # The documented choice: enum compares as strict JSON, so True is not 1.
+    *[pytest.param(one_property({"enum": ENUM_VALUES}), {"v": value}, ("$.v", "one of"),
+                   id=f"enum-is-strict-{name}")
+      for name, value in [("true-is-not-1", True), ("1.0-is-not-1", 1.0), ("b", "b"),
+                          ("array-of-float", [1, 2.0]), ("array-order", [2, 1]),
+                          ("object-1-is-not-true", {"k": 1}), ("0", 0)]],
+    pytest.param(one_property({"enum": [True]}), {"v": 1}, ("$.v", "one of"),
+                 id="enum-true-rejects-1"),
+    pytest.param(one_property({"enum": [True]}), {"v": True}, None, id="enum-true-accepts-true"),
+    # Nested objects are checked at every level.
+    pytest.param(INNER, {"inner": {"n": 1}}, None, id="nested-pass"),
+    pytest.param(INNER, {"inner": {}}, ("$.inner", "required", "'n'"), id="nested-required"),
+    pytest.param(INNER, {"inner": {"n": 1, "x": 2}}, ("$.inner", "unexpected", "'x'"),
+                 id="nested-additionalProperties"),
+    pytest.param(INNER, {"inner": {"n": "one"}}, ("$.inner.n", "integer"), id="nested-type"),
+    pytest.param(INNER, {"inner": [1]}, ("$.inner", "object", "array"), id="nested-not-an-object"),
+    pytest.param(ANNOTATED, {"n": 1}, None, id="annotations-are-accepted"),
+]  # fmt: skip
+"""(parameters, arguments, None if accepted, else the words the error result names)."""
+
+
 class TestToolSchemas:
     """A tool's parameters are a JSON Schema subset: "type (object, string, number, integer,
     boolean, array, null), properties, required, additionalProperties (bool), items, enum.
@@ -3843,163 +3937,18 @@ class TestToolSchemas:
         with pytest.raises(ValueError, match="enum member 0 is no value arguments may hold: "):
             al.Tool("t", "d", schema, lambda arguments, signal: "ok")
 
-    @pytest.mark.parametrize("kind", list(EXAMPLE_OF_TYPE))
-    @pytest.mark.parametrize("schema_type", list(EXAMPLE_OF_TYPE))
-    def test_type_accepts_its_kind_and_rejects_others(self, schema_type: str, kind: str) -> None:
-        """Each type accepts its own kind; a number also accepts an integer."""
-        result, received = execute_probe_property({"type": schema_type}, EXAMPLE_OF_TYPE[kind])
-        if kind == schema_type or (schema_type, kind) == ("number", "integer"):
+    @pytest.mark.parametrize(("parameters", "arguments", "rejected"), SCHEMA_CASES)
+    def test_arguments_are_checked_against_the_schema(
+        self, parameters: Any, arguments: Any, rejected: tuple[str, ...] | None
+    ) -> None:
+        """Accepted arguments reach the tool exactly; rejected ones are a recoverable
+        result that names the path and the problem, and the tool does not run."""
+        result, received = execute_probe(parameters, arguments)
+        if rejected is None:
             assert_accepted(result, received)
+            assert same_json(received[0], arguments)
         else:
-            assert_rejected(result, received, "$.v", schema_type, kind)
-
-    @pytest.mark.parametrize("value", [True, False])
-    @pytest.mark.parametrize("schema_type", ["number", "integer"])
-    def test_bool_is_never_a_number_or_an_integer(self, schema_type: str, value: bool) -> None:
-        result, received = execute_probe_property({"type": schema_type}, value)
-        assert_rejected(result, received, "$.v", schema_type, "boolean")
-
-    @pytest.mark.parametrize("value", [0, 42, -7, 2**70])
-    def test_an_int_is_a_number(self, value: int) -> None:
-        result, received = execute_probe_property({"type": "number"}, value)
-        assert_accepted(result, received)
-        assert received[0]["v"] == value
-
-    @pytest.mark.parametrize("value", [1.0, 0.0, -3.0, 1.5])
-    def test_a_float_is_not_an_integer(self, value: float) -> None:
-        """The documented choice: a schema integer is an int, never a float (even 1.0)."""
-        result, received = execute_probe_property({"type": "integer"}, value)
-        assert_rejected(result, received, "$.v", "integer", "number")
-
-    def test_properties_are_checked(self) -> None:
-        result, received = execute_probe(NUMBERS, {"left": 20, "right": "22"})
-        assert_rejected(result, received, "$.right", "number", "string")
-
-    def test_a_missing_required_property_is_named(self) -> None:
-        result, received = execute_probe(NUMBERS, {"left": 20})
-        assert_rejected(result, received, "required", "'right'")
-
-    def test_required_properties_present_pass(self) -> None:
-        result, received = execute_probe(NUMBERS, {"left": 20, "right": 22.5})
-        assert_accepted(result, received)
-        assert received == [{"left": 20, "right": 22.5}]
-
-    def test_additional_properties_false_rejects_an_extra_property(self) -> None:
-        result, received = execute_probe(NUMBERS, {"left": 1, "right": 2, "extra": 3})
-        assert_rejected(result, received, "unexpected", "'extra'")
-
-    @pytest.mark.parametrize(
-        "parameters",
-        [
-            pytest.param(
-                {"type": "object", "properties": {"n": {"type": "integer"}}}, id="default"
-            ),
-            pytest.param(
-                {
-                    "type": "object",
-                    "properties": {"n": {"type": "integer"}},
-                    "additionalProperties": True,
-                },
-                id="true",
-            ),
-        ],
-    )
-    def test_additional_properties_are_allowed_otherwise(self, parameters: Any) -> None:
-        result, received = execute_probe(parameters, {"n": 1, "extra": [None]})
-        assert_accepted(result, received)
-        assert received == [{"n": 1, "extra": [None]}]
-
-    def test_additional_properties_true_still_checks_declared_properties(self) -> None:
-        parameters = {
-            "type": "object",
-            "properties": {"n": {"type": "integer"}},
-            "additionalProperties": True,
-        }
-        result, received = execute_probe(parameters, {"n": "one", "extra": 1})
-        assert_rejected(result, received, "$.n", "integer")
-
-    def test_items_checks_each_element_and_names_its_index(self) -> None:
-        parameters = {
-            "type": "object",
-            "properties": {"xs": {"type": "array", "items": {"type": "integer"}}},
-        }
-        result, received = execute_probe(parameters, {"xs": [1, 2, 3]})
-        assert_accepted(result, received)
-        result, received = execute_probe(parameters, {"xs": [1, "two", 3]})
-        assert_rejected(result, received, "$.xs[1]", "integer", "string")
-
-    def test_items_path_reaches_into_nested_objects(self) -> None:
-        item = {
-            "type": "object",
-            "properties": {"n": {"type": "integer"}},
-            "required": ["n"],
-        }
-        parameters = {
-            "type": "object",
-            "properties": {"xs": {"type": "array", "items": item}},
-        }
-        result, received = execute_probe(parameters, {"xs": [{"n": 1}, {"n": 2}]})
-        assert_accepted(result, received)
-        result, received = execute_probe(parameters, {"xs": [{"n": 1}, {"n": "x"}]})
-        assert_rejected(result, received, "$.xs[1].n")
-        result, received = execute_probe(parameters, {"xs": [{"n": 1}, {}, {"n": 3}]})
-        assert_rejected(result, received, "$.xs[1]", "'n'")
-
-    @pytest.mark.parametrize(
-        "value",
-        [
-            pytest.param(1, id="1"),
-            pytest.param("a", id="a"),
-            pytest.param(None, id="null"),
-            pytest.param([1, 2], id="array"),
-            pytest.param({"k": True}, id="object"),
-        ],
-    )
-    def test_enum_accepts_its_values(self, value: Any) -> None:
-        result, received = execute_probe_property({"enum": ENUM_VALUES}, value)
-        assert_accepted(result, received)
-
-    @pytest.mark.parametrize(
-        "value",
-        [
-            pytest.param(True, id="true-is-not-1"),
-            pytest.param(1.0, id="1.0-is-not-1"),
-            pytest.param("b", id="b"),
-            pytest.param([1, 2.0], id="array-of-float"),
-            pytest.param([2, 1], id="array-order"),
-            pytest.param({"k": 1}, id="object-1-is-not-true"),
-            pytest.param(0, id="0"),
-        ],
-    )
-    def test_enum_is_strict(self, value: Any) -> None:
-        """The documented choice: enum compares as strict JSON, so True is not 1."""
-        result, received = execute_probe_property({"enum": ENUM_VALUES}, value)
-        assert_rejected(result, received, "$.v", "one of")
-
-    def test_enum_of_true_rejects_1(self) -> None:
-        result, received = execute_probe_property({"enum": [True]}, 1)
-        assert_rejected(result, received, "$.v", "one of")
-        result, received = execute_probe_property({"enum": [True]}, True)
-        assert_accepted(result, received)
-
-    def test_nested_objects_are_checked_at_every_level(self) -> None:
-        inner = {
-            "type": "object",
-            "properties": {"n": {"type": "integer"}},
-            "required": ["n"],
-            "additionalProperties": False,
-        }
-        parameters = {"type": "object", "properties": {"inner": inner}, "required": ["inner"]}
-        result, received = execute_probe(parameters, {"inner": {"n": 1}})
-        assert_accepted(result, received)
-        result, received = execute_probe(parameters, {"inner": {}})
-        assert_rejected(result, received, "$.inner", "required", "'n'")
-        result, received = execute_probe(parameters, {"inner": {"n": 1, "x": 2}})
-        assert_rejected(result, received, "$.inner", "unexpected", "'x'")
-        result, received = execute_probe(parameters, {"inner": {"n": "one"}})
-        assert_rejected(result, received, "$.inner.n", "integer")
-        result, received = execute_probe(parameters, {"inner": [1]})
-        assert_rejected(result, received, "$.inner", "object", "array")
+            assert_rejected(result, received, *rejected)
 
     @pytest.mark.parametrize(
         ("parameters", "error", "word"),
@@ -4090,16 +4039,6 @@ class TestToolSchemas:
         with pytest.raises(error) as raised:
             al.Tool("probe", "A tool.", parameters, lambda arguments, signal: "ok")
         assert word in str(raised.value)
-
-    def test_annotations_are_accepted(self) -> None:
-        parameters = {
-            "type": "object",
-            "title": "Probe",
-            "description": "The probe's arguments.",
-            "properties": {"n": {"type": "integer", "description": "A number.", "title": "N"}},
-        }
-        result, received = execute_probe(parameters, {"n": 1})
-        assert_accepted(result, received)
 
     @pytest.mark.parametrize(
         "name",
