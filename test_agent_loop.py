@@ -276,90 +276,54 @@ class TestLimits:
             assert model.call_count == 1
 
     @pytest.mark.parametrize(
-        ("depth", "passes"),
-        [pytest.param(32, True, id="at-limit"), pytest.param(33, False, id="over-limit")],
-    )
-    def test_argument_depth(self, depth: int, passes: bool) -> None:
-        """Seed: "Tool arguments must be plain bounded JSON with depth 32"; ``{}`` has depth 1
-        and a scalar 0. "These checks occur before a Tool effect." """
-        arguments = nested(depth)
-        assert_bound(arguments, passes, "32")
-
-    @pytest.mark.parametrize("passes", [AT_LIMIT, OVER_LIMIT])
-    def test_argument_depth_of_objects_only(self, passes: bool) -> None:
-        """Depth counts objects too: 32 nested objects pass, 33 fail."""
-        assert_bound(nested(32 if passes else 33, "object"), passes, "32")
-
-    @pytest.mark.parametrize(
-        ("count", "passes"),
-        [pytest.param(255, True, id="at-limit"), pytest.param(256, False, id="over-limit")],
-    )
-    def test_argument_values(self, count: int, passes: bool) -> None:
-        """Seed: "at most 257 values including the root": the root, one array, and 255
-        numbers in it are 257 values."""
-        arguments = {"xs": list(range(count))}
-        assert_bound(arguments, passes, "257")
-
-    @pytest.mark.parametrize("passes", [AT_LIMIT, OVER_LIMIT])
-    def test_argument_values_count_like_the_example(self, passes: bool) -> None:
-        """``{"a": [1]}`` counts 3 values, so 128 of its fields make 257 values with the root;
-        one more element in one array makes 258."""
-        arguments: dict[str, Any] = {f"a{index:03d}": [1] for index in range(128)}
-        if not passes:
-            arguments["a127"].append(2)
-        assert_bound(arguments, passes, "257")
-
-    @pytest.mark.parametrize(
-        ("count", "passes"),
-        [pytest.param(256, True, id="at-limit"), pytest.param(257, False, id="over-limit")],
-    )
-    def test_argument_slots_of_object_fields(self, count: int, passes: bool) -> None:
-        """Seed: "256 object fields plus array slots": 256 fields of one object pass."""
-        arguments = {f"f{index:03d}": index for index in range(count)}
-        assert_bound(arguments, passes, "256")
-
-    @pytest.mark.parametrize(
-        ("slots", "passes"),
-        [pytest.param(128, True, id="at-limit"), pytest.param(129, False, id="over-limit")],
-    )
-    def test_argument_slots_of_fields_plus_array_slots(self, slots: int, passes: bool) -> None:
-        """Fields and array slots add up: 128 object fields (one of them an array) plus 128
-        array slots are 256 and pass; one more slot fails."""
-        arguments: dict[str, Any] = {f"f{index:03d}": None for index in range(127)}
-        arguments["xs"] = [True] * slots
-        assert len(arguments) + slots == (256 if passes else 257)
-        assert_bound(arguments, passes, "256")
-
-    @pytest.mark.parametrize(
-        ("length", "passes"),
-        [pytest.param(4000, True, id="at-limit"), pytest.param(4001, False, id="over-limit")],
-    )
-    def test_argument_text_in_code_points(self, length: int, passes: bool) -> None:
-        """Seed: "4096 Unicode code points across keys/string values": a 96-emoji key and a
-        4000-emoji value are 4096 code points (8192 UTF-16 units) and pass."""
-        arguments = {"😀" * 96: "😀" * length}
-        assert_bound(arguments, passes, "4096")
-
-    @pytest.mark.parametrize(
-        ("length", "passes"),
-        [pytest.param(4095, True, id="at-limit"), pytest.param(4096, False, id="over-limit")],
-    )
-    def test_argument_text_counts_keys(self, length: int, passes: bool) -> None:
-        """Keys count: a 1-character key with a 4096-character value is 4097 code points."""
-        arguments = {"k": "a" * length}
-        assert_bound(arguments, passes, "4096")
-
-    @pytest.mark.parametrize(
-        ("length", "passes"),
-        [pytest.param(2044, True, id="at-limit"), pytest.param(2045, False, id="over-limit")],
-    )
-    def test_argument_text_adds_up_across_strings(self, length: int, passes: bool) -> None:
-        """Text adds up across every key and string, in arrays and nested objects too:
-        keys a, b, c, n and the strings, not the number 5."""
-        arguments = {"a": ["😀" * 2048], "b": {"c": "é" * length, "n": 5}}
-        total = 1 + 2048 + 1 + 1 + length + 1
-        assert total == (4096 if passes else 4097)
-        assert_bound(arguments, passes, "4096")
+        ("make", "passes", "limit"),
+        [
+            # depth 32: {} has depth 1 and a scalar 0; objects and arrays alike.
+            pytest.param(lambda: nested(32), True, "32", id="depth-at-limit"),
+            pytest.param(lambda: nested(33), False, "32", id="depth-over-limit"),
+            pytest.param(lambda: nested(32, "object"), True, "32", id="depth-of-objects-at-limit"),
+            pytest.param(lambda: nested(33, "object"), False, "32",
+                         id="depth-of-objects-over-limit"),
+            # 257 values with the root: the root, one array and 255 numbers in it.
+            pytest.param(lambda: {"xs": list(range(255))}, True, "257", id="values-at-limit"),
+            pytest.param(lambda: {"xs": list(range(256))}, False, "257", id="values-over-limit"),
+            # {"a": [1]} counts 3 values: 128 such fields and the root are 257 values.
+            pytest.param(lambda: {f"a{index:03d}": [1] for index in range(128)}, True, "257",
+                         id="values-like-the-example-at-limit"),
+            pytest.param(lambda: {**{f"a{i:03d}": [1] for i in range(127)}, "a127": [1, 2]},
+                         False, "257", id="values-like-the-example-over-limit"),
+            # 256 object fields plus array slots: fields of one object, or fields and slots.
+            pytest.param(lambda: {f"f{index:03d}": index for index in range(256)}, True, "256",
+                         id="slots-of-fields-at-limit"),
+            pytest.param(lambda: {f"f{index:03d}": index for index in range(257)}, False, "256",
+                         id="slots-of-fields-over-limit"),
+            pytest.param(lambda: {**{f"f{i:03d}": None for i in range(127)}, "xs": [True] * 128},
+                         True, "256", id="slots-of-fields-plus-array-slots-at-limit"),
+            pytest.param(lambda: {**{f"f{i:03d}": None for i in range(127)}, "xs": [True] * 129},
+                         False, "256", id="slots-of-fields-plus-array-slots-over-limit"),
+            # 4096 code points across keys and strings: a 96-emoji key and a 4000-emoji
+            # value are 4096 code points (8192 UTF-16 units).
+            pytest.param(lambda: {"😀" * 96: "😀" * 4000}, True, "4096",
+                         id="text-in-code-points-at-limit"),
+            pytest.param(lambda: {"😀" * 96: "😀" * 4001}, False, "4096",
+                         id="text-in-code-points-over-limit"),
+            pytest.param(lambda: {"k": "a" * 4095}, True, "4096", id="text-counts-keys-at-limit"),
+            pytest.param(lambda: {"k": "a" * 4096}, False, "4096",
+                         id="text-counts-keys-over-limit"),
+            # Keys a, b, c, n and the strings add up, in arrays and nested objects; 5 does not.
+            pytest.param(lambda: {"a": ["😀" * 2048], "b": {"c": "é" * 2044, "n": 5}}, True,
+                         "4096", id="text-adds-up-across-strings-at-limit"),
+            pytest.param(lambda: {"a": ["😀" * 2048], "b": {"c": "é" * 2045, "n": 5}}, False,
+                         "4096", id="text-adds-up-across-strings-over-limit"),
+        ],
+    )  # fmt: skip
+    def test_tool_arguments_must_be_plain_bounded_json(
+        self, make: Callable[[], Any], passes: bool, limit: str
+    ) -> None:
+        """Seed: "Tool arguments must be plain bounded JSON with depth 32, at most 257 values
+        including the root, 256 object fields plus array slots, and 4096 Unicode code
+        points across keys/string values. These checks occur before a Tool effect." """
+        assert_bound(make(), passes, limit)
 
     def test_an_argument_violation_stops_earlier_calls_of_the_batch(self) -> None:
         """Seed: "These checks occur before a Tool effect": a bad call late in the response
