@@ -3545,25 +3545,6 @@ class TestMalformedModelOutput:
         assert len(result.messages) == 3
         assert model.call_count == 2
 
-    def test_endless_stream_is_stopped_by_the_chunk_limit(self) -> None:
-        """Seed: "The loop caps one step at 1024 chunks": a stream that never ends is
-        closed after the first chunk over the cap."""
-        pulled: list[int] = []
-
-        def endless(
-            model: FakeModel, request: al.ModelRequest, signal: Any
-        ) -> Generator[object, None, object]:
-            try:
-                while True:
-                    pulled.append(1)
-                    yield al.TextDelta(request.id, "")
-            finally:
-                model.finalized.append(request.id)
-
-        _, _, model, _ = self._failed(endless, "MODEL_PROTOCOL_ERROR", al.MAX_STEP_CHUNKS)
-        assert len(pulled) == al.MAX_STEP_CHUNKS + 1
-        assert model.finalized == ["request-001"]
-
     @pytest.mark.parametrize(
         ("step", "chunk_events"),
         [
@@ -3684,7 +3665,7 @@ class TestModelStreamCleanup:
     closes it: the run still ends with exactly one run.finished, for its first cause."""
 
     @staticmethod
-    def _endless(how: str) -> Step:
+    def _endless(how: str, pulled: list[int] | None = None) -> Step:
         def step(
             model: FakeModel, request: al.ModelRequest, signal: Any
         ) -> Generator[object, None, object]:
@@ -3692,6 +3673,8 @@ class TestModelStreamCleanup:
             try:
                 while True:
                     try:
+                        if pulled is not None:
+                            pulled.append(1)
                         yield al.TextDelta(request.id, "x")
                     except GeneratorExit:
                         if how != "ignores-exit" or ignored:
@@ -3704,13 +3687,20 @@ class TestModelStreamCleanup:
 
         return step
 
-    @pytest.mark.parametrize("how", ["cleanup-raises", "ignores-exit"])
-    def test_endless_stream_over_the_chunk_limit(self, how: str) -> None:
-        model = FakeModel(self._endless(how))
+    @pytest.mark.parametrize("how", ["well-behaved", "cleanup-raises", "ignores-exit"])
+    def test_endless_stream_is_stopped_by_the_chunk_limit(self, how: str) -> None:
+        """Seed: "The loop caps one step at 1024 chunks": a stream that never ends is
+        closed after the first chunk over the cap, however it behaves when closed."""
+        pulled: list[int] = []
+        model = FakeModel(self._endless(how, pulled))
         events, result, _ = run(model)
-        assert result.error is not None
-        assert result.error.code == "MODEL_PROTOCOL_ERROR"
+        assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "1024")
         assert types_of(events).count("model.chunk") == al.MAX_STEP_CHUNKS
+        # One pull over the cap (and one more by the stream that ignores its closing).
+        assert len(pulled) == al.MAX_STEP_CHUNKS + 1 + (how == "ignores-exit")
+        assert model.finalized == ["request-001"]
+        assert result.messages == (user(),)
+        assert result.steps == model.call_count == 1
 
     @pytest.mark.parametrize("how", ["cleanup-raises", "ignores-exit"])
     def test_cancelled_mid_stream(self, how: str) -> None:
