@@ -37,49 +37,48 @@ import pytest
 
 import agent_loop as al
 from loop_testing import (
-    ADD_ROUND,
-    AT_LIMIT,
-    DEEP_ARGUMENTS,
-    EVENT_TYPES,
-    HISTORY,
-    HOSTILE,
-    NOT_PLAIN_JSON,
-    NUMBERS,
-    OVER_LIMIT,
-    PRIOR_ROUND,
-    REPOSITORY,
-    CancelAt,
-    Custom,
-    FakeModel,
-    Fatal,
-    Step,
     add_call,
     add_result,
+    ADD_ROUND,
     add_tool,
     assert_failed,
     assert_no_tool_ran,
     assert_tool_received,
     assistant,
+    AT_LIMIT,
     call,
+    CancelAt,
     cancels,
     check_run,
     copy_echo,
+    Custom,
     cyclic_array,
     cyclic_object,
+    DEEP_ARGUMENTS,
     echo_call,
     echo_result,
     echo_tool,
+    EVENT_TYPES,
     failure_message,
+    FakeModel,
+    Fatal,
+    HISTORY,
+    HOSTILE,
     nested,
     no_arguments_tool,
+    NOT_PLAIN_JSON,
+    NUMBERS,
     one_call,
     only_tool_result,
     open_call_ids,
+    OVER_LIMIT,
     plain_copy,
+    PRIOR_ROUND,
     probe_tool,
     raise_error,
     record_run,
     recording_tools,
+    REPOSITORY,
     respond,
     run,
     run_probe_call,
@@ -87,6 +86,7 @@ from loop_testing import (
     settle,
     shared_array,
     start_run,
+    Step,
     stop,
     stream_of,
     stream_step,
@@ -3051,32 +3051,49 @@ class TestDuplicateIdsSayHowTheyWereDerived:
     response id) and that response ids and tool-call ids must be unique across the
     whole transcript"."""
 
-    def test_a_repeated_response_id(self) -> None:
-        model = al.ScriptedModel(
-            [
-                al.scripted_response("resp", [al.ToolCall("c1", "noop", {})], "toolCall"),
-                al.scripted_response("resp", [al.TextBlock("done")], "stop"),
-            ]
-        )
-        _, result, _ = run(model, tools=[no_arguments_tool("noop", lambda a, s: "ok")])
-        assert failure_message(result, "MODEL_PROTOCOL_ERROR") == (
-            "message id 'message-resp' is used twice (an assistant message's id is "
-            '"message-" + its response id, a tool result\'s is "tool-result-" + its call id: '
-            "response ids and tool-call ids must be unique across the whole transcript)"
-        )
-
-    def test_a_tool_call_id_repeated_in_a_later_step(self) -> None:
-        model = al.ScriptedModel(
-            [
-                al.scripted_response("r1", [al.ToolCall("c1", "noop", {})], "toolCall"),
-                al.scripted_response("r2", [al.ToolCall("c1", "noop", {})], "toolCall"),
-            ]
-        )
-        _, result, _ = run(model, tools=[no_arguments_tool("noop", lambda a, s: "ok")])
-        assert failure_message(result, "MODEL_PROTOCOL_ERROR") == (
-            "tool call id 'c1' is used twice (tool-call ids must be unique across the whole "
-            "transcript)"
-        )
+    @pytest.mark.parametrize(
+        ("start", "script", "ran", "kept", "message"),
+        [
+            pytest.param(HISTORY, [tool_turn("response-001", echo_call("call-old", "again"))],
+                         [], len(HISTORY), None, id="call-id-of-the-starting-transcript"),
+            pytest.param([al.UserMessage("message-r", "hi")], [stop("r", "x")], [], 1, None,
+                         id="message-id-of-the-starting-transcript"),
+            pytest.param([al.UserMessage("tool-result-c", "hi")],
+                         [tool_turn("r", echo_call("c", "x"))], [], 1, None,
+                         id="result-id-of-the-starting-transcript"),
+            pytest.param([user()], [tool_turn("response-001", echo_call("call-1", "first")),
+                                    tool_turn("response-002", echo_call("call-1", "second"))],
+                         ["first"], 3,
+                         "tool call id 'call-1' is used twice (tool-call ids must be unique "
+                         "across the whole transcript)", id="call-id-of-an-earlier-step"),
+            pytest.param([user()], [tool_turn("resp", echo_call("c1", "first")), stop("resp")],
+                         ["first"], 3,
+                         "message id 'message-resp' is used twice (an assistant message's id is "
+                         '"message-" + its response id, a tool result\'s is "tool-result-" + its '
+                         "call id: response ids and tool-call ids must be unique across the "
+                         "whole transcript)", id="response-id-of-an-earlier-step"),
+        ],
+    )  # fmt: skip
+    def test_an_id_already_in_the_transcript_fails_before_any_effect(
+        self,
+        start: Sequence[al.Message],
+        script: list[Any],
+        ran: list[str],
+        kept: int,
+        message: str | None,
+    ) -> None:
+        """A duplicate id error must "say how it was derived ("message-" + response id)
+        and that response ids and tool-call ids must be unique across the whole
+        transcript"; the step's calls never run and its message is not appended."""
+        executed: list[str] = []
+        events, result, model = run(script, [echo_tool(executed)], messages=start)
+        assert_failed(events, result, "MODEL_PROTOCOL_ERROR")
+        if message is not None:
+            assert failure_message(result, "MODEL_PROTOCOL_ERROR") == message
+        assert executed == ran
+        assert result.messages[: len(start)] == tuple(start)
+        assert len(result.messages) == kept
+        assert model.call_count == len(script)
 
     def test_the_readme_states_the_id_rules(self) -> None:
         readme = " ".join((REPOSITORY / "README.md").read_text(encoding="utf-8").split())
@@ -3493,57 +3510,6 @@ class TestMalformedModelOutput:
     )
     def test_wrong_output_is_a_protocol_error(self, step: Step, chunk_events: int) -> None:
         self._failed(step, "MODEL_PROTOCOL_ERROR", chunk_events)
-
-    def test_call_id_reused_from_the_transcript(self) -> None:
-        """An id the starting transcript already used (call-old) is a protocol error."""
-        executed: list[str] = []
-        model = al.ScriptedModel(
-            [al.scripted_response("response-001", [echo_call("call-old", "again")], "toolCall")]
-        )
-        _, result, _ = run(model, [echo_tool(executed)], messages=HISTORY)
-        assert result.status == "failed"
-        assert result.error is not None
-        assert result.error.code == "MODEL_PROTOCOL_ERROR"
-        assert result.messages == HISTORY
-        assert executed == []
-
-    @pytest.mark.parametrize(
-        ("taken", "content", "stop_reason"),
-        [
-            pytest.param("message-r", [text("x")], "stop", id="assistant-message-id"),
-            pytest.param(
-                "tool-result-c", [echo_call("c", "x")], "toolCall", id="derived-result-id"
-            ),
-        ],
-    )
-    def test_ids_already_taken_in_the_transcript(
-        self, taken: str, content: list[Any], stop_reason: Any
-    ) -> None:
-        """A response whose message id, or a call whose result id, is already taken by a
-        starting message: a protocol error before any effect."""
-        executed: list[str] = []
-        start = [al.UserMessage(taken, "hi")]
-        model = al.ScriptedModel([al.scripted_response("r", content, stop_reason)])
-        _, result, _ = run(model, [echo_tool(executed)], messages=start)
-        assert result.error is not None
-        assert result.error.code == "MODEL_PROTOCOL_ERROR"
-        assert result.messages == tuple(start)
-        assert executed == []
-
-    def test_call_id_reused_from_an_earlier_step(self) -> None:
-        executed: list[str] = []
-        model = al.ScriptedModel(
-            [
-                al.scripted_response("response-001", [echo_call("call-1", "first")], "toolCall"),
-                al.scripted_response("response-002", [echo_call("call-1", "second")], "toolCall"),
-            ]
-        )
-        _, result, _ = run(model, [echo_tool(executed)])
-        assert result.error is not None
-        assert result.error.code == "MODEL_PROTOCOL_ERROR"
-        assert executed == ["first"]
-        assert len(result.messages) == 3
-        assert model.call_count == 2
 
     @pytest.mark.parametrize(
         ("step", "chunk_events"),
