@@ -1,4 +1,56 @@
-"""Tests for agent_loop."""
+"""Tests for agent_loop, the core: every rule, limit, failure code, event order and
+cancellation case of the seed ("Checkpoint 07: Run the iterative Agent Loop"), then the
+public contract that the module's docstrings and the README state.
+
+The suite imports ``agent_loop`` once, as ``al``: point it at another copy of the module
+by putting that copy first on sys.path. Its builders, its one fake model (FakeModel, for
+what al.ScriptedModel cannot do) and its one driver (run(), which checks the run's
+invariants with check_run() every time) come from loop_testing.py; a helper that one
+class alone uses sits just above that class. replay() has its own file
+(test_agent_loop_replay.py), the README and the demonstration theirs
+(test_docs_and_demo.py). This file uses ``from __future__ import annotations`` on
+purpose: Tool.from_function must read the string annotations that PEP 563 gives a
+user's module.
+
+One canonical test per rule of the seed, named in the rule's words and quoting it
+(``Seed: "..."``); more cases of the same rule are rows of its table. Every limit is
+tested on both sides (ids ``at-limit`` and ``over-limit``); cancellation is a table over
+every "signal aborts" edge of the seed's diagram. Attacker-style tests (a model, tool or
+caller that tries to break the loop) carry the ``hostile`` mark (a class, or a row of a
+table), marked [hostile] below: ``pytest -m hostile`` runs them alone.
+
+Contents, in the module's order
+    The module: TestRuntimeTyping
+    Limits: TestLimits
+    The loop, one class per acceptance criterion of the seed, in the seed's order:
+        TestGoldenFragments (the seed's two fragments, translated),
+        TestConstructionRejectsInvalidOptions, TestRunOwnsSnapshots,
+        TestEachStepGetsFrozenTranscriptAndRequestId,
+        TestAssistantMessagesPrecedeToolResults, TestRecoverableToolErrors,
+        TestEventSequence, TestCancellation, TestStepBudget;
+        then TestFailureCodes, TestModelCorrelationAndAgreement,
+        TestStreamDisagreementIsShown, TestMistakesNameTheirFix, TestRunHelpers,
+        TestCancellationAtEveryEvent [hostile], TestConsumerWalksAway [hostile],
+        TestInterruptsAreNeverSwallowed [hostile],
+        TestRandomScriptsAgainstAReference [hostile]
+    The transcript: TestInvalidStartingTranscript, TestWrongFieldIsNamed,
+        TestDuplicateIdsSayHowTheyWereDerived, TestOnlyTheExactClasses
+    Model boundary: TestSignalIsPublic, TestSignalSaysWhatIsAccepted,
+        TestMalformedModelOutput [hostile], TestModelStrSubclasses [hostile],
+        TestModelStreamCleanup [hostile]
+    Tools: TestToolSchemas, TestToolSpecIsChecked, TestToolFromFunction,
+        TestToolRegistry, TestExecuteToolCall, TestExecuteMustTakeArgumentsAndSignal,
+        TestToolError, TestRecoverableExceptionsAreLogged, TestMisbehavingTools [hostile]
+    Bounded plain JSON: TestPlainJsonArguments, TestInvalidToolCallArguments
+    Message IR: TestToolCallIsFrozen, TestPlainArguments, TestCopyingAndHashing,
+        TestWhatHashes
+    Events and results, Test helpers: no class of their own; TestEventSequence,
+        TestJsonShapes and TestCopyingAndHashing exercise events and results, and every
+        test that scripts a model runs al.ScriptedModel
+    Interop and resumption: TestJsonShapes, TestRoundTrips, TestMalformedDicts,
+        TestScriptedModelFromTranscript, TestNextRequestSequence,
+        TestResumeAfterCancellation
+"""
 
 from __future__ import annotations
 
@@ -5285,7 +5337,7 @@ class TestWhatHashes:
         assert {call, al.ToolCall("c1", "t", {"a": [1]})} == {call}
 
 
-# --- Interop, replay and resumption ------------------------------------------------------
+# --- Interop and resumption -------------------------------------------------------------
 
 
 EXTRA_ARGUMENTS: dict[str, Any] = {
@@ -5975,7 +6027,7 @@ def replay_added(
     return events, result, model
 
 
-class TestReplay:
+class TestScriptedModelFromTranscript:
     """Running the loop again from the same starting messages, with tools that behave the
     same, reproduces the recorded transcript exactly."""
 

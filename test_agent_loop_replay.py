@@ -1,4 +1,20 @@
-"""Tests for agent_loop_replay."""
+"""Tests for agent_loop_replay: replay(events) -> ReplayedRun rebuilds a recorded run
+(its starting messages, a model that streams each step's chunks as recorded, tools that
+answer each call with its recorded result) and its run() reproduces the recording.
+
+The suite imports ``agent_loop_replay`` once, as ``alr`` (and ``agent_loop`` as ``al``
+for the values it replays), so that it can be aimed at any copy. Builders and the one
+driver come from loop_testing.py; every replayed run goes through the driver's settle(),
+which checks the run's invariants.
+
+Contents
+    TestExactReplay: a completed or maxSteps run replays to_dict() for to_dict()
+    TestReplayOfCancelledAndFailedRuns: replayed to where the log stops, then cancelled
+    TestReplayDetectsDrift: a request that differs from the recording fails the run
+    TestReplayRejectsLogsOfNoSingleRun: a ValueError that says what is wrong
+    TestRandomRecordedRunsReplayExactly: random recorded runs
+    TestResumedRunsReplayExactly: a cancel-resume chain, each run replayed
+"""
 
 from __future__ import annotations
 
