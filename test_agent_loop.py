@@ -1653,122 +1653,6 @@ class TestFailureCodes:
         assert "exception" not in first.to_dict()
 
 
-def foreign_text_chunk(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
-    yield al.TextDelta("request-999", "The sum is 42.")
-    return al.ModelResponse("response-001", request.id, (text("The sum is 42."),), "stop")
-
-
-def foreign_call_chunk(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
-    yield al.ToolCallChunk("request-999", add_call())
-    return al.ModelResponse("response-001", request.id, (add_call(),), "toolCall")
-
-
-def returns_a_dict(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
-    yield al.TextDelta(request.id, "The sum is 42.")
-    return stop("response-001").__dict__
-
-
-def returns_a_list(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
-    return [al.TextDelta(request.id, "The sum is 42.")]
-
-
-def streams_a_block(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
-    yield text("The sum is 42.")
-    return al.ModelResponse("response-001", request.id, (text("The sum is 42."),), "stop")
-
-
-def text_chunk_not_a_str(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
-    yield al.TextDelta(request.id, cast(Any, 42))
-    return al.ModelResponse("response-001", request.id, (text("42"),), "stop")
-
-
-def call_chunk_not_a_call(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
-    yield al.ToolCallChunk(request.id, cast(Any, add_call().to_dict()))
-    return al.ModelResponse("response-001", request.id, (add_call(),), "toolCall")
-
-
-PROTOCOL_VIOLATIONS = [
-    pytest.param(foreign_text_chunk, [user()], id="text-chunk-other-request-id"),
-    pytest.param(foreign_call_chunk, [user()], id="tool-call-chunk-other-request-id"),
-    pytest.param(
-        [
-            al.scripted_response(
-                "response-001", [text("The sum is 42.")], "stop", request_id="request-999"
-            )
-        ],
-        [user()],
-        id="response-other-request-id",
-    ),
-    pytest.param(
-        scripted([text("The sum is 42.")], "stop", [text("The sum is 41.")]),
-        [user()],
-        id="text-differs",
-    ),
-    pytest.param(
-        scripted([add_call()], chunks=[call("add", "call-add-001", {"left": 20, "right": 23})]),
-        [user()],
-        id="tool-call-arguments-differ",
-    ),
-    pytest.param(
-        scripted([add_call()], chunks=[add_call("call-add-002")]),
-        [user()],
-        id="tool-call-id-differs",
-    ),
-    pytest.param(
-        scripted([text("Adding."), add_call()], chunks=[add_call(), text("Adding.")]),
-        [user()],
-        id="order-differs",
-    ),
-    pytest.param(
-        scripted([text("Adding."), add_call()], chunks=[text("Adding.")]),
-        [user()],
-        id="missing-chunk",
-    ),
-    pytest.param(
-        scripted([add_call()], chunks=[add_call(), text("More.")]), [user()], id="extra-chunk"
-    ),
-    pytest.param(scripted([text("Hi."), add_call()], "stop"), [user()], id="tool-call-in-stop"),
-    pytest.param(
-        scripted([text("Hi.")], "toolCall"), [user()], id="tool-call-response-without-calls"
-    ),
-    pytest.param(scripted([text("Hi.")], "length"), [user()], id="unknown-stop-reason"),
-    pytest.param(returns_a_dict, [user()], id="response-not-a-model-response"),
-    pytest.param(returns_a_list, [user()], id="stream-returns-a-non-generator"),
-    pytest.param(streams_a_block, [user()], id="chunk-not-a-model-chunk"),
-    pytest.param(text_chunk_not_a_str, [user()], id="text-chunk-not-a-str"),
-    pytest.param(call_chunk_not_a_call, [user()], id="tool-call-chunk-without-a-tool-call"),
-    pytest.param(
-        scripted([call("add", "", {"left": 20, "right": 22})]), [user()], id="tool-call-empty-id"
-    ),
-    pytest.param(
-        scripted([call("", "call-add-001", {"left": 20, "right": 22})]),
-        [user()],
-        id="tool-call-empty-name",
-    ),
-    pytest.param(
-        [al.scripted_response("", [text("The sum is 42.")], "stop")],
-        [user()],
-        id="empty-response-id",
-    ),
-    pytest.param(
-        scripted([add_call(), add_call()]), [user()], id="duplicate-call-ids-in-response"
-    ),
-    pytest.param(
-        scripted([add_call()]), [user(), *ADD_ROUND], id="call-id-reused-from-transcript"
-    ),
-    pytest.param(
-        scripted([text("The sum is 42.")], "stop"),
-        [user(), al.UserMessage("message-response-001", "Hi.")],
-        id="response-id-reused",
-    ),
-    pytest.param(
-        scripted([add_call()]),
-        [user(), al.UserMessage("tool-result-call-add-001", "Hi.")],
-        id="result-id-already-taken",
-    ),
-]
-
-
 class TestModelCorrelationAndAgreement:
     @pytest.mark.parametrize(
         "script",
@@ -1840,29 +1724,6 @@ class TestModelCorrelationAndAgreement:
 
         assert_failed(events, result, "MODEL_PROTOCOL_ERROR")
         assert executed == []
-
-    @pytest.mark.parametrize(("script", "start"), PROTOCOL_VIOLATIONS)
-    def test_a_protocol_violation_fails_before_any_tool_runs(
-        self, script: Any, start: list[al.Message]
-    ) -> None:
-        """Seed: "These checks occur before a Tool effect. Contradiction or excess becomes
-        a failed MODEL_PROTOCOL_ERROR result." The bad response is never appended."""
-        executed: list[str] = []
-        model = FakeModel(*script) if isinstance(script, list) else FakeModel(script)
-        events, result, _ = run(model, messages=start, tools=recording_tools(executed))
-
-        assert_failed(events, result, "MODEL_PROTOCOL_ERROR")
-        assert executed == []
-        assert "tool.started" not in types_of(events)
-        assert result.messages == tuple(start)
-        assert result.steps == model.call_count == 1
-
-    def test_a_chunk_with_another_request_id_has_no_event(self) -> None:
-        """Seed: "Request IDs must match the active request." """
-        events, result, _ = run(FakeModel(foreign_text_chunk))
-
-        assert types_of(events) == ["message.accepted", "run.finished"]
-        assert_failed(events, result, "MODEL_PROTOCOL_ERROR")
 
     def test_a_violation_in_a_later_step_keeps_the_earlier_rounds(self) -> None:
         executed: list[str] = []
@@ -3310,24 +3171,52 @@ class TestSignalSaysWhatIsAccepted:
             )
 
 
+class RaisingEq(str):
+    """A str that cannot be compared: what a hostile model may put where a str belongs."""
+
+    def __eq__(self, other: object) -> bool:
+        raise ValueError("cannot compare")
+
+    def __ne__(self, other: object) -> bool:
+        raise ValueError("cannot compare")
+
+    __hash__ = str.__hash__
+
+
+class RaisingLen(str):
+    def __len__(self) -> int:
+        raise ValueError("cannot measure")
+
+
+class RaisingHash(str):
+    def __hash__(self) -> int:
+        raise ValueError("cannot hash")
+
+
+def scripted_step(
+    content: Sequence[Any], stop_reason: str = "toolCall", chunks: Sequence[Any] | None = None
+) -> al.ScriptedResponse:
+    """One scripted step, of any stop reason (even one the loop does not know)."""
+    return al.scripted_response("response-001", content, cast(Any, stop_reason), chunks=chunks)
+
+
 @pytest.mark.hostile
 class TestMalformedModelOutput:
-    """Seed: "Tool arguments must be plain bounded JSON ... These checks occur before a
-    Tool effect. Contradiction or excess becomes a failed MODEL_PROTOCOL_ERROR result.\""""
+    """Whatever a model streams or returns, a run fails with one run.finished and the
+    right code: it never raises, never hangs, never keeps a half-written message."""
 
     @staticmethod
     def _failed(
-        step: Step, code: str, chunk_events: int
+        step: Step | al.ScriptedResponse, code: str, chunk_events: int
     ) -> tuple[list[al.Event], al.RunResult, FakeModel, list[str]]:
         executed: list[str] = []
         model = FakeModel(step, turn("response-unused", [text("unused")], "stop"))
-        events, result, _ = run(model, [echo_tool(executed)])
-        assert result.status == "failed"
-        assert result.error is not None
-        assert result.error.code == code
+        events, result, _ = run(model, recording_tools(executed))
+        assert_failed(events, result, code)
         assert types_of(events).count("model.chunk") == chunk_events
+        assert "tool.started" not in types_of(events)
         assert result.messages == (user(),)  # nothing was appended
-        assert model.call_count == 1
+        assert result.steps == model.call_count == 1
         assert executed == []
         return events, result, model, executed
 
@@ -3512,9 +3401,66 @@ class TestMalformedModelOutput:
                 1,
                 id="streamed-call-differs-from-terminal-call",
             ),
+            pytest.param(
+                scripted_step([add_call()], chunks=[add_call("call-add-002")]),
+                1,
+                id="streamed-call-id-differs",
+            ),
+            pytest.param(
+                scripted_step([text("Adding."), add_call()], chunks=[add_call(), text("Adding.")]),
+                2,
+                id="order-differs",
+            ),
+            pytest.param(
+                scripted_step([text("Adding."), add_call()], chunks=[text("Adding.")]),
+                1,
+                id="missing-chunk",
+            ),
+            pytest.param(
+                scripted_step([add_call()], chunks=[add_call(), text("More.")]),
+                2,
+                id="extra-chunk",
+            ),
+            pytest.param(
+                stream_step(
+                    [lambda r: al.ToolCallChunk("request-999", add_call())],
+                    respond("r", [add_call()], "toolCall"),
+                ),
+                0,
+                id="tool-call-chunk-with-another-request-id",
+            ),
+            # A str subclass that raises from ==, len() or hash() is model output of the
+            # wrong type, like any non-str: the run fails, it does not raise.
+            pytest.param(
+                stream_step(
+                    [lambda r: al.TextDelta(RaisingEq(r.id), "x")],
+                    respond("r", [text("x")], "stop"),
+                ),
+                0,
+                id="request-id-raising-eq",
+            ),
+            pytest.param(
+                stream_step(
+                    [lambda r: al.TextDelta(r.id, RaisingLen("x"))],
+                    respond("r", [text("x")], "stop"),
+                ),
+                0,
+                id="text-raising-len",
+            ),
+            pytest.param(
+                turn("r", [al.ToolCall(RaisingHash("c"), "echo", {"text": "x"})], "toolCall"),
+                0,
+                id="call-id-raising-hash",
+            ),
         ],
     )
-    def test_wrong_output_is_a_protocol_error(self, step: Step, chunk_events: int) -> None:
+    def test_contradiction_or_excess_becomes_a_failed_model_protocol_error_result(
+        self, step: Step | al.ScriptedResponse, chunk_events: int
+    ) -> None:
+        """Seed: "These checks occur before a Tool effect. Contradiction or excess becomes
+        a failed MODEL_PROTOCOL_ERROR result." Output of the wrong type, a response that
+        contradicts its stream or the rules of a stop reason: the valid chunks before it
+        have events, no tool runs, nothing is appended."""
         self._failed(step, "MODEL_PROTOCOL_ERROR", chunk_events)
 
     @pytest.mark.parametrize(
@@ -3569,66 +3515,6 @@ class TestMalformedModelOutput:
             "tool-result-call-1",
         ]
         assert types_of(events).count("model.chunk") == 1  # the stale chunk got no event
-
-
-class RaisingEq(str):
-    """A str that cannot be compared: what a hostile model may put where a str belongs."""
-
-    def __eq__(self, other: object) -> bool:
-        raise ValueError("cannot compare")
-
-    def __ne__(self, other: object) -> bool:
-        raise ValueError("cannot compare")
-
-    __hash__ = str.__hash__
-
-
-class RaisingLen(str):
-    def __len__(self) -> int:
-        raise ValueError("cannot measure")
-
-
-class RaisingHash(str):
-    def __hash__(self) -> int:
-        raise ValueError("cannot hash")
-
-
-@pytest.mark.hostile
-class TestModelStrSubclasses:
-    """A str subclass that raises from ==, len() or hash() is model output of the wrong
-    type, like any non-str: the run fails MODEL_PROTOCOL_ERROR, it does not raise."""
-
-    @pytest.mark.parametrize(
-        "step",
-        [
-            pytest.param(
-                stream_step(
-                    [lambda r: al.TextDelta(RaisingEq(r.id), "x")],
-                    respond("r", [text("x")], "stop"),
-                ),
-                id="request-id-raising-eq",
-            ),
-            pytest.param(
-                stream_step(
-                    [lambda r: al.TextDelta(r.id, RaisingLen("x"))],
-                    respond("r", [text("x")], "stop"),
-                ),
-                id="text-raising-len",
-            ),
-            pytest.param(
-                turn("r", [al.ToolCall(RaisingHash("c"), "echo", {"text": "x"})], "toolCall"),
-                id="call-id-raising-hash",
-            ),
-        ],
-    )
-    def test_hostile_str_subclass(self, step: Step) -> None:
-        executed: list[str] = []
-        model = FakeModel(step)
-        _, result, _ = run(model, [echo_tool(executed)])
-        assert result.error is not None
-        assert result.error.code == "MODEL_PROTOCOL_ERROR"
-        assert result.messages == (user(),)
-        assert executed == []
 
 
 @pytest.mark.hostile
