@@ -1493,18 +1493,12 @@ class TestStepBudget:
         assert result.status == "completed"
         assert result.steps == 2
 
-    @pytest.mark.parametrize("status", ["completed", "failed", "cancelled"])
-    def test_max_steps_is_set_only_for_a_max_steps_result(self, status: str) -> None:
-        _events, result = run_ending(status)
 
-        assert result.status == status
-        assert result.max_steps is None
-
-
-def scripted(
+def scripted_step(
     content: Sequence[Any], stop_reason: str = "toolCall", chunks: Sequence[Any] | None = None
-) -> list[Any]:
-    return [al.scripted_response("response-001", content, cast(Any, stop_reason), chunks=chunks)]
+) -> al.ScriptedResponse:
+    """One scripted step, of any stop reason (even one the loop does not know)."""
+    return al.scripted_response("response-001", content, cast(Any, stop_reason), chunks=chunks)
 
 
 class TestFailureCodes:
@@ -1516,7 +1510,7 @@ class TestFailureCodes:
 
     def test_model_protocol_error(self) -> None:
         """Seed: "Tool calls are forbidden in a stop response." """
-        events, result, _model = run(scripted([add_call()], "stop"), tools=[add_tool()])
+        events, result, _model = run([scripted_step([add_call()], "stop")], tools=[add_tool()])
 
         assert_failed(events, result, "MODEL_PROTOCOL_ERROR")
         assert result.messages == (user(),)
@@ -1658,29 +1652,34 @@ class TestModelCorrelationAndAgreement:
         "script",
         [
             pytest.param(
-                scripted([text("The sum is 42.")], "stop", [text("The su"), text("m is 42.")]),
+                scripted_step(
+                    [text("The sum is 42.")], "stop", [text("The su"), text("m is 42.")]
+                ),
                 id="chunks-split-terminal-whole",
             ),
             pytest.param(
-                scripted([text("The su"), text("m is 42.")], "stop", [text("The sum is 42.")]),
+                scripted_step(
+                    [text("The su"), text("m is 42.")], "stop", [text("The sum is 42.")]
+                ),
                 id="terminal-split-chunk-whole",
             ),
             pytest.param(
-                scripted(
+                scripted_step(
                     [text("The "), text("sum is 42.")], "stop", [text("The sum"), text(" is 42.")]
                 ),
                 id="both-split-differently",
             ),
         ],
     )
-    def test_text_segmentation_may_differ(self, script: list[Any]) -> None:
+    def test_text_segmentation_may_differ(self, script: al.ScriptedResponse) -> None:
         """Seed: "The resulting normalized block sequences must agree in content and
         order; raw text-chunk segmentation may differ." """
-        events, result, _model = run(script)
+        events, result, _model = run([script])
 
         assert result.status == "completed"
         assert result.final_text == "The sum is 42."
-        assert types_of(events).count("model.chunk") == len(script[0].chunks)
+        assert script.chunks is not None
+        assert types_of(events).count("model.chunk") == len(script.chunks)
 
     def test_tool_calls_are_boundaries_of_coalesced_text(self) -> None:
         """Seed: "coalesces adjacent streamed text deltas and adjacent terminal text
@@ -1937,7 +1936,7 @@ class TestRunHelpers:
     def test_final_text_is_the_text_of_the_stop_response(self) -> None:
         """Seed: "the assistant message is appended and textFromAssistant() becomes
         finalText." """
-        _events, result, _model = run(scripted([text("The sum"), text(" is 42.")], "stop"))
+        _events, result, _model = run([scripted_step([text("The sum"), text(" is 42.")], "stop")])
 
         assert result.final_text == "The sum is 42."
         assert result.messages[-1] == assistant("response-001", text("The sum"), text(" is 42."))
@@ -3191,13 +3190,6 @@ class RaisingLen(str):
 class RaisingHash(str):
     def __hash__(self) -> int:
         raise ValueError("cannot hash")
-
-
-def scripted_step(
-    content: Sequence[Any], stop_reason: str = "toolCall", chunks: Sequence[Any] | None = None
-) -> al.ScriptedResponse:
-    """One scripted step, of any stop reason (even one the loop does not know)."""
-    return al.scripted_response("response-001", content, cast(Any, stop_reason), chunks=chunks)
 
 
 @pytest.mark.hostile
