@@ -1845,13 +1845,15 @@ class TestMistakesNameTheirFix:
         )
 
     def test_text_given_as_a_str_block_is_told_to_wrap_it(self) -> None:
-        _, result, _ = run(FakeModel(), messages=[untyped.AssistantMessage("a1", ["hi"])])
+        _, result, _ = run(al.ScriptedModel([]), messages=[untyped.AssistantMessage("a1", ["hi"])])
         assert failure_message(result, "INVALID_TRANSCRIPT") == (
             "message 'a1': a str is not a TextBlock or ToolCall: wrap text in TextBlock(...)"
         )
 
     def test_a_dict_message_is_pointed_at_message_from_dict(self) -> None:
-        _, result, _ = run(FakeModel(), messages=[{"id": "u1", "role": "user", "content": "x"}])
+        _, result, _ = run(
+            al.ScriptedModel([]), messages=[{"id": "u1", "role": "user", "content": "x"}]
+        )
         assert failure_message(result, "INVALID_TRANSCRIPT") == (
             "a dict is not a message (read a dict with message_from_dict())"
         )
@@ -2902,7 +2904,7 @@ class TestWrongFieldIsNamed:
         self, message: al.Message, name: str, value: object, where: str, expected: str
     ) -> None:
         broken = dataclasses.replace(cast(Any, message), **{name: value})
-        _, result, _ = run(FakeModel(), messages=[broken])
+        _, result, _ = run(al.ScriptedModel([]), messages=[broken])
         said = failure_message(result, "INVALID_TRANSCRIPT")
         assert where in said.split(":")[0]  # the message, or for its id, its role
         assert f"field {name!r} must be a {expected}, got " in said
@@ -2910,7 +2912,7 @@ class TestWrongFieldIsNamed:
 
     def test_a_text_block_names_its_text_field(self) -> None:
         block = al.TextBlock(5)  # type: ignore[arg-type]
-        _, result, _ = run(FakeModel(), messages=[al.AssistantMessage("a", [block])])
+        _, result, _ = run(al.ScriptedModel([]), messages=[al.AssistantMessage("a", [block])])
         said = failure_message(result, "INVALID_TRANSCRIPT")
         assert said.startswith("message 'a': a text block")
         assert said.endswith("field 'text' must be a str, got 5 (int)")
@@ -3133,7 +3135,7 @@ class TestSignalSaysWhatIsAccepted:
         with pytest.raises(TypeError) as raised:
             al.run_agent_loop(
                 messages=[],
-                model=FakeModel(),
+                model=al.ScriptedModel([]),
                 tools=al.ToolRegistry(),
                 max_steps=1,
                 signal=cast(Any, True),
@@ -3148,7 +3150,7 @@ class TestSignalSaysWhatIsAccepted:
             with pytest.raises(TypeError) as raised:
                 al.run_agent_loop(
                     messages=[],
-                    model=FakeModel(),
+                    model=al.ScriptedModel([]),
                     tools=al.ToolRegistry(),
                     max_steps=1,
                     signal=cast(Any, asyncio.Event()),
@@ -3163,7 +3165,7 @@ class TestSignalSaysWhatIsAccepted:
         with pytest.raises(TypeError, match=r"HasWaitCoroutine\.wait\(\) is a coroutine"):
             al.run_agent_loop(
                 messages=[],
-                model=FakeModel(),
+                model=al.ScriptedModel([]),
                 tools=al.ToolRegistry(),
                 max_steps=1,
                 signal=cast(Any, HasWaitCoroutine()),
