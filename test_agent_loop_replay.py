@@ -23,17 +23,13 @@ import dataclasses
 import json
 import random
 import threading
-from typing import (
-    Any,
-    Callable,
-)
+from typing import Any, Callable
 
 import pytest
 
 import agent_loop as al
 import agent_loop_replay as alr
 from loop_testing import (
-    FakeModel,
     call,
     dicts_of,
     every_kind_of_tool,
@@ -483,9 +479,11 @@ class TestReplayDetectsDrift:
         call gets a recoverable error result, not a recorded answer."""
         events, _ = record_run(answer_script(), tools=[answer_tool("42")])
         replayed = alr.replay(events)
-        other = FakeModel(
-            tool_turn("response-001", call("answer", "call-1", {"extra": 1})),
-            stop("response-002", "Done."),
+        other = al.ScriptedModel(
+            [
+                tool_turn("response-001", call("answer", "call-1", {"extra": 1})),
+                stop("response-002", "Done."),
+            ]
         )
         _, result = settle_replay(dataclasses.replace(replayed, model=other))
         assert result.status == "completed"
