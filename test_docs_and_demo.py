@@ -7,6 +7,9 @@ and only for what its help and the README promise: one line per event, then the 
 ``--json`` lines that event_from_dict reads and that replay exactly; ``--max-steps N``;
 ``--cancel-after K``; ``--help``; a usage message and exit status 2 for a bad option;
 the same output every time. Its exact wording is pinned only where the README shows it.
+Two branches of the demo that its fixed script never takes are the one exception
+(TestWhatTheCommandLineCannotReach: they name the demo's private helpers, and skip
+where a copy of the module has none).
 run_demo() runs it in this process through runpy (so that coverage sees it); a few tests
 start a real process. `tox -e type` runs the mypy check of the README blocks
 (``-k mypy_strict``); where mypy is not installed it is skipped.
