@@ -252,6 +252,23 @@ class TestDemonstration:
         events, _ = settle(alr.replay(read_json_lines(recorded)).run())
         assert json_lines(events) == recorded
 
+    def test_json_lines_of_a_run_cancelled_while_the_model_streams_replay_exactly(
+        self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Cancelled at a chunk that another chunk of the same request follows: the model
+        had control, so the replay is exact too."""
+        full = demo_log(monkeypatch, capsys)
+        k = next(
+            index
+            for index, (event, after) in enumerate(zip(full, full[1:]))
+            if event.type == after.type == "model.chunk"
+            and event.payload["request_id"] == after.payload["request_id"]
+        )
+        recorded = json_lines(demo_log(monkeypatch, capsys, "--cancel-after", str(k)))
+        events, result = settle(alr.replay(read_json_lines(recorded)).run())
+        assert result.status == "cancelled"
+        assert json_lines(events) == recorded
+
     def test_max_steps_on_both_sides_of_the_steps_the_demo_needs(
         self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
     ) -> None:
