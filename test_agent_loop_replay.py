@@ -30,6 +30,7 @@ import pytest
 import agent_loop as al
 import agent_loop_replay as alr
 from loop_testing import (
+    FakeModel,
     call,
     dicts_of,
     every_kind_of_tool,
@@ -263,29 +264,29 @@ def two_call_script() -> list[al.ScriptedResponse]:
 
 
 class TestReplayOfCancelledAndFailedRuns:
-    """replay(): "A cancelled or failed run is replayed to where its log stops. There, the
-    replayed code that has control ... sets the run's signal, so the replay ends cancelled
-    at that point"."""
+    """agent_loop_replay: "A cancelled or failed log replays to its last event before
+    run.finished, and there run() cancels the run, as a consumer who sets the signal on
+    seeing that event does"."""
 
     @pytest.mark.parametrize(
         "sequence",
         [
+            pytest.param(0, id="at-accepted"),
             pytest.param(1, id="at-a-chunk"),
             pytest.param(3, id="at-the-last-chunk"),
             pytest.param(4, id="at-tool-started"),
+            pytest.param(5, id="after-a-batch"),
             pytest.param(8, id="at-a-tool-started-of-the-second-step"),
+            pytest.param(9, id="between-two-tool-calls"),
         ],
     )
-    def test_a_run_cancelled_while_the_model_or_a_tool_had_control_replays_exactly(
-        self, sequence: int
-    ) -> None:
-        """ "a run cancelled while the model or a tool had control (the signal was seen
-        during a request or a tool call) replays exactly"."""
+    def test_a_cancelled_run_replays_exactly(self, sequence: int) -> None:
+        """ "So a cancelled run replays exactly"."""
         events, result = record_run(two_call_script(), cancel_when=sequence)
         assert result.status == "cancelled"
         assert events[-2].sequence == sequence
         replayed = assert_replays_exactly(events)
-        assert replayed.max_steps == result.steps + 1
+        assert replayed.max_steps == max(result.steps, 1)
 
     def test_a_tool_that_saw_the_signal_replays_exactly(self) -> None:
         def cancels(arguments: dict[str, Any], signal: al.Signal) -> object:
@@ -303,51 +304,31 @@ class TestReplayOfCancelledAndFailedRuns:
         assert [call.id for call in al.open_tool_calls(result.messages)] == ["call-1"]
         assert_replays_exactly(events)
 
-    def test_a_consumer_that_cancelled_between_two_tool_calls_gets_one_tool_started_more(
-        self,
-    ) -> None:
-        """ "a run that its consumer cancelled between two events runs on to the next such
-        point: one more tool.started (the call gets no result, as recorded)"."""
-        events, result = record_run(two_call_script(), cancel_when=9)
-        assert events[-2].type == "tool.finished"
-        again, replayed = settle_replay(alr.replay(events))
-        one_more = {
-            "sequence": 10,
-            "type": "tool.started",
-            "payload": {
-                "requestId": "request-002",
-                "toolCall": call("counter", "call-3", {}).to_dict(),
-            },
-        }
-        assert dicts_of(again[:-1]) == [*dicts_of(events[:-1]), one_more]
-        assert replayed == result
-
-    @pytest.mark.parametrize(
-        ("sequence", "steps"),
-        [pytest.param(5, 1, id="after-a-batch"), pytest.param(0, 0, id="at-accepted")],
-    )
-    def test_a_consumer_that_cancelled_before_a_request_gets_one_request_more(
-        self, sequence: int, steps: int
-    ) -> None:
-        """ "... or one more request counted in steps"."""
-        events, result = record_run(two_call_script(), cancel_when=sequence)
-        assert result.steps == steps
-        again, replayed = settle_replay(alr.replay(events))
-        assert dicts_of(again) == [*dicts_of(events)[:-1], again[-1].to_dict()]
-        assert replayed == dataclasses.replace(result, steps=steps + 1)
-
     def test_a_run_cancelled_before_its_first_event_replays_exactly(self) -> None:
         """Cancelled at SnapshotRun: the result holds the starting messages, no event does."""
         signal = threading.Event()
         signal.set()
-        events, result, _ = run([], max_steps=1, signal=signal)
+        events, _result, _ = run([], max_steps=1, signal=signal)
         assert [event.type for event in events] == ["run.finished"]
-        replayed = alr.replay(events)
+        replayed = assert_replays_exactly(events)
         assert replayed.messages == (user(),)
         assert replayed.max_steps == 1
-        again, cancelled = settle_replay(replayed)
-        assert [event.type for event in again] == ["message.accepted", "run.finished"]
-        assert cancelled == dataclasses.replace(result, steps=1)
+
+    def test_a_run_cancelled_inside_a_request_before_its_first_chunk_has_one_step_less(
+        self,
+    ) -> None:
+        """ "except one cancelled inside a request before its first chunk: the replay
+        does not open that request (steps is one less)"."""
+
+        def cancels_when_asked(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
+            signal.set()
+            return iter(())
+
+        events, result, _ = run([cancels_when_asked], max_steps=2, signal=threading.Event())
+        assert (result.status, result.steps) == ("cancelled", 1)
+        again, replayed = settle_replay(alr.replay(events))
+        assert dicts_of(again[:-1]) == dicts_of(events[:-1])
+        assert replayed == dataclasses.replace(result, steps=0)
 
     def _failed_run(self, how: str) -> tuple[list[al.Event], al.RunResult]:
         class Halt(BaseException):
@@ -373,27 +354,27 @@ class TestReplayOfCancelledAndFailedRuns:
         return events, result
 
     @pytest.mark.parametrize(
-        "how", ["MODEL_STREAM_ERROR", "MODEL_PROTOCOL_ERROR", "TOOL_PHASE_ERROR"]
+        ("how", "steps_less"),
+        [("MODEL_STREAM_ERROR", 1), ("MODEL_PROTOCOL_ERROR", 0), ("TOOL_PHASE_ERROR", 0)],
     )
     def test_a_failed_run_replays_its_events_and_ends_cancelled_where_it_failed(
-        self, how: str
+        self, how: str, steps_less: int
     ) -> None:
-        """ "a run that failed in a request or a tool call replays every event before
-        run.finished and ends cancelled with the same messages and steps"."""
+        """ "A failed run ends cancelled after the same events"."""
         events, result = self._failed_run(how)
         again, replayed = settle_replay(alr.replay(events))
         assert dicts_of(again[:-1]) == dicts_of(events[:-1])
-        assert replayed == al.RunResult("cancelled", result.messages, result.steps)
+        assert replayed == al.RunResult("cancelled", result.messages, result.steps - steps_less)
 
     def test_a_run_that_failed_invalid_transcript_is_a_value_error(self) -> None:
-        """ "a run that failed INVALID_TRANSCRIPT logged none of its starting messages"."""
+        """ "An INVALID_TRANSCRIPT log holds no starting message: a ValueError"."""
         events, result = record_run([], messages=[al.ToolResultMessage("t", "c", "x", "", False)])
         assert result.error is not None
         assert result.error.code == "INVALID_TRANSCRIPT"
         with pytest.raises(ValueError, match="INVALID_TRANSCRIPT: its log holds none"):
             alr.replay(events)
 
-    def test_a_signal_that_cannot_be_set_fails_the_replay_where_the_log_stops(self) -> None:
+    def test_run_by_hand_a_log_that_stops_inside_a_request_fails_there(self) -> None:
         events, _ = record_run(two_call_script(), cancel_when=2)
         replayed = alr.replay(events)
         _, result = settle(
@@ -407,7 +388,7 @@ class TestReplayOfCancelledAndFailedRuns:
         )
         assert result.error is not None
         assert result.error.code == "MODEL_STREAM_ERROR"
-        assert "the recording stops at request-001, and the run's signal has no set()" in (
+        assert "the recording stops inside request-001: replay it with ReplayedRun.run()" in (
             result.error.message
         )
 
