@@ -139,6 +139,7 @@ __all__ = [  # grouped as the README presents the API
     # Message IR
     "JSON",
     "TextBlock",
+    "ThinkingBlock",
     "ToolCall",
     "UserMessage",
     "AssistantMessage",
@@ -150,9 +151,11 @@ __all__ = [  # grouped as the README presents the API
     "Model",
     "ModelRequest",
     "TextDelta",
+    "ThinkingDelta",
     "ToolCallChunk",
     "ModelChunk",
     "ModelResponse",
+    "Usage",
     "StopReason",
     # Tools
     "Tool",
@@ -268,6 +271,7 @@ class _Run:
         self.request_sequence_start = request_sequence_start
         self.steps = 0
         self.next_sequence = 0
+        self.usage: Optional[Usage] = None  # the sum over the responses appended so far
         # SnapshotRun, now at call time: the generator's body would wait for next().
         self.transcript = _Transcript()  # stays empty when the start is invalid
         self.invalid_start: Optional[_RunFailure] = None
@@ -418,7 +422,9 @@ class _Run:
         # Seed: "... and 1024 assistant blocks."
         if len(response.content) > MAX_ASSISTANT_BLOCKS:
             raise _Problem(f"the response holds more than {MAX_ASSISTANT_BLOCKS} blocks")
-        message = AssistantMessage(_assistant_message_id(response.id), response.content)
+        message = AssistantMessage(
+            _assistant_message_id(response.id), response.content, response.usage
+        )
         self.transcript.check(message)
         calls = _tool_calls(message)
         # Seed: "Tool calls are forbidden in a stop response."
@@ -430,8 +436,11 @@ class _Run:
         return response, message
 
     def _append_assistant(self, message: AssistantMessage) -> None:
-        """AppendAssistant: the complete assistant message joins the transcript."""
+        """AppendAssistant: the complete assistant message joins the transcript, and its
+        usage the run's (a response without usage makes every field of the sum unknown)."""
         self.transcript.append(message)
+        usage = Usage() if message.usage is None else message.usage
+        self.usage = usage if self.usage is None else self.usage + usage
 
     def _execute_tools(
         self, request: ModelRequest, message: AssistantMessage
@@ -503,6 +512,7 @@ class _Run:
             tuple(self.transcript.messages),
             self.steps,
             request_sequence_start=self.request_sequence_start,
+            usage=self.usage,
             **fields,
         )
 
@@ -615,16 +625,19 @@ def _is_id(value: object) -> bool:
 # subclass could redefine == (and so agree with anything) or unfreeze its fields.
 
 
-def _checked_block(block: object) -> Union[TextBlock, ToolCall]:
+def _checked_block(block: object) -> Union[TextBlock, ThinkingBlock, ToolCall]:
     """Returns an assistant block that keeps the IR's rules, or raises _Problem."""
     if type(block) is TextBlock:
         if not _is_text(block.text):
-            given = f"{block.text!r} ({type(block.text).__name__})"
-            raise _Problem(f"a text block: field 'text' must be a str, got {given}")
+            raise _Problem(_wrong_block_field("a text block", "text", "a str", block.text))
         return block
+    if type(block) is ThinkingBlock:
+        return _checked_thinking(block)
     if type(block) is not ToolCall:
         hint = ": wrap text in TextBlock(...)" if isinstance(block, str) else ""
-        raise _Problem(f"a {type(block).__name__} is not a TextBlock or ToolCall{hint}")
+        raise _Problem(
+            f"a {type(block).__name__} is not a TextBlock, ThinkingBlock or ToolCall{hint}"
+        )
     if not _is_id(block.id):
         raise _Problem(f"a tool call's id must be a non-empty str, got {block.id!r}")
     if not _is_id(block.name):
@@ -636,6 +649,33 @@ def _checked_block(block: object) -> Union[TextBlock, ToolCall]:
     return block
 
 
+def _checked_thinking(block: ThinkingBlock) -> ThinkingBlock:
+    """Returns a thinking block that keeps the IR's rules, or raises _Problem naming the field."""
+    if not _is_text(block.thinking):
+        raise _Problem(_wrong_block_field("a thinking block", "thinking", "a str", block.thinking))
+    if block.signature is not None and not _is_text(block.signature):
+        raise _Problem(
+            _wrong_block_field("a thinking block", "signature", "None or a str", block.signature)
+        )
+    if type(block.redacted) is not bool:
+        raise _Problem(
+            _wrong_block_field("a thinking block", "redacted", "a bool", block.redacted)
+        )
+    # A redacted block's opaque data is its signature: without it nothing can be sent back.
+    if block.redacted and (block.thinking != "" or not block.signature):
+        raise _Problem(
+            "a redacted thinking block holds its data as a non-empty 'signature' and its "
+            f"'thinking' is \"\": got thinking {block.thinking!r}, signature "
+            f"{block.signature!r}"
+        )
+    return block
+
+
+def _wrong_block_field(kind: str, name: str, expected: str, value: object) -> str:
+    """Says which field of a block has the wrong type: expected and given."""
+    return f"{kind}: field {name!r} must be {expected}, got {value!r} ({type(value).__name__})"
+
+
 def _checked_message(message: object) -> Message:
     """Returns a message that keeps the IR's rules on its own (linkage aside), or raises
     _Problem naming the field."""
@@ -643,6 +683,8 @@ def _checked_message(message: object) -> Message:
         if not _is_text(message.content):
             raise _Problem(_wrong_field(message, "content"))
     elif type(message) is AssistantMessage:
+        if message.usage is not None and type(message.usage) is not Usage:
+            raise _Problem(_wrong_field(message, "usage"))
         for block in message.content:
             try:
                 _checked_block(block)
@@ -672,6 +714,7 @@ _FIELD_TYPES: Final = {
     "tool_name": "a non-empty str",
     "content": "a str",
     "is_error": "a bool",
+    "usage": "None or a Usage",
 }
 
 
@@ -780,29 +823,35 @@ def _check_request_id(request_id: object, request: ModelRequest) -> None:
         )
 
 
+# A normalised block: text as a str, thinking as a ThinkingBlock of its text alone (a
+# signature never streams), a tool call as itself.
+_Normalized: TypeAlias = Union[str, "ThinkingBlock", "ToolCall"]
+
+
 class _StreamedBlocks:
     """What one step has streamed so far, checked chunk by chunk against the step's limits."""
 
     def __init__(self, request: ModelRequest) -> None:
         self.request = request
-        self.items: List[Union[str, ToolCall]] = []
+        self.items: List[_Normalized] = []
         self.text = 0
+        self.thinking = 0
 
     def add(self, chunk: object) -> None:
-        """Checks one streamed chunk and keeps its text or its tool call."""
+        """Checks one streamed chunk and keeps its text, its thinking or its tool call."""
         # Seed: "The loop caps one step at 1024 chunks, 65,536 Unicode code points
-        # of text, and 1024 assistant blocks." (blocks: see _checked_response)
+        # of text, and 1024 assistant blocks." (blocks: see _checked_response) Every
+        # chunk counts, thinking too; thinking is bounded by the same number as text,
+        # counted apart, so that the seed's text limit is unchanged.
         if len(self.items) == MAX_STEP_CHUNKS:
             raise _Problem(f"the model streamed more than {MAX_STEP_CHUNKS} chunks")
+        item: _Normalized
         if type(chunk) is TextDelta:
-            if not _is_text(chunk.text):
-                raise _Problem(
-                    f"a text chunk's text must be a str, got {type(chunk.text).__name__}"
-                )
-            self.text += len(chunk.text)
-            if self.text > MAX_STEP_TEXT:
-                raise _Problem(f"the model streamed more than {MAX_STEP_TEXT} code points of text")
-            item: Union[str, ToolCall] = chunk.text
+            self.text += _streamed_length(chunk.text, "text", self.text)
+            item = chunk.text
+        elif type(chunk) is ThinkingDelta:
+            self.thinking += _streamed_length(chunk.thinking, "thinking", self.thinking)
+            item = ThinkingBlock(chunk.thinking)
         elif type(chunk) is ToolCallChunk:
             if type(chunk.tool_call) is not ToolCall:
                 raise _Problem(
@@ -812,18 +861,20 @@ class _StreamedBlocks:
             item = chunk.tool_call
         else:
             raise _Problem(
-                f"the model streamed a {type(chunk).__name__}, not a TextDelta or ToolCallChunk"
+                f"the model streamed a {type(chunk).__name__}, not a TextDelta, ThinkingDelta "
+                "or ToolCallChunk"
             )
         _check_request_id(chunk.request_id, self.request)
         self.items.append(item)
 
-    def require_agreement(self, content: Sequence[Union[TextBlock, ToolCall]]) -> None:
-        """Raises _Problem unless the terminal content agrees with the stream."""
+    def require_agreement(
+        self, content: Sequence[Union[TextBlock, ThinkingBlock, ToolCall]]
+    ) -> None:
+        """Raises _Problem unless the terminal content agrees with the stream (usage
+        is not part of it)."""
         # Seed: "The resulting normalized block sequences must agree in content and
         # order; raw text-chunk segmentation may differ."
-        terminal = _normalized(
-            block.text if isinstance(block, TextBlock) else block for block in content
-        )
+        terminal = _normalized(_normalized_item(block) for block in content)
         streamed = _normalized(self.items)
         if terminal == streamed:
             return
@@ -831,7 +882,8 @@ class _StreamedBlocks:
             raise _Problem(
                 "the model streamed nothing, but its terminal response holds "
                 f"{len(content)} block(s): a model must yield a chunk for each block it "
-                "returns (a TextDelta per text, a ToolCallChunk per tool call)"
+                "returns (a TextDelta per text, a ThinkingDelta per thinking, a "
+                "ToolCallChunk per tool call)"
             )
         index = cast(int, _first_difference(streamed, terminal))  # they differ
         raise _Problem(
@@ -841,16 +893,38 @@ class _StreamedBlocks:
         )
 
 
-def _normalized(items: Iterable[Union[str, ToolCall]]) -> List[Union[str, ToolCall]]:
-    """Coalesces adjacent text, with tool calls as boundaries; empty text carries nothing."""
+def _streamed_length(text: object, kind: str, so_far: int) -> int:
+    """The code points of a text or thinking chunk, if the step's total stays within
+    MAX_STEP_TEXT; raises _Problem if not, or if it is not a str."""
+    if not _is_text(text):
+        raise _Problem(f"a {kind} chunk's {kind} must be a str, got {type(text).__name__}")
+    if so_far + len(text) > MAX_STEP_TEXT:
+        raise _Problem(f"the model streamed more than {MAX_STEP_TEXT} code points of {kind}")
+    return len(text)
+
+
+def _normalized_item(block: Union[TextBlock, ThinkingBlock, ToolCall]) -> _Normalized:
+    """A terminal block as the stream carries it: a thinking block's signature does not stream."""
+    if isinstance(block, TextBlock):
+        return block.text
+    if isinstance(block, ThinkingBlock):
+        return ThinkingBlock(block.thinking)
+    return block
+
+
+def _normalized(items: Iterable[_Normalized]) -> List[_Normalized]:
+    """Coalesces adjacent text and adjacent thinking; text, thinking and tool calls are
+    each other's boundaries, and empty text or thinking carries nothing."""
     # Seed: "the loop coalesces adjacent streamed text deltas and adjacent terminal
-    # text blocks, using Tool calls as boundaries."
-    normalized: List[Union[str, ToolCall]] = []
-    for is_text, run in itertools.groupby(items, key=lambda item: isinstance(item, str)):
-        if is_text:
-            text = "".join(cast("Iterable[str]", run))
-            if text:
-                normalized.append(text)
+    # text blocks, using Tool calls as boundaries." Thinking is coalesced as text is.
+    normalized: List[_Normalized] = []
+    carrying = (item for item in items if item != "" and item != ThinkingBlock(""))
+    for kind, run in itertools.groupby(carrying, key=type):
+        if kind is str:
+            normalized.append("".join(cast("Iterable[str]", run)))
+        elif kind is ThinkingBlock:
+            thinking = "".join(block.thinking for block in cast("Iterable[ThinkingBlock]", run))
+            normalized.append(ThinkingBlock(thinking))
         else:
             normalized.extend(run)
     return normalized
@@ -864,7 +938,7 @@ def _first_difference(left: Sequence[Any], right: Sequence[Any]) -> Optional[int
     return None if len(left) == len(right) else min(len(left), len(right))
 
 
-def _shortened(blocks: List[Union[str, ToolCall]], index: int) -> str:
+def _shortened(blocks: List[_Normalized], index: int) -> str:
     """A short repr of one normalised block, or "nothing" past the end."""
     if index == len(blocks):
         return "nothing"
@@ -906,6 +980,20 @@ class TextDelta:
 
 
 @dataclass(frozen=True)
+class ThinkingDelta:
+    """A streamed piece of the model's thinking (its signature, if any, arrives only in
+    the terminal response's ThinkingBlock)."""
+
+    request_id: str
+    thinking: str
+    type: ClassVar[Literal["thinking"]] = "thinking"
+
+    def to_dict(self) -> Dict[str, Any]:
+        """Returns the JSON shape of this object (plain dicts and lists)."""
+        return {"type": self.type, "requestId": self.request_id, "thinking": self.thinking}
+
+
+@dataclass(frozen=True)
 class ToolCallChunk:
     """A streamed, complete tool call."""
 
@@ -922,15 +1010,18 @@ class ToolCallChunk:
         }
 
 
-ModelChunk = Union[TextDelta, ToolCallChunk]
+ModelChunk = Union[TextDelta, ThinkingDelta, ToolCallChunk]
 
 
 def _chunk_from_dict(data: object, where: str) -> ModelChunk:
     """Reads a chunk from its to_dict() form; ValueError naming the field if malformed."""
     chunk = _object(data, where)
     request_id = _read(chunk, "requestId", str, where)
-    if _read_choice(chunk, "type", ("text", "toolCall"), where) == "text":
+    kind = _read_choice(chunk, "type", ("text", "thinking", "toolCall"), where)
+    if kind == "text":
         return TextDelta(request_id, _read(chunk, "text", str, where))
+    if kind == "thinking":
+        return ThinkingDelta(request_id, _read(chunk, "thinking", str, where))
     return ToolCallChunk(
         request_id,
         _tool_call_from_dict(_read(chunk, "toolCall", dict, where), f"{where}.toolCall"),
@@ -943,25 +1034,100 @@ _STOP_REASONS: Final = get_args(StopReason)
 
 
 @dataclass(frozen=True)
+class Usage:
+    """The tokens one response (or, summed, one run) cost, as the provider reported them.
+
+    Each field is None when the provider did not say (never 0 for unknown), else an int
+    >= 0. ``input_tokens`` counts the input tokens neither read from nor written to a
+    prompt cache: the whole input is ``input_tokens + cache_read_tokens +
+    cache_write_tokens``, as Anthropic counts it. ``output_tokens`` counts all output
+    tokens, reasoning included; ``reasoning_tokens`` is the part of them spent on
+    reasoning, when the provider says. ``a + b`` sums field by field, and a field that
+    is None on either side is None in the sum: a sum with an unknown part is unknown.
+
+    Raises TypeError for a field that is not None or an int (a bool is not one), and
+    ValueError for a negative one.
+    """
+
+    input_tokens: Optional[int] = None
+    output_tokens: Optional[int] = None
+    cache_read_tokens: Optional[int] = None
+    cache_write_tokens: Optional[int] = None
+    reasoning_tokens: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        for name, _ in _USAGE_KEYS:
+            value = getattr(self, name)
+            if value is not None and type(value) is not int:
+                raise TypeError(f"Usage {name} must be None or an int, got {type(value).__name__}")
+            if value is not None and value < 0:
+                raise ValueError(f"Usage {name} must be None or an int >= 0, got {value}")
+
+    def __add__(self, other: object) -> Usage:
+        if type(other) is not Usage:
+            return NotImplemented
+        return Usage(
+            *(
+                None if mine is None or theirs is None else mine + theirs
+                for mine, theirs in zip(dataclasses.astuple(self), dataclasses.astuple(other))
+            )
+        )
+
+    def to_dict(self) -> Dict[str, Any]:
+        """Returns the JSON shape of this object: Pi's keys, each absent when unknown."""
+        return {
+            key: getattr(self, name)
+            for name, key in _USAGE_KEYS
+            if getattr(self, name) is not None
+        }
+
+
+# Usage's fields, in order, and their JSON keys.
+_USAGE_KEYS: Final = (
+    ("input_tokens", "input"),
+    ("output_tokens", "output"),
+    ("cache_read_tokens", "cacheRead"),
+    ("cache_write_tokens", "cacheWrite"),
+    ("reasoning_tokens", "reasoning"),
+)
+
+
+def _usage_from_dict(data: Dict[str, Any], where: str) -> Optional[Usage]:
+    """Reads the optional ``usage`` key of an object that may hold one."""
+    if data.get("usage") is None:
+        return None
+    usage = _object(data["usage"], f"{where}.usage")
+    counts = [_read_optional(usage, key, int, f"{where}.usage") for _, key in _USAGE_KEYS]
+    for (_, key), count in zip(_USAGE_KEYS, counts):
+        if count is not None and count < 0:
+            raise ValueError(f"{where}.usage.{key} must be >= 0, got {count}")
+    return Usage(*counts)
+
+
+@dataclass(frozen=True)
 class ModelResponse:
-    """A model's terminal response to one request."""
+    """A model's terminal response to one request, and what it cost (None: unknown)."""
 
     id: str
     request_id: str
-    content: Sequence[Union[TextBlock, ToolCall]]  # any sequence; stored as a tuple
+    content: Sequence[Union[TextBlock, ThinkingBlock, ToolCall]]  # stored as a tuple
     stop_reason: StopReason
+    usage: Optional[Usage] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "content", tuple(self.content))
 
     def to_dict(self) -> Dict[str, Any]:
-        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
-        return {
+        """Returns the seed's JSON shape of this object, and ``usage`` when it is known."""
+        data: Dict[str, Any] = {
             "id": self.id,
             "requestId": self.request_id,
             "content": [block.to_dict() for block in self.content],
             "stopReason": self.stop_reason,
         }
+        if self.usage is not None:
+            data["usage"] = self.usage.to_dict()
+        return data
 
 
 class Signal(Protocol):
@@ -1670,6 +1836,32 @@ class TextBlock:
         return {"type": self.type, "text": self.text}
 
 
+@dataclass(frozen=True)
+class ThinkingBlock:
+    """The model's thinking, kept in the transcript so that it can be sent back exactly.
+
+    ``signature`` is the provider's proof of the thinking, when it gives one. A
+    redacted block (``redacted=True``) holds the provider's opaque data as its
+    ``signature`` (a non-empty str), and its ``thinking`` is ``""``. The loop rejects a
+    block that breaks these rules where it enters, like any malformed block.
+    """
+
+    thinking: str
+    signature: Optional[str] = None
+    redacted: bool = False
+    type: ClassVar[Literal["thinking"]] = "thinking"
+
+    def to_dict(self) -> Dict[str, Any]:
+        """Returns the JSON shape of this object, as Pi writes it: ``thinkingSignature``
+        only when there is one, ``redacted`` only when true."""
+        data: Dict[str, Any] = {"type": self.type, "thinking": self.thinking}
+        if self.signature is not None:
+            data["thinkingSignature"] = self.signature
+        if self.redacted:
+            data["redacted"] = True
+        return data
+
+
 @dataclass(frozen=True, eq=False)
 class ToolCall:
     """A request from the model to run one tool.
@@ -1736,11 +1928,22 @@ class ToolCall:
         }
 
 
-def _block_from_dict(data: object, where: str) -> Union[TextBlock, ToolCall]:
-    """Reads a TextBlock or a ToolCall from its to_dict() form."""
+def _block_from_dict(data: object, where: str) -> Union[TextBlock, ThinkingBlock, ToolCall]:
+    """Reads a TextBlock, ThinkingBlock or ToolCall from its to_dict() form."""
     block = _object(data, where)
-    if _read_choice(block, "type", ("text", "toolCall"), where) == "text":
+    kind = _read_choice(block, "type", ("text", "thinking", "toolCall"), where)
+    if kind == "text":
         return TextBlock(_read(block, "text", str, where))
+    if kind == "thinking":
+        thinking = ThinkingBlock(
+            _read(block, "thinking", str, where),
+            _read_optional(block, "thinkingSignature", str, where),
+            _read_optional(block, "redacted", bool, where) is True,
+        )
+        try:
+            return _checked_thinking(thinking)
+        except _Problem as problem:
+            raise ValueError(f"{where}: {problem}") from None
     arguments = _read(block, "arguments", dict, where)
     try:
         _frozen_arguments(arguments)
@@ -1771,22 +1974,31 @@ class UserMessage:
 
 @dataclass(frozen=True)
 class AssistantMessage:
-    """A complete assistant response: text and tool-call blocks, in the model's order."""
+    """A complete assistant response: text, thinking and tool-call blocks, in the model's
+    order, and the usage of the response it came from (None: unknown).
+
+    The usage is the message's own record of what it cost, so that a saved transcript
+    carries it: it is not part of what a model is sent back.
+    """
 
     id: str
-    content: Sequence[Union[TextBlock, ToolCall]]  # any sequence; stored as a tuple
+    content: Sequence[Union[TextBlock, ThinkingBlock, ToolCall]]  # stored as a tuple
+    usage: Optional[Usage] = None
     role: ClassVar[Literal["assistant"]] = "assistant"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "content", tuple(self.content))
 
     def to_dict(self) -> Dict[str, Any]:
-        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
-        return {
+        """Returns the seed's JSON shape of this object, and ``usage`` when it is known."""
+        data: Dict[str, Any] = {
             "id": self.id,
             "role": self.role,
             "content": [block.to_dict() for block in self.content],
         }
+        if self.usage is not None:
+            data["usage"] = self.usage.to_dict()
+        return data
 
 
 @dataclass(frozen=True)
@@ -1832,6 +2044,7 @@ def _message_from_dict(data: object, where: str) -> Message:
         return AssistantMessage(
             message_id,
             tuple(_block_from_dict(b, f"{where}.content[{i}]") for i, b in enumerate(blocks)),
+            _usage_from_dict(message, where),
         )
     return ToolResultMessage(
         message_id,
@@ -1850,7 +2063,8 @@ def _tool_result_from_dict(data: object, where: str) -> ToolResultMessage:
 
 
 def text_from_assistant(message: AssistantMessage) -> str:
-    """Returns the text blocks of an assistant message, concatenated with no separator."""
+    """Returns the text blocks of an assistant message, concatenated with no separator
+    (thinking is left out)."""
     return "".join(block.text for block in message.content if isinstance(block, TextBlock))
 
 
@@ -1900,6 +2114,9 @@ class RunResult:
 
     ``request_sequence_start`` is the run's option of that name, so that
     ``next_request_sequence`` can say where a resumed run's request ids go on.
+    ``usage`` is the sum (``Usage.__add__``) of the usage of the responses this run
+    appended: None when it appended none, and every field None if one of them had no
+    usage. A failed or cancelled run sums the responses it did append.
     """
 
     status: RunStatus
@@ -1909,6 +2126,7 @@ class RunResult:
     max_steps: Optional[int] = None
     error: Optional[RunError] = None
     request_sequence_start: int = 0
+    usage: Optional[Usage] = None
 
     @property
     def next_request_sequence(self) -> int:
@@ -1919,8 +2137,8 @@ class RunResult:
     def to_dict(self) -> Dict[str, Any]:
         """Returns the seed's JSON shape of this result; optional keys only when set.
 
-        ``requestSequenceStart`` is written only when it is not 0, so the result of an
-        ordinary run has exactly the seed's keys.
+        ``requestSequenceStart`` is written only when it is not 0, and ``usage`` only
+        when it is not None.
         """
         data: Dict[str, Any] = {
             "status": self.status,
@@ -1935,6 +2153,8 @@ class RunResult:
             data["error"] = self.error.to_dict()
         if self.request_sequence_start != 0:
             data["requestSequenceStart"] = self.request_sequence_start
+        if self.usage is not None:
+            data["usage"] = self.usage.to_dict()
         return data
 
 
@@ -1956,6 +2176,7 @@ def _result_from_dict(data: object, where: str) -> RunResult:
         max_steps=_read_optional(result, "maxSteps", int, where),
         error=error,
         request_sequence_start=_read_optional(result, "requestSequenceStart", int, where) or 0,
+        usage=_usage_from_dict(result, where),
     )
 
 
@@ -2094,18 +2315,19 @@ class ScriptedResponse:
     """
 
     id: str
-    content: Sequence[Union[TextBlock, ToolCall]]  # any sequence; stored as a tuple
+    content: Sequence[Union[TextBlock, ThinkingBlock, ToolCall]]  # stored as a tuple
     stop_reason: StopReason
-    chunks: Optional[Sequence[Union[TextBlock, ToolCall]]] = None  # stored as a tuple
+    chunks: Optional[Sequence[Union[TextBlock, ThinkingBlock, ToolCall]]] = None  # a tuple
     request_id: Optional[str] = None
+    usage: Optional[Usage] = None
 
     def __post_init__(self) -> None:
         # A str is a sequence too, of characters: never what a script means.
         for name in ("content", "chunks"):
             if isinstance(getattr(self, name), str):
                 raise TypeError(
-                    f"scripted {name} must be a sequence of TextBlock and ToolCall, got a "
-                    "str: wrap text in TextBlock(...)"
+                    f"scripted {name} must be a sequence of TextBlock, ThinkingBlock and "
+                    "ToolCall, got a str: wrap text in TextBlock(...)"
                 )
         object.__setattr__(self, "content", tuple(self.content))
         if self.chunks is not None:
@@ -2114,17 +2336,20 @@ class ScriptedResponse:
 
 def scripted_response(
     id: str,
-    content: Iterable[Union[TextBlock, ToolCall]],
+    content: Iterable[Union[TextBlock, ThinkingBlock, ToolCall]],
     stop_reason: StopReason,
     *,
-    chunks: Optional[Iterable[Union[TextBlock, ToolCall]]] = None,
+    chunks: Optional[Iterable[Union[TextBlock, ThinkingBlock, ToolCall]]] = None,
     request_id: Optional[str] = None,
+    usage: Optional[Usage] = None,
 ) -> ScriptedResponse:
     """One scripted model turn.
 
     The model streams each block of ``chunks`` (default: ``content``) as one chunk
-    with the active request id, then returns ``ModelResponse(id, request_id or the
-    active request id, content, stop_reason)``.
+    with the active request id (a TextBlock as a TextDelta of its text, a ThinkingBlock
+    as a ThinkingDelta of its thinking, a ToolCall as a ToolCallChunk), then returns
+    ``ModelResponse(id, request_id or the active request id, content, stop_reason,
+    usage)``.
     """
     return ScriptedResponse(
         id,
@@ -2132,6 +2357,7 @@ def scripted_response(
         stop_reason,
         chunks=None if chunks is None else tuple(chunks),
         request_id=request_id,
+        usage=usage,
     )
 
 
@@ -2152,15 +2378,20 @@ class ScriptedModel:
     def from_transcript(cls, messages: Iterable[Message]) -> ScriptedModel:
         """A model that replays the assistant messages of a recorded transcript, in order.
 
-        It streams one chunk per block and leaves the tools to the caller, who runs them
-        again. (``agent_loop_replay.replay()`` of the run's event log replays it exactly.)
+        It streams one chunk per block, returns each message's usage with its response,
+        and leaves the tools to the caller, who runs them again.
+        (``agent_loop_replay.replay()`` of the run's event log replays it exactly.)
         """
         responses = []
         for message in messages:
             if isinstance(message, AssistantMessage):
                 stop_reason: StopReason = "toolCall" if _tool_calls(message) else "stop"
                 response_id = _response_id(message.id)
-                responses.append(scripted_response(response_id, message.content, stop_reason))
+                responses.append(
+                    scripted_response(
+                        response_id, message.content, stop_reason, usage=message.usage
+                    )
+                )
         return cls(responses)
 
     def stream(
@@ -2187,10 +2418,14 @@ class ScriptedModel:
         for block in blocks:
             if isinstance(block, TextBlock):
                 yield TextDelta(request.id, block.text)
+            elif isinstance(block, ThinkingBlock):
+                yield ThinkingDelta(request.id, block.thinking)
             else:
                 yield ToolCallChunk(request.id, block)
         request_id = request.id if scripted.request_id is None else scripted.request_id
-        return ModelResponse(scripted.id, request_id, scripted.content, scripted.stop_reason)
+        return ModelResponse(
+            scripted.id, request_id, scripted.content, scripted.stop_reason, scripted.usage
+        )
 
 
 # --- The demonstration ------------------------------------------------------------

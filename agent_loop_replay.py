@@ -283,6 +283,7 @@ def _recorded_steps(
                 request_id,
                 message.content,
                 "toolCall" if calls else "stop",
+                message.usage,
             )
             _check_recorded_stream(request_id, chunks[index], response)
         elif started[index]:
@@ -305,13 +306,10 @@ def _check_recorded_stream(
     request_id: str, chunks: Sequence[al.ModelChunk], response: al.ModelResponse
 ) -> None:
     """A step's recorded chunks agree with its response, as in every step the loop
-    recorded: the same blocks once adjacent text is joined and empty text dropped."""
-    streamed = _normalized(
-        chunk.text if isinstance(chunk, al.TextDelta) else chunk.tool_call for chunk in chunks
-    )
-    terminal = _normalized(
-        block.text if isinstance(block, al.TextBlock) else block for block in response.content
-    )
+    recorded: the same blocks once adjacent text and adjacent thinking are joined and
+    empty text and thinking dropped (a thinking block's signature does not stream)."""
+    streamed = _normalized(_normalized_item(chunk) for chunk in chunks)
+    terminal = _normalized(_normalized_item(block) for block in response.content)
     index = _first_difference(streamed, terminal)
     if index is not None:
         raise ValueError(
@@ -321,14 +319,32 @@ def _check_recorded_stream(
         )
 
 
-def _normalized(items: Iterable[Union[str, al.ToolCall]]) -> List[Union[str, al.ToolCall]]:
-    """Adjacent text joined, with tool calls as boundaries; empty text carries nothing."""
-    normalized: List[Union[str, al.ToolCall]] = []
-    for is_text, group in itertools.groupby(items, key=lambda item: isinstance(item, str)):
-        if is_text:
-            text = "".join(cast("Iterable[str]", group))
-            if text:
-                normalized.append(text)
+_Normalized = Union[str, al.ThinkingBlock, al.ToolCall]
+"""A normalised block: text as a str, thinking as a ThinkingBlock of its text alone."""
+
+
+def _normalized_item(
+    item: Union[al.ModelChunk, al.TextBlock, al.ThinkingBlock, al.ToolCall],
+) -> _Normalized:
+    """What a chunk or a terminal block carries, as a normalised block."""
+    if isinstance(item, (al.TextDelta, al.TextBlock)):
+        return item.text
+    if isinstance(item, (al.ThinkingDelta, al.ThinkingBlock)):
+        return al.ThinkingBlock(item.thinking)
+    return item.tool_call if isinstance(item, al.ToolCallChunk) else item
+
+
+def _normalized(items: Iterable[_Normalized]) -> List[_Normalized]:
+    """Adjacent text joined and adjacent thinking joined, text, thinking and tool calls
+    being each other's boundaries; empty text or thinking carries nothing."""
+    normalized: List[_Normalized] = []
+    carrying = (item for item in items if item != "" and item != al.ThinkingBlock(""))
+    for kind, group in itertools.groupby(carrying, key=type):
+        if kind is str:
+            normalized.append("".join(cast("Iterable[str]", group)))
+        elif kind is al.ThinkingBlock:
+            pieces = cast("Iterable[al.ThinkingBlock]", group)
+            normalized.append(al.ThinkingBlock("".join(block.thinking for block in pieces)))
         else:
             normalized.extend(group)
     return normalized

@@ -359,7 +359,9 @@ class FakeModel:
         if isinstance(step, al.ScriptedResponse):
             blocks = step.content if step.chunks is None else step.chunks
             request_id = request.id if step.request_id is None else step.request_id
-            response = untyped.ModelResponse(step.id, request_id, step.content, step.stop_reason)
+            response = untyped.ModelResponse(
+                step.id, request_id, step.content, step.stop_reason, step.usage
+            )
             return stream_of(self, request, blocks, lambda request: response)
         return step(self, request, signal)
 
@@ -376,6 +378,8 @@ def stream_of(
         for item in stream:
             if isinstance(item, al.TextBlock):
                 yield al.TextDelta(request.id, item.text)
+            elif isinstance(item, al.ThinkingBlock):
+                yield al.ThinkingDelta(request.id, item.thinking)
             elif isinstance(item, al.ToolCall):
                 yield al.ToolCallChunk(request.id, item)
             else:
@@ -526,30 +530,67 @@ MESSAGE_TYPES = (al.UserMessage, al.AssistantMessage, al.ToolResultMessage)
 
 
 def normalized(items: Sequence[object]) -> list[object]:
-    """Text coalesced between tool calls, empty text dropped: the seed's normalisation,
-    written again here so that the checker does not trust the loop's own."""
+    """Text coalesced, and thinking coalesced, between the other kinds of block; empty
+    text and thinking dropped: the seed's normalisation (thinking as the loop extends it),
+    written again here so that the checker does not trust the loop's own. Text is a str
+    (or a TextBlock), thinking a ThinkingBlock whose signature is ignored; it comes out as
+    ("thinking", text)."""
     normalized: list[object] = []
     pending = ""
+    pending_kind = ""
     for item in items:
+        kind = "call"
         if isinstance(item, al.TextBlock):
-            item = item.text
-        if isinstance(item, str):
-            pending += item
+            item, kind = item.text, "text"
+        elif isinstance(item, str):
+            kind = "text"
+        elif isinstance(item, al.ThinkingBlock):
+            item, kind = item.thinking, "thinking"
+        if kind != "call" and item == "":
             continue
-        if pending:
-            normalized.append(pending)
+        if pending and kind != pending_kind:
+            normalized.append(pending if pending_kind == "text" else ("thinking", pending))
             pending = ""
-        normalized.append(item)
+        if kind == "call":
+            normalized.append(item)
+        else:
+            pending += cast(str, item)
+            pending_kind = kind
     if pending:
-        normalized.append(pending)
+        normalized.append(pending if pending_kind == "text" else ("thinking", pending))
     return normalized
 
 
 def chunk_item(chunk: object) -> object:
     if isinstance(chunk, al.TextDelta):
         return chunk.text
+    if isinstance(chunk, al.ThinkingDelta):
+        return al.ThinkingBlock(chunk.thinking)
     assert isinstance(chunk, al.ToolCallChunk)
     return chunk.tool_call
+
+
+USAGE_FIELDS = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "reasoning_tokens",
+)
+
+
+def summed_usage(messages: Iterable[al.Message]) -> al.Usage | None:
+    """The usage of a run that appended these assistant messages, summed as the README
+    says (a field unknown in one of them is unknown; no response at all is None), written
+    again here so that the checker does not trust the loop's own Usage.__add__."""
+    usages = [m.usage for m in messages if isinstance(m, al.AssistantMessage)]
+    if not usages:
+        return None
+    total: dict[str, int | None] = {}
+    for name in USAGE_FIELDS:
+        counts = [None if usage is None else getattr(usage, name) for usage in usages]
+        total[name] = None if None in counts else sum(cast("list[int]", counts))
+    return al.Usage(**total)
 
 
 def cancels(at: CancelAt, events: Sequence[al.Event]) -> bool:
@@ -611,10 +652,15 @@ def check_run(
     for index, message in enumerate(messages):
         if isinstance(message, al.AssistantMessage):
             assistant_indexes.append(index)
+            assert message.usage is None or type(message.usage) is al.Usage
             for block in message.content:
-                assert type(block) in (al.TextBlock, al.ToolCall)
+                assert type(block) in (al.TextBlock, al.ThinkingBlock, al.ToolCall)
                 if isinstance(block, al.TextBlock):
                     assert isinstance(block.text, str)
+                    continue
+                if isinstance(block, al.ThinkingBlock):
+                    assert isinstance(block.thinking, str)
+                    assert not block.redacted or (block.thinking == "" and block.signature)
                     continue
                 assert isinstance(block.id, str)
                 assert block.id
@@ -644,6 +690,7 @@ def check_run(
         assert kinds == ["run.finished"]
         assert messages == ()
         assert result.steps == 0
+        assert result.usage is None
     else:
         assert accepted == list(messages[: len(accepted)])
         if start is not None:
@@ -656,6 +703,8 @@ def check_run(
             start_count = len(accepted)
         else:
             start_count = len(messages)
+        # The run's usage: the sum over the responses it appended, and only those.
+        assert result.usage == summed_usage(messages[start_count:])
 
     if model is None:
         return

@@ -64,6 +64,7 @@ import json
 import logging
 import pickle
 import random
+import re
 import sys
 import threading
 import tracemalloc
@@ -98,6 +99,7 @@ from loop_testing import (
     OVER_LIMIT,
     PRIOR_ROUND,
     REPOSITORY,
+    USAGE_FIELDS,
     CancelAt,
     Custom,
     FakeModel,
@@ -1798,7 +1800,7 @@ class TestStreamDisagreementIsShown:
         assert failure_message(result, "MODEL_PROTOCOL_ERROR") == (
             "the model streamed nothing, but its terminal response holds 2 block(s): a model "
             "must yield a chunk for each block it returns (a TextDelta per text, a "
-            "ToolCallChunk per tool call)"
+            "ThinkingDelta per thinking, a ToolCallChunk per tool call)"
         )
 
 
@@ -1846,7 +1848,8 @@ class TestMistakesNameTheirFix:
     def test_text_given_as_a_str_block_is_told_to_wrap_it(self) -> None:
         _, result, _ = run(al.ScriptedModel([]), messages=[untyped.AssistantMessage("a1", ["hi"])])
         assert failure_message(result, "INVALID_TRANSCRIPT") == (
-            "message 'a1': a str is not a TextBlock or ToolCall: wrap text in TextBlock(...)"
+            "message 'a1': a str is not a TextBlock, ThinkingBlock or ToolCall: wrap text in "
+            "TextBlock(...)"
         )
 
     def test_a_dict_message_is_pointed_at_message_from_dict(self) -> None:
@@ -5120,6 +5123,227 @@ class TestCopyingAndHashing:
         for value in values:
             with pytest.raises(TypeError):
                 hash(value)
+
+
+SIGNED = al.ThinkingBlock("Add first, then answer.", signature="sig-001")
+REDACTED = al.ThinkingBlock("", signature="opaque-data", redacted=True)
+FULL_USAGE = al.Usage(100, 20, 3000, 40, 5)
+
+
+def thinking_assistant(usage: al.Usage | None = FULL_USAGE) -> al.AssistantMessage:
+    """An assistant message with every kind of thinking block, in a mixed order, and usage."""
+    return al.AssistantMessage(
+        "message-response-001",
+        (SIGNED, text("Adding."), REDACTED, al.ThinkingBlock(""), add_call()),
+        usage,
+    )
+
+
+class TestThinkingBlocksAndUsage:
+    """ThinkingBlock, ThinkingDelta and Usage: their fields, JSON (Pi's keys, absent when
+    None or False) and round trips, and the sum of two Usages."""
+
+    def test_a_thinking_block_is_written_as_pi_writes_it(self) -> None:
+        assert al.ThinkingBlock("hmm").to_dict() == {"type": "thinking", "thinking": "hmm"}
+        assert SIGNED.to_dict() == {
+            "type": "thinking",
+            "thinking": "Add first, then answer.",
+            "thinkingSignature": "sig-001",
+        }
+        assert REDACTED.to_dict() == {
+            "type": "thinking",
+            "thinking": "",
+            "thinkingSignature": "opaque-data",
+            "redacted": True,
+        }
+
+    def test_a_thinking_delta_is_a_chunk_of_type_thinking(self) -> None:
+        delta = al.ThinkingDelta("request-001", "Let me see")
+        assert delta.type == "thinking"
+        assert delta.to_dict() == {
+            "type": "thinking",
+            "requestId": "request-001",
+            "thinking": "Let me see",
+        }
+
+    def test_usage_is_written_in_pis_keys_each_absent_when_unknown(self) -> None:
+        assert FULL_USAGE.to_dict() == {
+            "input": 100,
+            "output": 20,
+            "cacheRead": 3000,
+            "cacheWrite": 40,
+            "reasoning": 5,
+        }
+        assert al.Usage(output_tokens=0).to_dict() == {"output": 0}
+        assert al.Usage().to_dict() == {}
+
+    def test_usage_is_written_only_where_it_is_known(self) -> None:
+        message = thinking_assistant()
+        assert message.to_dict()["usage"] == FULL_USAGE.to_dict()
+        assert "usage" not in thinking_assistant(None).to_dict()
+        response = al.ModelResponse("r", "request-001", (), "stop", al.Usage(1, 2))
+        assert response.to_dict()["usage"] == {"input": 1, "output": 2}
+        assert "usage" not in al.ModelResponse("r", "request-001", (), "stop").to_dict()
+        result = al.RunResult("completed", (), 1, final_text="", usage=al.Usage())
+        assert result.to_dict()["usage"] == {}
+        assert "usage" not in al.RunResult("completed", (), 1, final_text="").to_dict()
+
+    @pytest.mark.parametrize("value", [0, 1, 10**12, None])
+    def test_a_usage_count_is_none_or_an_int_at_least_zero(self, value: Any) -> None:
+        for name in USAGE_FIELDS:
+            assert getattr(al.Usage(**{name: value}), name) == value
+
+    @pytest.mark.parametrize(
+        ("value", "error", "words"),
+        [
+            pytest.param(-1, ValueError, "must be None or an int >= 0, got -1", id="negative"),
+            pytest.param(True, TypeError, "must be None or an int, got bool", id="bool"),
+            pytest.param(1.0, TypeError, "must be None or an int, got float", id="float"),
+            pytest.param("3", TypeError, "must be None or an int, got str", id="str"),
+        ],
+    )
+    def test_a_usage_count_of_another_kind_is_refused_when_built(
+        self, value: Any, error: type[Exception], words: str
+    ) -> None:
+        for name in USAGE_FIELDS:
+            with pytest.raises(error, match=re.escape(f"Usage {name} {words}")):
+                al.Usage(**{name: value})
+
+    def test_usages_add_field_by_field(self) -> None:
+        assert FULL_USAGE + al.Usage(1, 2, 3, 4, 5) == al.Usage(101, 22, 3003, 44, 10)
+
+    def test_a_sum_with_an_unknown_part_is_unknown(self) -> None:
+        """ "a field that is None on either side is None in the sum"."""
+        assert FULL_USAGE + al.Usage(1, 2, None, 4, None) == al.Usage(101, 22, None, 44, None)
+        assert al.Usage(None, 2) + al.Usage(1, 2) == al.Usage(None, 4)
+        assert FULL_USAGE + al.Usage() == al.Usage()
+
+    def test_a_usage_adds_only_a_usage(self) -> None:
+        usage: Any = FULL_USAGE
+        with pytest.raises(TypeError):
+            usage + object()
+        with pytest.raises(TypeError):
+            usage + {"input": 1}
+
+    def test_text_from_assistant_leaves_thinking_out(self) -> None:
+        assert al.text_from_assistant(thinking_assistant()) == "Adding."
+
+    @pytest.mark.parametrize("usage", [FULL_USAGE, al.Usage(output_tokens=7), al.Usage(), None])
+    def test_a_message_with_thinking_and_usage_round_trips_through_json(
+        self, usage: al.Usage | None
+    ) -> None:
+        message = thinking_assistant(usage)
+        again = al.message_from_dict(json.loads(json.dumps(message.to_dict())))
+        assert again == message
+        assert again.content == message.content  # the blocks in the model's order
+        assert isinstance(again, al.AssistantMessage)
+        assert again.usage == usage
+
+    def test_events_with_thinking_and_usage_round_trip_through_json(self) -> None:
+        message = thinking_assistant()
+        events = [
+            al.Event(0, "message.accepted", {"message": message}),
+            al.Event(
+                1,
+                "model.chunk",
+                {"request_id": "request-001", "chunk": al.ThinkingDelta("request-001", "Hm")},
+            ),
+            al.Event(
+                2,
+                "run.finished",
+                {"result": al.RunResult("cancelled", (message,), 1, usage=FULL_USAGE)},
+            ),
+        ]
+        for event in events:
+            assert al.event_from_dict(json.loads(json.dumps(event.to_dict()))) == event
+
+    def test_an_assistant_message_equals_another_only_with_the_same_usage(self) -> None:
+        assert thinking_assistant() == thinking_assistant(al.Usage(100, 20, 3000, 40, 5))
+        assert thinking_assistant() != thinking_assistant(None)
+        assert hash(thinking_assistant()) == hash(thinking_assistant())
+
+
+def thinking_dict(**fields: Any) -> dict[str, Any]:
+    """An assistant message dict whose one block is a thinking block with these fields."""
+    return {"id": "m", "role": "assistant", "content": [{"type": "thinking", **fields}]}
+
+
+def usage_dict(**counts: Any) -> dict[str, Any]:
+    """An assistant message dict with this usage."""
+    return {"id": "m", "role": "assistant", "content": [], "usage": counts}
+
+
+class TestMalformedThinkingAndUsageDicts:
+    """A malformed thinking block, thinking chunk or usage raises ValueError naming the field."""
+
+    @pytest.mark.parametrize(
+        ("data", "field"),
+        [
+            pytest.param(thinking_dict(), r"message\.content\[0\]\.thinking is missing",
+                         id="no-thinking"),
+            pytest.param(thinking_dict(thinking=1),
+                         r"message\.content\[0\]\.thinking must be a string, got int",
+                         id="thinking-int"),
+            pytest.param(thinking_dict(thinking="", thinkingSignature=7),
+                         r"message\.content\[0\]\.thinkingSignature must be a string, got int",
+                         id="signature-int"),
+            pytest.param(thinking_dict(thinking="", thinkingSignature="s", redacted="yes"),
+                         r"message\.content\[0\]\.redacted must be a boolean, got str",
+                         id="redacted-str"),
+            pytest.param(thinking_dict(thinking="secret", thinkingSignature="s", redacted=True),
+                         r"message\.content\[0\]: a redacted thinking block .* got thinking "
+                         r"'secret', signature 's'", id="redacted-with-thinking"),
+            pytest.param(thinking_dict(thinking="", redacted=True),
+                         r"message\.content\[0\]: a redacted thinking block .* signature None",
+                         id="redacted-without-signature"),
+            pytest.param({"id": "m", "role": "assistant", "content": [], "usage": 3},
+                         r"message\.usage must be an object, got int", id="usage-int"),
+            pytest.param(usage_dict(input="1"), r"message\.usage\.input must be an integer",
+                         id="input-str"),
+            pytest.param(usage_dict(output=2.0), r"message\.usage\.output must be an integer",
+                         id="output-float"),
+            pytest.param(usage_dict(cacheRead=True),
+                         r"message\.usage\.cacheRead must be an integer, got bool",
+                         id="cacheRead-bool"),
+            pytest.param(usage_dict(cacheWrite=-1),
+                         r"message\.usage\.cacheWrite must be >= 0, got -1",
+                         id="cacheWrite-negative"),
+            pytest.param(usage_dict(reasoning=[]),
+                         r"message\.usage\.reasoning must be an integer, got list",
+                         id="reasoning-list"),
+        ],
+    )  # fmt: skip
+    def test_a_malformed_message_names_the_field(self, data: Any, field: str) -> None:
+        with pytest.raises(ValueError, match=field):
+            al.message_from_dict(data)
+
+    def test_null_keys_are_absent_keys(self) -> None:
+        """As for the other optional keys: null is read as absent."""
+        data = {**thinking_dict(thinking="", thinkingSignature=None, redacted=None), "usage": None}
+        assert al.message_from_dict(data) == al.AssistantMessage("m", (al.ThinkingBlock(""),))
+        assert al.message_from_dict(usage_dict(input=None, output=3)) == al.AssistantMessage(
+            "m", (), al.Usage(output_tokens=3)
+        )
+
+    @pytest.mark.parametrize(
+        ("chunk", "field"),
+        [
+            pytest.param({"type": "thinking", "requestId": "request-001"},
+                         r"event\.payload\.chunk\.thinking is missing", id="no-thinking"),
+            pytest.param({"type": "thinking", "requestId": "request-001", "thinking": None},
+                         r"event\.payload\.chunk\.thinking must be a string, got NoneType",
+                         id="thinking-null"),
+        ],
+    )  # fmt: skip
+    def test_a_malformed_thinking_chunk_names_the_field(self, chunk: Any, field: str) -> None:
+        data = event_dict("model.chunk", {"requestId": "request-001", "chunk": chunk})
+        with pytest.raises(ValueError, match=field):
+            al.event_from_dict(data)
+
+    def test_a_malformed_run_usage_names_the_field(self) -> None:
+        data = event_dict("run.finished", {"result": {**RUN_RESULT_DICT, "usage": {"input": -5}}})
+        with pytest.raises(ValueError, match=r"event\.payload\.result\.usage\.input must be >= 0"):
+            al.event_from_dict(data)
 
 
 # --- Interop and resumption -------------------------------------------------------------

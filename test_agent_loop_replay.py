@@ -364,7 +364,9 @@ class TestReplayOfCancelledAndFailedRuns:
         events, result = self._failed_run(how)
         again, replayed = settle_replay(alr.replay(events))
         assert dicts_of(again[:-1]) == dicts_of(events[:-1])
-        assert replayed == al.RunResult("cancelled", result.messages, result.steps - steps_less)
+        assert replayed == al.RunResult(
+            "cancelled", result.messages, result.steps - steps_less, usage=result.usage
+        )
 
     def test_a_run_that_failed_invalid_transcript_is_a_value_error(self) -> None:
         """ "An INVALID_TRANSCRIPT log holds no starting message: a ValueError"."""

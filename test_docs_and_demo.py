@@ -53,6 +53,7 @@ API_NAMES = [
     "Signal",
     # Message IR
     "TextBlock",
+    "ThinkingBlock",
     "ToolCall",
     "UserMessage",
     "AssistantMessage",
@@ -65,8 +66,10 @@ API_NAMES = [
     "ModelRequest",
     "ModelChunk",
     "TextDelta",
+    "ThinkingDelta",
     "ToolCallChunk",
     "ModelResponse",
+    "Usage",
     "StopReason",
     # Tools
     "Tool",
