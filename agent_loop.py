@@ -68,6 +68,11 @@ redefine ``==``); a tool's schema uses only keywords the loop enforces; a ``Tool
 keeps arguments that are not plain bounded JSON as given, and the run rejects it before
 any tool runs; KeyboardInterrupt and SystemExit propagate, any other exception from a
 model fails the run, and an ``Exception`` from a tool is a recoverable, logged result.
+Thinking is a kind of block of its own: it is kept where the model put it, coalesces as
+text does (text, thinking and tool calls are each other's boundaries), and its streamed
+code points are bounded apart from text's; a signature never streams. A response's
+usage goes into its assistant message, and the run's usage is their sum, in which an
+unknown part makes the sum unknown.
 
 Deliberately not here (as the seed says): concurrent tool execution, steering/follow-up
 queues, context transformation, provider retries, persistent session state, a
@@ -203,11 +208,12 @@ MAX_AGENT_STEPS: Final = 64
 MAX_INITIAL_MESSAGES: Final = 4096
 """Starting messages; more is INVALID_TRANSCRIPT."""
 MAX_STEP_CHUNKS: Final = 1024
-"""Chunks in one step: stops a stream that never ends."""
+"""Chunks in one step, of every kind (thinking deltas too): stops a stream that never ends."""
 MAX_STEP_TEXT: Final = 65_536
-"""Unicode code points of streamed text in one step (a non-BMP character is one)."""
+"""Unicode code points of streamed text in one step (a non-BMP character is one); streamed
+thinking is counted apart, against the same number."""
 MAX_ASSISTANT_BLOCKS: Final = 1024
-"""Blocks in one terminal response, counted as returned (before coalescing)."""
+"""Blocks in one terminal response, thinking blocks too, as returned (before coalescing)."""
 MAX_ARGUMENT_DEPTH: Final = 32
 """Containers nested in one call's arguments: ``{}`` has depth 1, a scalar 0."""
 MAX_ARGUMENT_VALUES: Final = 257
@@ -939,10 +945,14 @@ def _first_difference(left: Sequence[Any], right: Sequence[Any]) -> Optional[int
 
 
 def _shortened(blocks: List[_Normalized], index: int) -> str:
-    """A short repr of one normalised block, or "nothing" past the end."""
+    """A short repr of one normalised block (thinking as ``thinking '...'``), or "nothing"
+    past the end."""
     if index == len(blocks):
         return "nothing"
-    return reprlib.repr(blocks[index])
+    block = blocks[index]
+    if isinstance(block, ThinkingBlock):  # its repr would be shortened to its class name
+        return "thinking " + reprlib.repr(block.thinking)
+    return reprlib.repr(block)
 
 
 # --- Model boundary ---------------------------------------------------------------
