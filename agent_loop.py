@@ -2463,20 +2463,30 @@ def _demo_tools() -> ToolRegistry:
 
 
 def _demo_model() -> ScriptedModel:
-    """A three-step script: one tool, then two tools (one fails), then the answer."""
+    """A three-step script: thinking and one tool, then two tools (one fails), then the
+    answer; each response with the usage a provider with a prompt cache would report."""
+    thinking = ThinkingBlock("Two operations: the sum first, then the product.", "sig-demo-001")
     add = ToolCall("call-add-001", "add", {"left": 20, "right": 22})
     multiply = ToolCall("call-multiply-001", "multiply", {"left": 42, "right": 2})
     weather = ToolCall("call-weather-001", "weather", {"city": "Atlantis"})
     answer = ["(20 + 22) * 2 = 84. ", "Atlantis has no ", "weather station."]
     return ScriptedModel(
         [
-            scripted_response("response-001", [TextBlock("First the sum."), add], "toolCall"),
-            scripted_response("response-002", [multiply, weather], "toolCall"),
+            scripted_response(
+                "response-001",
+                [thinking, TextBlock("First the sum."), add],
+                "toolCall",
+                usage=Usage(412, 58, 0, 1024, 12),
+            ),
+            scripted_response(
+                "response-002", [multiply, weather], "toolCall", usage=Usage(96, 41, 1024, 0, 0)
+            ),
             scripted_response(
                 "response-003",
                 [TextBlock("".join(answer))],
                 "stop",
                 chunks=[TextBlock(piece) for piece in answer],
+                usage=Usage(188, 19, 1024, 0, 0),
             ),
         ]
     )
@@ -2495,7 +2505,10 @@ def _demo_line(event: Event) -> str:
         detail = f"{message.role} {message.id}: {json.dumps(message.content)}"
     elif event.type == "model.chunk":
         chunk = payload["chunk"]
-        shown = json.dumps(chunk.text) if isinstance(chunk, TextDelta) else _brief(chunk.tool_call)
+        if isinstance(chunk, ToolCallChunk):
+            shown = _brief(chunk.tool_call)
+        else:
+            shown = json.dumps(chunk.text if isinstance(chunk, TextDelta) else chunk.thinking)
         detail = f"{payload['request_id']} {chunk.type} {shown}"
     elif event.type == "tool.started":
         detail = f"{payload['request_id']} {_brief(payload['tool_call'])}"
@@ -2511,7 +2524,10 @@ def _demo_line(event: Event) -> str:
 
 def _demo_result(result: RunResult) -> str:
     """A result as the demonstration prints it, after the events."""
-    lines = [f"result: {result.status}, {result.steps} step(s), {len(result.messages)} messages"]
+    lines = [
+        f"result: {result.status}, {result.steps} step(s), {len(result.messages)} messages"
+        + ("" if result.usage is None else f", {_demo_usage(result.usage)}")
+    ]
     if result.final_text is not None:
         lines.append(f"final text: {result.final_text}")
     if result.max_steps is not None:
@@ -2522,6 +2538,18 @@ def _demo_result(result: RunResult) -> str:
     if open_calls:
         lines.append("left without a result: " + ", ".join(call.id for call in open_calls))
     return "\n".join(lines)
+
+
+def _demo_usage(usage: Usage) -> str:
+    """A run's usage as the result line shows it: each count, or that all are unknown."""
+    counts = dataclasses.astuple(usage)
+    if all(count is None for count in counts):
+        return "usage unknown"
+    shown = (
+        f"{name.replace('_tokens', '').replace('_', ' ')} {'unknown' if count is None else count}"
+        for (name, _), count in zip(_USAGE_KEYS, counts)
+    )
+    return "usage: " + ", ".join(shown) + " tokens"
 
 
 def _bounded_int(low: int, high: int) -> Callable[[str], int]:
