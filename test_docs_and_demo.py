@@ -199,7 +199,7 @@ def request_ids(events: List[al.Event]) -> List[str]:
 OPTION_SETS = [
     pytest.param((), id="completed"),
     pytest.param(("--max-steps", "1"), id="maxSteps"),
-    pytest.param(("--cancel-after", "3"), id="cancelled"),
+    pytest.param(("--cancel-after", "4"), id="cancelled"),  # at the first tool.started
 ]
 
 
