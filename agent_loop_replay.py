@@ -70,7 +70,8 @@ def replay(events: Iterable[al.Event]) -> ReplayedRun:
     ``events`` is one run's log: the live ``Event``s, or ``event_from_dict()`` of each
     line of a JSON lines file. Returns a ``ReplayedRun``: the starting messages, a model
     that streams each step's chunks exactly as recorded (same blocks, same segmentation,
-    empty text deltas too) and returns the response the transcript holds, a registry
+    empty text deltas too) and returns the response the transcript holds (its thinking
+    blocks, signatures included, and the usage its message kept), a registry
     with one tool per tool name the run's calls use, which answers each call with its
     recorded result (an error result as a ``ToolError``, so its content is exact), the
     recorded steps as the budget (at least 1), and the result's
