@@ -3245,6 +3245,14 @@ class UsageSubclass(al.Usage):
     """A Usage subclass: the loop takes exactly the IR's classes."""
 
 
+class ThinkingBlockSubclass(al.ThinkingBlock):
+    """A ThinkingBlock subclass, refused as any subclass of a block is."""
+
+
+class ThinkingDeltaSubclass(al.ThinkingDelta):
+    """A ThinkingDelta subclass, refused as any subclass of a chunk is."""
+
+
 MALFORMED_THINKING = [
     pytest.param(untyped.ThinkingBlock(5), "a thinking block: field 'thinking' must be a str, "
                  "got 5 (int)", id="thinking-int"),
@@ -3260,6 +3268,8 @@ MALFORMED_THINKING = [
                  id="redacted-without-signature"),
     pytest.param(al.ThinkingBlock("", "", redacted=True), "got thinking '', signature ''",
                  id="redacted-with-empty-signature"),
+    pytest.param(ThinkingBlockSubclass("hm"), "a ThinkingBlockSubclass is not a TextBlock, "
+                 "ThinkingBlock or ToolCall", id="subclass"),
 ]  # fmt: skip
 
 
@@ -3322,6 +3332,9 @@ class TestMalformedThinkingAndUsage:
             pytest.param(lambda request: al.ThinkingDelta("request-999", "hm"),
                          "'request-999' is not the active request 'request-001'",
                          id="foreign-request-id"),
+            pytest.param(lambda request: ThinkingDeltaSubclass(request.id, "hm"),
+                         "the model streamed a ThinkingDeltaSubclass, not a TextDelta, "
+                         "ThinkingDelta or ToolCallChunk", id="subclass"),
         ],
     )  # fmt: skip
     def test_a_malformed_thinking_chunk(self, chunk: Any, words: str) -> None:
