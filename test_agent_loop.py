@@ -4815,6 +4815,29 @@ class TestInvalidToolCallArguments:
         )
         assert ran == []
 
+    @pytest.mark.parametrize(
+        ("arguments", "kind"),
+        [pytest.param([1], "list", id="list"), pytest.param("text", "str", id="str"),
+         pytest.param(None, "NoneType", id="None")],
+    )  # fmt: skip
+    def test_arguments_that_are_not_an_object_are_named_so(
+        self, arguments: Any, kind: str
+    ) -> None:
+        """The run's failure and execute_tool_call's error result both say what the
+        arguments are instead of an object."""
+        problem = f"arguments must be a JSON object, got {kind}"
+        ran: List[str] = []
+        tool = no_arguments_tool("t", lambda a, s: ran.append("ran"))
+        tool_call = al.ToolCall("c1", "t", arguments)
+        _, result, _ = run([tool_turn("r1", tool_call)], tools=[tool])
+        assert failure_message(result, "MODEL_PROTOCOL_ERROR") == f"tool call 'c1': {problem}"
+        message = al.execute_tool_call(al.ToolRegistry([tool]), tool_call, threading.Event())
+        assert (message.content, message.is_error) == (
+            f"invalid arguments for tool 't': {problem}",
+            True,
+        )
+        assert ran == []
+
 
 # --- Message IR --------------------------------------------------------------------------
 
@@ -4978,6 +5001,19 @@ class TestToolCallIsFrozen:
         blocks.append(al.TextBlock("later"))
         assert type(instance.content) is tuple
         assert instance.content == (al.TextBlock("a"), al.ToolCall("c", "t", {}))
+
+    def test_a_scripts_content_and_chunks_given_as_lists_are_stored_as_tuples(self) -> None:
+        """ScriptedResponse is a frozen value like the IR: what the caller does to its
+        lists afterwards does not change the script."""
+        for build in (al.ScriptedResponse, al.scripted_response):
+            content: list[Any] = [al.TextBlock("ab")]
+            chunks: list[Any] = [al.TextBlock("a"), al.TextBlock("b")]
+            response = build("r", content, "stop", chunks=chunks)
+            content.append(al.TextBlock("later"))
+            chunks.append(al.TextBlock("later"))
+            assert (type(response.content), type(response.chunks)) == (tuple, tuple)
+            assert response.content == (al.TextBlock("ab"),)
+            assert response.chunks == (al.TextBlock("a"), al.TextBlock("b"))
 
     def test_discriminators_have_the_protocol_values(self) -> None:
         """Protocol values are spelled as in the seed ("toolResult", "toolCall")."""
