@@ -2598,11 +2598,33 @@ class TestCancellationAtEveryEvent:
 @pytest.mark.hostile
 class TestConsumerWalksAway:
     """API: "A consumer that calls close() ends the run at once: the model's stream is
-    closed, no tool runs, and nothing more is yielded.\""""
+    closed, no tool runs, and nothing more is yielded." So does a consumer that drops the
+    run or throws into it; what it throws reaches it unchanged."""
 
-    @staticmethod
-    def _model() -> FakeModel:
-        return FakeModel(
+    @pytest.mark.parametrize(
+        ("how", "at", "executed"),
+        [
+            pytest.param("close", ("message.accepted", 1), [], id="close-at-message.accepted"),
+            pytest.param("close", ("model.chunk", 1), [], id="close-at-a-model.chunk"),
+            pytest.param("close", ("tool.started", 1), [], id="close-at-the-first-tool.started"),
+            pytest.param("close", ("tool.started", 2), ["a"],
+                         id="close-at-the-second-tool.started"),
+            pytest.param("close", ("tool.finished", 1), ["a"], id="close-at-tool.finished"),
+            pytest.param("drop", ("model.chunk", 2), [], id="drop-the-generator-at-a-model.chunk"),
+            pytest.param(ValueError("x"), ("model.chunk", 2), [],
+                         id="throw-ValueError-at-a-chunk"),
+            pytest.param(KeyboardInterrupt(), ("model.chunk", 2), [],
+                         id="throw-KeyboardInterrupt-at-a-chunk"),
+            pytest.param(SystemExit(3), ("model.chunk", 2), [], id="throw-SystemExit-at-a-chunk"),
+            pytest.param(ValueError("x"), ("tool.started", 1), [],
+                         id="throw-ValueError-at-tool.started"),
+        ],
+    )  # fmt: skip
+    def test_the_run_ends_at_once(
+        self, how: str | BaseException, at: tuple[str, int], executed: list[str]
+    ) -> None:
+        ran: list[str] = []
+        model = FakeModel(
             turn(
                 "response-001",
                 [text("Echo twice."), echo_call("call-1", "a"), echo_call("call-2", "b")],
@@ -2610,99 +2632,28 @@ class TestConsumerWalksAway:
             ),
             turn("response-002", [text("done")], "stop"),
         )
-
-    def test_close_at_a_model_chunk_closes_the_model_stream(self) -> None:
-        executed: list[str] = []
-        model = self._model()
-        run_ = start_run(model, [echo_tool(executed)])
-        events = until(run_, "model.chunk")
-        assert run_.close() is None
-        assert model.exits == ["request-001"]  # closed while suspended, not exhausted
-        assert model.finalized == ["request-001"]
-        assert executed == []
-        with pytest.raises(StopIteration):
-            next(run_)
+        run_ = start_run(model, [echo_tool(ran)], messages=list(HISTORY))
+        events = until(run_, *at)
+        if how == "close":
+            assert run_.close() is None
+        elif how == "drop":
+            del run_
+            gc.collect()
+        else:
+            assert isinstance(how, BaseException)
+            with pytest.raises(type(how)) as raised:
+                run_.throw(how)
+            assert raised.value is how
+        assert ran == executed  # an announced call never runs
         assert "run.finished" not in types_of(events)
-
-    @pytest.mark.parametrize("occurrence", [1, 2])
-    def test_close_at_tool_started_runs_no_tool(self, occurrence: int) -> None:
-        executed: list[str] = []
-        model = self._model()
-        run_ = start_run(model, [echo_tool(executed)])
-        until(run_, "tool.started", occurrence)
-        run_.close()
-        assert executed == ["a"] * (occurrence - 1)  # the announced call never ran
-        assert model.call_count == 1
-        assert model.finalized == ["request-001"]
-        with pytest.raises(StopIteration):
-            next(run_)
-
-    def test_close_at_tool_finished_runs_no_further_tool(self) -> None:
-        executed: list[str] = []
-        model = self._model()
-        run_ = start_run(model, [echo_tool(executed)])
-        until(run_, "tool.finished")
-        run_.close()
-        assert executed == ["a"]
-        assert model.call_count == 1
-
-    def test_close_at_message_accepted_never_opens_the_model(self) -> None:
-        executed: list[str] = []
-        model = self._model()
-        run_ = start_run(model, [echo_tool(executed)], messages=list(HISTORY))
-        until(run_, "message.accepted")
-        run_.close()
-        assert model.call_count == 0
-        assert executed == []
-        with pytest.raises(StopIteration):
-            next(run_)
-
-    def test_dropping_the_generator_closes_the_model_stream(self) -> None:
-        executed: list[str] = []
-        model = self._model()
-        run_ = start_run(model, [echo_tool(executed)])
-        until(run_, "model.chunk", 2)
-        del run_
-        gc.collect()
-        assert model.exits == ["request-001"]
-        assert model.finalized == ["request-001"]
-        assert executed == []
-
-    @pytest.mark.parametrize(
-        "error",
-        [
-            pytest.param(ValueError("x"), id="ValueError"),
-            pytest.param(KeyboardInterrupt(), id="KeyboardInterrupt"),
-            pytest.param(SystemExit(3), id="SystemExit"),
-        ],
-    )
-    def test_throw_at_a_model_chunk_reaches_the_caller_unchanged(
-        self, error: BaseException
-    ) -> None:
-        executed: list[str] = []
-        model = self._model()
-        run_ = start_run(model, [echo_tool(executed)])
-        until(run_, "model.chunk", 2)
-        with pytest.raises(type(error)) as raised:
-            run_.throw(error)
-        assert raised.value is error
-        assert model.exits == ["request-001"]
-        assert model.finalized == ["request-001"]
-        assert executed == []
-        with pytest.raises(StopIteration):
-            next(run_)
-
-    def test_throw_at_tool_started_runs_no_tool(self) -> None:
-        executed: list[str] = []
-        model = self._model()
-        run_ = start_run(model, [echo_tool(executed)])
-        until(run_, "tool.started")
-        error = ValueError("x")
-        with pytest.raises(ValueError, match=r"^x$") as raised:
-            run_.throw(error)
-        assert raised.value is error
-        assert executed == []
-        assert model.call_count == 1
+        opened = at[0] != "message.accepted"
+        assert model.call_count == int(opened)
+        assert model.finalized == (["request-001"] if opened else [])
+        # Closed while suspended at a chunk; exhausted before any tool ran.
+        assert model.exits == (["request-001"] if at[0] == "model.chunk" else [])
+        if how != "drop":
+            with pytest.raises(StopIteration):
+                next(run_)
 
 
 def drain(run_: Any, events: list[al.Event]) -> None:
@@ -5227,6 +5178,29 @@ class TestInvalidToolCallArguments:
         )
         assert ran == []
 
+    @pytest.mark.parametrize(
+        ("arguments", "kind"),
+        [pytest.param([1], "list", id="list"), pytest.param("text", "str", id="str"),
+         pytest.param(None, "NoneType", id="None")],
+    )  # fmt: skip
+    def test_arguments_that_are_not_an_object_are_named_so(
+        self, arguments: Any, kind: str
+    ) -> None:
+        """The run's failure and execute_tool_call's error result both say what the
+        arguments are instead of an object."""
+        problem = f"arguments must be a JSON object, got {kind}"
+        ran: List[str] = []
+        tool = no_arguments_tool("t", lambda a, s: ran.append("ran"))
+        tool_call = al.ToolCall("c1", "t", arguments)
+        _, result, _ = run([tool_turn("r1", tool_call)], tools=[tool])
+        assert failure_message(result, "MODEL_PROTOCOL_ERROR") == f"tool call 'c1': {problem}"
+        message = al.execute_tool_call(al.ToolRegistry([tool]), tool_call, threading.Event())
+        assert (message.content, message.is_error) == (
+            f"invalid arguments for tool 't': {problem}",
+            True,
+        )
+        assert ran == []
+
 
 # --- Message IR --------------------------------------------------------------------------
 
@@ -5390,6 +5364,19 @@ class TestToolCallIsFrozen:
         blocks.append(al.TextBlock("later"))
         assert type(instance.content) is tuple
         assert instance.content == (al.TextBlock("a"), al.ToolCall("c", "t", {}))
+
+    def test_a_scripts_content_and_chunks_given_as_lists_are_stored_as_tuples(self) -> None:
+        """ScriptedResponse is a frozen value like the IR: what the caller does to its
+        lists afterwards does not change the script."""
+        for build in (al.ScriptedResponse, al.scripted_response):
+            content: list[Any] = [al.TextBlock("ab")]
+            chunks: list[Any] = [al.TextBlock("a"), al.TextBlock("b")]
+            response = build("r", content, "stop", chunks=chunks)
+            content.append(al.TextBlock("later"))
+            chunks.append(al.TextBlock("later"))
+            assert (type(response.content), type(response.chunks)) == (tuple, tuple)
+            assert response.content == (al.TextBlock("ab"),)
+            assert response.chunks == (al.TextBlock("a"), al.TextBlock("b"))
 
     def test_discriminators_have_the_protocol_values(self) -> None:
         """Protocol values are spelled as in the seed ("toolResult", "toolCall")."""

@@ -110,6 +110,22 @@ class TestExactReplay:
         assert replayed.max_steps == 3
         assert replayed.request_sequence_start == 0
 
+    @pytest.mark.parametrize(
+        ("start", "steps"),
+        [pytest.param(63, 1, id="at-limit-63+1"), pytest.param(62, 2, id="at-limit-62+2")],
+    )
+    def test_a_run_whose_request_ids_end_at_the_ceiling_replays(
+        self, start: int, steps: int
+    ) -> None:
+        """A recorded run may use request ids up to request-064 (MAX_AGENT_STEPS): its
+        request_sequence_start is at the limit, and the log replays exactly."""
+        script = [tool_turn(f"r{n}", call("echo", f"c{n}", {"text": "x"})) for n in range(steps)]
+        events, result = record_run(
+            [*script[:-1], stop("r-last", "Done.")], max_steps=steps, request_sequence_start=start
+        )
+        assert result.next_request_sequence == al.MAX_AGENT_STEPS
+        assert_replays_exactly(events)
+
     def test_chunks_are_streamed_as_recorded_empty_deltas_included(self) -> None:
         events, _ = record_run(three_step_script())
         again, _ = settle_replay(alr.replay(events))
