@@ -46,12 +46,13 @@ Rules:
   chunk budget is spent: while fewer than 512 chunks of the step were yielded, each
   text delta is yielded as it arrives (so the first delta at once, and an answer of up
   to 512 deltas delta by delta); after that, text is buffered and yielded once the
-  buffer holds at least 2 code points, a minimum that doubles every 32 chunks (4 from
-  chunk 544, 8 from 576, ... 1,024 from chunk 832); buffered text is always yielded
-  before a tool call and at the end of the answer. Guarantee: the text of a step
-  takes at most 832 chunks (65,536 code points in one-character events take exactly
-  832), and an answer of up to 65,536 code points with up to 96 tool calls, in any
-  order, takes at most 1,024 chunks. An answer with more text than ``MAX_STEP_TEXT``,
+  buffer holds at least 2 code points, a minimum that doubles every 32 chunks (4 once
+  544 chunks were yielded, 8 once 576, ... 1,024 once 800); buffered text is always
+  yielded before a tool call and at the end of the answer. Guarantee: an answer of
+  text alone takes at most 832 chunks (65,536 code points in one-character events take
+  exactly 832), and an answer of up to 65,536 code points with up to 96 tool calls, in
+  any order, takes at most 1,024 chunks (each call costs at most two: itself and the
+  text it flushes). An answer with more text than ``MAX_STEP_TEXT``,
   or too many tool calls, still fails the run with ``MODEL_PROTOCOL_ERROR``. The
   provider's token limit (``options={"max_tokens": ...}``, Anthropic's ``max_tokens``)
   does not shorten a failing answer into a passing one: an answer that reaches it is
@@ -266,7 +267,7 @@ class ProviderError(Exception):
 _Block = Union[str, al.ToolCall]
 """What a wire format yields: text, or a complete tool call."""
 
-Options = Union[Mapping[str, Any], Callable[[al.ModelRequest], Optional[Mapping[str, Any]]], None]
+_Options = Union[Mapping[str, Any], Callable[[al.ModelRequest], Optional[Mapping[str, Any]]], None]
 """What ``options`` may be: one mapping for every request, or a function of the request."""
 
 
@@ -283,7 +284,7 @@ class _StreamingModel:
         api_key: Optional[str],
         system: Optional[str],
         timeout: float,
-        options: Options,
+        options: _Options,
         retries: int,
         ssl_context: Optional[ssl.SSLContext],
         accept_truncated: bool,
@@ -344,16 +345,13 @@ class _StreamingModel:
                 exchange.open()
                 while not answer.done:
                     for block in answer.feed(exchange.read()):
-                        if isinstance(block, str):
-                            text = pacer.text(block)
-                            if text is not None:
-                                yield al.TextDelta(request.id, text)
-                            continue
-                        text = pacer.flush()
+                        # Text as the pacing says; before a tool call, the buffered text.
+                        text = pacer.text(block) if isinstance(block, str) else pacer.flush()
                         if text is not None:
                             yield al.TextDelta(request.id, text)
-                        pacer.count_call()
-                        yield al.ToolCallChunk(request.id, block)
+                        if isinstance(block, al.ToolCall):
+                            pacer.count_call()
+                            yield al.ToolCallChunk(request.id, block)
                 text = pacer.flush()
                 if text is not None:
                     yield al.TextDelta(request.id, text)
@@ -361,7 +359,7 @@ class _StreamingModel:
             except ProviderError as error:
                 delay = self._retry_delay(error, retried, pacer.yielded)
                 if delay is None:
-                    raise _after_retries(error, retried) from None
+                    raise _after_retries(error, retried, self.retries) from None
                 failure = error  # the except clause unbinds its name
             finally:
                 exchange.close()
@@ -419,18 +417,14 @@ def _backoff(start: float, retried: int, jitter: float) -> float:
     return min(start * 2.0**retried, _BACKOFF_CAP) * (1.0 - 0.25 * jitter)
 
 
-def _after_retries(error: ProviderError, retried: int) -> ProviderError:
-    """The error that fails the run: as raised, or saying why it was not retried."""
-    note = ""
-    if (
-        error._transient
-        and error.retry_after is not None
-        and error.retry_after > (_RETRY_AFTER_LIMIT)
-    ):
+def _after_retries(error: ProviderError, retried: int, retries: int) -> ProviderError:
+    """The error that fails the run: as raised, or saying why no more retries were made."""
+    long_wait = error.retry_after is not None and error.retry_after > _RETRY_AFTER_LIMIT
+    if error._transient and long_wait and retried < retries:
         note = f"not retried: the Retry-After is more than {_RETRY_AFTER_LIMIT:g} s"
     elif retried:
         note = f"after {retried} retr{'y' if retried == 1 else 'ies'}"
-    if not note:
+    else:
         return error
     wrapped = ProviderError(
         f"{error} ({note})", status=error.status, retry_after=error.retry_after
@@ -505,7 +499,7 @@ class OpenAIChatModel(_StreamingModel):
         api_key: Optional[str] = None,
         system: Optional[str] = None,
         timeout: float = 60.0,
-        options: Options = None,
+        options: _Options = None,
         retries: int = 2,
         ssl_context: Optional[ssl.SSLContext] = None,
         accept_truncated: bool = False,
@@ -564,7 +558,7 @@ class AnthropicMessagesModel(_StreamingModel):
         system: Optional[str] = None,
         max_tokens: int = 4096,
         timeout: float = 60.0,
-        options: Options = None,
+        options: _Options = None,
         retries: int = 2,
         ssl_context: Optional[ssl.SSLContext] = None,
         accept_truncated: bool = False,
@@ -690,11 +684,18 @@ class _Exchange:
         self.host = parts.hostname or ""
         self.tls = parts.scheme == "https"
         self.port = parts.port or (443 if self.tls else 80)
-        self.context = ssl_context
         # The socket is made here (watched) and handed to http.client, which only speaks
-        # HTTP on it; HTTPSConnection for https, so that the Host header has no :443.
-        connection_class = http.client.HTTPSConnection if self.tls else http.client.HTTPConnection
-        self.connection = connection_class(self.host, self.port, timeout=timeout)
+        # HTTP on it: HTTPSConnection for https, so that the Host header has no :443, and
+        # given the context, so that it makes no default context of its own.
+        self.context: Optional[ssl.SSLContext] = None
+        self.connection: http.client.HTTPConnection
+        if self.tls:
+            self.context = ssl_context if ssl_context is not None else _default_context()
+            self.connection = http.client.HTTPSConnection(
+                self.host, self.port, timeout=timeout, context=self.context
+            )
+        else:
+            self.connection = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
         self.path = parts.path
         self.response: Optional[http.client.HTTPResponse] = None
         self.finished = threading.Event()
@@ -816,7 +817,7 @@ class _Exchange:
 
     def _handshake(self, sock: socket.socket) -> ssl.SSLSocket:
         """The TLS handshake, without blocking; the certificate and host name verified."""
-        context = self.context if self.context is not None else _default_context()
+        context = cast(ssl.SSLContext, self.context)  # set for https
         tls = context.wrap_socket(sock, server_hostname=self.host, do_handshake_on_connect=False)
         try:
             while True:
@@ -1019,6 +1020,7 @@ class _ServerEvents:
             raise ProviderError(f"malformed event stream: it is not UTF-8 ({error})") from None
         if not data:  # the end: what is still open is dropped
             self.pending = ""
+            self.skip_line_feed = False
             self.event = ""
             self.data = []
             return []

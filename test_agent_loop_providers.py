@@ -1947,6 +1947,20 @@ class TestRetries:
         assert (error.status, error.retry_after) == (429, 61.0)
         assert len(server.requests) == 1
 
+    def test_a_long_retry_after_with_retries_0_says_nothing_of_it(self, server: Server) -> None:
+        server.script(Reply([b"busy"], status=429, headers=(("Retry-After", "61"),)))
+        error = failure(openai(server, retries=0))
+        assert str(error).endswith("busy (Retry-After: 61 s)")
+
+    def test_a_long_retry_after_after_a_retry(self, server: Server) -> None:
+        long = Reply([b"busy"], status=429, headers=(("Retry-After", "61"),))
+        server.script(BUSY, long)
+        error = failure(quick(openai(server, retries=2)))
+        assert str(error).endswith(
+            "(Retry-After: 61 s) (not retried: the Retry-After is more than 60 s)"
+        )
+        assert len(server.requests) == 2
+
     def test_retries_0_turns_them_off(
         self, server: Server, caplog: pytest.LogCaptureFixture
     ) -> None:
