@@ -122,7 +122,7 @@ Rules:
   50 ms. The connection is closed whichever way the step ends, the consumer's
   ``close()`` included, and the watcher ends with it.
 - ``timeout`` bounds each wait: the name lookup, each connection attempt, the TLS
-  handshake, and every wait for a byte of the answer.
+  handshake, and every wait for a byte of the response.
 - HTTPS: ``ssl_context=None`` uses ``ssl.create_default_context()``, which verifies
   the server's certificate against the system's CAs and its host name; pass an
   ``ssl.SSLContext`` for a private CA.
@@ -760,7 +760,8 @@ class _Exchange:
                 code = sock.connect_ex(address)
                 if code not in (errno.EINPROGRESS, errno.EWOULDBLOCK, 0):
                     raise OSError(code, os.strerror(code))
-                self._wait_for(sock, selectors.EVENT_WRITE, "connecting")
+                deadline = time.monotonic() + self.timeout
+                self._wait_for(sock, selectors.EVENT_WRITE, "connecting", deadline)
                 code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
                 if code:
                     raise OSError(code, os.strerror(code))
@@ -819,15 +820,16 @@ class _Exchange:
         """The TLS handshake, without blocking; the certificate and host name verified."""
         context = cast(ssl.SSLContext, self.context)  # set for https
         tls = context.wrap_socket(sock, server_hostname=self.host, do_handshake_on_connect=False)
+        deadline = time.monotonic() + self.timeout  # for the whole handshake
         try:
             while True:
                 try:
                     tls.do_handshake()
                     return tls
                 except ssl.SSLWantReadError:
-                    self._wait_for(tls, selectors.EVENT_READ, "the TLS handshake")
+                    self._wait_for(tls, selectors.EVENT_READ, "the TLS handshake", deadline)
                 except ssl.SSLWantWriteError:  # pragma: no cover (a full send buffer)
-                    self._wait_for(tls, selectors.EVENT_WRITE, "the TLS handshake")
+                    self._wait_for(tls, selectors.EVENT_WRITE, "the TLS handshake", deadline)
         except ssl.SSLCertVerificationError as error:
             tls.close()
             raise ProviderError(  # not transient: the same certificate comes back
@@ -841,9 +843,11 @@ class _Exchange:
             tls.close()
             raise
 
-    def _wait_for(self, sock: socket.socket, event: int, what: str) -> None:
-        """Waits until sock is ready for event, in slices, looking at the signal."""
-        deadline = time.monotonic() + self.timeout
+    def _wait_for(self, sock: socket.socket, event: int, what: str, deadline: float) -> None:
+        """Waits until sock is ready for event, in slices, looking at the signal.
+
+        Raises socket.timeout once the deadline (time.monotonic()) has passed.
+        """
         with selectors.DefaultSelector() as selector:
             selector.register(sock, event)
             while True:
