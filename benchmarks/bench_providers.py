@@ -42,7 +42,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, List
+from typing import Any, Callable, List, Tuple
 
 # Import the modules of this checkout, not installed copies.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -104,10 +104,9 @@ def serve() -> None:
     server.shutdown()
 
 
-def loop_chunks(base_url: str) -> int:
-    """How many chunks the loop sees for the stream's 1,024 deltas (the pacing)."""
-    model = providers.OpenAIChatModel("bench", base_url=base_url, timeout=10.0)
-    events, _ = al.settle_run(
+def drained(model: al.Model) -> Tuple[List[al.Event], al.RunResult]:
+    """One run of the loop on model, drained: its events and its result."""
+    return al.settle_run(
         al.run_agent_loop(
             messages=[al.UserMessage("user-001", "Stream.")],
             model=model,
@@ -115,6 +114,11 @@ def loop_chunks(base_url: str) -> int:
             max_steps=1,
         )
     )
+
+
+def loop_chunks(base_url: str) -> int:
+    """How many chunks the loop sees for the stream's 1,024 deltas (the pacing)."""
+    events, _ = drained(providers.OpenAIChatModel("bench", base_url=base_url, timeout=10.0))
     return sum(event.type == "model.chunk" for event in events)
 
 
@@ -122,14 +126,7 @@ def ours(base_url: str) -> Callable[[], str]:
     model = providers.OpenAIChatModel("bench", base_url=base_url, timeout=10.0)
 
     def run() -> str:
-        _, result = al.settle_run(
-            al.run_agent_loop(
-                messages=[al.UserMessage("user-001", "Stream.")],
-                model=model,
-                tools=al.ToolRegistry(),
-                max_steps=1,
-            )
-        )
+        _, result = drained(model)
         if result.status != "completed":
             raise RuntimeError(f"the run did not complete: {result.error}")
         return result.final_text or ""
