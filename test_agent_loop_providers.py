@@ -1,28 +1,53 @@
 """Tests of agent_loop_providers.py: the provider adapters, their wire formats, their command line.
 
-Unit tests feed byte-exact event streams from a local ``http.server`` (127.0.0.1, a thread,
-started and stopped by a fixture whatever happens). Integration tests, marked ``llmock``,
-run both adapters through ``run_agent_loop`` against an ``llmock serve`` subprocess; they
-skip where llmock is not importable, unless ``AGENT_LOOP_REQUIRE_LLMOCK=1`` (set by tox's
-llmock env) turns the skip into a failure. No test reaches beyond 127.0.0.1.
+The wire formats are tested from values alone: request bodies from ``_post()``, answers
+by feeding byte-exact event streams to the parsers, heads to ``_head_error()``. Streams
+through ``stream()`` and ``run_agent_loop`` read canned bytes from a stand-in for the
+exchange (``Canned``), so the loop's own limit checks judge them. What needs a socket
+(connecting, timeouts, cancellation, TLS, retries, closing) runs against a local
+``http.server`` (127.0.0.1, a free port, a thread, started and stopped by a fixture
+whatever happens), plain or TLS with a CA and certificates that the ``openssl`` command
+makes at test time (a missing openssl fails the TLS tests). Integration tests, marked
+``llmock``, run both adapters through ``run_agent_loop`` against an ``llmock serve``
+subprocess; they skip where llmock is not importable, unless
+``AGENT_LOOP_REQUIRE_LLMOCK=1`` (set by tox's llmock env) turns the skip into a failure.
+No test reaches beyond 127.0.0.1.
 """
 
 from __future__ import annotations
 
+import contextlib
+import email.utils
 import http.server
 import importlib.util
 import json
+import logging
 import os
+import re
 import select
 import signal as os_signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from pathlib import Path
+from typing import (
+    Any,
+    Callable,
+    ContextManager,
+    Dict,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+    cast,
+)
 
 import pytest
 
@@ -136,19 +161,31 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 class _QuietServer(http.server.ThreadingHTTPServer):
     daemon_threads = True
+    context: Optional[ssl.SSLContext] = None  # set: the server speaks TLS
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        if self.context is None:
+            super().finish_request(request, client_address)
+            return
+        # The handshake in the connection's own thread; the TLS socket is ours to close.
+        with self.context.wrap_socket(request, server_side=True) as tls:
+            super().finish_request(tls, client_address)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        pass  # a client that left early is part of the tests
+        pass  # a client that left early, or refused the certificate, is part of the tests
 
 
-@pytest.fixture
-def server() -> Iterator[Server]:
+@contextlib.contextmanager
+def _serving(context: Optional[ssl.SSLContext] = None) -> Iterator[Server]:
+    """A fixture server on 127.0.0.1 and a free port, stopped whatever happens."""
     state = Server()
     handler = type("Handler", (_Handler,), {"server_state": state})
     httpd = _QuietServer(("127.0.0.1", 0), handler)
+    httpd.context = context
     thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.02})
     thread.start()
-    state.url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    scheme = "http" if context is None else "https"
+    state.url = f"{scheme}://127.0.0.1:{httpd.server_address[1]}"
     try:
         yield state
     finally:
@@ -156,6 +193,12 @@ def server() -> Iterator[Server]:
         httpd.shutdown()
         httpd.server_close()
         thread.join(_BOUND)
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    with _serving() as state:
+        yield state
 
 
 def _free_port() -> int:
@@ -342,13 +385,98 @@ def failure(
     return caught.value
 
 
+class Canned:
+    """A stand-in for the exchange: scripted reads and no socket; it counts the reads.
+
+    ``open()`` raises ``failure`` if there is one; each ``read()`` returns the next part,
+    then b"" (the end of the input).
+    """
+
+    def __init__(
+        self, parts: Sequence[bytes] = (), failure: Optional[providers.ProviderError] = None
+    ) -> None:
+        self.parts = list(parts)
+        self.failure = failure
+        self.reads = 0
+        self.closed = False
+        self.body: Dict[str, Any] = {}  # the request body it was made for
+
+    def open(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+
+    def read(self) -> bytes:
+        self.reads += 1
+        return self.parts.pop(0) if self.parts else b""
+
+    def close(self) -> None:
+        self.closed = True
+
+
+_Attempt = Union[Sequence[bytes], Canned, Reply]
+
+
+def canned(model: providers._StreamingModel, *attempts: _Attempt) -> List[Canned]:
+    """Makes model read canned bytes: one attempt per request or retry, in order."""
+    exchanges = [
+        attempt
+        if isinstance(attempt, Canned)
+        else Canned(attempt.parts if isinstance(attempt, Reply) else attempt)
+        for attempt in attempts
+    ]
+    queue = list(exchanges)
+
+    def exchange(url: str, headers: Dict[str, str], body: bytes, signal: Any) -> Canned:
+        made = queue.pop(0)
+        made.body = json.loads(body)
+        return made
+
+    cast(Any, model)._exchange = exchange
+    return exchanges
+
+
+def canned_openai(*attempts: _Attempt, **arguments: Any) -> providers.OpenAIChatModel:
+    arguments.setdefault("retries", 0)
+    model = providers.OpenAIChatModel("test-model", base_url="http://canned/v1", **arguments)
+    canned(model, *attempts)
+    return model
+
+
+def canned_anthropic(*attempts: _Attempt, **arguments: Any) -> providers.AnthropicMessagesModel:
+    arguments.setdefault("retries", 0)
+    model = providers.AnthropicMessagesModel("test-model", base_url="http://canned", **arguments)
+    canned(model, *attempts)
+    return model
+
+
+def posted(model: providers._StreamingModel, model_request: al.ModelRequest) -> Dict[str, Any]:
+    """What the model would post for a request: url, headers (lower-case names), body."""
+    url, headers, body = model._post(model_request)
+    return {
+        "url": url,
+        "headers": {name.lower(): value for name, value in headers.items()},
+        "body": json.loads(body),
+    }
+
+
+def parsed(
+    answer: providers._Answer, *parts: bytes
+) -> Tuple[List[providers._Block], al.ModelResponse]:
+    """Feeds an answer its parts, then the end of the input: its blocks and response."""
+    blocks = [block for part in parts for block in answer.feed(part)]
+    blocks.extend(answer.feed(b""))
+    return blocks, answer.response()
+
+
 def openai(server: Server, **arguments: Any) -> providers.OpenAIChatModel:
     arguments.setdefault("timeout", 0.5)
+    arguments.setdefault("retries", 0)  # the retry tests set their own
     return providers.OpenAIChatModel("test-model", base_url=server.url + "/v1", **arguments)
 
 
 def anthropic(server: Server, **arguments: Any) -> providers.AnthropicMessagesModel:
     arguments.setdefault("timeout", 0.5)
+    arguments.setdefault("retries", 0)
     return providers.AnthropicMessagesModel("test-model", base_url=server.url, **arguments)
 
 
@@ -359,7 +487,7 @@ def settle(
         al.run_agent_loop(
             messages=[al.UserMessage("user-001", prompt)],
             model=model,
-            tools=al._demo_tools(),
+            tools=providers._command_line_tools(),
             max_steps=max_steps,
             signal=signal,
         )
@@ -399,7 +527,7 @@ HISTORY: Tuple[al.Message, ...] = (
     al.AssistantMessage("message-r4", []),
     al.UserMessage("user-003", "Bye."),
 )
-SPECS = tuple(al._demo_tools().specs())
+SPECS = tuple(providers._command_line_tools().specs())
 
 
 # --- Public classes -----------------------------------------------------------------
@@ -417,6 +545,9 @@ class TestConstruction:
         assert anthropic_model.max_tokens == 4096
         assert openai_model.options == {}
         assert openai_model.system is None
+        assert (openai_model.retries, anthropic_model.retries) == (2, 2)
+        assert openai_model.ssl_context is None  # the default context, made when needed
+        assert not anthropic_model.accept_truncated
 
     def test_a_trailing_slash_is_dropped_and_an_int_timeout_is_seconds(self) -> None:
         model = providers.OpenAIChatModel("m", base_url="http://localhost:11434/v1/", timeout=2)
@@ -451,6 +582,17 @@ class TestConstruction:
                 ValueError,
                 "options may not set messages, stream",
                 id="owned",
+            ),
+            pytest.param({"retries": True}, TypeError, "retries must be an int", id="retry-bool"),
+            pytest.param({"retries": 1.0}, TypeError, "retries must be an int", id="retry-float"),
+            pytest.param(
+                {"retries": -1}, ValueError, r"retries must be an int >= 0 \(0: no", id="retry-neg"
+            ),
+            pytest.param(
+                {"ssl_context": "ca.pem"}, TypeError, "ssl_context must be an ssl", id="ssl"
+            ),
+            pytest.param(
+                {"accept_truncated": 1}, TypeError, "accept_truncated must be a bool", id="cut"
             ),
         ],
     )
@@ -488,6 +630,11 @@ class TestConstruction:
         options["stop"].append("y")
         assert model.options == {"temperature": 0.5, "stop": ["x"]}
 
+    def test_retries_0_and_a_context_are_kept(self) -> None:
+        context = ssl.create_default_context()
+        model = providers.OpenAIChatModel("m", retries=0, ssl_context=context)
+        assert (model.retries, model.ssl_context) == (0, context)
+
     def test_provider_error_carries_status_and_retry_after(self) -> None:
         error = providers.ProviderError("busy", status=429, retry_after=1.5)
         assert (str(error), error.status, error.retry_after) == ("busy", 429, 1.5)
@@ -501,15 +648,15 @@ class TestConstruction:
 class TestRequests:
     """The transcript and the tools are converted exactly; keys are sent as configured."""
 
-    def test_openai_body(self, server: Server) -> None:
-        server.script(Reply([OPENAI_TEXT_STREAM]))
-        model = openai(server, system="Be brief.", options={"temperature": 0})
-        stream(model, request(HISTORY, SPECS))
-        sent = server.requests[0]
-        assert sent["path"] == "/v1/chat/completions"
+    def test_openai_body(self) -> None:
+        model = providers.OpenAIChatModel(
+            "test-model", base_url="http://h/v1", system="Be brief.", options={"temperature": 0}
+        )
+        sent = posted(model, request(HISTORY, SPECS))
+        assert sent["url"] == "http://h/v1/chat/completions"
         assert sent["headers"]["content-type"] == "application/json"
         assert sent["headers"]["accept"] == "text/event-stream"
-        assert sent["headers"]["user-agent"] == "agent_loop_providers/1.0.0"
+        assert sent["headers"]["user-agent"] == "agent_loop_providers/1.1.0"
         assert sent["body"] == {
             "model": "test-model",
             "stream": True,
@@ -537,7 +684,7 @@ class TestRequests:
                 {"role": "tool", "tool_call_id": "c2", "content": "no station"},
                 {
                     "role": "assistant",
-                    "content": None,
+                    "content": "",
                     "tool_calls": [
                         {
                             "id": "c3",
@@ -565,14 +712,16 @@ class TestRequests:
             ],
         }
 
-    def test_anthropic_body_merges_consecutive_results_and_carries_is_error(
-        self, server: Server
-    ) -> None:
-        server.script(Reply([ANTHROPIC_STREAM]))
-        model = anthropic(server, system="Be brief.", max_tokens=100, options={"top_k": 5})
-        stream(model, request(HISTORY, SPECS))
-        sent = server.requests[0]
-        assert sent["path"] == "/v1/messages"
+    def test_anthropic_body_merges_consecutive_results_and_carries_is_error(self) -> None:
+        model = providers.AnthropicMessagesModel(
+            "test-model",
+            base_url="http://h",
+            system="Be brief.",
+            max_tokens=100,
+            options={"top_k": 5},
+        )
+        sent = posted(model, request(HISTORY, SPECS))
+        assert sent["url"] == "http://h/v1/messages"
         assert sent["headers"]["anthropic-version"] == "2023-06-01"
         assert sent["body"] == {
             "model": "test-model",
@@ -648,15 +797,11 @@ class TestRequests:
             ],
         }
 
-    def test_no_tools_no_system_no_key(
-        self, server: Server, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
+    def test_no_tools_no_system_no_key(self, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv("OPENAI_API_KEY", raising=False)
         monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
-        server.script(Reply([OPENAI_TEXT_STREAM]), Reply([ANTHROPIC_STREAM]))
-        stream(openai(server))
-        stream(anthropic(server))
-        first, second = server.requests
+        first = posted(providers.OpenAIChatModel("m"), request())
+        second = posted(providers.AnthropicMessagesModel("m"), request())
         assert "tools" not in first["body"]
         assert "tools" not in second["body"]
         assert first["body"]["messages"] == [{"role": "user", "content": "Hi."}]
@@ -665,26 +810,91 @@ class TestRequests:
         assert "x-api-key" not in second["headers"]
 
     def test_keys_are_read_from_the_environment_at_request_time(
-        self, server: Server, monkeypatch: pytest.MonkeyPatch
+        self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        openai_model, anthropic_model = openai(server), anthropic(server)
+        openai_model = providers.OpenAIChatModel("m")
+        anthropic_model = providers.AnthropicMessagesModel("m")
         monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
         monkeypatch.setenv("ANTHROPIC_API_KEY", "ant-env")
-        server.script(Reply([OPENAI_TEXT_STREAM]), Reply([ANTHROPIC_STREAM]))
-        stream(openai_model)
-        stream(anthropic_model)
-        assert server.requests[0]["headers"]["authorization"] == "Bearer sk-env"
-        assert server.requests[1]["headers"]["x-api-key"] == "ant-env"
+        assert posted(openai_model, request())["headers"]["authorization"] == "Bearer sk-env"
+        assert posted(anthropic_model, request())["headers"]["x-api-key"] == "ant-env"
 
     def test_an_explicit_key_wins_and_an_empty_one_sends_none(
-        self, server: Server, monkeypatch: pytest.MonkeyPatch
+        self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
-        server.script(Reply([OPENAI_TEXT_STREAM]), Reply([OPENAI_TEXT_STREAM]))
-        stream(openai(server, api_key="sk-given"))
-        stream(openai(server, api_key=""))
-        assert server.requests[0]["headers"]["authorization"] == "Bearer sk-given"
-        assert "authorization" not in server.requests[1]["headers"]
+        given = posted(providers.OpenAIChatModel("m", api_key="sk-given"), request())
+        empty = posted(providers.OpenAIChatModel("m", api_key=""), request())
+        assert given["headers"]["authorization"] == "Bearer sk-given"
+        assert "authorization" not in empty["headers"]
+
+    def test_what_the_server_receives(self, server: Server) -> None:
+        # The one request through a socket: path, headers and body arrive as posted.
+        server.script(Reply([OPENAI_TEXT_STREAM]))
+        model = openai(server, api_key="sk-x", options={"temperature": 0})
+        stream(model, request(HISTORY, SPECS))
+        sent = server.requests[0]
+        expected = posted(model, request(HISTORY, SPECS))
+        assert sent["path"] == "/v1/chat/completions"
+        assert sent["body"] == expected["body"]
+        for name, value in expected["headers"].items():
+            assert sent["headers"][name] == value
+        assert sent["headers"]["host"] == server.url[len("http://") :]
+
+
+class TestOptions:
+    """options: a mapping for every request, or a function of each request."""
+
+    def test_a_function_forces_a_tool_on_the_first_request_only(self) -> None:
+        seen: List[str] = []
+
+        def options(model_request: al.ModelRequest) -> Optional[Dict[str, Any]]:
+            seen.append(model_request.id)
+            if model_request.id == "request-001":
+                return {"tool_choice": {"type": "function", "function": {"name": "add"}}}
+            return None
+
+        model = providers.OpenAIChatModel("m", options=options)
+        exchanges = canned(
+            model,
+            [openai_call(0, "c1", "add", '{"left": 2, "right": 3}'), DONE],
+            [openai_chunk({"content": "5"}), DONE],
+        )
+        _, result = settle(model)
+        bodies = [exchange.body for exchange in exchanges]
+        assert result.status == "completed", result.error
+        assert seen == ["request-001", "request-002"]
+        assert bodies[0]["tool_choice"] == {"type": "function", "function": {"name": "add"}}
+        assert "tool_choice" not in bodies[1]
+        assert model.options is options
+
+    def test_a_function_for_anthropic(self) -> None:
+        model = providers.AnthropicMessagesModel(
+            "m", options=lambda model_request: {"metadata": {"user_id": model_request.id}}
+        )
+        assert posted(model, request())["body"]["metadata"] == {"user_id": "request-001"}
+
+    @pytest.mark.parametrize(
+        ("returned", "error", "words"),
+        [
+            pytest.param([1], TypeError, "what options returns must be a mapping", id="type"),
+            pytest.param({"a": {1}}, TypeError, "what options returns must be plain", id="set"),
+            pytest.param(
+                {"stream": False}, ValueError, "what options returns may not set stream", id="own"
+            ),
+        ],
+    )
+    def test_what_a_function_returns_is_checked_per_request(
+        self, returned: Any, error: type, words: str
+    ) -> None:
+        model = canned_openai([OPENAI_TEXT_STREAM], options=lambda model_request: returned)
+        _, result = settle(model)
+        assert result.status == "failed"
+        assert result.error is not None
+        assert result.error.code == "MODEL_STREAM_ERROR"
+        assert f"raised {error.__name__}: {words}" in result.error.message
+        with pytest.raises(error, match=words):
+            model._post(request())
 
 
 # --- Streaming ----------------------------------------------------------------------
@@ -693,9 +903,8 @@ class TestRequests:
 class TestOpenAIStreaming:
     """A TextDelta per delta; a ToolCallChunk per call once complete; [DONE] decides."""
 
-    def test_text(self, server: Server) -> None:
-        server.script(Reply([OPENAI_TEXT_STREAM]))
-        chunks, response = stream(openai(server))
+    def test_text(self) -> None:
+        chunks, response = stream(canned_openai(Reply([OPENAI_TEXT_STREAM])))
         assert chunks == [
             al.TextDelta("request-001", "Hello"),
             al.TextDelta("request-001", ", world"),
@@ -704,9 +913,8 @@ class TestOpenAIStreaming:
             "response-001", "request-001", [al.TextBlock("Hello, world")], "stop"
         )
 
-    def test_tool_calls_are_assembled_from_fragments(self, server: Server) -> None:
-        server.script(Reply([OPENAI_TOOL_STREAM]))
-        chunks, response = stream(openai(server))
+    def test_tool_calls_are_assembled_from_fragments(self) -> None:
+        chunks, response = stream(canned_openai(Reply([OPENAI_TOOL_STREAM])))
         add = al.ToolCall("call_A", "add", {"left": 2, "right": 3})
         weather = al.ToolCall("call_B", "weather", {"city": "Oslo"})
         assert chunks == [
@@ -716,39 +924,39 @@ class TestOpenAIStreaming:
         assert response.content == (add, weather)
         assert response.stop_reason == "toolCall"
 
-    def test_a_call_is_yielded_as_soon_as_the_next_one_begins(self, server: Server) -> None:
-        # The first call's chunk arrives while the server still holds the second open.
-        server.script(
-            Reply(
-                [
-                    openai_call(0, "a", "add", '{"left": 1, "right": 2}'),
-                    openai_call(1, "b", "add", '{"left": '),
-                ],
-                stall=True,
-            )
+    def test_a_call_is_yielded_as_soon_as_the_next_one_begins(self) -> None:
+        model = providers.OpenAIChatModel("m")
+        (exchange,) = canned(
+            model,
+            [
+                openai_call(0, "a", "add", '{"left": 1, "right": 2}'),
+                openai_call(1, "b", "add", '{"left": '),
+            ],
         )
-        generator = openai(server).stream(request(), threading.Event())
+        generator = model.stream(request(), threading.Event())
         first = next(generator)
         assert first == al.ToolCallChunk(
             "request-001", al.ToolCall("a", "add", {"left": 1, "right": 2})
         )
+        assert exchange.reads == 2  # as the second call began, before any more bytes
         generator.close()
-        assert server.disconnected.wait(_BOUND)
+        assert exchange.closed
 
-    def test_text_tools_and_text_keep_their_order(self, server: Server) -> None:
-        server.script(
-            Reply(
-                [
-                    openai_chunk({"role": "assistant", "content": "First "}),
-                    openai_chunk({"content": "the sum."}),
-                    openai_call(0, "a", "add", '{"left": 1, "right": 2}'),
-                    openai_chunk({"content": "Then more."}),
-                    openai_chunk({}, "stop"),
-                    DONE,
-                ]
+    def test_text_tools_and_text_keep_their_order(self) -> None:
+        chunks, response = stream(
+            canned_openai(
+                Reply(
+                    [
+                        openai_chunk({"role": "assistant", "content": "First "}),
+                        openai_chunk({"content": "the sum."}),
+                        openai_call(0, "a", "add", '{"left": 1, "right": 2}'),
+                        openai_chunk({"content": "Then more."}),
+                        openai_chunk({}, "stop"),
+                        DONE,
+                    ]
+                )
             )
         )
-        chunks, response = stream(openai(server))
         call = al.ToolCall("a", "add", {"left": 1, "right": 2})
         assert [type(chunk).__name__ for chunk in chunks] == [
             "TextDelta",
@@ -764,66 +972,65 @@ class TestOpenAIStreaming:
         # "stop" for a response that holds tool calls: still a complete toolCall answer.
         assert response.stop_reason == "toolCall"
 
-    def test_ollama_ends_with_a_null_finish_reason_and_done(self, server: Server) -> None:
-        server.script(
-            Reply(
-                [
-                    openai_chunk({"role": "assistant", "content": "Hi"}),
-                    openai_call(0, "call_0", "add", '{"left":1,"right":1}'),
-                    DONE,
-                ]
+    def test_ollama_ends_with_a_null_finish_reason_and_done(self) -> None:
+        chunks, response = stream(
+            canned_openai(
+                Reply(
+                    [
+                        openai_chunk({"role": "assistant", "content": "Hi"}),
+                        openai_call(0, "call_0", "add", '{"left":1,"right":1}'),
+                        DONE,
+                    ]
+                )
             )
         )
-        chunks, response = stream(openai(server))
         assert len(chunks) == 2
         assert response.stop_reason == "toolCall"
 
-    def test_empty_arguments_are_an_empty_object(self, server: Server) -> None:
+    def test_empty_arguments_are_an_empty_object(self) -> None:
         no_arguments = {"index": 1, "id": "b", "function": {"name": "now"}}
-        server.script(
-            Reply(
-                [
-                    openai_call(0, "a", "now", ""),
-                    openai_chunk({"tool_calls": [no_arguments]}),
-                    openai_chunk({}, "tool_calls"),
-                    DONE,
-                ]
+        _, response = stream(
+            canned_openai(
+                Reply(
+                    [
+                        openai_call(0, "a", "now", ""),
+                        openai_chunk({"tool_calls": [no_arguments]}),
+                        openai_chunk({}, "tool_calls"),
+                        DONE,
+                    ]
+                )
             )
         )
-        _, response = stream(openai(server))
         assert response.content == (al.ToolCall("a", "now", {}), al.ToolCall("b", "now", {}))
 
-    def test_refusal_is_text_and_other_choices_usage_and_fields_are_ignored(
-        self, server: Server
-    ) -> None:
+    def test_refusal_is_text_and_other_choices_usage_and_fields_are_ignored(self) -> None:
         other = {"choices": [{"index": 1, "delta": {"content": "other"}}]}
         usage = {"choices": [], "usage": {"prompt_tokens": 1}}
-        server.script(
-            Reply(
-                [
-                    b"data: " + json.dumps(other).encode() + b"\n\n",
-                    openai_chunk({"reasoning_content": "thinking...", "content": None}),
-                    openai_chunk({"refusal": "I cannot help with that."}),
-                    b"data: " + json.dumps(usage).encode() + b"\n\n",
-                    b'data: {"choices":[{"delta":{"content":"!"}}]}\n\n',
-                    DONE,
-                ]
+        _, response = stream(
+            canned_openai(
+                Reply(
+                    [
+                        b"data: " + json.dumps(other).encode() + b"\n\n",
+                        openai_chunk({"reasoning_content": "thinking...", "content": None}),
+                        openai_chunk({"refusal": "I cannot help with that."}),
+                        b"data: " + json.dumps(usage).encode() + b"\n\n",
+                        b'data: {"choices":[{"delta":{"content":"!"}}]}\n\n',
+                        DONE,
+                    ]
+                )
             )
         )
-        _, response = stream(openai(server))
         assert response.content == (al.TextBlock("I cannot help with that.!"),)
 
-    def test_nothing_after_done_is_read(self, server: Server) -> None:
-        server.script(Reply([OPENAI_TEXT_STREAM + b"data: {not json\n\n"]))
-        _, response = stream(openai(server))
+    def test_nothing_after_done_is_read(self) -> None:
+        _, response = stream(canned_openai(Reply([OPENAI_TEXT_STREAM + b"data: {not json\n\n"])))
         assert response.content == (al.TextBlock("Hello, world"),)
 
-    def test_chunked_transfer_encoding_split_anywhere(self, server: Server) -> None:
+    def test_any_split_of_the_bytes_gives_the_same_chunks(self) -> None:
         parts = [
             OPENAI_TOOL_STREAM[start : start + 7] for start in range(0, len(OPENAI_TOOL_STREAM), 7)
         ]
-        server.script(Reply(parts, chunked=True))
-        chunks, _ = stream(openai(server))
+        chunks, _ = stream(canned_openai(parts))
         assert [chunk.tool_call.id for chunk in chunks if isinstance(chunk, al.ToolCallChunk)] == [
             "call_A",
             "call_B",
@@ -833,9 +1040,8 @@ class TestOpenAIStreaming:
 class TestAnthropicStreaming:
     """Text deltas as they come; a tool_use at its content_block_stop; message_stop decides."""
 
-    def test_text_and_tool_use(self, server: Server) -> None:
-        server.script(Reply([ANTHROPIC_STREAM]))
-        chunks, response = stream(anthropic(server))
+    def test_text_and_tool_use(self) -> None:
+        chunks, response = stream(canned_anthropic(Reply([ANTHROPIC_STREAM])))
         call = al.ToolCall("toolu_01", "add", {"left": 2, "right": 3})
         assert chunks == [
             al.TextDelta("request-001", "Adding."),
@@ -845,90 +1051,91 @@ class TestAnthropicStreaming:
             "response-001", "request-001", [al.TextBlock("Adding."), call], "toolCall"
         )
 
-    def test_unknown_blocks_and_events_are_ignored(self, server: Server) -> None:
+    def test_unknown_blocks_and_events_are_ignored(self) -> None:
         thinking = {"type": "thinking", "thinking": ""}
-        server.script(
-            Reply(
-                [
-                    MESSAGE_START,
-                    anthropic_event("content_block_start", index=0, content_block=thinking),
-                    anthropic_event(
-                        "content_block_delta",
-                        index=0,
-                        delta={"type": "thinking_delta", "thinking": "hm"},
-                    ),
-                    anthropic_event(
-                        "content_block_delta",
-                        index=0,
-                        delta={"type": "signature_delta", "signature": "s"},
-                    ),
-                    anthropic_event("content_block_stop", index=0),
-                    anthropic_event("some_future_event", detail=1),
-                    anthropic_event(
-                        "content_block_start",
-                        index=1,
-                        content_block={"type": "text", "text": "Hi"},
-                    ),
-                    anthropic_event(
-                        "content_block_delta",
-                        index=1,
-                        delta={"type": "citations_delta", "citation": {}},
-                    ),
-                    anthropic_event("content_block_stop", index=1),
-                    *anthropic_end("stop_sequence"),
-                ]
+        chunks, response = stream(
+            canned_anthropic(
+                Reply(
+                    [
+                        MESSAGE_START,
+                        anthropic_event("content_block_start", index=0, content_block=thinking),
+                        anthropic_event(
+                            "content_block_delta",
+                            index=0,
+                            delta={"type": "thinking_delta", "thinking": "hm"},
+                        ),
+                        anthropic_event(
+                            "content_block_delta",
+                            index=0,
+                            delta={"type": "signature_delta", "signature": "s"},
+                        ),
+                        anthropic_event("content_block_stop", index=0),
+                        anthropic_event("some_future_event", detail=1),
+                        anthropic_event(
+                            "content_block_start",
+                            index=1,
+                            content_block={"type": "text", "text": "Hi"},
+                        ),
+                        anthropic_event(
+                            "content_block_delta",
+                            index=1,
+                            delta={"type": "citations_delta", "citation": {}},
+                        ),
+                        anthropic_event("content_block_stop", index=1),
+                        *anthropic_end("stop_sequence"),
+                    ]
+                )
             )
         )
-        chunks, response = stream(anthropic(server))
         assert chunks == [al.TextDelta("request-001", "Hi")]
         assert response.content == (al.TextBlock("Hi"),)
         assert response.stop_reason == "stop"
 
-    def test_a_tool_use_without_deltas_keeps_its_start_input(self, server: Server) -> None:
+    def test_a_tool_use_without_deltas_keeps_its_start_input(self) -> None:
         block = {"type": "tool_use", "id": "t", "name": "add", "input": {"left": 1, "right": 2}}
-        server.script(
-            Reply(
-                [
-                    MESSAGE_START,
-                    anthropic_event("content_block_start", index=0, content_block=block),
-                    anthropic_event("content_block_stop", index=0),
-                    *anthropic_end(None),
-                ]
+        _, response = stream(
+            canned_anthropic(
+                Reply(
+                    [
+                        MESSAGE_START,
+                        anthropic_event("content_block_start", index=0, content_block=block),
+                        anthropic_event("content_block_stop", index=0),
+                        *anthropic_end(None),
+                    ]
+                )
             )
         )
-        _, response = stream(anthropic(server))
         assert response.content == (al.ToolCall("t", "add", {"left": 1, "right": 2}),)
 
-    def test_a_tool_call_is_yielded_at_its_block_stop(self, server: Server) -> None:
-        server.script(
-            Reply(
-                [MESSAGE_START, *anthropic_tool(0, "t", "add", '{"left": 1, "right": 2}')],
-                stall=True,
-            )
+    def test_a_tool_call_is_yielded_at_its_block_stop(self) -> None:
+        model = providers.AnthropicMessagesModel("m")
+        (exchange,) = canned(
+            model, [MESSAGE_START, *anthropic_tool(0, "t", "add", '{"left": 1, "right": 2}')]
         )
-        generator = anthropic(server).stream(request(), threading.Event())
+        generator = model.stream(request(), threading.Event())
         assert next(generator) == al.ToolCallChunk(
             "request-001", al.ToolCall("t", "add", {"left": 1, "right": 2})
         )
+        assert exchange.reads == 4  # at the block's stop, before any more bytes
         generator.close()
-        assert server.disconnected.wait(_BOUND)
+        assert exchange.closed
 
 
 class TestIds:
     """Response and tool-call ids are unique in the transcript and deterministic."""
 
-    def test_a_reused_call_id_is_rewritten_and_sent_back_as_rewritten(
-        self, server: Server
-    ) -> None:
+    def test_a_reused_call_id_is_rewritten_and_sent_back_as_rewritten(self) -> None:
         def answer(arguments: str) -> Reply:
             return Reply([openai_call(0, "call_0", "add", arguments), DONE])
 
-        server.script(
+        model = providers.OpenAIChatModel("m", retries=0)
+        exchanges = canned(
+            model,
             answer('{"left": 1, "right": 2}'),
             answer('{"left": 3, "right": 3}'),
             Reply([openai_chunk({"content": "9"}), DONE]),
         )
-        _, result = settle(openai(server))
+        _, result = settle(model)
         assert result.status == "completed", result.error
         calls = [call for message in result.messages for call in al.open_tool_calls([message])]
         assert [call.id for call in calls] == ["call_0", "response-002-call-1"]
@@ -939,14 +1146,14 @@ class TestIds:
             "message-response-002",
             "message-response-003",
         ]
-        sent = server.body(2)["messages"]
+        sent = exchanges[2].body["messages"]
         assert [turn.get("tool_call_id") for turn in sent if turn["role"] == "tool"] == [
             "call_0",
             "response-002-call-1",
         ]
         assert sent[3]["tool_calls"][0]["id"] == "response-002-call-1"
 
-    def test_taken_ids_get_the_first_free_suffix(self, server: Server) -> None:
+    def test_taken_ids_get_the_first_free_suffix(self) -> None:
         history = (
             al.UserMessage("user-001", "Go."),
             al.AssistantMessage(
@@ -959,18 +1166,20 @@ class TestIds:
             al.ToolResultMessage("tool-result-x", "x", "add", "x", True),
             al.UserMessage("tool-result-free", "a user message whose id blocks a result id"),
         )
-        server.script(
-            Reply(
-                [
-                    openai_call(0, "x", "add", ""),
-                    openai_call(1, None, "add", ""),
-                    openai_call(2, "free", "add", ""),
-                    openai_call(3, "", "add", ""),
-                    DONE,
-                ]
-            )
+        _, response = stream(
+            canned_openai(
+                Reply(
+                    [
+                        openai_call(0, "x", "add", ""),
+                        openai_call(1, None, "add", ""),
+                        openai_call(2, "free", "add", ""),
+                        openai_call(3, "", "add", ""),
+                        DONE,
+                    ]
+                )
+            ),
+            request(history),
         )
-        _, response = stream(openai(server), request(history))
         assert response.id == "response-001-3"
         assert [block.id for block in response.content if isinstance(block, al.ToolCall)] == [
             "response-001-3-call-1",
@@ -979,17 +1188,17 @@ class TestIds:
             "response-001-3-call-4",
         ]
 
-    def test_a_request_id_of_another_shape(self, server: Server) -> None:
-        server.script(Reply([OPENAI_TEXT_STREAM]))
-        _, response = stream(openai(server), request(id="job-7"))
+    def test_a_request_id_of_another_shape(self) -> None:
+        _, response = stream(canned_openai(Reply([OPENAI_TEXT_STREAM])), request(id="job-7"))
         assert (response.id, response.request_id) == ("response-job-7", "job-7")
 
-    def test_a_recorded_run_replays_exactly(self, server: Server) -> None:
-        server.script(
-            Reply([openai_call(0, "call_0", "add", '{"left": 2, "right": 3}'), DONE]),
-            Reply([openai_chunk({"content": "5"}), DONE]),
+    def test_a_recorded_run_replays_exactly(self) -> None:
+        _, recorded = settle(
+            canned_openai(
+                Reply([openai_call(0, "call_0", "add", '{"left": 2, "right": 3}'), DONE]),
+                Reply([openai_chunk({"content": "5"}), DONE]),
+            )
         )
-        _, recorded = settle(openai(server))
         added = [
             message
             for message in recorded.messages[1:]
@@ -1007,7 +1216,7 @@ def _openai_events(*events: Dict[str, Any]) -> List[bytes]:
 
 
 class TestIncompleteAnswers:
-    """Never accept a broken answer: each case fails the run and says what happened."""
+    """Never accept a broken answer: the parser refuses each case and says what happened."""
 
     @pytest.mark.parametrize(
         ("parts", "words"),
@@ -1126,13 +1335,13 @@ class TestIncompleteAnswers:
             pytest.param([b"data: \xff\xfe\n\n"], ["not UTF-8"], id="utf-8"),
         ],
     )
-    def test_openai(self, server: Server, parts: List[bytes], words: List[str]) -> None:
-        server.script(Reply(parts))
-        _, result = settle(openai(server))
-        error = assert_stream_error(result, *words)
-        assert error.status is None
-        assert error.retry_after is None
-        assert result.messages == (al.UserMessage("user-001", "What is 2 + 3?"),)
+    def test_openai(self, parts: List[bytes], words: List[str]) -> None:
+        with pytest.raises(providers.ProviderError) as caught:
+            parsed(providers._OpenAIAnswer(request()), *parts)
+        for word in words:
+            assert word in str(caught.value)
+        assert caught.value.status is None
+        assert caught.value.retry_after is None
 
     @pytest.mark.parametrize(
         ("parts", "words"),
@@ -1304,11 +1513,971 @@ class TestIncompleteAnswers:
             ),
         ],
     )
-    def test_anthropic(self, server: Server, parts: List[bytes], words: List[str]) -> None:
-        server.script(Reply(parts))
-        _, result = settle(anthropic(server))
-        assert_stream_error(result, *words)
+    def test_anthropic(self, parts: List[bytes], words: List[str]) -> None:
+        with pytest.raises(providers.ProviderError) as caught:
+            parsed(providers._AnthropicAnswer(request()), *parts)
+        for word in words:
+            assert word in str(caught.value)
+
+    @pytest.mark.parametrize(
+        "model",
+        [
+            pytest.param(canned_openai([openai_chunk({"content": "Hi"})]), id="openai"),
+            pytest.param(
+                canned_anthropic([MESSAGE_START, *anthropic_text(0, "Hi")]), id="anthropic"
+            ),
+        ],
+    )
+    def test_a_broken_answer_fails_the_run_and_adds_nothing(self, model: al.Model) -> None:
+        events, result = settle(model)
+        error = assert_stream_error(result, "ended before", "the answer is incomplete")
+        assert (error.status, error.retry_after) == (None, None)
+        assert result.messages == (al.UserMessage("user-001", "What is 2 + 3?"),)
+        assert [event.type for event in events] == [
+            "message.accepted",
+            "model.chunk",
+            "run.finished",
+        ]
+
+    @pytest.mark.parametrize("answer_class", [providers._OpenAIAnswer, providers._AnthropicAnswer])
+    def test_no_response_without_the_end_marker(self, answer_class: Any) -> None:
+        answer = answer_class(request())
+        with pytest.raises(providers.ProviderError, match="the answer is incomplete"):
+            answer.response()
+
+    def test_the_end_of_the_input_after_the_marker_is_fine(self) -> None:
+        answer = providers._OpenAIAnswer(request())
+        assert answer.feed(OPENAI_TEXT_STREAM) == ["Hello", ", world"]
+        assert answer.feed(b"") == []
+        assert answer.response().content == (al.TextBlock("Hello, world"),)
+
+
+# --- Long answers -------------------------------------------------------------------
+
+_PROVIDERS = pytest.mark.parametrize("provider", ["openai", "anthropic"])
+
+_Item = Union[str, Tuple[str, str, Dict[str, Any]]]
+"""One piece of a scripted answer: a text delta, or a tool call (id, name, arguments)."""
+
+
+def answer_parts(provider: str, items: Sequence[_Item], end: Optional[str] = None) -> List[bytes]:
+    """The provider's event stream for items, one event per text delta, with its end.
+
+    ``end`` is the finish (OpenAI) or stop (Anthropic) reason; None: the usual one.
+    """
+    parts: List[bytes] = []
+    if provider == "openai":
+        calls = 0
+        for item in items:
+            if isinstance(item, str):
+                parts.append(openai_chunk({"content": item}))
+            else:
+                parts.append(openai_call(calls, item[0], item[1], json.dumps(item[2])))
+                calls += 1
+        return [*parts, openai_chunk({}, end or "stop"), DONE]
+    parts.append(MESSAGE_START)
+    index = 0
+    text_open = False
+    for item in items:
+        if isinstance(item, str):
+            if not text_open:
+                parts.append(anthropic_text(index)[0])
+                text_open = True
+            parts.append(
+                anthropic_event(
+                    "content_block_delta", index=index, delta={"type": "text_delta", "text": item}
+                )
+            )
+            continue
+        if text_open:
+            parts.append(anthropic_event("content_block_stop", index=index))
+            index += 1
+            text_open = False
+        parts.extend(anthropic_tool(index, item[0], item[1], json.dumps(item[2])))
+        index += 1
+    if text_open:
+        parts.append(anthropic_event("content_block_stop", index=index))
+    return [*parts, *anthropic_end(end or "end_turn")]
+
+
+def canned_model(provider: str, *attempts: _Attempt, **arguments: Any) -> al.Model:
+    if provider == "openai":
+        return canned_openai(*attempts, **arguments)
+    return canned_anthropic(*attempts, **arguments)
+
+
+def in_reads(parts: List[bytes], per_read: int = 256) -> List[bytes]:
+    """Parts joined into reads of per_read events, as a fast server would send them."""
+    return [b"".join(parts[start : start + per_read]) for start in range(0, len(parts), per_read)]
+
+
+def one_character_events(count: int) -> List[str]:
+    """count deltas of one code point each, non-BMP ones included."""
+    alphabet = "ab\U0001f600\u00e9 "
+    return [alphabet[number % len(alphabet)] for number in range(count)]
+
+
+def chunk_texts(events: Sequence[al.Event]) -> List[Union[str, al.ToolCall]]:
+    """What the step streamed: each chunk's text, or its tool call."""
+    chunks = [event.payload["chunk"] for event in events if event.type == "model.chunk"]
+    return [chunk.text if isinstance(chunk, al.TextDelta) else chunk.tool_call for chunk in chunks]
+
+
+def doubling(*levels: int) -> List[int]:
+    """The sizes of full chunks at the given levels: 32 chunks of 2**level code points."""
+    return [2**level for level in levels for _ in range(32)]
+
+
+ADD = {"left": 1, "right": 2}
+
+
+class TestLongAnswers:
+    """Any answer the loop's limits allow completes: the pacing of the module docstring.
+
+    Each goes through run_agent_loop, so the loop's own limit checks judge it:
+    MAX_STEP_CHUNKS (1,024 chunks) and MAX_STEP_TEXT (65,536 code points) per step.
+    """
+
+    def settle_items(
+        self, provider: str, items: Sequence[_Item], *more: _Attempt
+    ) -> Tuple[List[al.Event], al.RunResult]:
+        model = canned_model(provider, in_reads(answer_parts(provider, items)), *more)
+        return settle(model, max_steps=2)
+
+    @_PROVIDERS
+    def test_1024_one_token_deltas(self, provider: str) -> None:
+        tokens = [f" w{number}" for number in range(1024)]
+        events, result = self.settle_items(provider, tokens)
+        assert result.status == "completed", result.error
+        assert result.final_text == "".join(tokens)
+        texts = cast(List[str], chunk_texts(events))
+        assert texts[:512] == tokens[:512]  # delta by delta while half the budget is left
+        for number, text in enumerate(texts[512:-1], 512):  # then at least the minimum
+            assert len(text) >= 2 << ((number - 512) // 32)
+        assert len(texts) < 1024
+
+    @_PROVIDERS
+    def test_512_deltas_stream_delta_by_delta(self, provider: str) -> None:
+        tokens = [f" w{number}" for number in range(512)]
+        events, result = self.settle_items(provider, tokens)
+        assert result.status == "completed", result.error
+        assert chunk_texts(events) == tokens
+
+    @_PROVIDERS
+    def test_16000_code_points_in_one_character_events(self, provider: str) -> None:
+        text = one_character_events(16_000)
+        events, result = self.settle_items(provider, text)
+        assert result.status == "completed", result.error
+        assert result.final_text == "".join(text)
+        sizes = [len(chunk) for chunk in cast(List[str], chunk_texts(events))]
+        assert sizes == [1] * 512 + doubling(1, 2, 3, 4, 5, 6, 7) + [256] * 28 + [192]
+        assert len(sizes) == 765
+
+    @_PROVIDERS
+    def test_65536_code_points_in_one_character_events_take_832_chunks(
+        self, provider: str
+    ) -> None:
+        text = one_character_events(al.MAX_STEP_TEXT)
+        events, result = self.settle_items(provider, text)
+        assert result.status == "completed", result.error
+        assert result.final_text == "".join(text)
+        sizes = [len(chunk) for chunk in cast(List[str], chunk_texts(events))]
+        assert sizes == [1] * 512 + doubling(*range(1, 10)) + [1024] * 31 + [576]
+        assert len(sizes) == 832
+
+    @_PROVIDERS
+    def test_one_code_point_more_fails_the_run(self, provider: str) -> None:
+        _, result = self.settle_items(provider, one_character_events(al.MAX_STEP_TEXT + 1))
+        assert result.status == "failed"
+        assert result.error is not None
+        assert result.error.code == "MODEL_PROTOCOL_ERROR"
+        assert "more than 65536 code points of text" in result.error.message
         assert len(result.messages) == 1
+
+    @_PROVIDERS
+    def test_text_then_a_tool_call_then_text(self, provider: str) -> None:
+        # 601 characters: 512 chunks of 1, 32 of 2, 6 of 4, and 1 buffered, which the call
+        # flushes; then 10 characters: 4, 4, and the 2 that the end flushes.
+        before, after = one_character_events(601), one_character_events(10)
+        items: List[_Item] = [*before, ("c1", "add", ADD), *after]
+        events, result = self.settle_items(provider, items, answer_parts(provider, ["3"]))
+        assert result.status == "completed", result.error
+        streamed = chunk_texts(events)[:-1]  # the last: the second step's "3"
+        call = al.ToolCall("c1", "add", ADD)
+        sizes = [len(chunk) if isinstance(chunk, str) else "call" for chunk in streamed]
+        assert sizes == [1] * 512 + [2] * 32 + [4] * 6 + [1, "call", 4, 4, 2]
+        assert streamed[550:552] == [before[-1], call]
+        assistant = result.messages[1]
+        assert isinstance(assistant, al.AssistantMessage)
+        assert assistant.content == (
+            al.TextBlock("".join(before)),
+            call,
+            al.TextBlock("".join(after)),
+        )
+
+    @_PROVIDERS
+    @pytest.mark.parametrize(("calls", "completes"), [(96, True), (97, False)])
+    def test_the_guarantee_96_tool_calls_in_the_worst_order(
+        self, provider: str, calls: int, completes: bool
+    ) -> None:
+        # 64,960 characters fill 831 chunks exactly; then each call comes after one
+        # buffered character, so it costs two chunks; one character ends the answer.
+        items: List[_Item] = list(one_character_events(64_960))
+        for number in range(calls):
+            items.extend(["z", (f"c{number}", "add", ADD)])
+        items.append("!")
+        assert sum(isinstance(item, str) for item in items) <= al.MAX_STEP_TEXT
+        events, result = self.settle_items(provider, items, answer_parts(provider, ["3"]))
+        if completes:
+            assert result.status == "completed", result.error
+            first_step = [
+                event
+                for event in events
+                if event.type == "model.chunk" and event.payload["request_id"] == "request-001"
+            ]
+            assert len(first_step) == al.MAX_STEP_CHUNKS  # exactly the limit
+        else:
+            assert result.status == "failed"
+            assert result.error is not None
+            assert result.error.code == "MODEL_PROTOCOL_ERROR"
+            assert "more than 1024 chunks" in result.error.message
+
+    @_PROVIDERS
+    def test_the_first_delta_is_yielded_before_the_next_bytes_are_read(
+        self, provider: str
+    ) -> None:
+        parts = answer_parts(provider, ["Hel", "lo"])
+        first = 1 if provider == "openai" else 3  # Anthropic: message and block starts
+        model = cast(providers._StreamingModel, canned_model(provider))
+        (exchange,) = canned(model, parts)
+        generator = model.stream(request(), threading.Event())
+        assert next(generator) == al.TextDelta("request-001", "Hel")
+        assert exchange.reads == first
+        generator.close()
+        assert exchange.closed
+
+    @_PROVIDERS
+    def test_the_first_delta_arrives_while_the_server_holds_the_rest(
+        self, server: Server, provider: str
+    ) -> None:
+        parts = answer_parts(provider, ["Hel", "lo"])
+        head = parts[:1] if provider == "openai" else parts[:3]
+        server.script(Reply(head, stall=True))
+        model = (
+            openai(server, timeout=_BOUND)
+            if provider == "openai"
+            else anthropic(server, timeout=_BOUND)
+        )
+        generator = model.stream(request(), threading.Event())
+        assert next(generator) == al.TextDelta("request-001", "Hel")
+        generator.close()
+        assert server.disconnected.wait(_BOUND)
+
+
+# --- Answers cut by the token limit -----------------------------------------------------
+
+
+class TestAcceptTruncated:
+    """accept_truncated=True accepts a text answer cut by the token limit, and logs it."""
+
+    @_PROVIDERS
+    def test_a_cut_text_answer_is_accepted_and_logged(
+        self, provider: str, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        cut = "length" if provider == "openai" else "max_tokens"
+        parts = answer_parts(provider, ["Once upon", " a time"], end=cut)
+        with caplog.at_level(logging.WARNING, "agent_loop.providers"):
+            _, result = settle(canned_model(provider, parts, accept_truncated=True))
+        assert result.status == "completed", result.error
+        assert result.final_text == "Once upon a time"
+        assert [record.getMessage() for record in caplog.records] == [
+            f"request-001: the answer was cut by the {'token' if cut == 'length' else cut} "
+            f"limit ({'finish' if cut == 'length' else 'stop'}_reason {cut!r}); accepted as "
+            "the model's answer (accept_truncated=True)"
+        ]
+
+    @_PROVIDERS
+    def test_without_it_the_cut_answer_fails(self, provider: str) -> None:
+        cut = "length" if provider == "openai" else "max_tokens"
+        _, result = settle(canned_model(provider, answer_parts(provider, ["Once"], end=cut)))
+        assert_stream_error(result, "the answer was cut", repr(cut))
+
+    @_PROVIDERS
+    @pytest.mark.parametrize(
+        "items",
+        [
+            pytest.param([], id="empty"),
+            pytest.param(["Adding.", ("c1", "add", ADD)], id="call-last"),
+        ],
+    )
+    def test_an_answer_that_does_not_end_in_text_still_fails(
+        self, provider: str, items: List[_Item]
+    ) -> None:
+        cut = "length" if provider == "openai" else "max_tokens"
+        answer = (
+            providers._OpenAIAnswer(request(), accept_truncated=True)
+            if provider == "openai"
+            else providers._AnthropicAnswer(request(), accept_truncated=True)
+        )
+        with pytest.raises(providers.ProviderError, match="the answer was cut"):
+            parsed(answer, *answer_parts(provider, items, end=cut))
+
+    def test_an_openai_call_being_streamed_when_cut_fails(self) -> None:
+        answer = providers._OpenAIAnswer(request(), accept_truncated=True)
+        parts = [
+            openai_chunk({"content": "Adding."}),
+            openai_call(0, "c1", "add", '{"left": 1, "ri'),
+            openai_chunk({}, "length"),
+            DONE,
+        ]
+        with pytest.raises(providers.ProviderError, match="while a tool call was streamed"):
+            parsed(answer, *parts)
+
+    def test_text_after_a_complete_call_is_accepted_with_the_call(self) -> None:
+        answer = providers._OpenAIAnswer(request(), accept_truncated=True)
+        items: List[_Item] = [("c1", "add", ADD), "And then"]
+        _, response = parsed(answer, *answer_parts("openai", items, end="length"))
+        assert response.content == (al.ToolCall("c1", "add", ADD), al.TextBlock("And then"))
+        assert response.stop_reason == "toolCall"
+
+    @pytest.mark.parametrize(
+        ("provider", "cut"),
+        [
+            ("openai", "content_filter"),
+            ("anthropic", "refusal"),
+            ("anthropic", "pause_turn"),
+            ("anthropic", "model_context_window_exceeded"),
+        ],
+    )
+    def test_other_cuts_still_fail(self, provider: str, cut: str) -> None:
+        answer = (
+            providers._OpenAIAnswer(request(), accept_truncated=True)
+            if provider == "openai"
+            else providers._AnthropicAnswer(request(), accept_truncated=True)
+        )
+        with pytest.raises(providers.ProviderError, match=f"the answer was cut: .*{cut!r}"):
+            parsed(answer, *answer_parts(provider, ["Text"], end=cut))
+
+
+# --- Retries ------------------------------------------------------------------------
+
+
+def quick(model: providers._StreamingModel) -> providers._StreamingModel:
+    """The model with a backoff of 1 ms, doubling, and no jitter: tests do not sleep."""
+    model._backoff_start = 0.001
+    model._jitter = lambda: 0.0
+    return model
+
+
+def retry_logs(caplog: pytest.LogCaptureFixture) -> List[str]:
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if record.name == "agent_loop.providers" and record.levelno == logging.WARNING
+    ]
+
+
+STREAM = Reply([openai_chunk({"content": "5"}), DONE])
+BUSY = Reply([b"busy"], status=503)
+
+
+class TestRetries:
+    """Transient failures before the first chunk are retried, waiting as the server says."""
+
+    def test_a_failure_then_success(
+        self, server: Server, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        server.script(Reply([b"{}"], status=500), STREAM)
+        with caplog.at_level(logging.WARNING):
+            _, result = settle(quick(openai(server, retries=2)))
+        assert result.status == "completed", result.error
+        assert result.final_text == "5"
+        assert len(server.requests) == 2
+        assert retry_logs(caplog) == [
+            f"request-001: attempt 1 of 3 failed ({server.url}/v1/chat/completions answered "
+            "HTTP 500 Internal Server Error: {}); retrying in 0.001 s"
+        ]
+
+    def test_the_backoff_doubles_and_the_last_error_says_how_many_retries(
+        self, server: Server, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        server.script(BUSY, BUSY, BUSY)
+        with caplog.at_level(logging.WARNING):
+            _, result = settle(quick(anthropic(server, retries=2)))
+        error = assert_stream_error(result, "HTTP 503 Service Unavailable: busy (after 2 retries)")
+        assert error.status == 503
+        assert len(server.requests) == 3
+        logs = retry_logs(caplog)
+        assert [log.split("retrying in ")[1] for log in logs] == ["0.001 s", "0.002 s"]
+        assert [log.split(" failed")[0] for log in logs] == [
+            "request-001: attempt 1 of 3",
+            "request-001: attempt 2 of 3",
+        ]
+
+    def test_retry_after_ms_is_waited_for(
+        self, server: Server, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        headers = (("Content-Type", "application/json"), ("retry-after-ms", "20"))
+        server.script(Reply([b"{}"], status=429, headers=headers), STREAM)
+        started = time.monotonic()
+        with caplog.at_level(logging.WARNING):
+            _, result = settle(openai(server, retries=1))
+        assert time.monotonic() - started >= 0.02
+        assert result.status == "completed", result.error
+        assert retry_logs(caplog)[0].endswith("(Retry-After: 0.02 s)); retrying in 0.02 s")
+
+    def test_an_http_date_in_the_past_means_now(
+        self, server: Server, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        headers = (("Retry-After", "Wed, 21 Oct 2015 07:28:00 GMT"),)
+        server.script(Reply([b"busy"], status=503, headers=headers), STREAM)
+        with caplog.at_level(logging.WARNING):
+            _, result = settle(openai(server, retries=1))
+        assert result.status == "completed", result.error
+        assert retry_logs(caplog)[0].endswith("retrying in 0 s")
+
+    def test_a_retry_after_over_60_s_is_not_waited_for(self, server: Server) -> None:
+        server.script(Reply([b"busy"], status=429, headers=(("Retry-After", "61"),)), STREAM)
+        started = time.monotonic()
+        _, result = settle(openai(server, retries=2))
+        assert time.monotonic() - started < 1.0
+        error = assert_stream_error(
+            result, "(Retry-After: 61 s) (not retried: the Retry-After is more than 60 s)"
+        )
+        assert (error.status, error.retry_after) == (429, 61.0)
+        assert len(server.requests) == 1
+
+    def test_a_long_retry_after_with_retries_0_says_nothing_of_it(self, server: Server) -> None:
+        server.script(Reply([b"busy"], status=429, headers=(("Retry-After", "61"),)))
+        error = failure(openai(server, retries=0))
+        assert str(error).endswith("busy (Retry-After: 61 s)")
+
+    def test_a_long_retry_after_after_a_retry(self, server: Server) -> None:
+        long = Reply([b"busy"], status=429, headers=(("Retry-After", "61"),))
+        server.script(BUSY, long)
+        error = failure(quick(openai(server, retries=2)))
+        assert str(error).endswith(
+            "(Retry-After: 61 s) (not retried: the Retry-After is more than 60 s)"
+        )
+        assert len(server.requests) == 2
+
+    def test_retries_0_turns_them_off(
+        self, server: Server, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        server.script(BUSY, STREAM)
+        with caplog.at_level(logging.WARNING):
+            _, result = settle(openai(server, retries=0))
+        error = assert_stream_error(result, "HTTP 503")
+        assert "(after" not in str(error)
+        assert len(server.requests) == 1
+        assert retry_logs(caplog) == []
+
+    def test_a_status_that_will_not_change_is_not_retried(self, server: Server) -> None:
+        server.script(Reply([b"{}"], status=401), STREAM)
+        _, result = settle(quick(openai(server, retries=2)))
+        assert_stream_error(result, "HTTP 401")
+        assert len(server.requests) == 1
+
+    def test_a_refused_connection_is_retried(self, caplog: pytest.LogCaptureFixture) -> None:
+        url = f"http://127.0.0.1:{_free_port()}/v1"
+        model = quick(providers.OpenAIChatModel("m", base_url=url, retries=2))
+        with caplog.at_level(logging.WARNING):
+            _, result = settle(model)
+        assert_stream_error(
+            result, f"cannot connect to {url}/chat/completions", "(after 2 retries)"
+        )
+        assert len(retry_logs(caplog)) == 2
+
+    def test_a_hang_up_before_the_head_is_retried(self, server: Server) -> None:
+        server.script(Reply(hang_up=True), STREAM)
+        _, result = settle(quick(openai(server, retries=1)))
+        assert result.status == "completed", result.error
+
+    def test_an_error_after_the_first_chunk_is_not_retried(self, server: Server) -> None:
+        overloaded = (
+            b'event: error\ndata: {"type": "error", "error": '
+            b'{"type": "overloaded_error", "message": "Overloaded"}}\n\n'
+        )
+        # The pause: the error comes in a read of its own, after the text was yielded.
+        # (An error in the same read as the first text is retried: nothing was yielded.)
+        server.script(
+            Reply([MESSAGE_START, *anthropic_text(0, "Hi")[:2], overloaded], pause=0.1),
+            Reply([MESSAGE_START, *anthropic_text(0, "Again"), *anthropic_end()]),
+        )
+        events, result = settle(quick(anthropic(server, retries=2, timeout=_BOUND)))
+        assert_stream_error(result, "overloaded_error: Overloaded")
+        assert "(after" not in str(cast(al.RunError, result.error).exception)
+        assert len(server.requests) == 1
+        assert [event.type for event in events].count("model.chunk") == 1
+
+    def test_an_overloaded_event_before_any_chunk_is_retried(self, server: Server) -> None:
+        overloaded = (
+            b'event: error\ndata: {"type": "error", "error": '
+            b'{"type": "overloaded_error", "message": "Overloaded"}}\n\n'
+        )
+        server.script(
+            Reply([MESSAGE_START, overloaded]),
+            Reply([b"{}"], status=529),
+            Reply([MESSAGE_START, *anthropic_text(0, "Hi"), *anthropic_end()]),
+        )
+        _, result = settle(quick(anthropic(server, retries=2)))
+        assert result.status == "completed", result.error
+        assert result.final_text == "Hi"
+        assert len(server.requests) == 3
+
+    def test_another_error_event_is_not_retried(self) -> None:
+        failed = [MESSAGE_START, b'event: error\ndata: {"error": {"type": "api_error"}}\n\n']
+        model = quick(canned_anthropic(failed, STREAM, retries=2))
+        _, result = settle(model)
+        assert_stream_error(result, "reported an error")
+
+    def test_a_cancel_during_the_wait_ends_the_run_at_once(self, server: Server) -> None:
+        server.script(Reply([b"busy"], status=503, headers=(("Retry-After", "5"),)), STREAM)
+        signal = threading.Event()
+        set_at: List[float] = []
+
+        def cancel() -> None:
+            assert _eventually(lambda: bool(server.requests))
+            time.sleep(0.2)
+            set_at.append(time.monotonic())
+            signal.set()
+
+        canceller = threading.Thread(target=cancel)
+        canceller.start()
+        _, result = settle(openai(server, retries=2), signal=signal)
+        ended = time.monotonic()
+        canceller.join(_BOUND)
+        assert result.status == "cancelled"
+        assert ended - set_at[0] < 0.25  # the bound: a cancelled wait returns at once
+        assert len(server.requests) == 1
+
+    def test_the_wait_is_the_signals_wait(self) -> None:
+        waits: List[Optional[float]] = []
+
+        class Recording:
+            def is_set(self) -> bool:
+                return False
+
+            def wait(self, timeout: Optional[float] = None) -> bool:
+                waits.append(timeout)
+                return False
+
+        busy = Canned(failure=providers._head_error("u", 503, "", {}, lambda: "", 0.0))
+        model = quick(canned_openai(busy, [OPENAI_TEXT_STREAM], retries=1))
+        _, response = stream(model, signal=Recording())
+        assert response.content == (al.TextBlock("Hello, world"),)
+        assert waits == [0.001]
+
+
+# --- Connecting, watched ----------------------------------------------------------------
+
+
+@pytest.fixture
+def blackhole() -> Iterator[str]:
+    """A port on 127.0.0.1 whose connections never complete: a full accept queue."""
+    listener = socket.socket()
+    fillers: List[socket.socket] = []
+    try:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        for _ in range(4):  # fill the queue: later SYNs are dropped, connect() waits
+            filler = socket.socket()
+            filler.setblocking(False)
+            filler.connect_ex(("127.0.0.1", port))
+            fillers.append(filler)
+        time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        for filler in fillers:
+            filler.close()
+        listener.close()
+
+
+@pytest.fixture
+def silent() -> Iterator[str]:
+    """A port on 127.0.0.1 that accepts connections and never sends a byte."""
+    listener = socket.socket()
+    accepted: List[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.02)
+        while not stop.is_set():
+            try:
+                accepted.append(listener.accept()[0])
+            except OSError:
+                continue
+
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    thread = threading.Thread(target=accept)
+    thread.start()
+    try:
+        yield f"https://127.0.0.1:{listener.getsockname()[1]}/v1"
+    finally:
+        stop.set()
+        thread.join(_BOUND)
+        for sock in accepted:
+            sock.close()
+        listener.close()
+
+
+def cancelled_within(model: al.Model, delay: float = 0.2) -> float:
+    """Runs model, sets the signal after delay; returns the seconds the run took to end."""
+    signal = threading.Event()
+    set_at: List[float] = []
+
+    def cancel() -> None:
+        time.sleep(delay)
+        set_at.append(time.monotonic())
+        signal.set()
+
+    canceller = threading.Thread(target=cancel)
+    canceller.start()
+    _, result = settle(model, signal=signal)
+    ended = time.monotonic()
+    canceller.join(_BOUND)
+    assert result.status == "cancelled", result.error
+    return ended - set_at[0]
+
+
+class _SlowLookup:
+    """getaddrinfo for the name slow.test that waits until released (or fails, if told)."""
+
+    def __init__(self, error: Optional[OSError] = None) -> None:
+        self.real = socket.getaddrinfo
+        self.release = threading.Event()
+        self.error = error
+
+    def __call__(self, host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if host != "slow.test":
+            return self.real(host, port, *args, **kwargs)
+        if kwargs.get("flags", 0) & socket.AI_NUMERICHOST:
+            raise socket.gaierror(socket.EAI_NONAME, "not a numeric host")
+        if self.error is not None:
+            raise self.error
+        self.release.wait(_BOUND)
+        return self.real("127.0.0.1", port, *args, **kwargs)
+
+
+@pytest.fixture
+def slow_lookup(monkeypatch: pytest.MonkeyPatch) -> Iterator[_SlowLookup]:
+    lookup = _SlowLookup()
+    monkeypatch.setattr(socket, "getaddrinfo", lookup)
+    try:
+        yield lookup
+    finally:
+        lookup.release.set()
+
+
+class TestConnecting:
+    """The name lookup, the TCP connection and the TLS handshake are watched and bounded.
+
+    The stated bound: a signal set while connecting ends the run within 0.25 s.
+    """
+
+    def test_a_cancel_while_the_tcp_connection_waits(self, blackhole: str) -> None:
+        model = providers.OpenAIChatModel("m", base_url=blackhole, timeout=_BOUND, retries=0)
+        assert cancelled_within(model) < 0.25
+
+    def test_a_tcp_connection_that_takes_longer_than_the_timeout(self, blackhole: str) -> None:
+        model = providers.OpenAIChatModel("m", base_url=blackhole, timeout=0.3, retries=0)
+        started = time.monotonic()
+        _, result = settle(model)
+        assert 0.3 <= time.monotonic() - started < 1.5
+        assert_stream_error(result, f"cannot connect to {blackhole}", "took more than 0.3 s")
+
+    def test_a_cancel_while_the_name_lookup_hangs(self, slow_lookup: _SlowLookup) -> None:
+        model = providers.AnthropicMessagesModel(
+            "m", base_url="http://slow.test:9", timeout=_BOUND, retries=0
+        )
+        assert cancelled_within(model) < 0.25
+
+    def test_a_name_lookup_that_takes_longer_than_the_timeout(
+        self, slow_lookup: _SlowLookup
+    ) -> None:
+        model = providers.OpenAIChatModel(
+            "m", base_url="http://slow.test:9/v1", timeout=0.2, retries=0
+        )
+        _, result = settle(model)
+        assert_stream_error(result, "the name lookup of slow.test took more than 0.2 s")
+
+    def test_a_name_lookup_that_fails(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        lookup = _SlowLookup(socket.gaierror(socket.EAI_NONAME, "Name or service not known"))
+        monkeypatch.setattr(socket, "getaddrinfo", lookup)
+        model = providers.OpenAIChatModel("m", base_url="http://slow.test:9/v1", retries=0)
+        _, result = settle(model)
+        assert_stream_error(
+            result,
+            "cannot connect to http://slow.test:9/v1/chat/completions: the name lookup failed: ",
+            "Name or service not known",
+        )
+
+    def test_a_name_that_is_looked_up(self, server: Server, slow_lookup: _SlowLookup) -> None:
+        slow_lookup.release.set()
+        server.script(Reply([OPENAI_TEXT_STREAM]))
+        port = server.url.rsplit(":", 1)[1]
+        model = providers.OpenAIChatModel("m", base_url=f"http://slow.test:{port}/v1")
+        _, response = stream(model)
+        assert response.content == (al.TextBlock("Hello, world"),)
+        assert server.requests[0]["headers"]["host"] == f"slow.test:{port}"
+
+    def test_the_next_address_is_tried(
+        self, server: Server, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        port = int(server.url.rsplit(":", 1)[1])
+        real = socket.getaddrinfo
+        closed = ("127.0.0.1", _free_port())
+
+        def two_addresses(host: Any, *args: Any, **kwargs: Any) -> Any:
+            if host != "two.test":
+                return real(host, *args, **kwargs)
+            if kwargs.get("flags", 0) & socket.AI_NUMERICHOST:
+                raise socket.gaierror(socket.EAI_NONAME, "not a numeric host")
+            family, kind, protocol, name, _ = real("127.0.0.1", port, **kwargs)[0]
+            return [
+                (family, kind, protocol, name, closed),
+                (family, kind, protocol, name, ("127.0.0.1", port)),
+            ]
+
+        monkeypatch.setattr(socket, "getaddrinfo", two_addresses)
+        server.script(Reply([OPENAI_TEXT_STREAM]))
+        _, response = stream(providers.OpenAIChatModel("m", base_url=f"http://two.test:{port}/v1"))
+        assert response.content == (al.TextBlock("Hello, world"),)
+
+    def test_an_address_that_fails_at_once(self) -> None:
+        # The kernel refuses a TCP connection to the broadcast address without a packet.
+        model = providers.OpenAIChatModel("m", base_url="http://255.255.255.255:9/v1", retries=0)
+        _, result = settle(model)
+        assert_stream_error(result, "cannot connect to http://255.255.255.255:9/v1")
+
+    def test_a_cancel_while_the_tls_handshake_waits(self, silent: str) -> None:
+        model = providers.OpenAIChatModel("m", base_url=silent, timeout=_BOUND, retries=0)
+        assert cancelled_within(model) < 0.25
+
+    def test_a_tls_handshake_that_takes_longer_than_the_timeout(self, silent: str) -> None:
+        model = providers.OpenAIChatModel("m", base_url=silent, timeout=0.3, retries=0)
+        _, result = settle(model)
+        assert_stream_error(result, "the TLS handshake failed", "took more than 0.3 s")
+
+
+# --- HTTPS --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Certificates:
+    """A test CA, and two server certificates it signed: for 127.0.0.1, for another name."""
+
+    ca: Path
+    good: Tuple[Path, Path]  # certificate, key: IP:127.0.0.1
+    other: Tuple[Path, Path]  # certificate, key: DNS:other.test only
+
+
+def _openssl(*arguments: str) -> None:
+    subprocess.run(["openssl", *arguments], check=True, capture_output=True, timeout=_BOUND)
+
+
+@pytest.fixture(scope="session")
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
+    """Made with the openssl command at test time, into a temporary directory."""
+    try:
+        _openssl("version")
+    except (OSError, subprocess.CalledProcessError) as error:
+        pytest.fail(f"the TLS tests need the openssl command: {error}")
+    folder = tmp_path_factory.mktemp("tls")
+    curve = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    _openssl(
+        "req", "-x509", *curve, "-keyout", str(folder / "ca.key"), "-out", str(folder / "ca.pem"),
+        "-days", "2", "-subj", "/CN=agent_loop test CA",
+        "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+    )  # fmt: skip
+
+    def server_certificate(name: str, alternative: str) -> Tuple[Path, Path]:
+        extensions = folder / f"{name}.cnf"
+        extensions.write_text(
+            f"subjectAltName={alternative}\nbasicConstraints=critical,CA:FALSE\n"
+            "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
+            "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid,issuer\n"
+        )
+        key, request_file, certificate = (
+            folder / f"{name}.{end}" for end in ("key", "csr", "pem")
+        )
+        _openssl(
+            "req", *curve, "-keyout", str(key), "-out", str(request_file), "-subj", f"/CN={name}"
+        )
+        _openssl(
+            "x509", "-req", "-in", str(request_file), "-CA", str(folder / "ca.pem"),
+            "-CAkey", str(folder / "ca.key"), "-CAcreateserial", "-out", str(certificate),
+            "-days", "2", "-extfile", str(extensions),
+        )  # fmt: skip
+        return certificate, key
+
+    return Certificates(
+        folder / "ca.pem",
+        server_certificate("good", "IP:127.0.0.1"),
+        server_certificate("other", "DNS:other.test"),
+    )
+
+
+def _tls_server(pair: Tuple[Path, Path]) -> ContextManager[Server]:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(pair[0]), str(pair[1]))
+    return _serving(context)
+
+
+def trusting(certificates: Certificates) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(certificates.ca))
+
+
+class TestHTTPS:
+    """Both adapters over TLS on 127.0.0.1; the certificate and host name are verified."""
+
+    @_PROVIDERS
+    def test_both_adapters_stream_through_https(
+        self, certificates: Certificates, provider: str
+    ) -> None:
+        with _tls_server(certificates.good) as tls:
+            assert tls.url.startswith("https://127.0.0.1:")
+            tls.script(Reply(answer_parts(provider, ["Hello", " over TLS"])))
+            context = trusting(certificates)
+            model = (
+                openai(tls, ssl_context=context)
+                if provider == "openai"
+                else anthropic(tls, ssl_context=context)
+            )
+            chunks, response = stream(model)
+            assert response.content == (al.TextBlock("Hello over TLS"),)
+            assert len(chunks) == 2
+            assert tls.requests[0]["headers"]["host"] == tls.url[len("https://") :]
+
+    @_PROVIDERS
+    def test_the_default_context_refuses_an_unknown_ca(
+        self, certificates: Certificates, provider: str, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        with _tls_server(certificates.good) as tls:
+            model = openai(tls, retries=2) if provider == "openai" else anthropic(tls, retries=2)
+            with caplog.at_level(logging.WARNING):
+                _, result = settle(model)
+            error = assert_stream_error(
+                result, f"cannot connect to {tls.url}", "TLS certificate did not verify"
+            )
+            assert error.status is None
+            assert tls.requests == []
+        assert retry_logs(caplog) == []  # the same certificate would come back: not retried
+
+    def test_a_host_name_mismatch_is_refused(self, certificates: Certificates) -> None:
+        with _tls_server(certificates.other) as tls:
+            _, result = settle(anthropic(tls, ssl_context=trusting(certificates)))
+            assert_stream_error(result, "TLS certificate did not verify", "mismatch")
+            assert tls.requests == []
+
+    def test_https_to_a_plain_http_server(self, server: Server) -> None:
+        url = server.url.replace("http://", "https://") + "/v1"
+        model = providers.OpenAIChatModel("m", base_url=url, retries=0)
+        _, result = settle(model)
+        assert_stream_error(result, f"cannot connect to {url}", "the TLS handshake failed")
+
+
+class TestHead:
+    """The status and headers that decide an error, read by pure functions."""
+
+    def error(
+        self, status: int, headers: Dict[str, str], body: str = "", now: float = 0.0
+    ) -> Optional[providers.ProviderError]:
+        return providers._head_error("http://h/x", status, "Reason", headers, lambda: body, now)
+
+    def test_a_stream_is_no_error_and_its_body_is_not_read(self) -> None:
+        def unread() -> str:
+            raise AssertionError("the body of a stream is the answer: not read here")
+
+        for content_type in ("text/event-stream", "text/event-stream; charset=utf-8", ""):
+            headers = {"content-type": content_type}
+            assert providers._head_error("u", 200, "OK", headers, unread, 0.0) is None
+
+    def test_json_instead_of_a_stream(self) -> None:
+        error = self.error(200, {"content-type": "application/json"}, '{"choices": []}')
+        assert error is not None
+        assert str(error) == 'http://h/x answered with JSON, not an event stream: {"choices": []}'
+        assert (error.status, error.retry_after, error._transient) == (None, None, False)
+
+    @pytest.mark.parametrize(
+        ("status", "transient"),
+        [
+            *[(400, False), (401, False), (404, False), (407, False), (408, True), (409, True)],
+            *[(410, False), (422, False), (429, True), (499, False), (500, True), (503, True)],
+            *[(529, True), (599, True)],
+        ],
+    )
+    def test_which_statuses_are_retried(self, status: int, transient: bool) -> None:
+        error = self.error(status, {})
+        assert error is not None
+        assert (error.status, error._transient) == (status, transient)
+
+    @pytest.mark.parametrize(
+        ("body", "text"),
+        [
+            pytest.param(
+                '{"type": "error", "error": {"type": "authentication_error", '
+                '"message": "invalid x-api-key"}}',
+                "authentication_error: invalid x-api-key",
+                id="anthropic",
+            ),
+            pytest.param(
+                '{"error": {"message": "model not found"}}', "model not found", id="no-type"
+            ),
+            pytest.param('{"error": "model \'x\' not found"}', "model 'x' not found", id="ollama"),
+            pytest.param('{"message": "Unauthorized"}', "Unauthorized", id="message"),
+            pytest.param('{"detail": "nope"}', '{"detail": "nope"}', id="other-json"),
+            pytest.param("[1]", "[1]", id="array"),
+            pytest.param("", "(no body)", id="empty"),
+            pytest.param("x" * 300, "x" * 200 + "...", id="long"),
+        ],
+    )
+    def test_the_provider_error_text(self, body: str, text: str) -> None:
+        error = self.error(401, {"content-type": "application/json"}, body)
+        assert str(error) == f"http://h/x answered HTTP 401 Reason: {text}"
+
+    @pytest.mark.parametrize(
+        ("headers", "retry_after"),
+        [
+            pytest.param({"retry-after-ms": "1500", "retry-after": "2"}, 1.5, id="ms-first"),
+            pytest.param({"retry-after": "0.25"}, 0.25, id="seconds"),
+            pytest.param({"retry-after": "0"}, 0.0, id="zero"),
+            pytest.param({"retry-after-ms": "x", "retry-after": "3"}, 3.0, id="bad-ms"),
+            pytest.param({"retry-after": "Wed, 21 Oct 2015 07:28:30 GMT"}, 30.0, id="date"),
+            pytest.param({"retry-after": "Wed, 21 Oct 2015 07:28:30 -0000"}, 30.0, id="utc"),
+            pytest.param({"retry-after": "Wed, 21 Oct 2015 07:27:00 GMT"}, 0.0, id="past"),
+            pytest.param({"retry-after": "soon"}, None, id="text"),
+            pytest.param({"retry-after": ""}, None, id="empty"),
+            pytest.param({"retry-after": "-1", "retry-after-ms": "nan"}, None, id="negative"),
+            pytest.param({"retry-after": "inf"}, None, id="infinite"),
+            pytest.param({}, None, id="none"),
+        ],
+    )
+    def test_retry_after_forms(
+        self, headers: Dict[str, str], retry_after: Optional[float]
+    ) -> None:
+        now = email.utils.parsedate_to_datetime("Wed, 21 Oct 2015 07:28:00 GMT").timestamp()
+        assert providers._retry_after(headers, now) == retry_after
+        error = self.error(503, headers, "busy", now)
+        assert error is not None
+        assert (error.status, error.retry_after) == (503, retry_after)
+        said = "" if retry_after is None else f" (Retry-After: {retry_after:g} s)"
+        assert str(error) == f"http://h/x answered HTTP 503 Reason: busy{said}"
+
+    def test_the_backoff_doubles_from_half_a_second_to_at_most_8_with_jitter(self) -> None:
+        assert [providers._backoff(0.5, retried, 0.0) for retried in range(6)] == [
+            0.5,
+            1.0,
+            2.0,
+            4.0,
+            8.0,
+            8.0,
+        ]
+        assert providers._backoff(0.5, 0, 0.999) == pytest.approx(0.375, abs=0.001)
+        assert providers._backoff(0.5, 9, 0.5) == 7.0
 
 
 class TestHTTPFailures:
@@ -1328,63 +2497,22 @@ class TestHTTPFailures:
         assert (error.status, error.retry_after) == (429, 2.0)
         assert server.url + "/v1/chat/completions" in str(error)
 
-    @pytest.mark.parametrize(
-        ("headers", "retry_after"),
-        [
-            pytest.param((("retry-after-ms", "1500"), ("Retry-After", "2")), 1.5, id="ms-first"),
-            pytest.param((("Retry-After", "0.25"),), 0.25, id="seconds"),
-            pytest.param((("Retry-After", "Wed, 21 Oct 2015 07:28:00 GMT"),), None, id="date"),
-            pytest.param((("Retry-After", "-1"), ("retry-after-ms", "nan")), None, id="negative"),
-            pytest.param((), None, id="none"),
-        ],
-    )
-    def test_retry_after_forms(
-        self, server: Server, headers: Tuple[Tuple[str, str], ...], retry_after: Optional[float]
-    ) -> None:
-        server.script(Reply([b"busy"], status=503, headers=headers))
-        error = failure(openai(server))
-        assert (error.status, error.retry_after) == (503, retry_after)
-        assert "HTTP 503 Service Unavailable: busy" in str(error)
-
-    @pytest.mark.parametrize(
-        ("body", "text"),
-        [
-            pytest.param(
-                b'{"type": "error", "error": {"type": "authentication_error", '
-                b'"message": "invalid x-api-key"}}',
-                "authentication_error: invalid x-api-key",
-                id="anthropic",
-            ),
-            pytest.param(
-                b'{"error": {"message": "model not found"}}', "model not found", id="no-type"
-            ),
-            pytest.param(
-                b'{"error": "model \'x\' not found"}', "model 'x' not found", id="ollama"
-            ),
-            pytest.param(b'{"message": "Unauthorized"}', "Unauthorized", id="message"),
-            pytest.param(b'{"detail": "nope"}', '{"detail": "nope"}', id="other-json"),
-            pytest.param(b"[1]", "[1]", id="array"),
-            pytest.param(b"", "(no body)", id="empty"),
-            pytest.param(b"x" * 300, "x" * 200 + "...", id="long"),
-        ],
-    )
-    def test_the_provider_error_text(self, server: Server, body: bytes, text: str) -> None:
-        server.script(Reply([body], status=401))
-        error = failure(anthropic(server))
-        assert str(error).endswith(f"/v1/messages answered HTTP 401 Unauthorized: {text}")
-        assert error.status == 401
-
     def test_an_error_body_that_never_arrives(self, server: Server) -> None:
         headers = (("Content-Type", "application/json"), ("Content-Length", "100"))
         server.script(Reply([b"{"], status=500, headers=headers, stall=True))
         error = failure(openai(server, timeout=0.2))
         assert str(error).endswith("answered HTTP 500 Internal Server Error: (no body)")
 
-    def test_json_instead_of_a_stream(self, server: Server) -> None:
-        headers = (("Content-Type", "application/json"),)
-        server.script(Reply([b'{"choices": []}'], headers=headers))
-        _, result = settle(openai(server))
-        assert_stream_error(result, "answered with JSON, not an event stream", '{"choices": []}')
+    def test_chunked_transfer_encoding_split_anywhere(self, server: Server) -> None:
+        parts = [
+            OPENAI_TOOL_STREAM[start : start + 7] for start in range(0, len(OPENAI_TOOL_STREAM), 7)
+        ]
+        server.script(Reply(parts, chunked=True))
+        chunks, _ = stream(openai(server))
+        assert [chunk.tool_call.id for chunk in chunks if isinstance(chunk, al.ToolCallChunk)] == [
+            "call_A",
+            "call_B",
+        ]
 
     def test_connection_refused_names_the_address(self) -> None:
         port = _free_port()
@@ -1539,6 +2667,18 @@ class TestServerEvents:
     def test_an_event_open_at_the_end_is_not_dispatched(self) -> None:
         assert self.parse(b"data: a\n\ndata: b\n") == [("", "a")]
 
+    def test_the_end_of_the_input_drops_what_is_open(self) -> None:
+        parser = providers._ServerEvents()
+        assert parser.feed(b"event: x\ndata: a\ndata: b") == []
+        assert parser.feed(b"") == []
+        assert parser.feed(b"data: c\n\n") == [providers._ServerEvent("", "c")]  # none before
+
+    def test_a_character_cut_by_the_end_of_the_input_is_malformed(self) -> None:
+        parser = providers._ServerEvents()
+        assert parser.feed("data: \u00e9".encode()[:-1]) == []
+        with pytest.raises(providers.ProviderError, match="not UTF-8"):
+            parser.feed(b"")
+
     def test_invalid_utf_8_is_malformed(self) -> None:
         with pytest.raises(providers.ProviderError, match="not UTF-8"):
             self.parse(b"data: \xff\n\n")
@@ -1571,64 +2711,171 @@ class TestHelpers:
 # --- The command line ---------------------------------------------------------------
 
 
-class TestCommandLine:
-    """python agent_loop_providers.py --provider ... runs an agent with the demo's tools."""
+def _argv(server: Server, provider: str = "openai", *more: str) -> List[str]:
+    url = server.url + "/v1" if provider == "openai" else server.url
+    return ["--provider", provider, "--base-url", url, "--model", "m", "--retries", "0", *more]
 
-    def test_openai(self, server: Server, capsys: pytest.CaptureFixture[str]) -> None:
+
+class TestCommandLine:
+    """python agent_loop_providers.py --provider ... runs an agent with its own tools."""
+
+    def test_the_answer_streams_with_a_line_per_call_and_result(
+        self, server: Server, capsys: pytest.CaptureFixture[str]
+    ) -> None:
         server.script(
-            Reply([openai_call(0, "c1", "add", '{"left": 2, "right": 3}'), DONE]),
-            Reply([openai_chunk({"content": "5"}), DONE]),
+            Reply(
+                [
+                    openai_chunk({"content": "Adding"}),
+                    openai_chunk({"content": " now."}),
+                    openai_call(0, "c1", "add", '{"left": 2, "right": 3}'),
+                    openai_call(1, "c2", "weather", '{"city": "Atlantis"}'),
+                    DONE,
+                ]
+            ),
+            Reply(
+                [
+                    openai_chunk({"content": "5, and"}),
+                    openai_chunk({"content": " no weather."}),
+                    DONE,
+                ]
+            ),
         )
-        status = providers.main(
-            [
-                "--provider",
-                "openai",
-                "--base-url",
-                server.url + "/v1",
-                "--model",
-                "m",
-                "--system",
-                "S",
-                "2+3?",
-            ]
-        )
-        out = capsys.readouterr().out
+        status = providers.main(_argv(server, "openai", "--system", "S", "2+3?"))
         assert status == 0
-        assert out.splitlines() == [
-            '  0  message.accepted  user user-001: "2+3?"',
-            '  1  model.chunk       request-001 toolCall add({"left":2,"right":3}) [c1]',
-            '  2  tool.started      request-001 add({"left":2,"right":3}) [c1]',
-            '  3  tool.finished     request-001 add ok: {"sum":5}',
-            '  4  model.chunk       request-002 text "5"',
-            "  5  run.finished      completed after 2 step(s)",
-            "result: completed, 2 step(s), 4 messages",
-            "final text: 5",
-        ]
+        assert capsys.readouterr().out == (
+            "Adding now.\n"
+            '-> add({"left": 2, "right": 3}) [c1]\n'
+            '-> weather({"city": "Atlantis"}) [c2]\n'
+            '<- add ok: {"sum":5}\n'
+            "<- weather error: no weather station in Atlantis\n"
+            "5, and no weather.\n"
+            "result: completed, 2 step(s), 5 messages\n"
+        )
         assert server.body()["messages"][0] == {"role": "system", "content": "S"}
-        assert len(server.body()["tools"]) == 3
+        assert [tool["function"]["name"] for tool in server.body()["tools"]] == [
+            "add",
+            "multiply",
+            "weather",
+        ]
+        assert server.body(1)["messages"][2] == {
+            "role": "assistant",
+            "content": "Adding now.",
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "add", "arguments": '{"left": 2, "right": 3}'},
+                },
+                {
+                    "id": "c2",
+                    "type": "function",
+                    "function": {"name": "weather", "arguments": '{"city": "Atlantis"}'},
+                },
+            ],
+        }
+
+    def test_text_that_ends_a_line_gets_no_extra_one(
+        self, server: Server, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        server.script(Reply([openai_chunk({"content": "Done.\n"}), DONE]))
+        assert providers.main(_argv(server, "openai", "Hi")) == 0
+        assert capsys.readouterr().out == "Done.\nresult: completed, 1 step(s), 2 messages\n"
+
+    def test_the_add_tool_sums_numbers(self) -> None:
+        tools = providers._command_line_tools()
+        add = tools.specs()[0]
+        assert add.name == "add"
+        assert add.parameters["properties"] == {
+            "left": {"type": "number"},
+            "right": {"type": "number"},
+        }
+        call = al.ToolCall("c", "add", {"left": 2, "right": 0.5})
+        assert al.execute_tool_call(tools, call, threading.Event()).content == '{"sum":2.5}'
+        call = al.ToolCall("c", "multiply", {"left": 6, "right": 7})
+        assert al.execute_tool_call(tools, call, threading.Event()).content == '{"product":42}'
+        call = al.ToolCall("c", "weather", {"city": "Oslo"})
+        assert al.execute_tool_call(tools, call, threading.Event()).content == "snow, -3 C"
 
     def test_anthropic_json_and_a_failed_run(
         self, server: Server, capsys: pytest.CaptureFixture[str]
     ) -> None:
         server.script(Reply([b"{}"], status=500))
-        status = providers.main(
-            [
-                "--provider",
-                "anthropic",
-                "--base-url",
-                server.url,
-                "--model",
-                "m",
-                "--json",
-                "--max-steps",
-                "1",
-                "Hi",
-            ]
-        )
+        status = providers.main(_argv(server, "anthropic", "--json", "--max-steps", "1", "Hi"))
         lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
         assert status == 1
         assert [line["type"] for line in lines] == ["message.accepted", "run.finished"]
         assert lines[-1]["payload"]["result"]["error"]["code"] == "MODEL_STREAM_ERROR"
+
+    def test_json_lines_replay_as_events(
+        self, server: Server, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        server.script(
+            Reply([openai_call(0, "c1", "add", '{"left": 2, "right": 3}'), DONE]),
+            Reply([openai_chunk({"content": "5"}), DONE]),
+        )
+        assert providers.main(_argv(server, "openai", "--json", "2+3?")) == 0
+        lines = capsys.readouterr().out.splitlines()
+        events = [al.event_from_dict(json.loads(line)) for line in lines]
+        assert [event.sequence for event in events] == list(range(len(lines)))
+        assert events[-1].payload["result"].final_text == "5"
+        assert [json.dumps(event.to_dict(), ensure_ascii=False) for event in events] == lines
+
+    def test_a_failed_run_prints_its_error(
+        self, server: Server, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        server.script(Reply([openai_chunk({"content": "Half"})]))
+        assert providers.main(_argv(server, "openai", "Hi")) == 1
+        out = capsys.readouterr().out.splitlines()
+        assert out[:2] == ["Half", "result: failed, 1 step(s), 1 messages"]
+        assert out[2].startswith("error: MODEL_STREAM_ERROR: the model's stream raised ")
+        assert len(out) == 3
+
+    def test_the_step_budget_is_said(
+        self, server: Server, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        server.script(Reply([openai_call(0, "c1", "add", '{"left": 2, "right": 3}'), DONE]))
+        assert providers.main(_argv(server, "openai", "--max-steps", "1", "2+3?")) == 1
+        assert capsys.readouterr().out.splitlines()[-2:] == [
+            "result: maxSteps, 1 step(s), 3 messages",
+            "the budget of 1 step(s) ended the run",
+        ]
+
+    def test_max_tokens_and_options_reach_the_body(
+        self, server: Server, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        server.script(Reply([OPENAI_TEXT_STREAM]))
+        options = ["--option", "temperature=0", "--option", 'stop=["\\n"]']
+        assert providers.main(_argv(server, "openai", "--max-tokens", "7", *options, "Hi")) == 0
+        assert server.body()["max_tokens"] == 7
+        assert server.body()["temperature"] == 0
+        assert server.body()["stop"] == ["\n"]
+
+    def test_max_tokens_for_anthropic_is_the_argument(
+        self, server: Server, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        parts = answer_parts("anthropic", ["Hi"])
+        server.script(Reply(parts), Reply(parts))
+        assert providers.main(_argv(server, "anthropic", "--max-tokens", "9", "Hi")) == 0
+        assert providers.main(_argv(server, "anthropic", "--option", "top_k=3", "Hi")) == 0
+        assert (server.body()["max_tokens"], server.body(1)["max_tokens"]) == (9, 4096)
+        assert server.body(1)["top_k"] == 3
+
+    def test_accept_truncated_and_its_warning_on_stderr(
+        self, server: Server, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        server.script(Reply(answer_parts("openai", ["Once upon"], end="length")))
+        status = providers.main(_argv(server, "openai", "--accept-truncated", "Tell"))
+        captured = capsys.readouterr()
+        assert status == 0
+        assert captured.out == "Once upon\nresult: completed, 1 step(s), 2 messages\n"
+        assert captured.err == (
+            "warning: request-001: the answer was cut by the token limit (finish_reason "
+            "'length'); accepted as the model's answer (accept_truncated=True)\n"
+        )
+        assert not any(
+            isinstance(handler, logging.StreamHandler)
+            for handler in logging.getLogger("agent_loop.providers").handlers
+        )  # main() removed its handler
 
     @pytest.mark.parametrize(
         "argv",
@@ -1643,33 +2890,32 @@ class TestCommandLine:
             pytest.param(
                 ["--provider", "openai", "--base-url", "http://h", "--model", "", "p"], id="model"
             ),
+            *[
+                pytest.param(
+                    ["--provider", "openai", "--base-url", "http://h", "--model", "m", *more, "p"],
+                    id=name,
+                )
+                for name, more in [
+                    ("steps-low", ["--max-steps", "0"]),
+                    ("steps-text", ["--max-steps", "x"]),
+                    ("tokens-low", ["--max-tokens", "0"]),
+                    ("tokens-text", ["--max-tokens", "x"]),
+                    ("retries-low", ["--retries", "-1"]),
+                    ("retries-text", ["--retries", "x"]),
+                    ("option-no-equals", ["--option", "temperature"]),
+                    ("option-no-key", ["--option", "=1"]),
+                    ("option-not-json", ["--option", "temperature=warm"]),
+                    ("option-nan", ["--option", "temperature=NaN"]),
+                    ("option-owned", ["--option", "stream=false"]),
+                    ("tokens-twice", ["--max-tokens", "5", "--option", "max_tokens=6"]),
+                ]
+            ],
             pytest.param(
                 [
-                    "--provider",
-                    "openai",
-                    "--base-url",
-                    "http://h",
-                    "--model",
-                    "m",
-                    "--max-steps",
-                    "0",
-                    "p",
+                    *("--provider", "anthropic", "--base-url", "http://h", "--model", "m"),
+                    *("--option", "max_tokens=6", "p"),
                 ],
-                id="steps-low",
-            ),
-            pytest.param(
-                [
-                    "--provider",
-                    "openai",
-                    "--base-url",
-                    "http://h",
-                    "--model",
-                    "m",
-                    "--max-steps",
-                    "x",
-                    "p",
-                ],
-                id="steps-text",
+                id="anthropic-owned",
             ),
         ],
     )
@@ -1697,31 +2943,17 @@ class TestCommandLine:
         interrupter = threading.Thread(target=interrupt)
         interrupter.start()
         try:
-            status = providers.main(
-                ["--provider", "openai", "--base-url", server.url + "/v1", "--model", "m", "Hi"]
-            )
+            status = providers.main(_argv(server, "openai", "Hi"))
         finally:
             interrupter.join(_BOUND)
         assert status == 1
-        assert (
-            capsys.readouterr().out.splitlines()[-1] == "result: cancelled, 1 step(s), 1 messages"
-        )
+        assert capsys.readouterr().out == ("Thinking\nresult: cancelled, 1 step(s), 1 messages\n")
         assert os_signal.getsignal(os_signal.SIGINT) is before  # restored
 
     def test_ctrl_c_cancels_and_prints_the_result(self, server: Server) -> None:
         server.script(Reply([openai_chunk({"content": "Thinking"})], stall=True))
         process = subprocess.Popen(
-            [
-                sys.executable,
-                "agent_loop_providers.py",
-                "--provider",
-                "openai",
-                "--base-url",
-                server.url + "/v1",
-                "--model",
-                "m",
-                "Hi",
-            ],
+            [sys.executable, "agent_loop_providers.py", *_argv(server, "openai", "Hi")],
             cwd=_HERE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -1739,14 +2971,14 @@ class TestCommandLine:
                 process.kill()
                 process.communicate()
         assert process.returncode == 1
-        assert out.splitlines()[-4:] == [
-            '  0  message.accepted  user user-001: "Hi"',
-            '  1  model.chunk       request-001 text "Thinking"',
-            "  2  run.finished      cancelled after 1 step(s)",
-            "result: cancelled, 1 step(s), 1 messages",
-        ]
+        assert out == "Thinking\nresult: cancelled, 1 step(s), 1 messages\n"
         assert err == ""
         assert server.disconnected.wait(_BOUND)
+
+    def test_the_module_uses_only_public_names_of_agent_loop(self) -> None:
+        with open(os.path.join(_HERE, "agent_loop_providers.py"), encoding="utf-8") as file:
+            source = file.read()
+        assert re.findall(r"\bal\._\w+", source) == []
 
 
 # --- Integration: llmock ------------------------------------------------------------
@@ -1777,10 +3009,12 @@ class LLMock:
 
     def openai(self, **arguments: Any) -> providers.OpenAIChatModel:
         arguments.setdefault("timeout", 5.0)
+        arguments.setdefault("retries", 0)  # the retry tests set their own
         return providers.OpenAIChatModel("gpt-4o", base_url=self.url + "/v1", **arguments)
 
     def anthropic(self, **arguments: Any) -> providers.AnthropicMessagesModel:
         arguments.setdefault("timeout", 5.0)
+        arguments.setdefault("retries", 0)
         return providers.AnthropicMessagesModel(
             "claude-sonnet-4-6", base_url=self.url + "/anthropic", **arguments
         )
@@ -1917,6 +3151,8 @@ class TestLLMock:
         sent = mock.requests()[1]["body"]["messages"]
         if provider == "anthropic":  # both results in one user turn
             assert [block["is_error"] for block in sent[-1]["content"]] == [False, True]
+        else:  # a turn of tool calls only: "" as its content, which every server takes
+            assert sent[1]["content"] == ""
 
     @_BOTH
     @pytest.mark.parametrize("status", [429, 500])
@@ -2000,6 +3236,50 @@ class TestLLMock:
         mock.scenario({"type": "tool_fault", "kind": "malformed_arguments"})
         _, result = settle(_model(mock, provider))
         assert_stream_error(result, "has arguments that are not JSON")
+
+    @_BOTH
+    def test_a_failure_then_a_reply_is_retried(
+        self, mock: LLMock, provider: str, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        mock.scenario({"type": "fail", "status": 500}, {"type": "reply", "text": "Recovered."})
+        model = quick(cast(providers._StreamingModel, _model(mock, provider, retries=2)))
+        with caplog.at_level(logging.WARNING):
+            _, result = settle(model)
+        assert result.status == "completed", result.error
+        assert result.final_text == "Recovered."
+        assert [record["status"] for record in mock.requests()] == [500, 200]
+        assert len(retry_logs(caplog)) == 1
+
+    @_BOTH
+    def test_a_429_waits_its_retry_after(
+        self, mock: LLMock, provider: str, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        mock.scenario(
+            {"type": "fail", "status": 429, "retry_after": 0.2},
+            {"type": "reply", "text": "After the wait."},
+        )
+        started = time.monotonic()
+        with caplog.at_level(logging.WARNING):
+            _, result = settle(_model(mock, provider, retries=1))
+        assert time.monotonic() - started >= 0.2
+        assert result.status == "completed", result.error
+        assert retry_logs(caplog)[0].endswith("retrying in 0.2 s")
+
+    @_BOTH
+    def test_a_long_answer_completes(self, mock: LLMock, provider: str) -> None:
+        words = " ".join(f"w{number}" for number in range(2000))
+        mock.scenario({"type": "reply", "text": words})
+        events, result = settle(_model(mock, provider))
+        assert result.status == "completed", result.error
+        assert result.final_text == words
+        assert sum(event.type == "model.chunk" for event in events) <= al.MAX_STEP_CHUNKS
+
+    @_BOTH
+    def test_a_cut_answer_accepted(self, mock: LLMock, provider: str) -> None:
+        mock.scenario({"type": "reply", "text": "cut short", "finish_reason": "length"})
+        _, result = settle(_model(mock, provider, accept_truncated=True))
+        assert result.status == "completed", result.error
+        assert result.final_text == "cut short"
 
     @_BOTH
     def test_a_cut_answer(self, mock: LLMock, provider: str) -> None:
