@@ -1,4 +1,4 @@
-# agent_loop.py 1.1.0: the reference Python implementation of the iterative Agent Loop.
+# agent_loop.py 1.2.0: the reference Python implementation of the iterative Agent Loop.
 # One file, standard library only; copy it into your project. Home: the agent_loop repository.
 """The iterative Agent Loop of checkpoint 07 ("Run the iterative Agent Loop"), in Python.
 
@@ -41,84 +41,43 @@ The loop reads in the order of the seed's state diagram::
 
 Invariants:
 
-- One counter numbers every event of a run (0, 1, 2, ...); no phase owns another.
-  ``run.finished`` is always the last event and carries the returned ``RunResult``.
-- The transcript holds complete messages only. A streamed chunk may already have
-  an event, but an unfinished assistant message is never appended, and a tool that
-  was interrupted never gets a fabricated result.
-- Options are validated, and the messages and the tool registry's membership are
-  snapshotted, when ``run_agent_loop()`` is *called*, not when iteration starts.
-- Immutability is by freezing, not copying: every message and block is a frozen
-  dataclass, and a ``ToolCall`` freezes a copy of its arguments when it is built
-  (objects become read-only mappings, arrays become tuples). Nothing a caller, a
-  model or a tool does to an object it holds can change the run's transcript,
-  short of ``object.__setattr__`` or reaching into private attributes.
-- Only what is appended is validated, so a step's checks cost what the step adds,
-  whatever the length of the transcript; a request's snapshot is a tuple of it.
-- Cancellation is a ``threading.Event`` (or anything with its ``is_set()`` and
-  ``wait()``: see ``Signal``). Besides once before the first event, the loop looks
-  at it each time control comes back from code it does not own, in two places:
-  ``_Run.drive`` after every event (the consumer ran), and ``_Run._call`` after the
-  model, its stream or a tool returned or raised. Those are the seed's points:
-  between phases, during initial emission, during streaming, while waiting for the
-  terminal response, and around tools.
-  Cancellation wins over a stream or tool error that arrives after the signal was set.
-- Values are frozen dataclasses, normalised in ``__post_init__``. A value from
-  outside (the caller's messages, a model's chunks and response, a tool's schema)
-  is checked once, where it enters: ``_Transcript.check``, ``_StreamedBlocks.add``,
-  ``_Run._checked_response``, and ``Tool``/``ToolSpec`` construction.
+- One counter numbers every event of a run (0, 1, 2, ...); ``run.finished`` is always
+  the last event and carries the returned ``RunResult``.
+- The transcript holds complete messages only: a streamed chunk may have had its event,
+  but an unfinished assistant message is never appended, and an interrupted tool call
+  never gets a fabricated result.
+- Options are validated, and the messages and the registry's membership snapshotted,
+  when ``run_agent_loop()`` is *called*, not when iteration starts.
+- Values are frozen dataclasses normalised in ``__post_init__``; a ``ToolCall`` freezes a
+  copy of its arguments. Nothing a caller, model or tool does to an object it holds
+  changes the run's transcript.
+- A value from outside (the caller's messages, a model's chunks and response, a tool's
+  schema) is checked once, where it enters. A check raises one neutral ``_Problem``; the
+  phase that runs it says which failure code that is. Only what is appended is checked,
+  so a step costs what it adds, whatever the length of the transcript.
+- The signal (a ``threading.Event``, or any ``Signal``) is looked at before the first
+  event, after every event (``_Run.drive``), and whenever the model, its stream or a tool
+  returns or raises (``_Run._call``, ``_Run._next_chunk``); cancellation wins over an
+  error that arrives after it was set.
 
-Choices where the seed is silent:
+Choices where the seed is silent (the README lists them all): the messages are read at
+call time, at most ``MAX_INITIAL_MESSAGES + 1`` of them; JSON equality is strict (``True``
+is not ``1``, ``1`` is not ``1.0``) and empty text carries nothing; ids, names and text are
+exactly ``str``, and blocks and messages exactly the IR's classes (a subclass could
+redefine ``==``); a tool's schema uses only keywords the loop enforces; a ``ToolCall``
+keeps arguments that are not plain bounded JSON as given, and the run rejects it before
+any tool runs; KeyboardInterrupt and SystemExit propagate, any other exception from a
+model fails the run, and an ``Exception`` from a tool is a recoverable, logged result.
 
-- ``messages`` is read at call time, at most ``MAX_INITIAL_MESSAGES + 1`` items of
-  it, so an endless iterable fails with ``INVALID_TRANSCRIPT`` instead of hanging.
-  An empty starting transcript is complete, hence valid. A failed
-  ``INVALID_TRANSCRIPT`` result holds no messages: none was accepted.
-- Empty text carries nothing: normalisation drops empty text, so an empty
-  ``TextDelta`` agrees with a response that has no text block.
-- JSON equality is strict: ``True`` is not ``1`` and ``1`` is not ``1.0`` (in tool
-  arguments, enum checks and the streamed/terminal agreement). A schema ``integer``
-  is an ``int``, never a float.
-- A tool's parameters must use only the JSON Schema subset the loop enforces; a
-  keyword it would silently ignore (``minimum``, ``pattern``...) is a ValueError
-  when the ``Tool`` is built.
-- A tool call whose result id (``"tool-result-" + id``) is already taken in the
-  transcript is a protocol error, found before any tool runs.
-- Ids, names and text must be exactly ``str`` (a subclass could redefine ``==``,
-  ``len()`` or ``hash()`` under the checks); a tool's ``str`` return is its content
-  verbatim, and anything else it returns, a ``str`` subclass too, is encoded as JSON.
-- An invalid starting transcript is reported even when the signal is already set:
-  the inputs decide before the signal is looked at.
-- If closing a model's stream raises, that error is dropped: the step's own outcome
-  (a failure, a cancellation, the consumer's ``close()``) is what the run reports.
-- KeyboardInterrupt and SystemExit from a model or a tool propagate out of the run;
-  any other exception from a model fails the run with ``MODEL_STREAM_ERROR``, and one
-  from a tool becomes a recoverable result if it is an ``Exception`` (logged on the
-  ``agent_loop`` logger with its traceback), else ``TOOL_PHASE_ERROR``. A tool that
-  raises ``ToolError(message)`` gets ``message`` as its result, as it wrote it.
-- A ``ToolCall`` built with arguments that are not plain bounded JSON keeps them as
-  given (never as a read-only mapping): the run rejects it where it enters.
-- A tool's ``execute`` must accept ``(arguments, signal)``: a TypeError when the
-  ``Tool`` is built. An ``asyncio.Event`` is not a signal (its ``wait()`` is a
-  coroutine): a TypeError when the run is called.
+Deliberately not here (as the seed says): concurrent tool execution, steering/follow-up
+queues, context transformation, provider retries, persistent session state, a
+production scheduling policy. Companion files beside this one use only its public
+names: ``agent_loop_providers.py`` (real models), ``agent_loop_replay.py`` (replay).
 
-Deliberately not here (as the seed says): concurrent tool execution,
-steering/follow-up queues, context transformation, provider retries, persistent
-session state, a production scheduling policy.
-
-Beyond the loop: ``Tool.from_function`` makes a tool from a typed function,
-``ToolError`` lets a tool answer with an error of its own words, ``replay()`` rebuilds
-a recorded run from its event log so that it runs again offline with the same events,
-and ``RunResult.next_request_sequence`` tells a resumed run where its request ids go
-on. ``agent_loop_providers.py``, a second file, drives real models (OpenAI-compatible
-and Anthropic streaming APIs) through the ``Model`` protocol.
-
-The file reads top down: the limits, the loop (``run_agent_loop`` and the run's
-phases, in the diagram's order), then what the loop uses in the order it uses it
-(the transcript and its checks, the model boundary, tools, bounded plain JSON, the
-Message IR, events and results), then test helpers, interop, and the demonstration.
-
-Run ``python agent_loop.py`` for a demonstration (``--help`` for its options).
+The file reads top down: the limits, the loop and its phases in the diagram's order,
+then what the loop uses in that order (the transcript and its checks, the model
+boundary, tools, bounded plain JSON, the Message IR with its JSON codec, events and
+results), the test helpers, and the demonstration: ``python agent_loop.py --help``.
 """
 
 from __future__ import annotations
@@ -170,7 +129,7 @@ if TYPE_CHECKING:  # annotations only: the module needs nothing at run time
 
 _T = TypeVar("_T")
 
-__version__ = "1.1.0"
+__version__ = "1.2.0"
 
 __all__ = [  # grouped as the README presents the API
     # Entry point
@@ -180,6 +139,7 @@ __all__ = [  # grouped as the README presents the API
     # Message IR
     "JSON",
     "TextBlock",
+    "ThinkingBlock",
     "ToolCall",
     "UserMessage",
     "AssistantMessage",
@@ -191,9 +151,11 @@ __all__ = [  # grouped as the README presents the API
     "Model",
     "ModelRequest",
     "TextDelta",
+    "ThinkingDelta",
     "ToolCallChunk",
     "ModelChunk",
     "ModelResponse",
+    "Usage",
     "StopReason",
     # Tools
     "Tool",
@@ -223,11 +185,9 @@ __all__ = [  # grouped as the README presents the API
     "ScriptedModel",
     "ScriptedResponse",
     "scripted_response",
-    # Interop, replay and resumption
+    # Interop and resumption
     "open_tool_calls",
     "resolve_open_tool_calls",
-    "replay",
-    "ReplayedRun",
 ]
 
 # The library logs the exceptions that become tool results, and prints nothing unless
@@ -258,7 +218,7 @@ MAX_ARGUMENT_TEXT: Final = 4096
 """Unicode code points across all keys and string values of one call's arguments."""
 
 
-# --- The loop -----------------------------------------------------------------------
+# --- The loop ---------------------------------------------------------------------
 
 
 def run_agent_loop(
@@ -311,13 +271,14 @@ class _Run:
         self.request_sequence_start = request_sequence_start
         self.steps = 0
         self.next_sequence = 0
+        self.usage: Optional[Usage] = None  # the sum over the responses appended so far
         # SnapshotRun, now at call time: the generator's body would wait for next().
         self.transcript = _Transcript()  # stays empty when the start is invalid
         self.invalid_start: Optional[_RunFailure] = None
         try:
             self.transcript = _Transcript.from_start(start)
-        except _RunFailure as failure:
-            self.invalid_start = failure
+        except _Problem as problem:
+            self.invalid_start = _RunFailure("INVALID_TRANSCRIPT", str(problem))
 
     def drive(self) -> Generator[Event, None, RunResult]:
         """The state diagram, from SnapshotRun to Finish, and the one place where events
@@ -387,8 +348,9 @@ class _Run:
             "MODEL_STREAM_ERROR", "model.stream()", self.model.stream, request, self.signal
         )
         if not isinstance(stream, collections.abc.Generator):
-            raise _protocol_error(
-                f"model.stream() must return a generator, got {type(stream).__name__}"
+            raise _RunFailure(
+                "MODEL_PROTOCOL_ERROR",
+                f"model.stream() must return a generator, got {type(stream).__name__}",
             )
         return request, stream
 
@@ -406,17 +368,39 @@ class _Run:
         try:
             while True:
                 try:
-                    chunk = self._call("MODEL_STREAM_ERROR", "the model's stream", next, stream)
+                    chunk = self._next_chunk(stream)
                 except StopIteration as done:
-                    response = done.value  # (arrived before any cancellation: see _call)
+                    response = done.value
                     break
                 streamed.add(chunk)
                 yield self._event("model.chunk", request_id=request.id, chunk=chunk)
+            return self._checked_response(request, response, streamed)
+        except _Problem as problem:
+            # ReadChunks --> Failed: protocol failure. Seed: "Contradiction or excess
+            # becomes a failed MODEL_PROTOCOL_ERROR result".
+            raise _RunFailure("MODEL_PROTOCOL_ERROR", str(problem)) from None
         finally:
             # A model whose cleanup fails cannot replace the step's outcome.
             with contextlib.suppress(Exception):
                 stream.close()
-        return self._checked_response(request, response, streamed)
+
+    def _next_chunk(self, stream: Generator[ModelChunk, None, Any]) -> object:
+        """ReadChunks: advances the model's stream by one chunk, and looks at the signal.
+
+        The stream's StopIteration (its end, carrying the response) passes unless the
+        signal was set; any other exception fails the run with MODEL_STREAM_ERROR.
+        """
+        try:
+            chunk = next(stream)
+        except StopIteration:
+            self._check_signal()  # a response that arrives after the signal is not taken
+            raise
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as error:
+            raise self._failure("MODEL_STREAM_ERROR", "the model's stream", error) from error
+        self._check_signal()
+        return chunk
 
     def _checked_response(
         self, request: ModelRequest, response: object, streamed: _StreamedBlocks
@@ -424,34 +408,39 @@ class _Run:
         """ReadChunks --> AppendAssistant: only a terminal response that keeps every rule."""
         if type(response) is not ModelResponse:
             missing = " (did its generator end without `return ModelResponse(...)`?)"
-            raise _protocol_error(
+            raise _Problem(
                 f"the model's stream returned a {type(response).__name__}, not a "
                 f"ModelResponse{missing if response is None else ''}"
             )
         _check_request_id(response.request_id, request)
         if not _is_id(response.id):
-            raise _protocol_error(f"a response id must be a non-empty str, got {response.id!r}")
+            raise _Problem(f"a response id must be a non-empty str, got {response.id!r}")
         if response.stop_reason not in _STOP_REASONS:
-            raise _protocol_error(
+            raise _Problem(
                 f"unknown stop reason {response.stop_reason!r} (expected one of {_STOP_REASONS})"
             )
         # Seed: "... and 1024 assistant blocks."
         if len(response.content) > MAX_ASSISTANT_BLOCKS:
-            raise _protocol_error(f"the response holds more than {MAX_ASSISTANT_BLOCKS} blocks")
-        message = AssistantMessage(_assistant_message_id(response.id), response.content)
-        self.transcript.check(message, "MODEL_PROTOCOL_ERROR")
+            raise _Problem(f"the response holds more than {MAX_ASSISTANT_BLOCKS} blocks")
+        message = AssistantMessage(
+            _assistant_message_id(response.id), response.content, response.usage
+        )
+        self.transcript.check(message)
         calls = _tool_calls(message)
         # Seed: "Tool calls are forbidden in a stop response."
         if response.stop_reason == "stop" and calls:
-            raise _protocol_error("a stop response holds tool calls")
+            raise _Problem("a stop response holds tool calls")
         if response.stop_reason == "toolCall" and not calls:
-            raise _protocol_error("a toolCall response holds no tool call")
+            raise _Problem("a toolCall response holds no tool call")
         streamed.require_agreement(response.content)
         return response, message
 
     def _append_assistant(self, message: AssistantMessage) -> None:
-        """AppendAssistant: the complete assistant message joins the transcript."""
+        """AppendAssistant: the complete assistant message joins the transcript, and its
+        usage the run's (a response without usage makes every field of the sum unknown)."""
         self.transcript.append(message)
+        usage = Usage() if message.usage is None else message.usage
+        self.usage = usage if self.usage is None else self.usage + usage
 
     def _execute_tools(
         self, request: ModelRequest, message: AssistantMessage
@@ -474,9 +463,8 @@ class _Run:
                 "tool.finished", request_id=request.id, tool_call=call, tool_result=result
             )
         # Seed: "After the complete Tool batch, validateTranscript() proves that every
-        # call has one later matching result." As built it cannot fail (each call above
-        # got its result or raised); it stays as the seed's own check, and costs O(1).
-        self.transcript.require_complete("TOOL_PHASE_ERROR")
+        # call has one later matching result." Here that holds by construction: each
+        # call above got its linked result appended, or the phase ended by raising.
 
     def _finish(self, result: RunResult) -> Generator[Event, None, RunResult]:
         """Finish: run.finished, always the last event, carries the result the run returns."""
@@ -494,22 +482,23 @@ class _Run:
     def _call(
         self, code: FailureCode, what: str, function: Callable[..., _T], *arguments: Any
     ) -> _T:
-        """Calls code the loop does not own (the model, its stream, a tool) and looks at
-        the signal when it returns or raises: cancellation wins over either. The
-        StopIteration of next(stream) is the stream's end and passes, with its response;
-        any other exception becomes the failure ``code``. KeyboardInterrupt and
-        SystemExit propagate."""
+        """Calls code the loop does not own (model.stream(), a tool) and looks at the
+        signal when it returns or raises: cancellation wins over either. An exception
+        fails the run with ``code``; KeyboardInterrupt and SystemExit propagate."""
         try:
             value = function(*arguments)
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as error:
-            self._check_signal()  # code that failed, or ended, after the signal was set
-            if type(error) is StopIteration and function is next:
-                raise
-            raise _RunFailure(code, f"{what} raised {_describe(error)}") from error
+            raise self._failure(code, what, error) from error
         self._check_signal()
         return value
+
+    def _failure(self, code: FailureCode, what: str, error: BaseException) -> _RunFailure:
+        """What an exception from code the loop does not own becomes: _Cancelled (raised)
+        if the signal was set meanwhile, else the failure ``code`` that names it."""
+        self._check_signal()
+        return _RunFailure(code, f"{what} raised {_describe(error)}")
 
     def _check_signal(self) -> None:
         """Any phase --> Cancelled: signal aborts."""
@@ -523,6 +512,7 @@ class _Run:
             tuple(self.transcript.messages),
             self.steps,
             request_sequence_start=self.request_sequence_start,
+            usage=self.usage,
             **fields,
         )
 
@@ -540,9 +530,9 @@ class _Cancelled(Exception):
     """The signal was set; the driver turns it into a ``cancelled`` RunResult, in one place."""
 
 
-def _protocol_error(message: str) -> _RunFailure:
-    """Seed: "Contradiction or excess becomes a failed MODEL_PROTOCOL_ERROR result"."""
-    return _RunFailure("MODEL_PROTOCOL_ERROR", message)
+class _Problem(Exception):
+    """What a check found wrong, as a message and nothing else: the phase that ran the
+    check decides what it becomes (a failure code, a ValueError, an error result)."""
 
 
 def _check_options(model: object, tools: object, max_steps: object, start: object) -> None:
@@ -566,45 +556,6 @@ def _check_options(model: object, tools: object, max_steps: object, start: objec
         raise TypeError(f"tools must be a ToolRegistry, got {type(tools).__name__}")
 
 
-def _iterated(messages: Iterable[object]) -> Iterator[object]:
-    """ValidateOptions for the messages: any iterable (typing aside), read at call time."""
-    try:
-        return iter(messages)
-    except TypeError:
-        raise TypeError(
-            f"messages must be an iterable of messages, got {type(messages).__name__}"
-        ) from None
-
-
-# The ids the loop derives. Seed: request-001, request-002 and so on; its test: the
-# assistant message of response R is "message-" + R's id, the result of call C is
-# "tool-result-" + C's id.
-_MESSAGE_ID_PREFIX: Final = "message-"
-_RESULT_ID_PREFIX: Final = "tool-result-"
-
-
-def _request_id(number: int) -> str:
-    """The id of a run's request number ``number`` (request_sequence_start + step)."""
-    return f"request-{number:03d}"
-
-
-def _assistant_message_id(response_id: str) -> str:
-    """The id of the assistant message built from a response."""
-    return _MESSAGE_ID_PREFIX + response_id
-
-
-def _response_id(message_id: str) -> str:
-    """The response id an assistant message's id was derived from (itself if it was not)."""
-    if message_id.startswith(_MESSAGE_ID_PREFIX):
-        return message_id[len(_MESSAGE_ID_PREFIX) :]
-    return message_id
-
-
-def _tool_result_id(call_id: str) -> str:
-    """The id of the result message linked to a tool call."""
-    return _RESULT_ID_PREFIX + call_id
-
-
 def _checked_signal(signal: object) -> Signal:
     """ValidateOptions for the signal: returns it, or a new Event nobody sets for None."""
     if signal is None:
@@ -622,109 +573,42 @@ def _checked_signal(signal: object) -> Signal:
     return cast(Signal, signal)
 
 
-def _check_request_id(request_id: object, request: ModelRequest) -> None:
-    """Seed: "Request IDs must match the active request." (chunks and responses alike)"""
-    if not _is_text(request_id) or request_id != request.id:
-        raise _protocol_error(
-            f"{request_id!r} is not the active request {request.id!r}: every chunk's and the "
-            "response's request_id must be the request's id"
-        )
+def _iterated(messages: Iterable[object]) -> Iterator[object]:
+    """ValidateOptions for the messages: any iterable (typing aside), read at call time."""
+    try:
+        return iter(messages)
+    except TypeError:
+        raise TypeError(
+            f"messages must be an iterable of messages, got {type(messages).__name__}"
+        ) from None
 
 
-class _StreamedBlocks:
-    """What one step has streamed so far, checked chunk by chunk against the step's limits."""
-
-    def __init__(self, request: ModelRequest) -> None:
-        self.request = request
-        self.items: List[Union[str, ToolCall]] = []
-        self.text = 0
-
-    def add(self, chunk: object) -> None:
-        """Checks one streamed chunk and keeps its text or its tool call."""
-        # Seed: "The loop caps one step at 1024 chunks, 65,536 Unicode code points
-        # of text, and 1024 assistant blocks." (blocks: see _checked_response)
-        if len(self.items) == MAX_STEP_CHUNKS:
-            raise _protocol_error(f"the model streamed more than {MAX_STEP_CHUNKS} chunks")
-        if type(chunk) is TextDelta:
-            if not _is_text(chunk.text):
-                raise _protocol_error(
-                    f"a text chunk's text must be a str, got {type(chunk.text).__name__}"
-                )
-            self.text += len(chunk.text)
-            if self.text > MAX_STEP_TEXT:
-                raise _protocol_error(
-                    f"the model streamed more than {MAX_STEP_TEXT} code points of text"
-                )
-            item: Union[str, ToolCall] = chunk.text
-        elif type(chunk) is ToolCallChunk:
-            if type(chunk.tool_call) is not ToolCall:
-                raise _protocol_error(
-                    f"a tool-call chunk carries a {type(chunk.tool_call).__name__}, not a ToolCall"
-                )
-            _checked_block(chunk.tool_call, "MODEL_PROTOCOL_ERROR")
-            item = chunk.tool_call
-        else:
-            raise _protocol_error(
-                f"the model streamed a {type(chunk).__name__}, not a TextDelta or ToolCallChunk"
-            )
-        _check_request_id(chunk.request_id, self.request)
-        self.items.append(item)
-
-    def require_agreement(self, content: Sequence[Union[TextBlock, ToolCall]]) -> None:
-        """Raises MODEL_PROTOCOL_ERROR unless the terminal content agrees with the stream."""
-        # Seed: "The resulting normalized block sequences must agree in content and
-        # order; raw text-chunk segmentation may differ."
-        terminal = _normalized(
-            block.text if isinstance(block, TextBlock) else block for block in content
-        )
-        streamed = _normalized(self.items)
-        if terminal == streamed:
-            return
-        if not self.items:
-            raise _protocol_error(
-                "the model streamed nothing, but its terminal response holds "
-                f"{len(content)} block(s): a model must yield a chunk for each block it "
-                "returns (a TextDelta per text, a ToolCallChunk per tool call)"
-            )
-        index = cast(int, _first_difference(streamed, terminal))  # they differ
-        raise _protocol_error(
-            "the streamed chunks and the terminal response disagree at normalised block "
-            f"{index}: streamed {_shortened(streamed, index)}, "
-            f"terminal {_shortened(terminal, index)}"
-        )
+# The ids the loop derives. Seed: request-001, request-002 and so on; its test: the
+# assistant message of response R is "message-" + R's id, the result of call C is
+# "tool-result-" + C's id.
 
 
-def _normalized(items: Iterable[Union[str, ToolCall]]) -> List[Union[str, ToolCall]]:
-    """Coalesces adjacent text, with tool calls as boundaries; empty text carries nothing."""
-    # Seed: "the loop coalesces adjacent streamed text deltas and adjacent terminal
-    # text blocks, using Tool calls as boundaries."
-    normalized: List[Union[str, ToolCall]] = []
-    for is_text, run in itertools.groupby(items, key=lambda item: isinstance(item, str)):
-        if is_text:
-            text = "".join(cast("Iterable[str]", run))
-            if text:
-                normalized.append(text)
-        else:
-            normalized.extend(run)
-    return normalized
+def _request_id(number: int) -> str:
+    """The id of a run's request number ``number`` (request_sequence_start + step)."""
+    return f"request-{number:03d}"
 
 
-def _first_difference(left: Sequence[Any], right: Sequence[Any]) -> Optional[int]:
-    """The first index at which two sequences differ (one may end first), or None."""
-    for index, (left_item, right_item) in enumerate(zip(left, right)):
-        if left_item != right_item:
-            return index
-    return None if len(left) == len(right) else min(len(left), len(right))
+def _assistant_message_id(response_id: str) -> str:
+    """The id of the assistant message built from a response."""
+    return "message-" + response_id
 
 
-def _shortened(blocks: List[Union[str, ToolCall]], index: int) -> str:
-    """A short repr of one normalised block, or "nothing" past the end."""
-    if index == len(blocks):
-        return "nothing"
-    return reprlib.repr(blocks[index])
+def _response_id(message_id: str) -> str:
+    """The response id an assistant message's id was derived from (itself if it was not)."""
+    return message_id[len("message-") :] if message_id.startswith("message-") else message_id
 
 
-# --- The transcript -----------------------------------------------------------------
+def _tool_result_id(call_id: str) -> str:
+    """The id of the result message linked to a tool call."""
+    return "tool-result-" + call_id
+
+
+# --- The transcript, the stream, and their checks ---------------------------------
 
 
 def _is_text(value: object) -> TypeGuard[str]:
@@ -741,55 +625,85 @@ def _is_id(value: object) -> bool:
 # subclass could redefine == (and so agree with anything) or unfreeze its fields.
 
 
-def _checked_block(block: object, code: FailureCode) -> Union[TextBlock, ToolCall]:
-    """Returns an assistant block that keeps the IR's rules, or raises _RunFailure(code)."""
+def _checked_block(block: object) -> Union[TextBlock, ThinkingBlock, ToolCall]:
+    """Returns an assistant block that keeps the IR's rules, or raises _Problem."""
     if type(block) is TextBlock:
         if not _is_text(block.text):
-            given = f"{block.text!r} ({type(block.text).__name__})"
-            raise _RunFailure(code, f"a text block: field 'text' must be a str, got {given}")
+            raise _Problem(_wrong_block_field("a text block", "text", "a str", block.text))
         return block
+    if type(block) is ThinkingBlock:
+        return _checked_thinking(block)
     if type(block) is not ToolCall:
         hint = ": wrap text in TextBlock(...)" if isinstance(block, str) else ""
-        raise _RunFailure(code, f"a {type(block).__name__} is not a TextBlock or ToolCall{hint}")
-    if not _is_id(block.id):
-        raise _RunFailure(code, f"a tool call's id must be a non-empty str, got {block.id!r}")
-    if not _is_id(block.name):
-        raise _RunFailure(
-            code, f"tool call {block.id!r}: name must be a non-empty str, got {block.name!r}"
+        raise _Problem(
+            f"a {type(block).__name__} is not a TextBlock, ThinkingBlock or ToolCall{hint}"
         )
+    if not _is_id(block.id):
+        raise _Problem(f"a tool call's id must be a non-empty str, got {block.id!r}")
+    if not _is_id(block.name):
+        raise _Problem(f"tool call {block.id!r}: name must be a non-empty str, got {block.name!r}")
     try:
         _check_arguments(block)
-    except _NotPlainJSON as problem:
-        raise _RunFailure(code, f"tool call {block.id!r}: {problem}") from None
+    except _Problem as problem:  # the same problem, saying which call has it
+        raise _Problem(f"tool call {block.id!r}: {problem}") from None
     return block
 
 
-def _checked_message(message: object, code: FailureCode) -> Message:
+def _checked_thinking(block: ThinkingBlock) -> ThinkingBlock:
+    """Returns a thinking block that keeps the IR's rules, or raises _Problem naming the field."""
+    if not _is_text(block.thinking):
+        raise _Problem(_wrong_block_field("a thinking block", "thinking", "a str", block.thinking))
+    if block.signature is not None and not _is_text(block.signature):
+        raise _Problem(
+            _wrong_block_field("a thinking block", "signature", "None or a str", block.signature)
+        )
+    if type(block.redacted) is not bool:
+        raise _Problem(
+            _wrong_block_field("a thinking block", "redacted", "a bool", block.redacted)
+        )
+    # A redacted block's opaque data is its signature: without it nothing can be sent back.
+    if block.redacted and (block.thinking != "" or not block.signature):
+        raise _Problem(
+            "a redacted thinking block holds its data as a non-empty 'signature' and its "
+            f"'thinking' is \"\": got thinking {block.thinking!r}, signature "
+            f"{block.signature!r}"
+        )
+    return block
+
+
+def _wrong_block_field(kind: str, name: str, expected: str, value: object) -> str:
+    """Says which field of a block has the wrong type: expected and given."""
+    return f"{kind}: field {name!r} must be {expected}, got {value!r} ({type(value).__name__})"
+
+
+def _checked_message(message: object) -> Message:
     """Returns a message that keeps the IR's rules on its own (linkage aside), or raises
-    _RunFailure(code) naming the field."""
+    _Problem naming the field."""
     if type(message) is UserMessage:
         if not _is_text(message.content):
-            raise _RunFailure(code, _wrong_field(message, "content"))
+            raise _Problem(_wrong_field(message, "content"))
     elif type(message) is AssistantMessage:
+        if message.usage is not None and type(message.usage) is not Usage:
+            raise _Problem(_wrong_field(message, "usage"))
         for block in message.content:
             try:
-                _checked_block(block, code)
-            except _RunFailure as failure:
-                raise _RunFailure(code, f"message {message.id!r}: {failure.message}") from None
+                _checked_block(block)
+            except _Problem as problem:  # the same problem, saying which message has it
+                raise _Problem(f"message {message.id!r}: {problem}") from None
     elif type(message) is ToolResultMessage:
         if not _is_id(message.tool_call_id):
-            raise _RunFailure(code, _wrong_field(message, "tool_call_id"))
+            raise _Problem(_wrong_field(message, "tool_call_id"))
         if not _is_id(message.tool_name):
-            raise _RunFailure(code, _wrong_field(message, "tool_name"))
+            raise _Problem(_wrong_field(message, "tool_name"))
         if not _is_text(message.content):
-            raise _RunFailure(code, _wrong_field(message, "content"))
+            raise _Problem(_wrong_field(message, "content"))
         if type(message.is_error) is not bool:
-            raise _RunFailure(code, _wrong_field(message, "is_error"))
+            raise _Problem(_wrong_field(message, "is_error"))
     else:
         hint = " (read a dict with message_from_dict())" if isinstance(message, dict) else ""
-        raise _RunFailure(code, f"a {type(message).__name__} is not a message{hint}")
+        raise _Problem(f"a {type(message).__name__} is not a message{hint}")
     if not _is_id(message.id):
-        raise _RunFailure(code, _wrong_field(message, "id"))
+        raise _Problem(_wrong_field(message, "id"))
     return message
 
 
@@ -800,6 +714,7 @@ _FIELD_TYPES: Final = {
     "tool_name": "a non-empty str",
     "content": "a str",
     "is_error": "a bool",
+    "usage": "None or a Usage",
 }
 
 
@@ -815,11 +730,9 @@ class _Transcript:
     """The run's private transcript, with the indexes that make checking a message cost
     what the message holds, whatever the length of the transcript.
 
-    ``check`` validates one message against what is already here; ``append`` adds it
-    (a starting message or a response once checked; a tool result as the loop linked
-    it). A valid transcript: unique message ids and tool-call ids, every tool result
-    answers an open call of an earlier assistant message with the same tool name,
-    once. It is complete when no call is left open.
+    A valid transcript: unique message ids and tool-call ids, every tool result answers
+    an open call of an earlier assistant message with the same tool name, once. It is
+    complete when no call is left open.
     """
 
     def __init__(self) -> None:
@@ -830,25 +743,25 @@ class _Transcript:
 
     @classmethod
     def from_start(cls, start: List[object]) -> _Transcript:
-        """SnapshotRun: the starting messages as a transcript, or INVALID_TRANSCRIPT."""
+        """SnapshotRun: the starting messages as a transcript; raises _Problem if they
+        are not a complete one."""
         # Seed: "Initial messages are capped at 4096 ... and validated as a complete transcript."
         if len(start) > MAX_INITIAL_MESSAGES:
-            raise _RunFailure(
-                "INVALID_TRANSCRIPT", f"more than {MAX_INITIAL_MESSAGES} starting messages"
-            )
+            raise _Problem(f"more than {MAX_INITIAL_MESSAGES} starting messages")
         transcript = cls()
         for message in start:
-            transcript.append(transcript.check(message, "INVALID_TRANSCRIPT"))
-        transcript.require_complete("INVALID_TRANSCRIPT")
+            transcript.append(transcript.check(message))
+        if transcript._open_calls:
+            raise _Problem(f"tool calls without a result: {list(transcript._open_calls)}")
         return transcript
 
-    def check(self, message: object, code: FailureCode) -> Message:
-        """Returns the message if it is well formed and keeps linkage, else raises
-        _RunFailure(code)."""
-        checked = _checked_message(message, code)
+    def check(self, message: object) -> Message:
+        """Returns the message if it is well formed and keeps linkage with what is
+        already here, else raises _Problem."""
+        checked = _checked_message(message)
         problem = self._linkage_problem(checked)
         if problem is not None:
-            raise _RunFailure(code, problem)
+            raise _Problem(problem)
         return checked
 
     def _linkage_problem(self, message: Message) -> Optional[str]:
@@ -900,13 +813,139 @@ class _Transcript:
         elif isinstance(message, ToolResultMessage):
             del self._open_calls[message.tool_call_id]
 
-    def require_complete(self, code: FailureCode) -> None:
-        """Raises _RunFailure(code) while a tool call has no result."""
-        if self._open_calls:
-            raise _RunFailure(code, f"tool calls without a result: {list(self._open_calls)}")
+
+def _check_request_id(request_id: object, request: ModelRequest) -> None:
+    """Seed: "Request IDs must match the active request." (chunks and responses alike)"""
+    if not _is_text(request_id) or request_id != request.id:
+        raise _Problem(
+            f"{request_id!r} is not the active request {request.id!r}: every chunk's and the "
+            "response's request_id must be the request's id"
+        )
 
 
-# --- Model boundary -----------------------------------------------------------------
+# A normalised block: text as a str, thinking as a ThinkingBlock of its text alone (a
+# signature never streams), a tool call as itself.
+_Normalized: TypeAlias = Union[str, "ThinkingBlock", "ToolCall"]
+
+
+class _StreamedBlocks:
+    """What one step has streamed so far, checked chunk by chunk against the step's limits."""
+
+    def __init__(self, request: ModelRequest) -> None:
+        self.request = request
+        self.items: List[_Normalized] = []
+        self.text = 0
+        self.thinking = 0
+
+    def add(self, chunk: object) -> None:
+        """Checks one streamed chunk and keeps its text, its thinking or its tool call."""
+        # Seed: "The loop caps one step at 1024 chunks, 65,536 Unicode code points
+        # of text, and 1024 assistant blocks." (blocks: see _checked_response) Every
+        # chunk counts, thinking too; thinking is bounded by the same number as text,
+        # counted apart, so that the seed's text limit is unchanged.
+        if len(self.items) == MAX_STEP_CHUNKS:
+            raise _Problem(f"the model streamed more than {MAX_STEP_CHUNKS} chunks")
+        item: _Normalized
+        if type(chunk) is TextDelta:
+            self.text += _streamed_length(chunk.text, "text", self.text)
+            item = chunk.text
+        elif type(chunk) is ThinkingDelta:
+            self.thinking += _streamed_length(chunk.thinking, "thinking", self.thinking)
+            item = ThinkingBlock(chunk.thinking)
+        elif type(chunk) is ToolCallChunk:
+            if type(chunk.tool_call) is not ToolCall:
+                raise _Problem(
+                    f"a tool-call chunk carries a {type(chunk.tool_call).__name__}, not a ToolCall"
+                )
+            _checked_block(chunk.tool_call)
+            item = chunk.tool_call
+        else:
+            raise _Problem(
+                f"the model streamed a {type(chunk).__name__}, not a TextDelta, ThinkingDelta "
+                "or ToolCallChunk"
+            )
+        _check_request_id(chunk.request_id, self.request)
+        self.items.append(item)
+
+    def require_agreement(
+        self, content: Sequence[Union[TextBlock, ThinkingBlock, ToolCall]]
+    ) -> None:
+        """Raises _Problem unless the terminal content agrees with the stream (usage
+        is not part of it)."""
+        # Seed: "The resulting normalized block sequences must agree in content and
+        # order; raw text-chunk segmentation may differ."
+        terminal = _normalized(_normalized_item(block) for block in content)
+        streamed = _normalized(self.items)
+        if terminal == streamed:
+            return
+        if not self.items:
+            raise _Problem(
+                "the model streamed nothing, but its terminal response holds "
+                f"{len(content)} block(s): a model must yield a chunk for each block it "
+                "returns (a TextDelta per text, a ThinkingDelta per thinking, a "
+                "ToolCallChunk per tool call)"
+            )
+        index = cast(int, _first_difference(streamed, terminal))  # they differ
+        raise _Problem(
+            "the streamed chunks and the terminal response disagree at normalised block "
+            f"{index}: streamed {_shortened(streamed, index)}, "
+            f"terminal {_shortened(terminal, index)}"
+        )
+
+
+def _streamed_length(text: object, kind: str, so_far: int) -> int:
+    """The code points of a text or thinking chunk, if the step's total stays within
+    MAX_STEP_TEXT; raises _Problem if not, or if it is not a str."""
+    if not _is_text(text):
+        raise _Problem(f"a {kind} chunk's {kind} must be a str, got {type(text).__name__}")
+    if so_far + len(text) > MAX_STEP_TEXT:
+        raise _Problem(f"the model streamed more than {MAX_STEP_TEXT} code points of {kind}")
+    return len(text)
+
+
+def _normalized_item(block: Union[TextBlock, ThinkingBlock, ToolCall]) -> _Normalized:
+    """A terminal block as the stream carries it: a thinking block's signature does not stream."""
+    if isinstance(block, TextBlock):
+        return block.text
+    if isinstance(block, ThinkingBlock):
+        return ThinkingBlock(block.thinking)
+    return block
+
+
+def _normalized(items: Iterable[_Normalized]) -> List[_Normalized]:
+    """Coalesces adjacent text and adjacent thinking; text, thinking and tool calls are
+    each other's boundaries, and empty text or thinking carries nothing."""
+    # Seed: "the loop coalesces adjacent streamed text deltas and adjacent terminal
+    # text blocks, using Tool calls as boundaries." Thinking is coalesced as text is.
+    normalized: List[_Normalized] = []
+    carrying = (item for item in items if item != "" and item != ThinkingBlock(""))
+    for kind, run in itertools.groupby(carrying, key=type):
+        if kind is str:
+            normalized.append("".join(cast("Iterable[str]", run)))
+        elif kind is ThinkingBlock:
+            thinking = "".join(block.thinking for block in cast("Iterable[ThinkingBlock]", run))
+            normalized.append(ThinkingBlock(thinking))
+        else:
+            normalized.extend(run)
+    return normalized
+
+
+def _first_difference(left: Sequence[Any], right: Sequence[Any]) -> Optional[int]:
+    """The first index at which two sequences differ (one may end first), or None."""
+    for index, (left_item, right_item) in enumerate(zip(left, right)):
+        if left_item != right_item:
+            return index
+    return None if len(left) == len(right) else min(len(left), len(right))
+
+
+def _shortened(blocks: List[_Normalized], index: int) -> str:
+    """A short repr of one normalised block, or "nothing" past the end."""
+    if index == len(blocks):
+        return "nothing"
+    return reprlib.repr(blocks[index])
+
+
+# --- Model boundary ---------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -941,6 +980,20 @@ class TextDelta:
 
 
 @dataclass(frozen=True)
+class ThinkingDelta:
+    """A streamed piece of the model's thinking (its signature, if any, arrives only in
+    the terminal response's ThinkingBlock)."""
+
+    request_id: str
+    thinking: str
+    type: ClassVar[Literal["thinking"]] = "thinking"
+
+    def to_dict(self) -> Dict[str, Any]:
+        """Returns the JSON shape of this object (plain dicts and lists)."""
+        return {"type": self.type, "requestId": self.request_id, "thinking": self.thinking}
+
+
+@dataclass(frozen=True)
 class ToolCallChunk:
     """A streamed, complete tool call."""
 
@@ -957,7 +1010,23 @@ class ToolCallChunk:
         }
 
 
-ModelChunk = Union[TextDelta, ToolCallChunk]
+ModelChunk = Union[TextDelta, ThinkingDelta, ToolCallChunk]
+
+
+def _chunk_from_dict(data: object, where: str) -> ModelChunk:
+    """Reads a chunk from its to_dict() form; ValueError naming the field if malformed."""
+    chunk = _object(data, where)
+    request_id = _read(chunk, "requestId", str, where)
+    kind = _read_choice(chunk, "type", ("text", "thinking", "toolCall"), where)
+    if kind == "text":
+        return TextDelta(request_id, _read(chunk, "text", str, where))
+    if kind == "thinking":
+        return ThinkingDelta(request_id, _read(chunk, "thinking", str, where))
+    return ToolCallChunk(
+        request_id,
+        _tool_call_from_dict(_read(chunk, "toolCall", dict, where), f"{where}.toolCall"),
+    )
+
 
 StopReason = Literal["stop", "toolCall"]
 """Why a model stopped: ``stop`` (its answer is complete) or ``toolCall`` (run the calls)."""
@@ -965,25 +1034,100 @@ _STOP_REASONS: Final = get_args(StopReason)
 
 
 @dataclass(frozen=True)
+class Usage:
+    """The tokens one response (or, summed, one run) cost, as the provider reported them.
+
+    Each field is None when the provider did not say (never 0 for unknown), else an int
+    >= 0. ``input_tokens`` counts the input tokens neither read from nor written to a
+    prompt cache: the whole input is ``input_tokens + cache_read_tokens +
+    cache_write_tokens``, as Anthropic counts it. ``output_tokens`` counts all output
+    tokens, reasoning included; ``reasoning_tokens`` is the part of them spent on
+    reasoning, when the provider says. ``a + b`` sums field by field, and a field that
+    is None on either side is None in the sum: a sum with an unknown part is unknown.
+
+    Raises TypeError for a field that is not None or an int (a bool is not one), and
+    ValueError for a negative one.
+    """
+
+    input_tokens: Optional[int] = None
+    output_tokens: Optional[int] = None
+    cache_read_tokens: Optional[int] = None
+    cache_write_tokens: Optional[int] = None
+    reasoning_tokens: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        for name, _ in _USAGE_KEYS:
+            value = getattr(self, name)
+            if value is not None and type(value) is not int:
+                raise TypeError(f"Usage {name} must be None or an int, got {type(value).__name__}")
+            if value is not None and value < 0:
+                raise ValueError(f"Usage {name} must be None or an int >= 0, got {value}")
+
+    def __add__(self, other: object) -> Usage:
+        if type(other) is not Usage:
+            return NotImplemented
+        return Usage(
+            *(
+                None if mine is None or theirs is None else mine + theirs
+                for mine, theirs in zip(dataclasses.astuple(self), dataclasses.astuple(other))
+            )
+        )
+
+    def to_dict(self) -> Dict[str, Any]:
+        """Returns the JSON shape of this object: Pi's keys, each absent when unknown."""
+        return {
+            key: getattr(self, name)
+            for name, key in _USAGE_KEYS
+            if getattr(self, name) is not None
+        }
+
+
+# Usage's fields, in order, and their JSON keys.
+_USAGE_KEYS: Final = (
+    ("input_tokens", "input"),
+    ("output_tokens", "output"),
+    ("cache_read_tokens", "cacheRead"),
+    ("cache_write_tokens", "cacheWrite"),
+    ("reasoning_tokens", "reasoning"),
+)
+
+
+def _usage_from_dict(data: Dict[str, Any], where: str) -> Optional[Usage]:
+    """Reads the optional ``usage`` key of an object that may hold one."""
+    if data.get("usage") is None:
+        return None
+    usage = _object(data["usage"], f"{where}.usage")
+    counts = [_read_optional(usage, key, int, f"{where}.usage") for _, key in _USAGE_KEYS]
+    for (_, key), count in zip(_USAGE_KEYS, counts):
+        if count is not None and count < 0:
+            raise ValueError(f"{where}.usage.{key} must be >= 0, got {count}")
+    return Usage(*counts)
+
+
+@dataclass(frozen=True)
 class ModelResponse:
-    """A model's terminal response to one request."""
+    """A model's terminal response to one request, and what it cost (None: unknown)."""
 
     id: str
     request_id: str
-    content: Sequence[Union[TextBlock, ToolCall]]  # any sequence; stored as a tuple
+    content: Sequence[Union[TextBlock, ThinkingBlock, ToolCall]]  # stored as a tuple
     stop_reason: StopReason
+    usage: Optional[Usage] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "content", tuple(self.content))
 
     def to_dict(self) -> Dict[str, Any]:
-        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
-        return {
+        """Returns the seed's JSON shape of this object, and ``usage`` when it is known."""
+        data: Dict[str, Any] = {
             "id": self.id,
             "requestId": self.request_id,
             "content": [block.to_dict() for block in self.content],
             "stopReason": self.stop_reason,
         }
+        if self.usage is not None:
+            data["usage"] = self.usage.to_dict()
+        return data
 
 
 class Signal(Protocol):
@@ -1004,9 +1148,8 @@ class Signal(Protocol):
 class Model(Protocol):
     """A model: ``stream()`` returns a generator that yields chunks and returns its response.
 
-    ``signal`` is the run's signal, as the caller gave it (a ``threading.Event`` unless
-    they gave another ``Signal``). It is typed ``Any`` here, as a tool's is, so that an
-    implementation may annotate it ``Signal`` or ``threading.Event``.
+    ``signal`` is the run's signal, as the caller gave it; it is typed ``Any`` here, as a
+    tool's is, so that an implementation may annotate it ``Signal`` or ``threading.Event``.
     """
 
     def stream(
@@ -1015,7 +1158,7 @@ class Model(Protocol):
         """Streams the answer to one request; the generator's return value is the response."""
 
 
-# --- Tools --------------------------------------------------------------------------
+# --- Tools ------------------------------------------------------------------------
 
 _SCHEMA_TYPES: Final = ("object", "string", "number", "integer", "boolean", "array", "null")
 _SCHEMA_KEYWORDS: Final = (
@@ -1104,29 +1247,20 @@ class Tool:
     ) -> Tool:
         """Builds a Tool from a function that takes the arguments as keyword parameters.
 
-        ``def add(left: float, right: float) -> float`` becomes the tool ``add``. The
-        schema comes from the type hints (``typing.get_type_hints``, so ``from
-        __future__ import annotations`` works); every parameter without a default is
-        required, and no other property is allowed. A parameter named ``signal`` gets
-        the run's signal and is not in the schema. The description is the whole
-        docstring, as ``inspect.getdoc`` cleans it (``""`` without one); ``name`` and
-        ``description`` override. The tool calls ``fn(**arguments)`` (with
-        ``signal=signal`` if asked), and what ``fn`` returns is the result, as for any
-        tool.
+        The schema comes from the type hints (``typing.get_type_hints``): ``str``,
+        ``int``, ``float`` (an int is accepted too), ``bool``, ``None``, ``list`` and
+        ``List[X]``, ``dict`` and ``Dict[str, Any]``, ``Literal[...]`` of JSON scalars,
+        and ``Optional[X]`` with the default None (not required: the model leaves it
+        out). Every parameter without a default is required, and no other property is
+        allowed. A parameter named ``signal`` gets the run's signal and is not in the
+        schema. The description is the docstring (``inspect.getdoc``; ``""`` without
+        one), the name the function's; ``name`` and ``description`` override. The tool
+        calls ``fn(**arguments)``, and what ``fn`` returns is the result.
 
-        Hints: ``str`` string, ``int`` integer, ``float`` number (an int is accepted
-        too), ``bool`` boolean, ``None`` null, ``list``/``List[X]``/``list[X]`` array
-        (``items`` from X), ``dict``/``Dict[str, Any]`` object, ``Literal[...]`` of
-        JSON scalars ``enum`` (with ``type`` when the values share one JSON type).
-        A schema has one ``type``, so ``Optional[X]``/``X | None`` needs the default
-        None: its schema is X's, not required, and the model leaves it out for None
-        (``Optional[Literal[...]]`` adds null to the ``enum`` and needs no default).
-
-        Raises TypeError, naming the parameter, for a hint the enforced schema subset
-        cannot express, a parameter with no hint, ``*args``, ``**kwargs`` or a
-        positional-only parameter; for an async function or anything but a function or
-        a method; for a lambda without ``name``; and as ``Tool()`` does for the name or
-        description.
+        Raises TypeError, naming the parameter, for a hint the schema subset cannot say
+        exactly, a parameter with no hint, ``*args``, ``**kwargs`` or a positional-only
+        parameter; for an async function or anything but a function or a method; for a
+        lambda without ``name``; and as ``Tool()`` does for the name or description.
         """
         parameters, wants_signal = _function_parameters(fn)
         if name is None and fn.__name__ == "<lambda>":
@@ -1337,7 +1471,7 @@ def _frozen_schema(schema: object, where: str, depth: int) -> Mapping[str, Any]:
             for index, member in enumerate(value):
                 try:
                     members.append(_frozen_json(member, 0, _ArgumentBudget()))
-                except _NotPlainJSON as violation:
+                except _Problem as violation:
                     raise ValueError(
                         f"{where}: enum member {index} is no value arguments may hold: {violation}"
                     ) from None
@@ -1439,7 +1573,7 @@ def execute_tool_call(registry: ToolRegistry, call: ToolCall, signal: Signal) ->
         )
     try:
         _check_arguments(call)
-    except _NotPlainJSON as problem:
+    except _Problem as problem:
         return _tool_result(call, f"invalid arguments for tool {call.name!r}: {problem}", True)
     return _execute_checked_call(registry, call, signal)
 
@@ -1503,11 +1637,7 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {message}" if message else type(error).__name__
 
 
-# --- Bounded plain JSON -------------------------------------------------------------
-
-
-class _NotPlainJSON(Exception):
-    """A value is not plain bounded JSON; whoever catches it knows which failure that is."""
+# --- Bounded plain JSON -----------------------------------------------------------
 
 
 class _ArgumentBudget:
@@ -1523,26 +1653,24 @@ class _ArgumentBudget:
         # counts code points, and costs nothing even for a 10 MB string.
         self.text += len(text)
         if self.text > MAX_ARGUMENT_TEXT:
-            raise _NotPlainJSON(
-                f"arguments hold more than {MAX_ARGUMENT_TEXT} code points of text"
-            )
+            raise _Problem(f"arguments hold more than {MAX_ARGUMENT_TEXT} code points of text")
 
 
 def _check_arguments(call: ToolCall) -> None:
-    """Raises _NotPlainJSON unless the call's arguments are plain bounded JSON."""
+    """Raises _Problem unless the call's arguments are plain bounded JSON."""
     # Seed: "Tool arguments must be plain bounded JSON ... These checks occur before
-    # a Tool effect." The constructor measured them: it froze them only if they passed.
-    if type(call.arguments) is MappingProxyType:
+    # a Tool effect." The constructor measured them, and says so in _plain_json.
+    if call._plain_json:
         return
     _frozen_arguments(call.arguments)  # raises, naming the bound that was broken
     # They pass now, so they changed since the call was built: not frozen, not accepted.
-    raise _NotPlainJSON("arguments were not plain bounded JSON when the call was built")
+    raise _Problem("arguments were not plain bounded JSON when the call was built")
 
 
 def _frozen_arguments(arguments: object) -> Mapping[str, JSON]:
     """Checks that arguments are a plain bounded JSON object; returns a frozen copy."""
     if not isinstance(arguments, (dict, MappingProxyType)):
-        raise _NotPlainJSON(f"arguments must be a JSON object, got {type(arguments).__name__}")
+        raise _Problem(f"arguments must be a JSON object, got {type(arguments).__name__}")
     return cast("Mapping[str, JSON]", _frozen_json(arguments, 0, _ArgumentBudget()))
 
 
@@ -1553,7 +1681,7 @@ def _frozen_json(value: object, depth: int, budget: _ArgumentBudget) -> JSON:
     # and counting values enforces both limits at once.
     budget.values += 1
     if budget.values > MAX_ARGUMENT_VALUES:
-        raise _NotPlainJSON(
+        raise _Problem(
             f"arguments hold more than {MAX_ARGUMENT_VALUES} values "
             f"({MAX_ARGUMENT_SLOTS} object fields plus array slots)"
         )
@@ -1564,7 +1692,7 @@ def _frozen_json(value: object, depth: int, budget: _ArgumentBudget) -> JSON:
         return value
     if type(value) is float:
         if not math.isfinite(value):
-            raise _NotPlainJSON(f"arguments hold {value}, which is not a JSON number")
+            raise _Problem(f"arguments hold {value}, which is not a JSON number")
         return value
     if not (
         type(value) is dict
@@ -1572,23 +1700,23 @@ def _frozen_json(value: object, depth: int, budget: _ArgumentBudget) -> JSON:
         or type(value) is list
         or type(value) is tuple
     ):
-        raise _NotPlainJSON(f"arguments hold a {type(value).__name__}, which is not plain JSON")
+        raise _Problem(f"arguments hold a {type(value).__name__}, which is not plain JSON")
     # Seed: "depth 32". Checked before descending, so depth 100,000 costs 33 frames.
     if depth == MAX_ARGUMENT_DEPTH:
-        raise _NotPlainJSON(f"arguments nest containers deeper than {MAX_ARGUMENT_DEPTH}")
+        raise _Problem(f"arguments nest containers deeper than {MAX_ARGUMENT_DEPTH}")
     # "No object reachable twice" guards against aliasing and cycles, which only a dict
     # or a list can make: frozen tuples and mappings may be shared (CPython shares the
     # empty tuple), and a cycle through them still meets a dict or the depth limit.
     if type(value) is dict or type(value) is list:
         if id(value) in budget.mutable_containers:
-            raise _NotPlainJSON("arguments reach the same dict or list twice (shared or cyclic)")
+            raise _Problem("arguments reach the same dict or list twice (shared or cyclic)")
         budget.mutable_containers.add(id(value))
     if isinstance(value, (list, tuple)):
         return tuple(_frozen_json(item, depth + 1, budget) for item in value)
     frozen: Dict[str, JSON] = {}
     for key, item in value.items():
         if type(key) is not str:
-            raise _NotPlainJSON(f"arguments hold a {type(key).__name__} key, not a string")
+            raise _Problem(f"arguments hold a {type(key).__name__} key, not a string")
         budget.spend_text(key)
         frozen[key] = _frozen_json(item, depth + 1, budget)
     return MappingProxyType(frozen)
@@ -1597,8 +1725,8 @@ def _frozen_json(value: object, depth: int, budget: _ArgumentBudget) -> JSON:
 def _reduce_to_plain_fields(value: Any) -> Tuple[Any, ...]:
     """``__reduce__`` of a value that holds read-only mappings, which pickle and copy
     cannot copy: the value is rebuilt from a plain copy of each of its fields."""
-    plain_fields = (_thawed(getattr(value, field.name)) for field in dataclasses.fields(value))
-    return (type(value), tuple(plain_fields))
+    fields = dataclasses.fields(value)
+    return (type(value), tuple(_thawed(getattr(value, item.name)) for item in fields if item.init))
 
 
 def _thawed(value: object) -> Any:
@@ -1640,7 +1768,57 @@ def _json_type(value: object) -> str:
     return "object"
 
 
-# --- Message IR ---------------------------------------------------------------------
+# Reading JSON back (the *_from_dict readers beside each class): each takes a value as
+# json.loads gives it and the path that names it, and raises ValueError naming the field.
+
+_JSON_TYPE_NAMES: Final = {
+    str: "a string",
+    int: "an integer",
+    bool: "a boolean",
+    list: "an array",
+    dict: "an object",
+}
+
+
+def _object(data: object, where: str) -> Dict[str, Any]:
+    """Returns data if it is a JSON object (a dict); a ValueError names the field if not."""
+    if type(data) is not dict:
+        raise ValueError(f"{where} must be an object, got {type(data).__name__}")
+    return data
+
+
+def _read(data: Dict[str, Any], key: str, kind: type, where: str) -> Any:
+    """Returns data[key] if it has the JSON type ``kind``; a ValueError names the field if not."""
+    if key not in data:
+        raise ValueError(f"{where}.{key} is missing")
+    value = data[key]
+    if type(value) is not kind:
+        raise ValueError(
+            f"{where}.{key} must be {_JSON_TYPE_NAMES[kind]}, got {type(value).__name__}"
+        )
+    return value
+
+
+def _read_optional(data: Dict[str, Any], key: str, kind: type, where: str) -> Any:
+    """Like _read, for a key that may be absent or null."""
+    return None if data.get(key) is None else _read(data, key, kind, where)
+
+
+def _read_choice(data: Dict[str, Any], key: str, choices: Tuple[str, ...], where: str) -> Any:
+    """Returns data[key] if it is one of the protocol values ``choices``."""
+    value = _read(data, key, str, where)
+    if value not in choices:
+        raise ValueError(f"{where}.{key}: unknown value {value!r} (expected one of {choices})")
+    return value
+
+
+def _string_from_dict(data: object, where: str) -> str:
+    if type(data) is not str:
+        raise ValueError(f"{where} must be a string, got {type(data).__name__}")
+    return data
+
+
+# --- Message IR, and its JSON codec -----------------------------------------------
 
 JSON: TypeAlias = Union[bool, int, float, str, Sequence["JSON"], Mapping[str, "JSON"], None]
 """A JSON value. Frozen JSON (as a ToolCall holds it) uses read-only mappings and tuples."""
@@ -1658,36 +1836,68 @@ class TextBlock:
         return {"type": self.type, "text": self.text}
 
 
+@dataclass(frozen=True)
+class ThinkingBlock:
+    """The model's thinking, kept in the transcript so that it can be sent back exactly.
+
+    ``signature`` is the provider's proof of the thinking, when it gives one. A
+    redacted block (``redacted=True``) holds the provider's opaque data as its
+    ``signature`` (a non-empty str), and its ``thinking`` is ``""``. The loop rejects a
+    block that breaks these rules where it enters, like any malformed block.
+    """
+
+    thinking: str
+    signature: Optional[str] = None
+    redacted: bool = False
+    type: ClassVar[Literal["thinking"]] = "thinking"
+
+    def to_dict(self) -> Dict[str, Any]:
+        """Returns the JSON shape of this object, as Pi writes it: ``thinkingSignature``
+        only when there is one, ``redacted`` only when true."""
+        data: Dict[str, Any] = {"type": self.type, "thinking": self.thinking}
+        if self.signature is not None:
+            data["thinkingSignature"] = self.signature
+        if self.redacted:
+            data["redacted"] = True
+        return data
+
+
 @dataclass(frozen=True, eq=False)
 class ToolCall:
     """A request from the model to run one tool.
 
     ``arguments`` is a frozen copy made when the call is built: objects become
     read-only mappings and arrays become tuples, so the caller's dict can change
-    afterwards without touching the call. The constructor rejects no arguments it can read:
-    arguments that are not plain bounded JSON are kept as given (a read-only mapping as
-    a plain dict copy of it: only plain bounded JSON is ever read-only), and the run that
-    receives such a call fails with MODEL_PROTOCOL_ERROR before any tool runs
-    (``execute_tool_call`` makes it an error result). Two calls are equal when their
-    id, name and arguments are equal as JSON (``True`` is not ``1``).
+    afterwards without touching the call. The constructor rejects no arguments it can
+    read: arguments that are not plain bounded JSON are kept as given (a read-only
+    mapping as a plain dict copy of it), and the run that receives such a call fails
+    with MODEL_PROTOCOL_ERROR before any tool runs (``execute_tool_call`` makes it an
+    error result). Two calls are equal when their id, name and arguments are equal as
+    JSON (``True`` is not ``1``).
     """
 
     id: str
     name: str
     arguments: Mapping[str, JSON]
+    # The proof that the arguments are plain bounded JSON: __post_init__ sets it True
+    # only when it froze them, which it does only when they pass every bound. The run
+    # trusts this flag (_check_arguments), never the type of the arguments. It is not
+    # a constructor argument, and is neither compared nor shown.
+    _plain_json: bool = field(init=False, repr=False, compare=False)
     type: ClassVar[Literal["toolCall"]] = "toolCall"
 
     def __post_init__(self) -> None:
         # Normalises only; the run decides where the call enters it (_check_arguments).
-        # Invariant: the arguments are a read-only mapping exactly when they were plain
-        # bounded JSON when the call was built.
         try:
             arguments = _frozen_arguments(self.arguments)
         except Exception:  # not plain bounded JSON, or a mapping whose own code raised
-            if type(self.arguments) is not MappingProxyType:
-                return  # kept as given
-            arguments = dict(self.arguments)  # a plain copy; raises if it cannot be read
+            if type(self.arguments) is MappingProxyType:
+                # A plain copy, so that read-only means checked; raises if it cannot be read.
+                object.__setattr__(self, "arguments", dict(self.arguments))
+            object.__setattr__(self, "_plain_json", False)
+            return
         object.__setattr__(self, "arguments", arguments)
+        object.__setattr__(self, "_plain_json", True)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ToolCall):
@@ -1718,6 +1928,37 @@ class ToolCall:
         }
 
 
+def _block_from_dict(data: object, where: str) -> Union[TextBlock, ThinkingBlock, ToolCall]:
+    """Reads a TextBlock, ThinkingBlock or ToolCall from its to_dict() form."""
+    block = _object(data, where)
+    kind = _read_choice(block, "type", ("text", "thinking", "toolCall"), where)
+    if kind == "text":
+        return TextBlock(_read(block, "text", str, where))
+    if kind == "thinking":
+        thinking = ThinkingBlock(
+            _read(block, "thinking", str, where),
+            _read_optional(block, "thinkingSignature", str, where),
+            _read_optional(block, "redacted", bool, where) is True,
+        )
+        try:
+            return _checked_thinking(thinking)
+        except _Problem as problem:
+            raise ValueError(f"{where}: {problem}") from None
+    arguments = _read(block, "arguments", dict, where)
+    try:
+        _frozen_arguments(arguments)
+    except _Problem as problem:
+        raise ValueError(f"{where}.arguments: {problem}") from None
+    return ToolCall(_read(block, "id", str, where), _read(block, "name", str, where), arguments)
+
+
+def _tool_call_from_dict(data: object, where: str) -> ToolCall:
+    block = _block_from_dict(data, where)
+    if not isinstance(block, ToolCall):
+        raise ValueError(f"{where} must be a toolCall block")
+    return block
+
+
 @dataclass(frozen=True)
 class UserMessage:
     """A message from the user."""
@@ -1733,22 +1974,31 @@ class UserMessage:
 
 @dataclass(frozen=True)
 class AssistantMessage:
-    """A complete assistant response: text and tool-call blocks, in the model's order."""
+    """A complete assistant response: text, thinking and tool-call blocks, in the model's
+    order, and the usage of the response it came from (None: unknown).
+
+    The usage is the message's own record of what it cost, so that a saved transcript
+    carries it: it is not part of what a model is sent back.
+    """
 
     id: str
-    content: Sequence[Union[TextBlock, ToolCall]]  # any sequence; stored as a tuple
+    content: Sequence[Union[TextBlock, ThinkingBlock, ToolCall]]  # stored as a tuple
+    usage: Optional[Usage] = None
     role: ClassVar[Literal["assistant"]] = "assistant"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "content", tuple(self.content))
 
     def to_dict(self) -> Dict[str, Any]:
-        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
-        return {
+        """Returns the seed's JSON shape of this object, and ``usage`` when it is known."""
+        data: Dict[str, Any] = {
             "id": self.id,
             "role": self.role,
             "content": [block.to_dict() for block in self.content],
         }
+        if self.usage is not None:
+            data["usage"] = self.usage.to_dict()
+        return data
 
 
 @dataclass(frozen=True)
@@ -1777,8 +2027,44 @@ class ToolResultMessage:
 Message = Union[UserMessage, AssistantMessage, ToolResultMessage]
 
 
+def message_from_dict(data: Dict[str, Any]) -> Message:
+    """Reads a message from its ``to_dict()`` form (plain dicts and lists, as json.loads
+    gives). Raises ValueError naming the field that is missing or malformed."""
+    return _message_from_dict(data, "message")
+
+
+def _message_from_dict(data: object, where: str) -> Message:
+    message = _object(data, where)
+    role = _read_choice(message, "role", ("user", "assistant", "toolResult"), where)
+    message_id = _read(message, "id", str, where)
+    if role == "user":
+        return UserMessage(message_id, _read(message, "content", str, where))
+    if role == "assistant":
+        blocks = _read(message, "content", list, where)
+        return AssistantMessage(
+            message_id,
+            tuple(_block_from_dict(b, f"{where}.content[{i}]") for i, b in enumerate(blocks)),
+            _usage_from_dict(message, where),
+        )
+    return ToolResultMessage(
+        message_id,
+        _read(message, "toolCallId", str, where),
+        _read(message, "toolName", str, where),
+        _read(message, "content", str, where),
+        _read(message, "isError", bool, where),
+    )
+
+
+def _tool_result_from_dict(data: object, where: str) -> ToolResultMessage:
+    message = _message_from_dict(data, where)
+    if not isinstance(message, ToolResultMessage):
+        raise ValueError(f"{where} must be a toolResult message")
+    return message
+
+
 def text_from_assistant(message: AssistantMessage) -> str:
-    """Returns the text blocks of an assistant message, concatenated with no separator."""
+    """Returns the text blocks of an assistant message, concatenated with no separator
+    (thinking is left out)."""
     return "".join(block.text for block in message.content if isinstance(block, TextBlock))
 
 
@@ -1787,7 +2073,7 @@ def _tool_calls(message: AssistantMessage) -> List[ToolCall]:
     return [block for block in message.content if isinstance(block, ToolCall)]
 
 
-# --- Events and results -------------------------------------------------------------
+# --- Events and results -----------------------------------------------------------
 
 RunStatus = Literal["completed", "cancelled", "maxSteps", "failed"]
 """How a run ended."""
@@ -1828,6 +2114,9 @@ class RunResult:
 
     ``request_sequence_start`` is the run's option of that name, so that
     ``next_request_sequence`` can say where a resumed run's request ids go on.
+    ``usage`` is the sum (``Usage.__add__``) of the usage of the responses this run
+    appended: None when it appended none, and every field None if one of them had no
+    usage. A failed or cancelled run sums the responses it did append.
     """
 
     status: RunStatus
@@ -1837,6 +2126,7 @@ class RunResult:
     max_steps: Optional[int] = None
     error: Optional[RunError] = None
     request_sequence_start: int = 0
+    usage: Optional[Usage] = None
 
     @property
     def next_request_sequence(self) -> int:
@@ -1847,8 +2137,8 @@ class RunResult:
     def to_dict(self) -> Dict[str, Any]:
         """Returns the seed's JSON shape of this result; optional keys only when set.
 
-        ``requestSequenceStart`` is written only when it is not 0, so the result of an
-        ordinary run has exactly the seed's keys.
+        ``requestSequenceStart`` is written only when it is not 0, and ``usage`` only
+        when it is not None.
         """
         data: Dict[str, Any] = {
             "status": self.status,
@@ -1863,7 +2153,31 @@ class RunResult:
             data["error"] = self.error.to_dict()
         if self.request_sequence_start != 0:
             data["requestSequenceStart"] = self.request_sequence_start
+        if self.usage is not None:
+            data["usage"] = self.usage.to_dict()
         return data
+
+
+def _result_from_dict(data: object, where: str) -> RunResult:
+    result = _object(data, where)
+    error = None
+    if result.get("error") is not None:
+        error_data = _object(result["error"], f"{where}.error")
+        error = RunError(
+            _read_choice(error_data, "code", _FAILURE_CODES, f"{where}.error"),
+            _read(error_data, "message", str, f"{where}.error"),
+        )
+    messages = _read(result, "messages", list, where)
+    return RunResult(
+        _read_choice(result, "status", _RUN_STATUSES, where),
+        tuple(_message_from_dict(m, f"{where}.messages[{i}]") for i, m in enumerate(messages)),
+        _read(result, "steps", int, where),
+        final_text=_read_optional(result, "finalText", str, where),
+        max_steps=_read_optional(result, "maxSteps", int, where),
+        error=error,
+        request_sequence_start=_read_optional(result, "requestSequenceStart", int, where) or 0,
+        usage=_usage_from_dict(result, where),
+    )
 
 
 _PAYLOAD_JSON_KEYS: Final = {
@@ -1910,7 +2224,65 @@ class Event:
         }
 
 
-# --- Test helpers -------------------------------------------------------------------
+# For each event type: its payload keys (as in Python) and how to read each from JSON.
+_PAYLOAD_READERS: Final[Dict[str, Tuple[Tuple[str, Callable[[object, str], object]], ...]]] = {
+    "message.accepted": (("message", _message_from_dict),),
+    "model.chunk": (("request_id", _string_from_dict), ("chunk", _chunk_from_dict)),
+    "tool.started": (("request_id", _string_from_dict), ("tool_call", _tool_call_from_dict)),
+    "tool.finished": (
+        ("request_id", _string_from_dict),
+        ("tool_call", _tool_call_from_dict),
+        ("tool_result", _tool_result_from_dict),
+    ),
+    "run.finished": (("result", _result_from_dict),),
+}
+
+
+def event_from_dict(data: Dict[str, Any]) -> Event:
+    """Reads an event from its ``to_dict()`` form (plain dicts and lists, as json.loads
+    gives). Raises ValueError naming the field that is missing or malformed."""
+    event = _object(data, "event")
+    event_type = _read_choice(event, "type", _EVENT_TYPES, "event")
+    payload_data = _read(event, "payload", dict, "event")
+    payload = {}
+    for key, reader in _PAYLOAD_READERS[event_type]:
+        json_key = _PAYLOAD_JSON_KEYS[key]
+        if json_key not in payload_data:
+            raise ValueError(f"event.payload.{json_key} is missing")
+        payload[key] = reader(payload_data[json_key], f"event.payload.{json_key}")
+    return Event(_read(event, "sequence", int, "event"), event_type, MappingProxyType(payload))
+
+
+# --- Resumption -------------------------------------------------------------------
+
+
+def open_tool_calls(messages: Iterable[Message]) -> Tuple[ToolCall, ...]:
+    """Returns the tool calls that have no result yet, in transcript order."""
+    open_calls: Dict[str, ToolCall] = {}
+    for message in messages:
+        if isinstance(message, AssistantMessage):
+            open_calls.update((call.id, call) for call in _tool_calls(message))
+        elif isinstance(message, ToolResultMessage):
+            open_calls.pop(message.tool_call_id, None)
+    return tuple(open_calls.values())
+
+
+def resolve_open_tool_calls(messages: Iterable[Message], content: str) -> Tuple[Message, ...]:
+    """Returns the transcript with an ``is_error=True`` result carrying ``content`` for
+    each open tool call, so that a cancelled run's transcript can start a new run.
+
+    The loop never writes such a result itself: whether an interrupted call failed is
+    the caller's decision. Raises TypeError if content is not a str.
+    """
+    if not _is_text(content):
+        raise TypeError(f"content must be a str, got {type(content).__name__}")
+    transcript = tuple(messages)
+    return transcript + tuple(
+        _tool_result(call, content, True) for call in open_tool_calls(transcript)
+    )
+
+
+# --- Test helpers -----------------------------------------------------------------
 
 
 def settle_run(
@@ -1943,18 +2315,19 @@ class ScriptedResponse:
     """
 
     id: str
-    content: Sequence[Union[TextBlock, ToolCall]]  # any sequence; stored as a tuple
+    content: Sequence[Union[TextBlock, ThinkingBlock, ToolCall]]  # stored as a tuple
     stop_reason: StopReason
-    chunks: Optional[Sequence[Union[TextBlock, ToolCall]]] = None  # stored as a tuple
+    chunks: Optional[Sequence[Union[TextBlock, ThinkingBlock, ToolCall]]] = None  # a tuple
     request_id: Optional[str] = None
+    usage: Optional[Usage] = None
 
     def __post_init__(self) -> None:
         # A str is a sequence too, of characters: never what a script means.
         for name in ("content", "chunks"):
             if isinstance(getattr(self, name), str):
                 raise TypeError(
-                    f"scripted {name} must be a sequence of TextBlock and ToolCall, got a "
-                    "str: wrap text in TextBlock(...)"
+                    f"scripted {name} must be a sequence of TextBlock, ThinkingBlock and "
+                    "ToolCall, got a str: wrap text in TextBlock(...)"
                 )
         object.__setattr__(self, "content", tuple(self.content))
         if self.chunks is not None:
@@ -1963,17 +2336,20 @@ class ScriptedResponse:
 
 def scripted_response(
     id: str,
-    content: Iterable[Union[TextBlock, ToolCall]],
+    content: Iterable[Union[TextBlock, ThinkingBlock, ToolCall]],
     stop_reason: StopReason,
     *,
-    chunks: Optional[Iterable[Union[TextBlock, ToolCall]]] = None,
+    chunks: Optional[Iterable[Union[TextBlock, ThinkingBlock, ToolCall]]] = None,
     request_id: Optional[str] = None,
+    usage: Optional[Usage] = None,
 ) -> ScriptedResponse:
     """One scripted model turn.
 
     The model streams each block of ``chunks`` (default: ``content``) as one chunk
-    with the active request id, then returns ``ModelResponse(id, request_id or the
-    active request id, content, stop_reason)``.
+    with the active request id (a TextBlock as a TextDelta of its text, a ThinkingBlock
+    as a ThinkingDelta of its thinking, a ToolCall as a ToolCallChunk), then returns
+    ``ModelResponse(id, request_id or the active request id, content, stop_reason,
+    usage)``.
     """
     return ScriptedResponse(
         id,
@@ -1981,6 +2357,7 @@ def scripted_response(
         stop_reason,
         chunks=None if chunks is None else tuple(chunks),
         request_id=request_id,
+        usage=usage,
     )
 
 
@@ -2001,15 +2378,20 @@ class ScriptedModel:
     def from_transcript(cls, messages: Iterable[Message]) -> ScriptedModel:
         """A model that replays the assistant messages of a recorded transcript, in order.
 
-        It streams one chunk per block and leaves the tools to the caller, who runs them
-        again; ``replay()`` of the run's event log is exact.
+        It streams one chunk per block, returns each message's usage with its response,
+        and leaves the tools to the caller, who runs them again.
+        (``agent_loop_replay.replay()`` of the run's event log replays it exactly.)
         """
         responses = []
         for message in messages:
             if isinstance(message, AssistantMessage):
                 stop_reason: StopReason = "toolCall" if _tool_calls(message) else "stop"
                 response_id = _response_id(message.id)
-                responses.append(scripted_response(response_id, message.content, stop_reason))
+                responses.append(
+                    scripted_response(
+                        response_id, message.content, stop_reason, usage=message.usage
+                    )
+                )
         return cls(responses)
 
     def stream(
@@ -2036,633 +2418,55 @@ class ScriptedModel:
         for block in blocks:
             if isinstance(block, TextBlock):
                 yield TextDelta(request.id, block.text)
+            elif isinstance(block, ThinkingBlock):
+                yield ThinkingDelta(request.id, block.thinking)
             else:
                 yield ToolCallChunk(request.id, block)
         request_id = request.id if scripted.request_id is None else scripted.request_id
-        return ModelResponse(scripted.id, request_id, scripted.content, scripted.stop_reason)
-
-
-# --- Interop, replay and resumption -------------------------------------------------
-
-_JSON_TYPE_NAMES: Final = {
-    str: "a string",
-    int: "an integer",
-    bool: "a boolean",
-    list: "an array",
-    dict: "an object",
-}
-
-
-def _object(data: object, where: str) -> Dict[str, Any]:
-    """Returns data if it is a JSON object (a dict); a ValueError names the field if not."""
-    if type(data) is not dict:
-        raise ValueError(f"{where} must be an object, got {type(data).__name__}")
-    return data
-
-
-def _read(data: Dict[str, Any], key: str, kind: type, where: str) -> Any:
-    """Returns data[key] if it has the JSON type ``kind``; a ValueError names the field if not."""
-    if key not in data:
-        raise ValueError(f"{where}.{key} is missing")
-    value = data[key]
-    if type(value) is not kind:
-        raise ValueError(
-            f"{where}.{key} must be {_JSON_TYPE_NAMES[kind]}, got {type(value).__name__}"
-        )
-    return value
-
-
-def _read_optional(data: Dict[str, Any], key: str, kind: type, where: str) -> Any:
-    """Like _read, for a key that may be absent or null."""
-    return None if data.get(key) is None else _read(data, key, kind, where)
-
-
-def _read_choice(data: Dict[str, Any], key: str, choices: Tuple[str, ...], where: str) -> Any:
-    """Returns data[key] if it is one of the protocol values ``choices``."""
-    value = _read(data, key, str, where)
-    if value not in choices:
-        raise ValueError(f"{where}.{key}: unknown value {value!r} (expected one of {choices})")
-    return value
-
-
-def _block_from_dict(data: object, where: str) -> Union[TextBlock, ToolCall]:
-    block = _object(data, where)
-    if _read_choice(block, "type", ("text", "toolCall"), where) == "text":
-        return TextBlock(_read(block, "text", str, where))
-    arguments = _read(block, "arguments", dict, where)
-    try:
-        _frozen_arguments(arguments)
-    except _NotPlainJSON as problem:
-        raise ValueError(f"{where}.arguments: {problem}") from None
-    return ToolCall(_read(block, "id", str, where), _read(block, "name", str, where), arguments)
-
-
-def _tool_call_from_dict(data: object, where: str) -> ToolCall:
-    block = _block_from_dict(data, where)
-    if not isinstance(block, ToolCall):
-        raise ValueError(f"{where} must be a toolCall block")
-    return block
-
-
-def _message_from_dict(data: object, where: str) -> Message:
-    message = _object(data, where)
-    role = _read_choice(message, "role", ("user", "assistant", "toolResult"), where)
-    message_id = _read(message, "id", str, where)
-    if role == "user":
-        return UserMessage(message_id, _read(message, "content", str, where))
-    if role == "assistant":
-        blocks = _read(message, "content", list, where)
-        return AssistantMessage(
-            message_id,
-            tuple(_block_from_dict(b, f"{where}.content[{i}]") for i, b in enumerate(blocks)),
-        )
-    return ToolResultMessage(
-        message_id,
-        _read(message, "toolCallId", str, where),
-        _read(message, "toolName", str, where),
-        _read(message, "content", str, where),
-        _read(message, "isError", bool, where),
-    )
-
-
-def _tool_result_from_dict(data: object, where: str) -> ToolResultMessage:
-    message = _message_from_dict(data, where)
-    if not isinstance(message, ToolResultMessage):
-        raise ValueError(f"{where} must be a toolResult message")
-    return message
-
-
-def _chunk_from_dict(data: object, where: str) -> ModelChunk:
-    chunk = _object(data, where)
-    request_id = _read(chunk, "requestId", str, where)
-    if _read_choice(chunk, "type", ("text", "toolCall"), where) == "text":
-        return TextDelta(request_id, _read(chunk, "text", str, where))
-    return ToolCallChunk(
-        request_id,
-        _tool_call_from_dict(_read(chunk, "toolCall", dict, where), f"{where}.toolCall"),
-    )
-
-
-def _result_from_dict(data: object, where: str) -> RunResult:
-    result = _object(data, where)
-    error = None
-    if result.get("error") is not None:
-        error_data = _object(result["error"], f"{where}.error")
-        error = RunError(
-            _read_choice(error_data, "code", _FAILURE_CODES, f"{where}.error"),
-            _read(error_data, "message", str, f"{where}.error"),
-        )
-    messages = _read(result, "messages", list, where)
-    return RunResult(
-        _read_choice(result, "status", _RUN_STATUSES, where),
-        tuple(_message_from_dict(m, f"{where}.messages[{i}]") for i, m in enumerate(messages)),
-        _read(result, "steps", int, where),
-        final_text=_read_optional(result, "finalText", str, where),
-        max_steps=_read_optional(result, "maxSteps", int, where),
-        error=error,
-        request_sequence_start=_read_optional(result, "requestSequenceStart", int, where) or 0,
-    )
-
-
-def _string_from_dict(data: object, where: str) -> str:
-    if type(data) is not str:
-        raise ValueError(f"{where} must be a string, got {type(data).__name__}")
-    return data
-
-
-# For each event type: its payload keys (as in Python) and how to read each from JSON.
-_PAYLOAD_READERS: Final[Dict[str, Tuple[Tuple[str, Callable[[object, str], object]], ...]]] = {
-    "message.accepted": (("message", _message_from_dict),),
-    "model.chunk": (("request_id", _string_from_dict), ("chunk", _chunk_from_dict)),
-    "tool.started": (("request_id", _string_from_dict), ("tool_call", _tool_call_from_dict)),
-    "tool.finished": (
-        ("request_id", _string_from_dict),
-        ("tool_call", _tool_call_from_dict),
-        ("tool_result", _tool_result_from_dict),
-    ),
-    "run.finished": (("result", _result_from_dict),),
-}
-
-
-def message_from_dict(data: Dict[str, Any]) -> Message:
-    """Reads a message from its ``to_dict()`` form (plain dicts and lists, as json.loads
-    gives). Raises ValueError naming the field that is missing or malformed."""
-    return _message_from_dict(data, "message")
-
-
-def event_from_dict(data: Dict[str, Any]) -> Event:
-    """Reads an event from its ``to_dict()`` form (plain dicts and lists, as json.loads
-    gives). Raises ValueError naming the field that is missing or malformed."""
-    event = _object(data, "event")
-    event_type = _read_choice(event, "type", _EVENT_TYPES, "event")
-    payload_data = _read(event, "payload", dict, "event")
-    payload = {}
-    for key, reader in _PAYLOAD_READERS[event_type]:
-        json_key = _PAYLOAD_JSON_KEYS[key]
-        if json_key not in payload_data:
-            raise ValueError(f"event.payload.{json_key} is missing")
-        payload[key] = reader(payload_data[json_key], f"event.payload.{json_key}")
-    return Event(_read(event, "sequence", int, "event"), event_type, MappingProxyType(payload))
-
-
-def open_tool_calls(messages: Iterable[Message]) -> Tuple[ToolCall, ...]:
-    """Returns the tool calls that have no result yet, in transcript order."""
-    open_calls: Dict[str, ToolCall] = {}
-    for message in messages:
-        if isinstance(message, AssistantMessage):
-            open_calls.update((call.id, call) for call in _tool_calls(message))
-        elif isinstance(message, ToolResultMessage):
-            open_calls.pop(message.tool_call_id, None)
-    return tuple(open_calls.values())
-
-
-def resolve_open_tool_calls(messages: Iterable[Message], content: str) -> Tuple[Message, ...]:
-    """Returns the transcript with an ``is_error=True`` result carrying ``content`` for
-    each open tool call, so that a cancelled run's transcript can start a new run.
-
-    The loop never writes such a result itself: whether an interrupted call failed is
-    the caller's decision. Raises TypeError if content is not a str.
-    """
-    if not _is_text(content):
-        raise TypeError(f"content must be a str, got {type(content).__name__}")
-    transcript = tuple(messages)
-    return transcript + tuple(
-        _tool_result(call, content, True) for call in open_tool_calls(transcript)
-    )
-
-
-def replay(events: Iterable[Event]) -> ReplayedRun:
-    """Rebuilds a recorded run from its event log, so that it runs again offline.
-
-    ``events`` is one run's log: the live ``Event``s, or ``event_from_dict()`` of each
-    line of a JSON lines file. Returns a ``ReplayedRun``: the starting messages; a
-    model that streams each step's chunks exactly as recorded (same blocks, same
-    segmentation, empty text deltas too) and returns the response the transcript
-    holds; a registry with one tool per tool name the run's calls use, which answers
-    each call with its recorded result and runs nothing (a recorded error result is
-    raised as ``ToolError``, so its content is exact); and the recorded budget.
-
-    For a run that ended ``completed`` or ``maxSteps``, the replayed run's events
-    have the same ``to_dict()`` as the recording. Its budget is the recorded
-    ``steps``: a maxSteps run's budget is its steps, and a completed run needed all
-    of them (a larger budget changes nothing). ``request_sequence_start`` is the
-    result's.
-
-    A ``cancelled`` or ``failed`` run is replayed to where its log stops. There, the
-    replayed code that has control (the request that never returned its response,
-    the tool call that never finished, or the request after the last) sets the run's
-    signal, so the replay ends ``cancelled`` at that point; its budget is one step
-    more than it recorded, so that it can get there. Hence:
-
-    - a run cancelled while the model or a tool had control (the signal was seen
-      during a request or a tool call) replays exactly;
-    - a run that failed in a request or a tool call replays every event before
-      ``run.finished`` and ends ``cancelled`` with the same messages and steps: the
-      log does not hold what the model sent or what the tool raised;
-    - a run that its consumer cancelled between two events runs on to the next such
-      point: one more ``tool.started`` (the call gets no result, as recorded) or one
-      more request counted in ``steps``; at the ceiling of ``MAX_AGENT_STEPS``
-      requests there is no next request, and such a replay ends ``maxSteps``;
-    - a run that failed ``INVALID_TRANSCRIPT`` logged none of its starting messages:
-      a ValueError.
-
-    The replayed model compares each request's messages with the transcript that
-    the recording implies. With real tools instead of the recorded ones
-    (``dataclasses.replace(replayed, tools=...)``), a tool that now answers
-    differently fails the run with ``MODEL_STREAM_ERROR`` at the next request, and
-    the message shows the request, the index of the first different message and both
-    sides, shortened. (A maxSteps run's last tool batch is seen by no request:
-    compare the event logs.) A request the recording does not hold fails the run too.
-
-    Raises TypeError for an item that is not an Event, and ValueError, saying what is
-    wrong, for a log that is not one whole run's: empty, sequences other than 0, 1,
-    2... in order, no ``run.finished`` at the end or another one before it,
-    ``message.accepted`` after the start, an event naming a request the run did not
-    open (or out of order), tool events that do not pair up, or a result whose
-    transcript disagrees with the events.
-    """
-    log = tuple(events)
-    for position, event in enumerate(log):
-        if type(event) is not Event:
-            raise TypeError(f"replay() takes Events, got a {type(event).__name__} at {position}")
-        if event.sequence != position:
-            raise ValueError(
-                f"the event at position {position} has sequence {event.sequence}: a run's "
-                "events are numbered 0, 1, 2... in order, with no gap"
-            )
-    if not log or log[-1].type != "run.finished":
-        raise ValueError("the log does not end with run.finished: it is not a whole run's")
-    result: RunResult = log[-1].payload["result"]
-    if result.error is not None and result.error.code == "INVALID_TRANSCRIPT":
-        raise ValueError(
-            "the run failed INVALID_TRANSCRIPT: its log holds none of the starting "
-            "messages it rejected, so there is nothing to replay"
-        )
-    start = result.request_sequence_start
-    if not 0 <= start <= MAX_AGENT_STEPS - max(result.steps, 1):
-        raise ValueError(
-            f"the result's request_sequence_start {start} and steps {result.steps} do not "
-            f"fit in {MAX_AGENT_STEPS} requests"
-        )
-    accepted = tuple(
-        event.payload["message"]
-        for event in itertools.takewhile(lambda event: event.type == "message.accepted", log)
-    )
-    # A run cancelled before its first request holds every starting message, accepted or not.
-    messages = result.messages if result.steps == 0 else accepted
-    if result.messages[: len(accepted)] != accepted:
-        raise ValueError("the result's transcript does not begin with the accepted messages")
-    steps = _recorded_steps(log[len(accepted) : -1], result, len(messages))
-    complete = result.status in ("completed", "maxSteps")
-    model = _ReplayedModel(
-        steps, None if complete else _request_id(result.next_request_sequence + 1)
-    )
-    names = dict.fromkeys(call.name for step in steps for call in step.calls)
-    return ReplayedRun(
-        messages,
-        model,
-        ToolRegistry(_recorded_tool(model, name) for name in names),
-        result.steps if complete else min(result.steps + 1, MAX_AGENT_STEPS - start),
-        start,
-    )
-
-
-@dataclass(frozen=True)
-class ReplayedRun:
-    """A recorded run, rebuilt by ``replay()``; ``run()`` runs it again.
-
-    The fields are the options of ``run_agent_loop()``: replace one with
-    ``dataclasses.replace()`` (real tools, another budget) to run a variant. The
-    model and the recorded tools work together and keep track of the request being
-    replayed: run one replay of them at a time.
-    """
-
-    messages: Tuple[Message, ...]
-    model: Model
-    tools: ToolRegistry
-    max_steps: int
-    request_sequence_start: int = 0
-
-    def run(self) -> Generator[Event, None, RunResult]:
-        """Returns ``run_agent_loop()`` on these fields, with a signal of its own."""
-        return run_agent_loop(
-            messages=self.messages,
-            model=self.model,
-            tools=self.tools,
-            max_steps=self.max_steps,
-            request_sequence_start=self.request_sequence_start,
+        return ModelResponse(
+            scripted.id, request_id, scripted.content, scripted.stop_reason, scripted.usage
         )
 
 
-@dataclass(frozen=True)
-class _RecordedStep:
-    """One request of a recording: what it was sent, what it streamed and answered."""
-
-    request_id: str
-    messages: Tuple[Message, ...]  # the request's transcript, as the recording implies it
-    chunks: Tuple[ModelChunk, ...]
-    response: Optional[ModelResponse]  # None: the log stops inside this request
-    calls: Tuple[ToolCall, ...]
-    results: Tuple[ToolResultMessage, ...]  # fewer than calls where the log stops
-
-
-def _recorded_steps(
-    body: Sequence[Event], result: RunResult, start_length: int
-) -> List[_RecordedStep]:
-    """replay(): the steps of a log, from its events after the accepted messages and
-    before run.finished, checked against the result's transcript."""
-    request_ids = [
-        _request_id(result.request_sequence_start + step) for step in range(1, result.steps + 1)
-    ]
-    positions = {request_id: index for index, request_id in enumerate(request_ids)}
-    chunks: List[List[ModelChunk]] = [[] for _ in request_ids]
-    started: List[List[ToolCall]] = [[] for _ in request_ids]
-    finished: List[List[ToolResultMessage]] = [[] for _ in request_ids]
-    current = 0
-    for event in body:
-        where = f"event {event.sequence} ({event.type})"
-        if event.type == "message.accepted" or event.type == "run.finished":
-            raise ValueError(
-                f"{where}: a run's message.accepted events come before its first request, "
-                "and its one run.finished last"
-            )
-        request_id = event.payload["request_id"]
-        index = positions.get(request_id, -1)
-        if index < current:
-            raise ValueError(
-                f"{where} names {request_id!r}, which is not the run's current or next "
-                f"request (it opened {', '.join(request_ids) or 'none'}, in that order)"
-            )
-        current = index
-        if event.type == "model.chunk":
-            if event.payload["chunk"].request_id != request_id or started[index]:
-                raise ValueError(
-                    f"{where}: a chunk carries its event's request id, and comes before "
-                    "the request's tool calls"
-                )
-            chunks[index].append(event.payload["chunk"])
-        elif event.type == "tool.started":
-            if len(started[index]) != len(finished[index]):
-                raise ValueError(f"{where}: a tool call started before the previous one finished")
-            started[index].append(event.payload["tool_call"])
-        else:
-            call = event.payload["tool_call"]
-            if len(started[index]) != len(finished[index]) + 1 or started[index][-1] != call:
-                raise ValueError(f"{where}: tool call {call.id!r} finished without starting")
-            finished[index].append(event.payload["tool_result"])
-
-    # The transcript the run added: each assistant message, then its tool results.
-    groups: List[Tuple[AssistantMessage, List[ToolResultMessage]]] = []
-    for message in result.messages[start_length:]:
-        if isinstance(message, AssistantMessage) and message.id.startswith(_MESSAGE_ID_PREFIX):
-            groups.append((message, []))
-        elif isinstance(message, ToolResultMessage) and groups:
-            groups[-1][1].append(message)
-        else:
-            raise ValueError(
-                f"the result's transcript holds {message.role} message {message.id!r} after "
-                'the starting messages, where a run adds only assistant messages ("message-" '
-                "+ a response id), each followed by its tool results"
-            )
-    complete = result.status in ("completed", "maxSteps")
-    if not (
-        len(groups) == result.steps >= 1
-        if complete
-        else result.steps - 1 <= len(groups) <= result.steps
-    ):
-        raise ValueError(
-            f"the result's transcript holds {len(groups)} assistant message(s) for "
-            f"{result.steps} step(s) of a {result.status} run"
-        )
-    steps = []
-    length = start_length
-    for index, request_id in enumerate(request_ids):
-        calls: Tuple[ToolCall, ...] = ()
-        response = None
-        if index < len(groups):
-            message, results = groups[index]
-            calls = tuple(_tool_calls(message))
-            stopped_here = not complete and index == len(request_ids) - 1
-            if (
-                finished[index] != results
-                or tuple(started[index]) != calls[: len(started[index])]
-                or (len(results) != len(calls) and not stopped_here)
-            ):
-                raise ValueError(
-                    f"the tool events of {request_id} do not agree with the result's transcript"
-                )
-            stop_reason: StopReason = "toolCall" if calls else "stop"
-            response = ModelResponse(
-                _response_id(message.id), request_id, message.content, stop_reason
-            )
-            _check_recorded_stream(request_id, chunks[index], response)
-        elif started[index]:
-            raise ValueError(f"{request_id} ran tools, but the result holds no response to it")
-        steps.append(
-            _RecordedStep(
-                request_id,
-                result.messages[:length],
-                tuple(chunks[index]),
-                response,
-                calls,
-                tuple(finished[index]),
-            )
-        )
-        length += 1 + len(calls)
-    return steps
-
-
-def _check_recorded_stream(
-    request_id: str, chunks: Sequence[ModelChunk], response: ModelResponse
-) -> None:
-    """replay(): a step's recorded chunks keep the loop's rules and agree with its
-    response, as every step the loop ever recorded does."""
-    streamed = _StreamedBlocks(ModelRequest(request_id, (), ()))
-    try:
-        for chunk in chunks:
-            streamed.add(chunk)
-        streamed.require_agreement(response.content)
-    except _RunFailure as failure:
-        raise ValueError(
-            f"the chunks of {request_id} do not agree with the result's transcript: "
-            f"{failure.message}"
-        ) from None
-
-
-class _ReplayedModel:
-    """replay()'s model: checks each request against the recording and streams its step.
-
-    Its tools (``_recorded_tool``) ask it for the recorded result of the call that
-    the step being replayed runs next.
-    """
-
-    def __init__(self, steps: Sequence[_RecordedStep], stop_at: Optional[str]) -> None:
-        self._steps = {step.request_id: step for step in steps}
-        self._stop_at = stop_at  # the request after a cancelled or failed log's end
-        self._active: Optional[_RecordedStep] = None
-        self._next_call = 0
-
-    def stream(
-        self, request: ModelRequest, signal: Signal
-    ) -> Generator[ModelChunk, None, ModelResponse]:
-        step = self._steps.get(request.id)
-        self._active, self._next_call = step, 0
-        if step is None:
-            if request.id != self._stop_at:
-                held = ", ".join(self._steps) or "none"
-                raise RuntimeError(f"the recording holds no {request.id} (it holds {held})")
-            _stop_here(signal, request.id)
-            return self._play(_RecordedStep(request.id, (), (), None, (), ()), signal)
-        index = _first_difference(step.messages, request.messages)
-        if index is not None:
-            recorded, got = _drift_sides(step.messages, request.messages, index)
-            raise RuntimeError(
-                f"{request.id} differs from the recording at message {index}: "
-                f"recorded {recorded}, got {got}"
-            )
-        return self._play(step, signal)
-
-    @staticmethod
-    def _play(step: _RecordedStep, signal: Signal) -> Generator[ModelChunk, None, ModelResponse]:
-        yield from step.chunks
-        if step.response is None:
-            _stop_here(signal, step.request_id)  # the loop sees the signal, not the response
-        return cast(ModelResponse, step.response)
-
-    def answer(self, name: str, arguments: Dict[str, Any], signal: Signal) -> object:
-        """A recorded tool's execute: the recorded result of the active step's next call."""
-        step, index = self._active, self._next_call
-        self._next_call += 1
-        if (
-            step is None
-            or index >= len(step.calls)
-            or step.calls[index] != ToolCall(step.calls[index].id, name, arguments)
-        ):
-            raise RuntimeError(
-                f"the recording has no call of tool {name!r} with these arguments here "
-                "(the recorded tools answer the replayed model's calls, in order)"
-            )
-        if index == len(step.results):
-            _stop_here(signal, f"tool call {step.calls[index].id!r}")
-            return ""  # discarded: the loop sees the signal first
-        result = step.results[index]
-        if result.is_error:
-            raise ToolError(result.content)
-        return result.content
-
-
-def _recorded_tool(model: _ReplayedModel, name: str) -> Tool:
-    """replay(): a tool that accepts any arguments and answers with the recorded results."""
-
-    def execute(arguments: Dict[str, Any], signal: Signal) -> object:
-        return model.answer(name, arguments, signal)
-
-    return Tool(name, f"Answers as the recorded tool {name!r} did.", {"type": "object"}, execute)
-
-
-def _stop_here(signal: Signal, where: str) -> None:
-    """Where a cancelled or failed log stops: sets the run's signal, to end it there."""
-    set_signal = getattr(signal, "set", None)
-    if not callable(set_signal):
-        raise RuntimeError(
-            f"the recording stops at {where}, and the run's signal has no set() to end "
-            "the replay there (replay with ReplayedRun.run(), or pass a threading.Event)"
-        )
-    set_signal()
-
-
-_DRIFT_BEFORE: Final = 160
-"""Characters of a drift message's sides shown before their first difference: enough
-for a message's repr up to its content, with call ids as long as providers make them."""
-_DRIFT_AFTER: Final = 60
-"""Characters shown from the first difference on."""
-
-
-def _drift_sides(
-    recorded: Sequence[Message], got: Sequence[Message], index: int
-) -> Tuple[str, str]:
-    """The reprs of two different messages (or "nothing"), shortened around where they differ."""
-    left, right = (
-        repr(side[index]) if index < len(side) else "nothing" for side in (recorded, got)
-    )
-    at = _first_difference(left, right) or 0  # equal reprs: from the start
-    begin = max(0, at - _DRIFT_BEFORE)
-
-    def window(text: str) -> str:
-        end = at + _DRIFT_AFTER
-        return ("..." if begin else "") + text[begin:end] + ("..." if end < len(text) else "")
-
-    return window(left), window(right)
-
-
-# --- The demonstration --------------------------------------------------------------
+# --- The demonstration ------------------------------------------------------------
 
 
 def _demo_tools() -> ToolRegistry:
     """Three small tools; the weather station in Atlantis is missing, on purpose."""
 
-    def add(arguments: Dict[str, Any], signal: Signal) -> object:
-        return {"sum": arguments["left"] + arguments["right"]}
+    def add(left: float, right: float) -> object:
+        """Adds two numbers."""
+        return {"sum": left + right}
 
-    def multiply(arguments: Dict[str, Any], signal: Signal) -> object:
-        return {"product": arguments["left"] * arguments["right"]}
+    def multiply(left: float, right: float) -> object:
+        """Multiplies two numbers."""
+        return {"product": left * right}
 
-    def weather(arguments: Dict[str, Any], signal: Signal) -> object:
+    def weather(city: str) -> str:
+        """Reports the weather in a city."""
         stations = {"Lisbon": "sunny, 19 C", "Oslo": "snow, -3 C"}
-        if arguments["city"] not in stations:
-            raise LookupError(f"no weather station in {arguments['city']}")
-        return stations[arguments["city"]]
+        if city not in stations:
+            raise LookupError(f"no weather station in {city}")
+        return stations[city]
 
-    two_numbers = {
-        "type": "object",
-        "properties": {"left": {"type": "number"}, "right": {"type": "number"}},
-        "required": ["left", "right"],
-        "additionalProperties": False,
-    }
-    city = {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-        "additionalProperties": False,
-    }
-    return ToolRegistry(
-        [
-            Tool("add", "Adds two numbers.", two_numbers, add),
-            Tool("multiply", "Multiplies two numbers.", two_numbers, multiply),
-            Tool("weather", "Reports the weather in a city.", city, weather),
-        ]
-    )
+    return ToolRegistry(Tool.from_function(tool) for tool in (add, multiply, weather))
 
 
 def _demo_model() -> ScriptedModel:
     """A three-step script: one tool, then two tools (one fails), then the answer."""
+    add = ToolCall("call-add-001", "add", {"left": 20, "right": 22})
+    multiply = ToolCall("call-multiply-001", "multiply", {"left": 42, "right": 2})
+    weather = ToolCall("call-weather-001", "weather", {"city": "Atlantis"})
+    answer = ["(20 + 22) * 2 = 84. ", "Atlantis has no ", "weather station."]
     return ScriptedModel(
         [
-            scripted_response(
-                "response-001",
-                [
-                    TextBlock("First the sum."),
-                    ToolCall("call-add-001", "add", {"left": 20, "right": 22}),
-                ],
-                "toolCall",
-            ),
-            scripted_response(
-                "response-002",
-                [
-                    ToolCall("call-multiply-001", "multiply", {"left": 42, "right": 2}),
-                    ToolCall("call-weather-001", "weather", {"city": "Atlantis"}),
-                ],
-                "toolCall",
-            ),
+            scripted_response("response-001", [TextBlock("First the sum."), add], "toolCall"),
+            scripted_response("response-002", [multiply, weather], "toolCall"),
             scripted_response(
                 "response-003",
-                [TextBlock("(20 + 22) * 2 = 84. Atlantis has no weather station.")],
+                [TextBlock("".join(answer))],
                 "stop",
-                chunks=[
-                    TextBlock("(20 + 22) * 2 = 84. "),
-                    TextBlock("Atlantis has no "),
-                    TextBlock("weather station."),
-                ],
+                chunks=[TextBlock(piece) for piece in answer],
             ),
         ]
     )
@@ -2711,6 +2515,8 @@ def _demo_result(result: RunResult) -> str:
 
 
 def _bounded_int(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an int in low..high."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -2727,12 +2533,9 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
     """The demonstration: a scripted run over three tools, printed one event per line."""
     parser = argparse.ArgumentParser(
         prog="python agent_loop.py",
-        description=(
-            "Runs the Agent Loop on a scripted model with three tools (add, multiply, "
-            "weather): a first step that calls one tool, a second that calls two (one of "
-            "them fails, recoverably), and a final answer. Prints each event on one "
-            "line, then the result. No network; the output is deterministic."
-        ),
+        description="Runs the Agent Loop on a scripted model with three tools (one call "
+        "fails, recoverably) and prints each event on one line, then the result. No "
+        "network; the output is deterministic.",
     )
     parser.add_argument(
         "--json",
@@ -2754,6 +2557,14 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
     )
     options = parser.parse_args(argv)
     signal = threading.Event()
+
+    def show(event: Event) -> None:
+        print(
+            json.dumps(event.to_dict(), ensure_ascii=False) if options.json else _demo_line(event)
+        )
+        if event.sequence == options.cancel_after:
+            signal.set()
+
     run = run_agent_loop(
         messages=[UserMessage("user-001", "What is (20 + 22) * 2? And the weather in Atlantis?")],
         model=_demo_model(),
@@ -2761,17 +2572,7 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
         max_steps=options.max_steps,
         signal=signal,
     )
-    while True:
-        try:
-            event = next(run)
-        except StopIteration as done:
-            result: RunResult = done.value
-            break
-        print(
-            json.dumps(event.to_dict(), ensure_ascii=False) if options.json else _demo_line(event)
-        )
-        if event.sequence == options.cancel_after:
-            signal.set()
+    _, result = settle_run(run, on_event=show)
     if not options.json:
         print(_demo_result(result))
     return 0

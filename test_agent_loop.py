@@ -1,35 +1,37 @@
-"""Tests for agent_loop: every rule, limit, failure code, event order, cancellation
-case and acceptance criterion of the seed ("Checkpoint 07: Run the iterative Agent
-Loop"), then the public contract that the module's docstrings and the README state.
+"""Tests for agent_loop, the core: every rule, limit, failure code, event order and
+cancellation case of the seed ("Checkpoint 07: Run the iterative Agent Loop"), then the
+public contract that the module's docstrings and the README state.
 
-The suite imports ``agent_loop`` once, as ``al``: point it at another copy of the
-module by putting that copy first on sys.path. This file uses ``from __future__ import
-annotations`` on purpose: Tool.from_function must read the string annotations that
-PEP 563 gives a user's module.
+The suite imports ``agent_loop`` once, as ``al``: point it at another copy of the module
+by putting that copy first on sys.path. Its builders, its one fake model (FakeModel, for
+what al.ScriptedModel cannot do) and its one driver (run(), which checks the run's
+invariants with check_run() every time) come from loop_testing.py; a helper that one
+class alone uses sits just above that class. replay() has its own file
+(test_agent_loop_replay.py), the README and the demonstration theirs
+(test_docs_and_demo.py). This file uses ``from __future__ import annotations`` on
+purpose: Tool.from_function must read the string annotations that PEP 563 gives a
+user's module.
 
-Layout. One fixture layer comes first: the seed's builders (user(), call(), add_tool(),
-echo_tool(), ...), one fake model (FakeModel) and one driver (run(), over settle()) that
-checks the run's invariants (check_run) after every run. Then one section per section
-of the module, in the module's order, each holding the classes that exercise it; a
-helper that one class alone uses sits just above that class. Attacker-style tests (a
-model, tool or caller that tries to break the loop) carry the ``hostile`` mark, marked
-[hostile] below: ``pytest -m hostile`` runs them alone, ``-m "not hostile"`` skips them.
+One canonical test per rule of the seed, named in the rule's words and quoting it
+(``Seed: "..."``); more cases of the same rule are rows of its table. Every limit is
+tested on both sides (ids ``at-limit`` and ``over-limit``); cancellation is a table over
+every "signal aborts" edge of the seed's diagram. Attacker-style tests (a model, tool or
+caller that tries to break the loop) carry the ``hostile`` mark (a class, or a row of a
+table), marked [hostile] below: ``pytest -m hostile`` runs them alone.
 
-Contents
-    The fixture layer: builders, JSON that is not plain, FakeModel, run() and check_run()
-    The module: TestPublicNames, TestRuntimeTyping
+Contents, in the module's order
+    The module: TestRuntimeTyping
     Limits: TestLimits
-    The loop, one class per acceptance criterion of the seed in the seed's order:
-        TestGoldenFragments, TestConstructionRejectsInvalidOptions, TestRunOwnsSnapshots,
+    The loop, one class per acceptance criterion of the seed, in the seed's order:
+        TestGoldenFragments (the seed's two fragments, translated),
+        TestConstructionRejectsInvalidOptions, TestRunOwnsSnapshots,
         TestEachStepGetsFrozenTranscriptAndRequestId,
         TestAssistantMessagesPrecedeToolResults, TestRecoverableToolErrors,
         TestEventSequence, TestCancellation, TestStepBudget;
-        then TestFailureCodes, TestModelFailures, TestCancellationWinsOverLateErrors,
-        TestModelCorrelationAndAgreement, TestStreamDisagreementIsShown,
-        TestMistakesNameTheirFix, TestRunHelpers,
-        TestCancellationAtEveryEvent [hostile], TestCancellationFromAnotherThread
-        [hostile], TestConsumerWalksAway [hostile], TestInterruptsAreNeverSwallowed
-        [hostile], TestCallersCannotChangeTheRun [hostile],
+        then TestFailureCodes, TestModelCorrelationAndAgreement,
+        TestStreamDisagreementIsShown, TestMistakesNameTheirFix, TestRunHelpers,
+        TestCancellationAtEveryEvent [hostile], TestConsumerWalksAway [hostile],
+        TestInterruptsAreNeverSwallowed [hostile],
         TestRandomScriptsAgainstAReference [hostile]
     The transcript: TestInvalidStartingTranscript, TestWrongFieldIsNamed,
         TestDuplicateIdsSayHowTheyWereDerived, TestOnlyTheExactClasses
@@ -40,43 +42,33 @@ Contents
         TestToolRegistry, TestExecuteToolCall, TestExecuteMustTakeArgumentsAndSignal,
         TestToolError, TestRecoverableExceptionsAreLogged, TestMisbehavingTools [hostile]
     Bounded plain JSON: TestPlainJsonArguments, TestInvalidToolCallArguments
-    Message IR: TestToolCallIsFrozen, TestPlainArguments, TestCopyingAndHashing,
-        TestWhatHashes
+    Message IR: TestToolCallIsFrozen, TestPlainArguments, TestCopyingAndHashing
     Events and results, Test helpers: no class of their own; TestEventSequence,
-        TestJsonShapes and TestCopyingAndHashing exercise events and results, and
-        TestGoldenFragments runs al.ScriptedModel as the seed's fragments do
-    Interop, replay and resumption: TestJsonShapes, TestRoundTrips, TestMalformedDicts,
-        TestReplay, TestExactReplay, TestReplayOfCancelledAndFailedRuns,
-        TestReplayDetectsDrift, TestReplayRejectsLogsOfNoSingleRun,
-        TestNextRequestSequence, TestJsonLinesRecordings,
-        TestRandomRecordedRunsReplayExactly, TestResumeAfterCancellation
-    The demonstration: TestDemonstration, TestDemonstrationPipes, TestReadme,
-        TestReadmeBlocksRunAlone
+        TestJsonShapes and TestCopyingAndHashing exercise events and results, and every
+        test that scripts a model runs al.ScriptedModel
+    Interop and resumption: TestJsonShapes, TestRoundTrips, TestMalformedDicts,
+        TestScriptedModelFromTranscript, TestNextRequestSequence,
+        TestResumeAfterCancellation
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections.abc
-import contextlib
 import copy
 import dataclasses
 import gc
 import inspect
-import io
 import itertools
 import json
 import logging
-import os
 import pickle
 import random
 import re
-import subprocess
 import sys
 import threading
 import tracemalloc
 import typing
-from pathlib import Path
 from types import MappingProxyType
 from typing import (
     Any,
@@ -84,885 +76,83 @@ from typing import (
     ClassVar,
     Dict,
     Generator,
-    Iterable,
     Iterator,
     List,
     Literal,
     Mapping,
     Optional,
     Sequence,
-    Tuple,
-    Union,
     cast,
 )
 
 import pytest
 
 import agent_loop as al
-
-# --- The fixture layer: builders, the one fake model, the one driver -------------------
-#
-# Every test builds its values with the builders below (the seed's own vocabulary), plays
-# a model with FakeModel and runs the loop with run(), which checks the run's invariants
-# (check_run) every time. Helpers that one class alone uses sit just above that class.
-
-
-# The seed's vocabulary: messages, calls, responses and tools.
-
-
-def user(text: str = "Add 20 and 22.", id: str = "user-001") -> al.UserMessage:
-    """The seed's user(): one user message."""
-    return al.UserMessage(id, text)
-
-
-def call(name: str, id: str, arguments: dict[str, Any]) -> al.ToolCall:
-    """The seed's call(name, id, arguments)."""
-    return al.ToolCall(id, name, arguments)
-
-
-NUMBERS = {
-    "type": "object",
-    "properties": {"left": {"type": "number"}, "right": {"type": "number"}},
-    "required": ["left", "right"],
-    "additionalProperties": False,
-}
-
-
-def add_tool() -> al.Tool:
-    """The seed's addTool(): returns {"sum": left + right}."""
-    return al.Tool(
-        "add",
-        "Adds two numbers.",
-        NUMBERS,
-        lambda arguments, signal: {"sum": arguments["left"] + arguments["right"]},
-    )
-
-
-def echo_tool(executed: list[str] | None = None) -> al.Tool:
-    """An echo tool that returns its ``text`` argument and records each text it ran with."""
-
-    def echo(arguments: dict[str, Any], signal: Any) -> object:
-        if executed is not None:
-            executed.append(arguments["text"])
-        return arguments["text"]
-
-    schema = {
-        "type": "object",
-        "properties": {"text": {"type": "string"}},
-        "required": ["text"],
-    }
-    return al.Tool("echo", "Returns its text.", schema, echo)
-
-
-def text(value: str) -> al.TextBlock:
-    return al.TextBlock(value)
-
-
-def add_call(id: str = "call-add-001") -> al.ToolCall:
-    """The seed's addCall: call("add", id, {left: 20, right: 22})."""
-    return call("add", id, {"left": 20, "right": 22})
-
-
-def add_result(id: str = "call-add-001") -> al.ToolResultMessage:
-    """The linked result of add_call(id)."""
-    return al.ToolResultMessage("tool-result-" + id, id, "add", '{"sum":42}', False)
-
-
-def echo_call(id: str, value: str | None = None) -> al.ToolCall:
-    """An echo call of ``value``; by default its text is its own id, so that
-    echo_tool(executed) records call order."""
-    return call("echo", id, {"text": id if value is None else value})
-
-
-def echo_result(id: str) -> al.ToolResultMessage:
-    """The linked result of echo_call(id)."""
-    return al.ToolResultMessage("tool-result-" + id, id, "echo", id, False)
-
-
-def assistant(response_id: str, *blocks: al.TextBlock | al.ToolCall) -> al.AssistantMessage:
-    """The assistant message the loop builds from response ``response_id``."""
-    return al.AssistantMessage("message-" + response_id, blocks)
-
-
-def stop(response_id: str, final: str = "The sum is 42.") -> Any:
-    """A scripted stop response holding one text block."""
-    return al.scripted_response(response_id, [text(final)], "stop")
-
-
-def tool_turn(response_id: str, *blocks: al.TextBlock | al.ToolCall) -> Any:
-    """A scripted toolCall response holding the given blocks."""
-    return al.scripted_response(response_id, blocks, "toolCall")
-
-
-def recording_add_tool(executed: list[str]) -> al.Tool:
-    """The seed's addTool() that also appends "add" to ``executed`` each time it runs."""
-
-    def add(arguments: dict[str, Any], signal: Any) -> object:
-        executed.append("add")
-        return {"sum": arguments["left"] + arguments["right"]}
-
-    return al.Tool("add", "Adds two numbers.", NUMBERS, add)
-
-
-def recording_tools(executed: list[str]) -> list[al.Tool]:
-    """add and echo, both recording into ``executed`` (add as "add", echo as its text)."""
-    return [recording_add_tool(executed), echo_tool(executed)]
-
-
-def no_arguments_tool(name: str, execute: Callable[[dict[str, Any], Any], object]) -> al.Tool:
-    """A tool that takes no arguments and runs ``execute``."""
-    return al.Tool(name, f"The {name} tool.", {"type": "object"}, execute)
-
-
-def copy_echo(arguments: dict[str, Any], signal: Any) -> object:
-    """A module-level tool function, so that a Tool using it can be pickled."""
-    return arguments["text"]
-
-
-def two_parameters(arguments: Dict[str, Any], signal: al.Signal) -> object:
-    return "two"
-
-
-def one_call(name: str, arguments: Any = None) -> FakeModel:
-    """A model that calls the tool once, then stops with "done"."""
-    return FakeModel(
-        al.scripted_response("r1", [al.ToolCall("c1", name, arguments or {})], "toolCall"),
-        al.scripted_response("r2", [al.TextBlock("done")], "stop"),
-    )
-
-
-def probe_tool(received: list[dict[str, Any]], parameters: Any | None = None) -> al.Tool:
-    """A tool named "probe" that records the arguments it was given and returns "ok"."""
-
-    def execute(arguments: dict[str, Any], signal: Any) -> object:
-        received.append(arguments)
-        return "ok"
-
-    schema = {"type": "object"} if parameters is None else parameters
-    return al.Tool("probe", "Records its arguments.", schema, execute)
-
-
-class Fatal(BaseException):
-    """A BaseException that is not an Exception: no tool result can stand for it."""
-
-
-PRIOR_ROUND = (
-    user("Add 1 and 2.", "user-000"),
-    al.AssistantMessage(
-        "message-response-000", (call("add", "call-add-000", {"left": 1, "right": 2}),)
-    ),
-    al.ToolResultMessage("tool-result-call-add-000", "call-add-000", "add", '{"sum":3}', False),
-    al.AssistantMessage("message-response-000b", (text("It is 3."),)),
-    user(),
+from loop_testing import (
+    ADD_ROUND,
+    AT_LIMIT,
+    EVENT_TYPES,
+    HISTORY,
+    HOSTILE,
+    NOT_PLAIN_JSON,
+    NUMBERS,
+    OVER_LIMIT,
+    PRIOR_ROUND,
+    REPOSITORY,
+    USAGE_FIELDS,
+    CancelAt,
+    Custom,
+    FakeModel,
+    Fatal,
+    Step,
+    add_call,
+    add_result,
+    add_tool,
+    assert_failed,
+    assert_no_tool_ran,
+    assert_tool_received,
+    assistant,
+    call,
+    cancels,
+    check_run,
+    copy_echo,
+    cyclic_array,
+    cyclic_object,
+    echo_call,
+    echo_result,
+    echo_tool,
+    failure_message,
+    nested,
+    no_arguments_tool,
+    one_call,
+    only_tool_result,
+    open_call_ids,
+    plain_copy,
+    probe_tool,
+    raise_error,
+    record_run,
+    recording_tools,
+    respond,
+    run,
+    run_probe_call,
+    same_json,
+    settle,
+    shared_array,
+    start_run,
+    stop,
+    stream_of,
+    stream_step,
+    text,
+    tool_turn,
+    turn,
+    two_parameters,
+    types_of,
+    until,
+    untyped,
+    user,
 )
-
-
-ADD_ROUND = (assistant("response-000", add_call()), add_result())
-
-
-HISTORY: tuple[al.Message, ...] = (
-    al.UserMessage("user-000", "Echo old."),
-    al.AssistantMessage("message-old", (echo_call("call-old", "old"),)),
-    al.ToolResultMessage("tool-result-call-old", "call-old", "echo", "old", False),
-    user(),
-)
-
-
-untyped: Any = al
-"""The module, untyped: tests build values of the wrong type with it on purpose."""
-
-REPOSITORY = Path(__file__).resolve().parent
-"""The folder of this file and of the README it checks."""
-
-
-# JSON: the one nested-JSON builder, the one not-plain-JSON table, plain comparisons.
-
-
-def nested(depth: int, kinds: str = "object-array") -> Any:
-    """JSON with ``depth`` nested containers around a 0: objects and arrays in turn, or
-    objects only (``kinds="object"``), or arrays only (``kinds="array"``)."""
-    value: Any = 0
-    for level in reversed(range(depth)):
-        as_object = kinds == "object" or (kinds == "object-array" and level % 2 == 0)
-        value = {"k": value} if as_object else [value]
-    return value
-
-
-class Custom:
-    """An object that is not JSON."""
-
-
-def cyclic_object() -> dict[str, Any]:
-    arguments: dict[str, Any] = {"a": 1}
-    arguments["self"] = arguments
-    return arguments
-
-
-def cyclic_array() -> dict[str, Any]:
-    items: list[Any] = [1]
-    items.append(items)
-    return {"xs": items}
-
-
-def shared_array() -> dict[str, Any]:
-    shared = [1, 2]
-    return {"a": shared, "b": shared}
-
-
-def shared_object() -> dict[str, Any]:
-    shared = {"k": "v"}
-    return {"xs": [shared, shared]}
-
-
-DEEP_ARGUMENTS = [
-    pytest.param(lambda: nested(100_000, "object"), id="nested-100000-deep-objects"),
-    pytest.param(lambda: {"a": nested(100_000, "array")}, id="nested-100000-deep-arrays"),
-]
-"""Arguments far deeper than any bound: checking them must never raise RecursionError."""
-
-
-NOT_PLAIN_JSON = [
-    *DEEP_ARGUMENTS,
-    pytest.param(lambda: {"x": float("nan")}, id="nan"),
-    pytest.param(lambda: {"x": float("inf")}, id="inf"),
-    pytest.param(lambda: {"x": [float("-inf")]}, id="minus-inf-in-array"),
-    pytest.param(lambda: {"x": {1, 2}}, id="set"),
-    pytest.param(lambda: {"x": frozenset()}, id="frozenset"),
-    pytest.param(lambda: {"x": b"bytes"}, id="bytes"),
-    pytest.param(lambda: {1: "one"}, id="int-key"),
-    pytest.param(lambda: {"x": {None: 1}}, id="none-key-nested"),
-    pytest.param(lambda: {"x": {("a",): 1}}, id="tuple-key"),
-    pytest.param(shared_array, id="shared-list"),
-    pytest.param(shared_object, id="shared-object"),
-    pytest.param(cyclic_object, id="cyclic-dict"),
-    pytest.param(cyclic_array, id="cyclic-list"),
-    pytest.param(lambda: {"x": Custom()}, id="custom-object"),
-    pytest.param(lambda: {"x": object()}, id="object"),
-    pytest.param(lambda: [1], id="list-root"),
-    pytest.param(lambda: "text", id="str-root"),
-    pytest.param(lambda: None, id="none-root"),
-]
-"""Tool arguments that are not plain bounded JSON, each built fresh by its factory: plain
-JSON is a dict with str keys, list, str, int, finite float, bool and None, with no object
-reachable twice, within the depth bound."""
-
-
-def plain_copy(value: object) -> Any:
-    """A plain copy (dicts and lists) of JSON, frozen or not, to compare with a literal."""
-    if isinstance(value, Mapping):
-        return {key: plain_copy(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain_copy(item) for item in value]
-    return value
-
-
-def is_plain(value: object) -> bool:
-    """True if value is made of dict (str keys), list and JSON scalars only."""
-    if type(value) is dict:
-        return all(type(key) is str and is_plain(item) for key, item in value.items())
-    if type(value) is list:
-        return all(is_plain(item) for item in value)
-    return value is None or type(value) in (bool, int, float, str)
-
-
-def same_json(left: object, right: object) -> bool:
-    """JSON equality that also tells True from 1 and 1 from 1.0, and keeps key order."""
-    return json.dumps(left) == json.dumps(right)
-
-
-AT_LIMIT = pytest.param(True, id="at-limit")
-
-
-OVER_LIMIT = pytest.param(False, id="over-limit")
-
-
-# The one fake model, and the steps it plays.
-
-
-Step = Callable[["FakeModel", al.ModelRequest, Any], Any]
-"""A hand-written model step: called with the model, the request and the signal; what it
-returns (usually a generator) is the stream."""
-
-
-class FakeModel:
-    """The suite's one fake model: each call of stream() plays the next step of its script.
-
-    A step is either a ScriptedResponse, played as al.ScriptedModel plays it (each block of
-    its chunks, else of its content, as one chunk with the active request id, then its
-    response), or a Step function for everything a script cannot say (raising, blocking,
-    foreign ids, wrong types). Like al.ScriptedModel it records ``requests`` and counts
-    ``call_count``, and a call with no step left raises RuntimeError. ``finalized`` lists
-    the request ids whose stream's ``finally`` ran, ``exits`` those whose stream was closed
-    while suspended; ``held`` copies what each request held when it was made, and
-    ``signals`` lists the signal each call received.
-
-    Why a model of our own rather than al.ScriptedModel: a ScriptedModel replays only
-    well-behaved turns, while the loop's tests also need models that raise, block, reuse
-    ids or return the wrong types. FakeModel plays both kinds in one script, so every test
-    speaks to the same model. al.ScriptedModel still runs where a test is about it: the
-    seed's golden fragments, ScriptedModel.from_transcript, a script that runs out.
-    """
-
-    def __init__(self, *steps: al.ScriptedResponse | Step) -> None:
-        self._steps = steps
-        self.call_count = 0
-        self.requests: list[al.ModelRequest] = []
-        self.finalized: list[str] = []
-        self.exits: list[str] = []
-        self.held: list[list[al.Message]] = []
-        self.signals: list[Any] = []
-
-    def stream(self, request: al.ModelRequest, signal: Any) -> Any:
-        self.call_count += 1
-        self.requests.append(request)
-        self.held.append(list(request.messages))
-        self.signals.append(signal)
-        if self.call_count > len(self._steps):
-            raise RuntimeError(f"FakeModel has no step left for {request.id}")
-        step = self._steps[self.call_count - 1]
-        if isinstance(step, al.ScriptedResponse):
-            blocks = step.content if step.chunks is None else step.chunks
-            request_id = request.id if step.request_id is None else step.request_id
-            response = untyped.ModelResponse(step.id, request_id, step.content, step.stop_reason)
-            return stream_of(self, request, blocks, lambda request: response)
-        return step(self, request, signal)
-
-
-def stream_of(
-    model: FakeModel,
-    request: al.ModelRequest,
-    stream: Sequence[object],
-    response: Callable[[al.ModelRequest], object],
-) -> Generator[object, None, object]:
-    """Streams ``stream`` (a block becomes its chunk with the active request id; a callable
-    is called with the request and what it returns is yielded), then returns the response."""
-    try:
-        for item in stream:
-            if isinstance(item, al.TextBlock):
-                yield al.TextDelta(request.id, item.text)
-            elif isinstance(item, al.ToolCall):
-                yield al.ToolCallChunk(request.id, item)
-            else:
-                yield cast(Callable[[al.ModelRequest], object], item)(request)
-        return response(request)
-    except GeneratorExit:
-        model.exits.append(request.id)
-        raise
-    finally:
-        model.finalized.append(request.id)
-
-
-def respond(
-    response_id: str, content: Sequence[object], stop_reason: str
-) -> Callable[[al.ModelRequest], object]:
-    """A response for the active request: ModelResponse(response_id, request.id, ...)."""
-    return lambda request: untyped.ModelResponse(response_id, request.id, content, stop_reason)
-
-
-def stream_step(stream: Sequence[object], response: Callable[[al.ModelRequest], object]) -> Step:
-    """A Step that streams ``stream`` (see stream_of), then returns ``response(request)``."""
-    return lambda model, request, signal: stream_of(model, request, stream, response)
-
-
-def turn(response_id: str, content: Sequence[object], stop_reason: str) -> Step:
-    """A well-behaved Step: streams each block of ``content`` as one chunk."""
-    return stream_step(content, respond(response_id, content, stop_reason))
-
-
-def raise_error(error: BaseException) -> Callable[[al.ModelRequest], object]:
-    """A stream item or response that raises ``error`` when it is reached."""
-
-    def raiser(request: al.ModelRequest) -> object:
-        raise error
-
-    return raiser
-
-
-# The one driver, and the invariants it checks after every run.
-
-
-CancelAt = Union[Tuple[str, int], int, Callable[[al.Event], bool], None]
-"""Where a consumer cancels: the ``[1]``-th event of type ``[0]`` (counting from 1), the
-event of that sequence, or the first event for which a predicate holds."""
-
-
-def start_run(
-    model: Any,
-    tools: Sequence[al.Tool] = (),
-    *,
-    messages: Iterable[Any] | None = None,
-    max_steps: int = 4,
-    signal: Any = None,
-    request_sequence_start: int = 0,
-) -> Any:
-    """The run generator, not yet started: for tests that step, close or throw into it."""
-    return al.run_agent_loop(
-        messages=[user()] if messages is None else messages,
-        model=model,
-        tools=al.ToolRegistry(tools),
-        max_steps=max_steps,
-        signal=signal,
-        request_sequence_start=request_sequence_start,
-    )
-
-
-def run(
-    script: Any,
-    tools: Sequence[al.Tool] = (),
-    *,
-    messages: Iterable[Any] | None = None,
-    max_steps: int = 4,
-    signal: Any = None,
-    request_sequence_start: int = 0,
-    cancel_at: CancelAt = None,
-) -> tuple[list[al.Event], al.RunResult, Any]:
-    """The driver: starts a run and settles it (see settle), so that the run's invariants
-    are checked. ``script`` is a model (anything with ``stream``) or the steps of a
-    FakeModel. Returns the events, the result and the model."""
-    model = script if hasattr(script, "stream") else FakeModel(*script)
-    start = [user()] if messages is None else messages
-    snapshot = tuple(start) if isinstance(start, (list, tuple)) else None
-    loop = start_run(
-        model,
-        tools,
-        messages=start,
-        max_steps=max_steps,
-        signal=signal,
-        request_sequence_start=request_sequence_start,
-    )
-    events, result = settle(
-        loop, model, max_steps=max_steps, start=snapshot, signal=signal, cancel_at=cancel_at
-    )
-    return events, result, model
-
-
-def settle(
-    loop: Generator[al.Event, None, al.RunResult],
-    model: Any = None,
-    *,
-    max_steps: int | None = None,
-    start: Sequence[al.Message] | None = None,
-    signal: Any = None,
-    cancel_at: CancelAt = None,
-) -> tuple[list[al.Event], al.RunResult]:
-    """Drains a run to its end, then checks its invariants (check_run; the deeper checks
-    when the model records its requests). With ``cancel_at`` the consumer sets ``signal``
-    while it holds that event (see CancelAt). Returns the events and the result."""
-    events: list[al.Event] = []
-    while True:
-        try:
-            event = next(loop)
-        except StopIteration as done:
-            result: al.RunResult = done.value
-            break
-        events.append(event)
-        if cancels(cancel_at, events):
-            signal.set()
-    recorded = hasattr(model, "requests") and hasattr(model, "call_count")
-    check_run(events, result, model if recorded else None, max_steps=max_steps, start=start)
-    return events, result
-
-
-STATUSES = ("completed", "cancelled", "maxSteps", "failed")
-
-
-CODES = ("INVALID_TRANSCRIPT", "MODEL_PROTOCOL_ERROR", "MODEL_STREAM_ERROR", "TOOL_PHASE_ERROR")
-
-
-EVENT_TYPES = (
-    "message.accepted",
-    "model.chunk",
-    "tool.started",
-    "tool.finished",
-    "run.finished",
-)
-
-
-MESSAGE_TYPES = (al.UserMessage, al.AssistantMessage, al.ToolResultMessage)
-
-
-def normalized(items: Sequence[object]) -> list[object]:
-    """Text coalesced between tool calls, empty text dropped: the seed's normalisation,
-    written again here so that the checker does not trust the loop's own."""
-    normalized: list[object] = []
-    pending = ""
-    for item in items:
-        if isinstance(item, al.TextBlock):
-            item = item.text
-        if isinstance(item, str):
-            pending += item
-            continue
-        if pending:
-            normalized.append(pending)
-            pending = ""
-        normalized.append(item)
-    if pending:
-        normalized.append(pending)
-    return normalized
-
-
-def chunk_item(chunk: object) -> object:
-    if isinstance(chunk, al.TextDelta):
-        return chunk.text
-    assert isinstance(chunk, al.ToolCallChunk)
-    return chunk.tool_call
-
-
-def cancels(at: CancelAt, events: Sequence[al.Event]) -> bool:
-    """True if the consumer cancels on the last of ``events`` (see CancelAt)."""
-    event = events[-1]
-    if isinstance(at, tuple):
-        return event.type == at[0] and types_of(events).count(at[0]) == at[1]
-    if isinstance(at, int):
-        return event.sequence == at
-    return at is not None and at(event)
-
-
-def check_run(
-    events: Sequence[al.Event],
-    result: al.RunResult,
-    model: Any = None,
-    *,
-    max_steps: int | None = None,
-    start: Sequence[al.Message] | None = None,
-) -> None:
-    """The invariants every run keeps whatever the model, the tools and the caller did,
-    checked from the outside: one counter (sequences 0..n-1, no gap), exactly one
-    run.finished, last, carrying the returned result; complete messages with unique ids,
-    every tool result answering an earlier call. Given the ``model`` (which needs
-    ``call_count`` and ``requests``), also how the requests, chunks, tools and the
-    transcript agree; given ``start``, that the starting messages are the prefix."""
-    # One counter: sequences 0, 1, 2, ... and exactly one run.finished, last, carrying the result.
-    assert [event.sequence for event in events] == list(range(len(events)))
-    kinds = [event.type for event in events]
-    assert set(kinds) <= set(EVENT_TYPES)
-    assert kinds.count("run.finished") == 1
-    assert kinds[-1] == "run.finished"
-    assert events[-1].payload["result"] is result
-    status = result.status
-    assert status in STATUSES
-    assert (result.final_text is not None) == (status == "completed")
-    if max_steps is not None:
-        assert result.max_steps == (max_steps if status == "maxSteps" else None)
-    assert (result.error is not None) == (status == "failed")
-    code = None
-    if result.error is not None:
-        code = result.error.code
-        assert code in CODES
-        assert isinstance(result.error.message, str)
-        assert result.error.message
-
-    # message.accepted events come first.
-    accepted = [event.payload["message"] for event in events if event.type == "message.accepted"]
-    assert kinds[: len(accepted)] == ["message.accepted"] * len(accepted)
-
-    # Complete protocol messages with unique ids and valid linkage.
-    messages = result.messages
-    assert isinstance(messages, tuple)
-    assert all(type(message) in MESSAGE_TYPES for message in messages)
-    assert len({message.id for message in messages}) == len(messages)
-    calls: dict[str, tuple[str, int]] = {}  # call id -> (tool name, index of its message)
-    answered: dict[str, int] = {}
-    assistant_indexes = []
-    for index, message in enumerate(messages):
-        if isinstance(message, al.AssistantMessage):
-            assistant_indexes.append(index)
-            for block in message.content:
-                assert type(block) in (al.TextBlock, al.ToolCall)
-                if isinstance(block, al.TextBlock):
-                    assert isinstance(block.text, str)
-                    continue
-                assert isinstance(block.id, str)
-                assert block.id
-                assert isinstance(block.name, str)
-                assert block.name
-                assert block.id not in calls, "tool-call ids are unique in a transcript"
-                calls[block.id] = (block.name, index)
-        elif isinstance(message, al.ToolResultMessage):
-            # Every result answers an earlier call with the same tool name, exactly once.
-            assert message.tool_call_id in calls
-            assert calls[message.tool_call_id][0] == message.tool_name
-            assert message.tool_call_id not in answered
-            answered[message.tool_call_id] = index
-            assert isinstance(message.content, str)
-            assert isinstance(message.is_error, bool)
-        else:
-            assert isinstance(message.content, str)
-    open_calls = [call_id for call_id in calls if call_id not in answered]
-    if open_calls:
-        # Only a run interrupted inside its last tool batch leaves calls without a result,
-        # and only those of the last assistant message.
-        assert status == "cancelled" or code == "TOOL_PHASE_ERROR"
-        assert {calls[call_id][1] for call_id in open_calls} == {assistant_indexes[-1]}
-
-    # The starting messages: accepted in order, then kept as the transcript's prefix.
-    if code == "INVALID_TRANSCRIPT":
-        assert kinds == ["run.finished"]
-        assert messages == ()
-        assert result.steps == 0
-    else:
-        assert accepted == list(messages[: len(accepted)])
-        if start is not None:
-            assert messages[: len(start)] == tuple(start)
-            assert accepted == list(start[: len(accepted)])
-            if result.steps > 0 or status != "cancelled":
-                assert len(accepted) == len(start)
-            start_count = len(start)
-        elif result.steps > 0 or status != "cancelled":
-            start_count = len(accepted)
-        else:
-            start_count = len(messages)
-
-    if model is None:
-        return
-    # The model: one call per step, within the budget; every request a prefix of the end.
-    assert model.call_count == result.steps
-    assert max_steps is None or result.steps <= max_steps
-    requests = list(model.requests)
-    assert len(requests) == result.steps
-    request_ids = [request.id for request in requests]
-    if request_ids:
-        first = int(request_ids[0][len("request-") :])
-        assert request_ids == [f"request-{n:03d}" for n in range(first, first + len(requests))]
-    for request in requests:
-        assert request.messages == messages[: len(request.messages)]
-    if code == "INVALID_TRANSCRIPT":
-        return
-
-    # Chunks: every chunk event belongs to an opened request and carries its id.
-    for event in events:
-        if event.type == "model.chunk":
-            assert event.payload["request_id"] in request_ids
-            assert event.payload["chunk"].request_id == event.payload["request_id"]
-
-    # No assistant message for a response whose stream was interrupted: the run added one
-    # assistant message per step, except a last step that never reached tool.started or
-    # completion. Each added message agrees with the chunks streamed for its request.
-    added = messages[start_count:]
-    added_assistants = [m for m in added if isinstance(m, al.AssistantMessage)]
-    if result.steps == 0:
-        assert added == ()
-    else:
-        last_accepted = status == "completed" or any(
-            event.type == "tool.started" and event.payload["request_id"] == request_ids[-1]
-            for event in events
-        )
-        assert len(added_assistants) == result.steps - 1 + int(last_accepted)
-    for request_id, message in zip(request_ids, added_assistants):
-        streamed = [
-            chunk_item(event.payload["chunk"])
-            for event in events
-            if event.type == "model.chunk" and event.payload["request_id"] == request_id
-        ]
-        assert normalized(streamed) == normalized(message.content)
-        # Tools ran in assistant order, for this request only.
-        started = [
-            event.payload["tool_call"]
-            for event in events
-            if event.type == "tool.started" and event.payload["request_id"] == request_id
-        ]
-        message_calls = [block for block in message.content if isinstance(block, al.ToolCall)]
-        assert started == message_calls[: len(started)]
-
-    # Tools: each tool.started is followed at once by its tool.finished, unless the run
-    # ended right there; each tool.finished carries a result that is in the transcript.
-    finished = [event for event in events if event.type == "tool.finished"]
-    added_results = [m for m in added if isinstance(m, al.ToolResultMessage)]
-    assert len(finished) == len(added_results)
-    for event, message in zip(finished, added_results):
-        assert event.payload["tool_result"] is message
-        assert event.payload["tool_call"].id == message.tool_call_id
-        assert event.payload["tool_call"].name == message.tool_name
-    for index, event in enumerate(events):
-        if event.type != "tool.started":
-            continue
-        follower = events[index + 1]
-        if follower.type == "tool.finished":
-            assert follower.payload["tool_call"] is event.payload["tool_call"]
-            assert follower.payload["request_id"] == event.payload["request_id"]
-        else:
-            assert follower.type == "run.finished"
-            assert status == "cancelled" or code == "TOOL_PHASE_ERROR"
-            assert event.payload["tool_call"].id in open_calls, "no result for an interrupted call"
-
-
-def assert_failed(
-    events: Sequence[al.Event], result: al.RunResult, code: str, *words: str
-) -> None:
-    """A failed run: well formed, status failed, the given code and a message that says
-    why, naming each of ``words``."""
-    check_run(events, result)
-    assert result.status == "failed"
-    assert isinstance(result.error, al.RunError)
-    assert result.error.code == code
-    assert isinstance(result.error.message, str)
-    assert result.error.message
-    assert result.final_text is None
-    assert result.max_steps is None
-    for word in words:
-        assert word in result.error.message
-
-
-def failure_message(result: al.RunResult, code: str) -> str:
-    """The message of a failed result with this code."""
-    assert result.status == "failed"
-    assert result.error is not None
-    assert result.error.code == code
-    return result.error.message
-
-
-def only_tool_result(result: al.RunResult) -> al.ToolResultMessage:
-    """The one tool result of a run's transcript."""
-    [message] = [m for m in result.messages if isinstance(m, al.ToolResultMessage)]
-    return message
-
-
-def run_probe_call(
-    arguments: Any,
-) -> tuple[list[al.Event], al.RunResult, FakeModel, list[dict[str, Any]]]:
-    """Runs one step that calls "probe" with ``arguments``, then a step that stops."""
-    received: list[dict[str, Any]] = []
-    tool_call = al.ToolCall("call-probe-001", "probe", arguments)
-    events, result, model = run(
-        [
-            al.scripted_response("response-001", [tool_call], "toolCall"),
-            al.scripted_response("response-002", [text("done")], "stop"),
-        ],
-        tools=[probe_tool(received)],
-    )
-    return events, result, model, received
-
-
-def assert_no_tool_ran(
-    events: list[al.Event],
-    result: al.RunResult,
-    model: FakeModel,
-    received: list[dict[str, Any]],
-) -> None:
-    """Nothing of the failed step was kept: no tool ran, no assistant message was appended."""
-    assert received == []
-    assert "tool.started" not in types_of(events)
-    assert model.call_count == 1
-    assert result.messages == (user(),)
-
-
-def assert_tool_received(
-    events: list[al.Event],
-    result: al.RunResult,
-    received: list[dict[str, Any]],
-    arguments: Any,
-) -> None:
-    """The run completed and the tool ran once, with exactly ``arguments`` as plain JSON."""
-    check_run(events, result)
-    assert result.status == "completed"
-    assert len(received) == 1
-    assert is_plain(received[0])
-    assert same_json(received[0], arguments)
-
-
-def types_of(events: Iterable[al.Event]) -> list[str]:
-    return [event.type for event in events]
-
-
-def open_call_ids(messages: Iterable[al.Message]) -> list[str]:
-    return [open_call.id for open_call in al.open_tool_calls(messages)]
-
-
-def until(run_: Any, event_type: str, occurrence: int = 1) -> list[al.Event]:
-    """Iterates a run until the given occurrence of an event type has been yielded."""
-    events: list[al.Event] = []
-    while True:
-        events.append(next(run_))
-        if types_of(events).count(event_type) == occurrence and events[-1].type == event_type:
-            return events
-
 
 # --- The module: its public names and their types ----------------------------------------
-
-
-# Every public name the README documents, section by section.
-API_NAMES = [
-    # Entry point
-    "run_agent_loop",
-    "settle_run",
-    "Signal",
-    # Message IR
-    "TextBlock",
-    "ToolCall",
-    "UserMessage",
-    "AssistantMessage",
-    "ToolResultMessage",
-    "Message",
-    "JSON",
-    "text_from_assistant",
-    # Model boundary
-    "Model",
-    "ModelRequest",
-    "ModelChunk",
-    "TextDelta",
-    "ToolCallChunk",
-    "ModelResponse",
-    "StopReason",
-    # Tools
-    "Tool",
-    "ToolRegistry",
-    "ToolSpec",
-    "execute_tool_call",
-    "ToolError",
-    # Events and results
-    "Event",
-    "RunResult",
-    "RunError",
-    "RunStatus",
-    "FailureCode",
-    "EventType",
-    # Limits
-    "MAX_AGENT_STEPS",
-    "MAX_INITIAL_MESSAGES",
-    "MAX_STEP_CHUNKS",
-    "MAX_STEP_TEXT",
-    "MAX_ASSISTANT_BLOCKS",
-    "MAX_ARGUMENT_DEPTH",
-    "MAX_ARGUMENT_VALUES",
-    "MAX_ARGUMENT_SLOTS",
-    "MAX_ARGUMENT_TEXT",
-    # Test helpers
-    "ScriptedModel",
-    "ScriptedResponse",
-    "scripted_response",
-    # Interop, replay and resumption
-    "message_from_dict",
-    "event_from_dict",
-    "open_tool_calls",
-    "resolve_open_tool_calls",
-    "replay",
-    "ReplayedRun",
-]
-
-
-class TestPublicNames:
-    """__all__ holds exactly the public names the README documents."""
-
-    def test_all_is_exactly_the_names_listed_here(self) -> None:
-        assert len(al.__all__) == len(set(al.__all__))
-        assert set(al.__all__) == set(API_NAMES)
-
-    def test_the_readme_api_table_names_exactly_all(self) -> None:
-        """The README's "The API at a glance" documents every public name, and no other
-        name of the module."""
-        readme = (REPOSITORY / "README.md").read_text(encoding="utf-8")
-        section = readme.split("## The API at a glance\n", 1)[1].split("\n## ", 1)[0]
-        table = [line for line in section.splitlines() if line.startswith("| ")]
-        named = set(re.findall(r"`([A-Za-z_][A-Za-z_0-9]*)", "\n".join(table)))
-        assert {name for name in named if hasattr(al, name)} == set(al.__all__)
-
-    @pytest.mark.parametrize("name", API_NAMES)
-    def test_every_public_name_exists(self, name: str) -> None:
-        assert hasattr(al, name)
-
-    def test_version_is_a_str(self) -> None:
-        assert isinstance(al.__version__, str)
-        assert al.__version__
 
 
 class TestRuntimeTyping:
@@ -1138,116 +328,54 @@ class TestLimits:
             assert model.call_count == 1
 
     @pytest.mark.parametrize(
-        ("depth", "passes"),
-        [pytest.param(32, True, id="at-limit"), pytest.param(33, False, id="over-limit")],
-    )
-    def test_argument_depth(self, depth: int, passes: bool) -> None:
-        """Seed: "Tool arguments must be plain bounded JSON with depth 32"; ``{}`` has depth 1
-        and a scalar 0. "These checks occur before a Tool effect." """
-        arguments = nested(depth)
-        assert_bound(arguments, passes, "32")
-
-    @pytest.mark.parametrize("passes", [AT_LIMIT, OVER_LIMIT])
-    def test_argument_depth_of_objects_only(self, passes: bool) -> None:
-        """Depth counts objects too: 32 nested objects pass, 33 fail."""
-        assert_bound(nested(32 if passes else 33, "object"), passes, "32")
-
-    @pytest.mark.parametrize(
-        ("count", "passes"),
-        [pytest.param(255, True, id="at-limit"), pytest.param(256, False, id="over-limit")],
-    )
-    def test_argument_values(self, count: int, passes: bool) -> None:
-        """Seed: "at most 257 values including the root": the root, one array, and 255
-        numbers in it are 257 values."""
-        arguments = {"xs": list(range(count))}
-        assert_bound(arguments, passes, "257")
-
-    @pytest.mark.parametrize("passes", [AT_LIMIT, OVER_LIMIT])
-    def test_argument_values_count_like_the_example(self, passes: bool) -> None:
-        """``{"a": [1]}`` counts 3 values, so 128 of its fields make 257 values with the root;
-        one more element in one array makes 258."""
-        arguments: dict[str, Any] = {f"a{index:03d}": [1] for index in range(128)}
-        if not passes:
-            arguments["a127"].append(2)
-        assert_bound(arguments, passes, "257")
-
-    @pytest.mark.parametrize(
-        ("count", "passes"),
-        [pytest.param(256, True, id="at-limit"), pytest.param(257, False, id="over-limit")],
-    )
-    def test_argument_slots_of_object_fields(self, count: int, passes: bool) -> None:
-        """Seed: "256 object fields plus array slots": 256 fields of one object pass."""
-        arguments = {f"f{index:03d}": index for index in range(count)}
-        assert_bound(arguments, passes, "256")
-
-    @pytest.mark.parametrize(
-        ("slots", "passes"),
-        [pytest.param(128, True, id="at-limit"), pytest.param(129, False, id="over-limit")],
-    )
-    def test_argument_slots_of_fields_plus_array_slots(self, slots: int, passes: bool) -> None:
-        """Fields and array slots add up: 128 object fields (one of them an array) plus 128
-        array slots are 256 and pass; one more slot fails."""
-        arguments: dict[str, Any] = {f"f{index:03d}": None for index in range(127)}
-        arguments["xs"] = [True] * slots
-        assert len(arguments) + slots == (256 if passes else 257)
-        assert_bound(arguments, passes, "256")
-
-    @pytest.mark.parametrize(
-        ("length", "passes"),
-        [pytest.param(4000, True, id="at-limit"), pytest.param(4001, False, id="over-limit")],
-    )
-    def test_argument_text_in_code_points(self, length: int, passes: bool) -> None:
-        """Seed: "4096 Unicode code points across keys/string values": a 96-emoji key and a
-        4000-emoji value are 4096 code points (8192 UTF-16 units) and pass."""
-        arguments = {"😀" * 96: "😀" * length}
-        assert_bound(arguments, passes, "4096")
-
-    @pytest.mark.parametrize(
-        ("length", "passes"),
-        [pytest.param(4095, True, id="at-limit"), pytest.param(4096, False, id="over-limit")],
-    )
-    def test_argument_text_counts_keys(self, length: int, passes: bool) -> None:
-        """Keys count: a 1-character key with a 4096-character value is 4097 code points."""
-        arguments = {"k": "a" * length}
-        assert_bound(arguments, passes, "4096")
-
-    @pytest.mark.parametrize(
-        ("length", "passes"),
-        [pytest.param(2044, True, id="at-limit"), pytest.param(2045, False, id="over-limit")],
-    )
-    def test_argument_text_adds_up_across_strings(self, length: int, passes: bool) -> None:
-        """Text adds up across every key and string, in arrays and nested objects too:
-        keys a, b, c, n and the strings, not the number 5."""
-        arguments = {"a": ["😀" * 2048], "b": {"c": "é" * length, "n": 5}}
-        total = 1 + 2048 + 1 + 1 + length + 1
-        assert total == (4096 if passes else 4097)
-        assert_bound(arguments, passes, "4096")
-
-    def test_an_argument_violation_stops_earlier_calls_of_the_batch(self) -> None:
-        """Seed: "These checks occur before a Tool effect": a bad call late in the response
-        keeps the valid call before it from running."""
-        received: list[dict[str, Any]] = []
-        good = al.ToolCall("call-probe-001", "probe", {"n": 1})
-        bad = al.ToolCall("call-probe-002", "probe", nested(33))
-        events, result, model = run(
-            [al.scripted_response("response-001", [good, bad], "toolCall")],
-            tools=[probe_tool(received)],
-        )
-        assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "call-probe-002")
-        assert_no_tool_ran(events, result, model, received)
-        assert chunk_event_count(events) == 1  # the good call streamed; the bad one did not
-
-    def test_an_argument_violation_in_the_terminal_response_only(self) -> None:
-        """A bad call that only the terminal response holds is found there, before any tool."""
-        received: list[dict[str, Any]] = []
-        bad = al.ToolCall("call-probe-001", "probe", {"k": "a" * 4096})
-        events, result, model = run(
-            [al.scripted_response("response-001", [bad], "toolCall", chunks=[])],
-            tools=[probe_tool(received)],
-        )
-        assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "4096")
-        assert_no_tool_ran(events, result, model, received)
-        assert chunk_event_count(events) == 0
+        ("make", "passes", "limit"),
+        [
+            # depth 32: {} has depth 1 and a scalar 0; objects and arrays alike.
+            pytest.param(lambda: nested(32), True, "32", id="depth-at-limit"),
+            pytest.param(lambda: nested(33), False, "32", id="depth-over-limit"),
+            pytest.param(lambda: nested(32, "object"), True, "32", id="depth-of-objects-at-limit"),
+            pytest.param(lambda: nested(33, "object"), False, "32",
+                         id="depth-of-objects-over-limit"),
+            # 257 values with the root: the root, one array and 255 numbers in it.
+            pytest.param(lambda: {"xs": list(range(255))}, True, "257", id="values-at-limit"),
+            pytest.param(lambda: {"xs": list(range(256))}, False, "257", id="values-over-limit"),
+            # {"a": [1]} counts 3 values: 128 such fields and the root are 257 values.
+            pytest.param(lambda: {f"a{index:03d}": [1] for index in range(128)}, True, "257",
+                         id="values-like-the-example-at-limit"),
+            pytest.param(lambda: {**{f"a{i:03d}": [1] for i in range(127)}, "a127": [1, 2]},
+                         False, "257", id="values-like-the-example-over-limit"),
+            # 256 object fields plus array slots: fields of one object, or fields and slots.
+            pytest.param(lambda: {f"f{index:03d}": index for index in range(256)}, True, "256",
+                         id="slots-of-fields-at-limit"),
+            pytest.param(lambda: {f"f{index:03d}": index for index in range(257)}, False, "256",
+                         id="slots-of-fields-over-limit"),
+            pytest.param(lambda: {**{f"f{i:03d}": None for i in range(127)}, "xs": [True] * 128},
+                         True, "256", id="slots-of-fields-plus-array-slots-at-limit"),
+            pytest.param(lambda: {**{f"f{i:03d}": None for i in range(127)}, "xs": [True] * 129},
+                         False, "256", id="slots-of-fields-plus-array-slots-over-limit"),
+            # 4096 code points across keys and strings: a 96-emoji key and a 4000-emoji
+            # value are 4096 code points (8192 UTF-16 units).
+            pytest.param(lambda: {"😀" * 96: "😀" * 4000}, True, "4096",
+                         id="text-in-code-points-at-limit"),
+            pytest.param(lambda: {"😀" * 96: "😀" * 4001}, False, "4096",
+                         id="text-in-code-points-over-limit"),
+            pytest.param(lambda: {"k": "a" * 4095}, True, "4096", id="text-counts-keys-at-limit"),
+            pytest.param(lambda: {"k": "a" * 4096}, False, "4096",
+                         id="text-counts-keys-over-limit"),
+            # Keys a, b, c, n and the strings add up, in arrays and nested objects; 5 does not.
+            pytest.param(lambda: {"a": ["😀" * 2048], "b": {"c": "é" * 2044, "n": 5}}, True,
+                         "4096", id="text-adds-up-across-strings-at-limit"),
+            pytest.param(lambda: {"a": ["😀" * 2048], "b": {"c": "é" * 2045, "n": 5}}, False,
+                         "4096", id="text-adds-up-across-strings-over-limit"),
+        ],
+    )  # fmt: skip
+    def test_tool_arguments_must_be_plain_bounded_json(
+        self, make: Callable[[], Any], passes: bool, limit: str
+    ) -> None:
+        """Seed: "Tool arguments must be plain bounded JSON with depth 32, at most 257 values
+        including the root, 256 object fields plus array slots, and 4096 Unicode code
+        points across keys/string values. These checks occur before a Tool effect." """
+        assert_bound(make(), passes, limit)
 
 
 # --- The loop ----------------------------------------------------------------------------
@@ -1432,7 +560,7 @@ VALID_OPTIONS = [
 
 class TestConstructionRejectsInvalidOptions:
     @staticmethod
-    def options(model: FakeModel, overrides: dict[str, Any]) -> dict[str, Any]:
+    def options(model: al.ScriptedModel, overrides: dict[str, Any]) -> dict[str, Any]:
         options: dict[str, Any] = {
             "messages": [user()],
             "model": model,
@@ -1449,7 +577,7 @@ class TestConstructionRejectsInvalidOptions:
     ) -> None:
         """Seed: "Invalid construction throws before an EventStream is returned." The
         call itself raises (nothing is iterated), naming the option; the model never runs."""
-        model = FakeModel(stop("response-001"))
+        model = al.ScriptedModel([stop("response-001")])
         with pytest.raises(error, match=names):
             al.run_agent_loop(**self.options(model, overrides))
         assert model.call_count == 0
@@ -1458,7 +586,7 @@ class TestConstructionRejectsInvalidOptions:
     def test_a_valid_option_returns_a_generator_that_has_not_called_the_model(
         self, overrides: dict[str, Any]
     ) -> None:
-        model = FakeModel(stop("response-001"))
+        model = al.ScriptedModel([stop("response-001")])
         run = al.run_agent_loop(**self.options(model, overrides))
 
         assert isinstance(run, collections.abc.Generator)
@@ -1470,35 +598,93 @@ class TestConstructionRejectsInvalidOptions:
         check_run(events, result)
 
 
+def mutable_paths(root: object) -> list[str]:
+    """Paths to every mutable container reachable from an object of the loop's API."""
+    found: list[str] = []
+    seen: set[int] = set()
+
+    def walk(value: object, path: str) -> None:
+        if id(value) in seen or value is None or isinstance(value, (str, int, float, bool)):
+            return
+        seen.add(id(value))
+        if isinstance(value, (list, dict, set, bytearray)):
+            found.append(path)
+        elif isinstance(value, MappingProxyType):
+            for key, item in value.items():
+                walk(item, f"{path}[{key!r}]")
+        elif isinstance(value, tuple):
+            for index, item in enumerate(value):
+                walk(item, f"{path}[{index}]")
+        elif dataclasses.is_dataclass(value):
+            for item in dataclasses.fields(value):
+                try:
+                    setattr(value, item.name, None)
+                except dataclasses.FrozenInstanceError:
+                    pass
+                else:
+                    found.append(f"{path}.{item.name} (assignable)")
+                walk(getattr(value, item.name), f"{path}.{item.name}")
+        else:
+            found.append(f"{path} ({type(value).__name__})")
+
+    walk(root, "root")
+    return found
+
+
 class TestRunOwnsSnapshots:
+    """Seed: "Before asynchronous work, the loop snapshots the Tool registry and starting
+    transcript. The caller can later mutate its input array or register another Tool
+    without changing the active run." """
+
     @pytest.mark.parametrize(
         "mutate",
         [
-            pytest.param(
-                lambda messages: messages.append(user("Later.", "user-002")), id="append"
-            ),
+            pytest.param(lambda messages: messages.append(user("Later.", "user-2")), id="append"),
             pytest.param(lambda messages: messages.clear(), id="clear"),
             pytest.param(lambda messages: messages.insert(0, "not a message"), id="insert-junk"),
         ],
+    )  # fmt: skip
+    @pytest.mark.parametrize(
+        "when",
+        [
+            pytest.param(None, id="after-the-call"),
+            pytest.param(("message.accepted", 1), id="while-the-run-emits-it"),
+            pytest.param(("model.chunk", 1), id="while-the-model-streams"),
+            pytest.param(("tool.started", 1), id="while-a-tool-runs", marks=HOSTILE),
+        ],
     )
-    def test_mutating_the_callers_list_after_the_call_does_not_reach_the_run(
-        self, mutate: Callable[[list[Any]], None]
+    def test_the_caller_can_later_mutate_its_input_array_without_changing_the_active_run(
+        self, mutate: Callable[[list[Any]], None], when: CancelAt
     ) -> None:
-        """Seed: "The caller can later mutate its input array ... without changing the
-        active run." """
         messages: list[Any] = [user()]
-        model = FakeModel(stop("response-001"))
-        run = al.run_agent_loop(
-            messages=messages, model=model, tools=al.ToolRegistry(), max_steps=1
+        model = al.ScriptedModel(
+            [tool_turn("response-001", text("Adding."), add_call()), stop("response-002")]
         )
-        mutate(messages)
-        events, result = settle(run, model, max_steps=1, start=[user()])
-
+        loop = al.run_agent_loop(
+            messages=messages, model=model, tools=al.ToolRegistry([add_tool()]), max_steps=2
+        )
+        if when is None:
+            mutate(messages)
+        events: list[al.Event] = []
+        while True:
+            try:
+                events.append(next(loop))
+            except StopIteration as done:
+                result: al.RunResult = done.value
+                break
+            if cancels(when, events):
+                mutate(messages)
+        check_run(events, result, model, max_steps=2, start=[user()])
         assert result.status == "completed"
-        assert model.requests[0].messages == (user(),)
+        assert [request.messages[0] for request in model.requests] == [user(), user()]
         assert [event.payload["message"] for event in events[:1]] == [user()]
         assert types_of(events).count("message.accepted") == 1
-        assert result.messages == (user(), assistant("response-001", text("The sum is 42.")))
+        assert result.messages == (
+            user(),
+            assistant("response-001", text("Adding."), add_call()),
+            add_result(),
+            assistant("response-002", text("The sum is 42.")),
+        )
 
     def test_a_generator_of_messages_is_read_completely_at_call_time(self) -> None:
         read: list[str] = []
@@ -1509,7 +695,7 @@ class TestRunOwnsSnapshots:
                 yield message
 
         messages = start()
-        model = FakeModel(stop("response-001"))
+        model = al.ScriptedModel([stop("response-001")])
         run = al.run_agent_loop(
             messages=messages, model=model, tools=al.ToolRegistry(), max_steps=1
         )
@@ -1520,61 +706,112 @@ class TestRunOwnsSnapshots:
         assert model.requests[0].messages == (user(), user("And then?", "user-002"))
         assert result.status == "completed"
 
-    def test_registering_a_tool_after_the_call_does_not_reach_the_run(self) -> None:
-        """Seed: "The caller can later ... register another Tool without changing the
-        active run." A call to the late tool gets an unknown-tool result."""
+    @pytest.mark.parametrize(
+        "who",
+        [
+            pytest.param("caller-after-the-call", id="the-caller-after-the-call"),
+            pytest.param("caller-during-the-run", id="the-caller-during-the-run", marks=HOSTILE),
+            pytest.param("a-tool-of-the-run", id="a-tool-of-the-run-itself", marks=HOSTILE),
+        ],
+    )
+    def test_the_caller_can_later_register_another_tool_without_changing_the_active_run(
+        self, who: str
+    ) -> None:
+        """A call to the late tool gets an unknown-tool result; the late tool never runs
+        and no request lists it."""
         executed: list[str] = []
         registry = al.ToolRegistry([add_tool()])
-        model = FakeModel(
-            tool_turn("response-001", echo_call("call-echo-001")), stop("response-002")
-        )
-        run = al.run_agent_loop(messages=[user()], model=model, tools=registry, max_steps=2)
-        registry.register(echo_tool(executed))
-        _events, result = settle(run, model, max_steps=2, start=[user()])
-
-        assert executed == []
-        assert [[spec.name for spec in request.tools] for request in model.requests] == [
-            ["add"],
-            ["add"],
-        ]
-        late = result.messages[2]
-        assert isinstance(late, al.ToolResultMessage)
-        assert late.tool_call_id == "call-echo-001"
-        assert late.is_error
-        assert "echo" in late.content
-        assert result.status == "completed"
-
-    def test_a_tool_that_registers_a_tool_during_the_run_does_not_reach_the_run(self) -> None:
-        executed: list[str] = []
-        registry = al.ToolRegistry()
 
         def register_echo(arguments: dict[str, Any], signal: Any) -> object:
             registry.register(echo_tool(executed))
             return "registered"
 
         registry.register(no_arguments_tool("register", register_echo))
-        model = FakeModel(
-            tool_turn("response-001", call("register", "call-register-001", {})),
-            tool_turn("response-002", echo_call("call-echo-001")),
-            stop("response-003"),
+        first = call("register" if who == "a-tool-of-the-run" else "add", "call-1", {})
+        if first.name == "add":
+            first = add_call("call-1")
+        model = al.ScriptedModel(
+            [
+                tool_turn("response-001", first),
+                tool_turn("response-002", echo_call("call-echo-001", "late")),
+                stop("response-003"),
+            ]
         )
-        _events, result = settle(
-            al.run_agent_loop(messages=[user()], model=model, tools=registry, max_steps=3),
-            model,
-            max_steps=3,
-            start=[user()],
-        )
+        loop = al.run_agent_loop(messages=[user()], model=model, tools=registry, max_steps=3)
+        if who == "caller-after-the-call":
+            registry.register(echo_tool(executed))
+        events = until(loop, "model.chunk")
+        if who == "caller-during-the-run":
+            registry.register(echo_tool(executed))
+        more, result = al.settle_run(loop)
+        check_run([*events, *more], result, model, max_steps=3, start=[user()])
 
         assert "echo" in registry  # the caller's registry did change...
         assert executed == []  # ...but not the run's snapshot
         assert [[spec.name for spec in request.tools] for request in model.requests] == [
-            ["register"]
+            ["add", "register"]
         ] * 3
         late = result.messages[4]
         assert isinstance(late, al.ToolResultMessage)
-        assert late.tool_call_id == "call-echo-001"
-        assert late.is_error
+        assert (late.tool_call_id, late.is_error) == ("call-echo-001", True)
+        assert "echo" in late.content
         assert result.status == "completed"
+
+    @pytest.mark.hostile
+    def test_nothing_reachable_from_events_results_or_requests_is_mutable(self) -> None:
+        """Whatever the caller holds (events, the result, the requests a model saw), it
+        cannot change the run's transcript through it: all of it is frozen."""
+        model = al.ScriptedModel(
+            [
+                tool_turn(
+                    "response-001",
+                    text("A."),
+                    call("add", "call-1", {"left": 1, "right": 2}),
+                    echo_call("call-2", "e"),
+                ),
+                al.scripted_response("response-002", [text("3")], "stop"),
+            ]
+        )
+        echo_schema_tool = al.Tool(
+            "echo",
+            "Echoes.",
+            {"type": "object", "properties": {"text": {"type": "string", "enum": ["e", "f"]}}},
+            lambda a, s: {"echo": [a["text"]]},
+        )
+        events, result, _ = run(model, [add_tool(), echo_schema_tool])
+        assert result.status == "completed"
+        assert mutable_paths((tuple(events), result, tuple(model.requests))) == []
+
+    @pytest.mark.hostile
+    def test_mutation_attempts_leave_the_transcript_unchanged(self) -> None:
+        model = al.ScriptedModel(
+            [
+                tool_turn("response-001", text("Adding."), add_call("call-1")),
+                al.scripted_response("response-002", [text("3")], "stop"),
+            ]
+        )
+        run_: Any = al.run_agent_loop(
+            messages=[user()], model=model, tools=al.ToolRegistry([add_tool()]), max_steps=2
+        )
+        events: list[al.Event] = []
+        while True:
+            try:
+                event = run_.send(None) if not events else run_.send("ignored value")
+            except StopIteration as done:
+                result = done.value
+                break
+            events.append(event)
+            payload: Any = event.payload
+            with pytest.raises(TypeError):
+                payload["extra"] = 1
+            if event.type == "tool.started":
+                with pytest.raises(TypeError):
+                    event.payload["tool_call"].arguments["left"] = 100
+        check_run(events, result, model, max_steps=2, start=[user()])
+        assert result.status == "completed"
+        added = result.messages[2]
+        assert isinstance(added, al.ToolResultMessage)
+        assert added.content == '{"sum":42}'
 
 
 THREE_STEPS = (
@@ -1608,7 +845,7 @@ class TestEachStepGetsFrozenTranscriptAndRequestId:
         )
 
     def test_later_steps_do_not_change_earlier_requests(self) -> None:
-        _, _, model = run(THREE_STEPS, tools=[add_tool(), echo_tool()])
+        _, _, model = run(FakeModel(*THREE_STEPS), tools=[add_tool(), echo_tool()])
 
         assert [len(held) for held in model.held] == [1, 3, 5]
         assert [list(request.messages) for request in model.requests] == model.held
@@ -1755,6 +992,54 @@ def opaque(arguments: dict[str, Any], signal: Any) -> object:
     return {1, 2}
 
 
+class UnprintableError(Exception):
+    """An exception whose str() itself raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no message for you")
+
+
+def cyclic_value() -> object:
+    value: list[Any] = []
+    value.append(value)
+    return value
+
+
+def raising(error: BaseException) -> Callable[[dict[str, Any], Any], object]:
+    """A tool function that raises ``error``."""
+
+    def execute(arguments: dict[str, Any], signal: Any) -> object:
+        raise error
+
+    return execute
+
+
+def returns(value: object) -> Callable[[dict[str, Any], Any], object]:
+    """A tool function that returns ``value``."""
+    return lambda arguments, signal: value
+
+
+RAISED = [
+    pytest.param(ValueError("bad value"), id="raises-ValueError"),
+    pytest.param(RuntimeError(), id="raises-RuntimeError-without-message"),
+    pytest.param(RecursionError("deep"), id="raises-RecursionError"),
+    pytest.param(StopIteration("leaked"), id="raises-StopIteration"),
+    pytest.param(UnprintableError(), id="raises-an-exception-whose-str-raises"),
+]
+
+
+NOT_JSON_RETURNS = [
+    pytest.param(object(), id="returns-an-object"),
+    pytest.param({1, 2}, id="returns-a-set"),
+    pytest.param(b"bytes", id="returns-bytes"),
+    pytest.param(float("nan"), id="returns-NaN"),
+    pytest.param({"x": float("inf")}, id="returns-nested-Infinity"),
+    pytest.param({(1, 2): "tuple key"}, id="returns-a-tuple-key"),
+    pytest.param(cyclic_value(), id="returns-a-cyclic-value"),
+    pytest.param(nested(100_001, "array"), id="returns-JSON-nested-100000-deep"),
+]
+
+
 class TestRecoverableToolErrors:
     @pytest.mark.parametrize(
         ("tool_call", "tools", "named"),
@@ -1783,6 +1068,26 @@ class TestRecoverableToolErrors:
                 "opaque",
                 id="non-json-return",
             ),
+            *[
+                pytest.param(
+                    call("flaky", "call-flaky-001", {}),
+                    [no_arguments_tool("flaky", raising(cast(BaseException, case.values[0])))],
+                    type(case.values[0]).__name__,
+                    id=case.id,
+                    marks=HOSTILE,
+                )
+                for case in RAISED
+            ],
+            *[
+                pytest.param(
+                    call("odd", "call-odd-001", {}),
+                    [no_arguments_tool("odd", returns(case.values[0]))],
+                    "odd",
+                    id=case.id,
+                    marks=HOSTILE,
+                )
+                for case in NOT_JSON_RETURNS
+            ],
         ],
     )
     def test_a_tool_error_is_a_linked_result_that_reaches_the_continuation(
@@ -1977,7 +1282,7 @@ class TestCancellation:
 
         ran: list[str] = []
         signal = threading.Event()
-        model = FakeModel(*cancel_script())
+        model = al.ScriptedModel(cancel_script())
         if at is None:
             signal.set()
         events, result, _ = run(
@@ -1996,136 +1301,143 @@ class TestCancellation:
         assert ran == executed
         assert (result.final_text, result.max_steps, result.error) == (None, None, None)
 
-    def test_a_response_that_arrives_after_cancellation_is_not_appended(self) -> None:
-        """Seed: cancellation can arrive during "terminal response waiting"."""
-        signal = threading.Event()
-
-        def answer_then_abort(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
-            yield al.TextDelta(request.id, "The sum is 42.")
-            signal.set()  # after the last chunk, before the terminal response
-            return al.ModelResponse("response-001", request.id, (text("The sum is 42."),), "stop")
-
-        events, result, _ = run(FakeModel(answer_then_abort), signal=signal)
-
-        assert result.status == "cancelled"
-        assert types_of(events) == ["message.accepted", "model.chunk", "run.finished"]
-        assert result.messages == (user(),)
-        assert result.steps == 1
-        check_run(events, result)
-
-    def test_a_tool_that_returns_after_the_signal_has_its_result_discarded(self) -> None:
+    @pytest.mark.parametrize(
+        "how",
+        [
+            pytest.param("observer", id="the-consumer-at-tool.started"),
+            pytest.param("returns", id="the-tool-sets-it-then-returns"),
+            pytest.param("raises", id="the-tool-sets-it-then-raises"),
+            pytest.param("tool-error", id="the-tool-sets-it-then-raises-ToolError"),
+            pytest.param("base-exception", id="the-tool-sets-it-then-raises-BaseException"),
+            pytest.param("thread-returns", id="another-thread-then-it-returns", marks=HOSTILE),
+            pytest.param("thread-raises", id="another-thread-then-it-raises", marks=HOSTILE),
+            pytest.param("thread-base-exception", id="another-thread-then-BaseException",
+                         marks=HOSTILE),
+        ],
+    )  # fmt: skip
+    def test_cancellation_during_tool_execution_appends_no_fabricated_result(
+        self, how: str
+    ) -> None:
         """Seed: "Cancellation during Tool execution retains the complete assistant
-        Tool-call message, emits tool.started, and appends no fabricated result." """
-        ran: list[str] = []
-
-        def abort_and_return(arguments: dict[str, Any], signal: Any) -> object:
-            signal.set()
-            return "done anyway"
-
-        abort_call = call("abort", "call-abort-001", {})
-        events, result, model = run(
-            [
-                tool_turn("response-001", abort_call, echo_call("call-echo-001")),
-                stop("response-002"),
-            ],
-            tools=[no_arguments_tool("abort", abort_and_return), echo_tool(ran)],
-            signal=threading.Event(),
-        )
-
-        assert result.status == "cancelled"
-        assert types_of(events)[-2:] == ["tool.started", "run.finished"]
-        assert "tool.finished" not in types_of(events)
-        assert result.messages == (
-            user(),
-            assistant("response-001", abort_call, echo_call("call-echo-001")),
-        )
-        assert open_call_ids(result.messages) == ["call-abort-001", "call-echo-001"]
-        assert ran == []
-        assert model.call_count == 1
-
-    @pytest.mark.parametrize("ending", ["returns", "raises", "raises-base-exception"])
-    def test_from_another_thread_while_a_tool_blocks_on_the_signal(self, ending: str) -> None:
-        """A tool that returns, or raises because it saw the signal: cancelled, not failed."""
+        Tool-call message, emits tool.started, and appends no fabricated result." However
+        the signal comes and whatever the tool does then (the module docstring:
+        "Cancellation wins over a stream or tool error that arrives after the signal was
+        set"), the run ends cancelled right after that tool.started, and the calls after
+        it never start."""
         signal = threading.Event()
-        started = threading.Event()
+        waiting = threading.Event()
+        woke: list[bool] = []
 
-        def wait_for_abort(arguments: dict[str, Any], tool_signal: Any) -> object:
-            started.set()
-            tool_signal.wait(5)  # a safety net: the helper thread sets it at once
+        def interrupted(arguments: dict[str, Any], tool_signal: Any) -> object:
+            if how.startswith("thread-"):
+                waiting.set()
+                woke.append(tool_signal.wait(5))  # a safety net: the thread sets it at once
+            else:
+                tool_signal.set()  # the observer's case never gets here
+            ending = how[len("thread-") :] if how.startswith("thread-") else how
             if ending == "raises":
                 raise RuntimeError("aborted")
-            if ending == "raises-base-exception":
+            if ending == "tool-error":
+                raise al.ToolError("aborted")
+            if ending == "base-exception":
                 raise Fatal("aborted")
-            return "interrupted"
+            return "a result that arrives too late"
 
+        ran: list[str] = []
         wait_call = call("wait", "call-wait-001", {})
-        thread = abort_from_another_thread(started, signal)
+        calls = (text("Waiting."), wait_call, echo_call("call-echo-001"))
+        thread = abort_from_another_thread(waiting, signal) if how.startswith("thread-") else None
         events, result, model = run(
-            [tool_turn("response-001", wait_call), stop("response-002")],
-            tools=[no_arguments_tool("wait", wait_for_abort)],
+            [tool_turn("response-001", *calls), stop("response-002")],
+            tools=[no_arguments_tool("wait", interrupted), echo_tool(ran)],
             signal=signal,
+            cancel_at=("tool.started", 1) if how == "observer" else None,
         )
-        assert_joined(thread)
+        if thread is not None:
+            assert_joined(thread)
+            assert woke == [True]  # released by the signal, not by the safety timeout
 
-        assert result.status == "cancelled"
+        assert (result.status, result.error) == ("cancelled", None)
         assert types_of(events) == [
             "message.accepted",
-            "model.chunk",
+            *["model.chunk"] * 3,
             "tool.started",
             "run.finished",
         ]
-        assert result.messages == (user(), assistant("response-001", wait_call))
-        assert open_call_ids(result.messages) == ["call-wait-001"]
-        assert model.call_count == 1
+        assert events[-2].payload["tool_call"] == wait_call
+        assert result.messages == (user(), assistant("response-001", *calls))
+        assert open_call_ids(result.messages) == ["call-wait-001", "call-echo-001"]
+        assert ran == []
+        assert result.steps == model.call_count == 1
 
-    @pytest.mark.parametrize("ending", ["yields-next-chunk", "returns-response", "raises"])
-    def test_from_another_thread_while_a_model_stream_blocks_on_the_signal(
-        self, ending: str
-    ) -> None:
-        """A stream that goes on, returns, or raises because it saw the signal: cancelled."""
+    @pytest.mark.parametrize(
+        ("how", "chunks"),
+        [
+            pytest.param("sets-then-returns", 1, id="terminal-response-waiting"),
+            pytest.param("sets-then-raises", 0, id="a-stream-error-after-the-signal"),
+            pytest.param("thread-yields", 1, id="another-thread-then-the-stream-yields",
+                         marks=HOSTILE),
+            pytest.param("thread-raises", 1, id="another-thread-then-the-stream-raises",
+                         marks=HOSTILE),
+            pytest.param("thread-returns", 1, id="another-thread-then-the-stream-returns",
+                         marks=HOSTILE),
+            pytest.param("call-blocks-then-raises", 0, id="another-thread-while-stream()-blocks",
+                         marks=HOSTILE),
+        ],
+    )  # fmt: skip
+    def test_a_partial_model_chunk_is_never_appended(self, how: str, chunks: int) -> None:
+        """Seed: "A partial model chunk may already have an event but its unfinished
+        assistant message is not appended." Cancellation while the model streams or while
+        the loop waits for its terminal response, whatever the model does then: the run
+        ends cancelled, the step counted, and the model's stream closed."""
         signal = threading.Event()
         waiting = threading.Event()
+        woke: list[bool] = []
+
+        def streaming(
+            model: FakeModel, request: al.ModelRequest, model_signal: Any
+        ) -> Generator[object, None, object]:
+            try:
+                if how == "sets-then-raises":
+                    signal.set()
+                    raise ConnectionError("closed because of the signal")
+                yield al.TextDelta(request.id, "Hel")
+                if how == "sets-then-returns":
+                    signal.set()  # after the last chunk, before the terminal response
+                else:
+                    waiting.set()
+                    woke.append(model_signal.wait(5))
+                if how == "thread-yields":
+                    yield al.TextDelta(request.id, "lo")
+                elif how == "thread-raises":
+                    raise ConnectionError("stream aborted")
+                return al.ModelResponse("response-001", request.id, (text("Hel"),), "stop")
+            finally:
+                model.finalized.append(request.id)
 
         def stream(model: FakeModel, request: al.ModelRequest, model_signal: Any) -> Any:
-            yield al.TextDelta(request.id, "The sum")
-            waiting.set()
-            model_signal.wait(5)
-            if ending == "raises":
-                raise RuntimeError("stream aborted")
-            if ending == "returns-response":
-                return al.ModelResponse("response-001", request.id, (text("The sum"),), "stop")
-            yield al.TextDelta(request.id, " is 42.")
-            return al.ModelResponse("response-001", request.id, (text("The sum is 42."),), "stop")
+            if how == "call-blocks-then-raises":
+                waiting.set()
+                woke.append(model_signal.wait(5))
+                raise ConnectionAbortedError("cancelled by the caller")
+            return streaming(model, request, model_signal)
 
-        thread = abort_from_another_thread(waiting, signal)
-        events, result, _ = run(FakeModel(stream), signal=signal)
-        assert_joined(thread)
-
-        assert result.status == "cancelled"
-        assert types_of(events) == ["message.accepted", "model.chunk", "run.finished"]
-        assert result.messages == (user(),)
-        assert result.steps == 1
-
-    def test_a_model_stream_call_that_raises_because_it_saw_the_signal_is_cancelled(
-        self,
-    ) -> None:
-        signal = threading.Event()
-        waiting = threading.Event()
-
-        def refuse(model: FakeModel, request: al.ModelRequest, model_signal: Any) -> Any:
-            waiting.set()
-            model_signal.wait(5)
-            raise RuntimeError("the request was aborted")
-
-        thread = abort_from_another_thread(waiting, signal)
-        model = FakeModel(refuse)
+        model = FakeModel(stream)
+        thread = (
+            abort_from_another_thread(waiting, signal)
+            if "thread" in how or "blocks" in how
+            else None
+        )
         events, result, _ = run(model, signal=signal)
-        assert_joined(thread)
+        if thread is not None:
+            assert_joined(thread)
+            assert woke == [True]
 
-        assert result.status == "cancelled"
-        assert types_of(events) == ["message.accepted", "run.finished"]
+        assert (result.status, result.error) == ("cancelled", None)
+        assert types_of(events) == ["message.accepted", *["model.chunk"] * chunks, "run.finished"]
         assert result.messages == (user(),)
         assert result.steps == model.call_count == 1
+        assert model.finalized == ([] if how == "call-blocks-then-raises" else ["request-001"])
 
 
 def budget_script(tool_steps: int) -> list[Any]:
@@ -2182,18 +1494,12 @@ class TestStepBudget:
         assert result.status == "completed"
         assert result.steps == 2
 
-    @pytest.mark.parametrize("status", ["completed", "failed", "cancelled"])
-    def test_max_steps_is_set_only_for_a_max_steps_result(self, status: str) -> None:
-        _events, result = run_ending(status)
 
-        assert result.status == status
-        assert result.max_steps is None
-
-
-def scripted(
+def scripted_step(
     content: Sequence[Any], stop_reason: str = "toolCall", chunks: Sequence[Any] | None = None
-) -> list[Any]:
-    return [al.scripted_response("response-001", content, cast(Any, stop_reason), chunks=chunks)]
+) -> al.ScriptedResponse:
+    """One scripted step, of any stop reason (even one the loop does not know)."""
+    return al.scripted_response("response-001", content, cast(Any, stop_reason), chunks=chunks)
 
 
 class TestFailureCodes:
@@ -2205,35 +1511,81 @@ class TestFailureCodes:
 
     def test_model_protocol_error(self) -> None:
         """Seed: "Tool calls are forbidden in a stop response." """
-        events, result, _model = run(scripted([add_call()], "stop"), tools=[add_tool()])
+        events, result, _model = run([scripted_step([add_call()], "stop")], tools=[add_tool()])
 
         assert_failed(events, result, "MODEL_PROTOCOL_ERROR")
         assert result.messages == (user(),)
 
-    def test_model_stream_error_when_the_stream_raises_after_a_chunk(self) -> None:
-        def breaks(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
-            yield al.TextDelta(request.id, "The sum")
-            raise ConnectionError("the socket closed")
+    @pytest.mark.parametrize(
+        ("how", "chunks", "message"),
+        [
+            pytest.param("stream()-raises", 0, "no route to the model", id="stream()-raises"),
+            pytest.param("stop-iteration-from-stream()", 0,
+                         "model.stream() raised StopIteration: no stream",
+                         id="StopIteration-from-stream()"),
+            pytest.param(0, 0, "ConnectionResetError", id="the-stream-raises-at-once"),
+            pytest.param(1, 1, "ConnectionResetError", id="the-stream-raises-after-a-call-chunk"),
+            pytest.param(3, 3, "ConnectionResetError", id="the-stream-raises-after-3-chunks"),
+            pytest.param("stop-iteration-inside", 1, "RuntimeError",
+                         id="StopIteration-inside-the-generator"),
+            pytest.param("base-exception", 1, "the model's stream raised Fatal: stop here",
+                         id="a-BaseException-from-the-stream"),
+        ],
+    )  # fmt: skip
+    def test_model_stream_error_when_the_model_fails(
+        self, how: str | int, chunks: int, message: str
+    ) -> None:
+        """The module docstring: "any other exception from a model fails the run with
+        MODEL_STREAM_ERROR"; the chunks before it have events, nothing is appended, and
+        a tool call already announced never runs. A StopIteration raised by stream() is a
+        failure like any other, never a RuntimeError out of the run (PEP 479); one raised
+        inside the generator is a stream error, never a silently empty response."""
+        raised: BaseException = ConnectionResetError("peer")
 
-        events, result, _ = run(FakeModel(breaks))
+        def stream(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
+            nonlocal raised
+            if how == "stream()-raises":
+                raised = ConnectionError("no route to the model")
+                raise raised
+            if how == "stop-iteration-from-stream()":
+                raised = StopIteration("no stream")
+                raise raised
+            return streaming(model, request)
 
-        assert_failed(events, result, "MODEL_STREAM_ERROR")
-        assert types_of(events) == ["message.accepted", "model.chunk", "run.finished"]
-        assert "the socket closed" in result.error.message  # type: ignore[union-attr]
+        def streaming(model: FakeModel, request: al.ModelRequest) -> Generator[Any, None, Any]:
+            nonlocal raised
+            try:
+                if isinstance(how, int):
+                    items: list[al.ModelChunk] = [
+                        al.ToolCallChunk(request.id, echo_call("call-1", "a"))
+                    ]
+                    items += [al.TextDelta(request.id, "b"), al.TextDelta(request.id, "c")]
+                    yield from items[:how]
+                    raise raised
+                yield al.TextDelta(request.id, "x")
+                if how == "stop-iteration-inside":
+                    raise StopIteration
+                raised = Fatal("stop here")
+                raise raised
+            finally:
+                model.finalized.append(request.id)
+
+        executed: list[str] = []
+        model = FakeModel(stream, turn("response-unused", [text("unused")], "stop"))
+        events, result, _ = run(model, [echo_tool(executed)])
+
+        assert_failed(events, result, "MODEL_STREAM_ERROR", message)
+        assert types_of(events) == ["message.accepted", *["model.chunk"] * chunks, "run.finished"]
         assert result.messages == (user(),)
-        assert result.steps == 1
-
-    def test_model_stream_error_when_model_stream_itself_raises(self) -> None:
-        def refuses(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
-            raise ConnectionError("no route to the model")
-
-        model = FakeModel(refuses)
-        events, result, _ = run(model)
-
-        assert_failed(events, result, "MODEL_STREAM_ERROR")
-        assert types_of(events) == ["message.accepted", "run.finished"]
-        assert "no route to the model" in result.error.message  # type: ignore[union-attr]
         assert result.steps == model.call_count == 1
+        assert executed == []
+        assert model.finalized == ([] if "stream()" in str(how) else ["request-001"])
+        assert result.error is not None
+        if how != "stop-iteration-inside":
+            assert result.error.exception is raised
+        if how in ("base-exception", "stop-iteration-from-stream()"):
+            assert result.error.message == message
+            assert result.error.to_dict() == {"code": "MODEL_STREAM_ERROR", "message": message}
 
     def test_model_stream_error_when_a_scripted_model_runs_out_of_responses(self) -> None:
         events, result, model = run([tool_turn("response-001", add_call())], tools=[add_tool()])
@@ -2246,100 +1598,49 @@ class TestFailureCodes:
         assert result.messages == round_one
         assert result.steps == 2
 
-    def test_tool_phase_error_when_a_tool_raises_a_base_exception(self) -> None:
-        def fatal(arguments: dict[str, Any], signal: Any) -> object:
-            raise Fatal("the disk caught fire")
+    @pytest.mark.parametrize(
+        "error",
+        [
+            pytest.param(Fatal("the disk caught fire"), id="BaseException"),
+            pytest.param(GeneratorExit(), id="GeneratorExit"),
+        ],
+    )
+    def test_tool_phase_error_when_a_tool_raises_a_base_exception(
+        self, error: BaseException
+    ) -> None:
+        """API: TOOL_PHASE_ERROR is "a tool phase that cannot be turned into a linked
+        result message": the call stays open, no result is fabricated, and the calls
+        after it never run."""
 
+        def fatal(arguments: dict[str, Any], signal: Any) -> object:
+            raise error
+
+        executed: list[str] = []
         fatal_call = call("fatal", "call-fatal-001", {})
         events, result, model = run(
-            [tool_turn("response-001", fatal_call, add_call()), stop("response-002")],
-            tools=[no_arguments_tool("fatal", fatal), add_tool()],
+            [
+                tool_turn("response-001", fatal_call, echo_call("call-echo-001")),
+                stop("response-002"),
+            ],
+            tools=[no_arguments_tool("fatal", fatal), echo_tool(executed)],
             signal=threading.Event(),
         )
 
-        assert_failed(events, result, "TOOL_PHASE_ERROR")
-        assert "the disk caught fire" in result.error.message  # type: ignore[union-attr]
+        assert_failed(events, result, "TOOL_PHASE_ERROR", str(error))
+        assert result.error is not None
+        assert result.error.exception is error
         assert types_of(events)[-2:] == ["tool.started", "run.finished"]
         assert "tool.finished" not in types_of(events)
-        assert result.messages == (user(), assistant("response-001", fatal_call, add_call()))
-        assert open_call_ids(result.messages) == ["call-fatal-001", "call-add-001"]
+        assert result.messages == (
+            user(),
+            assistant("response-001", fatal_call, echo_call("call-echo-001")),
+        )
+        assert open_call_ids(result.messages) == ["call-fatal-001", "call-echo-001"]
+        assert executed == []
         assert model.call_count == 1
 
-    @pytest.mark.parametrize(
-        "interrupt",
-        [
-            pytest.param(KeyboardInterrupt(), id="KeyboardInterrupt"),
-            pytest.param(SystemExit(3), id="SystemExit"),
-        ],
-    )
-    def test_keyboard_interrupt_and_system_exit_from_a_tool_propagate_unchanged(
-        self, interrupt: BaseException
-    ) -> None:
-        def interrupted(arguments: dict[str, Any], signal: Any) -> object:
-            raise interrupt
-
-        loop = al.run_agent_loop(
-            messages=[user()],
-            model=FakeModel(tool_turn("response-001", call("stop-me", "call-stop-me-001", {}))),
-            tools=al.ToolRegistry([no_arguments_tool("stop-me", interrupted)]),
-            max_steps=1,
-        )
-        seen = [next(loop).type for _ in range(3)]
-        assert seen == ["message.accepted", "model.chunk", "tool.started"]
-        with pytest.raises(type(interrupt)) as raised:
-            next(loop)  # runs the tool
-
-        assert raised.value is interrupt
-        assert list(loop) == []  # the generator is finished: nothing is swallowed or resumed
-
-
-class TestModelFailures:
-    """The module docstring: "any other exception from a model fails the run with
-    MODEL_STREAM_ERROR"; "RunError.exception ... is not part of to_dict() or of
-    equality"."""
-
-    def test_stop_iteration_from_stream_itself_fails_the_run(self) -> None:
-        """A StopIteration raised by stream() (not by its generator) is a failure like any
-        other, never a RuntimeError out of the run (PEP 479)."""
-        raised = StopIteration("no stream")
-
-        def stream(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
-            raise raised
-
-        events, result, _ = run(FakeModel(stream))
-        assert failure_message(result, "MODEL_STREAM_ERROR") == (
-            "model.stream() raised StopIteration: no stream"
-        )
-        assert result.error is not None
-        assert result.error.exception is raised
-        assert types_of(events)[-1] == "run.finished"
-
-    def test_a_base_exception_from_the_stream(self) -> None:
-        raised = Fatal("stop here")
-
-        def stream(
-            model: FakeModel, request: al.ModelRequest, signal: al.Signal
-        ) -> Generator[al.ModelChunk, None, al.ModelResponse]:
-            yield al.TextDelta(request.id, "partial")
-            raise raised
-
-        events, result, _ = run(FakeModel(stream))
-        assert failure_message(result, "MODEL_STREAM_ERROR") == (
-            "the model's stream raised Fatal: stop here"
-        )
-        assert result.error is not None
-        assert result.error.exception is raised
-        assert result.error.to_dict() == {
-            "code": "MODEL_STREAM_ERROR",
-            "message": "the model's stream raised Fatal: stop here",
-        }
-        assert [event.type for event in events] == [
-            "message.accepted",
-            "model.chunk",
-            "run.finished",
-        ]
-
     def test_run_errors_differing_only_in_exception_are_equal(self) -> None:
+        """API: "RunError.exception ... is not part of to_dict() or of equality"."""
         first = al.RunError("MODEL_STREAM_ERROR", "m", ValueError("a"))
         second = al.RunError("MODEL_STREAM_ERROR", "m", KeyError("b"))
         assert first == second
@@ -2347,186 +1648,39 @@ class TestModelFailures:
         assert "exception" not in first.to_dict()
 
 
-class TestCancellationWinsOverLateErrors:
-    """The module docstring: "Cancellation wins over a stream or tool error that arrives
-    after the signal was set"."""
-
-    def test_a_stream_error_after_the_signal(self) -> None:
-        signal = threading.Event()
-
-        def stream(
-            model: FakeModel, request: al.ModelRequest, s: al.Signal
-        ) -> Generator[al.ModelChunk, None, al.ModelResponse]:
-            yield from ()  # a generator that raises at its first next()
-            signal.set()
-            raise ConnectionError("closed because of the signal")
-
-        _, result, _ = run(FakeModel(stream), signal=signal)
-        assert result.status == "cancelled"
-        assert result.error is None
-
-    @pytest.mark.parametrize(
-        "error",
-        [LookupError("late"), al.ToolError("late"), Fatal("late")],
-        ids=["exception", "tool-error", "base-exception"],
-    )
-    def test_a_tool_error_after_the_signal(self, error: BaseException) -> None:
-        signal = threading.Event()
-
-        def execute(arguments: Dict[str, Any], s: al.Signal) -> object:
-            signal.set()
-            raise error
-
-        _, result, _ = run(one_call("t"), tools=[no_arguments_tool("t", execute)], signal=signal)
-        assert result.status == "cancelled"
-        assert result.error is None
-        assert [m.role for m in result.messages] == ["user", "assistant"]  # no result
-
-
-def foreign_text_chunk(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
-    yield al.TextDelta("request-999", "The sum is 42.")
-    return al.ModelResponse("response-001", request.id, (text("The sum is 42."),), "stop")
-
-
-def foreign_call_chunk(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
-    yield al.ToolCallChunk("request-999", add_call())
-    return al.ModelResponse("response-001", request.id, (add_call(),), "toolCall")
-
-
-def returns_a_dict(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
-    yield al.TextDelta(request.id, "The sum is 42.")
-    return stop("response-001").__dict__
-
-
-def returns_a_list(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
-    return [al.TextDelta(request.id, "The sum is 42.")]
-
-
-def streams_a_block(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
-    yield text("The sum is 42.")
-    return al.ModelResponse("response-001", request.id, (text("The sum is 42."),), "stop")
-
-
-def text_chunk_not_a_str(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
-    yield al.TextDelta(request.id, cast(Any, 42))
-    return al.ModelResponse("response-001", request.id, (text("42"),), "stop")
-
-
-def call_chunk_not_a_call(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
-    yield al.ToolCallChunk(request.id, cast(Any, add_call().to_dict()))
-    return al.ModelResponse("response-001", request.id, (add_call(),), "toolCall")
-
-
-PROTOCOL_VIOLATIONS = [
-    pytest.param(foreign_text_chunk, [user()], id="text-chunk-other-request-id"),
-    pytest.param(foreign_call_chunk, [user()], id="tool-call-chunk-other-request-id"),
-    pytest.param(
-        [
-            al.scripted_response(
-                "response-001", [text("The sum is 42.")], "stop", request_id="request-999"
-            )
-        ],
-        [user()],
-        id="response-other-request-id",
-    ),
-    pytest.param(
-        scripted([text("The sum is 42.")], "stop", [text("The sum is 41.")]),
-        [user()],
-        id="text-differs",
-    ),
-    pytest.param(
-        scripted([add_call()], chunks=[call("add", "call-add-001", {"left": 20, "right": 23})]),
-        [user()],
-        id="tool-call-arguments-differ",
-    ),
-    pytest.param(
-        scripted([add_call()], chunks=[add_call("call-add-002")]),
-        [user()],
-        id="tool-call-id-differs",
-    ),
-    pytest.param(
-        scripted([text("Adding."), add_call()], chunks=[add_call(), text("Adding.")]),
-        [user()],
-        id="order-differs",
-    ),
-    pytest.param(
-        scripted([text("Adding."), add_call()], chunks=[text("Adding.")]),
-        [user()],
-        id="missing-chunk",
-    ),
-    pytest.param(
-        scripted([add_call()], chunks=[add_call(), text("More.")]), [user()], id="extra-chunk"
-    ),
-    pytest.param(scripted([text("Hi."), add_call()], "stop"), [user()], id="tool-call-in-stop"),
-    pytest.param(
-        scripted([text("Hi.")], "toolCall"), [user()], id="tool-call-response-without-calls"
-    ),
-    pytest.param(scripted([text("Hi.")], "length"), [user()], id="unknown-stop-reason"),
-    pytest.param(returns_a_dict, [user()], id="response-not-a-model-response"),
-    pytest.param(returns_a_list, [user()], id="stream-returns-a-non-generator"),
-    pytest.param(streams_a_block, [user()], id="chunk-not-a-model-chunk"),
-    pytest.param(text_chunk_not_a_str, [user()], id="text-chunk-not-a-str"),
-    pytest.param(call_chunk_not_a_call, [user()], id="tool-call-chunk-without-a-tool-call"),
-    pytest.param(
-        scripted([call("add", "", {"left": 20, "right": 22})]), [user()], id="tool-call-empty-id"
-    ),
-    pytest.param(
-        scripted([call("", "call-add-001", {"left": 20, "right": 22})]),
-        [user()],
-        id="tool-call-empty-name",
-    ),
-    pytest.param(
-        [al.scripted_response("", [text("The sum is 42.")], "stop")],
-        [user()],
-        id="empty-response-id",
-    ),
-    pytest.param(
-        scripted([add_call(), add_call()]), [user()], id="duplicate-call-ids-in-response"
-    ),
-    pytest.param(
-        scripted([add_call()]), [user(), *ADD_ROUND], id="call-id-reused-from-transcript"
-    ),
-    pytest.param(
-        scripted([text("The sum is 42.")], "stop"),
-        [user(), al.UserMessage("message-response-001", "Hi.")],
-        id="response-id-reused",
-    ),
-    pytest.param(
-        scripted([add_call()]),
-        [user(), al.UserMessage("tool-result-call-add-001", "Hi.")],
-        id="result-id-already-taken",
-    ),
-]
-
-
 class TestModelCorrelationAndAgreement:
     @pytest.mark.parametrize(
         "script",
         [
             pytest.param(
-                scripted([text("The sum is 42.")], "stop", [text("The su"), text("m is 42.")]),
+                scripted_step(
+                    [text("The sum is 42.")], "stop", [text("The su"), text("m is 42.")]
+                ),
                 id="chunks-split-terminal-whole",
             ),
             pytest.param(
-                scripted([text("The su"), text("m is 42.")], "stop", [text("The sum is 42.")]),
+                scripted_step(
+                    [text("The su"), text("m is 42.")], "stop", [text("The sum is 42.")]
+                ),
                 id="terminal-split-chunk-whole",
             ),
             pytest.param(
-                scripted(
+                scripted_step(
                     [text("The "), text("sum is 42.")], "stop", [text("The sum"), text(" is 42.")]
                 ),
                 id="both-split-differently",
             ),
         ],
     )
-    def test_text_segmentation_may_differ(self, script: list[Any]) -> None:
+    def test_text_segmentation_may_differ(self, script: al.ScriptedResponse) -> None:
         """Seed: "The resulting normalized block sequences must agree in content and
         order; raw text-chunk segmentation may differ." """
-        events, result, _model = run(script)
+        events, result, _model = run([script])
 
         assert result.status == "completed"
         assert result.final_text == "The sum is 42."
-        assert types_of(events).count("model.chunk") == len(script[0].chunks)
+        assert script.chunks is not None
+        assert types_of(events).count("model.chunk") == len(script.chunks)
 
     def test_tool_calls_are_boundaries_of_coalesced_text(self) -> None:
         """Seed: "coalesces adjacent streamed text deltas and adjacent terminal text
@@ -2571,29 +1725,6 @@ class TestModelCorrelationAndAgreement:
         assert_failed(events, result, "MODEL_PROTOCOL_ERROR")
         assert executed == []
 
-    @pytest.mark.parametrize(("script", "start"), PROTOCOL_VIOLATIONS)
-    def test_a_protocol_violation_fails_before_any_tool_runs(
-        self, script: Any, start: list[al.Message]
-    ) -> None:
-        """Seed: "These checks occur before a Tool effect. Contradiction or excess becomes
-        a failed MODEL_PROTOCOL_ERROR result." The bad response is never appended."""
-        executed: list[str] = []
-        model = FakeModel(*script) if isinstance(script, list) else FakeModel(script)
-        events, result, _ = run(model, messages=start, tools=recording_tools(executed))
-
-        assert_failed(events, result, "MODEL_PROTOCOL_ERROR")
-        assert executed == []
-        assert "tool.started" not in types_of(events)
-        assert result.messages == tuple(start)
-        assert result.steps == model.call_count == 1
-
-    def test_a_chunk_with_another_request_id_has_no_event(self) -> None:
-        """Seed: "Request IDs must match the active request." """
-        events, result, _ = run(FakeModel(foreign_text_chunk))
-
-        assert types_of(events) == ["message.accepted", "run.finished"]
-        assert_failed(events, result, "MODEL_PROTOCOL_ERROR")
-
     def test_a_violation_in_a_later_step_keeps_the_earlier_rounds(self) -> None:
         executed: list[str] = []
         events, result, _model = run(
@@ -2618,13 +1749,15 @@ class TestStreamDisagreementIsShown:
     for each block it returns."""
 
     def test_the_first_differing_block_is_shown_on_each_side(self) -> None:
-        model = FakeModel(
-            al.scripted_response(
-                "r1",
-                [al.TextBlock("Hello"), al.TextBlock(" world")],
-                "stop",
-                chunks=[al.TextBlock("Hello"), al.TextBlock(" there")],
-            )
+        model = al.ScriptedModel(
+            [
+                al.scripted_response(
+                    "r1",
+                    [al.TextBlock("Hello"), al.TextBlock(" world")],
+                    "stop",
+                    chunks=[al.TextBlock("Hello"), al.TextBlock(" there")],
+                )
+            ]
         )
         _, result, _ = run(model)
         message = failure_message(result, "MODEL_PROTOCOL_ERROR")
@@ -2635,20 +1768,24 @@ class TestStreamDisagreementIsShown:
 
     def test_a_missing_block_is_shown_as_nothing(self) -> None:
         call = al.ToolCall("c1", "echo", {"text": "x"})
-        model = FakeModel(
-            al.scripted_response(
-                "r1", [al.TextBlock("a"), call], "toolCall", chunks=[al.TextBlock("a")]
-            )
+        model = al.ScriptedModel(
+            [
+                al.scripted_response(
+                    "r1", [al.TextBlock("a"), call], "toolCall", chunks=[al.TextBlock("a")]
+                )
+            ]
         )
         _, result, _ = run(model)
         message = failure_message(result, "MODEL_PROTOCOL_ERROR")
         assert "disagree at normalised block 1: streamed nothing, terminal ToolCall(" in message
 
     def test_long_blocks_are_shortened(self) -> None:
-        model = FakeModel(
-            al.scripted_response(
-                "r1", [al.TextBlock("x" * 5000)], "stop", chunks=[al.TextBlock("y" * 5000)]
-            )
+        model = al.ScriptedModel(
+            [
+                al.scripted_response(
+                    "r1", [al.TextBlock("x" * 5000)], "stop", chunks=[al.TextBlock("y" * 5000)]
+                )
+            ]
         )
         _, result, _ = run(model)
         message = failure_message(result, "MODEL_PROTOCOL_ERROR")
@@ -2656,14 +1793,14 @@ class TestStreamDisagreementIsShown:
         assert "..." in message
 
     def test_a_model_that_streamed_nothing_is_told_to_yield_a_chunk_per_block(self) -> None:
-        model = FakeModel(
-            al.scripted_response("r1", [al.TextBlock("a"), al.TextBlock("b")], "stop", chunks=[])
+        model = al.ScriptedModel(
+            [al.scripted_response("r1", [al.TextBlock("a"), al.TextBlock("b")], "stop", chunks=[])]
         )
         _, result, _ = run(model)
         assert failure_message(result, "MODEL_PROTOCOL_ERROR") == (
             "the model streamed nothing, but its terminal response holds 2 block(s): a model "
             "must yield a chunk for each block it returns (a TextDelta per text, a "
-            "ToolCallChunk per tool call)"
+            "ThinkingDelta per thinking, a ToolCallChunk per tool call)"
         )
 
 
@@ -2690,15 +1827,17 @@ class TestMistakesNameTheirFix:
         )
 
     def test_an_unknown_stop_reason_lists_the_known_ones(self) -> None:
-        model = FakeModel(untyped.scripted_response("r1", [al.TextBlock("hi")], "end_turn"))
+        model = al.ScriptedModel(
+            [untyped.scripted_response("r1", [al.TextBlock("hi")], "end_turn")]
+        )
         _, result, _ = run(model)
         assert failure_message(result, "MODEL_PROTOCOL_ERROR") == (
             "unknown stop reason 'end_turn' (expected one of ('stop', 'toolCall'))"
         )
 
     def test_a_foreign_request_id_says_which_id_is_expected(self) -> None:
-        model = FakeModel(
-            al.scripted_response("r1", [al.TextBlock("hi")], "stop", request_id="request-1")
+        model = al.ScriptedModel(
+            [al.scripted_response("r1", [al.TextBlock("hi")], "stop", request_id="request-1")]
         )
         _, result, _ = run(model)
         assert failure_message(result, "MODEL_PROTOCOL_ERROR") == (
@@ -2707,13 +1846,16 @@ class TestMistakesNameTheirFix:
         )
 
     def test_text_given_as_a_str_block_is_told_to_wrap_it(self) -> None:
-        _, result, _ = run(FakeModel(), messages=[untyped.AssistantMessage("a1", ["hi"])])
+        _, result, _ = run(al.ScriptedModel([]), messages=[untyped.AssistantMessage("a1", ["hi"])])
         assert failure_message(result, "INVALID_TRANSCRIPT") == (
-            "message 'a1': a str is not a TextBlock or ToolCall: wrap text in TextBlock(...)"
+            "message 'a1': a str is not a TextBlock, ThinkingBlock or ToolCall: wrap text in "
+            "TextBlock(...)"
         )
 
     def test_a_dict_message_is_pointed_at_message_from_dict(self) -> None:
-        _, result, _ = run(FakeModel(), messages=[{"id": "u1", "role": "user", "content": "x"}])
+        _, result, _ = run(
+            al.ScriptedModel([]), messages=[{"id": "u1", "role": "user", "content": "x"}]
+        )
         assert failure_message(result, "INVALID_TRANSCRIPT") == (
             "a dict is not a message (read a dict with message_from_dict())"
         )
@@ -2798,7 +1940,7 @@ class TestRunHelpers:
     def test_final_text_is_the_text_of_the_stop_response(self) -> None:
         """Seed: "the assistant message is appended and textFromAssistant() becomes
         finalText." """
-        _events, result, _model = run(scripted([text("The sum"), text(" is 42.")], "stop"))
+        _events, result, _model = run([scripted_step([text("The sum"), text(" is 42.")], "stop")])
 
         assert result.final_text == "The sum is 42."
         assert result.messages[-1] == assistant("response-001", text("The sum"), text(" is 42."))
@@ -3148,133 +2290,6 @@ class TestCancellationAtEveryEvent:
 
 
 @pytest.mark.hostile
-class TestCancellationFromAnotherThread:
-    """Another thread sets the signal while the loop is blocked in a tool or in the model."""
-
-    @staticmethod
-    def _set_when(ready: threading.Event, signal: threading.Event) -> threading.Thread:
-        def setter() -> None:
-            if ready.wait(5):
-                signal.set()
-
-        thread = threading.Thread(target=setter)
-        thread.start()
-        return thread
-
-    def test_tool_blocked_on_the_signal_gets_no_result(self) -> None:
-        """Seed: "Cancellation during Tool execution retains the complete assistant
-        Tool-call message, emits tool.started, and appends no fabricated result.\""""
-        blocking, woke = threading.Event(), []
-
-        def wait_for_cancel(arguments: dict[str, Any], signal: Any) -> object:
-            blocking.set()
-            woke.append(signal.wait(5))
-            return "a result that arrives too late"
-
-        tool = al.Tool("wait", "Waits.", {"type": "object"}, wait_for_cancel)
-        first = al.ToolCall("call-wait-001", "wait", {})
-        model = FakeModel(
-            turn("response-001", [first], "toolCall"), turn("r2", [text("x")], "stop")
-        )
-        signal = threading.Event()
-        setter = self._set_when(blocking, signal)
-        events, result, _ = run(model, [tool], signal=signal)
-        setter.join(5)
-        assert not setter.is_alive()
-
-        assert woke == [True]  # released by the signal, not by the safety timeout
-        assert result.status == "cancelled"
-        assert types_of(events) == [
-            "message.accepted",
-            "model.chunk",
-            "tool.started",
-            "run.finished",
-        ]
-        assert result.messages == (user(), al.AssistantMessage("message-response-001", (first,)))
-        assert model.call_count == 1
-
-    def test_tool_that_raises_because_of_the_signal_is_cancelled_not_recoverable(self) -> None:
-        blocking = threading.Event()
-
-        def abort_on_cancel(arguments: dict[str, Any], signal: Any) -> object:
-            blocking.set()
-            signal.wait(5)
-            raise RuntimeError("aborted")
-
-        tool = al.Tool("wait", "Waits.", {"type": "object"}, abort_on_cancel)
-        model = FakeModel(turn("response-001", [al.ToolCall("c-1", "wait", {})], "toolCall"))
-        signal = threading.Event()
-        setter = self._set_when(blocking, signal)
-        events, result, _ = run(model, [tool], signal=signal)
-        setter.join(5)
-        assert not setter.is_alive()
-        assert result.status == "cancelled"
-        assert "tool.finished" not in types_of(events)
-        assert not any(isinstance(m, al.ToolResultMessage) for m in result.messages)
-
-    @pytest.mark.parametrize(
-        "after_wake",
-        [
-            pytest.param("yields", id="then-yields-another-chunk"),
-            pytest.param("raises", id="then-raises"),
-            pytest.param("returns", id="then-returns-its-response"),
-        ],
-    )
-    def test_model_blocked_between_chunks(self, after_wake: str) -> None:
-        """Seed: "A partial model chunk may already have an event but its unfinished
-        assistant message is not appended." Whatever the model does once it wakes."""
-        blocking, woke = threading.Event(), []
-
-        def step(
-            model: FakeModel, request: al.ModelRequest, signal: Any
-        ) -> Generator[object, None, object]:
-            try:
-                yield al.TextDelta(request.id, "Hel")
-                blocking.set()
-                woke.append(signal.wait(5))
-                if after_wake == "yields":
-                    yield al.TextDelta(request.id, "lo")
-                elif after_wake == "raises":
-                    raise ConnectionError("stream aborted")
-                return al.ModelResponse("response-001", request.id, [text("Hel")], "stop")
-            finally:
-                model.finalized.append(request.id)
-
-        model = FakeModel(step)
-        signal = threading.Event()
-        setter = self._set_when(blocking, signal)
-        events, result, _ = run(model, signal=signal)
-        setter.join(5)
-        assert not setter.is_alive()
-        assert woke == [True]
-        assert result.status == "cancelled"
-        assert result.error is None
-        assert types_of(events) == ["message.accepted", "model.chunk", "run.finished"]
-        assert result.messages == (user(),)
-        assert model.finalized == ["request-001"]
-
-    def test_model_stream_call_blocked_until_cancelled_then_raising(self) -> None:
-        """A model whose stream() call itself blocks on the signal, then raises because it
-        was cancelled: the run is cancelled, not failed with MODEL_STREAM_ERROR."""
-        blocking = threading.Event()
-
-        def refuse(model: FakeModel, request: al.ModelRequest, signal: Any) -> object:
-            blocking.set()
-            signal.wait(5)
-            raise ConnectionAbortedError("cancelled by the caller")
-
-        model = FakeModel(refuse)
-        signal = threading.Event()
-        setter = self._set_when(blocking, signal)
-        events, result, _ = run(model, signal=signal)
-        setter.join(5)
-        assert not setter.is_alive()
-        assert result.status == "cancelled"
-        assert types_of(events) == ["message.accepted", "run.finished"]
-        assert result.steps == 1
-
-
-@pytest.mark.hostile
 class TestConsumerWalksAway:
     """API: "A consumer that calls close() ends the run at once: the model's stream is
     closed, no tool runs, and nothing more is yielded.\""""
@@ -3446,151 +2461,11 @@ class TestInterruptsAreNeverSwallowed:
         with pytest.raises(error_type) as raised:
             drain(run_, events)
         assert raised.value is error
-        assert types_of(events)[-1] == "tool.started"
+        assert types_of(events) == ["message.accepted", *["model.chunk"] * 2, "tool.started"]
         assert executed == []  # the next call of the batch never ran
         assert model.finalized == ["request-001"]
         with pytest.raises(StopIteration):
             next(run_)
-
-
-def mutable_paths(root: object) -> list[str]:
-    """Paths to every mutable container reachable from an object of the loop's API."""
-    found: list[str] = []
-    seen: set[int] = set()
-
-    def walk(value: object, path: str) -> None:
-        if id(value) in seen or value is None or isinstance(value, (str, int, float, bool)):
-            return
-        seen.add(id(value))
-        if isinstance(value, (list, dict, set, bytearray)):
-            found.append(path)
-        elif isinstance(value, MappingProxyType):
-            for key, item in value.items():
-                walk(item, f"{path}[{key!r}]")
-        elif isinstance(value, tuple):
-            for index, item in enumerate(value):
-                walk(item, f"{path}[{index}]")
-        elif dataclasses.is_dataclass(value):
-            for item in dataclasses.fields(value):
-                try:
-                    setattr(value, item.name, None)
-                except dataclasses.FrozenInstanceError:
-                    pass
-                else:
-                    found.append(f"{path}.{item.name} (assignable)")
-                walk(getattr(value, item.name), f"{path}.{item.name}")
-        else:
-            found.append(f"{path} ({type(value).__name__})")
-
-    walk(root, "root")
-    return found
-
-
-@pytest.mark.hostile
-class TestCallersCannotChangeTheRun:
-    """Seed: "The caller can later mutate its input array or register another Tool
-    without changing the active run.\""""
-
-    @staticmethod
-    def _script() -> FakeModel:
-        return FakeModel(
-            turn(
-                "response-001",
-                [text("Adding."), call("add", "call-1", {"left": 1, "right": 2})],
-                "toolCall",
-            ),
-            turn("response-002", [text("3")], "stop"),
-        )
-
-    def test_mutating_the_input_list_during_the_run(self) -> None:
-        messages: list[Any] = [user()]
-        model = self._script()
-        run_ = al.run_agent_loop(
-            messages=messages, model=model, tools=al.ToolRegistry([add_tool()]), max_steps=2
-        )
-        events: list[al.Event] = []
-        while True:
-            try:
-                events.append(next(run_))
-            except StopIteration as done:
-                result = done.value
-                break
-            messages.clear()
-            messages.append("not a message")
-        check_run(events, result, model, max_steps=2, start=[user()])
-        assert result.status == "completed"
-        assert model.requests[0].messages == (user(),)
-        assert model.requests[1].messages[0] == user()
-
-    def test_registering_a_tool_during_the_run(self) -> None:
-        registry = al.ToolRegistry([add_tool()])
-        executed: list[str] = []
-        model = FakeModel(
-            turn("response-001", [call("add", "call-1", {"left": 1, "right": 2})], "toolCall"),
-            turn("response-002", [echo_call("call-2", "late")], "toolCall"),
-            turn("response-003", [text("done")], "stop"),
-        )
-        run_ = al.run_agent_loop(messages=[user()], model=model, tools=registry, max_steps=3)
-        events = until(run_, "model.chunk")
-        registry.register(echo_tool(executed))
-        more, result = al.settle_run(run_)
-        events += more
-        check_run(events, result, model, max_steps=3, start=[user()])
-        assert [[spec.name for spec in r.tools] for r in model.requests] == [["add"]] * 3
-        assert executed == []
-        late = result.messages[4]
-        assert isinstance(late, al.ToolResultMessage)
-        assert late.is_error is True
-
-    def test_nothing_reachable_from_events_results_or_requests_is_mutable(self) -> None:
-        """Whatever the caller holds (events, the result, the requests a model saw), it
-        cannot change the run's transcript through it: all of it is frozen."""
-        model = FakeModel(
-            turn(
-                "response-001",
-                [
-                    text("A."),
-                    call("add", "call-1", {"left": 1, "right": 2}),
-                    echo_call("call-2", "e"),
-                ],
-                "toolCall",
-            ),
-            turn("response-002", [text("3")], "stop"),
-        )
-        echo_schema_tool = al.Tool(
-            "echo",
-            "Echoes.",
-            {"type": "object", "properties": {"text": {"type": "string", "enum": ["e", "f"]}}},
-            lambda a, s: {"echo": [a["text"]]},
-        )
-        events, result, _ = run(model, [add_tool(), echo_schema_tool])
-        assert result.status == "completed"
-        assert mutable_paths((tuple(events), result, tuple(model.requests))) == []
-
-    def test_mutation_attempts_leave_the_transcript_unchanged(self) -> None:
-        model = self._script()
-        run_: Any = al.run_agent_loop(
-            messages=[user()], model=model, tools=al.ToolRegistry([add_tool()]), max_steps=2
-        )
-        events: list[al.Event] = []
-        while True:
-            try:
-                event = run_.send(None) if not events else run_.send("ignored value")
-            except StopIteration as done:
-                result = done.value
-                break
-            events.append(event)
-            payload: Any = event.payload
-            with pytest.raises(TypeError):
-                payload["extra"] = 1
-            if event.type == "tool.started":
-                with pytest.raises(TypeError):
-                    event.payload["tool_call"].arguments["left"] = 100
-        check_run(events, result, model, max_steps=2, start=[user()])
-        assert result.status == "completed"
-        added = result.messages[2]
-        assert isinstance(added, al.ToolResultMessage)
-        assert added.content == '{"sum":3}'
 
 
 def bad_schema_plan(call_id: str) -> CallPlan:
@@ -4031,7 +2906,7 @@ class TestWrongFieldIsNamed:
         self, message: al.Message, name: str, value: object, where: str, expected: str
     ) -> None:
         broken = dataclasses.replace(cast(Any, message), **{name: value})
-        _, result, _ = run(FakeModel(), messages=[broken])
+        _, result, _ = run(al.ScriptedModel([]), messages=[broken])
         said = failure_message(result, "INVALID_TRANSCRIPT")
         assert where in said.split(":")[0]  # the message, or for its id, its role
         assert f"field {name!r} must be a {expected}, got " in said
@@ -4039,7 +2914,7 @@ class TestWrongFieldIsNamed:
 
     def test_a_text_block_names_its_text_field(self) -> None:
         block = al.TextBlock(5)  # type: ignore[arg-type]
-        _, result, _ = run(FakeModel(), messages=[al.AssistantMessage("a", [block])])
+        _, result, _ = run(al.ScriptedModel([]), messages=[al.AssistantMessage("a", [block])])
         said = failure_message(result, "INVALID_TRANSCRIPT")
         assert said.startswith("message 'a': a text block")
         assert said.endswith("field 'text' must be a str, got 5 (int)")
@@ -4065,28 +2940,49 @@ class TestDuplicateIdsSayHowTheyWereDerived:
     response id) and that response ids and tool-call ids must be unique across the
     whole transcript"."""
 
-    def test_a_repeated_response_id(self) -> None:
-        model = FakeModel(
-            al.scripted_response("resp", [al.ToolCall("c1", "noop", {})], "toolCall"),
-            al.scripted_response("resp", [al.TextBlock("done")], "stop"),
-        )
-        _, result, _ = run(model, tools=[no_arguments_tool("noop", lambda a, s: "ok")])
-        assert failure_message(result, "MODEL_PROTOCOL_ERROR") == (
-            "message id 'message-resp' is used twice (an assistant message's id is "
-            '"message-" + its response id, a tool result\'s is "tool-result-" + its call id: '
-            "response ids and tool-call ids must be unique across the whole transcript)"
-        )
-
-    def test_a_tool_call_id_repeated_in_a_later_step(self) -> None:
-        model = FakeModel(
-            al.scripted_response("r1", [al.ToolCall("c1", "noop", {})], "toolCall"),
-            al.scripted_response("r2", [al.ToolCall("c1", "noop", {})], "toolCall"),
-        )
-        _, result, _ = run(model, tools=[no_arguments_tool("noop", lambda a, s: "ok")])
-        assert failure_message(result, "MODEL_PROTOCOL_ERROR") == (
-            "tool call id 'c1' is used twice (tool-call ids must be unique across the whole "
-            "transcript)"
-        )
+    @pytest.mark.parametrize(
+        ("start", "script", "ran", "kept", "message"),
+        [
+            pytest.param(HISTORY, [tool_turn("response-001", echo_call("call-old", "again"))],
+                         [], len(HISTORY), None, id="call-id-of-the-starting-transcript"),
+            pytest.param([al.UserMessage("message-r", "hi")], [stop("r", "x")], [], 1, None,
+                         id="message-id-of-the-starting-transcript"),
+            pytest.param([al.UserMessage("tool-result-c", "hi")],
+                         [tool_turn("r", echo_call("c", "x"))], [], 1, None,
+                         id="result-id-of-the-starting-transcript"),
+            pytest.param([user()], [tool_turn("response-001", echo_call("call-1", "first")),
+                                    tool_turn("response-002", echo_call("call-1", "second"))],
+                         ["first"], 3,
+                         "tool call id 'call-1' is used twice (tool-call ids must be unique "
+                         "across the whole transcript)", id="call-id-of-an-earlier-step"),
+            pytest.param([user()], [tool_turn("resp", echo_call("c1", "first")), stop("resp")],
+                         ["first"], 3,
+                         "message id 'message-resp' is used twice (an assistant message's id is "
+                         '"message-" + its response id, a tool result\'s is "tool-result-" + its '
+                         "call id: response ids and tool-call ids must be unique across the "
+                         "whole transcript)", id="response-id-of-an-earlier-step"),
+        ],
+    )  # fmt: skip
+    def test_an_id_already_in_the_transcript_fails_before_any_effect(
+        self,
+        start: Sequence[al.Message],
+        script: list[Any],
+        ran: list[str],
+        kept: int,
+        message: str | None,
+    ) -> None:
+        """A duplicate id error must "say how it was derived ("message-" + response id)
+        and that response ids and tool-call ids must be unique across the whole
+        transcript"; the step's calls never run and its message is not appended."""
+        executed: list[str] = []
+        events, result, model = run(script, [echo_tool(executed)], messages=start)
+        assert_failed(events, result, "MODEL_PROTOCOL_ERROR")
+        if message is not None:
+            assert failure_message(result, "MODEL_PROTOCOL_ERROR") == message
+        assert executed == ran
+        assert result.messages[: len(start)] == tuple(start)
+        assert len(result.messages) == kept
+        assert model.call_count == len(script)
 
     def test_the_readme_states_the_id_rules(self) -> None:
         readme = " ".join((REPOSITORY / "README.md").read_text(encoding="utf-8").split())
@@ -4241,7 +3137,7 @@ class TestSignalSaysWhatIsAccepted:
         with pytest.raises(TypeError) as raised:
             al.run_agent_loop(
                 messages=[],
-                model=FakeModel(),
+                model=al.ScriptedModel([]),
                 tools=al.ToolRegistry(),
                 max_steps=1,
                 signal=cast(Any, True),
@@ -4256,7 +3152,7 @@ class TestSignalSaysWhatIsAccepted:
             with pytest.raises(TypeError) as raised:
                 al.run_agent_loop(
                     messages=[],
-                    model=FakeModel(),
+                    model=al.ScriptedModel([]),
                     tools=al.ToolRegistry(),
                     max_steps=1,
                     signal=cast(Any, asyncio.Event()),
@@ -4271,53 +3167,54 @@ class TestSignalSaysWhatIsAccepted:
         with pytest.raises(TypeError, match=r"HasWaitCoroutine\.wait\(\) is a coroutine"):
             al.run_agent_loop(
                 messages=[],
-                model=FakeModel(),
+                model=al.ScriptedModel([]),
                 tools=al.ToolRegistry(),
                 max_steps=1,
                 signal=cast(Any, HasWaitCoroutine()),
             )
 
 
+class RaisingEq(str):
+    """A str that cannot be compared: what a hostile model may put where a str belongs."""
+
+    def __eq__(self, other: object) -> bool:
+        raise ValueError("cannot compare")
+
+    def __ne__(self, other: object) -> bool:
+        raise ValueError("cannot compare")
+
+    __hash__ = str.__hash__
+
+
+class RaisingLen(str):
+    def __len__(self) -> int:
+        raise ValueError("cannot measure")
+
+
+class RaisingHash(str):
+    def __hash__(self) -> int:
+        raise ValueError("cannot hash")
+
+
 @pytest.mark.hostile
 class TestMalformedModelOutput:
-    """Seed: "Tool arguments must be plain bounded JSON ... These checks occur before a
-    Tool effect. Contradiction or excess becomes a failed MODEL_PROTOCOL_ERROR result.\""""
+    """Whatever a model streams or returns, a run fails with one run.finished and the
+    right code: it never raises, never hangs, never keeps a half-written message."""
 
     @staticmethod
     def _failed(
-        step: Step, code: str, chunk_events: int
+        step: Step | al.ScriptedResponse, code: str, chunk_events: int
     ) -> tuple[list[al.Event], al.RunResult, FakeModel, list[str]]:
         executed: list[str] = []
         model = FakeModel(step, turn("response-unused", [text("unused")], "stop"))
-        events, result, _ = run(model, [echo_tool(executed)])
-        assert result.status == "failed"
-        assert result.error is not None
-        assert result.error.code == code
+        events, result, _ = run(model, recording_tools(executed))
+        assert_failed(events, result, code)
         assert types_of(events).count("model.chunk") == chunk_events
+        assert "tool.started" not in types_of(events)
         assert result.messages == (user(),)  # nothing was appended
-        assert model.call_count == 1
+        assert result.steps == model.call_count == 1
         assert executed == []
         return events, result, model, executed
-
-    @pytest.mark.parametrize("make_arguments", NOT_PLAIN_JSON)
-    def test_bad_arguments_are_a_protocol_error_before_any_effect(
-        self, make_arguments: Callable[[], Any]
-    ) -> None:
-        bad = al.ToolCall("call-1", "echo", make_arguments())
-        good = echo_call("call-0", "ran?")
-        step = turn("response-001", [good, bad], "toolCall")
-        # The good call before it streamed (one event) but never ran: the batch is rejected.
-        _, _, model, _ = self._failed(step, "MODEL_PROTOCOL_ERROR", 1)
-        assert model.finalized == ["request-001"]
-
-    @pytest.mark.parametrize("make_arguments", DEEP_ARGUMENTS)
-    def test_deep_arguments_only_in_the_terminal_response(
-        self, make_arguments: Callable[[], Any]
-    ) -> None:
-        """Never a RecursionError, even where no chunk announced the call."""
-        bad = al.ToolCall("call-1", "echo", make_arguments())
-        step = stream_step([], respond("response-001", [bad], "toolCall"))
-        self._failed(step, "MODEL_PROTOCOL_ERROR", 0)
 
     def test_ten_megabyte_argument_is_rejected_without_a_copy(self) -> None:
         """The text bound is measured, not copied: the run allocates far less than the
@@ -4333,6 +3230,7 @@ class TestMalformedModelOutput:
             tracemalloc.stop()
         assert peak < 1_000_000
         assert result.error is not None
+        assert "4096" in result.error.message
         assert len(result.error.message) < 1000
 
     @pytest.mark.parametrize(
@@ -4499,100 +3397,67 @@ class TestMalformedModelOutput:
                 1,
                 id="streamed-call-differs-from-terminal-call",
             ),
-        ],
-    )
-    def test_wrong_output_is_a_protocol_error(self, step: Step, chunk_events: int) -> None:
-        self._failed(step, "MODEL_PROTOCOL_ERROR", chunk_events)
-
-    def test_call_id_reused_from_the_transcript(self) -> None:
-        """An id the starting transcript already used (call-old) is a protocol error."""
-        executed: list[str] = []
-        model = FakeModel(turn("response-001", [echo_call("call-old", "again")], "toolCall"))
-        _, result, _ = run(model, [echo_tool(executed)], messages=HISTORY)
-        assert result.status == "failed"
-        assert result.error is not None
-        assert result.error.code == "MODEL_PROTOCOL_ERROR"
-        assert result.messages == HISTORY
-        assert executed == []
-
-    @pytest.mark.parametrize(
-        ("taken", "content", "stop_reason"),
-        [
-            pytest.param("message-r", [text("x")], "stop", id="assistant-message-id"),
             pytest.param(
-                "tool-result-c", [echo_call("c", "x")], "toolCall", id="derived-result-id"
+                scripted_step([add_call()], chunks=[add_call("call-add-002")]),
+                1,
+                id="streamed-call-id-differs",
+            ),
+            pytest.param(
+                scripted_step([text("Adding."), add_call()], chunks=[add_call(), text("Adding.")]),
+                2,
+                id="order-differs",
+            ),
+            pytest.param(
+                scripted_step([text("Adding."), add_call()], chunks=[text("Adding.")]),
+                1,
+                id="missing-chunk",
+            ),
+            pytest.param(
+                scripted_step([add_call()], chunks=[add_call(), text("More.")]),
+                2,
+                id="extra-chunk",
+            ),
+            pytest.param(
+                stream_step(
+                    [lambda r: al.ToolCallChunk("request-999", add_call())],
+                    respond("r", [add_call()], "toolCall"),
+                ),
+                0,
+                id="tool-call-chunk-with-another-request-id",
+            ),
+            # A str subclass that raises from ==, len() or hash() is model output of the
+            # wrong type, like any non-str: the run fails, it does not raise.
+            pytest.param(
+                stream_step(
+                    [lambda r: al.TextDelta(RaisingEq(r.id), "x")],
+                    respond("r", [text("x")], "stop"),
+                ),
+                0,
+                id="request-id-raising-eq",
+            ),
+            pytest.param(
+                stream_step(
+                    [lambda r: al.TextDelta(r.id, RaisingLen("x"))],
+                    respond("r", [text("x")], "stop"),
+                ),
+                0,
+                id="text-raising-len",
+            ),
+            pytest.param(
+                turn("r", [al.ToolCall(RaisingHash("c"), "echo", {"text": "x"})], "toolCall"),
+                0,
+                id="call-id-raising-hash",
             ),
         ],
     )
-    def test_ids_already_taken_in_the_transcript(
-        self, taken: str, content: list[object], stop_reason: str
+    def test_contradiction_or_excess_becomes_a_failed_model_protocol_error_result(
+        self, step: Step | al.ScriptedResponse, chunk_events: int
     ) -> None:
-        """A response whose message id, or a call whose result id, is already taken by a
-        starting message: a protocol error before any effect."""
-        executed: list[str] = []
-        start = [al.UserMessage(taken, "hi")]
-        model = FakeModel(turn("r", content, stop_reason))
-        _, result, _ = run(model, [echo_tool(executed)], messages=start)
-        assert result.error is not None
-        assert result.error.code == "MODEL_PROTOCOL_ERROR"
-        assert result.messages == tuple(start)
-        assert executed == []
-
-    def test_call_id_reused_from_an_earlier_step(self) -> None:
-        executed: list[str] = []
-        model = FakeModel(
-            turn("response-001", [echo_call("call-1", "first")], "toolCall"),
-            turn("response-002", [echo_call("call-1", "second")], "toolCall"),
-        )
-        _, result, _ = run(model, [echo_tool(executed)])
-        assert result.error is not None
-        assert result.error.code == "MODEL_PROTOCOL_ERROR"
-        assert executed == ["first"]
-        assert len(result.messages) == 3
-        assert model.call_count == 2
-
-    def test_endless_stream_is_stopped_by_the_chunk_limit(self) -> None:
-        """Seed: "The loop caps one step at 1024 chunks": a stream that never ends is
-        closed after the first chunk over the cap."""
-        pulled: list[int] = []
-
-        def endless(
-            model: FakeModel, request: al.ModelRequest, signal: Any
-        ) -> Generator[object, None, object]:
-            try:
-                while True:
-                    pulled.append(1)
-                    yield al.TextDelta(request.id, "")
-            finally:
-                model.finalized.append(request.id)
-
-        _, _, model, _ = self._failed(endless, "MODEL_PROTOCOL_ERROR", al.MAX_STEP_CHUNKS)
-        assert len(pulled) == al.MAX_STEP_CHUNKS + 1
-        assert model.finalized == ["request-001"]
-
-    @pytest.mark.parametrize("after", [0, 1, 3])
-    def test_stream_that_raises_after_some_chunks(self, after: int) -> None:
-        """The chunks before it have events; the announced tool call never runs."""
-        stream: list[object] = [echo_call("call-1", "a"), text("b"), text("c")][:after]
-        step = stream_step(
-            [*stream, raise_error(ConnectionResetError("peer"))], respond("r", [], "stop")
-        )
-        _, result, model, _ = self._failed(step, "MODEL_STREAM_ERROR", after)
-        assert result.error is not None
-        assert "ConnectionResetError" in result.error.message
-        assert model.finalized == ["request-001"]
-
-    def test_stream_that_raises_stop_iteration_inside(self) -> None:
-        """PEP 479 turns it into RuntimeError inside the model: a stream error, not a
-        silently empty response."""
-
-        def stop_early(
-            model: FakeModel, request: al.ModelRequest, signal: Any
-        ) -> Generator[object, None, object]:
-            yield al.TextDelta(request.id, "x")
-            raise StopIteration
-
-        self._failed(stop_early, "MODEL_STREAM_ERROR", 1)
+        """Seed: "These checks occur before a Tool effect. Contradiction or excess becomes
+        a failed MODEL_PROTOCOL_ERROR result." Output of the wrong type, a response that
+        contradicts its stream or the rules of a stop reason: the valid chunks before it
+        have events, no tool runs, nothing is appended."""
+        self._failed(step, "MODEL_PROTOCOL_ERROR", chunk_events)
 
     @pytest.mark.parametrize(
         ("step", "chunk_events"),
@@ -4648,73 +3513,13 @@ class TestMalformedModelOutput:
         assert types_of(events).count("model.chunk") == 1  # the stale chunk got no event
 
 
-class RaisingEq(str):
-    """A str that cannot be compared: what a hostile model may put where a str belongs."""
-
-    def __eq__(self, other: object) -> bool:
-        raise ValueError("cannot compare")
-
-    def __ne__(self, other: object) -> bool:
-        raise ValueError("cannot compare")
-
-    __hash__ = str.__hash__
-
-
-class RaisingLen(str):
-    def __len__(self) -> int:
-        raise ValueError("cannot measure")
-
-
-class RaisingHash(str):
-    def __hash__(self) -> int:
-        raise ValueError("cannot hash")
-
-
-@pytest.mark.hostile
-class TestModelStrSubclasses:
-    """A str subclass that raises from ==, len() or hash() is model output of the wrong
-    type, like any non-str: the run fails MODEL_PROTOCOL_ERROR, it does not raise."""
-
-    @pytest.mark.parametrize(
-        "step",
-        [
-            pytest.param(
-                stream_step(
-                    [lambda r: al.TextDelta(RaisingEq(r.id), "x")],
-                    respond("r", [text("x")], "stop"),
-                ),
-                id="request-id-raising-eq",
-            ),
-            pytest.param(
-                stream_step(
-                    [lambda r: al.TextDelta(r.id, RaisingLen("x"))],
-                    respond("r", [text("x")], "stop"),
-                ),
-                id="text-raising-len",
-            ),
-            pytest.param(
-                turn("r", [al.ToolCall(RaisingHash("c"), "echo", {"text": "x"})], "toolCall"),
-                id="call-id-raising-hash",
-            ),
-        ],
-    )
-    def test_hostile_str_subclass(self, step: Step) -> None:
-        executed: list[str] = []
-        model = FakeModel(step)
-        _, result, _ = run(model, [echo_tool(executed)])
-        assert result.error is not None
-        assert result.error.code == "MODEL_PROTOCOL_ERROR"
-        assert result.messages == (user(),)
-        assert executed == []
-
-
 @pytest.mark.hostile
 class TestModelStreamCleanup:
     """A model stream whose cleanup raises, or that ignores GeneratorExit, when the loop
     closes it: the run still ends with exactly one run.finished, for its first cause."""
 
     @staticmethod
-    def _endless(how: str) -> Step:
+    def _endless(how: str, pulled: list[int] | None = None) -> Step:
         def step(
             model: FakeModel, request: al.ModelRequest, signal: Any
         ) -> Generator[object, None, object]:
@@ -4722,6 +3527,8 @@ class TestModelStreamCleanup:
             try:
                 while True:
                     try:
+                        if pulled is not None:
+                            pulled.append(1)
                         yield al.TextDelta(request.id, "x")
                     except GeneratorExit:
                         if how != "ignores-exit" or ignored:
@@ -4734,13 +3541,20 @@ class TestModelStreamCleanup:
 
         return step
 
-    @pytest.mark.parametrize("how", ["cleanup-raises", "ignores-exit"])
-    def test_endless_stream_over_the_chunk_limit(self, how: str) -> None:
-        model = FakeModel(self._endless(how))
+    @pytest.mark.parametrize("how", ["well-behaved", "cleanup-raises", "ignores-exit"])
+    def test_endless_stream_is_stopped_by_the_chunk_limit(self, how: str) -> None:
+        """Seed: "The loop caps one step at 1024 chunks": a stream that never ends is
+        closed after the first chunk over the cap, however it behaves when closed."""
+        pulled: list[int] = []
+        model = FakeModel(self._endless(how, pulled))
         events, result, _ = run(model)
-        assert result.error is not None
-        assert result.error.code == "MODEL_PROTOCOL_ERROR"
+        assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "1024")
         assert types_of(events).count("model.chunk") == al.MAX_STEP_CHUNKS
+        # One pull over the cap (and one more by the stream that ignores its closing).
+        assert len(pulled) == al.MAX_STEP_CHUNKS + 1 + (how == "ignores-exit")
+        assert model.finalized == ["request-001"]
+        assert result.messages == (user(),)
+        assert result.steps == model.call_count == 1
 
     @pytest.mark.parametrize("how", ["cleanup-raises", "ignores-exit"])
     def test_cancelled_mid_stream(self, how: str) -> None:
@@ -4817,6 +3631,99 @@ def assert_rejected(
     assert received == []
 
 
+def one_property(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """Parameters whose one required property ``v`` has this schema."""
+    return {"type": "object", "properties": {"v": schema}, "required": ["v"]}
+
+
+INTEGER_N = {"type": "object", "properties": {"n": {"type": "integer"}}}
+INTEGER_XS = {
+    "type": "object",
+    "properties": {"xs": {"type": "array", "items": {"type": "integer"}}},
+}
+ITEM_N = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+OBJECT_XS = {"type": "object", "properties": {"xs": {"type": "array", "items": ITEM_N}}}
+INNER = {
+    "type": "object",
+    "properties": {"inner": {**ITEM_N, "additionalProperties": False}},
+    "required": ["inner"],
+}
+ANNOTATED = {
+    "type": "object",
+    "title": "Probe",
+    "description": "The probe's arguments.",
+    "properties": {"n": {"type": "integer", "description": "A number.", "title": "N"}},
+}
+
+
+SCHEMA_CASES = [
+    # Each type accepts its own kind and rejects the others; a number also accepts an integer.
+    *[
+        pytest.param(one_property({"type": schema_type}), {"v": value},
+                     None if kind == schema_type or (schema_type, kind) == ("number", "integer")
+                     else ("$.v", schema_type, kind),
+                     id=f"type-{schema_type}-given-{kind}")
+        for schema_type in EXAMPLE_OF_TYPE
+        for kind, value in EXAMPLE_OF_TYPE.items()
+    ],
+    # bool is never a number or an integer.
+    *[
+        pytest.param(one_property({"type": schema_type}), {"v": value},
+                     ("$.v", schema_type, "boolean"), id=f"{value}-is-no-{schema_type}")
+        for schema_type in ("number", "integer")
+        for value in (True, False)
+    ],
+    *[pytest.param(one_property({"type": "number"}), {"v": value}, None,
+                   id=f"int-{value}-is-a-number")
+      for value in (0, 42, -7, 2**70)],
+    # The documented choice: a schema integer is an int, never a float (even 1.0).
+    *[pytest.param(one_property({"type": "integer"}), {"v": value}, ("$.v", "integer", "number"),
+                   id=f"float-{value}-is-no-integer")
+      for value in (1.0, 0.0, -3.0, 1.5)],
+    pytest.param(NUMBERS, {"left": 20, "right": "22"}, ("$.right", "number", "string"),
+                 id="properties-are-checked"),
+    pytest.param(NUMBERS, {"left": 20}, ("required", "'right'"), id="a-missing-required-property"),
+    pytest.param(NUMBERS, {"left": 20, "right": 22.5}, None, id="required-properties-present"),
+    pytest.param(NUMBERS, {"left": 1, "right": 2, "extra": 3}, ("unexpected", "'extra'"),
+                 id="additionalProperties-false-rejects-an-extra"),
+    pytest.param(INTEGER_N, {"n": 1, "extra": [None]}, None, id="additionalProperties-default"),
+    pytest.param({**INTEGER_N, "additionalProperties": True}, {"n": 1, "extra": [None]}, None,
+                 id="additionalProperties-true"),
+    pytest.param({**INTEGER_N, "additionalProperties": True}, {"n": "one", "extra": 1},
+                 ("$.n", "integer"), id="additionalProperties-true-checks-declared-properties"),
+    pytest.param(INTEGER_XS, {"xs": [1, 2, 3]}, None, id="items-pass"),
+    pytest.param(INTEGER_XS, {"xs": [1, "two", 3]}, ("$.xs[1]", "integer", "string"),
+                 id="items-names-the-index"),
+    pytest.param(OBJECT_XS, {"xs": [{"n": 1}, {"n": 2}]}, None, id="items-of-objects-pass"),
+    pytest.param(OBJECT_XS, {"xs": [{"n": 1}, {"n": "x"}]}, ("$.xs[1].n",),
+                 id="items-path-reaches-into-objects"),
+    pytest.param(OBJECT_XS, {"xs": [{"n": 1}, {}, {"n": 3}]}, ("$.xs[1]", "'n'"),
+                 id="items-path-names-a-missing-property"),
+    *[pytest.param(one_property({"enum": ENUM_VALUES}), {"v": value}, None,
+                   id=f"enum-accepts-{name}")
+      for name, value in [("1", 1), ("a", "a"), ("null", None), ("array", [1, 2]),
+                          ("object", {"k": True})]],
+    # The documented choice: enum compares as strict JSON, so True is not 1.
+    *[pytest.param(one_property({"enum": ENUM_VALUES}), {"v": value}, ("$.v", "one of"),
+                   id=f"enum-is-strict-{name}")
+      for name, value in [("true-is-not-1", True), ("1.0-is-not-1", 1.0), ("b", "b"),
+                          ("array-of-float", [1, 2.0]), ("array-order", [2, 1]),
+                          ("object-1-is-not-true", {"k": 1}), ("0", 0)]],
+    pytest.param(one_property({"enum": [True]}), {"v": 1}, ("$.v", "one of"),
+                 id="enum-true-rejects-1"),
+    pytest.param(one_property({"enum": [True]}), {"v": True}, None, id="enum-true-accepts-true"),
+    # Nested objects are checked at every level.
+    pytest.param(INNER, {"inner": {"n": 1}}, None, id="nested-pass"),
+    pytest.param(INNER, {"inner": {}}, ("$.inner", "required", "'n'"), id="nested-required"),
+    pytest.param(INNER, {"inner": {"n": 1, "x": 2}}, ("$.inner", "unexpected", "'x'"),
+                 id="nested-additionalProperties"),
+    pytest.param(INNER, {"inner": {"n": "one"}}, ("$.inner.n", "integer"), id="nested-type"),
+    pytest.param(INNER, {"inner": [1]}, ("$.inner", "object", "array"), id="nested-not-an-object"),
+    pytest.param(ANNOTATED, {"n": 1}, None, id="annotations-are-accepted"),
+]  # fmt: skip
+"""(parameters, arguments, None if accepted, else the words the error result names)."""
+
+
 class TestToolSchemas:
     """A tool's parameters are a JSON Schema subset: "type (object, string, number, integer,
     boolean, array, null), properties, required, additionalProperties (bool), items, enum.
@@ -4838,163 +3745,18 @@ class TestToolSchemas:
         with pytest.raises(ValueError, match="enum member 0 is no value arguments may hold: "):
             al.Tool("t", "d", schema, lambda arguments, signal: "ok")
 
-    @pytest.mark.parametrize("kind", list(EXAMPLE_OF_TYPE))
-    @pytest.mark.parametrize("schema_type", list(EXAMPLE_OF_TYPE))
-    def test_type_accepts_its_kind_and_rejects_others(self, schema_type: str, kind: str) -> None:
-        """Each type accepts its own kind; a number also accepts an integer."""
-        result, received = execute_probe_property({"type": schema_type}, EXAMPLE_OF_TYPE[kind])
-        if kind == schema_type or (schema_type, kind) == ("number", "integer"):
+    @pytest.mark.parametrize(("parameters", "arguments", "rejected"), SCHEMA_CASES)
+    def test_arguments_are_checked_against_the_schema(
+        self, parameters: Any, arguments: Any, rejected: tuple[str, ...] | None
+    ) -> None:
+        """Accepted arguments reach the tool exactly; rejected ones are a recoverable
+        result that names the path and the problem, and the tool does not run."""
+        result, received = execute_probe(parameters, arguments)
+        if rejected is None:
             assert_accepted(result, received)
+            assert same_json(received[0], arguments)
         else:
-            assert_rejected(result, received, "$.v", schema_type, kind)
-
-    @pytest.mark.parametrize("value", [True, False])
-    @pytest.mark.parametrize("schema_type", ["number", "integer"])
-    def test_bool_is_never_a_number_or_an_integer(self, schema_type: str, value: bool) -> None:
-        result, received = execute_probe_property({"type": schema_type}, value)
-        assert_rejected(result, received, "$.v", schema_type, "boolean")
-
-    @pytest.mark.parametrize("value", [0, 42, -7, 2**70])
-    def test_an_int_is_a_number(self, value: int) -> None:
-        result, received = execute_probe_property({"type": "number"}, value)
-        assert_accepted(result, received)
-        assert received[0]["v"] == value
-
-    @pytest.mark.parametrize("value", [1.0, 0.0, -3.0, 1.5])
-    def test_a_float_is_not_an_integer(self, value: float) -> None:
-        """The documented choice: a schema integer is an int, never a float (even 1.0)."""
-        result, received = execute_probe_property({"type": "integer"}, value)
-        assert_rejected(result, received, "$.v", "integer", "number")
-
-    def test_properties_are_checked(self) -> None:
-        result, received = execute_probe(NUMBERS, {"left": 20, "right": "22"})
-        assert_rejected(result, received, "$.right", "number", "string")
-
-    def test_a_missing_required_property_is_named(self) -> None:
-        result, received = execute_probe(NUMBERS, {"left": 20})
-        assert_rejected(result, received, "required", "'right'")
-
-    def test_required_properties_present_pass(self) -> None:
-        result, received = execute_probe(NUMBERS, {"left": 20, "right": 22.5})
-        assert_accepted(result, received)
-        assert received == [{"left": 20, "right": 22.5}]
-
-    def test_additional_properties_false_rejects_an_extra_property(self) -> None:
-        result, received = execute_probe(NUMBERS, {"left": 1, "right": 2, "extra": 3})
-        assert_rejected(result, received, "unexpected", "'extra'")
-
-    @pytest.mark.parametrize(
-        "parameters",
-        [
-            pytest.param(
-                {"type": "object", "properties": {"n": {"type": "integer"}}}, id="default"
-            ),
-            pytest.param(
-                {
-                    "type": "object",
-                    "properties": {"n": {"type": "integer"}},
-                    "additionalProperties": True,
-                },
-                id="true",
-            ),
-        ],
-    )
-    def test_additional_properties_are_allowed_otherwise(self, parameters: Any) -> None:
-        result, received = execute_probe(parameters, {"n": 1, "extra": [None]})
-        assert_accepted(result, received)
-        assert received == [{"n": 1, "extra": [None]}]
-
-    def test_additional_properties_true_still_checks_declared_properties(self) -> None:
-        parameters = {
-            "type": "object",
-            "properties": {"n": {"type": "integer"}},
-            "additionalProperties": True,
-        }
-        result, received = execute_probe(parameters, {"n": "one", "extra": 1})
-        assert_rejected(result, received, "$.n", "integer")
-
-    def test_items_checks_each_element_and_names_its_index(self) -> None:
-        parameters = {
-            "type": "object",
-            "properties": {"xs": {"type": "array", "items": {"type": "integer"}}},
-        }
-        result, received = execute_probe(parameters, {"xs": [1, 2, 3]})
-        assert_accepted(result, received)
-        result, received = execute_probe(parameters, {"xs": [1, "two", 3]})
-        assert_rejected(result, received, "$.xs[1]", "integer", "string")
-
-    def test_items_path_reaches_into_nested_objects(self) -> None:
-        item = {
-            "type": "object",
-            "properties": {"n": {"type": "integer"}},
-            "required": ["n"],
-        }
-        parameters = {
-            "type": "object",
-            "properties": {"xs": {"type": "array", "items": item}},
-        }
-        result, received = execute_probe(parameters, {"xs": [{"n": 1}, {"n": 2}]})
-        assert_accepted(result, received)
-        result, received = execute_probe(parameters, {"xs": [{"n": 1}, {"n": "x"}]})
-        assert_rejected(result, received, "$.xs[1].n")
-        result, received = execute_probe(parameters, {"xs": [{"n": 1}, {}, {"n": 3}]})
-        assert_rejected(result, received, "$.xs[1]", "'n'")
-
-    @pytest.mark.parametrize(
-        "value",
-        [
-            pytest.param(1, id="1"),
-            pytest.param("a", id="a"),
-            pytest.param(None, id="null"),
-            pytest.param([1, 2], id="array"),
-            pytest.param({"k": True}, id="object"),
-        ],
-    )
-    def test_enum_accepts_its_values(self, value: Any) -> None:
-        result, received = execute_probe_property({"enum": ENUM_VALUES}, value)
-        assert_accepted(result, received)
-
-    @pytest.mark.parametrize(
-        "value",
-        [
-            pytest.param(True, id="true-is-not-1"),
-            pytest.param(1.0, id="1.0-is-not-1"),
-            pytest.param("b", id="b"),
-            pytest.param([1, 2.0], id="array-of-float"),
-            pytest.param([2, 1], id="array-order"),
-            pytest.param({"k": 1}, id="object-1-is-not-true"),
-            pytest.param(0, id="0"),
-        ],
-    )
-    def test_enum_is_strict(self, value: Any) -> None:
-        """The documented choice: enum compares as strict JSON, so True is not 1."""
-        result, received = execute_probe_property({"enum": ENUM_VALUES}, value)
-        assert_rejected(result, received, "$.v", "one of")
-
-    def test_enum_of_true_rejects_1(self) -> None:
-        result, received = execute_probe_property({"enum": [True]}, 1)
-        assert_rejected(result, received, "$.v", "one of")
-        result, received = execute_probe_property({"enum": [True]}, True)
-        assert_accepted(result, received)
-
-    def test_nested_objects_are_checked_at_every_level(self) -> None:
-        inner = {
-            "type": "object",
-            "properties": {"n": {"type": "integer"}},
-            "required": ["n"],
-            "additionalProperties": False,
-        }
-        parameters = {"type": "object", "properties": {"inner": inner}, "required": ["inner"]}
-        result, received = execute_probe(parameters, {"inner": {"n": 1}})
-        assert_accepted(result, received)
-        result, received = execute_probe(parameters, {"inner": {}})
-        assert_rejected(result, received, "$.inner", "required", "'n'")
-        result, received = execute_probe(parameters, {"inner": {"n": 1, "x": 2}})
-        assert_rejected(result, received, "$.inner", "unexpected", "'x'")
-        result, received = execute_probe(parameters, {"inner": {"n": "one"}})
-        assert_rejected(result, received, "$.inner.n", "integer")
-        result, received = execute_probe(parameters, {"inner": [1]})
-        assert_rejected(result, received, "$.inner", "object", "array")
+            assert_rejected(result, received, *rejected)
 
     @pytest.mark.parametrize(
         ("parameters", "error", "word"),
@@ -5086,16 +3848,6 @@ class TestToolSchemas:
             al.Tool("probe", "A tool.", parameters, lambda arguments, signal: "ok")
         assert word in str(raised.value)
 
-    def test_annotations_are_accepted(self) -> None:
-        parameters = {
-            "type": "object",
-            "title": "Probe",
-            "description": "The probe's arguments.",
-            "properties": {"n": {"type": "integer", "description": "A number.", "title": "N"}},
-        }
-        result, received = execute_probe(parameters, {"n": 1})
-        assert_accepted(result, received)
-
     @pytest.mark.parametrize(
         "name",
         [pytest.param("", id="empty"), pytest.param(1, id="int"), pytest.param(None, id="none")],
@@ -5178,13 +3930,6 @@ class TestToolSpecIsChecked:
     def test_name_and_description(self, name: Any, description: Any) -> None:
         with pytest.raises(TypeError, match="ToolSpec"):
             al.ToolSpec(name, description, {"type": "object"})
-
-    def test_its_parameters_are_frozen(self) -> None:
-        schema: Dict[str, Any] = {"type": "object", "properties": {}}
-        spec = al.ToolSpec("x", "d", schema)
-        schema["type"] = "string"
-        assert type(spec.parameters) is MappingProxyType
-        assert spec.parameters["type"] == "object"
 
 
 class Executor:
@@ -5350,14 +4095,16 @@ class TestToolFromFunction:
         }
 
     def test_the_schema_is_enforced(self) -> None:
-        model = FakeModel(
-            al.scripted_response(
-                "r1", [al.ToolCall("c1", "search", {"query": "q", "other": 1})], "toolCall"
-            ),
-            al.scripted_response(
-                "r2", [al.ToolCall("c2", "search", {"query": "q", "tags": None})], "toolCall"
-            ),
-            al.scripted_response("r3", [al.TextBlock("done")], "stop"),
+        model = al.ScriptedModel(
+            [
+                al.scripted_response(
+                    "r1", [al.ToolCall("c1", "search", {"query": "q", "other": 1})], "toolCall"
+                ),
+                al.scripted_response(
+                    "r2", [al.ToolCall("c2", "search", {"query": "q", "tags": None})], "toolCall"
+                ),
+                al.scripted_response("r3", [al.TextBlock("done")], "stop"),
+            ]
         )
         _, result, _ = run(model, tools=[al.Tool.from_function(search)])
         contents = [m.content for m in result.messages if isinstance(m, al.ToolResultMessage)]
@@ -5698,31 +4445,6 @@ class TestExecuteToolCall:
         assert seen[0] is signal
 
     @pytest.mark.parametrize(
-        "given", [pytest.param(True, id="given"), pytest.param(False, id="default")]
-    )
-    def test_tools_receive_the_runs_signal(self, given: bool) -> None:
-        """The model and every tool receive the run's signal: the same object."""
-        seen: list[Any] = []
-        tool = al.Tool("probe", "", {"type": "object"}, lambda a, signal: seen.append(signal))
-        model = FakeModel(
-            al.scripted_response(
-                "response-001",
-                [call("probe", "call-001", {}), call("probe", "call-002", {})],
-                "toolCall",
-            ),
-            al.scripted_response("response-002", [text("done")], "stop"),
-        )
-        model_signals = model.signals
-        signal = threading.Event() if given else None
-        _, result, _ = run(model, [tool], max_steps=2, signal=signal)
-        assert result.status == "completed"
-        assert len(seen) == 2
-        assert len(model_signals) == 2
-        expected = signal if given else model_signals[0]
-        assert expected is not None
-        assert all(item is expected for item in seen + model_signals)
-
-    @pytest.mark.parametrize(
         "make",
         [
             pytest.param(lambda: {"x": float("nan")}, id="nan"),
@@ -5870,21 +4592,8 @@ class TestRecoverableExceptionsAreLogged:
         assert type(handlers[0]) is logging.NullHandler
 
 
-class UnprintableError(Exception):
-    """An exception whose str() itself raises."""
-
-    def __str__(self) -> str:
-        raise RuntimeError("no message for you")
-
-
 class Abort(BaseException):
     """A BaseException that is neither KeyboardInterrupt nor SystemExit."""
-
-
-def cyclic_value() -> object:
-    value: list[Any] = []
-    value.append(value)
-    return value
 
 
 @pytest.mark.hostile
@@ -5893,57 +4602,19 @@ class TestMisbehavingTools:
     request; it does not end the run by itself.\""""
 
     @staticmethod
-    def _one_call_then_stop(tool: al.Tool) -> tuple[list[al.Event], al.RunResult, FakeModel]:
-        model = FakeModel(
-            turn("response-001", [al.ToolCall("call-1", tool.name, {"text": "hi"})], "toolCall"),
-            turn("response-002", [text("noted")], "stop"),
+    def _one_call_then_stop(
+        tool: al.Tool,
+    ) -> tuple[list[al.Event], al.RunResult, al.ScriptedModel]:
+        model = al.ScriptedModel(
+            [
+                al.scripted_response(
+                    "response-001", [al.ToolCall("call-1", tool.name, {"text": "hi"})], "toolCall"
+                ),
+                al.scripted_response("response-002", [text("noted")], "stop"),
+            ]
         )
         events, result, _ = run(model, [tool])
         return events, result, model
-
-    @pytest.mark.parametrize(
-        "error",
-        [
-            pytest.param(ValueError("bad value"), id="ValueError"),
-            pytest.param(RuntimeError(), id="RuntimeError-without-message"),
-            pytest.param(RecursionError("deep"), id="RecursionError"),
-            pytest.param(StopIteration("leaked"), id="StopIteration"),
-            pytest.param(UnprintableError(), id="exception-whose-str-raises"),
-        ],
-    )
-    def test_raising_an_exception_is_recoverable(self, error: Exception) -> None:
-        def raising(arguments: dict[str, Any], signal: Any) -> object:
-            raise error
-
-        tool = al.Tool("flaky", "Raises.", {"type": "object"}, raising)
-        _, result, model = self._one_call_then_stop(tool)
-        assert result.status == "completed"
-        tool_result = result.messages[2]
-        assert isinstance(tool_result, al.ToolResultMessage)
-        assert tool_result.is_error is True
-        assert type(error).__name__ in tool_result.content
-        assert model.requests[1].messages[-1] == tool_result  # sent to the next request
-
-    @pytest.mark.parametrize(
-        "value",
-        [
-            pytest.param(object(), id="object"),
-            pytest.param({1, 2}, id="set"),
-            pytest.param(b"bytes", id="bytes"),
-            pytest.param(float("nan"), id="NaN"),
-            pytest.param({"x": float("inf")}, id="nested-Infinity"),
-            pytest.param({(1, 2): "tuple key"}, id="tuple-key"),
-            pytest.param(cyclic_value(), id="cyclic"),
-            pytest.param(nested(100_001, "array"), id="nested-100000-deep"),
-        ],
-    )
-    def test_returning_a_non_json_value_is_recoverable(self, value: object) -> None:
-        tool = al.Tool("odd", "Returns odd things.", {"type": "object"}, lambda a, s: value)
-        _, result, _ = self._one_call_then_stop(tool)
-        assert result.status == "completed"
-        tool_result = result.messages[2]
-        assert isinstance(tool_result, al.ToolResultMessage)
-        assert tool_result.is_error is True
 
     def test_returning_a_huge_string_is_kept_verbatim(self) -> None:
         huge = "y" * 5_000_000
@@ -5955,110 +4626,6 @@ class TestMisbehavingTools:
         assert tool_result.is_error is False
         assert tool_result.content == huge
 
-    def test_mutating_its_arguments_changes_nothing_in_the_run(self) -> None:
-        """API: "a tool's execute receives a fresh plain dict ... that it may mutate freely
-        without any effect on the transcript.\""""
-        seen: list[Any] = []
-
-        def mutate(arguments: dict[str, Any], signal: Any) -> object:
-            seen.append(repr(arguments))
-            arguments["items"].append("added")
-            arguments["nested"]["key"] = "changed"
-            arguments["new"] = True
-            del arguments["text"]
-            return "ok"
-
-        arguments: dict[str, Any] = {"text": "t", "items": [1, [2]], "nested": {"key": "v"}}
-        first = al.ToolCall("call-1", "mutate", arguments)
-        second = al.ToolCall("call-2", "mutate", arguments)
-        tool = al.Tool("mutate", "Mutates.", {"type": "object"}, mutate)
-        model = FakeModel(
-            turn("response-001", [first, second], "toolCall"),
-            turn("response-002", [text("done")], "stop"),
-        )
-        _, result, _ = run(model, [tool])
-        assert result.status == "completed"
-        assert seen[0] == seen[1]  # the second call saw fresh arguments
-        tool_results = [m for m in result.messages if isinstance(m, al.ToolResultMessage)]
-        assert [(m.content, m.is_error) for m in tool_results] == [("ok", False)] * 2
-        assistant = result.messages[1]
-        assert isinstance(assistant, al.AssistantMessage)
-        for block in assistant.content:
-            assert isinstance(block, al.ToolCall)
-            assert block.to_dict()["arguments"] == arguments
-        assert model.requests[1].messages[1] == assistant
-        assert arguments == {"text": "t", "items": [1, [2]], "nested": {"key": "v"}}
-
-    def test_registering_tools_during_the_run_changes_nothing(self) -> None:
-        """Seed: "The caller can later ... register another Tool without changing the
-        active run." Even from inside a tool of that run."""
-        registry = al.ToolRegistry()
-        late_runs: list[str] = []
-        late = al.Tool("late", "Late.", {"type": "object"}, lambda a, s: late_runs.append("x"))
-
-        def registrar(arguments: dict[str, Any], signal: Any) -> object:
-            registry.register(late)
-            return "registered"
-
-        registry.register(al.Tool("registrar", "Registers.", {"type": "object"}, registrar))
-        model = FakeModel(
-            turn("response-001", [al.ToolCall("call-1", "registrar", {})], "toolCall"),
-            turn("response-002", [al.ToolCall("call-2", "late", {})], "toolCall"),
-            turn("response-003", [text("done")], "stop"),
-        )
-        _events, result = settle(
-            al.run_agent_loop(messages=[user()], model=model, tools=registry, max_steps=3),
-            model,
-            max_steps=3,
-            start=[user()],
-        )
-        assert "late" in registry
-        assert result.status == "completed"
-        assert [spec.name for spec in model.requests[2].tools] == ["registrar"]
-        unknown = result.messages[4]
-        assert isinstance(unknown, al.ToolResultMessage)
-        assert unknown.is_error is True
-        assert late_runs == []
-
-    @pytest.mark.parametrize(
-        "error",
-        [
-            pytest.param(Abort(), id="BaseException"),
-            pytest.param(GeneratorExit(), id="GeneratorExit"),
-        ],
-    )
-    def test_base_exception_is_a_tool_phase_error_without_a_result(
-        self, error: BaseException
-    ) -> None:
-        """API: TOOL_PHASE_ERROR is "a tool phase that cannot be turned into a linked
-        result message": the call stays open, no result is fabricated."""
-
-        def abort(arguments: dict[str, Any], signal: Any) -> object:
-            raise error
-
-        executed: list[str] = []
-        tools = [al.Tool("abort", "Aborts.", {"type": "object"}, abort), echo_tool(executed)]
-        call_1 = al.ToolCall("call-1", "abort", {})
-        model = FakeModel(turn("response-001", [call_1, echo_call("call-2", "b")], "toolCall"))
-        events, result, _ = run(model, tools)
-        assert result.status == "failed"
-        assert result.error is not None
-        assert result.error.code == "TOOL_PHASE_ERROR"
-        assert types_of(events)[-2:] == ["tool.started", "run.finished"]
-        assert [m.id for m in result.messages] == ["user-001", "message-response-001"]
-        assert executed == []
-
-    def test_base_exception_after_cancellation_is_cancelled(self) -> None:
-        def abort(arguments: dict[str, Any], signal: Any) -> object:
-            signal.set()
-            raise Abort()
-
-        tool = al.Tool("abort", "Aborts.", {"type": "object"}, abort)
-        model = FakeModel(turn("response-001", [al.ToolCall("call-1", "abort", {})], "toolCall"))
-        _, result, _ = run(model, [tool])
-        assert result.status == "cancelled"
-        assert result.error is None
-
     def test_tool_that_drives_the_run_reentrantly_is_recoverable(self) -> None:
         """A tool that calls next() on the very run it is part of gets ValueError
         ("generator already executing"), which is an ordinary, recoverable error."""
@@ -6068,9 +4635,13 @@ class TestMisbehavingTools:
             return next(holder[0])
 
         tool = al.Tool("reenter", "Re-enters.", {"type": "object"}, reenter)
-        model = FakeModel(
-            turn("response-001", [al.ToolCall("call-1", "reenter", {})], "toolCall"),
-            turn("response-002", [text("done")], "stop"),
+        model = al.ScriptedModel(
+            [
+                al.scripted_response(
+                    "response-001", [al.ToolCall("call-1", "reenter", {})], "toolCall"
+                ),
+                al.scripted_response("response-002", [text("done")], "stop"),
+            ]
         )
         run_ = start_run(model, [tool])
         holder.append(run_)
@@ -6112,10 +4683,40 @@ class TestPlainJsonArguments:
     @pytest.mark.parametrize("make", NOT_PLAIN_JSON)
     def test_not_plain_arguments_fail_before_any_tool(self, make: Callable[[], Any]) -> None:
         """Plain JSON is dict with str keys, list, str, int, finite float, bool and None, with
-        no object reachable twice; anything else fails the run before the tool runs."""
-        events, result, model, received = run_probe_call(make())
-        assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "call-probe-001")
+        no object reachable twice; anything else fails the run before any tool of the
+        batch runs, even a valid call before it (which streamed; the bad one did not)."""
+        received: list[dict[str, Any]] = []
+        good = al.ToolCall("call-probe-001", "probe", {"n": 1})
+        bad = al.ToolCall("call-probe-002", "probe", make())
+        model = FakeModel(tool_turn("response-001", good, bad), stop("response-002"))
+        events, result, _ = run(model, tools=[probe_tool(received)])
+        assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "call-probe-002")
         assert_no_tool_ran(events, result, model, received)
+        assert chunk_event_count(events) == 1
+        assert model.finalized == ["request-001"]
+
+    @pytest.mark.parametrize(
+        ("arguments", "limit"),
+        [
+            pytest.param({"deep": nested(100_000, "array")}, "32", id="arrays-100000-deep"),
+            pytest.param(nested(100_000, "object"), "32", id="objects-100000-deep"),
+        ],
+    )
+    @pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "terminal-response-only"])
+    def test_arguments_far_past_a_bound_fail_without_recursion_error(
+        self, arguments: Any, limit: str, streamed: bool
+    ) -> None:
+        """A pathological nesting is found at the 33rd level, not by exhausting the stack,
+        and the same where only the terminal response holds the call."""
+        received: list[dict[str, Any]] = []
+        bad = al.ToolCall("call-probe-001", "probe", arguments)  # does not raise
+        response = al.scripted_response(
+            "response-001", [bad], "toolCall", chunks=None if streamed else []
+        )
+        events, result, model = run([response], tools=[probe_tool(received)])
+        assert_failed(events, result, "MODEL_PROTOCOL_ERROR", limit)
+        assert_no_tool_ran(events, result, model, received)
+        assert chunk_event_count(events) == 0  # a streamed bad call gets no chunk event
 
     @pytest.mark.parametrize("make", NOT_PLAIN_JSON)
     def test_tool_call_construction_never_raises(self, make: Callable[[], Any]) -> None:
@@ -6145,28 +4746,6 @@ class TestPlainJsonArguments:
         arguments = {"a": same, "b": same, "c": [same, same], "d": 1, "e": 1, "f": [[], []]}
         events, result, _, received = run_probe_call(arguments)
         assert_tool_received(events, result, received, arguments)
-
-    def test_arguments_nested_100000_deep_fail_without_recursion_error(self) -> None:
-        """A pathological nesting is found at the 33rd level, not by exhausting the stack."""
-        deep = nested(100_000, "array")
-        tool_call = al.ToolCall("call-probe-001", "probe", {"deep": deep})  # does not raise
-        assert tool_call.name == "probe"
-        events, result, model, received = run_probe_call({"deep": deep})
-        assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "32")
-        assert_no_tool_ran(events, result, model, received)
-
-    def test_objects_nested_100000_deep_fail_without_recursion_error(self) -> None:
-        """The same with objects only: no RecursionError escapes, the run fails cleanly."""
-        deep = nested(100_000, "object")
-        events, result, model, received = run_probe_call(deep)
-        assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "32")
-        assert_no_tool_ran(events, result, model, received)
-
-    def test_ten_megabyte_string_fails_with_protocol_error(self) -> None:
-        """A 10 MB string is one value over the text bound: the run fails, no tool runs."""
-        events, result, model, received = run_probe_call({"s": "x" * 10_000_000})
-        assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "4096")
-        assert_no_tool_ran(events, result, model, received)
 
 
 class TestInvalidToolCallArguments:
@@ -6206,7 +4785,9 @@ class TestInvalidToolCallArguments:
         ran: List[str] = []
         tool = no_arguments_tool("t", lambda a, s: ran.append("ran"))
         call = al.ToolCall("c1", "t", cast(Any, MappingProxyType({"bad": {1, 2}})))
-        _, result, _ = run(FakeModel(al.scripted_response("r1", [call], "toolCall")), tools=[tool])
+        _, result, _ = run(
+            al.ScriptedModel([al.scripted_response("r1", [call], "toolCall")]), tools=[tool]
+        )
         assert "arguments hold a set, which is not plain JSON" in failure_message(
             result, "MODEL_PROTOCOL_ERROR"
         )
@@ -6219,7 +4800,9 @@ class TestInvalidToolCallArguments:
         arguments["bad"] = 1.0  # now plain JSON, but not when the call was built
         ran: List[str] = []
         tool = no_arguments_tool("t", lambda a, s: ran.append("ran"))
-        _, result, _ = run(FakeModel(al.scripted_response("r1", [call], "toolCall")), tools=[tool])
+        _, result, _ = run(
+            al.ScriptedModel([al.scripted_response("r1", [call], "toolCall")]), tools=[tool]
+        )
         assert failure_message(result, "MODEL_PROTOCOL_ERROR") == (
             "tool call 'c1': arguments were not plain bounded JSON when the call was built"
         )
@@ -6448,7 +5031,8 @@ NUMBERS_20_22 = {"left": 20, "right": 22}
 class TestCopyingAndHashing:
     """Messages, events, requests and results survive pickle and copy.deepcopy, equal to
     the originals; a read-only mapping cannot be pickled, so each is rebuilt from plain
-    JSON and frozen again."""
+    JSON and frozen again. A value that holds a mapping says __hash__ = None; messages
+    and blocks hash."""
 
     def test_an_event_keeps_a_read_only_payload_and_copies_any_other(self) -> None:
         read_only = MappingProxyType({"message": user()})
@@ -6458,6 +5042,8 @@ class TestCopyingAndHashing:
         plain["message"] = user("changed", "user-002")
         assert event.payload["message"] == user()
         assert isinstance(event.payload, MappingProxyType)
+        with pytest.raises(TypeError):
+            event.payload["message"] = user("x", "user-003")  # type: ignore[index]
 
     def _recorded(self) -> tuple[list[al.Event], al.RunResult, FakeModel]:
         return run(
@@ -6504,30 +5090,27 @@ class TestCopyingAndHashing:
     def test_a_spec_built_from_a_plain_dict_is_frozen(self) -> None:
         parameters: dict[str, Any] = {"type": "object", "properties": {}}
         spec = al.ToolSpec("echo", "Echoes.", parameters)
+        parameters["type"] = "string"
         parameters["properties"]["text"] = {"type": "string"}
+        assert type(spec.parameters) is MappingProxyType
         assert spec.parameters == {"type": "object", "properties": {}}
         with pytest.raises(TypeError):
             spec.parameters["type"] = "string"  # type: ignore[index]
 
-    def test_an_event_built_from_a_plain_dict_has_a_read_only_payload(self) -> None:
-        payload: dict[str, Any] = {"request_id": "request-001"}
-        event = al.Event(0, "tool.started", payload)
-        payload["request_id"] = "changed"
-        assert event.payload["request_id"] == "request-001"
-        with pytest.raises(TypeError):
-            event.payload["request_id"] = "x"  # type: ignore[index]
-
-    def test_tool_calls_and_the_messages_holding_them_hash(self) -> None:
-        first = call("add", "call-1", {"left": 1, "right": 2})
-        same = call("add", "call-1", {"left": 1, "right": 2})
+    def test_messages_and_blocks_hash_by_value(self) -> None:
+        first = call("add", "call-1", {"left": 1, "right": [2]})
+        same = call("add", "call-1", {"left": 1, "right": [2]})
         assert hash(first) == hash(same)
         assert len({first, same}) == 1
         message = al.AssistantMessage("message-1", (text("Adding."), first))
-        assert message in {al.AssistantMessage("message-1", (text("Adding."), same))}
-
-
-class TestWhatHashes:
-    """A value that holds a mapping says __hash__ = None; messages and blocks hash."""
+        assert message in {al.AssistantMessage("message-1", [text("Adding."), same])}
+        values: List[object] = [
+            al.TextBlock("x"),
+            al.UserMessage("u", "x"),
+            al.ToolResultMessage("t", "c1", "t", "x", False),
+        ]
+        for value in values:
+            assert hash(value) == hash(copy.deepcopy(value))
 
     def test_values_holding_mappings_are_unhashable(self) -> None:
         spec = al.ToolSpec("x", "d", {"type": "object"})
@@ -6541,21 +5124,229 @@ class TestWhatHashes:
             with pytest.raises(TypeError):
                 hash(value)
 
-    def test_messages_and_blocks_hash(self) -> None:
-        call = al.ToolCall("c1", "t", {"a": [1]})
-        values: List[object] = [
-            al.TextBlock("x"),
-            call,
-            al.UserMessage("u", "x"),
-            al.AssistantMessage("a", [al.TextBlock("x"), call]),
-            al.ToolResultMessage("t", "c1", "t", "x", False),
+
+SIGNED = al.ThinkingBlock("Add first, then answer.", signature="sig-001")
+REDACTED = al.ThinkingBlock("", signature="opaque-data", redacted=True)
+FULL_USAGE = al.Usage(100, 20, 3000, 40, 5)
+
+
+def thinking_assistant(usage: al.Usage | None = FULL_USAGE) -> al.AssistantMessage:
+    """An assistant message with every kind of thinking block, in a mixed order, and usage."""
+    return al.AssistantMessage(
+        "message-response-001",
+        (SIGNED, text("Adding."), REDACTED, al.ThinkingBlock(""), add_call()),
+        usage,
+    )
+
+
+class TestThinkingBlocksAndUsage:
+    """ThinkingBlock, ThinkingDelta and Usage: their fields, JSON (Pi's keys, absent when
+    None or False) and round trips, and the sum of two Usages."""
+
+    def test_a_thinking_block_is_written_as_pi_writes_it(self) -> None:
+        assert al.ThinkingBlock("hmm").to_dict() == {"type": "thinking", "thinking": "hmm"}
+        assert SIGNED.to_dict() == {
+            "type": "thinking",
+            "thinking": "Add first, then answer.",
+            "thinkingSignature": "sig-001",
+        }
+        assert REDACTED.to_dict() == {
+            "type": "thinking",
+            "thinking": "",
+            "thinkingSignature": "opaque-data",
+            "redacted": True,
+        }
+
+    def test_a_thinking_delta_is_a_chunk_of_type_thinking(self) -> None:
+        delta = al.ThinkingDelta("request-001", "Let me see")
+        assert delta.type == "thinking"
+        assert delta.to_dict() == {
+            "type": "thinking",
+            "requestId": "request-001",
+            "thinking": "Let me see",
+        }
+
+    def test_usage_is_written_in_pis_keys_each_absent_when_unknown(self) -> None:
+        assert FULL_USAGE.to_dict() == {
+            "input": 100,
+            "output": 20,
+            "cacheRead": 3000,
+            "cacheWrite": 40,
+            "reasoning": 5,
+        }
+        assert al.Usage(output_tokens=0).to_dict() == {"output": 0}
+        assert al.Usage().to_dict() == {}
+
+    def test_usage_is_written_only_where_it_is_known(self) -> None:
+        message = thinking_assistant()
+        assert message.to_dict()["usage"] == FULL_USAGE.to_dict()
+        assert "usage" not in thinking_assistant(None).to_dict()
+        response = al.ModelResponse("r", "request-001", (), "stop", al.Usage(1, 2))
+        assert response.to_dict()["usage"] == {"input": 1, "output": 2}
+        assert "usage" not in al.ModelResponse("r", "request-001", (), "stop").to_dict()
+        result = al.RunResult("completed", (), 1, final_text="", usage=al.Usage())
+        assert result.to_dict()["usage"] == {}
+        assert "usage" not in al.RunResult("completed", (), 1, final_text="").to_dict()
+
+    @pytest.mark.parametrize("value", [0, 1, 10**12, None])
+    def test_a_usage_count_is_none_or_an_int_at_least_zero(self, value: Any) -> None:
+        for name in USAGE_FIELDS:
+            assert getattr(al.Usage(**{name: value}), name) == value
+
+    @pytest.mark.parametrize(
+        ("value", "error", "words"),
+        [
+            pytest.param(-1, ValueError, "must be None or an int >= 0, got -1", id="negative"),
+            pytest.param(True, TypeError, "must be None or an int, got bool", id="bool"),
+            pytest.param(1.0, TypeError, "must be None or an int, got float", id="float"),
+            pytest.param("3", TypeError, "must be None or an int, got str", id="str"),
+        ],
+    )
+    def test_a_usage_count_of_another_kind_is_refused_when_built(
+        self, value: Any, error: type[Exception], words: str
+    ) -> None:
+        for name in USAGE_FIELDS:
+            with pytest.raises(error, match=re.escape(f"Usage {name} {words}")):
+                al.Usage(**{name: value})
+
+    def test_usages_add_field_by_field(self) -> None:
+        assert FULL_USAGE + al.Usage(1, 2, 3, 4, 5) == al.Usage(101, 22, 3003, 44, 10)
+
+    def test_a_sum_with_an_unknown_part_is_unknown(self) -> None:
+        """ "a field that is None on either side is None in the sum"."""
+        assert FULL_USAGE + al.Usage(1, 2, None, 4, None) == al.Usage(101, 22, None, 44, None)
+        assert al.Usage(None, 2) + al.Usage(1, 2) == al.Usage(None, 4)
+        assert FULL_USAGE + al.Usage() == al.Usage()
+
+    def test_a_usage_adds_only_a_usage(self) -> None:
+        usage: Any = FULL_USAGE
+        with pytest.raises(TypeError):
+            usage + object()
+        with pytest.raises(TypeError):
+            usage + {"input": 1}
+
+    def test_text_from_assistant_leaves_thinking_out(self) -> None:
+        assert al.text_from_assistant(thinking_assistant()) == "Adding."
+
+    @pytest.mark.parametrize("usage", [FULL_USAGE, al.Usage(output_tokens=7), al.Usage(), None])
+    def test_a_message_with_thinking_and_usage_round_trips_through_json(
+        self, usage: al.Usage | None
+    ) -> None:
+        message = thinking_assistant(usage)
+        again = al.message_from_dict(json.loads(json.dumps(message.to_dict())))
+        assert again == message
+        assert again.content == message.content  # the blocks in the model's order
+        assert isinstance(again, al.AssistantMessage)
+        assert again.usage == usage
+
+    def test_events_with_thinking_and_usage_round_trip_through_json(self) -> None:
+        message = thinking_assistant()
+        events = [
+            al.Event(0, "message.accepted", {"message": message}),
+            al.Event(
+                1,
+                "model.chunk",
+                {"request_id": "request-001", "chunk": al.ThinkingDelta("request-001", "Hm")},
+            ),
+            al.Event(
+                2,
+                "run.finished",
+                {"result": al.RunResult("cancelled", (message,), 1, usage=FULL_USAGE)},
+            ),
         ]
-        for value in values:
-            assert hash(value) == hash(value)
-        assert {call, al.ToolCall("c1", "t", {"a": [1]})} == {call}
+        for event in events:
+            assert al.event_from_dict(json.loads(json.dumps(event.to_dict()))) == event
+
+    def test_an_assistant_message_equals_another_only_with_the_same_usage(self) -> None:
+        assert thinking_assistant() == thinking_assistant(al.Usage(100, 20, 3000, 40, 5))
+        assert thinking_assistant() != thinking_assistant(None)
+        assert hash(thinking_assistant()) == hash(thinking_assistant())
 
 
-# --- Interop, replay and resumption ------------------------------------------------------
+def thinking_dict(**fields: Any) -> dict[str, Any]:
+    """An assistant message dict whose one block is a thinking block with these fields."""
+    return {"id": "m", "role": "assistant", "content": [{"type": "thinking", **fields}]}
+
+
+def usage_dict(**counts: Any) -> dict[str, Any]:
+    """An assistant message dict with this usage."""
+    return {"id": "m", "role": "assistant", "content": [], "usage": counts}
+
+
+class TestMalformedThinkingAndUsageDicts:
+    """A malformed thinking block, thinking chunk or usage raises ValueError naming the field."""
+
+    @pytest.mark.parametrize(
+        ("data", "field"),
+        [
+            pytest.param(thinking_dict(), r"message\.content\[0\]\.thinking is missing",
+                         id="no-thinking"),
+            pytest.param(thinking_dict(thinking=1),
+                         r"message\.content\[0\]\.thinking must be a string, got int",
+                         id="thinking-int"),
+            pytest.param(thinking_dict(thinking="", thinkingSignature=7),
+                         r"message\.content\[0\]\.thinkingSignature must be a string, got int",
+                         id="signature-int"),
+            pytest.param(thinking_dict(thinking="", thinkingSignature="s", redacted="yes"),
+                         r"message\.content\[0\]\.redacted must be a boolean, got str",
+                         id="redacted-str"),
+            pytest.param(thinking_dict(thinking="secret", thinkingSignature="s", redacted=True),
+                         r"message\.content\[0\]: a redacted thinking block .* got thinking "
+                         r"'secret', signature 's'", id="redacted-with-thinking"),
+            pytest.param(thinking_dict(thinking="", redacted=True),
+                         r"message\.content\[0\]: a redacted thinking block .* signature None",
+                         id="redacted-without-signature"),
+            pytest.param({"id": "m", "role": "assistant", "content": [], "usage": 3},
+                         r"message\.usage must be an object, got int", id="usage-int"),
+            pytest.param(usage_dict(input="1"), r"message\.usage\.input must be an integer",
+                         id="input-str"),
+            pytest.param(usage_dict(output=2.0), r"message\.usage\.output must be an integer",
+                         id="output-float"),
+            pytest.param(usage_dict(cacheRead=True),
+                         r"message\.usage\.cacheRead must be an integer, got bool",
+                         id="cacheRead-bool"),
+            pytest.param(usage_dict(cacheWrite=-1),
+                         r"message\.usage\.cacheWrite must be >= 0, got -1",
+                         id="cacheWrite-negative"),
+            pytest.param(usage_dict(reasoning=[]),
+                         r"message\.usage\.reasoning must be an integer, got list",
+                         id="reasoning-list"),
+        ],
+    )  # fmt: skip
+    def test_a_malformed_message_names_the_field(self, data: Any, field: str) -> None:
+        with pytest.raises(ValueError, match=field):
+            al.message_from_dict(data)
+
+    def test_null_keys_are_absent_keys(self) -> None:
+        """As for the other optional keys: null is read as absent."""
+        data = {**thinking_dict(thinking="", thinkingSignature=None, redacted=None), "usage": None}
+        assert al.message_from_dict(data) == al.AssistantMessage("m", (al.ThinkingBlock(""),))
+        assert al.message_from_dict(usage_dict(input=None, output=3)) == al.AssistantMessage(
+            "m", (), al.Usage(output_tokens=3)
+        )
+
+    @pytest.mark.parametrize(
+        ("chunk", "field"),
+        [
+            pytest.param({"type": "thinking", "requestId": "request-001"},
+                         r"event\.payload\.chunk\.thinking is missing", id="no-thinking"),
+            pytest.param({"type": "thinking", "requestId": "request-001", "thinking": None},
+                         r"event\.payload\.chunk\.thinking must be a string, got NoneType",
+                         id="thinking-null"),
+        ],
+    )  # fmt: skip
+    def test_a_malformed_thinking_chunk_names_the_field(self, chunk: Any, field: str) -> None:
+        data = event_dict("model.chunk", {"requestId": "request-001", "chunk": chunk})
+        with pytest.raises(ValueError, match=field):
+            al.event_from_dict(data)
+
+    def test_a_malformed_run_usage_names_the_field(self) -> None:
+        data = event_dict("run.finished", {"result": {**RUN_RESULT_DICT, "usage": {"input": -5}}})
+        with pytest.raises(ValueError, match=r"event\.payload\.result\.usage\.input must be >= 0"):
+            al.event_from_dict(data)
+
+
+# --- Interop and resumption -------------------------------------------------------------
 
 
 EXTRA_ARGUMENTS: dict[str, Any] = {
@@ -6963,17 +5754,6 @@ class TestRoundTrips:
         assert final == result
         assert final.messages == result.messages
 
-    @pytest.mark.parametrize("status", ["completed", "cancelled", "failed", "maxSteps"])
-    def test_run_result_through_run_finished(self, status: str) -> None:
-        events, result = runs_of_every_status()[status]
-        rebuilt = al.event_from_dict(through_json(events[-1].to_dict())).payload["result"]
-        assert rebuilt == result
-        assert (rebuilt.final_text, rebuilt.max_steps, rebuilt.error) == (
-            result.final_text,
-            result.max_steps,
-            result.error,
-        )
-
     def test_null_optional_result_fields_read_as_unset(self) -> None:
         """finalText, maxSteps and error may be absent or null: both mean "not set"."""
         unset = {"finalText": None, "maxSteps": None, "error": None}
@@ -7245,7 +6025,7 @@ def replay_added(
     return events, result, model
 
 
-class TestReplay:
+class TestScriptedModelFromTranscript:
     """Running the loop again from the same starting messages, with tools that behave the
     same, reproduces the recorded transcript exactly."""
 
@@ -7378,656 +6158,6 @@ class TestReplay:
         assert whole.call_count == 1
 
 
-def counter_tool(start: int = 41) -> al.Tool:
-    """A tool that answers differently each time: a recording must not run it again."""
-    count = [start]
-
-    def counter(arguments: dict[str, Any], signal: al.Signal) -> object:
-        count[0] += 1
-        return str(count[0])
-
-    return al.Tool("counter", "Counts.", {"type": "object"}, counter)
-
-
-def refuse_with_tool_error(arguments: dict[str, Any], signal: al.Signal) -> object:
-    raise al.ToolError("No, and that is final.")
-
-
-def raise_lookup_error(arguments: dict[str, Any], signal: al.Signal) -> object:
-    raise LookupError("nothing here")
-
-
-def every_kind_of_tool(executed: list[str] | None = None) -> list[al.Tool]:
-    """echo, counter, refuse (ToolError) and boom (raises): every kind of result."""
-    return [
-        echo_tool(executed),
-        counter_tool(),
-        al.Tool("refuse", "Refuses.", {"type": "object"}, refuse_with_tool_error),
-        al.Tool("boom", "Raises.", {"type": "object"}, raise_lookup_error),
-    ]
-
-
-def record_run(
-    responses: Sequence[al.ScriptedResponse],
-    *,
-    messages: Sequence[al.Message] | None = None,
-    tools: Sequence[al.Tool] | None = None,
-    max_steps: int = 8,
-    request_sequence_start: int = 0,
-    cancel_when: CancelAt = None,
-) -> tuple[list[al.Event], al.RunResult]:
-    """Records a run with the driver: tools of every kind of result unless ``tools`` says
-    otherwise, and a signal that the consumer sets at ``cancel_when``."""
-    events, result, _ = run(
-        responses,
-        every_kind_of_tool() if tools is None else tools,
-        messages=messages,
-        max_steps=max_steps,
-        signal=threading.Event(),
-        request_sequence_start=request_sequence_start,
-        cancel_at=cancel_when,
-    )
-    return events, result
-
-
-def settle_replay(replayed: al.ReplayedRun) -> tuple[list[al.Event], al.RunResult]:
-    """Runs a replayed run with the driver's settle, so that its invariants are checked."""
-    return settle(replayed.run(), max_steps=replayed.max_steps)
-
-
-def dicts_of(events: Iterable[al.Event]) -> list[dict[str, Any]]:
-    return [event.to_dict() for event in events]
-
-
-def json_lines(events: Iterable[al.Event]) -> str:
-    """A recording as the demo's --json writes it: one to_dict() per line."""
-    return "".join(json.dumps(event.to_dict(), ensure_ascii=False) + "\n" for event in events)
-
-
-def read_json_lines(text: str) -> list[al.Event]:
-    return [al.event_from_dict(json.loads(line)) for line in text.splitlines()]
-
-
-def assert_replays_exactly(events: list[al.Event]) -> al.ReplayedRun:
-    """replay() of the log, live and read back from JSON lines, reproduces it exactly."""
-    for log in (events, read_json_lines(json_lines(events))):
-        replayed = al.replay(log)
-        again, result = settle_replay(replayed)
-        assert dicts_of(again) == dicts_of(events)
-        assert result == events[-1].payload["result"]
-    return replayed
-
-
-def three_step_script() -> list[al.ScriptedResponse]:
-    """Text split into chunks (an empty delta too), tool calls of every kind of result."""
-    return [
-        al.scripted_response(
-            "response-001",
-            [text("Echo, then count."), call("echo", "call-1", {"text": "one"})],
-            "toolCall",
-            chunks=[
-                text("Echo, "),
-                text(""),
-                text("then count."),
-                call("echo", "call-1", {"text": "one"}),
-            ],
-        ),
-        tool_turn(
-            "response-002",
-            call("counter", "call-2", {}),
-            call("refuse", "call-3", {}),
-            call("boom", "call-4", {}),
-            call("missing", "call-5", {}),
-            call("echo", "call-6", {"text": 5}),
-        ),
-        al.scripted_response(
-            "response-003",
-            [text("All done.")],
-            "stop",
-            chunks=[text("All "), text("done.")],
-        ),
-    ]
-
-
-class TestExactReplay:
-    """Running the loop on them with the recorded budget yields an event log whose
-    to_dict() equals the recording, for every run that ended completed or maxSteps."""
-
-    def test_a_completed_run_replays_exactly_and_runs_no_tool(self) -> None:
-        executed: list[str] = []
-        events, result = record_run(three_step_script(), tools=every_kind_of_tool(executed))
-        assert result.status == "completed"
-        assert executed == ["one"]
-        replayed = assert_replays_exactly(events)
-        assert executed == ["one"]  # the recorded tools answered; nothing ran again
-        assert replayed.messages == (user(),)
-        assert replayed.max_steps == 3
-        assert replayed.request_sequence_start == 0
-
-    def test_chunks_are_streamed_as_recorded_empty_deltas_included(self) -> None:
-        events, _ = record_run(three_step_script())
-        again, _ = settle_replay(al.replay(events))
-        chunks = [event.payload["chunk"] for event in again if event.type == "model.chunk"]
-        assert chunks[:3] == [
-            al.TextDelta("request-001", "Echo, "),
-            al.TextDelta("request-001", ""),
-            al.TextDelta("request-001", "then count."),
-        ]
-        assert len(chunks) == 4 + 5 + 2
-
-    def test_recorded_error_results_are_reproduced_exactly(self) -> None:
-        """Replay's recorded-result tools may use it [ToolError] to reproduce
-        is_error=True results exactly."""
-        events, result = record_run(three_step_script())
-        _, again = settle_replay(al.replay(events))
-        results = [m for m in again.messages if isinstance(m, al.ToolResultMessage)]
-        assert [(m.content, m.is_error) for m in results] == [
-            ("one", False),
-            ("42", False),
-            ("No, and that is final.", True),
-            ("tool 'boom' raised LookupError: nothing here", True),
-            ("unknown tool 'missing' (available: echo, counter, refuse, boom)", True),
-            ("invalid arguments for tool 'echo': $.text must be string, got integer", True),
-        ]
-        assert again.messages == result.messages
-
-    def test_a_non_deterministic_tool_answers_as_recorded(self) -> None:
-        script = [tool_turn("response-001", call("counter", "call-1", {})), stop("r2", "Done.")]
-        events, result = record_run(script)
-        assert result.messages[2].content == "42"
-        for _ in range(3):  # a ReplayedRun runs again and again, one run at a time
-            assert_replays_exactly(events)
-
-    def test_a_max_steps_run_replays_exactly_with_its_budget(self) -> None:
-        script = [
-            tool_turn("response-001", call("echo", "call-1", {"text": "a"})),
-            tool_turn("response-002", call("counter", "call-2", {})),
-            stop("response-003", "Done."),
-        ]
-        events, result = record_run(script, max_steps=2)
-        assert result.status == "maxSteps"
-        replayed = assert_replays_exactly(events)
-        assert replayed.max_steps == 2
-
-    def test_a_run_with_history_and_a_request_sequence_start_replays_exactly(self) -> None:
-        history: list[al.Message] = [
-            user("Hi.", "user-000"),
-            al.AssistantMessage("message-response-000", (call("weather", "call-0", {}),)),
-            al.ToolResultMessage("tool-result-call-0", "call-0", "weather", "Sunny.", False),
-            al.AssistantMessage("message-response-00", (text("Hello."),)),
-            user(),
-        ]
-        script = [tool_turn("response-005", call("echo", "call-1", {"text": "b"}))]
-        events, result = record_run(
-            [*script, stop("response-006", "Done.")], messages=history, request_sequence_start=4
-        )
-        assert result.status == "completed"
-        replayed = assert_replays_exactly(events)
-        assert replayed.messages == tuple(history)
-        assert replayed.request_sequence_start == 4
-        # The tools are those the run's own calls name, not the history's.
-        assert [tool.name for tool in replayed.tools] == ["echo"]
-
-    def test_a_step_that_streamed_nothing_replays_exactly(self) -> None:
-        """A stop response with no content streams no chunk: its request has no event."""
-        script = [
-            tool_turn("response-001", call("echo", "call-1", {"text": "a"})),
-            al.scripted_response("response-002", [], "stop"),
-        ]
-        events, result = record_run(script)
-        assert result.status == "completed"
-        assert result.final_text == ""
-        assert "request-002" not in json.dumps(dicts_of(events))
-        assert_replays_exactly(events)
-
-    def test_the_replayed_run_is_run_agent_loop_on_its_fields(self) -> None:
-        """A frozen dataclass with messages, model, tools, max_steps and
-        request_sequence_start, whose run() returns run_agent_loop(...) on them."""
-        events, _ = record_run(three_step_script())
-        replayed = al.replay(iter(events))
-        assert [field.name for field in dataclasses.fields(al.ReplayedRun)] == [
-            "messages",
-            "model",
-            "tools",
-            "max_steps",
-            "request_sequence_start",
-        ]
-        with pytest.raises(dataclasses.FrozenInstanceError):
-            replayed.max_steps = 4  # type: ignore[misc]
-        assert [tool.name for tool in replayed.tools] == [
-            "echo",
-            "counter",
-            "refuse",
-            "boom",
-            "missing",
-        ]
-        assert all(spec.parameters == {"type": "object"} for spec in replayed.tools.specs())
-        by_hand = al.run_agent_loop(
-            messages=replayed.messages,
-            model=replayed.model,
-            tools=replayed.tools,
-            max_steps=replayed.max_steps,
-        )
-        assert dicts_of(settle(by_hand)[0]) == dicts_of(events)
-
-    def test_a_larger_budget_changes_nothing_for_a_completed_run(self) -> None:
-        events, _ = record_run(three_step_script())
-        replayed = dataclasses.replace(al.replay(events), max_steps=al.MAX_AGENT_STEPS)
-        assert dicts_of(settle_replay(replayed)[0]) == dicts_of(events)
-
-    def test_a_request_the_recording_does_not_hold_fails_the_run(self) -> None:
-        script = [
-            tool_turn("response-001", call("echo", "call-1", {"text": "a"})),
-            stop("response-002", "Done."),
-        ]
-        events, result = record_run(script, max_steps=1)
-        assert result.status == "maxSteps"
-        again, failed = settle_replay(dataclasses.replace(al.replay(events), max_steps=2))
-        assert dicts_of(again[:-1]) == dicts_of(events[:-1])
-        assert failed.status == "failed"
-        assert failed.error is not None
-        assert failed.error.code == "MODEL_STREAM_ERROR"
-        assert failed.error.message == (
-            "model.stream() raised RuntimeError: the recording holds no request-002 "
-            "(it holds request-001)"
-        )
-
-
-class SignalWithoutSet:
-    """A Signal (is_set() and wait()) that cannot be set."""
-
-    def is_set(self) -> bool:
-        return False
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return False
-
-
-def two_call_script() -> list[al.ScriptedResponse]:
-    return [
-        al.scripted_response(
-            "response-001",
-            [text("Two calls."), call("echo", "call-1", {"text": "a"})],
-            "toolCall",
-            chunks=[text("Two "), text("calls."), call("echo", "call-1", {"text": "a"})],
-        ),
-        tool_turn(
-            "response-002",
-            call("echo", "call-2", {"text": "b"}),
-            call("counter", "call-3", {}),
-        ),
-        stop("response-003", "Done."),
-    ]
-
-
-class TestReplayOfCancelledAndFailedRuns:
-    """replay(): "A cancelled or failed run is replayed to where its log stops. There, the
-    replayed code that has control ... sets the run's signal, so the replay ends cancelled
-    at that point"."""
-
-    @pytest.mark.parametrize(
-        "sequence",
-        [
-            pytest.param(1, id="at-a-chunk"),
-            pytest.param(3, id="at-the-last-chunk"),
-            pytest.param(4, id="at-tool-started"),
-            pytest.param(8, id="at-a-tool-started-of-the-second-step"),
-        ],
-    )
-    def test_a_run_cancelled_while_the_model_or_a_tool_had_control_replays_exactly(
-        self, sequence: int
-    ) -> None:
-        """ "a run cancelled while the model or a tool had control (the signal was seen
-        during a request or a tool call) replays exactly"."""
-        events, result = record_run(two_call_script(), cancel_when=sequence)
-        assert result.status == "cancelled"
-        assert events[-2].sequence == sequence
-        replayed = assert_replays_exactly(events)
-        assert replayed.max_steps == result.steps + 1
-
-    def test_a_tool_that_saw_the_signal_replays_exactly(self) -> None:
-        def cancels(arguments: dict[str, Any], signal: al.Signal) -> object:
-            assert isinstance(signal, threading.Event)
-            signal.set()
-            return "too late"
-
-        tools = [
-            *every_kind_of_tool(),
-            al.Tool("cancels", "Cancels.", {"type": "object"}, cancels),
-        ]
-        script = [tool_turn("response-001", call("cancels", "call-1", {}))]
-        events, result = record_run(script, tools=tools)
-        assert result.status == "cancelled"
-        assert [call.id for call in al.open_tool_calls(result.messages)] == ["call-1"]
-        assert_replays_exactly(events)
-
-    def test_a_consumer_that_cancelled_between_two_tool_calls_gets_one_tool_started_more(
-        self,
-    ) -> None:
-        """ "a run that its consumer cancelled between two events runs on to the next such
-        point: one more tool.started (the call gets no result, as recorded)"."""
-        events, result = record_run(two_call_script(), cancel_when=9)
-        assert events[-2].type == "tool.finished"
-        again, replayed = settle_replay(al.replay(events))
-        one_more = {
-            "sequence": 10,
-            "type": "tool.started",
-            "payload": {
-                "requestId": "request-002",
-                "toolCall": call("counter", "call-3", {}).to_dict(),
-            },
-        }
-        assert dicts_of(again[:-1]) == [*dicts_of(events[:-1]), one_more]
-        assert replayed == result
-
-    @pytest.mark.parametrize(
-        ("sequence", "steps"),
-        [pytest.param(5, 1, id="after-a-batch"), pytest.param(0, 0, id="at-accepted")],
-    )
-    def test_a_consumer_that_cancelled_before_a_request_gets_one_request_more(
-        self, sequence: int, steps: int
-    ) -> None:
-        """ "... or one more request counted in steps"."""
-        events, result = record_run(two_call_script(), cancel_when=sequence)
-        assert result.steps == steps
-        again, replayed = settle_replay(al.replay(events))
-        assert dicts_of(again) == [*dicts_of(events)[:-1], again[-1].to_dict()]
-        assert replayed == dataclasses.replace(result, steps=steps + 1)
-
-    def test_a_run_cancelled_before_its_first_event_replays_exactly(self) -> None:
-        """Cancelled at SnapshotRun: the result holds the starting messages, no event does."""
-        signal = threading.Event()
-        signal.set()
-        events, result, _ = run([], max_steps=1, signal=signal)
-        assert [event.type for event in events] == ["run.finished"]
-        replayed = al.replay(events)
-        assert replayed.messages == (user(),)
-        assert replayed.max_steps == 1
-        again, cancelled = settle_replay(replayed)
-        assert [event.type for event in again] == ["message.accepted", "run.finished"]
-        assert cancelled == dataclasses.replace(result, steps=1)
-
-    def _failed_run(self, how: str) -> tuple[list[al.Event], al.RunResult]:
-        class Halt(BaseException):
-            pass
-
-        def aborts(arguments: dict[str, Any], signal: al.Signal) -> object:
-            raise Halt
-
-        tools = [*every_kind_of_tool(), al.Tool("aborts", "Aborts.", {"type": "object"}, aborts)]
-        first = tool_turn("response-001", call("echo", "call-1", {"text": "a"}))
-        if how == "TOOL_PHASE_ERROR":
-            second = tool_turn("response-002", call("aborts", "call-2", {}))
-        else:  # the streamed chunks and the terminal response disagree
-            second = al.scripted_response(
-                "response-002", [text("Yes.")], "stop", chunks=[text("No.")]
-            )
-        events, result = record_run([first, second], tools=tools)
-        if how == "MODEL_STREAM_ERROR":
-            script = al.ScriptedModel([first])  # asked for a second response it does not have
-            events, result, _ = run(script, tools, max_steps=4)
-        assert result.error is not None
-        assert result.error.code == how
-        return events, result
-
-    @pytest.mark.parametrize(
-        "how", ["MODEL_STREAM_ERROR", "MODEL_PROTOCOL_ERROR", "TOOL_PHASE_ERROR"]
-    )
-    def test_a_failed_run_replays_its_events_and_ends_cancelled_where_it_failed(
-        self, how: str
-    ) -> None:
-        """ "a run that failed in a request or a tool call replays every event before
-        run.finished and ends cancelled with the same messages and steps"."""
-        events, result = self._failed_run(how)
-        again, replayed = settle_replay(al.replay(events))
-        assert dicts_of(again[:-1]) == dicts_of(events[:-1])
-        assert replayed == al.RunResult("cancelled", result.messages, result.steps)
-
-    def test_a_run_that_failed_invalid_transcript_is_a_value_error(self) -> None:
-        """ "a run that failed INVALID_TRANSCRIPT logged none of its starting messages"."""
-        events, result = record_run([], messages=[al.ToolResultMessage("t", "c", "x", "", False)])
-        assert result.error is not None
-        assert result.error.code == "INVALID_TRANSCRIPT"
-        with pytest.raises(ValueError, match="INVALID_TRANSCRIPT: its log holds none"):
-            al.replay(events)
-
-    def test_a_signal_that_cannot_be_set_fails_the_replay_where_the_log_stops(self) -> None:
-        events, _ = record_run(two_call_script(), cancel_when=2)
-        replayed = al.replay(events)
-        _, result = settle(
-            al.run_agent_loop(
-                messages=replayed.messages,
-                model=replayed.model,
-                tools=replayed.tools,
-                max_steps=replayed.max_steps,
-                signal=SignalWithoutSet(),
-            )
-        )
-        assert result.error is not None
-        assert result.error.code == "MODEL_STREAM_ERROR"
-        assert "the recording stops at request-001, and the run's signal has no set()" in (
-            result.error.message
-        )
-
-
-def answer_tool(answer: str) -> al.Tool:
-    return al.Tool("answer", "Answers.", {"type": "object"}, lambda arguments, signal: answer)
-
-
-def answer_script() -> list[al.ScriptedResponse]:
-    return [
-        tool_turn("response-001", text("Asking."), call("answer", "call-1", {})),
-        stop("response-002", "The answer was given."),
-    ]
-
-
-class TestReplayDetectsDrift:
-    """The replayed model compares each request it receives with the transcript the
-    recording implies; on the first difference it raises, and the run fails
-    MODEL_STREAM_ERROR with a message that shows the index and both sides (shortened),
-    never a silently different run."""
-
-    def test_a_tool_whose_answer_changed_fails_the_replay(self) -> None:
-        events, _ = record_run(answer_script(), tools=[answer_tool("42")])
-        same = dataclasses.replace(al.replay(events), tools=al.ToolRegistry([answer_tool("42")]))
-        assert dicts_of(settle_replay(same)[0]) == dicts_of(events)
-        changed = dataclasses.replace(same, tools=al.ToolRegistry([answer_tool("43")]))
-        again, result = settle_replay(changed)
-        assert result.status == "failed"
-        assert result.error is not None
-        assert result.error.code == "MODEL_STREAM_ERROR"
-        assert result.error.message == (
-            "model.stream() raised RuntimeError: request-002 differs from the recording at "
-            "message 2: recorded ToolResultMessage(id='tool-result-call-1', "
-            "tool_call_id='call-1', tool_name='answer', content='42', is_error=False), got "
-            "ToolResultMessage(id='tool-result-call-1', tool_call_id='call-1', "
-            "tool_name='answer', content='43', is_error=False)"
-        )
-        # Nothing of request-002 was streamed: the run stopped at the difference.
-        assert dicts_of(again[:4]) == dicts_of(events[:4])
-        assert [event.type for event in again[4:]] == ["tool.finished", "run.finished"]
-
-    def test_both_sides_are_shortened_around_the_difference(self) -> None:
-        recorded, changed = "x" * 500 + "42" + "y" * 500, "x" * 500 + "43" + "y" * 500
-        events, _ = record_run(answer_script(), tools=[answer_tool(recorded)])
-        replayed = dataclasses.replace(
-            al.replay(events), tools=al.ToolRegistry([answer_tool(changed)])
-        )
-        _, result = settle_replay(replayed)
-        assert result.error is not None
-        message = result.error.message
-        assert len(message) < 600
-        shown = "x" * 159 + "4{}" + "y" * 59 + "..."
-        assert f"recorded ...{shown.format(2)}, got ...{shown.format(3)}" in message
-
-    def test_a_missing_or_extra_message_shows_nothing_on_one_side(self) -> None:
-        events, _ = record_run(answer_script(), tools=[answer_tool("42")])
-        longer = dataclasses.replace(
-            al.replay(events), messages=(user(), user("More.", "user-002"))
-        )
-        _, result = settle_replay(longer)
-        assert result.error is not None
-        assert result.error.message.endswith(
-            "request-001 differs from the recording at message 1: recorded nothing, got "
-            "UserMessage(id='user-002', content='More.')"
-        )
-
-    def test_recorded_tools_refuse_calls_the_recording_does_not_hold(self) -> None:
-        """The recorded tools answer the replayed model's calls, in order; another model's
-        call gets a recoverable error result, not a recorded answer."""
-        events, _ = record_run(answer_script(), tools=[answer_tool("42")])
-        replayed = al.replay(events)
-        other = FakeModel(
-            tool_turn("response-001", call("answer", "call-1", {"extra": 1})),
-            stop("response-002", "Done."),
-        )
-        _, result = settle_replay(dataclasses.replace(replayed, model=other))
-        assert result.status == "completed"
-        tool_result = result.messages[2]
-        assert isinstance(tool_result, al.ToolResultMessage)
-        assert tool_result.is_error
-        assert "the recording has no call of tool 'answer' with these arguments" in (
-            tool_result.content
-        )
-
-
-def recording() -> list[dict[str, Any]]:
-    """A completed two-step run, as to_dict() of each event."""
-    script = [
-        tool_turn(
-            "response-001",
-            call("echo", "call-1", {"text": "a"}),
-            call("echo", "call-2", {"text": "b"}),
-        ),
-        stop("response-002", "Done."),
-    ]
-    return dicts_of(record_run(script)[0])
-
-
-def renumbered(log: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{**event, "sequence": index} for index, event in enumerate(log)]
-
-
-def result_of_log(log: list[dict[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = log[-1]["payload"]["result"]
-    return result
-
-
-def broken_log(how: str) -> list[dict[str, Any]]:
-    """The recording, broken in one way. Events: 0 accepted, 1-2 chunks, 3-6 tools of
-    request-001, 7 chunk of request-002, 8 run.finished."""
-    log = recording()
-    if how == "empty":
-        return []
-    if how == "gap":
-        return log[:3] + log[4:]
-    if how == "no-run-finished":
-        return log[:-1]
-    if how == "two-runs":
-        return renumbered(log + log)
-    if how == "run-finished-inside":
-        return renumbered([*log[:3], log[-1], *log[3:]])
-    if how == "accepted-later":
-        return renumbered([*log[:3], log[0], *log[3:]])
-    if how == "unknown-request":
-        log[7]["payload"]["requestId"] = log[7]["payload"]["chunk"]["requestId"] = "request-009"
-    elif how == "requests-out-of-order":
-        return renumbered([*log[:1], log[7], *log[1:7], *log[8:]])
-    elif how == "chunk-of-another-request":
-        log[1]["payload"]["chunk"]["requestId"] = "request-002"
-    elif how == "chunk-after-a-tool":
-        return renumbered(log[:1] + log[2:4] + [log[1]] + log[4:])
-    elif how == "started-twice":
-        return renumbered(log[:4] + log[5:6] + log[4:5] + log[6:])
-    elif how == "finished-without-starting":
-        return renumbered(log[:3] + log[4:5] + log[3:4] + log[5:])
-    elif how == "result-without-the-accepted":
-        result_of_log(log)["messages"][0]["content"] = "Something else."
-    elif how == "result-with-a-user-message-added":
-        result_of_log(log)["messages"].append(user("Hm?", "user-002").to_dict())
-    elif how == "result-with-a-foreign-assistant-id":
-        result_of_log(log)["messages"][-1]["id"] = "assistant-2"
-    elif how == "result-with-too-few-steps":
-        result_of_log(log)["messages"] = result_of_log(log)["messages"][:-1]
-    elif how == "result-with-another-tool-result":
-        log[4]["payload"]["toolResult"]["content"] = "not what the transcript says"
-    elif how == "start-out-of-range":
-        result_of_log(log)["requestSequenceStart"] = 63
-    return log
-
-
-BROKEN_LOGS = [
-    ("empty", "does not end with run.finished"),
-    ("gap", "the event at position 3 has sequence 4"),
-    ("no-run-finished", "does not end with run.finished"),
-    ("two-runs", r"event 8 \(run.finished\): a run's message.accepted events come before"),
-    ("run-finished-inside", r"event 3 \(run.finished\): .* and its one run.finished last"),
-    ("accepted-later", r"event 3 \(message.accepted\)"),
-    ("unknown-request", r"event 7 \(model.chunk\) names 'request-009', which is not the run's"),
-    (
-        "requests-out-of-order",
-        r"event 2 \(model.chunk\) names 'request-001'.*request-001, request-002, in that order",
-    ),
-    (
-        "chunk-of-another-request",
-        r"event 1 \(model.chunk\): a chunk carries its event's request id",
-    ),
-    ("chunk-after-a-tool", r"event 3 \(model.chunk\): .* before the request's tool calls"),
-    ("started-twice", r"event 4 \(tool.started\): a tool call started before the previous"),
-    (
-        "finished-without-starting",
-        r"event 3 \(tool.finished\): tool call 'call-1' finished without",
-    ),
-    ("result-without-the-accepted", "does not begin with the accepted messages"),
-    ("result-with-a-user-message-added", "holds user message 'user-002' after the starting"),
-    ("result-with-a-foreign-assistant-id", "holds assistant message 'assistant-2'"),
-    ("result-with-too-few-steps", "holds 1 assistant message.* for 2 step.* of a completed run"),
-    ("result-with-another-tool-result", "the tool events of request-001 do not agree"),
-    ("start-out-of-range", "request_sequence_start 63 and steps 2 do not fit in 64 requests"),
-]
-
-
-class TestReplayRejectsLogsOfNoSingleRun:
-    """A log that is not a single run's (missing run.finished, sequences with gaps,
-    chunks of an unknown request) is a ValueError that says what is wrong."""
-
-    @pytest.mark.parametrize(("how", "message"), BROKEN_LOGS, ids=[c[0] for c in BROKEN_LOGS])
-    def test_a_broken_log_is_a_value_error_that_says_what_is_wrong(
-        self, how: str, message: str
-    ) -> None:
-        events = [al.event_from_dict(data) for data in broken_log(how)]
-        with pytest.raises(ValueError, match=message):
-            al.replay(events)
-
-    def test_the_unbroken_recording_replays(self) -> None:
-        assert_replays_exactly([al.event_from_dict(data) for data in recording()])
-
-    def test_tool_events_of_a_request_without_a_response_are_a_value_error(self) -> None:
-        events, result = record_run(two_call_script(), cancel_when=4)
-        assert result.status == "cancelled"
-        log = dicts_of(events)
-        result_of_log(log)["messages"] = result_of_log(log)["messages"][:1]
-        with pytest.raises(ValueError, match="request-001 ran tools, but the result holds no"):
-            al.replay([al.event_from_dict(data) for data in log])
-
-    def test_an_item_that_is_not_an_event_is_a_type_error(self) -> None:
-        with pytest.raises(TypeError, match="replay\\(\\) takes Events, got a dict at 0"):
-            al.replay([recording()[0]])  # type: ignore[list-item]
-
-    @pytest.mark.parametrize("how", ["dropped", "doubled"])
-    def test_chunks_that_disagree_with_the_transcript_are_a_value_error(self, how: str) -> None:
-        log = recording()
-        chunk = next(i for i, data in enumerate(log) if data["type"] == "model.chunk")
-        if how == "dropped":
-            del log[chunk]
-        else:
-            log.insert(chunk, copy.deepcopy(log[chunk]))
-        for sequence, data in enumerate(log):
-            data["sequence"] = sequence
-        with pytest.raises(ValueError, match="the chunks of request-001 do not agree"):
-            al.replay([al.event_from_dict(data) for data in log])
-
-
 class TestNextRequestSequence:
     """RunResult.next_request_sequence says where the next run's request ids go on
     (request_sequence_start + steps), so that a run resumed twice does not repeat a
@@ -8065,198 +6195,30 @@ class TestNextRequestSequence:
         assert result.request_sequence_start == 0
         assert result.next_request_sequence == 0
 
-    def test_three_runs_in_a_row_have_contiguous_request_ids(self) -> None:
-        """Three runs in a row (cancel, resume, cancel, resume) with contiguous
-        request ids and a transcript that grows by complete messages only."""
-        scripts = [
-            [  # cancelled in its second step, while echo runs
-                tool_turn("response-001", call("echo", "call-1", {"text": "a"})),
-                tool_turn("response-002", call("slow", "call-2", {})),
-            ],
-            [  # resumed, then cancelled while its second response streams
-                tool_turn("response-003", call("echo", "call-3", {"text": "b"})),
-                al.scripted_response(
-                    "response-004",
-                    [text("Almost.")],
-                    "stop",
-                    chunks=[text("Alm"), text("ost.")],
-                ),
-            ],
-            [stop("response-005", "Finished.")],
-        ]
-
-        def slow(arguments: dict[str, Any], signal: al.Signal) -> object:
-            assert isinstance(signal, threading.Event)
-            signal.set()  # as if the user pressed stop while it ran
-            return "never kept"
-
-        tools = [*every_kind_of_tool(), al.Tool("slow", "Slow.", {"type": "object"}, slow)]
-        cancel_points: list[Callable[[al.Event], bool] | None] = [
-            None,
-            lambda event: event.payload.get("chunk") == al.TextDelta("request-004", "Alm"),
-            None,
-        ]
-        messages: tuple[al.Message, ...] = (user(),)
-        start = 0
-        request_ids: list[str] = []
-        statuses = []
-        for script, cancel_when in zip(scripts, cancel_points):
-            events, result = record_run(
-                script,
-                messages=messages,
-                tools=tools,
-                request_sequence_start=start,
-                cancel_when=cancel_when,
-            )
-            assert_replays_exactly(events)
-            statuses.append(result.status)
-            request_ids += sorted(
-                {e.payload["request_id"] for e in events if "request_id" in e.payload}
-            )
-            # The transcript grows by complete messages only: the old one is its prefix,
-            # and what is open is what the cancellation interrupted.
-            assert result.messages[: len(messages)] == messages
-            messages = al.resolve_open_tool_calls(result.messages, "cancelled by the user")
-            start = result.next_request_sequence
-        assert statuses == ["cancelled", "cancelled", "completed"]
-        assert request_ids == [f"request-{n:03d}" for n in range(1, 6)]
-        assert start == 5
-        assert [m.id for m in messages] == [
-            "user-001",
-            "message-response-001",
-            "tool-result-call-1",
-            "message-response-002",
-            "tool-result-call-2",
-            "message-response-003",
-            "tool-result-call-3",
-            "message-response-005",
-        ]
-
-
-def demo_json_output(*options: str) -> str:
-    """The demonstration's output with ``--json`` and the options."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert al._main(["--json", *options]) == 0
-    return out.getvalue()
-
-
-class TestJsonLinesRecordings:
-    """Make the replay of the demo's own --json output reproduce it byte for
-    byte."""
-
-    @pytest.mark.parametrize(
-        "options",
-        [
-            pytest.param((), id="completed"),
-            pytest.param(("--max-steps", "1"), id="maxSteps-1"),
-            pytest.param(("--max-steps", "2"), id="maxSteps-2"),
-            pytest.param(("--cancel-after", "3"), id="cancelled-at-a-tool"),
-            pytest.param(("--cancel-after", "12"), id="cancelled-while-streaming"),
-        ],
-    )
-    def test_the_demos_json_output_replays_byte_for_byte(self, options: tuple[str, ...]) -> None:
-        recorded = demo_json_output(*options)
-        events, _ = settle_replay(al.replay(read_json_lines(recorded)))
-        assert json_lines(events) == recorded
-
-    def test_the_readme_recording_block_runs_on_its_own(self) -> None:
-        path = os.path.join(os.path.dirname(os.path.abspath(al.__file__)), "README.md")
-        with open(path, encoding="utf-8") as readme:
-            blocks = re.findall(r"```python\n(.*?)```", readme.read(), re.DOTALL)
-        (block,) = [block for block in blocks if "al.replay(" in block]
-        exec(compile(block, "README.md record-and-replay block", "exec"), {})
-
-
-def random_recorded_text(rng: random.Random) -> str:
-    return rng.choice(["", "a", "Hello, ", "world.", "é", "\U0001f600", "x" * rng.randint(1, 40)])
-
-
-def random_recorded_call(rng: random.Random, call_id: str) -> al.ToolCall:
-    kind = rng.choice(["echo", "counter", "refuse", "boom", "missing", "bad-arguments"])
-    if kind == "echo":
-        return call("echo", call_id, {"text": random_recorded_text(rng)})
-    if kind == "bad-arguments":
-        return call("echo", call_id, {"text": rng.randint(0, 9)})
-    return call(kind, call_id, {"n": rng.randint(0, 3)})
-
-
-def random_recorded_step(rng: random.Random, step: int, stop: bool) -> al.ScriptedResponse:
-    """A valid step: random text blocks and calls, streamed in random pieces."""
-    content: list[al.TextBlock | al.ToolCall] = []
-    chunks: list[al.TextBlock | al.ToolCall] = []
-    calls = 0 if stop else rng.randint(1, 3)
-    for index in range(calls + 1):
-        if rng.random() < 0.6:
-            pieces = [random_recorded_text(rng) for _ in range(rng.randint(1, 3))]
-            content.append(text("".join(pieces)))
-            chunks += [text(piece) for piece in pieces]
-        if index < calls:
-            call = random_recorded_call(rng, f"call-{step}-{index}")
-            content.append(call)
-            chunks.append(call)
-    return al.scripted_response(
-        f"response-{step}", content, "stop" if stop else "toolCall", chunks=chunks
-    )
-
-
-def random_recorded_run(seed: int) -> tuple[list[al.Event], al.RunResult]:
-    rng = random.Random(seed)
-    tool_steps = rng.randint(0, 5)
-    ends_max_steps = rng.random() < 0.3 and tool_steps > 0
-    script = [random_recorded_step(rng, step, False) for step in range(1, tool_steps + 1)]
-    if not ends_max_steps:
-        script.append(random_recorded_step(rng, tool_steps + 1, True))
-    return record_run(
-        script,
-        max_steps=len(script) if ends_max_steps else len(script) + rng.randint(0, 2),
-        request_sequence_start=rng.choice([0, 0, 3, 50]),
-    )
-
-
-class TestRandomRecordedRunsReplayExactly:
-    """Replaying any recorded random run reproduces its event log."""
-
-    @pytest.mark.parametrize("seed", range(200))
-    def test_a_random_run_replays_exactly(self, seed: int) -> None:
-        events, result = random_recorded_run(seed)
-        assert result.status in ("completed", "maxSteps")
-        assert_replays_exactly(events)
-
-    def test_the_random_runs_reach_every_kind_of_step_and_ending(self) -> None:
-        statuses: set[str] = set()
-        errors = 0
-        for seed in range(200):
-            _, result = random_recorded_run(seed)
-            statuses.add(result.status)
-            errors += sum(
-                1 for m in result.messages if isinstance(m, al.ToolResultMessage) and m.is_error
-            )
-        assert statuses == {"completed", "maxSteps"}
-        assert errors > 100
-
 
 def first_run(
     mode: str,
-) -> tuple[list[al.Event], al.RunResult, list[str], FakeModel]:
+) -> tuple[list[al.Event], al.RunResult, list[str], al.ScriptedModel]:
     """Two steps; the second is cancelled during the first of its two calls, either by the
     tool itself (mode "tool") or by the observer at its tool.started (mode "observer")."""
     executed: list[str] = []
-    model = FakeModel(
-        al.scripted_response(
-            "response-001",
-            [text("Echo first."), call("echo", "call-echo-001", {"text": "one"})],
-            "toolCall",
-        ),
-        al.scripted_response(
-            "response-002",
-            [
-                call("slow", "call-slow-001", {}),
-                call("echo", "call-echo-002", {"text": "two"}),
-            ],
-            "toolCall",
-        ),
-        al.scripted_response("response-003", [text("must not run")], "stop"),
+    model = al.ScriptedModel(
+        [
+            al.scripted_response(
+                "response-001",
+                [text("Echo first."), call("echo", "call-echo-001", {"text": "one"})],
+                "toolCall",
+            ),
+            al.scripted_response(
+                "response-002",
+                [
+                    call("slow", "call-slow-001", {}),
+                    call("echo", "call-echo-002", {"text": "two"}),
+                ],
+                "toolCall",
+            ),
+            al.scripted_response("response-003", [text("must not run")], "stop"),
+        ]
     )
     # The observer sets the signal at the second tool.started, that of call-slow-001.
     events, result, _ = run(
@@ -8277,26 +6239,6 @@ class TestResumeAfterCancellation:
     """Seed: "Cancellation during Tool execution retains the complete assistant Tool-call
     message, emits tool.started, and appends no fabricated result." open_tool_calls
     and resolve_open_tool_calls let a cancelled run's transcript start a new run."""
-
-    @pytest.mark.parametrize("mode", CANCEL_MODES)
-    def test_the_cancelled_run_leaves_open_calls(self, mode: str) -> None:
-        events, result, executed, model = first_run(mode)
-        check_run(events, result)
-        assert result.status == "cancelled"
-        assert result.steps == 2
-        assert model.call_count == 2
-        assert executed == (["one", "slow"] if mode == "tool" else ["one"])
-        assert types_of(events)[-2:] == ["tool.started", "run.finished"]
-        assert [message.id for message in result.messages] == [
-            "user-001",
-            "message-response-001",
-            "tool-result-call-echo-001",
-            "message-response-002",
-        ]
-        assert al.open_tool_calls(result.messages) == (
-            call("slow", "call-slow-001", {}),
-            call("echo", "call-echo-002", {"text": "two"}),
-        )
 
     def test_a_complete_transcript_has_no_open_calls(self) -> None:
         _, result, _ = recorded_run()
@@ -8363,7 +6305,9 @@ class TestResumeAfterCancellation:
     ) -> None:
         _, cancelled, _, _ = first_run(mode)
         resolved = al.resolve_open_tool_calls(cancelled.messages, "interrupted")
-        model = FakeModel(al.scripted_response("response-003", [text("Resumed.")], "stop"))
+        model = al.ScriptedModel(
+            [al.scripted_response("response-003", [text("Resumed.")], "stop")]
+        )
         events, result, _ = run(
             model,
             [echo_tool()],
@@ -8392,7 +6336,7 @@ class TestResumeAfterCancellation:
         """Seed: "An invalid starting transcript produces one run.finished event with a
         failed INVALID_TRANSCRIPT result and never invokes the model." """
         _, cancelled, _, _ = first_run(mode)
-        model = FakeModel(al.scripted_response("response-003", [text("No.")], "stop"))
+        model = al.ScriptedModel([al.scripted_response("response-003", [text("No.")], "stop")])
         events, result, _ = run(
             model,
             [echo_tool()],
@@ -8406,441 +6350,3 @@ class TestResumeAfterCancellation:
         assert result.error.code == "INVALID_TRANSCRIPT"
         assert model.call_count == 0
         assert result.messages == ()
-
-    def test_resume_from_a_demo_json_log(self, capsys: pytest.CaptureFixture[str]) -> None:
-        """The whole story from a saved log: the demo cancelled at its first tool.started,
-        read back, resolved, and resumed."""
-        assert al._main(["--json", "--cancel-after", "3"]) == 0
-        lines = capsys.readouterr().out.splitlines()
-        cancelled = al.event_from_dict(json.loads(lines[-1])).payload["result"]
-        assert cancelled.status == "cancelled"
-        assert [c.id for c in al.open_tool_calls(cancelled.messages)] == ["call-add-001"]
-        resolved = al.resolve_open_tool_calls(cancelled.messages, "interrupted")
-        model = FakeModel(al.scripted_response("response-002", [text("Later.")], "stop"))
-        events, result, _ = run(
-            model, messages=resolved, max_steps=1, request_sequence_start=cancelled.steps
-        )
-        assert [request.id for request in model.requests] == ["request-002"]
-        assert types_of(events) == ["message.accepted"] * 3 + ["model.chunk", "run.finished"]
-        assert result.status == "completed"
-
-
-# --- The demonstration -------------------------------------------------------------------
-
-
-DEMO_OUTPUT = "\n".join(
-    [
-        '  0  message.accepted  user user-001: "What is (20 + 22) * 2? And the weather in '
-        'Atlantis?"',
-        '  1  model.chunk       request-001 text "First the sum."',
-        '  2  model.chunk       request-001 toolCall add({"left":20,"right":22}) [call-add-001]',
-        '  3  tool.started      request-001 add({"left":20,"right":22}) [call-add-001]',
-        '  4  tool.finished     request-001 add ok: {"sum":42}',
-        '  5  model.chunk       request-002 toolCall multiply({"left":42,"right":2}) '
-        "[call-multiply-001]",
-        '  6  model.chunk       request-002 toolCall weather({"city":"Atlantis"}) '
-        "[call-weather-001]",
-        '  7  tool.started      request-002 multiply({"left":42,"right":2}) [call-multiply-001]',
-        '  8  tool.finished     request-002 multiply ok: {"product":84}',
-        '  9  tool.started      request-002 weather({"city":"Atlantis"}) [call-weather-001]',
-        " 10  tool.finished     request-002 weather error: tool 'weather' raised LookupError: "
-        "no weather station in Atlantis",
-        ' 11  model.chunk       request-003 text "(20 + 22) * 2 = 84. "',
-        ' 12  model.chunk       request-003 text "Atlantis has no "',
-        ' 13  model.chunk       request-003 text "weather station."',
-        " 14  run.finished      completed after 3 step(s)",
-        "result: completed, 3 step(s), 7 messages",
-        "final text: (20 + 22) * 2 = 84. Atlantis has no weather station.",
-        "",
-    ]
-)
-"""``python agent_loop.py`` with no options, checked by hand: three steps, a recoverable
-weather error, the final text assembled from three chunks."""
-
-
-DEMO_QUESTION = "What is (20 + 22) * 2? And the weather in Atlantis?"
-
-
-def run_demo(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[str, str]:
-    assert al._main(list(argv)) == 0
-    captured = capsys.readouterr()
-    return captured.out, captured.err
-
-
-def event_lines(out: str) -> tuple[list[str], list[str]]:
-    """Splits readable demo output into its event lines and the result lines after them."""
-    lines = out.splitlines()
-    finished = next(i for i, line in enumerate(lines) if "  run.finished  " in line)
-    return lines[: finished + 1], lines[finished + 1 :]
-
-
-def demo_run(max_steps: int = al.MAX_AGENT_STEPS) -> tuple[list[al.Event], al.RunResult]:
-    return settle(
-        al.run_agent_loop(
-            messages=[al.UserMessage("user-001", DEMO_QUESTION)],
-            model=al._demo_model(),
-            tools=al._demo_tools(),
-            max_steps=max_steps,
-        ),
-        max_steps=max_steps,
-    )
-
-
-class TestDemonstration:
-    """Running it: python agent_loop.py prints its event stream, one line per
-    event, then the result; the output is deterministic."""
-
-    def test_default_output_is_the_golden_output(self, capsys: pytest.CaptureFixture[str]) -> None:
-        out, err = run_demo(capsys)
-        assert out == DEMO_OUTPUT
-        assert err == ""
-
-    def test_default_output_is_deterministic(self, capsys: pytest.CaptureFixture[str]) -> None:
-        first, _ = run_demo(capsys)
-        second, _ = run_demo(capsys)
-        assert first == second
-
-    def test_each_event_is_one_line_starting_with_its_sequence(
-        self, capsys: pytest.CaptureFixture[str]
-    ) -> None:
-        out, _ = run_demo(capsys)
-        events, results = event_lines(out)
-        direct_events, direct = demo_run()
-        assert len(events) == len(direct_events)
-        for sequence, (line, event) in enumerate(zip(events, direct_events)):
-            assert line.split()[:2] == [str(sequence), event.type]
-        assert events[-1].split()[1:3] == ["run.finished", "completed"]
-        assert results == [
-            "result: completed, 3 step(s), 7 messages",
-            f"final text: {direct.final_text}",
-        ]
-        assert any(
-            "tool.finished" in line and " error: " in line and "LookupError" in line
-            for line in events
-        )
-
-    def test_the_script_entry_point(self) -> None:
-        """A real process, run as the user would: no options, exit status 0."""
-        completed = subprocess.run(
-            [sys.executable, "agent_loop.py"],
-            cwd=os.path.dirname(os.path.abspath(al.__file__)),
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert (completed.returncode, completed.stderr) == (0, "")
-        assert completed.stdout == DEMO_OUTPUT
-
-    def test_the_script_entry_point_rejects_a_bad_option(self) -> None:
-        completed = subprocess.run(
-            [sys.executable, "agent_loop.py", "--bogus"],
-            cwd=os.path.dirname(os.path.abspath(al.__file__)),
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert completed.returncode == 2
-        assert completed.stdout == ""
-        assert completed.stderr.startswith("usage: ")
-        assert "--bogus" in completed.stderr
-
-    def test_json_prints_only_json_events(self, capsys: pytest.CaptureFixture[str]) -> None:
-        out, err = run_demo(capsys, "--json")
-        assert err == ""
-        lines = out.splitlines()
-        assert out.endswith("\n")
-        parsed = [json.loads(line) for line in lines]
-        assert all(type(data) is dict for data in parsed)
-        assert all(set(data) == {"sequence", "type", "payload"} for data in parsed)
-
-    def test_json_events_rebuild_the_run_and_its_result(
-        self, capsys: pytest.CaptureFixture[str]
-    ) -> None:
-        out, _ = run_demo(capsys, "--json")
-        events = [al.event_from_dict(json.loads(line)) for line in out.splitlines()]
-        assert [event.sequence for event in events] == list(range(len(events)))
-        assert types_of(events).count("run.finished") == 1
-        assert events[-1].type == "run.finished"
-        result = events[-1].payload["result"]
-        direct_events, direct = demo_run()
-        assert events == direct_events
-        assert result == direct
-        assert result.status == "completed"
-        assert result.final_text == "(20 + 22) * 2 = 84. Atlantis has no weather station."
-        assert [message.id for message in result.messages] == [
-            "user-001",
-            "message-response-001",
-            "tool-result-call-add-001",
-            "message-response-002",
-            "tool-result-call-multiply-001",
-            "tool-result-call-weather-001",
-            "message-response-003",
-        ]
-
-    def test_json_and_readable_output_describe_the_same_events(
-        self, capsys: pytest.CaptureFixture[str]
-    ) -> None:
-        readable, _ = run_demo(capsys)
-        as_json, _ = run_demo(capsys, "--json")
-        events = [json.loads(line) for line in as_json.splitlines()]
-        lines, _ = event_lines(readable)
-        assert [line.split()[:2] for line in lines] == [
-            [str(event["sequence"]), event["type"]] for event in events
-        ]
-
-    @pytest.mark.parametrize(
-        ("max_steps", "status", "last_sequence", "result_lines"),
-        [
-            pytest.param(1, "maxSteps", 5, ["result: maxSteps, 1 step(s), 3 messages",
-                                             "the budget of 1 step(s) ended the run"], id="1"),
-            pytest.param(2, "maxSteps", 11, ["result: maxSteps, 2 step(s), 6 messages",
-                                              "the budget of 2 step(s) ended the run"],
-                         id="2-one-short"),
-            pytest.param(3, "completed", 14, DEMO_OUTPUT.splitlines()[-2:], id="3-enough"),
-            pytest.param(64, "completed", 14, DEMO_OUTPUT.splitlines()[-2:], id="64-ceiling"),
-        ],
-    )  # fmt: skip
-    def test_max_steps(
-        self,
-        capsys: pytest.CaptureFixture[str],
-        max_steps: int,
-        status: str,
-        last_sequence: int,
-        result_lines: list[str],
-    ) -> None:
-        """Seed: "If the current step equals maxSteps, the loop emits run.finished with
-        status maxSteps and does not open another model request." """
-        out, _ = run_demo(capsys, "--max-steps", str(max_steps))
-        events, results = event_lines(out)
-        assert len(events) == last_sequence + 1
-        assert events[-1].split()[:3] == [str(last_sequence), "run.finished", status]
-        assert results == result_lines
-        assert DEMO_OUTPUT.startswith("\n".join(events[:-1]))
-        as_json, _ = run_demo(capsys, "--json", "--max-steps", str(max_steps))
-        rebuilt = al.event_from_dict(json.loads(as_json.splitlines()[-1])).payload["result"]
-        assert rebuilt == demo_run(max_steps)[1]
-        assert rebuilt.status == status
-        assert rebuilt.max_steps == (max_steps if status == "maxSteps" else None)
-
-    @pytest.mark.parametrize(
-        ("cancel_after", "steps", "messages", "open_calls"),
-        [
-            pytest.param(0, 0, 1, [], id="initial-emission"),
-            pytest.param(3, 1, 2, ["call-add-001"], id="tool.started"),
-            pytest.param(7, 2, 4, ["call-multiply-001", "call-weather-001"],
-                         id="tool.started-of-two"),
-            pytest.param(13, 3, 6, [], id="last-but-one"),
-        ],
-    )  # fmt: skip
-    def test_cancel_after(
-        self,
-        capsys: pytest.CaptureFixture[str],
-        cancel_after: int,
-        steps: int,
-        messages: int,
-        open_calls: list[str],
-    ) -> None:
-        """Seed: "The last observable event is still run.finished with a cancelled result"."""
-        out, _ = run_demo(capsys, "--cancel-after", str(cancel_after))
-        events, results = event_lines(out)
-        assert len(events) == cancel_after + 2
-        assert "\n".join(events[:-1]) + "\n" == "\n".join(
-            [*DEMO_OUTPUT.splitlines()[: cancel_after + 1], ""]
-        )
-        assert (
-            events[-1]
-            == f"{cancel_after + 1:3d}  run.finished      cancelled after {steps} step(s)"
-        )
-        expected = [f"result: cancelled, {steps} step(s), {messages} messages"]
-        if open_calls:
-            expected.append("left without a result: " + ", ".join(open_calls))
-        assert results == expected
-        as_json, _ = run_demo(capsys, "--json", "--cancel-after", str(cancel_after))
-        logged = [al.event_from_dict(json.loads(line)) for line in as_json.splitlines()]
-        assert len(logged) == cancel_after + 2
-        result = logged[-1].payload["result"]
-        assert (result.status, result.steps, len(result.messages)) == (
-            "cancelled",
-            steps,
-            messages,
-        )
-        assert [c.id for c in al.open_tool_calls(result.messages)] == open_calls
-
-    def test_cancel_after_the_last_event_changes_nothing(
-        self, capsys: pytest.CaptureFixture[str]
-    ) -> None:
-        """K = 14 is run.finished itself: the signal comes too late to cancel anything."""
-        out, _ = run_demo(capsys, "--cancel-after", "14")
-        assert out == DEMO_OUTPUT
-
-    def test_help(self, capsys: pytest.CaptureFixture[str]) -> None:
-        with pytest.raises(SystemExit) as exit_info:
-            al._main(["--help"])
-        assert exit_info.value.code == 0
-        out = capsys.readouterr().out
-        assert out.startswith("usage: ")
-        for option in ("--json", "--max-steps", "--cancel-after", "--help"):
-            assert option in out
-
-    @pytest.mark.parametrize(
-        ("argv", "complaint"),
-        [
-            pytest.param(["--max-steps", "0"], "--max-steps", id="max-steps-below"),
-            pytest.param(["--max-steps", "65"], "--max-steps", id="max-steps-above-ceiling"),
-            pytest.param(["--max-steps", "x"], "--max-steps", id="max-steps-not-int"),
-            pytest.param(["--max-steps"], "--max-steps", id="max-steps-no-value"),
-            pytest.param(["--cancel-after", "-1"], "--cancel-after", id="cancel-after-negative"),
-            pytest.param(["--cancel-after", "1.5"], "--cancel-after", id="cancel-after-float"),
-            pytest.param(["--bogus"], "--bogus", id="unknown-option"),
-            pytest.param(["extra"], "extra", id="positional"),
-        ],
-    )
-    def test_bad_option_is_a_usage_error(
-        self, capsys: pytest.CaptureFixture[str], argv: list[str], complaint: str
-    ) -> None:
-        with pytest.raises(SystemExit) as exit_info:
-            al._main(argv)
-        assert exit_info.value.code == 2
-        captured = capsys.readouterr()
-        assert captured.out == ""
-        assert captured.err.startswith("usage: ")
-        assert complaint in captured.err
-
-    @pytest.mark.parametrize(
-        ("city", "content", "is_error"),
-        [
-            pytest.param("Lisbon", "sunny, 19 C", False, id="known"),
-            pytest.param("Oslo", "snow, -3 C", False, id="known-2"),
-            pytest.param(
-                "Atlantis",
-                "tool 'weather' raised LookupError: no weather station in Atlantis",
-                True,
-                id="unknown-is-recoverable",
-            ),
-        ],
-    )
-    def test_the_demo_weather_tool(self, city: str, content: str, is_error: bool) -> None:
-        """The demo's failing call fails because of its city, not because the tool is broken."""
-        weather = al.ToolCall("call-weather-001", "weather", {"city": city})
-        result = al.execute_tool_call(al._demo_tools(), weather, threading.Event())
-        assert (result.content, result.is_error) == (content, is_error)
-
-    def test_the_result_lines_of_a_failed_run(self) -> None:
-        """The demo script never fails, but its result printer names a failure's code."""
-        failed = al.RunResult("failed", (user(),), 1, error=al.RunError("MODEL_STREAM_ERROR", "x"))
-        assert al._demo_result(failed) == (
-            "result: failed, 1 step(s), 1 messages\nerror: MODEL_STREAM_ERROR: x"
-        )
-
-
-class TestDemonstrationPipes:
-    def test_a_reader_that_leaves_early_gets_no_traceback(self) -> None:
-        """`python agent_loop.py --json | head -1`: the demo stops quietly when its
-        reader has gone (here, a pipe whose reading end is already closed)."""
-        read_end, write_end = os.pipe()
-        os.close(read_end)
-        try:
-            finished = subprocess.run(
-                [sys.executable, os.path.abspath(al.__file__), "--json"],
-                stdout=write_end,
-                stderr=subprocess.PIPE,
-                check=False,
-            )
-        finally:
-            os.close(write_end)
-        assert finished.stderr == b""
-        assert finished.returncode == 1
-
-
-def readme_blocks(language: str) -> list[str]:
-    """The README's fenced blocks of this language, in order."""
-    readme = (REPOSITORY / "README.md").read_text(encoding="utf-8")
-    return re.findall(rf"^```{language}\n(.*?)^```$", readme, flags=re.MULTILINE | re.DOTALL)
-
-
-class TestReadme:
-    """What the README tells a newcomer is true."""
-
-    def test_it_opens_with_the_demonstration_and_the_test_command(self) -> None:
-        first_block = readme_blocks("sh")[0]
-        commands = [line.split("#")[0].strip() for line in first_block.splitlines()]
-        assert commands == ["python agent_loop.py", "pip install tox && tox"]
-
-    def test_its_python_blocks_run_and_their_assertions_hold(
-        self, capsys: pytest.CaptureFixture[str]
-    ) -> None:
-        blocks = readme_blocks("python")
-        assert len(blocks) >= 4  # quick start, adapter, cancellation, replay
-        namespace: dict[str, Any] = {}
-        for number, block in enumerate(blocks, start=1):
-            exec(compile(block, f"README.md python block {number}", "exec"), namespace)
-        assert namespace["result"].status == "completed"
-        assert capsys.readouterr().out.splitlines()[0] == "0 message.accepted"
-
-    def test_its_demonstration_output_is_what_the_demo_prints(self) -> None:
-        assert readme_blocks("text")[0] == DEMO_OUTPUT
-
-
-class TestReadmeBlocksRunAlone:
-    """Every python block runs on its own when pasted into a fresh
-    interpreter ...; the tests run each block alone."""
-
-    def test_there_are_blocks(self) -> None:
-        assert len(readme_blocks("python")) >= 4
-
-    @pytest.mark.parametrize("index", range(len(readme_blocks("python"))))
-    def test_each_block_alone(self, index: int) -> None:
-        block = readme_blocks("python")[index]
-        finished = subprocess.run(
-            [sys.executable, "-c", block],
-            cwd=REPOSITORY,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert finished.returncode == 0, f"block {index + 1}:\n{block}\n{finished.stderr}"
-
-    def test_every_block_passes_mypy_strict(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        """The blocks are typed code that a type-checked project can copy. `tox -e type`
-        runs this; where mypy is not installed it is skipped."""
-        mypy = pytest.importorskip("mypy.api")
-        files = []
-        for index, block in enumerate(readme_blocks("python"), 1):
-            path = tmp_path / f"readme_block_{index}.py"
-            path.write_text(block, encoding="utf-8")
-            files.append(str(path))
-        monkeypatch.setenv("MYPYPATH", str(REPOSITORY))
-        report, errors, status = mypy.run(["--strict", "--no-incremental", *files])
-        assert status == 0, report + errors
-
-    def test_nothing_refers_to_files_outside_the_repository(self) -> None:
-        """Nothing in the repository refers to files outside it. The pattern is escaped so
-        that this file does not name them either."""
-        outside = re.compile(r"API\.md|STYLE\.md|\.\./shared|shared/bench\-pi")
-        paths = [
-            *REPOSITORY.glob("*.py"),
-            *REPOSITORY.glob("*.md"),
-            *REPOSITORY.glob("*.cfg"),
-            *REPOSITORY.glob("*.toml"),
-            *REPOSITORY.glob("*.ini"),
-            *REPOSITORY.glob("benchmarks/*.py"),
-            *REPOSITORY.glob("benchmarks/pi/*.*"),
-        ]
-        assert len(paths) >= 10
-        for path in paths:
-            assert outside.search(path.read_text(encoding="utf-8")) is None, path
-
-    def test_the_pi_benchmark_is_in_the_repository(self) -> None:
-        package = json.loads((REPOSITORY / "benchmarks/pi/package.json").read_text("utf-8"))
-        assert package["dependencies"]["@earendil-works/pi-agent-core"] == "0.85.0"
-        assert (REPOSITORY / "benchmarks/pi/package-lock.json").is_file()
-        assert (REPOSITORY / "benchmarks/pi/bench_pi.mjs").is_file()
-
-    def test_typed_is_not_claimed(self) -> None:
-        """A single module cannot carry py.typed (PEP 561), so the classifier is dropped."""
-        assert "Typing :: Typed" not in (REPOSITORY / "setup.cfg").read_text("utf-8")

@@ -1,0 +1,935 @@
+"""Tests only (not collected by pytest, not installed): what the agent_loop test files share.
+
+test_agent_loop.py, test_agent_loop_replay.py and test_docs_and_demo.py import their
+builders, their one fake model, their one driver and its checker from here:
+
+- builders in the seed's vocabulary: user(), call(), add_tool(), echo_tool(), stop(),
+  tool_turn(), ... and the tables of JSON that is not plain (NOT_PLAIN_JSON);
+- FakeModel, for what al.ScriptedModel cannot do (its docstring says what);
+- run() and settle(): the one driver, which checks the run's invariants (check_run) after
+  every run, and start_run() for tests that step, close or throw into a run.
+
+It is a plain module rather than a conftest.py: a test file imports from it by name, as
+it imports agent_loop, and mypy checks it like any module; pytest imports a conftest.py
+itself, under a name of its choosing, so importing from one is fragile.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Generator,
+    Iterable,
+    Mapping,
+    Sequence,
+    Tuple,
+    Union,
+    cast,
+)
+
+import pytest
+
+import agent_loop as al
+
+# --- Builders, the one fake model, the one driver ---------------------------------------
+#
+# Every test builds its values with the builders below (the seed's own vocabulary), plays
+# a model with al.ScriptedModel (FakeModel where a script cannot say it) and runs the loop
+# with run(), which checks the run's invariants (check_run) every time.
+
+
+# The seed's vocabulary: messages, calls, responses and tools.
+
+
+def user(text: str = "Add 20 and 22.", id: str = "user-001") -> al.UserMessage:
+    """The seed's user(): one user message."""
+    return al.UserMessage(id, text)
+
+
+def call(name: str, id: str, arguments: dict[str, Any]) -> al.ToolCall:
+    """The seed's call(name, id, arguments)."""
+    return al.ToolCall(id, name, arguments)
+
+
+NUMBERS = {
+    "type": "object",
+    "properties": {"left": {"type": "number"}, "right": {"type": "number"}},
+    "required": ["left", "right"],
+    "additionalProperties": False,
+}
+
+
+def add_tool() -> al.Tool:
+    """The seed's addTool(): returns {"sum": left + right}."""
+    return al.Tool(
+        "add",
+        "Adds two numbers.",
+        NUMBERS,
+        lambda arguments, signal: {"sum": arguments["left"] + arguments["right"]},
+    )
+
+
+def echo_tool(executed: list[str] | None = None) -> al.Tool:
+    """An echo tool that returns its ``text`` argument and records each text it ran with."""
+
+    def echo(arguments: dict[str, Any], signal: Any) -> object:
+        if executed is not None:
+            executed.append(arguments["text"])
+        return arguments["text"]
+
+    schema = {
+        "type": "object",
+        "properties": {"text": {"type": "string"}},
+        "required": ["text"],
+    }
+    return al.Tool("echo", "Returns its text.", schema, echo)
+
+
+def text(value: str) -> al.TextBlock:
+    return al.TextBlock(value)
+
+
+def add_call(id: str = "call-add-001") -> al.ToolCall:
+    """The seed's addCall: call("add", id, {left: 20, right: 22})."""
+    return call("add", id, {"left": 20, "right": 22})
+
+
+def add_result(id: str = "call-add-001") -> al.ToolResultMessage:
+    """The linked result of add_call(id)."""
+    return al.ToolResultMessage("tool-result-" + id, id, "add", '{"sum":42}', False)
+
+
+def echo_call(id: str, value: str | None = None) -> al.ToolCall:
+    """An echo call of ``value``; by default its text is its own id, so that
+    echo_tool(executed) records call order."""
+    return call("echo", id, {"text": id if value is None else value})
+
+
+def echo_result(id: str) -> al.ToolResultMessage:
+    """The linked result of echo_call(id)."""
+    return al.ToolResultMessage("tool-result-" + id, id, "echo", id, False)
+
+
+def assistant(response_id: str, *blocks: al.TextBlock | al.ToolCall) -> al.AssistantMessage:
+    """The assistant message the loop builds from response ``response_id``."""
+    return al.AssistantMessage("message-" + response_id, blocks)
+
+
+def stop(response_id: str, final: str = "The sum is 42.") -> Any:
+    """A scripted stop response holding one text block."""
+    return al.scripted_response(response_id, [text(final)], "stop")
+
+
+def tool_turn(response_id: str, *blocks: al.TextBlock | al.ToolCall) -> Any:
+    """A scripted toolCall response holding the given blocks."""
+    return al.scripted_response(response_id, blocks, "toolCall")
+
+
+def recording_add_tool(executed: list[str]) -> al.Tool:
+    """The seed's addTool() that also appends "add" to ``executed`` each time it runs."""
+
+    def add(arguments: dict[str, Any], signal: Any) -> object:
+        executed.append("add")
+        return {"sum": arguments["left"] + arguments["right"]}
+
+    return al.Tool("add", "Adds two numbers.", NUMBERS, add)
+
+
+def recording_tools(executed: list[str]) -> list[al.Tool]:
+    """add and echo, both recording into ``executed`` (add as "add", echo as its text)."""
+    return [recording_add_tool(executed), echo_tool(executed)]
+
+
+def no_arguments_tool(name: str, execute: Callable[[dict[str, Any], Any], object]) -> al.Tool:
+    """A tool that takes no arguments and runs ``execute``."""
+    return al.Tool(name, f"The {name} tool.", {"type": "object"}, execute)
+
+
+def copy_echo(arguments: dict[str, Any], signal: Any) -> object:
+    """A module-level tool function, so that a Tool using it can be pickled."""
+    return arguments["text"]
+
+
+def two_parameters(arguments: Dict[str, Any], signal: al.Signal) -> object:
+    return "two"
+
+
+def one_call(name: str, arguments: Any = None) -> FakeModel:
+    """A model that calls the tool once, then stops with "done"."""
+    return FakeModel(
+        al.scripted_response("r1", [al.ToolCall("c1", name, arguments or {})], "toolCall"),
+        al.scripted_response("r2", [al.TextBlock("done")], "stop"),
+    )
+
+
+def probe_tool(received: list[dict[str, Any]], parameters: Any | None = None) -> al.Tool:
+    """A tool named "probe" that records the arguments it was given and returns "ok"."""
+
+    def execute(arguments: dict[str, Any], signal: Any) -> object:
+        received.append(arguments)
+        return "ok"
+
+    schema = {"type": "object"} if parameters is None else parameters
+    return al.Tool("probe", "Records its arguments.", schema, execute)
+
+
+class Fatal(BaseException):
+    """A BaseException that is not an Exception: no tool result can stand for it."""
+
+
+PRIOR_ROUND = (
+    user("Add 1 and 2.", "user-000"),
+    al.AssistantMessage(
+        "message-response-000", (call("add", "call-add-000", {"left": 1, "right": 2}),)
+    ),
+    al.ToolResultMessage("tool-result-call-add-000", "call-add-000", "add", '{"sum":3}', False),
+    al.AssistantMessage("message-response-000b", (text("It is 3."),)),
+    user(),
+)
+
+
+ADD_ROUND = (assistant("response-000", add_call()), add_result())
+
+
+HISTORY: tuple[al.Message, ...] = (
+    al.UserMessage("user-000", "Echo old."),
+    al.AssistantMessage("message-old", (echo_call("call-old", "old"),)),
+    al.ToolResultMessage("tool-result-call-old", "call-old", "echo", "old", False),
+    user(),
+)
+
+
+HOSTILE = pytest.mark.hostile
+"""The mark of attacker-style tests, for a row of a table (a class carries
+``@pytest.mark.hostile``)."""
+
+untyped: Any = al
+"""The module, untyped: tests build values of the wrong type with it on purpose."""
+
+REPOSITORY = Path(__file__).resolve().parent
+"""The folder of this file and of the README it checks."""
+
+
+# JSON: the one nested-JSON builder, the one not-plain-JSON table, plain comparisons.
+
+
+def nested(depth: int, kinds: str = "object-array") -> Any:
+    """JSON with ``depth`` nested containers around a 0: objects and arrays in turn, or
+    objects only (``kinds="object"``), or arrays only (``kinds="array"``)."""
+    value: Any = 0
+    for level in reversed(range(depth)):
+        as_object = kinds == "object" or (kinds == "object-array" and level % 2 == 0)
+        value = {"k": value} if as_object else [value]
+    return value
+
+
+class Custom:
+    """An object that is not JSON."""
+
+
+def cyclic_object() -> dict[str, Any]:
+    arguments: dict[str, Any] = {"a": 1}
+    arguments["self"] = arguments
+    return arguments
+
+
+def cyclic_array() -> dict[str, Any]:
+    items: list[Any] = [1]
+    items.append(items)
+    return {"xs": items}
+
+
+def shared_array() -> dict[str, Any]:
+    shared = [1, 2]
+    return {"a": shared, "b": shared}
+
+
+def shared_object() -> dict[str, Any]:
+    shared = {"k": "v"}
+    return {"xs": [shared, shared]}
+
+
+DEEP_ARGUMENTS = [
+    pytest.param(lambda: nested(100_000, "object"), id="nested-100000-deep-objects"),
+    pytest.param(lambda: {"a": nested(100_000, "array")}, id="nested-100000-deep-arrays"),
+]
+"""Arguments far deeper than any bound: checking them must never raise RecursionError."""
+
+
+NOT_PLAIN_JSON = [
+    *DEEP_ARGUMENTS,
+    pytest.param(lambda: {"x": float("nan")}, id="nan"),
+    pytest.param(lambda: {"x": float("inf")}, id="inf"),
+    pytest.param(lambda: {"x": [float("-inf")]}, id="minus-inf-in-array"),
+    pytest.param(lambda: {"x": {1, 2}}, id="set"),
+    pytest.param(lambda: {"x": frozenset()}, id="frozenset"),
+    pytest.param(lambda: {"x": b"bytes"}, id="bytes"),
+    pytest.param(lambda: {1: "one"}, id="int-key"),
+    pytest.param(lambda: {"x": {None: 1}}, id="none-key-nested"),
+    pytest.param(lambda: {"x": {("a",): 1}}, id="tuple-key"),
+    pytest.param(shared_array, id="shared-list"),
+    pytest.param(shared_object, id="shared-object"),
+    pytest.param(cyclic_object, id="cyclic-dict"),
+    pytest.param(cyclic_array, id="cyclic-list"),
+    pytest.param(lambda: {"x": Custom()}, id="custom-object"),
+    pytest.param(lambda: {"x": object()}, id="object"),
+    pytest.param(lambda: [1], id="list-root"),
+    pytest.param(lambda: "text", id="str-root"),
+    pytest.param(lambda: None, id="none-root"),
+]
+"""Tool arguments that are not plain bounded JSON, each built fresh by its factory: plain
+JSON is a dict with str keys, list, str, int, finite float, bool and None, with no object
+reachable twice, within the depth bound."""
+
+
+def plain_copy(value: object) -> Any:
+    """A plain copy (dicts and lists) of JSON, frozen or not, to compare with a literal."""
+    if isinstance(value, Mapping):
+        return {key: plain_copy(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_copy(item) for item in value]
+    return value
+
+
+def is_plain(value: object) -> bool:
+    """True if value is made of dict (str keys), list and JSON scalars only."""
+    if type(value) is dict:
+        return all(type(key) is str and is_plain(item) for key, item in value.items())
+    if type(value) is list:
+        return all(is_plain(item) for item in value)
+    return value is None or type(value) in (bool, int, float, str)
+
+
+def same_json(left: object, right: object) -> bool:
+    """JSON equality that also tells True from 1 and 1 from 1.0, and keeps key order."""
+    return json.dumps(left) == json.dumps(right)
+
+
+AT_LIMIT = pytest.param(True, id="at-limit")
+
+
+OVER_LIMIT = pytest.param(False, id="over-limit")
+
+
+# The one fake model, and the steps it plays.
+
+
+Step = Callable[["FakeModel", al.ModelRequest, Any], Any]
+"""A hand-written model step: called with the model, the request and the signal; what it
+returns (usually a generator) is the stream."""
+
+
+class FakeModel:
+    """The one fake model, for what al.ScriptedModel cannot do; everywhere else the tests
+    use al.ScriptedModel (run() builds one for a script of ScriptedResponses only).
+
+    Why it exists: a ScriptedModel plays only well-formed turns, and the loop's tests also
+    need models that raise (from stream() or from its generator), block on the signal,
+    never end, yield chunks or return responses of the wrong type or with foreign ids, and
+    streams whose closing can be observed. Each call of stream() plays the next step of its
+    script: a ScriptedResponse is played as al.ScriptedModel plays it (each block of its
+    chunks, else of its content, as one chunk with the active request id, then its
+    response), a Step function does anything else. Like al.ScriptedModel it records
+    ``requests`` and counts ``call_count``, and a call with no step left raises
+    RuntimeError. What only it records: ``finalized``, the request ids whose stream's
+    ``finally`` ran; ``exits``, those whose stream was closed while suspended; ``held``, a
+    copy of what each request held when it was made.
+    """
+
+    def __init__(self, *steps: al.ScriptedResponse | Step) -> None:
+        self._steps = steps
+        self.call_count = 0
+        self.requests: list[al.ModelRequest] = []
+        self.finalized: list[str] = []
+        self.exits: list[str] = []
+        self.held: list[list[al.Message]] = []
+
+    def stream(self, request: al.ModelRequest, signal: Any) -> Any:
+        self.call_count += 1
+        self.requests.append(request)
+        self.held.append(list(request.messages))
+        if self.call_count > len(self._steps):
+            raise RuntimeError(f"FakeModel has no step left for {request.id}")
+        step = self._steps[self.call_count - 1]
+        if isinstance(step, al.ScriptedResponse):
+            blocks = step.content if step.chunks is None else step.chunks
+            request_id = request.id if step.request_id is None else step.request_id
+            response = untyped.ModelResponse(
+                step.id, request_id, step.content, step.stop_reason, step.usage
+            )
+            return stream_of(self, request, blocks, lambda request: response)
+        return step(self, request, signal)
+
+
+def stream_of(
+    model: FakeModel,
+    request: al.ModelRequest,
+    stream: Sequence[object],
+    response: Callable[[al.ModelRequest], object],
+) -> Generator[object, None, object]:
+    """Streams ``stream`` (a block becomes its chunk with the active request id; a callable
+    is called with the request and what it returns is yielded), then returns the response."""
+    try:
+        for item in stream:
+            if isinstance(item, al.TextBlock):
+                yield al.TextDelta(request.id, item.text)
+            elif isinstance(item, al.ThinkingBlock):
+                yield al.ThinkingDelta(request.id, item.thinking)
+            elif isinstance(item, al.ToolCall):
+                yield al.ToolCallChunk(request.id, item)
+            else:
+                yield cast(Callable[[al.ModelRequest], object], item)(request)
+        return response(request)
+    except GeneratorExit:
+        model.exits.append(request.id)
+        raise
+    finally:
+        model.finalized.append(request.id)
+
+
+def respond(
+    response_id: str, content: Sequence[object], stop_reason: str
+) -> Callable[[al.ModelRequest], object]:
+    """A response for the active request: ModelResponse(response_id, request.id, ...)."""
+    return lambda request: untyped.ModelResponse(response_id, request.id, content, stop_reason)
+
+
+def stream_step(stream: Sequence[object], response: Callable[[al.ModelRequest], object]) -> Step:
+    """A Step that streams ``stream`` (see stream_of), then returns ``response(request)``."""
+    return lambda model, request, signal: stream_of(model, request, stream, response)
+
+
+def turn(response_id: str, content: Sequence[object], stop_reason: str) -> Step:
+    """A well-behaved Step: streams each block of ``content`` as one chunk."""
+    return stream_step(content, respond(response_id, content, stop_reason))
+
+
+def raise_error(error: BaseException) -> Callable[[al.ModelRequest], object]:
+    """A stream item or response that raises ``error`` when it is reached."""
+
+    def raiser(request: al.ModelRequest) -> object:
+        raise error
+
+    return raiser
+
+
+# The one driver, and the invariants it checks after every run.
+
+
+CancelAt = Union[Tuple[str, int], int, Callable[[al.Event], bool], None]
+"""Where a consumer cancels: the ``[1]``-th event of type ``[0]`` (counting from 1), the
+event of that sequence, or the first event for which a predicate holds."""
+
+
+def start_run(
+    model: Any,
+    tools: Sequence[al.Tool] = (),
+    *,
+    messages: Iterable[Any] | None = None,
+    max_steps: int = 4,
+    signal: Any = None,
+    request_sequence_start: int = 0,
+) -> Any:
+    """The run generator, not yet started: for tests that step, close or throw into it."""
+    return al.run_agent_loop(
+        messages=[user()] if messages is None else messages,
+        model=model,
+        tools=al.ToolRegistry(tools),
+        max_steps=max_steps,
+        signal=signal,
+        request_sequence_start=request_sequence_start,
+    )
+
+
+def model_of(steps: Sequence[al.ScriptedResponse | Step]) -> Any:
+    """The model that plays ``steps``: the shipped al.ScriptedModel when every step is a
+    ScriptedResponse, else a FakeModel."""
+    if all(isinstance(step, al.ScriptedResponse) for step in steps):
+        return al.ScriptedModel(cast(Sequence[al.ScriptedResponse], steps))
+    return FakeModel(*steps)
+
+
+def run(
+    script: Any,
+    tools: Sequence[al.Tool] = (),
+    *,
+    messages: Iterable[Any] | None = None,
+    max_steps: int = 4,
+    signal: Any = None,
+    request_sequence_start: int = 0,
+    cancel_at: CancelAt = None,
+) -> tuple[list[al.Event], al.RunResult, Any]:
+    """The driver: starts a run and settles it (see settle), so that the run's invariants
+    are checked. ``script`` is a model (anything with ``stream``) or the steps of a
+    FakeModel. Returns the events, the result and the model."""
+    model = script if hasattr(script, "stream") else model_of(script)
+    start = [user()] if messages is None else messages
+    snapshot = tuple(start) if isinstance(start, (list, tuple)) else None
+    loop = start_run(
+        model,
+        tools,
+        messages=start,
+        max_steps=max_steps,
+        signal=signal,
+        request_sequence_start=request_sequence_start,
+    )
+    events, result = settle(
+        loop, model, max_steps=max_steps, start=snapshot, signal=signal, cancel_at=cancel_at
+    )
+    return events, result, model
+
+
+def settle(
+    loop: Generator[al.Event, None, al.RunResult],
+    model: Any = None,
+    *,
+    max_steps: int | None = None,
+    start: Sequence[al.Message] | None = None,
+    signal: Any = None,
+    cancel_at: CancelAt = None,
+) -> tuple[list[al.Event], al.RunResult]:
+    """Drains a run to its end, then checks its invariants (check_run; the deeper checks
+    when the model records its requests). With ``cancel_at`` the consumer sets ``signal``
+    while it holds that event (see CancelAt). Returns the events and the result."""
+    events: list[al.Event] = []
+    while True:
+        try:
+            event = next(loop)
+        except StopIteration as done:
+            result: al.RunResult = done.value
+            break
+        events.append(event)
+        if cancels(cancel_at, events):
+            signal.set()
+    recorded = hasattr(model, "requests") and hasattr(model, "call_count")
+    check_run(events, result, model if recorded else None, max_steps=max_steps, start=start)
+    return events, result
+
+
+STATUSES = ("completed", "cancelled", "maxSteps", "failed")
+
+
+CODES = ("INVALID_TRANSCRIPT", "MODEL_PROTOCOL_ERROR", "MODEL_STREAM_ERROR", "TOOL_PHASE_ERROR")
+
+
+EVENT_TYPES = (
+    "message.accepted",
+    "model.chunk",
+    "tool.started",
+    "tool.finished",
+    "run.finished",
+)
+
+
+MESSAGE_TYPES = (al.UserMessage, al.AssistantMessage, al.ToolResultMessage)
+
+
+def normalized(items: Sequence[object]) -> list[object]:
+    """Text coalesced, and thinking coalesced, between the other kinds of block; empty
+    text and thinking dropped: the seed's normalisation (thinking as the loop extends it),
+    written again here so that the checker does not trust the loop's own. Text is a str
+    (or a TextBlock), thinking a ThinkingBlock whose signature is ignored; it comes out as
+    ("thinking", text)."""
+    normalized: list[object] = []
+    pending = ""
+    pending_kind = ""
+    for item in items:
+        kind = "call"
+        if isinstance(item, al.TextBlock):
+            item, kind = item.text, "text"
+        elif isinstance(item, str):
+            kind = "text"
+        elif isinstance(item, al.ThinkingBlock):
+            item, kind = item.thinking, "thinking"
+        if kind != "call" and item == "":
+            continue
+        if pending and kind != pending_kind:
+            normalized.append(pending if pending_kind == "text" else ("thinking", pending))
+            pending = ""
+        if kind == "call":
+            normalized.append(item)
+        else:
+            pending += cast(str, item)
+            pending_kind = kind
+    if pending:
+        normalized.append(pending if pending_kind == "text" else ("thinking", pending))
+    return normalized
+
+
+def chunk_item(chunk: object) -> object:
+    if isinstance(chunk, al.TextDelta):
+        return chunk.text
+    if isinstance(chunk, al.ThinkingDelta):
+        return al.ThinkingBlock(chunk.thinking)
+    assert isinstance(chunk, al.ToolCallChunk)
+    return chunk.tool_call
+
+
+USAGE_FIELDS = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "reasoning_tokens",
+)
+
+
+def summed_usage(messages: Iterable[al.Message]) -> al.Usage | None:
+    """The usage of a run that appended these assistant messages, summed as the README
+    says (a field unknown in one of them is unknown; no response at all is None), written
+    again here so that the checker does not trust the loop's own Usage.__add__."""
+    usages = [m.usage for m in messages if isinstance(m, al.AssistantMessage)]
+    if not usages:
+        return None
+    total: dict[str, int | None] = {}
+    for name in USAGE_FIELDS:
+        counts = [None if usage is None else getattr(usage, name) for usage in usages]
+        total[name] = None if None in counts else sum(cast("list[int]", counts))
+    return al.Usage(**total)
+
+
+def cancels(at: CancelAt, events: Sequence[al.Event]) -> bool:
+    """True if the consumer cancels on the last of ``events`` (see CancelAt)."""
+    event = events[-1]
+    if isinstance(at, tuple):
+        return event.type == at[0] and types_of(events).count(at[0]) == at[1]
+    if isinstance(at, int):
+        return event.sequence == at
+    return at is not None and at(event)
+
+
+def check_run(
+    events: Sequence[al.Event],
+    result: al.RunResult,
+    model: Any = None,
+    *,
+    max_steps: int | None = None,
+    start: Sequence[al.Message] | None = None,
+) -> None:
+    """The invariants every run keeps whatever the model, the tools and the caller did,
+    checked from the outside: one counter (sequences 0..n-1, no gap), exactly one
+    run.finished, last, carrying the returned result; complete messages with unique ids,
+    every tool result answering an earlier call. Given the ``model`` (which needs
+    ``call_count`` and ``requests``), also how the requests, chunks, tools and the
+    transcript agree; given ``start``, that the starting messages are the prefix."""
+    # One counter: sequences 0, 1, 2, ... and exactly one run.finished, last, carrying the result.
+    assert [event.sequence for event in events] == list(range(len(events)))
+    kinds = [event.type for event in events]
+    assert set(kinds) <= set(EVENT_TYPES)
+    assert kinds.count("run.finished") == 1
+    assert kinds[-1] == "run.finished"
+    assert events[-1].payload["result"] is result
+    status = result.status
+    assert status in STATUSES
+    assert (result.final_text is not None) == (status == "completed")
+    if max_steps is not None:
+        assert result.max_steps == (max_steps if status == "maxSteps" else None)
+    assert (result.error is not None) == (status == "failed")
+    code = None
+    if result.error is not None:
+        code = result.error.code
+        assert code in CODES
+        assert isinstance(result.error.message, str)
+        assert result.error.message
+
+    # message.accepted events come first.
+    accepted = [event.payload["message"] for event in events if event.type == "message.accepted"]
+    assert kinds[: len(accepted)] == ["message.accepted"] * len(accepted)
+
+    # Complete protocol messages with unique ids and valid linkage.
+    messages = result.messages
+    assert isinstance(messages, tuple)
+    assert all(type(message) in MESSAGE_TYPES for message in messages)
+    assert len({message.id for message in messages}) == len(messages)
+    calls: dict[str, tuple[str, int]] = {}  # call id -> (tool name, index of its message)
+    answered: dict[str, int] = {}
+    assistant_indexes = []
+    for index, message in enumerate(messages):
+        if isinstance(message, al.AssistantMessage):
+            assistant_indexes.append(index)
+            assert message.usage is None or type(message.usage) is al.Usage
+            for block in message.content:
+                assert type(block) in (al.TextBlock, al.ThinkingBlock, al.ToolCall)
+                if isinstance(block, al.TextBlock):
+                    assert isinstance(block.text, str)
+                    continue
+                if isinstance(block, al.ThinkingBlock):
+                    assert isinstance(block.thinking, str)
+                    assert not block.redacted or (block.thinking == "" and block.signature)
+                    continue
+                assert isinstance(block.id, str)
+                assert block.id
+                assert isinstance(block.name, str)
+                assert block.name
+                assert block.id not in calls, "tool-call ids are unique in a transcript"
+                calls[block.id] = (block.name, index)
+        elif isinstance(message, al.ToolResultMessage):
+            # Every result answers an earlier call with the same tool name, exactly once.
+            assert message.tool_call_id in calls
+            assert calls[message.tool_call_id][0] == message.tool_name
+            assert message.tool_call_id not in answered
+            answered[message.tool_call_id] = index
+            assert isinstance(message.content, str)
+            assert isinstance(message.is_error, bool)
+        else:
+            assert isinstance(message.content, str)
+    open_calls = [call_id for call_id in calls if call_id not in answered]
+    if open_calls:
+        # Only a run interrupted inside its last tool batch leaves calls without a result,
+        # and only those of the last assistant message.
+        assert status == "cancelled" or code == "TOOL_PHASE_ERROR"
+        assert {calls[call_id][1] for call_id in open_calls} == {assistant_indexes[-1]}
+
+    # The starting messages: accepted in order, then kept as the transcript's prefix.
+    if code == "INVALID_TRANSCRIPT":
+        assert kinds == ["run.finished"]
+        assert messages == ()
+        assert result.steps == 0
+        assert result.usage is None
+    else:
+        assert accepted == list(messages[: len(accepted)])
+        if start is not None:
+            assert messages[: len(start)] == tuple(start)
+            assert accepted == list(start[: len(accepted)])
+            if result.steps > 0 or status != "cancelled":
+                assert len(accepted) == len(start)
+            start_count = len(start)
+        elif result.steps > 0 or status != "cancelled":
+            start_count = len(accepted)
+        else:
+            start_count = len(messages)
+        # The run's usage: the sum over the responses it appended, and only those.
+        assert result.usage == summed_usage(messages[start_count:])
+
+    if model is None:
+        return
+    # The model: one call per step, within the budget; every request a prefix of the end.
+    assert model.call_count == result.steps
+    assert max_steps is None or result.steps <= max_steps
+    requests = list(model.requests)
+    assert len(requests) == result.steps
+    request_ids = [request.id for request in requests]
+    if request_ids:
+        first = int(request_ids[0][len("request-") :])
+        assert request_ids == [f"request-{n:03d}" for n in range(first, first + len(requests))]
+    for request in requests:
+        assert request.messages == messages[: len(request.messages)]
+    if code == "INVALID_TRANSCRIPT":
+        return
+
+    # Chunks: every chunk event belongs to an opened request and carries its id.
+    for event in events:
+        if event.type == "model.chunk":
+            assert event.payload["request_id"] in request_ids
+            assert event.payload["chunk"].request_id == event.payload["request_id"]
+
+    # No assistant message for a response whose stream was interrupted: the run added one
+    # assistant message per step, except a last step that never reached tool.started or
+    # completion. Each added message agrees with the chunks streamed for its request.
+    added = messages[start_count:]
+    added_assistants = [m for m in added if isinstance(m, al.AssistantMessage)]
+    if result.steps == 0:
+        assert added == ()
+    else:
+        last_accepted = status == "completed" or any(
+            event.type == "tool.started" and event.payload["request_id"] == request_ids[-1]
+            for event in events
+        )
+        assert len(added_assistants) == result.steps - 1 + int(last_accepted)
+    for request_id, message in zip(request_ids, added_assistants):
+        streamed = [
+            chunk_item(event.payload["chunk"])
+            for event in events
+            if event.type == "model.chunk" and event.payload["request_id"] == request_id
+        ]
+        assert normalized(streamed) == normalized(message.content)
+        # Tools ran in assistant order, for this request only.
+        started = [
+            event.payload["tool_call"]
+            for event in events
+            if event.type == "tool.started" and event.payload["request_id"] == request_id
+        ]
+        message_calls = [block for block in message.content if isinstance(block, al.ToolCall)]
+        assert started == message_calls[: len(started)]
+
+    # Tools: each tool.started is followed at once by its tool.finished, unless the run
+    # ended right there; each tool.finished carries a result that is in the transcript.
+    finished = [event for event in events if event.type == "tool.finished"]
+    added_results = [m for m in added if isinstance(m, al.ToolResultMessage)]
+    assert len(finished) == len(added_results)
+    for event, message in zip(finished, added_results):
+        assert event.payload["tool_result"] is message
+        assert event.payload["tool_call"].id == message.tool_call_id
+        assert event.payload["tool_call"].name == message.tool_name
+    for index, event in enumerate(events):
+        if event.type != "tool.started":
+            continue
+        follower = events[index + 1]
+        if follower.type == "tool.finished":
+            assert follower.payload["tool_call"] is event.payload["tool_call"]
+            assert follower.payload["request_id"] == event.payload["request_id"]
+        else:
+            assert follower.type == "run.finished"
+            assert status == "cancelled" or code == "TOOL_PHASE_ERROR"
+            assert event.payload["tool_call"].id in open_calls, "no result for an interrupted call"
+
+
+def assert_failed(
+    events: Sequence[al.Event], result: al.RunResult, code: str, *words: str
+) -> None:
+    """A failed run: well formed, status failed, the given code and a message that says
+    why, naming each of ``words``."""
+    check_run(events, result)
+    assert result.status == "failed"
+    assert isinstance(result.error, al.RunError)
+    assert result.error.code == code
+    assert isinstance(result.error.message, str)
+    assert result.error.message
+    assert result.final_text is None
+    assert result.max_steps is None
+    for word in words:
+        assert word in result.error.message
+
+
+def failure_message(result: al.RunResult, code: str) -> str:
+    """The message of a failed result with this code."""
+    assert result.status == "failed"
+    assert result.error is not None
+    assert result.error.code == code
+    return result.error.message
+
+
+def only_tool_result(result: al.RunResult) -> al.ToolResultMessage:
+    """The one tool result of a run's transcript."""
+    [message] = [m for m in result.messages if isinstance(m, al.ToolResultMessage)]
+    return message
+
+
+def run_probe_call(
+    arguments: Any,
+) -> tuple[list[al.Event], al.RunResult, FakeModel, list[dict[str, Any]]]:
+    """Runs one step that calls "probe" with ``arguments``, then a step that stops."""
+    received: list[dict[str, Any]] = []
+    tool_call = al.ToolCall("call-probe-001", "probe", arguments)
+    events, result, model = run(
+        [
+            al.scripted_response("response-001", [tool_call], "toolCall"),
+            al.scripted_response("response-002", [text("done")], "stop"),
+        ],
+        tools=[probe_tool(received)],
+    )
+    return events, result, model, received
+
+
+def assert_no_tool_ran(
+    events: list[al.Event],
+    result: al.RunResult,
+    model: FakeModel,
+    received: list[dict[str, Any]],
+) -> None:
+    """Nothing of the failed step was kept: no tool ran, no assistant message was appended."""
+    assert received == []
+    assert "tool.started" not in types_of(events)
+    assert model.call_count == 1
+    assert result.messages == (user(),)
+
+
+def assert_tool_received(
+    events: list[al.Event],
+    result: al.RunResult,
+    received: list[dict[str, Any]],
+    arguments: Any,
+) -> None:
+    """The run completed and the tool ran once, with exactly ``arguments`` as plain JSON."""
+    check_run(events, result)
+    assert result.status == "completed"
+    assert len(received) == 1
+    assert is_plain(received[0])
+    assert same_json(received[0], arguments)
+
+
+def types_of(events: Iterable[al.Event]) -> list[str]:
+    return [event.type for event in events]
+
+
+def open_call_ids(messages: Iterable[al.Message]) -> list[str]:
+    return [open_call.id for open_call in al.open_tool_calls(messages)]
+
+
+def until(run_: Any, event_type: str, occurrence: int = 1) -> list[al.Event]:
+    """Iterates a run until the given occurrence of an event type has been yielded."""
+    events: list[al.Event] = []
+    while True:
+        events.append(next(run_))
+        if types_of(events).count(event_type) == occurrence and events[-1].type == event_type:
+            return events
+
+
+def counter_tool(start: int = 41) -> al.Tool:
+    """A tool that answers differently each time: a recording must not run it again."""
+    count = [start]
+
+    def counter(arguments: dict[str, Any], signal: al.Signal) -> object:
+        count[0] += 1
+        return str(count[0])
+
+    return al.Tool("counter", "Counts.", {"type": "object"}, counter)
+
+
+def refuse_with_tool_error(arguments: dict[str, Any], signal: al.Signal) -> object:
+    raise al.ToolError("No, and that is final.")
+
+
+def raise_lookup_error(arguments: dict[str, Any], signal: al.Signal) -> object:
+    raise LookupError("nothing here")
+
+
+def every_kind_of_tool(executed: list[str] | None = None) -> list[al.Tool]:
+    """echo, counter, refuse (ToolError) and boom (raises): every kind of result."""
+    return [
+        echo_tool(executed),
+        counter_tool(),
+        al.Tool("refuse", "Refuses.", {"type": "object"}, refuse_with_tool_error),
+        al.Tool("boom", "Raises.", {"type": "object"}, raise_lookup_error),
+    ]
+
+
+def record_run(
+    responses: Sequence[al.ScriptedResponse],
+    *,
+    messages: Sequence[al.Message] | None = None,
+    tools: Sequence[al.Tool] | None = None,
+    max_steps: int = 8,
+    request_sequence_start: int = 0,
+    cancel_when: CancelAt = None,
+) -> tuple[list[al.Event], al.RunResult]:
+    """Records a run with the driver: tools of every kind of result unless ``tools`` says
+    otherwise, and a signal that the consumer sets at ``cancel_when``."""
+    events, result, _ = run(
+        responses,
+        every_kind_of_tool() if tools is None else tools,
+        messages=messages,
+        max_steps=max_steps,
+        signal=threading.Event(),
+        request_sequence_start=request_sequence_start,
+        cancel_at=cancel_when,
+    )
+    return events, result
+
+
+def dicts_of(events: Iterable[al.Event]) -> list[dict[str, Any]]:
+    return [event.to_dict() for event in events]
+
+
+def json_lines(events: Iterable[al.Event]) -> str:
+    """A recording as the demo's --json writes it: one to_dict() per line."""
+    return "".join(json.dumps(event.to_dict(), ensure_ascii=False) + "\n" for event in events)
+
+
+def read_json_lines(text: str) -> list[al.Event]:
+    return [al.event_from_dict(json.loads(line)) for line in text.splitlines()]

@@ -1,0 +1,755 @@
+"""Tests for agent_loop_replay: replay(events) -> ReplayedRun rebuilds a recorded run
+(its starting messages, a model that streams each step's chunks as recorded, tools that
+answer each call with its recorded result) and its run() reproduces the recording.
+
+The suite imports ``agent_loop_replay`` once, as ``alr`` (and ``agent_loop`` as ``al``
+for the values it replays), so that it can be aimed at any copy. Builders and the one
+driver come from loop_testing.py; every replayed run goes through the driver's settle(),
+which checks the run's invariants.
+
+Contents
+    TestExactReplay: a completed or maxSteps run replays to_dict() for to_dict()
+    TestReplayOfCancelledAndFailedRuns: replayed to where the log stops, then cancelled
+    TestReplayDetectsDrift: a request that differs from the recording fails the run
+    TestReplayRejectsLogsOfNoSingleRun: a ValueError that says what is wrong
+    TestRandomRecordedRunsReplayExactly: random recorded runs
+    TestResumedRunsReplayExactly: a cancel-resume chain, each run replayed
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import random
+import threading
+from typing import Any, Callable
+
+import pytest
+
+import agent_loop as al
+import agent_loop_replay as alr
+from loop_testing import (
+    FakeModel,
+    call,
+    dicts_of,
+    every_kind_of_tool,
+    json_lines,
+    read_json_lines,
+    record_run,
+    run,
+    settle,
+    stop,
+    text,
+    tool_turn,
+    user,
+)
+
+
+def settle_replay(replayed: alr.ReplayedRun) -> tuple[list[al.Event], al.RunResult]:
+    """Runs a replayed run with the driver's settle, so that its invariants are checked."""
+    return settle(replayed.run(), max_steps=replayed.max_steps)
+
+
+def assert_replays_exactly(events: list[al.Event]) -> alr.ReplayedRun:
+    """replay() of the log, live and read back from JSON lines, reproduces it exactly."""
+    for log in (events, read_json_lines(json_lines(events))):
+        replayed = alr.replay(log)
+        again, result = settle_replay(replayed)
+        assert dicts_of(again) == dicts_of(events)
+        assert result == events[-1].payload["result"]
+    return replayed
+
+
+def three_step_script() -> list[al.ScriptedResponse]:
+    """Text split into chunks (an empty delta too), tool calls of every kind of result."""
+    return [
+        al.scripted_response(
+            "response-001",
+            [text("Echo, then count."), call("echo", "call-1", {"text": "one"})],
+            "toolCall",
+            chunks=[
+                text("Echo, "),
+                text(""),
+                text("then count."),
+                call("echo", "call-1", {"text": "one"}),
+            ],
+        ),
+        tool_turn(
+            "response-002",
+            call("counter", "call-2", {}),
+            call("refuse", "call-3", {}),
+            call("boom", "call-4", {}),
+            call("missing", "call-5", {}),
+            call("echo", "call-6", {"text": 5}),
+        ),
+        al.scripted_response(
+            "response-003",
+            [text("All done.")],
+            "stop",
+            chunks=[text("All "), text("done.")],
+        ),
+    ]
+
+
+class TestExactReplay:
+    """Running the loop on them with the recorded budget yields an event log whose
+    to_dict() equals the recording, for every run that ended completed or maxSteps."""
+
+    def test_a_completed_run_replays_exactly_and_runs_no_tool(self) -> None:
+        executed: list[str] = []
+        events, result = record_run(three_step_script(), tools=every_kind_of_tool(executed))
+        assert result.status == "completed"
+        assert executed == ["one"]
+        replayed = assert_replays_exactly(events)
+        assert executed == ["one"]  # the recorded tools answered; nothing ran again
+        assert replayed.messages == (user(),)
+        assert replayed.max_steps == 3
+        assert replayed.request_sequence_start == 0
+
+    def test_chunks_are_streamed_as_recorded_empty_deltas_included(self) -> None:
+        events, _ = record_run(three_step_script())
+        again, _ = settle_replay(alr.replay(events))
+        chunks = [event.payload["chunk"] for event in again if event.type == "model.chunk"]
+        assert chunks[:3] == [
+            al.TextDelta("request-001", "Echo, "),
+            al.TextDelta("request-001", ""),
+            al.TextDelta("request-001", "then count."),
+        ]
+        assert len(chunks) == 4 + 5 + 2
+
+    def test_recorded_error_results_are_reproduced_exactly(self) -> None:
+        """Replay's recorded-result tools may use it [ToolError] to reproduce
+        is_error=True results exactly."""
+        events, result = record_run(three_step_script())
+        _, again = settle_replay(alr.replay(events))
+        results = [m for m in again.messages if isinstance(m, al.ToolResultMessage)]
+        assert [(m.content, m.is_error) for m in results] == [
+            ("one", False),
+            ("42", False),
+            ("No, and that is final.", True),
+            ("tool 'boom' raised LookupError: nothing here", True),
+            ("unknown tool 'missing' (available: echo, counter, refuse, boom)", True),
+            ("invalid arguments for tool 'echo': $.text must be string, got integer", True),
+        ]
+        assert again.messages == result.messages
+
+    def test_a_non_deterministic_tool_answers_as_recorded(self) -> None:
+        script = [tool_turn("response-001", call("counter", "call-1", {})), stop("r2", "Done.")]
+        events, result = record_run(script)
+        assert result.messages[2].content == "42"
+        for _ in range(3):  # a ReplayedRun runs again and again, one run at a time
+            assert_replays_exactly(events)
+
+    def test_a_max_steps_run_replays_exactly_with_its_budget(self) -> None:
+        script = [
+            tool_turn("response-001", call("echo", "call-1", {"text": "a"})),
+            tool_turn("response-002", call("counter", "call-2", {})),
+            stop("response-003", "Done."),
+        ]
+        events, result = record_run(script, max_steps=2)
+        assert result.status == "maxSteps"
+        replayed = assert_replays_exactly(events)
+        assert replayed.max_steps == 2
+
+    def test_a_run_with_history_and_a_request_sequence_start_replays_exactly(self) -> None:
+        history: list[al.Message] = [
+            user("Hi.", "user-000"),
+            al.AssistantMessage("message-response-000", (call("weather", "call-0", {}),)),
+            al.ToolResultMessage("tool-result-call-0", "call-0", "weather", "Sunny.", False),
+            al.AssistantMessage("message-response-00", (text("Hello."),)),
+            user(),
+        ]
+        script = [tool_turn("response-005", call("echo", "call-1", {"text": "b"}))]
+        events, result = record_run(
+            [*script, stop("response-006", "Done.")], messages=history, request_sequence_start=4
+        )
+        assert result.status == "completed"
+        replayed = assert_replays_exactly(events)
+        assert replayed.messages == tuple(history)
+        assert replayed.request_sequence_start == 4
+        # The tools are those the run's own calls name, not the history's.
+        assert [tool.name for tool in replayed.tools] == ["echo"]
+
+    def test_a_step_that_streamed_nothing_replays_exactly(self) -> None:
+        """A stop response with no content streams no chunk: its request has no event."""
+        script = [
+            tool_turn("response-001", call("echo", "call-1", {"text": "a"})),
+            al.scripted_response("response-002", [], "stop"),
+        ]
+        events, result = record_run(script)
+        assert result.status == "completed"
+        assert result.final_text == ""
+        assert "request-002" not in json.dumps(dicts_of(events))
+        assert_replays_exactly(events)
+
+    def test_the_replayed_run_is_run_agent_loop_on_its_fields(self) -> None:
+        """A frozen dataclass with messages, model, tools, max_steps and
+        request_sequence_start, whose run() returns run_agent_loop(...) on them."""
+        events, _ = record_run(three_step_script())
+        replayed = alr.replay(iter(events))
+        assert [field.name for field in dataclasses.fields(alr.ReplayedRun)] == [
+            "messages",
+            "model",
+            "tools",
+            "max_steps",
+            "request_sequence_start",
+        ]
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            replayed.max_steps = 4  # type: ignore[misc]
+        assert [tool.name for tool in replayed.tools] == [
+            "echo",
+            "counter",
+            "refuse",
+            "boom",
+            "missing",
+        ]
+        assert all(spec.parameters == {"type": "object"} for spec in replayed.tools.specs())
+        by_hand = al.run_agent_loop(
+            messages=replayed.messages,
+            model=replayed.model,
+            tools=replayed.tools,
+            max_steps=replayed.max_steps,
+        )
+        assert dicts_of(settle(by_hand)[0]) == dicts_of(events)
+
+    def test_a_larger_budget_changes_nothing_for_a_completed_run(self) -> None:
+        events, _ = record_run(three_step_script())
+        replayed = dataclasses.replace(alr.replay(events), max_steps=al.MAX_AGENT_STEPS)
+        assert dicts_of(settle_replay(replayed)[0]) == dicts_of(events)
+
+    def test_a_request_the_recording_does_not_hold_fails_the_run(self) -> None:
+        script = [
+            tool_turn("response-001", call("echo", "call-1", {"text": "a"})),
+            stop("response-002", "Done."),
+        ]
+        events, result = record_run(script, max_steps=1)
+        assert result.status == "maxSteps"
+        again, failed = settle_replay(dataclasses.replace(alr.replay(events), max_steps=2))
+        assert dicts_of(again[:-1]) == dicts_of(events[:-1])
+        assert failed.status == "failed"
+        assert failed.error is not None
+        assert failed.error.code == "MODEL_STREAM_ERROR"
+        assert failed.error.message == (
+            "model.stream() raised RuntimeError: the recording holds no request-002 "
+            "(it holds request-001)"
+        )
+
+
+class SignalWithoutSet:
+    """A Signal (is_set() and wait()) that cannot be set."""
+
+    def is_set(self) -> bool:
+        return False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return False
+
+
+def two_call_script() -> list[al.ScriptedResponse]:
+    return [
+        al.scripted_response(
+            "response-001",
+            [text("Two calls."), call("echo", "call-1", {"text": "a"})],
+            "toolCall",
+            chunks=[text("Two "), text("calls."), call("echo", "call-1", {"text": "a"})],
+        ),
+        tool_turn(
+            "response-002",
+            call("echo", "call-2", {"text": "b"}),
+            call("counter", "call-3", {}),
+        ),
+        stop("response-003", "Done."),
+    ]
+
+
+class TestReplayOfCancelledAndFailedRuns:
+    """agent_loop_replay: "A cancelled or failed log replays to its last event before
+    run.finished, and there run() cancels the run, as a consumer who sets the signal on
+    seeing that event does"."""
+
+    @pytest.mark.parametrize(
+        "sequence",
+        [
+            pytest.param(0, id="at-accepted"),
+            pytest.param(1, id="at-a-chunk"),
+            pytest.param(3, id="at-the-last-chunk"),
+            pytest.param(4, id="at-tool-started"),
+            pytest.param(5, id="after-a-batch"),
+            pytest.param(8, id="at-a-tool-started-of-the-second-step"),
+            pytest.param(9, id="between-two-tool-calls"),
+        ],
+    )
+    def test_a_cancelled_run_replays_exactly(self, sequence: int) -> None:
+        """ "So a cancelled run replays exactly"."""
+        events, result = record_run(two_call_script(), cancel_when=sequence)
+        assert result.status == "cancelled"
+        assert events[-2].sequence == sequence
+        replayed = assert_replays_exactly(events)
+        assert replayed.max_steps == max(result.steps, 1)
+
+    def test_a_tool_that_saw_the_signal_replays_exactly(self) -> None:
+        def cancels(arguments: dict[str, Any], signal: al.Signal) -> object:
+            assert isinstance(signal, threading.Event)
+            signal.set()
+            return "too late"
+
+        tools = [
+            *every_kind_of_tool(),
+            al.Tool("cancels", "Cancels.", {"type": "object"}, cancels),
+        ]
+        script = [tool_turn("response-001", call("cancels", "call-1", {}))]
+        events, result = record_run(script, tools=tools)
+        assert result.status == "cancelled"
+        assert [call.id for call in al.open_tool_calls(result.messages)] == ["call-1"]
+        assert_replays_exactly(events)
+
+    def test_a_run_cancelled_before_its_first_event_replays_exactly(self) -> None:
+        """Cancelled at SnapshotRun: the result holds the starting messages, no event does."""
+        signal = threading.Event()
+        signal.set()
+        events, _result, _ = run([], max_steps=1, signal=signal)
+        assert [event.type for event in events] == ["run.finished"]
+        replayed = assert_replays_exactly(events)
+        assert replayed.messages == (user(),)
+        assert replayed.max_steps == 1
+
+    def test_a_run_cancelled_inside_a_request_before_its_first_chunk_has_one_step_less(
+        self,
+    ) -> None:
+        """ "except one cancelled inside a request before its first chunk: the replay
+        does not open that request (steps is one less)"."""
+
+        def cancels_when_asked(model: FakeModel, request: al.ModelRequest, signal: Any) -> Any:
+            signal.set()
+            return iter(())
+
+        events, result, _ = run([cancels_when_asked], max_steps=2, signal=threading.Event())
+        assert (result.status, result.steps) == ("cancelled", 1)
+        again, replayed = settle_replay(alr.replay(events))
+        assert dicts_of(again[:-1]) == dicts_of(events[:-1])
+        assert replayed == dataclasses.replace(result, steps=0)
+
+    def _failed_run(self, how: str) -> tuple[list[al.Event], al.RunResult]:
+        class Halt(BaseException):
+            pass
+
+        def aborts(arguments: dict[str, Any], signal: al.Signal) -> object:
+            raise Halt
+
+        tools = [*every_kind_of_tool(), al.Tool("aborts", "Aborts.", {"type": "object"}, aborts)]
+        first = tool_turn("response-001", call("echo", "call-1", {"text": "a"}))
+        if how == "TOOL_PHASE_ERROR":
+            second = tool_turn("response-002", call("aborts", "call-2", {}))
+        else:  # the streamed chunks and the terminal response disagree
+            second = al.scripted_response(
+                "response-002", [text("Yes.")], "stop", chunks=[text("No.")]
+            )
+        events, result = record_run([first, second], tools=tools)
+        if how == "MODEL_STREAM_ERROR":
+            script = al.ScriptedModel([first])  # asked for a second response it does not have
+            events, result, _ = run(script, tools, max_steps=4)
+        assert result.error is not None
+        assert result.error.code == how
+        return events, result
+
+    @pytest.mark.parametrize(
+        ("how", "steps_less"),
+        [("MODEL_STREAM_ERROR", 1), ("MODEL_PROTOCOL_ERROR", 0), ("TOOL_PHASE_ERROR", 0)],
+    )
+    def test_a_failed_run_replays_its_events_and_ends_cancelled_where_it_failed(
+        self, how: str, steps_less: int
+    ) -> None:
+        """ "A failed run ends cancelled after the same events"."""
+        events, result = self._failed_run(how)
+        again, replayed = settle_replay(alr.replay(events))
+        assert dicts_of(again[:-1]) == dicts_of(events[:-1])
+        assert replayed == al.RunResult(
+            "cancelled", result.messages, result.steps - steps_less, usage=result.usage
+        )
+
+    def test_a_run_that_failed_invalid_transcript_is_a_value_error(self) -> None:
+        """ "An INVALID_TRANSCRIPT log holds no starting message: a ValueError"."""
+        events, result = record_run([], messages=[al.ToolResultMessage("t", "c", "x", "", False)])
+        assert result.error is not None
+        assert result.error.code == "INVALID_TRANSCRIPT"
+        with pytest.raises(ValueError, match="INVALID_TRANSCRIPT: its log holds none"):
+            alr.replay(events)
+
+    def test_run_by_hand_a_log_that_stops_inside_a_request_fails_there(self) -> None:
+        events, _ = record_run(two_call_script(), cancel_when=2)
+        replayed = alr.replay(events)
+        _, result = settle(
+            al.run_agent_loop(
+                messages=replayed.messages,
+                model=replayed.model,
+                tools=replayed.tools,
+                max_steps=replayed.max_steps,
+                signal=SignalWithoutSet(),
+            )
+        )
+        assert result.error is not None
+        assert result.error.code == "MODEL_STREAM_ERROR"
+        assert "the recording stops inside request-001: replay it with ReplayedRun.run()" in (
+            result.error.message
+        )
+
+
+def answer_tool(answer: str) -> al.Tool:
+    return al.Tool("answer", "Answers.", {"type": "object"}, lambda arguments, signal: answer)
+
+
+def answer_script() -> list[al.ScriptedResponse]:
+    return [
+        tool_turn("response-001", text("Asking."), call("answer", "call-1", {})),
+        stop("response-002", "The answer was given."),
+    ]
+
+
+class TestReplayDetectsDrift:
+    """The replayed model compares each request it receives with the transcript the
+    recording implies; on the first difference it raises, and the run fails
+    MODEL_STREAM_ERROR with a message that shows the index and both sides (shortened),
+    never a silently different run."""
+
+    def test_a_tool_whose_answer_changed_fails_the_replay(self) -> None:
+        events, _ = record_run(answer_script(), tools=[answer_tool("42")])
+        same = dataclasses.replace(alr.replay(events), tools=al.ToolRegistry([answer_tool("42")]))
+        assert dicts_of(settle_replay(same)[0]) == dicts_of(events)
+        changed = dataclasses.replace(same, tools=al.ToolRegistry([answer_tool("43")]))
+        again, result = settle_replay(changed)
+        assert result.status == "failed"
+        assert result.error is not None
+        assert result.error.code == "MODEL_STREAM_ERROR"
+        assert result.error.message == (
+            "model.stream() raised RuntimeError: request-002 differs from the recording at "
+            "message 2: recorded ToolResultMessage(id='tool-result-call-1', "
+            "tool_call_id='call-1', tool_name='answer', content='42', is_error=False), got "
+            "ToolResultMessage(id='tool-result-call-1', tool_call_id='call-1', "
+            "tool_name='answer', content='43', is_error=False)"
+        )
+        # Nothing of request-002 was streamed: the run stopped at the difference.
+        assert dicts_of(again[:4]) == dicts_of(events[:4])
+        assert [event.type for event in again[4:]] == ["tool.finished", "run.finished"]
+
+    def test_both_sides_are_shortened_around_the_difference(self) -> None:
+        recorded, changed = "x" * 500 + "42" + "y" * 500, "x" * 500 + "43" + "y" * 500
+        events, _ = record_run(answer_script(), tools=[answer_tool(recorded)])
+        replayed = dataclasses.replace(
+            alr.replay(events), tools=al.ToolRegistry([answer_tool(changed)])
+        )
+        _, result = settle_replay(replayed)
+        assert result.error is not None
+        message = result.error.message
+        assert len(message) < 600
+        shown = "x" * 159 + "4{}" + "y" * 59 + "..."
+        assert f"recorded ...{shown.format(2)}, got ...{shown.format(3)}" in message
+
+    def test_a_missing_or_extra_message_shows_nothing_on_one_side(self) -> None:
+        events, _ = record_run(answer_script(), tools=[answer_tool("42")])
+        longer = dataclasses.replace(
+            alr.replay(events), messages=(user(), user("More.", "user-002"))
+        )
+        _, result = settle_replay(longer)
+        assert result.error is not None
+        assert result.error.message.endswith(
+            "request-001 differs from the recording at message 1: recorded nothing, got "
+            "UserMessage(id='user-002', content='More.')"
+        )
+
+    def test_recorded_tools_refuse_calls_the_recording_does_not_hold(self) -> None:
+        """The recorded tools answer the replayed model's calls, in order; another model's
+        call gets a recoverable error result, not a recorded answer."""
+        events, _ = record_run(answer_script(), tools=[answer_tool("42")])
+        replayed = alr.replay(events)
+        other = al.ScriptedModel(
+            [
+                tool_turn("response-001", call("answer", "call-1", {"extra": 1})),
+                stop("response-002", "Done."),
+            ]
+        )
+        _, result = settle_replay(dataclasses.replace(replayed, model=other))
+        assert result.status == "completed"
+        tool_result = result.messages[2]
+        assert isinstance(tool_result, al.ToolResultMessage)
+        assert tool_result.is_error
+        assert "the recording has no call of tool 'answer' with these arguments" in (
+            tool_result.content
+        )
+
+
+def recording() -> list[dict[str, Any]]:
+    """A completed two-step run, as to_dict() of each event."""
+    script = [
+        tool_turn(
+            "response-001",
+            call("echo", "call-1", {"text": "a"}),
+            call("echo", "call-2", {"text": "b"}),
+        ),
+        stop("response-002", "Done."),
+    ]
+    return dicts_of(record_run(script)[0])
+
+
+def renumbered(log: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{**event, "sequence": index} for index, event in enumerate(log)]
+
+
+def result_of_log(log: list[dict[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = log[-1]["payload"]["result"]
+    return result
+
+
+def broken_log(how: str) -> list[dict[str, Any]]:
+    """The recording, broken in one way. Events: 0 accepted, 1-2 chunks, 3-6 tools of
+    request-001, 7 chunk of request-002, 8 run.finished."""
+    log = recording()
+    if how == "empty":
+        return []
+    if how == "gap":
+        return log[:3] + log[4:]
+    if how == "no-run-finished":
+        return log[:-1]
+    if how == "two-runs":
+        return renumbered(log + log)
+    if how == "run-finished-inside":
+        return renumbered([*log[:3], log[-1], *log[3:]])
+    if how == "accepted-later":
+        return renumbered([*log[:3], log[0], *log[3:]])
+    if how == "unknown-request":
+        log[7]["payload"]["requestId"] = log[7]["payload"]["chunk"]["requestId"] = "request-009"
+    elif how == "requests-out-of-order":
+        return renumbered([*log[:1], log[7], *log[1:7], *log[8:]])
+    elif how == "chunk-of-another-request":
+        log[1]["payload"]["chunk"]["requestId"] = "request-002"
+    elif how == "chunk-after-a-tool":
+        return renumbered(log[:1] + log[2:4] + [log[1]] + log[4:])
+    elif how == "started-twice":
+        return renumbered(log[:4] + log[5:6] + log[4:5] + log[6:])
+    elif how == "finished-without-starting":
+        return renumbered(log[:3] + log[4:5] + log[3:4] + log[5:])
+    elif how == "result-without-the-accepted":
+        result_of_log(log)["messages"][0]["content"] = "Something else."
+    elif how == "result-with-a-user-message-added":
+        result_of_log(log)["messages"].append(user("Hm?", "user-002").to_dict())
+    elif how == "result-with-a-foreign-assistant-id":
+        result_of_log(log)["messages"][-1]["id"] = "assistant-2"
+    elif how == "result-with-too-few-steps":
+        result_of_log(log)["messages"] = result_of_log(log)["messages"][:-1]
+    elif how == "result-with-another-tool-result":
+        log[4]["payload"]["toolResult"]["content"] = "not what the transcript says"
+    elif how == "start-out-of-range":
+        result_of_log(log)["requestSequenceStart"] = 63
+    return log
+
+
+BROKEN_LOGS = [
+    ("empty", "does not end with run.finished"),
+    ("gap", "the event at position 3 has sequence 4"),
+    ("no-run-finished", "does not end with run.finished"),
+    ("two-runs", r"event 8 \(run.finished\): a run's message.accepted events come before"),
+    ("run-finished-inside", r"event 3 \(run.finished\): .* and its one run.finished last"),
+    ("accepted-later", r"event 3 \(message.accepted\)"),
+    ("unknown-request", r"event 7 \(model.chunk\) names 'request-009', which is not the run's"),
+    (
+        "requests-out-of-order",
+        r"event 2 \(model.chunk\) names 'request-001'.*request-001, request-002, in that order",
+    ),
+    (
+        "chunk-of-another-request",
+        r"event 1 \(model.chunk\): a chunk carries its event's request id",
+    ),
+    ("chunk-after-a-tool", r"event 3 \(model.chunk\): .* before the request's tool calls"),
+    ("started-twice", r"event 4 \(tool.started\): a tool call started before the previous"),
+    (
+        "finished-without-starting",
+        r"event 3 \(tool.finished\): tool call 'call-1' finished without",
+    ),
+    ("result-without-the-accepted", "does not begin with the accepted messages"),
+    ("result-with-a-user-message-added", "holds user message 'user-002' after the starting"),
+    ("result-with-a-foreign-assistant-id", "holds assistant message 'assistant-2'"),
+    ("result-with-too-few-steps", "holds 1 assistant message.* for 2 step.* of a completed run"),
+    ("result-with-another-tool-result", "the tool events of request-001 do not agree"),
+    ("start-out-of-range", "request_sequence_start 63 and steps 2 do not fit in 64 requests"),
+]
+
+
+class TestReplayRejectsLogsOfNoSingleRun:
+    """A log that is not a single run's (missing run.finished, sequences with gaps,
+    chunks of an unknown request) is a ValueError that says what is wrong."""
+
+    @pytest.mark.parametrize(("how", "message"), BROKEN_LOGS, ids=[c[0] for c in BROKEN_LOGS])
+    def test_a_broken_log_is_a_value_error_that_says_what_is_wrong(
+        self, how: str, message: str
+    ) -> None:
+        events = [al.event_from_dict(data) for data in broken_log(how)]
+        with pytest.raises(ValueError, match=message):
+            alr.replay(events)
+
+    def test_the_unbroken_recording_replays(self) -> None:
+        assert_replays_exactly([al.event_from_dict(data) for data in recording()])
+
+    def test_tool_events_of_a_request_without_a_response_are_a_value_error(self) -> None:
+        events, result = record_run(two_call_script(), cancel_when=4)
+        assert result.status == "cancelled"
+        log = dicts_of(events)
+        result_of_log(log)["messages"] = result_of_log(log)["messages"][:1]
+        with pytest.raises(ValueError, match="request-001 ran tools, but the result holds no"):
+            alr.replay([al.event_from_dict(data) for data in log])
+
+    def test_an_item_that_is_not_an_event_is_a_type_error(self) -> None:
+        with pytest.raises(TypeError, match="replay\\(\\) takes Events, got a dict at 0"):
+            alr.replay([recording()[0]])  # type: ignore[list-item]
+
+    @pytest.mark.parametrize("how", ["dropped", "doubled"])
+    def test_chunks_that_disagree_with_the_transcript_are_a_value_error(self, how: str) -> None:
+        log = recording()
+        chunk = next(i for i, data in enumerate(log) if data["type"] == "model.chunk")
+        if how == "dropped":
+            del log[chunk]
+        else:
+            log.insert(chunk, copy.deepcopy(log[chunk]))
+        for sequence, data in enumerate(log):
+            data["sequence"] = sequence
+        with pytest.raises(ValueError, match="the chunks of request-001 do not agree"):
+            alr.replay([al.event_from_dict(data) for data in log])
+
+
+def random_recorded_text(rng: random.Random) -> str:
+    return rng.choice(["", "a", "Hello, ", "world.", "é", "\U0001f600", "x" * rng.randint(1, 40)])
+
+
+def random_recorded_call(rng: random.Random, call_id: str) -> al.ToolCall:
+    kind = rng.choice(["echo", "counter", "refuse", "boom", "missing", "bad-arguments"])
+    if kind == "echo":
+        return call("echo", call_id, {"text": random_recorded_text(rng)})
+    if kind == "bad-arguments":
+        return call("echo", call_id, {"text": rng.randint(0, 9)})
+    return call(kind, call_id, {"n": rng.randint(0, 3)})
+
+
+def random_recorded_step(rng: random.Random, step: int, stop: bool) -> al.ScriptedResponse:
+    """A valid step: random text blocks and calls, streamed in random pieces."""
+    content: list[al.TextBlock | al.ToolCall] = []
+    chunks: list[al.TextBlock | al.ToolCall] = []
+    calls = 0 if stop else rng.randint(1, 3)
+    for index in range(calls + 1):
+        if rng.random() < 0.6:
+            pieces = [random_recorded_text(rng) for _ in range(rng.randint(1, 3))]
+            content.append(text("".join(pieces)))
+            chunks += [text(piece) for piece in pieces]
+        if index < calls:
+            call = random_recorded_call(rng, f"call-{step}-{index}")
+            content.append(call)
+            chunks.append(call)
+    return al.scripted_response(
+        f"response-{step}", content, "stop" if stop else "toolCall", chunks=chunks
+    )
+
+
+def random_recorded_run(seed: int) -> tuple[list[al.Event], al.RunResult]:
+    rng = random.Random(seed)
+    tool_steps = rng.randint(0, 5)
+    ends_max_steps = rng.random() < 0.3 and tool_steps > 0
+    script = [random_recorded_step(rng, step, False) for step in range(1, tool_steps + 1)]
+    if not ends_max_steps:
+        script.append(random_recorded_step(rng, tool_steps + 1, True))
+    return record_run(
+        script,
+        max_steps=len(script) if ends_max_steps else len(script) + rng.randint(0, 2),
+        request_sequence_start=rng.choice([0, 0, 3, 50]),
+    )
+
+
+class TestRandomRecordedRunsReplayExactly:
+    """Replaying any recorded random run reproduces its event log."""
+
+    @pytest.mark.parametrize("seed", range(200))
+    def test_a_random_run_replays_exactly(self, seed: int) -> None:
+        events, result = random_recorded_run(seed)
+        assert result.status in ("completed", "maxSteps")
+        assert_replays_exactly(events)
+
+    def test_the_random_runs_reach_every_kind_of_step_and_ending(self) -> None:
+        statuses: set[str] = set()
+        errors = 0
+        for seed in range(200):
+            _, result = random_recorded_run(seed)
+            statuses.add(result.status)
+            errors += sum(
+                1 for m in result.messages if isinstance(m, al.ToolResultMessage) and m.is_error
+            )
+        assert statuses == {"completed", "maxSteps"}
+        assert errors > 100
+
+
+class TestResumedRunsReplayExactly:
+    """Each run of a cancel-resume chain replays exactly, and the chain's request ids go on
+    (RunResult.next_request_sequence)."""
+
+    def test_three_runs_in_a_row_have_contiguous_request_ids(self) -> None:
+        """Three runs in a row (cancel, resume, cancel, resume) with contiguous
+        request ids and a transcript that grows by complete messages only."""
+        scripts = [
+            [  # cancelled in its second step, while echo runs
+                tool_turn("response-001", call("echo", "call-1", {"text": "a"})),
+                tool_turn("response-002", call("slow", "call-2", {})),
+            ],
+            [  # resumed, then cancelled while its second response streams
+                tool_turn("response-003", call("echo", "call-3", {"text": "b"})),
+                al.scripted_response(
+                    "response-004",
+                    [text("Almost.")],
+                    "stop",
+                    chunks=[text("Alm"), text("ost.")],
+                ),
+            ],
+            [stop("response-005", "Finished.")],
+        ]
+
+        def slow(arguments: dict[str, Any], signal: al.Signal) -> object:
+            assert isinstance(signal, threading.Event)
+            signal.set()  # as if the user pressed stop while it ran
+            return "never kept"
+
+        tools = [*every_kind_of_tool(), al.Tool("slow", "Slow.", {"type": "object"}, slow)]
+        cancel_points: list[Callable[[al.Event], bool] | None] = [
+            None,
+            lambda event: event.payload.get("chunk") == al.TextDelta("request-004", "Alm"),
+            None,
+        ]
+        messages: tuple[al.Message, ...] = (user(),)
+        start = 0
+        request_ids: list[str] = []
+        statuses = []
+        for script, cancel_when in zip(scripts, cancel_points):
+            events, result = record_run(
+                script,
+                messages=messages,
+                tools=tools,
+                request_sequence_start=start,
+                cancel_when=cancel_when,
+            )
+            assert_replays_exactly(events)
+            statuses.append(result.status)
+            request_ids += sorted(
+                {e.payload["request_id"] for e in events if "request_id" in e.payload}
+            )
+            # The transcript grows by complete messages only: the old one is its prefix,
+            # and what is open is what the cancellation interrupted.
+            assert result.messages[: len(messages)] == messages
+            messages = al.resolve_open_tool_calls(result.messages, "cancelled by the user")
+            start = result.next_request_sequence
+        assert statuses == ["cancelled", "cancelled", "completed"]
+        assert request_ids == [f"request-{n:03d}" for n in range(1, 6)]
+        assert start == 5
+        assert [m.id for m in messages] == [
+            "user-001",
+            "message-response-001",
+            "tool-result-call-1",
+            "message-response-002",
+            "tool-result-call-2",
+            "message-response-003",
+            "tool-result-call-3",
+            "message-response-005",
+        ]
