@@ -251,6 +251,11 @@ def anthropic_event(type: str, **fields: Any) -> bytes:
     return f"event: {type}\ndata: {json.dumps({'type': type, **fields})}\n\n".encode()
 
 
+def anthropic_data(data: Dict[str, Any]) -> bytes:
+    """An event from its data, which names its type."""
+    return anthropic_event(data["type"], **{key: data[key] for key in data if key != "type"})
+
+
 def anthropic_text(index: int, *pieces: str) -> List[bytes]:
     block = {"type": "text", "text": ""}
     return [
@@ -574,11 +579,11 @@ def posted(model: providers._StreamingModel, model_request: al.ModelRequest) -> 
 
 def parsed(
     answer: providers._Answer, *parts: bytes
-) -> Tuple[List[providers._Block], al.ModelResponse]:
-    """Feeds an answer its parts, then the end of the input: its blocks and response."""
-    blocks = [block for part in parts for block in answer.feed(part)]
-    blocks.extend(answer.feed(b""))
-    return blocks, answer.response()
+) -> Tuple[List[al.ModelChunk], al.ModelResponse]:
+    """Feeds an answer its parts, then the end of the input: its chunks and response."""
+    chunks = [chunk for part in parts for chunk in answer.feed(part)]
+    chunks.extend(answer.feed(b""))
+    return chunks, answer.response()
 
 
 def openai(server: Server, **arguments: Any) -> providers.OpenAIChatModel:
@@ -2255,7 +2260,11 @@ class TestIncompleteAnswers:
             ),
             *[
                 pytest.param(
-                    [MESSAGE_START, anthropic_text(0)[0], anthropic_event(**event)],
+                    [
+                        MESSAGE_START,
+                        anthropic_text(0)[0],
+                        anthropic_data(cast(Dict[str, Any], event)),
+                    ],
                     [words],
                     id=name,
                 )
@@ -2306,7 +2315,11 @@ class TestIncompleteAnswers:
             ],
             *[
                 pytest.param(
-                    [MESSAGE_START, anthropic_thinking(0)[0], anthropic_event(**event)],
+                    [
+                        MESSAGE_START,
+                        anthropic_thinking(0)[0],
+                        anthropic_data(cast(Dict[str, Any], event)),
+                    ],
                     [words],
                     id=name,
                 )
@@ -2787,6 +2800,8 @@ class TestAcceptTruncated:
         [
             pytest.param([], id="empty"),
             pytest.param(["Adding.", ("c1", "add", ADD)], id="call-last"),
+            pytest.param([al.ThinkingBlock("Let me think")], id="thinking-only"),
+            pytest.param(["Hm.", al.ThinkingBlock("More thought")], id="thinking-last"),
         ],
     )
     def test_an_answer_that_does_not_end_in_text_still_fails(
@@ -2811,6 +2826,20 @@ class TestAcceptTruncated:
         ]
         with pytest.raises(providers.ProviderError, match="while a tool call was streamed"):
             parsed(answer, *parts)
+
+    @_PROVIDERS
+    def test_text_after_thinking_is_accepted_with_the_thinking(self, provider: str) -> None:
+        cut = "length" if provider == "openai" else "max_tokens"
+        items: List[_Item] = [al.ThinkingBlock("Plan."), "Once upon"]
+        _, result = settle(
+            canned_model(provider, answer_parts(provider, items, end=cut), accept_truncated=True)
+        )
+        assert result.status == "completed", result.error
+        assert result.final_text == "Once upon"
+        assistant = result.messages[1]
+        assert isinstance(assistant, al.AssistantMessage)
+        signature = "sig-0" if provider == "anthropic" else None
+        assert assistant.content[0] == al.ThinkingBlock("Plan.", signature)
 
     def test_text_after_a_complete_call_is_accepted_with_the_call(self) -> None:
         answer = providers._OpenAIAnswer(request(), accept_truncated=True)
@@ -3839,6 +3868,131 @@ class TestCommandLine:
         assert (server.body()["max_tokens"], server.body(1)["max_tokens"]) == (9, 4096)
         assert server.body(1)["top_k"] == 3
 
+    def test_thinking_streams_apart_and_the_result_says_the_usage(
+        self, server: Server, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        start = {"input_tokens": 100, "cache_read_input_tokens": 30, "output_tokens": 1}
+        first = [
+            anthropic_event("message_start", message={"id": "m1", "usage": start}),
+            *anthropic_thinking(0, "Add:\n", "2 + 3", signature="sig-add"),
+            *anthropic_tool(1, "toolu_01", "add", '{"left": 2, "right": 3}'),
+            anthropic_event(
+                "message_delta", delta={"stop_reason": "tool_use"}, usage={"output_tokens": 20}
+            ),
+            anthropic_event("message_stop"),
+        ]
+        start = {"input_tokens": 120, "cache_read_input_tokens": 30, "output_tokens": 1}
+        second = [
+            anthropic_event("message_start", message={"id": "m2", "usage": start}),
+            *anthropic_thinking(0, "Say it.", signature="sig-say"),
+            *anthropic_text(1, "5."),
+            anthropic_event(
+                "message_delta", delta={"stop_reason": "end_turn"}, usage={"output_tokens": 4}
+            ),
+            anthropic_event("message_stop"),
+        ]
+        server.script(Reply(first), Reply(second))
+        argv = _argv(server, "anthropic", "--thinking", "2048", "2+3?")
+        assert providers.main(argv) == 0
+        assert capsys.readouterr().out == (
+            "> Add:\n"
+            "> 2 + 3\n"
+            '-> add({"left": 2, "right": 3}) [toolu_01]\n'
+            '<- add ok: {"sum":5}\n'
+            "> Say it.\n"
+            "5.\n"
+            "result: completed, 2 step(s), 4 messages, usage: 220 in, 24 out, 60 cache read\n"
+        )
+        assert server.body()["thinking"] == {"type": "enabled", "budget_tokens": 2048}
+        assert server.body(1)["messages"][1]["content"][0] == {
+            "type": "thinking",
+            "thinking": "Add:\n2 + 3",
+            "signature": "sig-add",
+        }
+
+    def test_openai_reasoning_then_the_answer_and_reasoning_tokens(
+        self, server: Server, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        server.script(Reply([OPENAI_REASONING_STREAM]))
+        assert providers.main(_argv(server, "openai", "27 * 453?")) == 0
+        assert capsys.readouterr().out == (
+            "> 27 * 453: 10,800 + 1,431.\n"
+            "12,231\n"
+            "result: completed, 1 step(s), 2 messages, "
+            "usage: 4 in, 45 out, 16 cache read, 41 reasoning\n"
+        )
+        assert server.body()["stream_options"] == {"include_usage": True}
+
+    def test_thinking_that_ends_its_line_and_a_blank_line_in_it(
+        self, server: Server, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        server.script(
+            Reply(
+                [
+                    openai_chunk({"reasoning_content": "One.\n\nTwo"}),
+                    openai_chunk({"reasoning_content": " and three.\n"}),
+                    openai_chunk({"content": "Done."}),
+                    DONE,
+                ]
+            )
+        )
+        assert providers.main(_argv(server, "openai", "Count.")) == 0
+        assert capsys.readouterr().out == (
+            "> One.\n\n> Two and three.\nDone.\nresult: completed, 1 step(s), 2 messages\n"
+        )
+
+    @pytest.mark.parametrize(
+        ("argv", "budget"),
+        [
+            pytest.param(["--thinking", "1024"], 1024, id="the-least"),
+            pytest.param(["--thinking", "4095"], 4095, id="below-the-default-limit"),
+            pytest.param(["--thinking", "2048", "--max-tokens", "2049"], 2048, id="below-limit"),
+        ],
+    )
+    def test_the_thinking_budget_reaches_the_body(
+        self, server: Server, capsys: pytest.CaptureFixture[str], argv: List[str], budget: int
+    ) -> None:
+        server.script(Reply(answer_parts("anthropic", ["Hi"])))
+        assert providers.main(_argv(server, "anthropic", *argv, "Hi")) == 0
+        assert server.body()["thinking"] == {"type": "enabled", "budget_tokens": budget}
+
+    def test_json_lines_with_thinking_and_usage_replay_as_events(
+        self, server: Server, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        server.script(Reply([OPENAI_REASONING_STREAM]))
+        assert providers.main(_argv(server, "openai", "--json", "27 * 453?")) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert not any(line.startswith(">") for line in lines)
+        events = [al.event_from_dict(json.loads(line)) for line in lines]
+        assert [json.dumps(event.to_dict(), ensure_ascii=False) for event in events] == lines
+        assert events[1].payload["chunk"] == al.ThinkingDelta("request-001", "27 * 453: ")
+        result = events[-1].payload["result"]
+        assert result.usage == al.Usage(
+            input_tokens=4, output_tokens=45, cache_read_tokens=16, reasoning_tokens=41
+        )
+        assert json.loads(lines[-1])["payload"]["result"]["usage"] == {
+            "input": 4,
+            "output": 45,
+            "cacheRead": 16,
+            "reasoning": 41,
+        }
+
+    @pytest.mark.parametrize(
+        ("usage", "text"),
+        [
+            pytest.param(None, "", id="no-response"),
+            pytest.param(al.Usage(), "", id="nothing-known"),
+            pytest.param(al.Usage(output_tokens=0), "0 out", id="zero-is-known"),
+            pytest.param(
+                al.Usage(1, 2, 3, 4, 5),
+                "1 in, 2 out, 3 cache read, 4 cache write, 5 reasoning",
+                id="everything",
+            ),
+        ],
+    )
+    def test_the_usage_says_only_what_is_known(self, usage: Optional[al.Usage], text: str) -> None:
+        assert providers._usage_text(usage) == text
+
     def test_accept_truncated_and_its_warning_on_stderr(
         self, server: Server, capsys: pytest.CaptureFixture[str]
     ) -> None:
@@ -3887,6 +4041,24 @@ class TestCommandLine:
                     ("option-nan", ["--option", "temperature=NaN"]),
                     ("option-owned", ["--option", "stream=false"]),
                     ("tokens-twice", ["--max-tokens", "5", "--option", "max_tokens=6"]),
+                    ("thinking-for-openai", ["--thinking", "2048"]),
+                ]
+            ],
+            *[
+                pytest.param(
+                    [
+                        *("--provider", "anthropic", "--base-url", "http://h", "--model", "m"),
+                        *more,
+                        "p",
+                    ],
+                    id=name,
+                )
+                for name, more in [
+                    ("thinking-below-1024", ["--thinking", "1023"]),
+                    ("thinking-text", ["--thinking", "lots"]),
+                    ("thinking-at-the-default-limit", ["--thinking", "4096"]),
+                    ("thinking-at-the-limit", ["--thinking", "2048", "--max-tokens", "2048"]),
+                    ("thinking-owned", ["--option", 'thinking={"type": "adaptive"}']),
                 ]
             ],
             pytest.param(
@@ -4252,6 +4424,36 @@ class TestLLMock:
         assert result.status == "completed", result.error
         assert result.final_text == words
         assert sum(event.type == "model.chunk" for event in events) <= al.MAX_STEP_CHUNKS
+
+    @_BOTH
+    def test_usage_is_asked_for_and_is_what_llmock_counts(
+        self, mock: LLMock, provider: str
+    ) -> None:
+        reply = {"type": "reply", "text": "The sum is 42, as asked."}
+        mock.scenario(reply, reply)  # the second for the same request, not streamed
+        arguments: Dict[str, Any] = {"system": "Be brief."}
+        if provider == "anthropic":  # llmock takes the setting (and sends no thinking)
+            arguments["thinking"] = {"type": "enabled", "budget_tokens": 1024}
+        _, result = settle(_model(mock, provider, **arguments), "Add 20 and 22.")
+        assert result.status == "completed", result.error
+        sent = mock.requests()[0]["body"]
+        # The same body, not streamed: llmock's own count of this request.
+        body = {key: value for key, value in sent.items() if key != "stream_options"}
+        body["stream"] = False
+        path = "/v1/chat/completions" if provider == "openai" else "/anthropic/v1/messages"
+        counted = mock.admin("POST", path, body)["usage"]
+        if provider == "openai":
+            assert sent["stream_options"] == {"include_usage": True}
+            expected = al.Usage(counted["prompt_tokens"], counted["completion_tokens"])
+        else:
+            assert sent["thinking"] == {"type": "enabled", "budget_tokens": 1024}
+            expected = al.Usage(counted["input_tokens"], counted["output_tokens"])
+        assert expected.input_tokens  # counted, not 0
+        assert expected.output_tokens
+        assistant = result.messages[1]
+        assert isinstance(assistant, al.AssistantMessage)
+        assert assistant.usage == expected  # llmock reports no cache or reasoning counts
+        assert result.usage == expected
 
     @_BOTH
     def test_a_cut_answer_accepted(self, mock: LLMock, provider: str) -> None:
