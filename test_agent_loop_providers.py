@@ -1523,6 +1523,28 @@ class TestThinking:
             ],
         }
 
+    def test_the_readmes_tool_turn_with_thinking_is_what_is_sent(self) -> None:
+        with open(os.path.join(_HERE, "README.md"), encoding="utf-8") as file:
+            readme = file.read()
+        (shown,) = re.findall(r"^  ```json\n(.*?)^  ```$", readme, flags=re.M | re.S)
+        history = (
+            al.UserMessage("user-001", "What is 2 + 3?"),
+            al.AssistantMessage(
+                "message-response-001",
+                [
+                    al.ThinkingBlock("The user wants 2 + 3: the add tool does it.", SIGNATURE),
+                    al.ToolCall("toolu_01", "add", {"left": 2, "right": 3}),
+                ],
+                usage=al.Usage(input_tokens=472, output_tokens=89),
+            ),
+            al.ToolResultMessage("tool-result-toolu_01", "toolu_01", "add", '{"sum":5}', False),
+        )
+        model = providers.AnthropicMessagesModel(
+            "m", thinking={"type": "enabled", "budget_tokens": 2048}
+        )
+        sent = posted(model, request(history, SPECS, id="request-002"))["body"]
+        assert json.loads(shown) == sent["messages"]
+
     def test_a_redacted_block_is_kept_and_sent_back_with_its_data(self) -> None:
         parts = [
             MESSAGE_START,
