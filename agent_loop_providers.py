@@ -55,8 +55,9 @@ Rules:
   ``redacted_thinking`` block streams nothing and is ``ThinkingBlock("",
   signature=data, redacted=True)``. OpenAI-compatible servers: a delta's
   ``reasoning_content`` (llama.cpp, vLLM, DeepSeek), else its ``reasoning``
-  (OpenRouter; a server that sends both sends the same text twice), streams as
-  ``ThinkingDelta`` chunks and is a ``ThinkingBlock`` without a signature.
+  (OpenRouter: one of the two is read, so that text sent under both names is not read
+  twice), streams as ``ThinkingDelta`` chunks and is a ``ThinkingBlock`` without a
+  signature.
 - Streaming: text is yielded as ``TextDelta`` chunks, thinking as ``ThinkingDelta``
   chunks, each tool call as one ``ToolCallChunk`` once its arguments are complete:
   OpenAI, when the next call, text, thinking or the choice's finish arrives (the
@@ -179,10 +180,10 @@ Rules:
 The wire formats are sans-IO: ``_ServerEvents`` turns received bytes into server-sent
 events (``feed(b"")`` is the end of the input), ``_OpenAIAnswer`` and
 ``_AnthropicAnswer`` turn those into the model's chunks, then its response (blocks and
-usage), and decide completeness, ``_head_error()``
-reads the status and headers that decide an error, ``_retry_after()`` reads the
-Retry-After headers, and ``_openai_body()`` / ``_anthropic_body()`` turn a request into
-a body, all testable from values alone. ``_Pacer`` is the coalescing policy.
+usage), and decide completeness, ``_head_error()`` reads the status and headers that
+decide an error, ``_retry_after()`` reads the Retry-After headers, and
+``_openai_body()`` / ``_anthropic_body()`` turn a request into a body, all testable
+from values alone. ``_Pacer`` is the coalescing policy.
 ``_Exchange`` is the one place with a socket, the timeout and the cancellation watch.
 
 Run ``python agent_loop_providers.py --help`` for the command line: an agent with a
@@ -327,6 +328,9 @@ class ProviderError(Exception):
 
 _Block = Union[al.TextBlock, al.ThinkingBlock, al.ToolCall]
 """A block of a response's content."""
+
+_DeltaKind = Type[Union[al.TextDelta, al.ThinkingDelta]]
+"""A chunk class that streams text: TextDelta, or ThinkingDelta."""
 
 _Options = Union[Mapping[str, Any], Callable[[al.ModelRequest], Optional[Mapping[str, Any]]], None]
 """What ``options`` may be: one mapping for every request, or a function of the request."""
@@ -501,17 +505,17 @@ class _Pacer:
         self.yielded = 0
         self.buffered: List[str] = []
         self.size = 0
-        self.kind: Type[Union[al.TextDelta, al.ThinkingDelta]] = al.TextDelta  # the buffer's
+        self.kind: _DeltaKind = al.TextDelta  # the kind of what is buffered
 
     def paced(self, chunk: al.ModelChunk) -> Tuple[al.ModelChunk, ...]:
         """The chunks to yield now for this one: it, none (buffered), or more."""
+        if self.yielded < _PACED_FROM:  # nothing is buffered before _PACED_FROM
+            self.yielded += 1
+            return (chunk,)
         if type(chunk) is al.ToolCallChunk:
             flushed = self.flushed()
             self.yielded += 1
             return (*flushed, chunk)
-        if self.yielded < _PACED_FROM:  # nothing is buffered before _PACED_FROM
-            self.yielded += 1
-            return (chunk,)
         flushed = () if type(chunk) is self.kind else self.flushed()
         if type(chunk) is al.TextDelta:
             self.kind = al.TextDelta
@@ -1493,7 +1497,7 @@ class _OpenAIAnswer(_Answer):
 
     def _piece(
         self,
-        kind: Type[Union[al.TextDelta, al.ThinkingDelta]],
+        kind: _DeltaKind,
         text: object,
         key: str,
         data: Dict[str, Any],
@@ -1784,11 +1788,12 @@ class _AnthropicAnswer(_Answer):
     def _piece(
         self,
         block: _OpenBlock,
-        kind: Type[Union[al.TextDelta, al.ThinkingDelta]],
+        kind: _DeltaKind,
         text: object,
         data: Dict[str, Any],
         out: List[al.ModelChunk],
     ) -> None:
+        """A piece of a text or thinking block: kept in the block, and streamed."""
         if not isinstance(text, str):
             raise _malformed(f"{block.kind} that is not a string", data)
         if text:
