@@ -933,3 +933,39 @@ def json_lines(events: Iterable[al.Event]) -> str:
 
 def read_json_lines(text: str) -> list[al.Event]:
     return [al.event_from_dict(json.loads(line)) for line in text.splitlines()]
+
+
+def thinking_script() -> list[al.ScriptedResponse]:
+    """A two-step script with thinking and usage, as a provider with extended thinking
+    answers: signed thinking streamed in pieces before a tool call, a redacted block
+    (which streams nothing), an empty signed thinking block, text after thinking, and
+    usage on each response (one with a field unknown)."""
+    return [
+        al.scripted_response(
+            "response-001",
+            [
+                al.ThinkingBlock("The user wants a sum; the add tool gives it.", "sig-001"),
+                al.ThinkingBlock("", "opaque-redacted-data", redacted=True),
+                text("Adding."),
+                add_call(),
+            ],
+            "toolCall",
+            chunks=[
+                al.ThinkingBlock("The user wants a sum; "),
+                al.ThinkingBlock("the add tool gives it."),
+                text("Adding."),
+                add_call(),
+            ],
+            usage=al.Usage(412, 96, 2048, 0, 64),
+        ),
+        al.scripted_response(
+            "response-002",
+            [
+                al.ThinkingBlock("", "sig-empty"),
+                al.ThinkingBlock("42 it is.", "sig-002"),
+                text("The sum is 42."),
+            ],
+            "stop",
+            usage=al.Usage(530, 18, 2048, 0, None),
+        ),
+    ]

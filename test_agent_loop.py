@@ -21,7 +21,7 @@ table), marked [hostile] below: ``pytest -m hostile`` runs them alone.
 
 Contents, in the module's order
     The module: TestRuntimeTyping
-    Limits: TestLimits
+    Limits: TestLimits, TestThinkingLimits
     The loop, one class per acceptance criterion of the seed, in the seed's order:
         TestGoldenFragments (the seed's two fragments, translated),
         TestConstructionRejectsInvalidOptions, TestRunOwnsSnapshots,
@@ -29,11 +29,13 @@ Contents, in the module's order
         TestAssistantMessagesPrecedeToolResults, TestRecoverableToolErrors,
         TestEventSequence, TestCancellation, TestStepBudget;
         then TestFailureCodes, TestModelCorrelationAndAgreement,
-        TestStreamDisagreementIsShown, TestMistakesNameTheirFix, TestRunHelpers,
+        TestStreamDisagreementIsShown, TestThinkingAgreement, TestRunUsage,
+        TestMistakesNameTheirFix, TestRunHelpers,
         TestCancellationAtEveryEvent [hostile], TestConsumerWalksAway [hostile],
         TestInterruptsAreNeverSwallowed [hostile],
         TestRandomScriptsAgainstAReference [hostile]
     The transcript: TestInvalidStartingTranscript, TestWrongFieldIsNamed,
+        TestMalformedThinkingAndUsage,
         TestDuplicateIdsSayHowTheyWereDerived, TestOnlyTheExactClasses
     Model boundary: TestSignalIsPublic, TestSignalSaysWhatIsAccepted,
         TestMalformedModelOutput [hostile], TestModelStrSubclasses [hostile],
@@ -42,13 +44,14 @@ Contents, in the module's order
         TestToolRegistry, TestExecuteToolCall, TestExecuteMustTakeArgumentsAndSignal,
         TestToolError, TestRecoverableExceptionsAreLogged, TestMisbehavingTools [hostile]
     Bounded plain JSON: TestPlainJsonArguments, TestInvalidToolCallArguments
-    Message IR: TestToolCallIsFrozen, TestPlainArguments, TestCopyingAndHashing
+    Message IR: TestToolCallIsFrozen, TestPlainArguments, TestCopyingAndHashing,
+        TestThinkingBlocksAndUsage, TestMalformedThinkingAndUsageDicts
     Events and results, Test helpers: no class of their own; TestEventSequence,
         TestJsonShapes and TestCopyingAndHashing exercise events and results, and every
         test that scripts a model runs al.ScriptedModel
     Interop and resumption: TestJsonShapes, TestRoundTrips, TestMalformedDicts,
         TestScriptedModelFromTranscript, TestNextRequestSequence,
-        TestResumeAfterCancellation
+        TestResumeAfterCancellation, TestThinkingAndUsageResume
 """
 
 from __future__ import annotations
@@ -143,6 +146,7 @@ from loop_testing import (
     stream_of,
     stream_step,
     text,
+    thinking_script,
     tool_turn,
     turn,
     two_parameters,
@@ -376,6 +380,90 @@ class TestLimits:
         including the root, 256 object fields plus array slots, and 4096 Unicode code
         points across keys/string values. These checks occur before a Tool effect." """
         assert_bound(make(), passes, limit)
+
+
+def thought(value: str, signature: str | None = None) -> al.ThinkingBlock:
+    """A thinking block (streamed by al.ScriptedModel as one ThinkingDelta of its text)."""
+    return al.ThinkingBlock(value, signature)
+
+
+class TestThinkingLimits:
+    """What each limit counts with thinking: MAX_STEP_CHUNKS every chunk, thinking deltas
+    included; MAX_ASSISTANT_BLOCKS every block, thinking blocks included; MAX_STEP_TEXT
+    the code points of streamed text and, counted on its own against the same number,
+    those of streamed thinking. Each at the limit and one over."""
+
+    @pytest.mark.parametrize("passes", [AT_LIMIT, OVER_LIMIT])
+    def test_thinking_deltas_count_toward_the_chunk_cap(self, passes: bool) -> None:
+        count = 1024 if passes else 1025
+        chunks: list[Any] = [thought("t")] * (count - 1) + [text("Done.")]
+        content: list[Any] = [thought("t" * (count - 1), "sig"), text("Done.")]
+        events, result, _ = run(
+            [al.scripted_response("response-001", content, "stop", chunks=chunks)]
+        )
+        assert chunk_event_count(events) == 1024
+        if passes:
+            check_run(events, result)
+            assert result.status == "completed"
+            assert result.messages[-1] == al.AssistantMessage("message-response-001", content)
+        else:
+            assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "more than 1024 chunks")
+            assert result.messages == (user(),)
+
+    @pytest.mark.parametrize("passes", [AT_LIMIT, OVER_LIMIT])
+    def test_thinking_blocks_count_toward_the_block_cap(self, passes: bool) -> None:
+        count = 1024 if passes else 1025
+        content: list[Any] = [thought("t", f"sig-{i}") for i in range(count - 1)] + [text("ok")]
+        chunks: list[Any] = [thought("t" * (count - 1)), text("ok")]
+        events, result, _ = run(
+            [al.scripted_response("response-001", content, "stop", chunks=chunks)]
+        )
+        if passes:
+            check_run(events, result)
+            assert result.status == "completed"
+            assert len(result.messages[-1].content) == 1024
+        else:
+            assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "more than 1024 blocks")
+            assert result.messages == (user(),)
+
+    @pytest.mark.parametrize(
+        ("thinking", "text_length", "broken"),
+        [
+            pytest.param(65536, 65536, None, id="both-at-limit"),
+            pytest.param(65537, 0, "thinking", id="thinking-over-limit"),
+            pytest.param(65537, 65536, "thinking", id="thinking-over-text-at-limit"),
+            pytest.param(65536, 65537, "text", id="text-over-thinking-at-limit"),
+        ],
+    )
+    def test_thinking_code_points_are_bounded_apart_from_text(
+        self, thinking: int, text_length: int, broken: str | None
+    ) -> None:
+        """A step may stream 65,536 code points of thinking and 65,536 of text; one more
+        of either fails. A non-BMP character is one code point. The kind that breaks its
+        limit streams last."""
+        thinking_chunks = [thought("🤔" * 1024)] * 64 + [thought("🤔")] * (thinking - 65536)
+        text_chunks = [text("x" * 1024)] * (text_length // 1024) + [text("x")] * (
+            text_length % 1024
+        )
+        thinking_block, text_block = thought("🤔" * thinking, "sig"), text("x" * text_length)
+        chunks: list[Any] = thinking_chunks + text_chunks
+        content: list[Any] = [thinking_block, text_block]
+        if broken == "thinking":
+            chunks, content = text_chunks + thinking_chunks, [text_block, thinking_block]
+        events, result, _ = run(
+            [al.scripted_response("response-001", content, "stop", chunks=chunks)]
+        )
+        if broken is None:
+            check_run(events, result)
+            assert result.status == "completed"
+            assert result.messages[-1].content == tuple(content)
+            assert chunk_event_count(events) == 128
+        else:
+            assert_failed(
+                events, result, "MODEL_PROTOCOL_ERROR", f"more than 65536 code points of {broken}"
+            )
+            assert chunk_event_count(events) == len(chunks) - 1  # the chunk over has no event
+            assert result.messages == (user(),)
 
 
 # --- The loop ----------------------------------------------------------------------------
@@ -1804,6 +1892,224 @@ class TestStreamDisagreementIsShown:
         )
 
 
+def thinking_delta(value: str) -> Callable[[al.ModelRequest], object]:
+    """A stream item: a ThinkingDelta of ``value`` for the active request."""
+    return lambda request: al.ThinkingDelta(request.id, value)
+
+
+REDACTED_BLOCK = al.ThinkingBlock("", "opaque-data", redacted=True)
+
+
+class TestThinkingAgreement:
+    """Streamed thinking agrees with the response's thinking blocks as text agrees with
+    text blocks: adjacent thinking coalesces; text, thinking and tool calls are each
+    other's boundaries; empty thinking (a redacted block) carries nothing and needs no
+    chunk; a signature arrives only in the terminal response."""
+
+    @pytest.mark.parametrize(
+        ("content", "chunks"),
+        [
+            pytest.param([thought("Let me add.", "sig")], [thought("Let me"), thought(" add.")],
+                         id="deltas-split-signed-block-whole"),
+            pytest.param([thought("Let me", "s1"), thought(" add.", "s2")],
+                         [thought("Let me add.")], id="blocks-split-delta-whole"),
+            pytest.param([REDACTED_BLOCK, text("Hi.")], [text("Hi.")],
+                         id="redacted-block-needs-no-chunk"),
+            pytest.param([text("Hi"), REDACTED_BLOCK, text(" there.")], [text("Hi there.")],
+                         id="redacted-block-between-text-carries-nothing"),
+            pytest.param([thought("a", "s1"), REDACTED_BLOCK, thought("b", "s2")],
+                         [thought("ab")], id="redacted-block-between-thinking"),
+            pytest.param([thought("Hm.", "s"), text("Hi.")],
+                         [thought(""), thought("Hm."), text(""), text("Hi.")],
+                         id="empty-deltas-carry-nothing"),
+        ],
+    )  # fmt: skip
+    def test_thinking_segmentation_may_differ(self, content: list[Any], chunks: list[Any]) -> None:
+        events, result, _ = run(
+            [al.scripted_response("response-001", content, "stop", chunks=chunks)]
+        )
+        assert result.status == "completed"
+        assert result.messages[-1] == al.AssistantMessage("message-response-001", content)
+        assert chunk_event_count(events) == len(chunks)
+
+    @pytest.mark.parametrize(
+        ("content", "chunks", "streamed", "terminal"),
+        [
+            pytest.param([thought("Hm."), text("Hi.")], [text("Hm."), text("Hi.")],
+                         "'Hm.Hi.'", "thinking 'Hm.'", id="thinking-streamed-as-text"),
+            pytest.param([text("Hm.")], [thought("Hm.")], "thinking 'Hm.'",
+                         "'Hm.'", id="text-streamed-as-thinking"),
+            pytest.param([thought("a"), text("x"), thought("b")],
+                         [thought("ab"), text("x")], "thinking 'ab'", "thinking 'a'",
+                         id="thinking-moved-across-text"),
+            pytest.param([thought("a"), add_call(), thought("b")],
+                         [thought("ab"), add_call()], "thinking 'ab'", "thinking 'a'",
+                         id="thinking-moved-across-a-call"),
+            pytest.param([thought("Hm.", "s")], [], None, None, id="thinking-not-streamed"),
+        ],
+    )  # fmt: skip
+    def test_text_thinking_and_tool_calls_are_each_others_boundaries(
+        self, content: list[Any], chunks: list[Any], streamed: str | None, terminal: str | None
+    ) -> None:
+        executed: list[str] = []
+        stop_reason: Any = (
+            "toolCall" if any(isinstance(b, al.ToolCall) for b in content) else "stop"
+        )
+        _, result, _ = run(
+            [al.scripted_response("response-001", content, stop_reason, chunks=chunks)],
+            recording_tools(executed),
+        )
+        message = failure_message(result, "MODEL_PROTOCOL_ERROR")
+        if streamed is None:
+            assert "a ThinkingDelta per thinking" in message
+        else:
+            assert f"streamed {streamed}" in message
+            assert f"terminal {terminal}" in message
+        assert result.messages == (user(),)
+        assert executed == []
+
+    def test_the_assistant_message_keeps_thinking_where_the_model_gave_it(self) -> None:
+        """Thinking before and after text, a redacted block, then the call: the message
+        appended, and the next request, hold the blocks exactly, in the model's order."""
+        content: list[Any] = [
+            thought("I should add.", "sig-1"),
+            text("Adding."),
+            REDACTED_BLOCK,
+            thought("", "sig-empty"),
+            add_call(),
+        ]
+        chunks: list[Any] = [thought("I should"), thought(" add."), text("Adding."), add_call()]
+        events, result, model = run(
+            [
+                al.scripted_response("response-001", content, "toolCall", chunks=chunks),
+                stop("response-002"),
+            ],
+            [add_tool()],
+        )
+        assert result.status == "completed"
+        message = al.AssistantMessage("message-response-001", content)
+        assert result.messages == (
+            user(),
+            message,
+            add_result(),
+            assistant("response-002", text("The sum is 42.")),
+        )
+        assert model.requests[1].messages[1] == message
+        assert model.requests[1].messages[1].content == tuple(content)
+        assert [e.payload["chunk"] for e in events if e.type == "model.chunk"][:2] == [
+            al.ThinkingDelta("request-001", "I should"),
+            al.ThinkingDelta("request-001", " add."),
+        ]
+        assert result.final_text == "The sum is 42."
+
+
+def usage_step(response_id: str, usage: al.Usage | None, *blocks: Any) -> al.ScriptedResponse:
+    """A scripted turn with this usage: a toolCall turn when a block is a call, else stop."""
+    content = list(blocks) or [text("The sum is 42.")]
+    calls = any(isinstance(block, al.ToolCall) for block in content)
+    return al.scripted_response(response_id, content, "toolCall" if calls else "stop", usage=usage)
+
+
+class TestRunUsage:
+    """The message the loop appends keeps its response's usage; RunResult.usage is the
+    sum over the responses this run appended (None: it appended none; a response without
+    usage makes every field of the sum None; a failed or cancelled run sums what it
+    appended)."""
+
+    def test_each_message_keeps_its_responses_usage_and_the_run_sums_them(self) -> None:
+        first, second = al.Usage(120, 30, 2048, 64, 10), al.Usage(180, 12, 2048, 0, 0)
+        events, result, _ = run(
+            [usage_step("response-001", first, add_call()), usage_step("response-002", second)],
+            [add_tool()],
+        )
+        assert result.status == "completed"
+        assert [m.usage for m in result.messages if isinstance(m, al.AssistantMessage)] == [
+            first,
+            second,
+        ]
+        assert result.usage == al.Usage(300, 42, 4096, 64, 10)
+        assert events[-1].payload["result"].usage == result.usage
+
+    def test_a_field_one_response_leaves_unknown_is_unknown_in_the_sum(self) -> None:
+        _, result, _ = run(
+            [
+                usage_step("response-001", al.Usage(10, 5, None, None, 2), add_call()),
+                usage_step("response-002", al.Usage(20, 7, 3, None, None)),
+            ],
+            [add_tool()],
+        )
+        assert result.usage == al.Usage(30, 12, None, None, None)
+
+    def test_a_response_without_usage_makes_every_field_unknown(self) -> None:
+        _, result, _ = run(
+            [
+                usage_step("response-001", None, add_call()),
+                usage_step("response-002", al.Usage(1, 2, 3, 4, 5)),
+            ],
+            [add_tool()],
+        )
+        assert result.messages[1].usage is None  # type: ignore[union-attr]
+        assert result.usage == al.Usage()
+
+    def test_a_run_that_appended_no_response_has_no_usage(self) -> None:
+        signal = threading.Event()
+        signal.set()
+        runs = [
+            run([usage_step("response-001", al.Usage(1, 2))], signal=signal),  # cancelled
+            run(  # the first response broke a rule
+                [
+                    al.scripted_response(
+                        "response-001", [text("a")], "stop", chunks=[], usage=al.Usage(1, 2)
+                    )
+                ]
+            ),
+            run([], messages=[al.ToolResultMessage("t", "c", "x", "", False)]),
+        ]
+        for _, result, _ in runs:
+            assert result.status in ("cancelled", "failed")
+            assert result.usage is None
+            assert "usage" not in result.to_dict()
+
+    def test_a_failed_run_sums_the_responses_it_appended(self) -> None:
+        """The response that broke a rule was not appended, and its usage is not counted."""
+        _, result, _ = run(
+            [
+                usage_step("response-001", al.Usage(10, 1), add_call()),
+                al.scripted_response(
+                    "response-002", [text("a")], "stop", chunks=[], usage=al.Usage(99, 99)
+                ),
+            ],
+            [add_tool()],
+        )
+        assert result.error is not None
+        assert result.error.code == "MODEL_PROTOCOL_ERROR"
+        assert result.usage == al.Usage(10, 1)
+
+    def test_a_cancelled_run_sums_the_responses_it_appended(self) -> None:
+        _, result, _ = run(
+            [
+                usage_step("response-001", al.Usage(10, 1), add_call()),
+                usage_step("response-002", al.Usage(5, 5)),
+            ],
+            [add_tool()],
+            signal=threading.Event(),
+            cancel_at=("tool.started", 1),
+        )
+        assert result.status == "cancelled"
+        assert result.usage == al.Usage(10, 1)
+
+    def test_the_starting_messages_usage_is_not_this_runs(self) -> None:
+        """A resumed transcript carries the cost of its earlier runs; this run's usage
+        counts only the responses it appended."""
+        earlier = al.AssistantMessage("message-response-000", (text("Hello."),), al.Usage(500, 50))
+        _, result, model = run(
+            [usage_step("response-001", al.Usage(7, 3))],
+            messages=[user("Hi.", "user-000"), earlier, user()],
+        )
+        assert result.usage == al.Usage(7, 3)
+        assert model.requests[0].messages[1].usage == al.Usage(500, 50)
+
+
 class TestMistakesNameTheirFix:
     """The mistakes a newcomer makes first: each error says what to change."""
 
@@ -2292,11 +2598,33 @@ class TestCancellationAtEveryEvent:
 @pytest.mark.hostile
 class TestConsumerWalksAway:
     """API: "A consumer that calls close() ends the run at once: the model's stream is
-    closed, no tool runs, and nothing more is yielded.\""""
+    closed, no tool runs, and nothing more is yielded." So does a consumer that drops the
+    run or throws into it; what it throws reaches it unchanged."""
 
-    @staticmethod
-    def _model() -> FakeModel:
-        return FakeModel(
+    @pytest.mark.parametrize(
+        ("how", "at", "executed"),
+        [
+            pytest.param("close", ("message.accepted", 1), [], id="close-at-message.accepted"),
+            pytest.param("close", ("model.chunk", 1), [], id="close-at-a-model.chunk"),
+            pytest.param("close", ("tool.started", 1), [], id="close-at-the-first-tool.started"),
+            pytest.param("close", ("tool.started", 2), ["a"],
+                         id="close-at-the-second-tool.started"),
+            pytest.param("close", ("tool.finished", 1), ["a"], id="close-at-tool.finished"),
+            pytest.param("drop", ("model.chunk", 2), [], id="drop-the-generator-at-a-model.chunk"),
+            pytest.param(ValueError("x"), ("model.chunk", 2), [],
+                         id="throw-ValueError-at-a-chunk"),
+            pytest.param(KeyboardInterrupt(), ("model.chunk", 2), [],
+                         id="throw-KeyboardInterrupt-at-a-chunk"),
+            pytest.param(SystemExit(3), ("model.chunk", 2), [], id="throw-SystemExit-at-a-chunk"),
+            pytest.param(ValueError("x"), ("tool.started", 1), [],
+                         id="throw-ValueError-at-tool.started"),
+        ],
+    )  # fmt: skip
+    def test_the_run_ends_at_once(
+        self, how: str | BaseException, at: tuple[str, int], executed: list[str]
+    ) -> None:
+        ran: list[str] = []
+        model = FakeModel(
             turn(
                 "response-001",
                 [text("Echo twice."), echo_call("call-1", "a"), echo_call("call-2", "b")],
@@ -2304,99 +2632,28 @@ class TestConsumerWalksAway:
             ),
             turn("response-002", [text("done")], "stop"),
         )
-
-    def test_close_at_a_model_chunk_closes_the_model_stream(self) -> None:
-        executed: list[str] = []
-        model = self._model()
-        run_ = start_run(model, [echo_tool(executed)])
-        events = until(run_, "model.chunk")
-        assert run_.close() is None
-        assert model.exits == ["request-001"]  # closed while suspended, not exhausted
-        assert model.finalized == ["request-001"]
-        assert executed == []
-        with pytest.raises(StopIteration):
-            next(run_)
+        run_ = start_run(model, [echo_tool(ran)], messages=list(HISTORY))
+        events = until(run_, *at)
+        if how == "close":
+            assert run_.close() is None
+        elif how == "drop":
+            del run_
+            gc.collect()
+        else:
+            assert isinstance(how, BaseException)
+            with pytest.raises(type(how)) as raised:
+                run_.throw(how)
+            assert raised.value is how
+        assert ran == executed  # an announced call never runs
         assert "run.finished" not in types_of(events)
-
-    @pytest.mark.parametrize("occurrence", [1, 2])
-    def test_close_at_tool_started_runs_no_tool(self, occurrence: int) -> None:
-        executed: list[str] = []
-        model = self._model()
-        run_ = start_run(model, [echo_tool(executed)])
-        until(run_, "tool.started", occurrence)
-        run_.close()
-        assert executed == ["a"] * (occurrence - 1)  # the announced call never ran
-        assert model.call_count == 1
-        assert model.finalized == ["request-001"]
-        with pytest.raises(StopIteration):
-            next(run_)
-
-    def test_close_at_tool_finished_runs_no_further_tool(self) -> None:
-        executed: list[str] = []
-        model = self._model()
-        run_ = start_run(model, [echo_tool(executed)])
-        until(run_, "tool.finished")
-        run_.close()
-        assert executed == ["a"]
-        assert model.call_count == 1
-
-    def test_close_at_message_accepted_never_opens_the_model(self) -> None:
-        executed: list[str] = []
-        model = self._model()
-        run_ = start_run(model, [echo_tool(executed)], messages=list(HISTORY))
-        until(run_, "message.accepted")
-        run_.close()
-        assert model.call_count == 0
-        assert executed == []
-        with pytest.raises(StopIteration):
-            next(run_)
-
-    def test_dropping_the_generator_closes_the_model_stream(self) -> None:
-        executed: list[str] = []
-        model = self._model()
-        run_ = start_run(model, [echo_tool(executed)])
-        until(run_, "model.chunk", 2)
-        del run_
-        gc.collect()
-        assert model.exits == ["request-001"]
-        assert model.finalized == ["request-001"]
-        assert executed == []
-
-    @pytest.mark.parametrize(
-        "error",
-        [
-            pytest.param(ValueError("x"), id="ValueError"),
-            pytest.param(KeyboardInterrupt(), id="KeyboardInterrupt"),
-            pytest.param(SystemExit(3), id="SystemExit"),
-        ],
-    )
-    def test_throw_at_a_model_chunk_reaches_the_caller_unchanged(
-        self, error: BaseException
-    ) -> None:
-        executed: list[str] = []
-        model = self._model()
-        run_ = start_run(model, [echo_tool(executed)])
-        until(run_, "model.chunk", 2)
-        with pytest.raises(type(error)) as raised:
-            run_.throw(error)
-        assert raised.value is error
-        assert model.exits == ["request-001"]
-        assert model.finalized == ["request-001"]
-        assert executed == []
-        with pytest.raises(StopIteration):
-            next(run_)
-
-    def test_throw_at_tool_started_runs_no_tool(self) -> None:
-        executed: list[str] = []
-        model = self._model()
-        run_ = start_run(model, [echo_tool(executed)])
-        until(run_, "tool.started")
-        error = ValueError("x")
-        with pytest.raises(ValueError, match=r"^x$") as raised:
-            run_.throw(error)
-        assert raised.value is error
-        assert executed == []
-        assert model.call_count == 1
+        opened = at[0] != "message.accepted"
+        assert model.call_count == int(opened)
+        assert model.finalized == (["request-001"] if opened else [])
+        # Closed while suspended at a chunk; exhausted before any tool ran.
+        assert model.exits == (["request-001"] if at[0] == "model.chunk" else [])
+        if how != "drop":
+            with pytest.raises(StopIteration):
+                next(run_)
 
 
 def drain(run_: Any, events: list[al.Event]) -> None:
@@ -2933,6 +3190,109 @@ class TestWrongFieldIsNamed:
         yield from ()
         block = al.TextBlock(None)  # type: ignore[arg-type]
         return al.ModelResponse("r1", request.id, [block], "stop")
+
+
+class UsageSubclass(al.Usage):
+    """A Usage subclass: the loop takes exactly the IR's classes."""
+
+
+class ThinkingBlockSubclass(al.ThinkingBlock):
+    """A ThinkingBlock subclass, refused as any subclass of a block is."""
+
+
+class ThinkingDeltaSubclass(al.ThinkingDelta):
+    """A ThinkingDelta subclass, refused as any subclass of a chunk is."""
+
+
+MALFORMED_THINKING = [
+    pytest.param(untyped.ThinkingBlock(5), "a thinking block: field 'thinking' must be a str, "
+                 "got 5 (int)", id="thinking-int"),
+    pytest.param(untyped.ThinkingBlock("hm", b"sig"), "a thinking block: field 'signature' "
+                 "must be None or a str, got b'sig' (bytes)", id="signature-bytes"),
+    pytest.param(untyped.ThinkingBlock("hm", "sig", 1), "a thinking block: field 'redacted' "
+                 "must be a bool, got 1 (int)", id="redacted-int"),
+    pytest.param(al.ThinkingBlock("secret", "data", redacted=True),
+                 "a redacted thinking block holds its data as a non-empty 'signature' and its "
+                 "'thinking' is \"\": got thinking 'secret', signature 'data'",
+                 id="redacted-with-thinking"),
+    pytest.param(al.ThinkingBlock("", None, redacted=True), "got thinking '', signature None",
+                 id="redacted-without-signature"),
+    pytest.param(al.ThinkingBlock("", "", redacted=True), "got thinking '', signature ''",
+                 id="redacted-with-empty-signature"),
+    pytest.param(ThinkingBlockSubclass("hm"), "a ThinkingBlockSubclass is not a TextBlock, "
+                 "ThinkingBlock or ToolCall", id="subclass"),
+]  # fmt: skip
+
+
+MALFORMED_USAGE = [
+    pytest.param({"input": 1}, "field 'usage' must be None or a Usage, got {'input': 1} (dict)",
+                 id="dict"),
+    pytest.param(0, "field 'usage' must be None or a Usage, got 0 (int)", id="zero"),
+    pytest.param(UsageSubclass(1), "field 'usage' must be None or a Usage, got "
+                 "UsageSubclass(input_tokens=1", id="subclass"),
+]  # fmt: skip
+
+
+class TestMalformedThinkingAndUsage:
+    """A malformed ThinkingBlock or usage fails the run where it enters, with the field
+    named: MODEL_PROTOCOL_ERROR from a model (before any tool runs), INVALID_TRANSCRIPT in
+    the starting messages; a malformed ThinkingDelta is a MODEL_PROTOCOL_ERROR."""
+
+    @pytest.mark.parametrize(("block", "words"), MALFORMED_THINKING)
+    def test_a_malformed_thinking_block_from_a_model(self, block: Any, words: str) -> None:
+        executed: list[str] = []
+        response = al.scripted_response(
+            "response-001", [block, add_call()], "toolCall", chunks=[add_call()]
+        )
+        events, result, _ = run([response], recording_tools(executed))
+        assert_failed(
+            events, result, "MODEL_PROTOCOL_ERROR", "message 'message-response-001'", words
+        )
+        assert executed == []
+        assert result.messages == (user(),)
+
+    @pytest.mark.parametrize(("block", "words"), MALFORMED_THINKING)
+    def test_a_malformed_thinking_block_in_the_start(self, block: Any, words: str) -> None:
+        start = [user(), untyped.AssistantMessage("message-old", (block,))]
+        events, result, model = run([], messages=start)
+        assert_failed(events, result, "INVALID_TRANSCRIPT", "message 'message-old'", words)
+        assert model.call_count == 0
+
+    @pytest.mark.parametrize(("usage", "words"), MALFORMED_USAGE)
+    def test_a_response_with_malformed_usage(self, usage: Any, words: str) -> None:
+        response = untyped.scripted_response("response-001", [text("Hi.")], "stop", usage=usage)
+        events, result, _ = run([response])
+        assert_failed(
+            events, result, "MODEL_PROTOCOL_ERROR", "message 'message-response-001'", words
+        )
+        assert result.messages == (user(),)
+        assert result.usage is None
+
+    @pytest.mark.parametrize(("usage", "words"), MALFORMED_USAGE)
+    def test_a_starting_message_with_malformed_usage(self, usage: Any, words: str) -> None:
+        start = [user(), untyped.AssistantMessage("message-old", (text("Hi."),), usage)]
+        events, result, _ = run([], messages=start)
+        assert_failed(events, result, "INVALID_TRANSCRIPT", "message 'message-old'", words)
+
+    @pytest.mark.parametrize(
+        ("chunk", "words"),
+        [
+            pytest.param(lambda request: untyped.ThinkingDelta(request.id, None),
+                         "a thinking chunk's thinking must be a str, got NoneType",
+                         id="thinking-none"),
+            pytest.param(lambda request: al.ThinkingDelta("request-999", "hm"),
+                         "'request-999' is not the active request 'request-001'",
+                         id="foreign-request-id"),
+            pytest.param(lambda request: ThinkingDeltaSubclass(request.id, "hm"),
+                         "the model streamed a ThinkingDeltaSubclass, not a TextDelta, "
+                         "ThinkingDelta or ToolCallChunk", id="subclass"),
+        ],
+    )  # fmt: skip
+    def test_a_malformed_thinking_chunk(self, chunk: Any, words: str) -> None:
+        step = stream_step([chunk], respond("response-001", [text("Hi.")], "stop"))
+        events, result, _ = run([step])
+        assert_failed(events, result, "MODEL_PROTOCOL_ERROR", words)
+        assert chunk_event_count(events) == 0
 
 
 class TestDuplicateIdsSayHowTheyWereDerived:
@@ -4818,6 +5178,29 @@ class TestInvalidToolCallArguments:
         )
         assert ran == []
 
+    @pytest.mark.parametrize(
+        ("arguments", "kind"),
+        [pytest.param([1], "list", id="list"), pytest.param("text", "str", id="str"),
+         pytest.param(None, "NoneType", id="None")],
+    )  # fmt: skip
+    def test_arguments_that_are_not_an_object_are_named_so(
+        self, arguments: Any, kind: str
+    ) -> None:
+        """The run's failure and execute_tool_call's error result both say what the
+        arguments are instead of an object."""
+        problem = f"arguments must be a JSON object, got {kind}"
+        ran: List[str] = []
+        tool = no_arguments_tool("t", lambda a, s: ran.append("ran"))
+        tool_call = al.ToolCall("c1", "t", arguments)
+        _, result, _ = run([tool_turn("r1", tool_call)], tools=[tool])
+        assert failure_message(result, "MODEL_PROTOCOL_ERROR") == f"tool call 'c1': {problem}"
+        message = al.execute_tool_call(al.ToolRegistry([tool]), tool_call, threading.Event())
+        assert (message.content, message.is_error) == (
+            f"invalid arguments for tool 't': {problem}",
+            True,
+        )
+        assert ran == []
+
 
 # --- Message IR --------------------------------------------------------------------------
 
@@ -4981,6 +5364,19 @@ class TestToolCallIsFrozen:
         blocks.append(al.TextBlock("later"))
         assert type(instance.content) is tuple
         assert instance.content == (al.TextBlock("a"), al.ToolCall("c", "t", {}))
+
+    def test_a_scripts_content_and_chunks_given_as_lists_are_stored_as_tuples(self) -> None:
+        """ScriptedResponse is a frozen value like the IR: what the caller does to its
+        lists afterwards does not change the script."""
+        for build in (al.ScriptedResponse, al.scripted_response):
+            content: list[Any] = [al.TextBlock("ab")]
+            chunks: list[Any] = [al.TextBlock("a"), al.TextBlock("b")]
+            response = build("r", content, "stop", chunks=chunks)
+            content.append(al.TextBlock("later"))
+            chunks.append(al.TextBlock("later"))
+            assert (type(response.content), type(response.chunks)) == (tuple, tuple)
+            assert response.content == (al.TextBlock("ab"),)
+            assert response.chunks == (al.TextBlock("a"), al.TextBlock("b"))
 
     def test_discriminators_have_the_protocol_values(self) -> None:
         """Protocol values are spelled as in the seed ("toolResult", "toolCall")."""
@@ -6156,6 +6552,39 @@ class TestScriptedModelFromTranscript:
         assert wrong.error.code == "MODEL_PROTOCOL_ERROR"
         assert wrong.messages == tuple(history)
         assert whole.call_count == 1
+
+
+class TestThinkingAndUsageResume:
+    """A transcript holding thinking and usage starts a new run as it is (resumption), and
+    ScriptedModel.from_transcript replays its thinking and its usage."""
+
+    def test_a_transcript_with_thinking_and_usage_starts_a_new_run(self) -> None:
+        _, first, _ = run(thinking_script(), [add_tool()])
+        assert first.status == "completed"
+        saved = json.dumps([message.to_dict() for message in first.messages])
+        for start in (first.messages, [al.message_from_dict(m) for m in json.loads(saved)]):
+            messages = [*start, user("And 1 and 2?", "user-002")]
+            events, result, model = run([stop("response-003", "3.")], messages=messages)
+            assert result.status == "completed"
+            assert [e.payload["message"] for e in events[: len(messages)]] == messages
+            assert model.requests[0].messages == (*first.messages, messages[-1])
+            assert result.usage == al.Usage()  # its one response had no usage
+
+    def test_from_transcript_replays_thinking_and_usage(self) -> None:
+        events, recorded, _ = run(thinking_script(), [add_tool()])
+        replayed_events, replayed, _ = replay_added(recorded, [user()], [add_tool()])
+        assert replayed == recorded
+        assert replayed.usage == al.Usage(942, 114, 4096, 0, None)
+        # One chunk per block, a redacted one too (as an empty ThinkingDelta); the
+        # recording streamed its thinking in two pieces, and nothing for the redacted block.
+        replayed_chunks = [e.payload["chunk"] for e in replayed_events if e.type == "model.chunk"]
+        assert replayed_chunks[:2] == [
+            al.ThinkingDelta("request-001", "The user wants a sum; the add tool gives it."),
+            al.ThinkingDelta("request-001", ""),
+        ]
+        assert events[1].payload["chunk"] == al.ThinkingDelta(
+            "request-001", "The user wants a sum; "
+        )
 
 
 class TestNextRequestSequence:

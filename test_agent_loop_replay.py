@@ -14,6 +14,7 @@ Contents
     TestReplayRejectsLogsOfNoSingleRun: a ValueError that says what is wrong
     TestRandomRecordedRunsReplayExactly: random recorded runs
     TestResumedRunsReplayExactly: a cancel-resume chain, each run replayed
+    TestThinkingAndUsageReplayExactly: thinking blocks, deltas and usage, replayed exactly
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import agent_loop as al
 import agent_loop_replay as alr
 from loop_testing import (
     FakeModel,
+    add_tool,
     call,
     dicts_of,
     every_kind_of_tool,
@@ -41,6 +43,7 @@ from loop_testing import (
     settle,
     stop,
     text,
+    thinking_script,
     tool_turn,
     user,
 )
@@ -106,6 +109,22 @@ class TestExactReplay:
         assert replayed.messages == (user(),)
         assert replayed.max_steps == 3
         assert replayed.request_sequence_start == 0
+
+    @pytest.mark.parametrize(
+        ("start", "steps"),
+        [pytest.param(63, 1, id="at-limit-63+1"), pytest.param(62, 2, id="at-limit-62+2")],
+    )
+    def test_a_run_whose_request_ids_end_at_the_ceiling_replays(
+        self, start: int, steps: int
+    ) -> None:
+        """A recorded run may use request ids up to request-064 (MAX_AGENT_STEPS): its
+        request_sequence_start is at the limit, and the log replays exactly."""
+        script = [tool_turn(f"r{n}", call("echo", f"c{n}", {"text": "x"})) for n in range(steps)]
+        events, result = record_run(
+            [*script[:-1], stop("r-last", "Done.")], max_steps=steps, request_sequence_start=start
+        )
+        assert result.next_request_sequence == al.MAX_AGENT_STEPS
+        assert_replays_exactly(events)
 
     def test_chunks_are_streamed_as_recorded_empty_deltas_included(self) -> None:
         events, _ = record_run(three_step_script())
@@ -753,3 +772,55 @@ class TestResumedRunsReplayExactly:
             "tool-result-call-3",
             "message-response-005",
         ]
+
+
+class TestThinkingAndUsageReplayExactly:
+    """A run recorded with thinking (signed blocks, a redacted block, thinking deltas)
+    and usage replays exactly, live and through JSON lines, cancelled ones included."""
+
+    def test_a_run_with_thinking_and_usage_replays_exactly(self) -> None:
+        events, result = record_run(thinking_script(), tools=[add_tool()])
+        assert result.status == "completed"
+        assert result.usage == al.Usage(942, 114, 4096, 0, None)
+        recorded = json_lines(events)
+        for words in ('"thinkingSignature": "sig-001"', '"redacted": true', '"usage": {'):
+            assert words in recorded
+        assert '"type": "thinking", "requestId": "request-001"' in recorded  # a delta
+        assert_replays_exactly(events)  # the result too, usage and thinking included
+
+    @pytest.mark.parametrize(
+        "sequence",
+        [
+            pytest.param(1, id="at-a-thinking-chunk"),
+            pytest.param(3, id="at-a-text-chunk-after-thinking"),
+            pytest.param(5, id="at-tool-started"),
+            pytest.param(7, id="at-the-second-steps-first-chunk"),
+        ],
+    )
+    def test_a_cancelled_run_with_thinking_replays_exactly(self, sequence: int) -> None:
+        events, result = record_run(thinking_script(), tools=[add_tool()], cancel_when=sequence)
+        assert result.status == "cancelled"
+        assert_replays_exactly(events)
+
+    def test_a_resumed_run_with_thinking_replays_exactly(self) -> None:
+        _, first = record_run(thinking_script(), tools=[add_tool()])
+        messages = (*first.messages, user("And again?", "user-002"))
+        events, result = record_run(
+            [al.scripted_response("response-003", [al.ThinkingBlock("Same.", "s3"), text("42.")],
+                                  "stop", usage=al.Usage(1, 1))],
+            messages=messages,
+            request_sequence_start=first.next_request_sequence,
+        )  # fmt: skip
+        assert result.status == "completed"
+        assert result.usage == al.Usage(1, 1)
+        replayed = assert_replays_exactly(events)
+        assert replayed.messages == messages
+
+    def test_thinking_chunks_that_disagree_with_the_transcript_are_a_value_error(self) -> None:
+        events, _ = record_run(thinking_script(), tools=[add_tool()])
+        log = dicts_of(events)
+        del log[2]  # the second piece of the thinking
+        for sequence, data in enumerate(log):
+            data["sequence"] = sequence
+        with pytest.raises(ValueError, match="the chunks of request-001 do not agree"):
+            alr.replay([al.event_from_dict(data) for data in log])

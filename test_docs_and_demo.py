@@ -199,7 +199,7 @@ def request_ids(events: List[al.Event]) -> List[str]:
 OPTION_SETS = [
     pytest.param((), id="completed"),
     pytest.param(("--max-steps", "1"), id="maxSteps"),
-    pytest.param(("--cancel-after", "3"), id="cancelled"),
+    pytest.param(("--cancel-after", "4"), id="cancelled"),  # at the first tool.started
 ]
 
 
@@ -439,6 +439,60 @@ class TestWhatTheCommandLineCannotReach:
         printed = demo_result(al.RunResult("failed", (), 1, error=error))
         assert "failed" in printed
         assert "MODEL_STREAM_ERROR: the stream broke" in printed
+
+
+class TestDemonstrationShowsThinkingAndUsage:
+    """The demo's first step streams thinking, printed as its text; its result line
+    shows the run's usage, the sum over its responses (none appended: no usage shown)."""
+
+    def test_the_result_line_shows_the_runs_usage(
+        self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        events = demo_log(monkeypatch, capsys)
+        result = result_of(events)
+        assert result.usage == al.Usage(696, 118, 2048, 1024, 12)
+        assert [m.usage for m in result.messages if isinstance(m, al.AssistantMessage)] == [
+            al.Usage(412, 58, 0, 1024, 12),
+            al.Usage(96, 41, 1024, 0, 0),
+            al.Usage(188, 19, 1024, 0, 0),
+        ]
+        lines = run_demo(monkeypatch, capsys).out.splitlines()
+        assert lines[len(events)] == (
+            "result: completed, 3 step(s), 7 messages, usage: input 696, output 118, "
+            "cache read 2048, cache write 1024, reasoning 12 tokens"
+        )
+        cancelled = run_demo(monkeypatch, capsys, "--cancel-after", "0").out
+        assert "usage" not in cancelled
+
+    def test_a_thinking_chunk_is_printed_as_its_text(
+        self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        events = demo_log(monkeypatch, capsys)
+        assert events[1].payload["chunk"] == al.ThinkingDelta(
+            "request-001", "Two operations: the sum first, then the product."
+        )
+        line = run_demo(monkeypatch, capsys).out.splitlines()[1]
+        assert line.split(None, 3)[2:] == [
+            "request-001",
+            'thinking "Two operations: the sum first, then the product."',
+        ]
+
+    @pytest.mark.parametrize(
+        ("usage", "shown"),
+        [
+            pytest.param(al.Usage(1, None, 3, None, 0), ", usage: input 1, output unknown, "
+                         "cache read 3, cache write unknown, reasoning 0 tokens",
+                         id="some-unknown"),
+            pytest.param(al.Usage(), ", usage unknown", id="all-unknown"),
+        ],
+    )  # fmt: skip
+    def test_unknown_counts_are_shown_as_unknown(self, usage: al.Usage, shown: str) -> None:
+        """Reached through the demo's own helper: its script knows every count."""
+        demo_result = getattr(al, "_demo_result", None)
+        if demo_result is None:
+            pytest.skip("this copy of agent_loop has no _demo_result")
+        printed = demo_result(al.RunResult("maxSteps", (), 1, max_steps=1, usage=usage))
+        assert printed.splitlines()[0] == "result: maxSteps, 1 step(s), 0 messages" + shown
 
 
 # --- The README ---------------------------------------------------------------------------
