@@ -1,4 +1,4 @@
-# agent_loop_providers.py 1.1.0: streaming provider adapters for agent_loop.py.
+# agent_loop_providers.py 1.2.0: streaming provider adapters for agent_loop.py.
 # One file, standard library only; copy it next to agent_loop.py. Home: the agent_loop repository.
 """Real models for the Agent Loop: OpenAI-compatible and Anthropic streaming APIs.
 
@@ -6,8 +6,9 @@
 that speaks its Chat Completions format: Ollama, llama.cpp, vLLM, LM Studio...) and
 ``AnthropicMessagesModel`` posts to ``{base_url}/v1/messages``. Both implement the
 loop's ``Model`` protocol: ``stream(request, signal)`` returns a generator that yields
-``TextDelta`` and ``ToolCallChunk`` chunks as they arrive and returns the terminal
-``ModelResponse``. Any failure raises ``ProviderError`` from that generator, which the
+``TextDelta``, ``ThinkingDelta`` and ``ToolCallChunk`` chunks as they arrive and
+returns the terminal ``ModelResponse``, with the provider's token counts as its
+``usage``. Any failure raises ``ProviderError`` from that generator, which the
 loop turns into a ``failed`` run with ``MODEL_STREAM_ERROR``; ``result.error.exception``
 is that ``ProviderError`` (with ``status`` and ``retry_after``) in the run's own
 result. It is None for the loop's protocol errors (``MODEL_PROTOCOL_ERROR``) and in a
@@ -16,47 +17,92 @@ result read back with ``event_from_dict``: an exception is not part of the JSON.
 Rules:
 
 - The transcript is converted exactly, both ways. A user message is a user turn; an
-  assistant message is one assistant turn with its text (blocks concatenated) and its
-  tool calls (arguments as JSON); OpenAI: a turn with only tool calls has ``"content":
-  ""`` (the spec allows null, but llama.cpp's and llama-cpp-python's servers refuse
-  null and a missing content; every server takes ""). A tool result is linked to its
-  call by the call's id as it is in the transcript. OpenAI: one ``tool`` message per
-  result (the format has no error flag: the content says what went wrong). Anthropic:
-  consecutive results are merged into one user turn of ``tool_result`` blocks, each
-  with its ``is_error``; an assistant turn with no text and no call is not sent (the
-  API refuses it), nor is an empty text block. ``request.tools`` become the provider's
-  tool definitions; ``system`` is the system prompt (the transcript has no system
-  role).
+  assistant message is one assistant turn. OpenAI: its text (blocks concatenated) and
+  its tool calls (arguments as JSON); a turn with only tool calls has ``"content": ""``
+  (the spec allows null, but llama.cpp's and llama-cpp-python's servers refuse null and
+  a missing content; every server takes ""); its thinking is not sent (servers differ:
+  DeepSeek refuses ``reasoning_content`` in input, and the others do not need it).
+  Anthropic: its blocks in their order, as the API returned them: each text block as a
+  text block, each thinking block as ``{"type": "thinking", "thinking", "signature"}``
+  (an empty one too), each redacted one as ``{"type": "redacted_thinking", "data"}``
+  (its signature), each tool call as ``tool_use``; the API checks that a turn is resent
+  exactly (a tool_use must follow its thinking). Not sent: an empty text block and a
+  turn left with nothing (the API refuses both), and a thinking block without a
+  signature (thinking from another provider: the API refuses it, and it is not
+  Claude's). A tool result is linked to its call by the call's id as it is in the
+  transcript. OpenAI: one ``tool`` message per result (the format has no error flag:
+  the content says what went wrong). Anthropic: consecutive results are merged into
+  one user turn of ``tool_result`` blocks, each with its ``is_error``.
+  ``request.tools`` become the provider's tool definitions; ``system`` is the system
+  prompt (the transcript has no system role). A message's usage is never sent.
 - ``options`` is merged into the body last: a mapping, the same for every request, or a
   function of the ``ModelRequest`` that returns that request's mapping (or None), e.g.
   to force a tool on the first request only. Either way it must be plain JSON and may
   not set what the adapter owns (model, messages, stream, tools; for Anthropic also
-  system and max_tokens, which are arguments): a mapping is checked when the model is
-  built, a function's result for each request (a bad one raises TypeError or
-  ValueError from the stream, and the run fails ``MODEL_STREAM_ERROR``).
-- Streaming: text is yielded as ``TextDelta`` chunks, each tool call as one
-  ``ToolCallChunk`` once its arguments are complete: OpenAI, when the next call, text
-  or the choice's finish arrives (the format has no end-of-call marker); Anthropic, at
-  its ``content_block_stop``. The response holds the same blocks in the same order
-  (adjacent text joined); its stop reason is ``toolCall`` when it holds calls, else
-  ``stop``, whatever the provider said (some servers say ``stop`` for tool calls).
+  system, max_tokens and thinking, which are arguments): a mapping is checked when the
+  model is built, a function's result for each request (a bad one raises TypeError or
+  ValueError from the stream, and the run fails ``MODEL_STREAM_ERROR``). OpenAI: the
+  body asks for usage with ``"stream_options": {"include_usage": true}``; options may
+  replace it, and ``"stream_options": None`` sends none (Mistral's API refuses the
+  field with HTTP 422; the answer's usage is then unknown, unless the server sends it
+  anyway).
+- Thinking. Anthropic: ``thinking=None`` sends no thinking setting (the model's
+  default); a mapping is the API's own (``{"type": "enabled", "budget_tokens":
+  2048}``), sent as it is; ``"adaptive"`` sends ``{"type": "adaptive"}``. A
+  ``thinking`` block streams as ``ThinkingDelta`` chunks (one per ``thinking_delta``),
+  and the response holds it as ``ThinkingBlock(thinking, signature)``, the signature
+  from its ``signature_delta`` (the last one, if several; None if none); a
+  ``redacted_thinking`` block streams nothing and is ``ThinkingBlock("",
+  signature=data, redacted=True)``. OpenAI-compatible servers: a delta's
+  ``reasoning_content`` (llama.cpp, vLLM, DeepSeek), else its ``reasoning``
+  (OpenRouter: one of the two is read, so that text sent under both names is not read
+  twice), streams as ``ThinkingDelta`` chunks and is a ``ThinkingBlock`` without a
+  signature.
+- Streaming: text is yielded as ``TextDelta`` chunks, thinking as ``ThinkingDelta``
+  chunks, each tool call as one ``ToolCallChunk`` once its arguments are complete:
+  OpenAI, when the next call, text, thinking or the choice's finish arrives (the
+  format has no end-of-call marker); Anthropic, at its ``content_block_stop``. The
+  response holds the same blocks in the same order: Anthropic, each content block as
+  the provider numbered it (an empty text block is not kept); OpenAI, adjacent text
+  joined into one block and adjacent thinking into one, text, thinking and tool calls
+  being each other's boundaries. Its stop reason is ``toolCall`` when it holds calls,
+  else ``stop``, whatever the provider said (some servers say ``stop`` for tool calls).
   Empty arguments (``""``, a tool without parameters) mean ``{}``.
-- Long answers fit the loop's limits (``MAX_STEP_CHUNKS`` 1,024 chunks and
-  ``MAX_STEP_TEXT`` 65,536 code points per step), by coalescing text once half the
-  chunk budget is spent: while fewer than 512 chunks of the step were yielded, each
-  text delta is yielded as it arrives (so the first delta at once, and an answer of up
-  to 512 deltas delta by delta); after that, text is buffered and yielded once the
-  buffer holds at least 2 code points, a minimum that doubles every 32 chunks (4 once
-  544 chunks were yielded, 8 once 576, ... 1,024 once 800); buffered text is always
-  yielded before a tool call and at the end of the answer. Guarantee: an answer of
-  text alone takes at most 832 chunks (65,536 code points in one-character events take
-  exactly 832), and an answer of up to 65,536 code points with up to 96 tool calls, in
-  any order, takes at most 1,024 chunks (each call costs at most two: itself and the
-  text it flushes). An answer with more text than ``MAX_STEP_TEXT``,
-  or too many tool calls, still fails the run with ``MODEL_PROTOCOL_ERROR``. The
-  provider's token limit (``options={"max_tokens": ...}``, Anthropic's ``max_tokens``)
-  does not shorten a failing answer into a passing one: an answer that reaches it is
-  cut, and fails (see ``accept_truncated``).
+- Long answers fit the loop's limits (``MAX_STEP_CHUNKS`` 1,024 chunks per step, and
+  ``MAX_STEP_TEXT`` 65,536 code points of text and, counted on their own, 65,536 of
+  thinking), by coalescing once half the chunk budget is spent: while fewer than 512
+  chunks of the step were yielded, each text or thinking delta is yielded as it
+  arrives (so the first delta at once, and an answer of up to 512 deltas delta by
+  delta); after that, text and thinking are buffered and yielded once the buffer holds
+  at least 2 code points, a minimum that doubles every 32 chunks (4 once 544 chunks
+  were yielded, 8 once 576, ... 1,024 once 800, 2,048 once 832). Thinking counts as
+  text does (every chunk counts, whichever it is, and it fills the same minimum), and
+  the buffer holds one of them: it is yielded when the other begins, before a tool
+  call, and at the end of the answer. Guarantee: an answer of up to 65,536 code points
+  of text takes at most 832 chunks (65,536 in one-character events take exactly 832),
+  and with up to 65,536 of thinking too, at most 864 (as many of each in
+  one-character events, thinking first, take exactly 864); add at most two chunks per
+  tool call (itself and the buffer it flushes) and one per change between thinking
+  and text. So an answer within the loop's limits fits in 1,024 chunks when its calls
+  cost at most 192 chunks without thinking (96 calls), and when its calls and changes
+  cost at most 160 with the most thinking (80 calls, say). An answer with more text or
+  thinking than ``MAX_STEP_TEXT``, or too many tool calls, still fails the run with
+  ``MODEL_PROTOCOL_ERROR``. The provider's token limit (``options={"max_tokens":
+  ...}``, Anthropic's ``max_tokens``) does not shorten a failing answer into a passing
+  one: an answer that reaches it is cut, and fails (see ``accept_truncated``).
+- Usage: the response's ``usage`` is what the provider reported, and None when it
+  reported nothing; a count it did not send is None, never 0. Anthropic: from
+  ``message_start``'s ``message.usage`` and ``message_delta``'s ``usage``, whose
+  counts are cumulative (the last value of each key wins): ``input_tokens``,
+  ``output_tokens``, ``cache_read_input_tokens`` (``cache_read_tokens``) and
+  ``cache_creation_input_tokens`` (``cache_write_tokens``); Anthropic's input count
+  already leaves the cache out. OpenAI: from the last chunk that has a ``usage``
+  object (the one after the finish, whose choices list is empty): ``input_tokens`` is
+  ``prompt_tokens`` less ``prompt_tokens_details.cached_tokens`` (which includes
+  them), ``cache_read_tokens`` is ``cached_tokens``, ``output_tokens`` is
+  ``completion_tokens`` and ``reasoning_tokens`` is
+  ``completion_tokens_details.reasoning_tokens``; nothing reports cache writes. A count
+  that is not an int >= 0 (or cached tokens above the prompt's) is a malformed event.
 - Ids are unique in the transcript, whatever the provider sends (some servers send
   ``call_0`` in every response), and deterministic, so a recorded run replays exactly.
   The response to ``request-NNN`` is ``response-NNN`` (``response-`` + the request id
@@ -104,14 +150,16 @@ Rules:
   made.
 - Dropped, as not part of an answer: comment lines and ``id:``/``retry:`` fields of the
   event stream, and an event still open at the end of the input; OpenAI choices other
-  than index 0, chunks whose choices list is empty (usage), and delta fields other than
-  ``content``, ``refusal`` (kept as text: it is the answer) and ``tool_calls`` (e.g.
-  ``reasoning_content``); Anthropic ``message_start``, ``ping``, unknown event types,
-  the usage and stop sequence of ``message_delta``, and content blocks other than
-  ``text`` and ``tool_use`` (``thinking``, ``redacted_thinking``, server tools...)
-  with their deltas. Dropped means read, checked as JSON, and not kept anywhere: no
-  chunk, no block, no log. Events after the end marker are not read: the connection
-  is closed.
+  than index 0, the rest of a usage object (``total_tokens``...), and delta fields
+  other than ``content``, ``refusal`` (kept as text: it is the answer),
+  ``reasoning_content``, ``reasoning`` and ``tool_calls`` (e.g. ``role``,
+  ``reasoning_details``); Anthropic ``ping``, unknown event types, the rest of
+  ``message_start`` (model, id...) and of ``message_delta`` (stop sequence, server tool
+  counts...), and content blocks other than ``text``, ``thinking``,
+  ``redacted_thinking`` and ``tool_use`` (server tools...) with their deltas, and
+  deltas of other types (citations...). Dropped means read, checked as JSON, and not
+  kept anywhere: no chunk, no block, no log. Events after the end marker are not
+  read: the connection is closed.
 - Cancellation is watched from the first byte to the last: the name lookup runs in a
   daemon thread that the stream waits for in slices of 50 ms (``getaddrinfo`` cannot
   be interrupted: a lookup that hangs is left to end on its own), the TCP connection
@@ -131,15 +179,16 @@ Rules:
 
 The wire formats are sans-IO: ``_ServerEvents`` turns received bytes into server-sent
 events (``feed(b"")`` is the end of the input), ``_OpenAIAnswer`` and
-``_AnthropicAnswer`` turn those into blocks and decide completeness, ``_head_error()``
-reads the status and headers that decide an error, ``_retry_after()`` reads the
-Retry-After headers, and ``_openai_body()`` / ``_anthropic_body()`` turn a request into
-a body, all testable from values alone. ``_Pacer`` is the coalescing policy.
+``_AnthropicAnswer`` turn those into the model's chunks, then its response (blocks and
+usage), and decide completeness, ``_head_error()`` reads the status and headers that
+decide an error, ``_retry_after()`` reads the Retry-After headers, and
+``_openai_body()`` / ``_anthropic_body()`` turn a request into a body, all testable
+from values alone. ``_Pacer`` is the coalescing policy.
 ``_Exchange`` is the one place with a socket, the timeout and the cancellation watch.
 
 Run ``python agent_loop_providers.py --help`` for the command line: an agent with a
-few small tools (add, multiply, weather), against any endpoint, printing the answer as
-it streams.
+few small tools (add, multiply, weather), against any endpoint, printing the answer
+(and the thinking, apart) as it streams, and what the run cost.
 """
 
 from __future__ import annotations
@@ -151,6 +200,7 @@ import datetime
 import email.utils
 import errno
 import http.client
+import itertools
 import json
 import logging
 import math
@@ -179,13 +229,14 @@ from typing import (
     Set,
     TextIO,
     Tuple,
+    Type,
     Union,
     cast,
 )
 
 import agent_loop as al
 
-__version__ = "1.1.0"
+__version__ = "1.2.0"
 
 __all__ = ["OpenAIChatModel", "AnthropicMessagesModel", "ProviderError"]
 
@@ -198,6 +249,8 @@ _logger = logging.getLogger("agent_loop.providers")
 
 ANTHROPIC_VERSION: Final = "2023-06-01"
 """The ``anthropic-version`` header: the Messages API version this adapter speaks."""
+_MAX_TOKENS: Final = 4096
+"""Anthropic's ``max_tokens`` when none is given (the API requires one)."""
 _USER_AGENT: Final = f"agent_loop_providers/{__version__}"
 """Sent with every request, so a provider's logs can tell this client."""
 _READ_SIZE: Final = 65_536
@@ -224,8 +277,17 @@ _RETRY_AFTER_LIMIT: Final = 60.0
 """Most seconds of a server's Retry-After that is waited for; a longer one fails the run."""
 _OPENAI_OWNED: Final = frozenset({"model", "messages", "stream", "tools"})
 """Chat Completions body keys the adapter sets itself: ``options`` may not set them."""
-_ANTHROPIC_OWNED: Final = _OPENAI_OWNED | {"system", "max_tokens"}
+_ANTHROPIC_OWNED: Final = _OPENAI_OWNED | {"system", "max_tokens", "thinking"}
 """Messages body keys the adapter sets itself: ``options`` may not set them."""
+_STREAM_OPTIONS: Final = {"include_usage": True}
+"""OpenAI's request for the usage chunk; ``options`` may replace it (None: not sent)."""
+_ANTHROPIC_USAGE: Final = (
+    ("input_tokens", "input_tokens"),
+    ("output_tokens", "output_tokens"),
+    ("cache_read_input_tokens", "cache_read_tokens"),
+    ("cache_creation_input_tokens", "cache_write_tokens"),
+)
+"""Anthropic's usage keys, and the ``Usage`` field each one is."""
 _OPENAI_CUT: Final = {
     "length": "the token limit",
     "content_filter": "the provider's content filter",
@@ -264,8 +326,11 @@ class ProviderError(Exception):
         self.retry_after = retry_after
 
 
-_Block = Union[str, al.ToolCall]
-"""What a wire format yields: text, or a complete tool call."""
+_Block = Union[al.TextBlock, al.ThinkingBlock, al.ToolCall]
+"""A block of a response's content."""
+
+_DeltaKind = Type[Union[al.TextDelta, al.ThinkingDelta]]
+"""A chunk class that streams text: TextDelta, or ThinkingDelta."""
 
 _Options = Union[Mapping[str, Any], Callable[[al.ModelRequest], Optional[Mapping[str, Any]]], None]
 """What ``options`` may be: one mapping for every request, or a function of the request."""
@@ -339,22 +404,14 @@ class _StreamingModel:
         retried = 0
         while True:
             answer = self._answer(request)
-            pacer = _Pacer()
+            pacer = _Pacer(request.id)
             exchange = self._exchange(url, headers, body, signal)
             try:
                 exchange.open()
                 while not answer.done:
-                    for block in answer.feed(exchange.read()):
-                        # Text as the pacing says; before a tool call, the buffered text.
-                        text = pacer.text(block) if isinstance(block, str) else pacer.flush()
-                        if text is not None:
-                            yield al.TextDelta(request.id, text)
-                        if isinstance(block, al.ToolCall):
-                            pacer.count_call()
-                            yield al.ToolCallChunk(request.id, block)
-                text = pacer.flush()
-                if text is not None:
-                    yield al.TextDelta(request.id, text)
+                    for chunk in answer.feed(exchange.read()):
+                        yield from pacer.paced(chunk)
+                yield from pacer.flushed()
                 return answer.response()
             except ProviderError as error:
                 delay = self._retry_delay(error, retried, pacer.yielded)
@@ -434,52 +491,67 @@ def _after_retries(error: ProviderError, retried: int, retries: int) -> Provider
 
 
 class _Pacer:
-    """The coalescing policy of the module docstring: what text to yield, and when.
+    """The coalescing policy of the module docstring: which chunks to yield, and when.
 
-    ``yielded`` counts the step's chunks. While it is below _PACED_FROM, each text delta
-    is yielded as it comes; after that, text is buffered until it holds the minimum,
-    2 code points doubled every _DOUBLING chunks. ``flush()`` yields what is buffered:
-    before a tool call and at the end of the answer.
+    ``yielded`` counts the step's chunks. While it is below _PACED_FROM, each chunk is
+    yielded as it comes; after that, text and thinking are buffered (one kind at a
+    time: the other kind flushes the buffer first) until the buffer holds the minimum,
+    2 code points doubled every _DOUBLING chunks. A tool call flushes the buffer before
+    it; ``flushed()`` at the end of the answer yields what is left.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
         self.yielded = 0
         self.buffered: List[str] = []
         self.size = 0
+        self.kind: _DeltaKind = al.TextDelta  # the kind of what is buffered
 
-    def text(self, text: str) -> Optional[str]:
-        """The text to yield for this delta now, or None while it is buffered."""
+    def paced(self, chunk: al.ModelChunk) -> Tuple[al.ModelChunk, ...]:
+        """The chunks to yield now for this one: it, none (buffered), or more."""
         if self.yielded < _PACED_FROM:  # nothing is buffered before _PACED_FROM
             self.yielded += 1
-            return text
+            return (chunk,)
+        if type(chunk) is al.ToolCallChunk:
+            flushed = self.flushed()
+            self.yielded += 1
+            return (*flushed, chunk)
+        flushed = () if type(chunk) is self.kind else self.flushed()
+        if type(chunk) is al.TextDelta:
+            self.kind = al.TextDelta
+            text = chunk.text
+        else:
+            self.kind = al.ThinkingDelta
+            text = cast(al.ThinkingDelta, chunk).thinking
         self.buffered.append(text)
         self.size += len(text)
         if self.size < 2 << ((self.yielded - _PACED_FROM) // _DOUBLING):
-            return None
-        return self.flush()
+            return flushed
+        return (*flushed, *self.flushed())
 
-    def flush(self) -> Optional[str]:
-        """The buffered text as one chunk, or None when nothing is buffered."""
+    def flushed(self) -> Tuple[al.ModelChunk, ...]:
+        """The buffer as one chunk, or no chunk when it is empty."""
         if not self.buffered:
-            return None
+            return ()
         text = "".join(self.buffered)
         self.buffered = []
         self.size = 0
         self.yielded += 1
-        return text
-
-    def count_call(self) -> None:
-        """A tool call is yielded: one more chunk."""
-        self.yielded += 1
+        return (self.kind(self.request_id, text),)
 
 
 class OpenAIChatModel(_StreamingModel):
     """A model behind an OpenAI-compatible Chat Completions endpoint, streamed.
 
-    Posts to ``{base_url}/chat/completions`` with ``stream: true``. ``api_key=None`` reads
+    Posts to ``{base_url}/chat/completions`` with ``stream: true`` and ``stream_options:
+    {"include_usage": true}``, and reads the usage chunk into the response's ``usage``.
+    ``reasoning_content`` (or ``reasoning``) deltas stream as thinking, which is not
+    sent back to the server (DeepSeek refuses it). ``api_key=None`` reads
     ``OPENAI_API_KEY`` at request time and sends no key when there is none. ``system`` is
     the system prompt; ``options`` (temperature, max_tokens, tool_choice...) is merged
-    into the body: a mapping, or a function of the request that returns one.
+    into the body: a mapping, or a function of the request that returns one
+    (``{"stream_options": None}`` sends no stream options, for a server that refuses
+    them).
     ``timeout`` bounds each wait (name lookup, connection, TLS handshake, every byte),
     in seconds. ``retries`` more attempts are made for a transient failure before the
     first chunk; ``ssl_context`` verifies HTTPS (None: the system's CAs);
@@ -539,9 +611,14 @@ class AnthropicMessagesModel(_StreamingModel):
     header. ``api_key=None`` reads ``ANTHROPIC_API_KEY`` at request time and sends no key
     when there is none. ``system`` is the system prompt, ``max_tokens`` the answer's token
     budget (an answer that reaches it fails the run, unless ``accept_truncated=True``
-    and it ends in text); ``options`` (temperature, tool_choice...) is merged into the
-    body: a mapping, or a function of the request that returns one. ``timeout``,
-    ``retries`` and ``ssl_context`` as for ``OpenAIChatModel``.
+    and it ends in text); ``thinking`` the extended-thinking setting: None sends none,
+    a mapping is the API's own, sent as given (``{"type": "enabled", "budget_tokens":
+    2048}``: the API wants a budget of at least 1,024, below ``max_tokens``),
+    ``"adaptive"`` is ``{"type": "adaptive"}``. Thinking streams as ``ThinkingDelta``
+    chunks, and every assistant turn is sent back as the API returned it, signatures
+    and redacted data included. ``options`` (temperature, tool_choice...) is merged
+    into the body: a mapping, or a function of the request that returns one.
+    ``timeout``, ``retries`` and ``ssl_context`` as for ``OpenAIChatModel``.
 
     Raises TypeError or ValueError, naming the parameter, for an argument it cannot use.
     """
@@ -556,7 +633,8 @@ class AnthropicMessagesModel(_StreamingModel):
         base_url: str = "https://api.anthropic.com",
         api_key: Optional[str] = None,
         system: Optional[str] = None,
-        max_tokens: int = 4096,
+        max_tokens: int = _MAX_TOKENS,
+        thinking: Union[Mapping[str, Any], str, None] = None,
         timeout: float = 60.0,
         options: _Options = None,
         retries: int = 2,
@@ -579,6 +657,7 @@ class AnthropicMessagesModel(_StreamingModel):
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens}")
         self.max_tokens = max_tokens
+        self.thinking = _checked_thinking(thinking)
 
     def _answer(self, request: al.ModelRequest) -> _Answer:
         return _AnthropicAnswer(request, self.accept_truncated)
@@ -594,7 +673,12 @@ class AnthropicMessagesModel(_StreamingModel):
         if key is not None:
             headers["x-api-key"] = key
         body = _anthropic_body(
-            request, self.model, self.system, self.max_tokens, self._options(request)
+            request,
+            self.model,
+            self.system,
+            self.max_tokens,
+            self.thinking,
+            self._options(request),
         )
         return self.base_url + "/v1/messages", headers, body
 
@@ -619,6 +703,29 @@ def _checked_base_url(base_url: object) -> str:
     except ValueError:
         raise ValueError(f"base_url has an invalid port: {base_url!r}") from None
     return base_url.rstrip("/")
+
+
+def _checked_thinking(thinking: object) -> Optional[Dict[str, Any]]:
+    """thinking: None, "adaptive", or the API's mapping (plain JSON with a "type")."""
+    if thinking is None:
+        return None
+    if thinking == "adaptive":
+        return {"type": "adaptive"}
+    if isinstance(thinking, str):
+        raise ValueError(
+            f"thinking must be None, 'adaptive' or the API's mapping (e.g. "
+            f"{{'type': 'enabled', 'budget_tokens': 2048}}), got {thinking!r}"
+        )
+    if not isinstance(thinking, Mapping):
+        raise TypeError(
+            f"thinking must be None, 'adaptive' or a mapping, got {type(thinking).__name__}"
+        )
+    setting = _checked_options(thinking, frozenset(), "thinking")
+    if not isinstance(setting.get("type"), str):
+        raise ValueError(
+            f"thinking must say its 'type' (e.g. 'enabled', with 'budget_tokens'), got {setting!r}"
+        )
+    return setting
 
 
 def _checked_options(
@@ -1105,11 +1212,12 @@ def _free(base: str, taken: Callable[[str], bool]) -> str:
 
 
 class _Answer:
-    """One streamed answer, sans-IO: bytes in, complete blocks out, then the response.
+    """One streamed answer, sans-IO: bytes in, the model's chunks out, then the response.
 
-    ``feed(data)`` returns the blocks that the bytes complete; ``feed(b"")`` is the end
-    of the input, and raises unless the end marker came. ``done`` is True once it came.
-    ``response()`` is the terminal response, refused without the marker.
+    ``feed(data)`` returns the chunks that the bytes complete (a TextDelta or a
+    ThinkingDelta per non-empty delta, a ToolCallChunk per complete call); ``feed(b"")``
+    is the end of the input, and raises unless the end marker came. ``done`` is True
+    once it came. ``response()`` is the terminal response, refused without the marker.
     """
 
     end_marker = ""
@@ -1119,45 +1227,42 @@ class _Answer:
         self.accept_truncated = accept_truncated
         self.ids = _Ids(request)
         self.events = _ServerEvents()
-        self.blocks: List[_Block] = []
+        self.chunks: List[al.ModelChunk] = []  # every chunk fed so far, in order
+        self.usage: Dict[str, int] = {}  # the Usage fields the provider reported
         self.done = False
 
-    def feed(self, data: bytes) -> List[_Block]:
-        """The blocks these bytes complete; nothing once the end marker was seen."""
-        out: List[_Block] = []
+    def feed(self, data: bytes) -> List[al.ModelChunk]:
+        """The chunks these bytes complete; nothing once the end marker was seen."""
+        out: List[al.ModelChunk] = []
         for event in self.events.feed(data):
             if self.done:
                 break
             if event.event == "error":
                 raise _stream_error(event.data)
             self._event(event, out)
-        self.blocks.extend(out)
+        self.chunks.extend(out)
         if not data and not self.done:
             raise self._incomplete()
         return out
 
     def response(self) -> al.ModelResponse:
-        """The terminal response: the streamed blocks, adjacent text joined."""
+        """The terminal response: the answer's blocks, in order, and its usage."""
         if not self.done:
             raise self._incomplete()
-        content: List[Union[al.TextBlock, al.ToolCall]] = []
-        text: List[str] = []
-        for block in self.blocks:
-            if isinstance(block, str):
-                text.append(block)
-                continue
-            if text:
-                content.append(al.TextBlock("".join(text)))
-                text = []
-            content.append(block)
-        if text:
-            content.append(al.TextBlock("".join(text)))
+        content = self._content()
         has_calls = any(isinstance(block, al.ToolCall) for block in content)
         return al.ModelResponse(
-            self.ids.response_id, self.request.id, content, "toolCall" if has_calls else "stop"
+            self.ids.response_id,
+            self.request.id,
+            content,
+            "toolCall" if has_calls else "stop",
+            al.Usage(**self.usage) if self.usage else None,
         )
 
-    def _event(self, event: _ServerEvent, out: List[_Block]) -> None:
+    def _content(self) -> List[_Block]:
+        raise NotImplementedError  # pragma: no cover (both subclasses define it)
+
+    def _event(self, event: _ServerEvent, out: List[al.ModelChunk]) -> None:
         raise NotImplementedError  # pragma: no cover (both subclasses define it)
 
     def _incomplete(self) -> ProviderError:
@@ -1165,14 +1270,14 @@ class _Answer:
             f"the stream ended before {self.end_marker}: the answer is incomplete"
         )
 
-    def _cut(self, field: str, reason: str, meaning: str, out: List[_Block]) -> None:
+    def _cut(self, field: str, reason: str, meaning: str, out: List[al.ModelChunk]) -> None:
         """The provider says the answer was cut: fail, or accept a text answer so far.
 
-        With accept_truncated, an answer whose last block is text, cut by the token
+        With accept_truncated, an answer whose last chunk is text, cut by the token
         limit, is the model's answer; it is logged. Anything else raises.
         """
-        last = out[-1] if out else self.blocks[-1] if self.blocks else None
-        if self.accept_truncated and reason in _TOKEN_LIMITS and isinstance(last, str):
+        last = out[-1] if out else self.chunks[-1] if self.chunks else None
+        if self.accept_truncated and reason in _TOKEN_LIMITS and type(last) is al.TextDelta:
             _logger.warning(
                 "%s: the answer was cut by %s (%s %r); accepted as the model's answer "
                 "(accept_truncated=True)",
@@ -1201,6 +1306,25 @@ class _Answer:
                 f"{_excerpt(arguments)}"
             )
         return al.ToolCall(self.ids.call_id(provider_id), name, value)
+
+
+def _count(usage: Mapping[str, Any], key: str, data: Mapping[str, Any]) -> Optional[int]:
+    """A token count of a usage object: None when absent or null, else an int >= 0."""
+    value = usage.get(key)
+    if value is None:
+        return None
+    if type(value) is not int or value < 0:
+        raise _malformed(f"usage {key} is not an int >= 0", data)
+    return value
+
+
+def _usage_object(value: object, what: str, data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A usage object or its details: {} when absent or null, else a JSON object."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _malformed(f"{what} is not an object", data)
+    return value
 
 
 _decode_json: Final = json.JSONDecoder().decode
@@ -1248,6 +1372,7 @@ def _openai_body(
             messages.append({"role": "user", "content": message.content})
         elif isinstance(message, al.AssistantMessage):
             # "" when there is no text: llama.cpp's servers refuse null and a missing content.
+            # Thinking is not sent: DeepSeek refuses reasoning_content in input.
             turn: Dict[str, Any] = {
                 "role": "assistant",
                 "content": al.text_from_assistant(message),
@@ -1270,7 +1395,12 @@ def _openai_body(
             messages.append(
                 {"role": "tool", "tool_call_id": message.tool_call_id, "content": message.content}
             )
-    body: Dict[str, Any] = {"model": model, "messages": messages, "stream": True}
+    body: Dict[str, Any] = {
+        "model": model,
+        "messages": messages,
+        "stream": True,
+        "stream_options": dict(_STREAM_OPTIONS),
+    }
     if request.tools:
         body["tools"] = [
             {
@@ -1284,11 +1414,14 @@ def _openai_body(
             for spec in request.tools
         ]
     body.update(options)
+    if body["stream_options"] is None:  # a server that refuses the field (Mistral's)
+        del body["stream_options"]
     return json.dumps(body, ensure_ascii=False).encode("utf-8")
 
 
 class _OpenAIAnswer(_Answer):
-    """Chat Completions chunks: ``choices[0].delta`` content and tool-call fragments."""
+    """Chat Completions chunks: ``choices[0].delta`` text, thinking and tool-call
+    fragments, and the usage chunk."""
 
     end_marker = "data: [DONE]"
 
@@ -1298,7 +1431,20 @@ class _OpenAIAnswer(_Answer):
         self.open_calls: Dict[int, List[Any]] = {}
         self.closed_indexes: Set[int] = set()
 
-    def _event(self, event: _ServerEvent, out: List[_Block]) -> None:
+    def _content(self) -> List[_Block]:
+        """The chunks as blocks: adjacent text joined, adjacent thinking joined."""
+        content: List[_Block] = []
+        for kind, run in itertools.groupby(self.chunks, type):
+            if kind is al.ToolCallChunk:
+                content.extend(cast(al.ToolCallChunk, chunk).tool_call for chunk in run)
+            elif kind is al.TextDelta:
+                content.append(al.TextBlock("".join(cast(al.TextDelta, c).text for c in run)))
+            else:
+                thinking = "".join(cast(al.ThinkingDelta, chunk).thinking for chunk in run)
+                content.append(al.ThinkingBlock(thinking))
+        return content
+
+    def _event(self, event: _ServerEvent, out: List[al.ModelChunk]) -> None:
         if event.data == "[DONE]":
             self._close_calls(out)
             self.done = True
@@ -1314,19 +1460,24 @@ class _OpenAIAnswer(_Answer):
                 raise _malformed("a choice that is not an object with a delta object", data)
             if choice.get("index", 0) == 0:
                 self._choice(choice, data, out)
+        usage = data.get("usage")
+        if usage is not None:  # the usage chunk; other chunks have none, or null
+            self._usage(usage, data)
 
-    def _choice(self, choice: Dict[str, Any], data: Dict[str, Any], out: List[_Block]) -> None:
+    def _choice(
+        self, choice: Dict[str, Any], data: Dict[str, Any], out: List[al.ModelChunk]
+    ) -> None:
         delta = choice.get("delta", {})
+        # llama.cpp, vLLM and DeepSeek say reasoning_content; OpenRouter says reasoning.
+        thinking = delta.get("reasoning_content")
+        if thinking is None:
+            thinking = delta.get("reasoning")
+        if thinking is not None:
+            self._piece(al.ThinkingDelta, thinking, "reasoning", data, out)
         for key in ("content", "refusal"):
             text = delta.get(key)
-            if text is None:
-                continue
-            if not isinstance(text, str):
-                raise _malformed(f"delta.{key} is not a string", data)
-            if text:
-                if self.open_calls:  # a call is complete once something else begins
-                    self._close_calls(out)
-                out.append(text)
+            if text is not None:
+                self._piece(al.TextDelta, text, key, data, out)
         fragments = delta.get("tool_calls")
         if fragments is not None:
             if not isinstance(fragments, list):
@@ -1344,8 +1495,24 @@ class _OpenAIAnswer(_Answer):
                 self._cut("finish_reason", finish, _OPENAI_CUT[finish], out)
             self._close_calls(out)
 
+    def _piece(
+        self,
+        kind: _DeltaKind,
+        text: object,
+        key: str,
+        data: Dict[str, Any],
+        out: List[al.ModelChunk],
+    ) -> None:
+        """A piece of text or thinking: it ends the calls being streamed."""
+        if not isinstance(text, str):
+            raise _malformed(f"delta.{key} is not a string", data)
+        if text:
+            if self.open_calls:  # a call is complete once something else begins
+                self._close_calls(out)
+            out.append(kind(self.request.id, text))
+
     def _fragment(
-        self, position: int, fragment: object, data: Dict[str, Any], out: List[_Block]
+        self, position: int, fragment: object, data: Dict[str, Any], out: List[al.ModelChunk]
     ) -> None:
         """One piece of a tool call: its id and name come first, then argument text."""
         if not isinstance(fragment, dict):
@@ -1370,11 +1537,32 @@ class _OpenAIAnswer(_Answer):
                 raise _malformed("tool-call arguments that are not a string", data)
             call[2].append(arguments)
 
-    def _close_calls(self, out: List[_Block]) -> None:
+    def _close_calls(self, out: List[al.ModelChunk]) -> None:
         for index, (provider_id, name, arguments) in self.open_calls.items():
             self.closed_indexes.add(index)
-            out.append(self._call(provider_id, name, "".join(arguments)))
+            call = self._call(provider_id, name, "".join(arguments))
+            out.append(al.ToolCallChunk(self.request.id, call))
         self.open_calls.clear()
+
+    def _usage(self, value: object, data: Dict[str, Any]) -> None:
+        """The request's usage: the last usage object replaces any before it."""
+        usage = _usage_object(value, "usage", data)
+        prompt = _count(usage, "prompt_tokens", data)
+        details = _usage_object(usage.get("prompt_tokens_details"), "prompt details", data)
+        cached = _count(details, "cached_tokens", data)
+        reasoning_details = _usage_object(
+            usage.get("completion_tokens_details"), "completion details", data
+        )
+        if prompt is not None and cached is not None and cached > prompt:
+            raise _malformed("usage with more cached tokens than prompt tokens", data)
+        fields = {
+            # prompt_tokens includes the cached tokens; Usage counts them apart.
+            "input_tokens": prompt if prompt is None or cached is None else prompt - cached,
+            "output_tokens": _count(usage, "completion_tokens", data),
+            "cache_read_tokens": cached,
+            "reasoning_tokens": _count(reasoning_details, "reasoning_tokens", data),
+        }
+        self.usage = {name: count for name, count in fields.items() if count is not None}
 
 
 # --- Wire formats: Anthropic Messages --------------------------------------------------
@@ -1385,9 +1573,13 @@ def _anthropic_body(
     model: str,
     system: Optional[str],
     max_tokens: int,
+    thinking: Optional[Mapping[str, Any]],
     options: Mapping[str, Any],
 ) -> bytes:
-    """The Messages request body for a ModelRequest; consecutive results share a turn."""
+    """The Messages request body for a ModelRequest; consecutive results share a turn.
+
+    Each assistant turn is its blocks as the API returned them, in their order.
+    """
     messages: List[Dict[str, Any]] = []
     results: Optional[List[Dict[str, Any]]] = None  # the user turn that results join
     for message in request.messages:
@@ -1413,6 +1605,21 @@ def _anthropic_body(
             if isinstance(block, al.TextBlock):
                 if block.text:  # the API refuses empty text blocks
                     content.append({"type": "text", "text": block.text})
+            elif isinstance(block, al.ThinkingBlock):
+                # The API wants thinking back unchanged, and refuses it without its
+                # signature: unsigned thinking came from another provider, not from Claude.
+                if not block.signature:
+                    continue
+                if block.redacted:
+                    content.append({"type": "redacted_thinking", "data": block.signature})
+                else:
+                    content.append(
+                        {
+                            "type": "thinking",
+                            "thinking": block.thinking,
+                            "signature": block.signature,
+                        }
+                    )
             else:
                 content.append(
                     {
@@ -1432,6 +1639,8 @@ def _anthropic_body(
     }
     if system is not None:
         body["system"] = system
+    if thinking is not None:
+        body["thinking"] = thinking
     if request.tools:
         body["tools"] = [
             {
@@ -1445,17 +1654,33 @@ def _anthropic_body(
     return json.dumps(body, ensure_ascii=False).encode("utf-8")
 
 
+class _OpenBlock:
+    """An Anthropic content block being streamed: its type, its pieces, its signature."""
+
+    def __init__(self, kind: str, start: Dict[str, Any]) -> None:
+        self.kind = kind  # text, thinking, redacted_thinking, tool_use, or "" (not kept)
+        self.start = start  # the content_block of content_block_start
+        self.pieces: List[str] = []  # text, thinking, or tool_use's partial JSON
+        self.signature: Optional[str] = None
+
+
 class _AnthropicAnswer(_Answer):
-    """Messages stream events: content blocks started, extended by deltas, stopped."""
+    """Messages stream events: content blocks started, extended by deltas, stopped; the
+    usage of message_start and message_delta."""
 
     end_marker = "message_stop"
 
     def __init__(self, request: al.ModelRequest, accept_truncated: bool = False) -> None:
         super().__init__(request, accept_truncated)
-        # Blocks by index: "text", [id, name, input, fragments] for tool_use, None ignored.
-        self.open_blocks: Dict[int, Any] = {}
+        self.open_blocks: Dict[int, _OpenBlock] = {}
+        # The stopped blocks by index (None: nothing kept), so that content keeps the
+        # provider's order.
+        self.stopped: Dict[int, Optional[_Block]] = {}
 
-    def _event(self, event: _ServerEvent, out: List[_Block]) -> None:
+    def _content(self) -> List[_Block]:
+        return [block for _, block in sorted(self.stopped.items()) if block is not None]
+
+    def _event(self, event: _ServerEvent, out: List[al.ModelChunk]) -> None:
         data = _json_object(event.data)
         kind = data.get("type")
         if kind == "error":
@@ -1465,69 +1690,131 @@ class _AnthropicAnswer(_Answer):
         elif kind == "content_block_delta":
             self._delta(data, out)
         elif kind == "content_block_stop":
-            block = self.open_blocks.pop(self._index(data, known=True))
-            if isinstance(block, list):
-                provider_id, name, start, fragments = block
-                arguments = "".join(fragments) if fragments else json.dumps(start)
-                out.append(self._call(provider_id, name, arguments))
+            index = self._index(data, known=True)
+            self._stop(index, self.open_blocks.pop(index), data, out)
+        elif kind == "message_start":
+            message = _usage_object(data.get("message"), "message_start's message", data)
+            self._usage(message.get("usage"), data)
         elif kind == "message_delta":
             delta = data.get("delta")
             if not isinstance(delta, dict):
                 raise _malformed("message_delta without a delta object", data)
+            self._usage(data.get("usage"), data)
             reason = delta.get("stop_reason")
             if reason in _ANTHROPIC_CUT:
                 self._cut("stop_reason", reason, _ANTHROPIC_CUT[reason], out)
         elif kind == "message_stop":
-            if any(isinstance(block, list) for block in self.open_blocks.values()):
+            if any(block.kind == "tool_use" for block in self.open_blocks.values()):
                 raise _malformed("message_stop before a tool_use block stopped", data)
+            for index in sorted(self.open_blocks):  # a block without its stop: it ends here
+                self._stop(index, self.open_blocks[index], data, out)
+            self.open_blocks.clear()
             self.done = True
-        # message_start, ping and event types added later carry no content.
+        # ping and event types added later carry no content.
 
-    def _start(self, data: Dict[str, Any], out: List[_Block]) -> None:
+    def _start(self, data: Dict[str, Any], out: List[al.ModelChunk]) -> None:
         index = self._index(data, known=False)
-        block = data.get("content_block")
-        if not isinstance(block, dict):
+        start = data.get("content_block")
+        if not isinstance(start, dict):
             raise _malformed("content_block_start without a content_block object", data)
-        kind = block.get("type")
+        kind = start.get("type")
+        if kind not in ("text", "thinking", "redacted_thinking", "tool_use"):
+            kind = ""  # server tools and other blocks: not the answer
+        block = self.open_blocks[index] = _OpenBlock(cast(str, kind), start)
         if kind == "text":
-            self.open_blocks[index] = "text"
-            self._text(block.get("text", ""), data, out)
-        elif kind == "tool_use":
-            start = block.get("input", {})
-            self.open_blocks[index] = [block.get("id"), block.get("name"), start, []]
-        else:
-            self.open_blocks[index] = None  # thinking and other blocks: not the answer
+            self._piece(block, al.TextDelta, start.get("text", ""), data, out)
+        elif kind == "thinking":
+            self._piece(block, al.ThinkingDelta, start.get("thinking", ""), data, out)
+            self._signature(block, start.get("signature"), data)
 
-    def _delta(self, data: Dict[str, Any], out: List[_Block]) -> None:
+    def _delta(self, data: Dict[str, Any], out: List[al.ModelChunk]) -> None:
         block = self.open_blocks[self._index(data, known=True)]
         delta = data.get("delta")
         if not isinstance(delta, dict):
             raise _malformed("content_block_delta without a delta object", data)
         kind = delta.get("type")
+        if not block.kind:  # a block that is not kept (server_tool_use...): any delta
+            return
         if kind == "text_delta":
-            if block != "text":
+            if block.kind != "text":
                 raise _malformed("text_delta for a block that is not text", data)
-            self._text(delta.get("text"), data, out)
+            self._piece(block, al.TextDelta, delta.get("text"), data, out)
+        elif kind == "thinking_delta":
+            if block.kind != "thinking":
+                raise _malformed("thinking_delta for a block that is not thinking", data)
+            self._piece(block, al.ThinkingDelta, delta.get("thinking"), data, out)
+        elif kind == "signature_delta":
+            if block.kind != "thinking":
+                raise _malformed("signature_delta for a block that is not thinking", data)
+            self._signature(block, delta.get("signature"), data)
         elif kind == "input_json_delta":
             fragment = delta.get("partial_json")
-            if not isinstance(block, list) or not isinstance(fragment, str):
+            if block.kind != "tool_use" or not isinstance(fragment, str):
                 raise _malformed("input_json_delta without a tool_use block or partial_json", data)
-            block[3].append(fragment)
-        # thinking_delta, signature_delta, citations_delta...: not the answer.
+            block.pieces.append(fragment)
+        # citations_delta and delta types added later: not the answer.
+
+    def _stop(
+        self, index: int, block: _OpenBlock, data: Dict[str, Any], out: List[al.ModelChunk]
+    ) -> None:
+        """A block is complete: what the response keeps of it, in its place."""
+        kept: Optional[_Block] = None
+        if block.kind == "text":
+            text = "".join(block.pieces)
+            kept = al.TextBlock(text) if text else None  # an empty one is not sent back
+        elif block.kind == "thinking":
+            kept = al.ThinkingBlock("".join(block.pieces), block.signature)
+        elif block.kind == "redacted_thinking":
+            redacted = block.start.get("data")
+            if not isinstance(redacted, str) or not redacted:
+                raise _malformed("a redacted_thinking block without its data", data)
+            kept = al.ThinkingBlock("", redacted, redacted=True)
+        elif block.kind == "tool_use":
+            start = block.start.get("input", {})
+            arguments = "".join(block.pieces) if block.pieces else json.dumps(start)
+            kept = self._call(block.start.get("id"), block.start.get("name"), arguments)
+            out.append(al.ToolCallChunk(self.request.id, kept))
+        self.stopped[index] = kept
 
     def _index(self, data: Dict[str, Any], *, known: bool) -> int:
         """The event's block index: a started one for deltas and stops, a new one to start."""
         index = data.get("index")
-        if not isinstance(index, int) or (index in self.open_blocks) is not known:
+        started = index in self.open_blocks
+        if not isinstance(index, int) or started is not known or index in self.stopped:
             state = "started" if known else "new"
             raise _malformed(f"an index that is not a {state} block's", data)
         return index
 
-    def _text(self, text: object, data: Dict[str, Any], out: List[_Block]) -> None:
+    def _piece(
+        self,
+        block: _OpenBlock,
+        kind: _DeltaKind,
+        text: object,
+        data: Dict[str, Any],
+        out: List[al.ModelChunk],
+    ) -> None:
+        """A piece of a text or thinking block: kept in the block, and streamed."""
         if not isinstance(text, str):
-            raise _malformed("text that is not a string", data)
+            raise _malformed(f"{block.kind} that is not a string", data)
         if text:
-            out.append(text)
+            block.pieces.append(text)
+            out.append(kind(self.request.id, text))
+
+    def _signature(self, block: _OpenBlock, signature: object, data: Dict[str, Any]) -> None:
+        """A thinking block's signature: the last one given ("" is none)."""
+        if signature is None:
+            return
+        if not isinstance(signature, str):
+            raise _malformed("a signature that is not a string", data)
+        block.signature = signature or None
+
+    def _usage(self, value: object, data: Dict[str, Any]) -> None:
+        """The counts of a usage object; they are cumulative: the last of each key wins."""
+        usage = _usage_object(value, "usage", data)
+        for key, name in _ANTHROPIC_USAGE:
+            count = _count(usage, key, data)
+            if count is not None:
+                self.usage[name] = count
 
 
 # --- The command line -----------------------------------------------------------------
@@ -1555,20 +1842,25 @@ def _command_line_tools() -> al.ToolRegistry:
 
 
 class _Printer:
-    """The readable output: text as it streams, a line per tool call and result, the result."""
+    """The readable output: text as it streams, thinking apart (each of its lines after
+    "> "), a line per tool call and result, then the result and what the run cost."""
 
     def __init__(self, out: TextIO) -> None:
         self.out = out
         self.in_line = False  # streamed text left the cursor inside a line
+        self.thinking = False  # the streamed line is thinking
 
     def event(self, event: al.Event) -> None:
         payload = event.payload
         if event.type == "model.chunk":
             chunk = payload["chunk"]
             if isinstance(chunk, al.TextDelta):
-                self.out.write(chunk.text)
-                self.in_line = not chunk.text.endswith("\n")
-                self.out.flush()
+                if self.thinking:  # the answer's text starts on a line of its own
+                    self.end_line()
+                self.write(chunk.text)
+                return
+            if isinstance(chunk, al.ThinkingDelta):
+                self.think(chunk.thinking)
                 return
             call = chunk.tool_call
             arguments = json.dumps(call.plain_arguments(), ensure_ascii=False)
@@ -1581,21 +1873,58 @@ class _Printer:
             self.result(payload["result"])
         # message.accepted and tool.started: the text and the calls are already shown.
 
+    def think(self, thinking: str) -> None:
+        """Thinking as it streams, each of its lines after "> "."""
+        if not self.thinking:
+            self.end_line()
+            self.thinking = True
+        for number, piece in enumerate(thinking.split("\n")):
+            if number:
+                self.write("\n")
+            if piece:
+                self.write(piece if self.in_line else "> " + piece)
+
     def result(self, result: al.RunResult) -> None:
+        cost = _usage_text(result.usage)
         self.line(
             f"result: {result.status}, {result.steps} step(s), {len(result.messages)} messages"
+            + (f", usage: {cost}" if cost else "")
         )
         if result.max_steps is not None:
             self.line(f"the budget of {result.max_steps} step(s) ended the run")
         if result.error is not None:
             self.line(f"error: {result.error.code}: {result.error.message}")
 
-    def line(self, text: str) -> None:
+    def write(self, text: str) -> None:
+        self.out.write(text)
+        self.in_line = not text.endswith("\n")
+        self.out.flush()
+
+    def end_line(self) -> None:
+        """Ends the streamed line, if one is open; what follows is not thinking."""
         if self.in_line:
             self.out.write("\n")
             self.in_line = False
+        self.thinking = False
+
+    def line(self, text: str) -> None:
+        self.end_line()
         self.out.write(text + "\n")
         self.out.flush()
+
+
+def _usage_text(usage: Optional[al.Usage]) -> str:
+    """What a run cost, only what the provider said: "120 in, 45 out, 30 cache read"."""
+    if usage is None:
+        return ""
+    counts = (
+        (usage.input_tokens, "in"),
+        (usage.output_tokens, "out"),
+        (usage.cache_read_tokens, "cache read"),
+        (usage.cache_write_tokens, "cache write"),
+        (usage.reasoning_tokens, "reasoning"),
+    )
+    return ", ".join(f"{count} {what}" for count, what in counts if count is not None)
 
 
 def _json_line(event: al.Event) -> None:
@@ -1627,6 +1956,7 @@ def _at_least(low: int) -> Callable[[str], int]:
 
 _tokens = _at_least(1)
 _retries = _at_least(0)
+_budget = _at_least(1024)  # the API's least thinking budget
 
 
 def _option(text: str) -> Tuple[str, Any]:
@@ -1642,19 +1972,22 @@ def _option(text: str) -> Tuple[str, Any]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Runs an agent with the command line's tools against a provider; prints the answer.
 
-    Prints the answer's text as it streams, a line per tool call and per tool result,
-    then the result; ``--json`` prints each event's ``to_dict()`` as one JSON line and
-    nothing else. Returns 0 when the run completed, 1 otherwise. Ctrl-C sets the run's
-    signal, so the run ends ``cancelled`` and its result is printed. Retries and
-    accepted cut answers are logged on stderr. Bad options exit with status 2.
+    Prints the answer's text as it streams (thinking on lines of its own, each after
+    "> "), a line per tool call and per tool result, then the result with the usage the
+    provider reported (only the counts it gave); ``--json`` prints each event's
+    ``to_dict()`` as one JSON line and nothing else. Returns 0 when the run completed,
+    1 otherwise. Ctrl-C sets the run's signal, so the run ends ``cancelled`` and its
+    result is printed. Retries and accepted cut answers are logged on stderr. Bad
+    options exit with status 2.
     """
     parser = argparse.ArgumentParser(
         prog="python agent_loop_providers.py",
         description=(
             "Runs the Agent Loop against a streaming model API, with a few tools (add, "
-            "multiply, weather), and prints the answer as it streams, a line per tool call "
-            "and per tool result, then the result. The API key comes from OPENAI_API_KEY "
-            "or ANTHROPIC_API_KEY, if set. Ctrl-C cancels the run."
+            "multiply, weather), and prints the answer as it streams (thinking after '> '), "
+            "a line per tool call and per tool result, then the result and its token "
+            "usage. The API key comes from OPENAI_API_KEY or ANTHROPIC_API_KEY, if set. "
+            "Ctrl-C cancels the run."
         ),
     )
     parser.add_argument("--provider", required=True, choices=("openai", "anthropic"))
@@ -1677,8 +2010,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "--max-tokens",
         type=_tokens,
         metavar="N",
-        help="the answer's token limit (OpenAI: max_tokens in the body; Anthropic: 4096 "
-        "unless given)",
+        help="the answer's token limit (OpenAI: max_tokens in the body; Anthropic: "
+        f"{_MAX_TOKENS} unless given)",
+    )
+    parser.add_argument(
+        "--thinking",
+        type=_budget,
+        metavar="BUDGET",
+        help="Anthropic: extended thinking with this token budget, 1024 or more and below "
+        f"the answer's token limit (--max-tokens, default {_MAX_TOKENS}); shown after '> '",
     )
     parser.add_argument(
         "--option",
@@ -1719,6 +2059,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         model_class = AnthropicMessagesModel
         if options.max_tokens is not None:
             arguments["max_tokens"] = options.max_tokens
+        if options.thinking is not None:
+            limit = options.max_tokens or _MAX_TOKENS
+            if options.thinking >= limit:
+                parser.error(
+                    f"--thinking {options.thinking} must be below the token limit, {limit} "
+                    f"(raise it with --max-tokens)"
+                )
+            arguments["thinking"] = {"type": "enabled", "budget_tokens": options.thinking}
+    elif options.thinking is not None:
+        parser.error(
+            "--thinking is for --provider anthropic (OpenAI-compatible servers "
+            "take their own fields: --option KEY=JSON)"
+        )
     elif options.max_tokens is not None:
         if "max_tokens" in body:
             parser.error("give max_tokens once: --max-tokens or --option max_tokens=...")

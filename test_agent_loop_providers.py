@@ -251,6 +251,11 @@ def anthropic_event(type: str, **fields: Any) -> bytes:
     return f"event: {type}\ndata: {json.dumps({'type': type, **fields})}\n\n".encode()
 
 
+def anthropic_data(data: Dict[str, Any]) -> bytes:
+    """An event from its data, which names its type."""
+    return anthropic_event(data["type"], **{key: data[key] for key in data if key != "type"})
+
+
 def anthropic_text(index: int, *pieces: str) -> List[bytes]:
     block = {"type": "text", "text": ""}
     return [
@@ -292,6 +297,41 @@ def anthropic_end(stop_reason: Optional[str] = "end_turn") -> List[bytes]:
         anthropic_event("message_delta", delta={"stop_reason": stop_reason}, usage={}),
         anthropic_event("message_stop"),
     ]
+
+
+def anthropic_thinking(index: int, *pieces: str, signature: Optional[str] = "sig") -> List[bytes]:
+    """A thinking block: its deltas, then its signature_delta (None: none), then its stop."""
+    block = {"type": "thinking", "thinking": "", "signature": ""}
+    parts = [
+        anthropic_event("content_block_start", index=index, content_block=block),
+        *[
+            anthropic_event(
+                "content_block_delta",
+                index=index,
+                delta={"type": "thinking_delta", "thinking": piece},
+            )
+            for piece in pieces
+        ],
+    ]
+    if signature is not None:
+        delta = {"type": "signature_delta", "signature": signature}
+        parts.append(anthropic_event("content_block_delta", index=index, delta=delta))
+    return [*parts, anthropic_event("content_block_stop", index=index)]
+
+
+def anthropic_redacted(index: int, data: str) -> List[bytes]:
+    """A redacted_thinking block: whole in its start, no delta."""
+    block = {"type": "redacted_thinking", "data": data}
+    return [
+        anthropic_event("content_block_start", index=index, content_block=block),
+        anthropic_event("content_block_stop", index=index),
+    ]
+
+
+def openai_usage(usage: Any) -> bytes:
+    """The usage chunk: an empty choices list, and the usage of the whole request."""
+    data = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [], "usage": usage}
+    return b"data: " + json.dumps(data).encode() + b"\n\n"
 
 
 # Byte-exact recordings, in the shape the providers send them.
@@ -350,6 +390,84 @@ ANTHROPIC_STREAM = (
     b'data: {"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},'
     b'"usage":{"output_tokens":20}}\n\n'
     b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+)
+
+# Anthropic's "Streaming Messages" documentation, "Streaming request with extended
+# thinking" (the request: thinking {"type": "enabled", "budget_tokens": 16000}, the
+# prompt "What is 27 * 453?"), verbatim. It reports no usage.
+ANTHROPIC_THINKING_STREAM = (
+    b"event: message_start\n"
+    b'data: {"type": "message_start", "message": {"id": "msg_01...", "type": "message", '
+    b'"role": "assistant", "content": [], "model": "claude-opus-4-1-20250805", '
+    b'"stop_reason": null, "stop_sequence": null}}\n\n'
+    b"event: content_block_start\n"
+    b'data: {"type": "content_block_start", "index": 0, '
+    b'"content_block": {"type": "thinking", "thinking": ""}}\n\n'
+    b"event: content_block_delta\n"
+    b'data: {"type": "content_block_delta", "index": 0, '
+    b'"delta": {"type": "thinking_delta", '
+    b'"thinking": "Let me solve this step by step:\\n\\n1. First break down 27 * 453"}}\n\n'
+    b"event: content_block_delta\n"
+    b'data: {"type": "content_block_delta", "index": 0, '
+    b'"delta": {"type": "thinking_delta", "thinking": "\\n2. 453 = 400 + 50 + 3"}}\n\n'
+    b"event: content_block_delta\n"
+    b'data: {"type": "content_block_delta", "index": 0, '
+    b'"delta": {"type": "thinking_delta", "thinking": "\\n3. 27 * 400 = 10,800"}}\n\n'
+    b"event: content_block_delta\n"
+    b'data: {"type": "content_block_delta", "index": 0, '
+    b'"delta": {"type": "thinking_delta", "thinking": "\\n4. 27 * 50 = 1,350"}}\n\n'
+    b"event: content_block_delta\n"
+    b'data: {"type": "content_block_delta", "index": 0, '
+    b'"delta": {"type": "thinking_delta", "thinking": "\\n5. 27 * 3 = 81"}}\n\n'
+    b"event: content_block_delta\n"
+    b'data: {"type": "content_block_delta", "index": 0, '
+    b'"delta": {"type": "thinking_delta", '
+    b'"thinking": "\\n6. 10,800 + 1,350 + 81 = 12,231"}}\n\n'
+    b"event: content_block_delta\n"
+    b'data: {"type": "content_block_delta", "index": 0, '
+    b'"delta": {"type": "signature_delta", '
+    b'"signature": "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds..."}}\n\n'
+    b"event: content_block_stop\n"
+    b'data: {"type": "content_block_stop", "index": 0}\n\n'
+    b"event: content_block_start\n"
+    b'data: {"type": "content_block_start", "index": 1, "content_block": {"type": "text", '
+    b'"text": ""}}\n\n'
+    b"event: content_block_delta\n"
+    b'data: {"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", '
+    b'"text": "27 * 453 = 12,231"}}\n\n'
+    b"event: content_block_stop\n"
+    b'data: {"type": "content_block_stop", "index": 1}\n\n'
+    b"event: message_delta\n"
+    b'data: {"type": "message_delta", "delta": {"stop_reason": "end_turn", '
+    b'"stop_sequence": null}}\n\n'
+    b"event: message_stop\n"
+    b'data: {"type": "message_stop"}\n\n'
+)
+# Reasoning and the usage chunk (after the finish, before [DONE]) in the shape
+# DeepSeek's API streams them: reasoning_content deltas, then content, then usage with
+# its details (prompt_tokens includes the cached tokens, completion_tokens the
+# reasoning ones).
+OPENAI_REASONING_STREAM = (
+    b'data: {"id":"d1","object":"chat.completion.chunk","created":1,"model":"deepseek-reasoner",'
+    b'"choices":[{"index":0,"delta":{"role":"assistant","content":null,"reasoning_content":'
+    b'""},"logprobs":null,"finish_reason":null}],"usage":null}\n\n'
+    b'data: {"id":"d1","object":"chat.completion.chunk","created":1,"model":"deepseek-reasoner",'
+    b'"choices":[{"index":0,"delta":{"content":null,"reasoning_content":"27 * 453: "},'
+    b'"logprobs":null,"finish_reason":null}],"usage":null}\n\n'
+    b'data: {"id":"d1","object":"chat.completion.chunk","created":1,"model":"deepseek-reasoner",'
+    b'"choices":[{"index":0,"delta":{"content":null,"reasoning_content":"10,800 + 1,431."},'
+    b'"logprobs":null,"finish_reason":null}],"usage":null}\n\n'
+    b'data: {"id":"d1","object":"chat.completion.chunk","created":1,"model":"deepseek-reasoner",'
+    b'"choices":[{"index":0,"delta":{"content":"12,231","reasoning_content":null},'
+    b'"logprobs":null,"finish_reason":null}],"usage":null}\n\n'
+    b'data: {"id":"d1","object":"chat.completion.chunk","created":1,"model":"deepseek-reasoner",'
+    b'"choices":[{"index":0,"delta":{"content":"","reasoning_content":null},'
+    b'"logprobs":null,"finish_reason":"stop"}],"usage":null}\n\n'
+    b'data: {"id":"d1","object":"chat.completion.chunk","created":1,"model":"deepseek-reasoner",'
+    b'"choices":[],"usage":{"prompt_tokens":20,"completion_tokens":45,"total_tokens":65,'
+    b'"prompt_tokens_details":{"cached_tokens":16},"completion_tokens_details":'
+    b'{"reasoning_tokens":41},"prompt_cache_hit_tokens":16,"prompt_cache_miss_tokens":4}}\n\n'
+    b"data: [DONE]\n\n"
 )
 
 
@@ -461,11 +579,11 @@ def posted(model: providers._StreamingModel, model_request: al.ModelRequest) -> 
 
 def parsed(
     answer: providers._Answer, *parts: bytes
-) -> Tuple[List[providers._Block], al.ModelResponse]:
-    """Feeds an answer its parts, then the end of the input: its blocks and response."""
-    blocks = [block for part in parts for block in answer.feed(part)]
-    blocks.extend(answer.feed(b""))
-    return blocks, answer.response()
+) -> Tuple[List[al.ModelChunk], al.ModelResponse]:
+    """Feeds an answer its parts, then the end of the input: its chunks and response."""
+    chunks = [chunk for part in parts for chunk in answer.feed(part)]
+    chunks.extend(answer.feed(b""))
+    return chunks, answer.response()
 
 
 def openai(server: Server, **arguments: Any) -> providers.OpenAIChatModel:
@@ -618,6 +736,58 @@ class TestConstruction:
         with pytest.raises(error, match=words):
             providers.AnthropicMessagesModel("m", max_tokens=max_tokens)
 
+    @pytest.mark.parametrize(
+        ("thinking", "sent"),
+        [
+            pytest.param(None, None, id="none"),
+            pytest.param("adaptive", {"type": "adaptive"}, id="adaptive"),
+            pytest.param(
+                {"type": "enabled", "budget_tokens": 2048},
+                {"type": "enabled", "budget_tokens": 2048},
+                id="enabled",
+            ),
+            pytest.param(
+                {"type": "some_future_mode", "effort": "low"},
+                {"type": "some_future_mode", "effort": "low"},
+                id="passed-through",
+            ),
+        ],
+    )
+    def test_thinking_is_the_apis_setting(self, thinking: Any, sent: Any) -> None:
+        model = providers.AnthropicMessagesModel("m", thinking=thinking)
+        assert model.thinking == sent
+        body = posted(model, request())["body"]
+        assert body.get("thinking") == sent
+        assert ("thinking" in body) is (sent is not None)
+
+    def test_a_thinking_mapping_is_copied(self) -> None:
+        setting: Dict[str, Any] = {"type": "enabled", "budget_tokens": 2048}
+        model = providers.AnthropicMessagesModel("m", thinking=setting)
+        setting["budget_tokens"] = 1
+        assert model.thinking == {"type": "enabled", "budget_tokens": 2048}
+
+    @pytest.mark.parametrize(
+        ("thinking", "error", "words"),
+        [
+            pytest.param("enabled", ValueError, "thinking must be None, 'adaptive' or", id="str"),
+            pytest.param(2048, TypeError, "thinking must be None, 'adaptive' or a", id="int"),
+            pytest.param(True, TypeError, "got bool", id="bool"),
+            pytest.param({"budget_tokens": 2048}, ValueError, "must say its 'type'", id="type"),
+            pytest.param({"type": 1}, ValueError, "must say its 'type'", id="type-int"),
+            pytest.param({"type": "enabled", "x": {1}}, TypeError, "plain JSON", id="json"),
+        ],
+    )
+    def test_bad_thinking(self, thinking: Any, error: type, words: str) -> None:
+        with pytest.raises(error, match=words):
+            providers.AnthropicMessagesModel("m", thinking=thinking)
+
+    def test_thinking_is_owned_by_the_anthropic_adapter(self) -> None:
+        with pytest.raises(ValueError, match="options may not set thinking"):
+            providers.AnthropicMessagesModel("m", options={"thinking": {"type": "adaptive"}})
+        model = canned_anthropic([], options=lambda model_request: {"thinking": {}})
+        with pytest.raises(ValueError, match="what options returns may not set thinking"):
+            model._post(request())
+
     def test_options_may_set_what_the_provider_does_not_own(self) -> None:
         openai_model = providers.OpenAIChatModel("m", options={"max_tokens": 100})
         assert openai_model.options == {"max_tokens": 100}
@@ -656,10 +826,12 @@ class TestRequests:
         assert sent["url"] == "http://h/v1/chat/completions"
         assert sent["headers"]["content-type"] == "application/json"
         assert sent["headers"]["accept"] == "text/event-stream"
-        assert sent["headers"]["user-agent"] == "agent_loop_providers/1.1.0"
+        assert sent["headers"]["user-agent"] == f"agent_loop_providers/{providers.__version__}"
+        assert providers.__version__ == "1.2.0"
         assert sent["body"] == {
             "model": "test-model",
             "stream": True,
+            "stream_options": {"include_usage": True},
             "temperature": 0,
             "messages": [
                 {"role": "system", "content": "Be brief."},
@@ -794,6 +966,109 @@ class TestRequests:
                     "input_schema": spec.to_dict()["parameters"],
                 }
                 for spec in SPECS
+            ],
+        }
+
+    @pytest.mark.parametrize(
+        ("options", "sent"),
+        [
+            pytest.param({}, {"include_usage": True}, id="default"),
+            pytest.param(
+                {"stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+                {"include_usage": True, "continuous_usage_stats": True},
+                id="replaced",
+            ),
+            pytest.param({"stream_options": None}, None, id="none-for-mistral"),
+        ],
+    )
+    def test_openai_asks_for_usage_unless_options_say_otherwise(
+        self, options: Dict[str, Any], sent: Any
+    ) -> None:
+        body = posted(providers.OpenAIChatModel("m", options=options), request())["body"]
+        assert body.get("stream_options") == sent
+        assert ("stream_options" in body) is (sent is not None)
+
+    def test_anthropic_sends_each_turn_back_as_returned(self) -> None:
+        # Every block in its place: thinking with its signature (an empty one too), a
+        # redacted block with its data, each text block on its own, the tool uses.
+        turn = al.AssistantMessage(
+            "message-r1",
+            [
+                al.ThinkingBlock("Let me add.", signature="sig-1"),
+                al.ThinkingBlock("", signature="EmwKAhgB", redacted=True),
+                al.TextBlock("Adding "),
+                al.TextBlock("both."),
+                al.ThinkingBlock("", signature="sig-2"),
+                al.ToolCall("c1", "add", {"left": 2, "right": 3}),
+            ],
+            usage=al.Usage(input_tokens=10, output_tokens=20),
+        )
+        history = (
+            al.UserMessage("user-001", "2 + 3?"),
+            turn,
+            al.ToolResultMessage("tool-result-c1", "c1", "add", '{"sum":5}', False),
+        )
+        body = posted(providers.AnthropicMessagesModel("m"), request(history))["body"]
+        assert body["messages"][1] == {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "Let me add.", "signature": "sig-1"},
+                {"type": "redacted_thinking", "data": "EmwKAhgB"},
+                {"type": "text", "text": "Adding "},
+                {"type": "text", "text": "both."},
+                {"type": "thinking", "thinking": "", "signature": "sig-2"},
+                {"type": "tool_use", "id": "c1", "name": "add", "input": {"left": 2, "right": 3}},
+            ],
+        }  # and no usage: it is not part of what is sent back
+        assert len(body["messages"]) == 3
+
+    def test_thinking_without_a_signature_is_not_sent_to_anthropic(self) -> None:
+        # Thinking from another provider has no signature: Anthropic refuses such a
+        # block, and the thinking is not Claude's. A turn left empty is not sent either.
+        history = (
+            al.UserMessage("user-001", "Hi."),
+            al.AssistantMessage(
+                "message-r1",
+                [al.ThinkingBlock("hmm"), al.TextBlock("Hello."), al.ThinkingBlock("")],
+            ),
+            al.UserMessage("user-002", "And?"),
+            al.AssistantMessage("message-r2", [al.ThinkingBlock("only thinking")]),
+            al.UserMessage("user-003", "Well?"),
+        )
+        body = posted(providers.AnthropicMessagesModel("m"), request(history))["body"]
+        assert body["messages"] == [
+            {"role": "user", "content": "Hi."},
+            {"role": "assistant", "content": [{"type": "text", "text": "Hello."}]},
+            {"role": "user", "content": "And?"},
+            {"role": "user", "content": "Well?"},
+        ]
+
+    def test_openai_does_not_send_thinking_back(self) -> None:
+        # DeepSeek refuses reasoning_content in input; the other servers do not need it.
+        history = (
+            al.UserMessage("user-001", "2 + 3?"),
+            al.AssistantMessage(
+                "message-r1",
+                [
+                    al.ThinkingBlock("Add them.", signature="sig"),
+                    al.TextBlock("Adding."),
+                    al.ThinkingBlock("Now the call."),
+                    al.ToolCall("c1", "add", {"left": 2, "right": 3}),
+                ],
+                usage=al.Usage(output_tokens=5),
+            ),
+            al.ToolResultMessage("tool-result-c1", "c1", "add", '{"sum":5}', False),
+        )
+        body = posted(providers.OpenAIChatModel("m"), request(history))["body"]
+        assert body["messages"][1] == {
+            "role": "assistant",
+            "content": "Adding.",
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "add", "arguments": '{"left": 2, "right": 3}'},
+                }
             ],
         }
 
@@ -1003,17 +1278,16 @@ class TestOpenAIStreaming:
         )
         assert response.content == (al.ToolCall("a", "now", {}), al.ToolCall("b", "now", {}))
 
-    def test_refusal_is_text_and_other_choices_usage_and_fields_are_ignored(self) -> None:
+    def test_refusal_is_text_and_other_choices_and_fields_are_ignored(self) -> None:
         other = {"choices": [{"index": 1, "delta": {"content": "other"}}]}
-        usage = {"choices": [], "usage": {"prompt_tokens": 1}}
         _, response = stream(
             canned_openai(
                 Reply(
                     [
                         b"data: " + json.dumps(other).encode() + b"\n\n",
-                        openai_chunk({"reasoning_content": "thinking...", "content": None}),
+                        openai_chunk({"role": "assistant", "content": None}),
                         openai_chunk({"refusal": "I cannot help with that."}),
-                        b"data: " + json.dumps(usage).encode() + b"\n\n",
+                        openai_chunk({"reasoning_details": [], "content": ""}),
                         b'data: {"choices":[{"delta":{"content":"!"}}]}\n\n',
                         DONE,
                     ]
@@ -1021,6 +1295,7 @@ class TestOpenAIStreaming:
             )
         )
         assert response.content == (al.TextBlock("I cannot help with that.!"),)
+        assert response.usage is None  # the server sent none
 
     def test_nothing_after_done_is_read(self) -> None:
         _, response = stream(canned_openai(Reply([OPENAI_TEXT_STREAM + b"data: {not json\n\n"])))
@@ -1048,26 +1323,30 @@ class TestAnthropicStreaming:
             al.ToolCallChunk("request-001", call),
         ]
         assert response == al.ModelResponse(
-            "response-001", "request-001", [al.TextBlock("Adding."), call], "toolCall"
+            "response-001",
+            "request-001",
+            [al.TextBlock("Adding."), call],
+            "toolCall",
+            al.Usage(input_tokens=9, output_tokens=20),
         )
 
     def test_unknown_blocks_and_events_are_ignored(self) -> None:
-        thinking = {"type": "thinking", "thinking": ""}
+        search = {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search"}
         chunks, response = stream(
             canned_anthropic(
                 Reply(
                     [
                         MESSAGE_START,
-                        anthropic_event("content_block_start", index=0, content_block=thinking),
+                        anthropic_event("content_block_start", index=0, content_block=search),
                         anthropic_event(
                             "content_block_delta",
                             index=0,
-                            delta={"type": "thinking_delta", "thinking": "hm"},
+                            delta={"type": "input_json_delta", "partial_json": "{}"},
                         ),
                         anthropic_event(
                             "content_block_delta",
                             index=0,
-                            delta={"type": "signature_delta", "signature": "s"},
+                            delta={"type": "some_future_delta", "data": "s"},
                         ),
                         anthropic_event("content_block_stop", index=0),
                         anthropic_event("some_future_event", detail=1),
@@ -1119,6 +1398,466 @@ class TestAnthropicStreaming:
         assert exchange.reads == 4  # at the block's stop, before any more bytes
         generator.close()
         assert exchange.closed
+
+
+THINKING_STEPS = (
+    "Let me solve this step by step:\n\n1. First break down 27 * 453",
+    "\n2. 453 = 400 + 50 + 3",
+    "\n3. 27 * 400 = 10,800",
+    "\n4. 27 * 50 = 1,350",
+    "\n5. 27 * 3 = 81",
+    "\n6. 10,800 + 1,350 + 81 = 12,231",
+)
+SIGNATURE = "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds..."
+
+
+def thinking_then_add(usage_start: Dict[str, Any], usage_end: Dict[str, Any]) -> List[bytes]:
+    """An Anthropic tool-use turn with thinking: thinking and its signature, then tool_use."""
+    start = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "content": [],
+        "usage": usage_start,
+    }
+    return [
+        anthropic_event("message_start", message=start),
+        *anthropic_thinking(0, "I should add ", "2 and 3.", signature="sig-add"),
+        *anthropic_tool(1, "toolu_01", "add", '{"left": 2, ', '"right": 3}'),
+        anthropic_event(
+            "message_delta",
+            delta={"stop_reason": "tool_use", "stop_sequence": None},
+            usage=usage_end,
+        ),
+        anthropic_event("message_stop"),
+    ]
+
+
+class TestThinking:
+    """Thinking streams as ThinkingDelta chunks, is kept in its place, and goes back."""
+
+    def test_anthropics_documented_extended_thinking_stream(self) -> None:
+        answer = providers._AnthropicAnswer(request())
+        chunks, response = parsed(answer, ANTHROPIC_THINKING_STREAM)
+        assert chunks == [
+            *[al.ThinkingDelta("request-001", step) for step in THINKING_STEPS],
+            al.TextDelta("request-001", "27 * 453 = 12,231"),
+        ]
+        assert response == al.ModelResponse(
+            "response-001",
+            "request-001",
+            [
+                al.ThinkingBlock("".join(THINKING_STEPS), signature=SIGNATURE),
+                al.TextBlock("27 * 453 = 12,231"),
+            ],
+            "stop",
+            None,  # the example reports no usage: unknown, not 0
+        )
+
+    def test_the_documented_stream_through_the_loop_split_anywhere(self) -> None:
+        stream_bytes = ANTHROPIC_THINKING_STREAM
+        parts = [stream_bytes[start : start + 7] for start in range(0, len(stream_bytes), 7)]
+        events, result = settle(canned_anthropic(parts), "What is 27 * 453?")
+        assert result.status == "completed", result.error
+        assert result.final_text == "27 * 453 = 12,231"  # thinking is not the answer
+        chunks = [event.payload["chunk"] for event in events if event.type == "model.chunk"]
+        assert [type(chunk) for chunk in chunks] == [al.ThinkingDelta] * 6 + [al.TextDelta]
+        assistant = result.messages[1]
+        assert isinstance(assistant, al.AssistantMessage)
+        assert assistant.content[0] == al.ThinkingBlock("".join(THINKING_STEPS), SIGNATURE)
+        assert assistant.usage is None
+        assert result.usage == al.Usage()  # a sum with an unknown part is unknown
+
+    def test_a_tool_turn_with_thinking_and_the_next_request_body(self) -> None:
+        model = canned_anthropic(thinking={"type": "enabled", "budget_tokens": 2048})
+        exchanges = canned(
+            model,
+            thinking_then_add({"input_tokens": 472, "output_tokens": 2}, {"output_tokens": 89}),
+            answer_parts("anthropic", ["5."]),
+        )
+        events, result = settle(model)
+        assert result.status == "completed", result.error
+        call = al.ToolCall("toolu_01", "add", {"left": 2, "right": 3})
+        assert [event.payload["chunk"] for event in events if event.type == "model.chunk"][:3] == [
+            al.ThinkingDelta("request-001", "I should add "),
+            al.ThinkingDelta("request-001", "2 and 3."),
+            al.ToolCallChunk("request-001", call),
+        ]
+        assert result.messages[1] == al.AssistantMessage(
+            "message-response-001",
+            [al.ThinkingBlock("I should add 2 and 3.", signature="sig-add"), call],
+            usage=al.Usage(input_tokens=472, output_tokens=89),
+        )
+        # The next step's body, key by key: the thinking block with its signature before
+        # the tool_use, in the same assistant turn, then the tool_result user turn.
+        sent = exchanges[1].body
+        assert list(sent) == ["model", "max_tokens", "messages", "stream", "thinking", "tools"]
+        assert sent["model"] == "test-model"
+        assert sent["max_tokens"] == 4096
+        assert sent["stream"] is True
+        assert sent["thinking"] == {"type": "enabled", "budget_tokens": 2048}
+        assert [tool["name"] for tool in sent["tools"]] == ["add", "multiply", "weather"]
+        user, assistant, results = sent["messages"]
+        assert user == {"role": "user", "content": "What is 2 + 3?"}
+        assert assistant == {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "I should add 2 and 3.", "signature": "sig-add"},
+                {
+                    "type": "tool_use",
+                    "id": "toolu_01",
+                    "name": "add",
+                    "input": {"left": 2, "right": 3},
+                },
+            ],
+        }
+        assert results == {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_01",
+                    "content": '{"sum":5}',
+                    "is_error": False,
+                }
+            ],
+        }
+
+    def test_the_readmes_tool_turn_with_thinking_is_what_is_sent(self) -> None:
+        with open(os.path.join(_HERE, "README.md"), encoding="utf-8") as file:
+            readme = file.read()
+        (shown,) = re.findall(r"^  ```json\n(.*?)^  ```$", readme, flags=re.M | re.S)
+        history = (
+            al.UserMessage("user-001", "What is 2 + 3?"),
+            al.AssistantMessage(
+                "message-response-001",
+                [
+                    al.ThinkingBlock("The user wants 2 + 3: the add tool does it.", SIGNATURE),
+                    al.ToolCall("toolu_01", "add", {"left": 2, "right": 3}),
+                ],
+                usage=al.Usage(input_tokens=472, output_tokens=89),
+            ),
+            al.ToolResultMessage("tool-result-toolu_01", "toolu_01", "add", '{"sum":5}', False),
+        )
+        model = providers.AnthropicMessagesModel(
+            "m", thinking={"type": "enabled", "budget_tokens": 2048}
+        )
+        sent = posted(model, request(history, SPECS, id="request-002"))["body"]
+        assert json.loads(shown) == sent["messages"]
+
+    def test_a_redacted_block_is_kept_and_sent_back_with_its_data(self) -> None:
+        parts = [
+            MESSAGE_START,
+            *anthropic_redacted(0, "EmwKAhgBEgy3va3pzix"),
+            *anthropic_thinking(1, signature="sig-empty"),  # thinking with no text
+            *anthropic_text(2, "Hello."),
+            *anthropic_end(),
+        ]
+        model = canned_anthropic()
+        exchanges = canned(model, parts, answer_parts("anthropic", ["Bye."]))
+        chunks, response = stream(model)
+        assert chunks == [al.TextDelta("request-001", "Hello.")]  # neither carries text
+        assert response.content == (
+            al.ThinkingBlock("", signature="EmwKAhgBEgy3va3pzix", redacted=True),
+            al.ThinkingBlock("", signature="sig-empty"),
+            al.TextBlock("Hello."),
+        )
+        turn = al.AssistantMessage("message-response-001", response.content)
+        history = (al.UserMessage("user-001", "Hi."), turn, al.UserMessage("user-002", "Bye?"))
+        stream(model, request(history, id="request-002"))
+        assert exchanges[1].body["messages"][1] == {
+            "role": "assistant",
+            "content": [
+                {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix"},
+                {"type": "thinking", "thinking": "", "signature": "sig-empty"},
+                {"type": "text", "text": "Hello."},
+            ],
+        }
+
+    def test_the_response_keeps_the_providers_block_order(self) -> None:
+        # Interleaved thinking: thinking, call, thinking, text; each text block on its own.
+        parts = [
+            MESSAGE_START,
+            *anthropic_thinking(0, "first", signature="s0"),
+            *anthropic_tool(1, "t1", "add", "{}"),
+            *anthropic_thinking(2, "second", signature="s2"),
+            *anthropic_text(3, "A"),
+            *anthropic_text(4, "B"),
+            *anthropic_end("tool_use"),
+        ]
+        chunks, response = parsed(providers._AnthropicAnswer(request()), *parts)
+        assert response.content == (
+            al.ThinkingBlock("first", "s0"),
+            al.ToolCall("t1", "add", {}),
+            al.ThinkingBlock("second", "s2"),
+            al.TextBlock("A"),
+            al.TextBlock("B"),
+        )
+        assert [type(chunk) for chunk in chunks] == [
+            al.ThinkingDelta,
+            al.ToolCallChunk,
+            al.ThinkingDelta,
+            al.TextDelta,
+            al.TextDelta,
+        ]
+
+    def test_a_thinking_blocks_start_text_and_signatures(self) -> None:
+        # Text in the start counts as a delta; the last signature_delta wins; a block
+        # without any signature, or with "", has none; a block that message_stop ends
+        # without its stop is kept.
+        start = {"type": "thinking", "thinking": "Hm, ", "signature": ""}
+        parts = [
+            MESSAGE_START,
+            anthropic_event("content_block_start", index=0, content_block=start),
+            anthropic_event(
+                "content_block_delta", index=0, delta={"type": "signature_delta", "signature": "a"}
+            ),
+            anthropic_event(
+                "content_block_delta", index=0, delta={"type": "signature_delta", "signature": "b"}
+            ),
+            anthropic_event("content_block_stop", index=0),
+            *anthropic_thinking(1, "no signature", signature=None),
+            *anthropic_thinking(2, "empty signature", signature=""),
+            *anthropic_thinking(3, "open", signature="s3")[:-1],
+            anthropic_event("message_stop"),
+        ]
+        chunks, response = parsed(providers._AnthropicAnswer(request()), *parts)
+        assert chunks[0] == al.ThinkingDelta("request-001", "Hm, ")
+        assert response.content == (
+            al.ThinkingBlock("Hm, ", "b"),
+            al.ThinkingBlock("no signature"),
+            al.ThinkingBlock("empty signature"),
+            al.ThinkingBlock("open", "s3"),
+        )
+
+    def test_openai_reasoning_content_then_content_then_usage(self) -> None:
+        chunks, response = parsed(providers._OpenAIAnswer(request()), OPENAI_REASONING_STREAM)
+        assert chunks == [
+            al.ThinkingDelta("request-001", "27 * 453: "),
+            al.ThinkingDelta("request-001", "10,800 + 1,431."),
+            al.TextDelta("request-001", "12,231"),
+        ]
+        assert response == al.ModelResponse(
+            "response-001",
+            "request-001",
+            [al.ThinkingBlock("27 * 453: 10,800 + 1,431."), al.TextBlock("12,231")],
+            "stop",
+            al.Usage(input_tokens=4, output_tokens=45, cache_read_tokens=16, reasoning_tokens=41),
+        )
+
+    @pytest.mark.parametrize(
+        ("delta", "thinking"),
+        [
+            pytest.param({"reasoning": "OpenRouter's"}, "OpenRouter's", id="reasoning"),
+            pytest.param({"reasoning_content": "vLLM's"}, "vLLM's", id="reasoning-content"),
+            pytest.param(
+                {"reasoning_content": "once", "reasoning": "once"}, "once", id="both-the-same"
+            ),
+            pytest.param({"reasoning_content": None, "reasoning": "r"}, "r", id="null-first"),
+        ],
+    )
+    def test_openai_reasoning_fields(self, delta: Dict[str, Any], thinking: str) -> None:
+        _, response = parsed(
+            providers._OpenAIAnswer(request()), openai_chunk(delta), openai_chunk({}, "stop"), DONE
+        )
+        assert response.content == (al.ThinkingBlock(thinking),)
+
+    def test_openai_thinking_text_and_calls_are_each_others_boundaries(self) -> None:
+        parts = [
+            openai_chunk({"reasoning_content": "a"}),
+            openai_chunk({"reasoning_content": "b"}),
+            openai_call(0, "c1", "add", "{}"),
+            openai_chunk({"reasoning_content": "c"}),  # the call is complete: thinking began
+            openai_chunk({"content": "d"}),
+            openai_chunk({"reasoning_content": "e", "content": "f"}),  # thinking first
+            openai_chunk({}, "stop"),
+            DONE,
+        ]
+        chunks, response = parsed(providers._OpenAIAnswer(request()), *parts)
+        call = al.ToolCall("c1", "add", {})
+        assert chunks[2:4] == [
+            al.ToolCallChunk("request-001", call),
+            al.ThinkingDelta("request-001", "c"),
+        ]
+        assert response.content == (
+            al.ThinkingBlock("ab"),
+            call,
+            al.ThinkingBlock("c"),
+            al.TextBlock("d"),
+            al.ThinkingBlock("e"),
+            al.TextBlock("f"),
+        )
+
+    def test_thinking_in_a_run_through_the_loop(self) -> None:
+        events, result = settle(canned_openai([OPENAI_REASONING_STREAM]))
+        assert result.status == "completed", result.error
+        assert result.final_text == "12,231"
+        usage = al.Usage(
+            input_tokens=4, output_tokens=45, cache_read_tokens=16, reasoning_tokens=41
+        )
+        assert result.usage == usage
+        assistant = result.messages[1]
+        assert isinstance(assistant, al.AssistantMessage)
+        assert assistant.usage == usage
+        assert assistant.content[0] == al.ThinkingBlock("27 * 453: 10,800 + 1,431.")
+        thinking = [
+            event.payload["chunk"]
+            for event in events
+            if event.type == "model.chunk" and isinstance(event.payload["chunk"], al.ThinkingDelta)
+        ]
+        assert len(thinking) == 2
+
+
+class TestUsage:
+    """The provider's counts, mapped to Usage's meaning; None for what it did not say."""
+
+    @pytest.mark.parametrize(
+        ("start", "end", "usage"),
+        [
+            pytest.param(  # the documentation's tool-use example
+                {"input_tokens": 472, "output_tokens": 2},
+                {"output_tokens": 89},
+                al.Usage(input_tokens=472, output_tokens=89),
+                id="tool-use-example",
+            ),
+            pytest.param(  # the web-search example: message_delta repeats every count
+                {
+                    "input_tokens": 2679,
+                    "cache_creation_input_tokens": 0,
+                    "cache_read_input_tokens": 0,
+                    "output_tokens": 3,
+                },
+                {
+                    "input_tokens": 10682,
+                    "cache_creation_input_tokens": 0,
+                    "cache_read_input_tokens": 0,
+                    "output_tokens": 510,
+                    "server_tool_use": {"web_search_requests": 1},
+                },
+                al.Usage(
+                    input_tokens=10682,
+                    output_tokens=510,
+                    cache_read_tokens=0,
+                    cache_write_tokens=0,
+                ),
+                id="web-search-example",
+            ),
+            pytest.param(
+                {"input_tokens": 5, "cache_read_input_tokens": 1200, "output_tokens": 1},
+                {"output_tokens": 7, "cache_creation_input_tokens": None},
+                al.Usage(input_tokens=5, output_tokens=7, cache_read_tokens=1200),
+                id="cache-read-null-kept-none",
+            ),
+            pytest.param({}, {}, None, id="nothing-said"),
+        ],
+    )
+    def test_anthropic_message_start_and_the_last_message_delta(
+        self, start: Dict[str, Any], end: Dict[str, Any], usage: Optional[al.Usage]
+    ) -> None:
+        _, response = parsed(providers._AnthropicAnswer(request()), *thinking_then_add(start, end))
+        assert response.usage == usage
+
+    def test_anthropic_without_any_usage_object(self) -> None:
+        parts = [
+            anthropic_event("message_start", message={"id": "m", "content": []}),
+            *anthropic_text(0, "Hi"),
+            anthropic_event("message_delta", delta={"stop_reason": "end_turn"}),
+            anthropic_event("message_stop"),
+        ]
+        assert parsed(providers._AnthropicAnswer(request()), *parts)[1].usage is None
+
+    @pytest.mark.parametrize(
+        ("usage", "expected"),
+        [
+            pytest.param(
+                {"prompt_tokens": 20, "completion_tokens": 5, "total_tokens": 25},
+                al.Usage(input_tokens=20, output_tokens=5),
+                id="no-details-llmock",
+            ),
+            pytest.param(
+                {
+                    "prompt_tokens": 2006,
+                    "completion_tokens": 300,
+                    "prompt_tokens_details": {"cached_tokens": 1920, "audio_tokens": 0},
+                    "completion_tokens_details": {"reasoning_tokens": 0},
+                },
+                al.Usage(
+                    input_tokens=86, output_tokens=300, cache_read_tokens=1920, reasoning_tokens=0
+                ),
+                id="openai-cached",
+            ),
+            pytest.param(
+                {"prompt_tokens": 16, "cached_tokens": 9, "prompt_tokens_details": None},
+                al.Usage(input_tokens=16),
+                id="null-details",
+            ),
+            pytest.param(
+                {"prompt_tokens_details": {"cached_tokens": 3}, "completion_tokens": 1},
+                al.Usage(output_tokens=1, cache_read_tokens=3),
+                id="no-prompt-tokens",
+            ),
+            pytest.param(
+                {"prompt_tokens": 3, "prompt_tokens_details": {"cached_tokens": 3}},
+                al.Usage(input_tokens=0, cache_read_tokens=3),
+                id="all-cached",
+            ),
+            pytest.param({}, None, id="empty"),
+        ],
+    )
+    def test_openai_usage_chunk(self, usage: Dict[str, Any], expected: Optional[al.Usage]) -> None:
+        parts = [openai_chunk({"content": "Hi"}), openai_chunk({}, "stop"), openai_usage(usage)]
+        _, response = parsed(providers._OpenAIAnswer(request()), *parts, DONE)
+        assert response.usage == expected
+
+    def test_openai_the_last_usage_object_wins_and_null_is_none(self) -> None:
+        # vLLM's continuous usage: a usage object on every chunk, the last one the total.
+        parts = [
+            openai_chunk({"content": "a"})[:-3]
+            + b',"usage":{"prompt_tokens":3,"completion_tokens":1}}\n\n',
+            openai_chunk({"content": "b"})[:-3] + b',"usage":null}\n\n',
+            openai_usage({"prompt_tokens": 3, "completion_tokens": 2}),
+            DONE,
+        ]
+        _, response = parsed(providers._OpenAIAnswer(request()), *parts)
+        assert response.usage == al.Usage(input_tokens=3, output_tokens=2)
+
+    def test_openai_without_usage_is_unknown(self) -> None:
+        _, response = parsed(providers._OpenAIAnswer(request()), OPENAI_TEXT_STREAM)
+        assert response.usage is None
+
+    def test_the_usage_chunk_after_the_finish_is_read_before_the_answer_ends(self) -> None:
+        # The finish is not the end: the usage chunk comes after it, then [DONE].
+        parts = [
+            openai_chunk({"content": "Hi"}),
+            openai_chunk({}, "stop"),
+            openai_usage({"prompt_tokens": 7, "completion_tokens": 1}),
+            DONE,
+        ]
+        model = canned_openai()
+        (exchange,) = canned(model, parts)
+        _, response = stream(model)
+        assert response.usage == al.Usage(input_tokens=7, output_tokens=1)
+        assert exchange.reads == 4
+        assert exchange.body["stream_options"] == {"include_usage": True}
+
+    def test_a_runs_usage_is_the_sum_of_its_responses(self) -> None:
+        model = canned_anthropic(
+            thinking_then_add({"input_tokens": 100, "output_tokens": 1}, {"output_tokens": 30}),
+            [
+                anthropic_event(
+                    "message_start",
+                    message={"id": "m2", "usage": {"input_tokens": 150, "output_tokens": 1}},
+                ),
+                *anthropic_text(0, "5."),
+                anthropic_event(
+                    "message_delta", delta={"stop_reason": "end_turn"}, usage={"output_tokens": 4}
+                ),
+                anthropic_event("message_stop"),
+            ],
+        )
+        _, result = settle(model)
+        assert result.status == "completed", result.error
+        assert result.usage == al.Usage(input_tokens=250, output_tokens=34)
 
 
 class TestIds:
@@ -1333,6 +2072,36 @@ class TestIncompleteAnswers:
                 id="array",
             ),
             pytest.param([b"data: \xff\xfe\n\n"], ["not UTF-8"], id="utf-8"),
+            pytest.param(
+                [openai_chunk({"reasoning_content": 1}), DONE],
+                ["delta.reasoning is not a string"],
+                id="reasoning-not-str",
+            ),
+            pytest.param([openai_usage([1]), DONE], ["usage is not an object"], id="usage-list"),
+            *[
+                pytest.param([openai_usage(usage), DONE], [words], id=name)
+                for name, usage, words in [
+                    ("prompt-str", {"prompt_tokens": "7"}, "usage prompt_tokens is not an int"),
+                    ("output-bool", {"completion_tokens": True}, "completion_tokens is not"),
+                    ("prompt-negative", {"prompt_tokens": -1}, "is not an int >= 0"),
+                    ("details-int", {"prompt_tokens_details": 3}, "prompt details is not an"),
+                    (
+                        "completion-details-list",
+                        {"completion_tokens_details": []},
+                        "completion details is not an object",
+                    ),
+                    (
+                        "reasoning-float",
+                        {"completion_tokens_details": {"reasoning_tokens": 1.0}},
+                        "usage reasoning_tokens is not an int",
+                    ),
+                    (
+                        "cached-over-prompt",
+                        {"prompt_tokens": 3, "prompt_tokens_details": {"cached_tokens": 4}},
+                        "more cached tokens than prompt tokens",
+                    ),
+                ]
+            ],
         ],
     )
     def test_openai(self, parts: List[bytes], words: List[str]) -> None:
@@ -1511,6 +2280,136 @@ class TestIncompleteAnswers:
                 ["a tool call has no name"],
                 id="no-name",
             ),
+            *[
+                pytest.param(
+                    [
+                        MESSAGE_START,
+                        anthropic_text(0)[0],
+                        anthropic_data(cast(Dict[str, Any], event)),
+                    ],
+                    [words],
+                    id=name,
+                )
+                for name, event, words in [
+                    (
+                        "thinking-delta-for-text",
+                        {
+                            "type": "content_block_delta",
+                            "index": 0,
+                            "delta": {"type": "thinking_delta", "thinking": "x"},
+                        },
+                        "thinking_delta for a block that is not thinking",
+                    ),
+                    (
+                        "signature-for-text",
+                        {
+                            "type": "content_block_delta",
+                            "index": 0,
+                            "delta": {"type": "signature_delta", "signature": "s"},
+                        },
+                        "signature_delta for a block that is not thinking",
+                    ),
+                    (
+                        "usage-list",
+                        {"type": "message_delta", "delta": {}, "usage": [1]},
+                        "usage is not an object",
+                    ),
+                    (
+                        "usage-negative",
+                        {"type": "message_delta", "delta": {}, "usage": {"output_tokens": -1}},
+                        "usage output_tokens is not an int >= 0",
+                    ),
+                    (
+                        "usage-bool",
+                        {"type": "message_delta", "delta": {}, "usage": {"input_tokens": True}},
+                        "usage input_tokens is not an int",
+                    ),
+                    (
+                        "usage-str",
+                        {
+                            "type": "message_delta",
+                            "delta": {},
+                            "usage": {"cache_read_input_tokens": "5"},
+                        },
+                        "usage cache_read_input_tokens is not an int",
+                    ),
+                ]
+            ],
+            *[
+                pytest.param(
+                    [
+                        MESSAGE_START,
+                        anthropic_thinking(0)[0],
+                        anthropic_data(cast(Dict[str, Any], event)),
+                    ],
+                    [words],
+                    id=name,
+                )
+                for name, event, words in [
+                    (
+                        "text-delta-for-thinking",
+                        {
+                            "type": "content_block_delta",
+                            "index": 0,
+                            "delta": {"type": "text_delta", "text": "x"},
+                        },
+                        "text_delta for a block that is not text",
+                    ),
+                    (
+                        "json-for-thinking",
+                        {
+                            "type": "content_block_delta",
+                            "index": 0,
+                            "delta": {"type": "input_json_delta", "partial_json": "{}"},
+                        },
+                        "input_json_delta without a tool_use block",
+                    ),
+                    (
+                        "thinking-not-str",
+                        {
+                            "type": "content_block_delta",
+                            "index": 0,
+                            "delta": {"type": "thinking_delta", "thinking": 5},
+                        },
+                        "thinking that is not a string",
+                    ),
+                    (
+                        "signature-not-str",
+                        {
+                            "type": "content_block_delta",
+                            "index": 0,
+                            "delta": {"type": "signature_delta", "signature": ["s"]},
+                        },
+                        "a signature that is not a string",
+                    ),
+                ]
+            ],
+            pytest.param(
+                [MESSAGE_START, *anthropic_redacted(0, "")],
+                ["a redacted_thinking block without its data"],
+                id="redacted-empty",
+            ),
+            pytest.param(
+                [
+                    MESSAGE_START,
+                    anthropic_event(
+                        "content_block_start", index=0, content_block={"type": "redacted_thinking"}
+                    ),
+                    anthropic_event("message_stop"),
+                ],
+                ["a redacted_thinking block without its data"],
+                id="redacted-no-data-open",
+            ),
+            pytest.param(
+                [anthropic_event("message_start", message="msg_1")],
+                ["message_start's message is not an object"],
+                id="message-not-object",
+            ),
+            pytest.param(
+                [MESSAGE_START, *anthropic_text(0, "a"), anthropic_text(0, "b")[0]],
+                ["not a new block"],
+                id="index-reused-after-its-stop",
+            ),
         ],
     )
     def test_anthropic(self, parts: List[bytes], words: List[str]) -> None:
@@ -1547,7 +2446,10 @@ class TestIncompleteAnswers:
 
     def test_the_end_of_the_input_after_the_marker_is_fine(self) -> None:
         answer = providers._OpenAIAnswer(request())
-        assert answer.feed(OPENAI_TEXT_STREAM) == ["Hello", ", world"]
+        assert answer.feed(OPENAI_TEXT_STREAM) == [
+            al.TextDelta("request-001", "Hello"),
+            al.TextDelta("request-001", ", world"),
+        ]
         assert answer.feed(b"") == []
         assert answer.response().content == (al.TextBlock("Hello, world"),)
 
@@ -1556,14 +2458,17 @@ class TestIncompleteAnswers:
 
 _PROVIDERS = pytest.mark.parametrize("provider", ["openai", "anthropic"])
 
-_Item = Union[str, Tuple[str, str, Dict[str, Any]]]
-"""One piece of a scripted answer: a text delta, or a tool call (id, name, arguments)."""
+_Item = Union[str, al.ThinkingBlock, Tuple[str, str, Dict[str, Any]]]
+"""One piece of a scripted answer: a text delta, a thinking delta (a ThinkingBlock of its
+text), or a tool call (id, name, arguments)."""
 
 
 def answer_parts(provider: str, items: Sequence[_Item], end: Optional[str] = None) -> List[bytes]:
-    """The provider's event stream for items, one event per text delta, with its end.
+    """The provider's event stream for items, one event per delta, with its end.
 
-    ``end`` is the finish (OpenAI) or stop (Anthropic) reason; None: the usual one.
+    Anthropic: each run of text or of thinking is one block (a thinking block's signature
+    is ``sig-<index>``). ``end`` is the finish (OpenAI) or stop (Anthropic) reason; None:
+    the usual one.
     """
     parts: List[bytes] = []
     if provider == "openai":
@@ -1571,33 +2476,45 @@ def answer_parts(provider: str, items: Sequence[_Item], end: Optional[str] = Non
         for item in items:
             if isinstance(item, str):
                 parts.append(openai_chunk({"content": item}))
+            elif isinstance(item, al.ThinkingBlock):
+                parts.append(openai_chunk({"reasoning_content": item.thinking}))
             else:
                 parts.append(openai_call(calls, item[0], item[1], json.dumps(item[2])))
                 calls += 1
         return [*parts, openai_chunk({}, end or "stop"), DONE]
     parts.append(MESSAGE_START)
     index = 0
-    text_open = False
+    open_block: Optional[str] = None  # the type of the block being streamed
     for item in items:
-        if isinstance(item, str):
-            if not text_open:
-                parts.append(anthropic_text(index)[0])
-                text_open = True
-            parts.append(
-                anthropic_event(
-                    "content_block_delta", index=index, delta={"type": "text_delta", "text": item}
-                )
-            )
-            continue
-        if text_open:
-            parts.append(anthropic_event("content_block_stop", index=index))
+        kind = "text" if isinstance(item, str) else "thinking"
+        if open_block is not None and (isinstance(item, tuple) or kind != open_block):
+            parts.extend(anthropic_block_end(index, open_block))
             index += 1
-            text_open = False
-        parts.extend(anthropic_tool(index, item[0], item[1], json.dumps(item[2])))
-        index += 1
-    if text_open:
-        parts.append(anthropic_event("content_block_stop", index=index))
+            open_block = None
+        if isinstance(item, tuple):
+            parts.extend(anthropic_tool(index, item[0], item[1], json.dumps(item[2])))
+            index += 1
+            continue
+        if open_block is None:
+            parts.append((anthropic_text if kind == "text" else anthropic_thinking)(index)[0])
+            open_block = kind
+        if isinstance(item, str):
+            delta = {"type": "text_delta", "text": item}
+        else:
+            delta = {"type": "thinking_delta", "thinking": item.thinking}
+        parts.append(anthropic_event("content_block_delta", index=index, delta=delta))
+    if open_block is not None:
+        parts.extend(anthropic_block_end(index, open_block))
     return [*parts, *anthropic_end(end or "end_turn")]
+
+
+def anthropic_block_end(index: int, kind: str) -> List[bytes]:
+    """The end of a text or thinking block: a thinking block's signature, then its stop."""
+    stop = anthropic_event("content_block_stop", index=index)
+    if kind == "text":
+        return [stop]
+    delta = {"type": "signature_delta", "signature": f"sig-{index}"}
+    return [anthropic_event("content_block_delta", index=index, delta=delta), stop]
 
 
 def canned_model(provider: str, *attempts: _Attempt, **arguments: Any) -> al.Model:
@@ -1621,6 +2538,27 @@ def chunk_texts(events: Sequence[al.Event]) -> List[Union[str, al.ToolCall]]:
     """What the step streamed: each chunk's text, or its tool call."""
     chunks = [event.payload["chunk"] for event in events if event.type == "model.chunk"]
     return [chunk.text if isinstance(chunk, al.TextDelta) else chunk.tool_call for chunk in chunks]
+
+
+def chunk_sizes(events: Sequence[al.Event], request_id: str = "request-001") -> List[str]:
+    """What a step streamed, chunk by chunk: "text:<size>", "thinking:<size>" or "call"."""
+    sizes = []
+    for event in events:
+        if event.type != "model.chunk" or event.payload["request_id"] != request_id:
+            continue
+        chunk = event.payload["chunk"]
+        if isinstance(chunk, al.TextDelta):
+            sizes.append(f"text:{len(chunk.text)}")
+        elif isinstance(chunk, al.ThinkingDelta):
+            sizes.append(f"thinking:{len(chunk.thinking)}")
+        else:
+            sizes.append("call")
+    return sizes
+
+
+def thinking_events(count: int) -> List[_Item]:
+    """count thinking deltas of one code point each."""
+    return [al.ThinkingBlock(character) for character in one_character_events(count)]
 
 
 def doubling(*levels: int) -> List[int]:
@@ -1743,6 +2681,82 @@ class TestLongAnswers:
             assert "more than 1024 chunks" in result.error.message
 
     @_PROVIDERS
+    def test_65536_of_thinking_and_65536_of_text_take_864_chunks(self, provider: str) -> None:
+        # Thinking counts as text does; its code points are bounded on their own.
+        thinking, text = thinking_events(al.MAX_STEP_TEXT), one_character_events(al.MAX_STEP_TEXT)
+        events, result = self.settle_items(provider, [*thinking, *text])
+        assert result.status == "completed", result.error
+        assert result.final_text == "".join(text)
+        sizes = chunk_sizes(events)
+        thought = [f"thinking:{size}" for size in [1] * 512 + doubling(*range(1, 10))]
+        # 31 full chunks, then the 576 left, flushed when the text begins; then 32 full
+        # chunks of the next minimum.
+        assert sizes == [
+            *thought,
+            *["thinking:1024"] * 31,
+            "thinking:576",
+            *["text:2048"] * 32,
+        ]
+        assert len(sizes) == 864
+        assistant = result.messages[1]
+        assert isinstance(assistant, al.AssistantMessage)
+        signature = "sig-0" if provider == "anthropic" else None
+        assert assistant.content == (
+            al.ThinkingBlock(
+                "".join(cast(al.ThinkingBlock, item).thinking for item in thinking), signature
+            ),
+            al.TextBlock("".join(text)),
+        )
+
+    @_PROVIDERS
+    def test_one_code_point_more_of_thinking_fails_the_run(self, provider: str) -> None:
+        _, result = self.settle_items(provider, thinking_events(al.MAX_STEP_TEXT + 1))
+        assert result.status == "failed"
+        assert result.error is not None
+        assert result.error.code == "MODEL_PROTOCOL_ERROR"
+        assert "more than 65536 code points of thinking" in result.error.message
+        assert len(result.messages) == 1
+
+    @_PROVIDERS
+    def test_a_change_between_thinking_and_text_flushes_the_buffer(self, provider: str) -> None:
+        # 601 thinking: 512 chunks of 1, 32 of 2, 6 of 4, and 1 buffered, which the text
+        # flushes; then 10 of text: 4, 4, and the 2 that the end flushes.
+        items = [*thinking_events(601), *one_character_events(10)]
+        events, result = self.settle_items(provider, items)
+        assert result.status == "completed", result.error
+        assert chunk_sizes(events) == [
+            *["thinking:1"] * 512,
+            *["thinking:2"] * 32,
+            *["thinking:4"] * 6,
+            "thinking:1",
+            "text:4",
+            "text:4",
+            "text:2",
+        ]
+
+    @_PROVIDERS
+    @pytest.mark.parametrize(("calls", "completes"), [(80, True), (81, False)])
+    def test_the_guarantee_with_thinking_80_tool_calls_in_the_worst_order(
+        self, provider: str, calls: int, completes: bool
+    ) -> None:
+        # 64,960 of thinking fill 831 chunks exactly, and 64,512 of text 32 more (863 full
+        # chunks, the most that 131,072 code points fill); then each call comes after one
+        # buffered character of thinking, so it costs two chunks; one ends the answer.
+        items: List[_Item] = [*thinking_events(64_960), *one_character_events(64_512)]
+        for number in range(calls):
+            items.extend([al.ThinkingBlock("y"), (f"c{number}", "add", ADD)])
+        items.append(al.ThinkingBlock("!"))
+        events, result = self.settle_items(provider, items, answer_parts(provider, ["3"]))
+        if completes:
+            assert result.status == "completed", result.error
+            assert len(chunk_sizes(events)) == al.MAX_STEP_CHUNKS  # exactly the limit
+        else:
+            assert result.status == "failed"
+            assert result.error is not None
+            assert result.error.code == "MODEL_PROTOCOL_ERROR"
+            assert "more than 1024 chunks" in result.error.message
+
+    @_PROVIDERS
     def test_the_first_delta_is_yielded_before_the_next_bytes_are_read(
         self, provider: str
     ) -> None:
@@ -1808,6 +2822,8 @@ class TestAcceptTruncated:
         [
             pytest.param([], id="empty"),
             pytest.param(["Adding.", ("c1", "add", ADD)], id="call-last"),
+            pytest.param([al.ThinkingBlock("Let me think")], id="thinking-only"),
+            pytest.param(["Hm.", al.ThinkingBlock("More thought")], id="thinking-last"),
         ],
     )
     def test_an_answer_that_does_not_end_in_text_still_fails(
@@ -1832,6 +2848,20 @@ class TestAcceptTruncated:
         ]
         with pytest.raises(providers.ProviderError, match="while a tool call was streamed"):
             parsed(answer, *parts)
+
+    @_PROVIDERS
+    def test_text_after_thinking_is_accepted_with_the_thinking(self, provider: str) -> None:
+        cut = "length" if provider == "openai" else "max_tokens"
+        items: List[_Item] = [al.ThinkingBlock("Plan."), "Once upon"]
+        _, result = settle(
+            canned_model(provider, answer_parts(provider, items, end=cut), accept_truncated=True)
+        )
+        assert result.status == "completed", result.error
+        assert result.final_text == "Once upon"
+        assistant = result.messages[1]
+        assert isinstance(assistant, al.AssistantMessage)
+        signature = "sig-0" if provider == "anthropic" else None
+        assert assistant.content[0] == al.ThinkingBlock("Plan.", signature)
 
     def test_text_after_a_complete_call_is_accepted_with_the_call(self) -> None:
         answer = providers._OpenAIAnswer(request(), accept_truncated=True)
@@ -2860,6 +3890,131 @@ class TestCommandLine:
         assert (server.body()["max_tokens"], server.body(1)["max_tokens"]) == (9, 4096)
         assert server.body(1)["top_k"] == 3
 
+    def test_thinking_streams_apart_and_the_result_says_the_usage(
+        self, server: Server, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        start = {"input_tokens": 100, "cache_read_input_tokens": 30, "output_tokens": 1}
+        first = [
+            anthropic_event("message_start", message={"id": "m1", "usage": start}),
+            *anthropic_thinking(0, "Add:\n", "2 + 3", signature="sig-add"),
+            *anthropic_tool(1, "toolu_01", "add", '{"left": 2, "right": 3}'),
+            anthropic_event(
+                "message_delta", delta={"stop_reason": "tool_use"}, usage={"output_tokens": 20}
+            ),
+            anthropic_event("message_stop"),
+        ]
+        start = {"input_tokens": 120, "cache_read_input_tokens": 30, "output_tokens": 1}
+        second = [
+            anthropic_event("message_start", message={"id": "m2", "usage": start}),
+            *anthropic_thinking(0, "Say it.", signature="sig-say"),
+            *anthropic_text(1, "5."),
+            anthropic_event(
+                "message_delta", delta={"stop_reason": "end_turn"}, usage={"output_tokens": 4}
+            ),
+            anthropic_event("message_stop"),
+        ]
+        server.script(Reply(first), Reply(second))
+        argv = _argv(server, "anthropic", "--thinking", "2048", "2+3?")
+        assert providers.main(argv) == 0
+        assert capsys.readouterr().out == (
+            "> Add:\n"
+            "> 2 + 3\n"
+            '-> add({"left": 2, "right": 3}) [toolu_01]\n'
+            '<- add ok: {"sum":5}\n'
+            "> Say it.\n"
+            "5.\n"
+            "result: completed, 2 step(s), 4 messages, usage: 220 in, 24 out, 60 cache read\n"
+        )
+        assert server.body()["thinking"] == {"type": "enabled", "budget_tokens": 2048}
+        assert server.body(1)["messages"][1]["content"][0] == {
+            "type": "thinking",
+            "thinking": "Add:\n2 + 3",
+            "signature": "sig-add",
+        }
+
+    def test_openai_reasoning_then_the_answer_and_reasoning_tokens(
+        self, server: Server, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        server.script(Reply([OPENAI_REASONING_STREAM]))
+        assert providers.main(_argv(server, "openai", "27 * 453?")) == 0
+        assert capsys.readouterr().out == (
+            "> 27 * 453: 10,800 + 1,431.\n"
+            "12,231\n"
+            "result: completed, 1 step(s), 2 messages, "
+            "usage: 4 in, 45 out, 16 cache read, 41 reasoning\n"
+        )
+        assert server.body()["stream_options"] == {"include_usage": True}
+
+    def test_thinking_that_ends_its_line_and_a_blank_line_in_it(
+        self, server: Server, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        server.script(
+            Reply(
+                [
+                    openai_chunk({"reasoning_content": "One.\n\nTwo"}),
+                    openai_chunk({"reasoning_content": " and three.\n"}),
+                    openai_chunk({"content": "Done."}),
+                    DONE,
+                ]
+            )
+        )
+        assert providers.main(_argv(server, "openai", "Count.")) == 0
+        assert capsys.readouterr().out == (
+            "> One.\n\n> Two and three.\nDone.\nresult: completed, 1 step(s), 2 messages\n"
+        )
+
+    @pytest.mark.parametrize(
+        ("argv", "budget"),
+        [
+            pytest.param(["--thinking", "1024"], 1024, id="the-least"),
+            pytest.param(["--thinking", "4095"], 4095, id="below-the-default-limit"),
+            pytest.param(["--thinking", "2048", "--max-tokens", "2049"], 2048, id="below-limit"),
+        ],
+    )
+    def test_the_thinking_budget_reaches_the_body(
+        self, server: Server, capsys: pytest.CaptureFixture[str], argv: List[str], budget: int
+    ) -> None:
+        server.script(Reply(answer_parts("anthropic", ["Hi"])))
+        assert providers.main(_argv(server, "anthropic", *argv, "Hi")) == 0
+        assert server.body()["thinking"] == {"type": "enabled", "budget_tokens": budget}
+
+    def test_json_lines_with_thinking_and_usage_replay_as_events(
+        self, server: Server, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        server.script(Reply([OPENAI_REASONING_STREAM]))
+        assert providers.main(_argv(server, "openai", "--json", "27 * 453?")) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert not any(line.startswith(">") for line in lines)
+        events = [al.event_from_dict(json.loads(line)) for line in lines]
+        assert [json.dumps(event.to_dict(), ensure_ascii=False) for event in events] == lines
+        assert events[1].payload["chunk"] == al.ThinkingDelta("request-001", "27 * 453: ")
+        result = events[-1].payload["result"]
+        assert result.usage == al.Usage(
+            input_tokens=4, output_tokens=45, cache_read_tokens=16, reasoning_tokens=41
+        )
+        assert json.loads(lines[-1])["payload"]["result"]["usage"] == {
+            "input": 4,
+            "output": 45,
+            "cacheRead": 16,
+            "reasoning": 41,
+        }
+
+    @pytest.mark.parametrize(
+        ("usage", "text"),
+        [
+            pytest.param(None, "", id="no-response"),
+            pytest.param(al.Usage(), "", id="nothing-known"),
+            pytest.param(al.Usage(output_tokens=0), "0 out", id="zero-is-known"),
+            pytest.param(
+                al.Usage(1, 2, 3, 4, 5),
+                "1 in, 2 out, 3 cache read, 4 cache write, 5 reasoning",
+                id="everything",
+            ),
+        ],
+    )
+    def test_the_usage_says_only_what_is_known(self, usage: Optional[al.Usage], text: str) -> None:
+        assert providers._usage_text(usage) == text
+
     def test_accept_truncated_and_its_warning_on_stderr(
         self, server: Server, capsys: pytest.CaptureFixture[str]
     ) -> None:
@@ -2908,6 +4063,24 @@ class TestCommandLine:
                     ("option-nan", ["--option", "temperature=NaN"]),
                     ("option-owned", ["--option", "stream=false"]),
                     ("tokens-twice", ["--max-tokens", "5", "--option", "max_tokens=6"]),
+                    ("thinking-for-openai", ["--thinking", "2048"]),
+                ]
+            ],
+            *[
+                pytest.param(
+                    [
+                        *("--provider", "anthropic", "--base-url", "http://h", "--model", "m"),
+                        *more,
+                        "p",
+                    ],
+                    id=name,
+                )
+                for name, more in [
+                    ("thinking-below-1024", ["--thinking", "1023"]),
+                    ("thinking-text", ["--thinking", "lots"]),
+                    ("thinking-at-the-default-limit", ["--thinking", "4096"]),
+                    ("thinking-at-the-limit", ["--thinking", "2048", "--max-tokens", "2048"]),
+                    ("thinking-owned", ["--option", 'thinking={"type": "adaptive"}']),
                 ]
             ],
             pytest.param(
@@ -3273,6 +4446,36 @@ class TestLLMock:
         assert result.status == "completed", result.error
         assert result.final_text == words
         assert sum(event.type == "model.chunk" for event in events) <= al.MAX_STEP_CHUNKS
+
+    @_BOTH
+    def test_usage_is_asked_for_and_is_what_llmock_counts(
+        self, mock: LLMock, provider: str
+    ) -> None:
+        reply = {"type": "reply", "text": "The sum is 42, as asked."}
+        mock.scenario(reply, reply)  # the second for the same request, not streamed
+        arguments: Dict[str, Any] = {"system": "Be brief."}
+        if provider == "anthropic":  # llmock takes the setting (and sends no thinking)
+            arguments["thinking"] = {"type": "enabled", "budget_tokens": 1024}
+        _, result = settle(_model(mock, provider, **arguments), "Add 20 and 22.")
+        assert result.status == "completed", result.error
+        sent = mock.requests()[0]["body"]
+        # The same body, not streamed: llmock's own count of this request.
+        body = {key: value for key, value in sent.items() if key != "stream_options"}
+        body["stream"] = False
+        path = "/v1/chat/completions" if provider == "openai" else "/anthropic/v1/messages"
+        counted = mock.admin("POST", path, body)["usage"]
+        if provider == "openai":
+            assert sent["stream_options"] == {"include_usage": True}
+            expected = al.Usage(counted["prompt_tokens"], counted["completion_tokens"])
+        else:
+            assert sent["thinking"] == {"type": "enabled", "budget_tokens": 1024}
+            expected = al.Usage(counted["input_tokens"], counted["output_tokens"])
+        assert expected.input_tokens  # counted, not 0
+        assert expected.output_tokens
+        assistant = result.messages[1]
+        assert isinstance(assistant, al.AssistantMessage)
+        assert assistant.usage == expected  # llmock reports no cache or reasoning counts
+        assert result.usage == expected
 
     @_BOTH
     def test_a_cut_answer_accepted(self, mock: LLMock, provider: str) -> None:
