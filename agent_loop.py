@@ -421,7 +421,8 @@ class _Run:
         _check_request_id(response.request_id, request)
         if not _is_id(response.id):
             raise _Problem(f"a response id must be a non-empty str, got {response.id!r}")
-        if response.stop_reason not in _STOP_REASONS:
+        # Exactly a str first: `in` would run the value's own __eq__.
+        if not _is_text(response.stop_reason) or response.stop_reason not in _STOP_REASONS:
             raise _Problem(
                 f"unknown stop reason {response.stop_reason!r} (expected one of {_STOP_REASONS})"
             )
@@ -675,15 +676,27 @@ def _checked_thinking(block: ThinkingBlock) -> ThinkingBlock:
     if block.redacted and (block.thinking != "" or not block.signature):
         raise _Problem(
             "a redacted thinking block holds its data as a non-empty 'signature' and its "
-            f"'thinking' is \"\": got thinking {block.thinking!r}, signature "
-            f"{block.signature!r}"
+            f"'thinking' is \"\": got thinking {_quoted(block.thinking)}, signature "
+            f"{_quoted(block.signature)}"
         )
     return block
 
 
+_QUOTE: Final = reprlib.Repr()
+# A rejected value is quoted in the run's error, which a log keeps: long enough to be
+# recognised (a dataclass's repr, a provider's id), never a megabyte.
+_QUOTE.maxstring = _QUOTE.maxother = 160
+
+
+def _quoted(value: object) -> str:
+    """A rejected value as an error message quotes it: its repr, shortened."""
+    return _QUOTE.repr(value)
+
+
 def _wrong_block_field(kind: str, name: str, expected: str, value: object) -> str:
     """Says which field of a block has the wrong type: expected and given."""
-    return f"{kind}: field {name!r} must be {expected}, got {value!r} ({type(value).__name__})"
+    given = f"{_quoted(value)} ({type(value).__name__})"
+    return f"{kind}: field {name!r} must be {expected}, got {given}"
 
 
 def _checked_message(message: object) -> Message:
@@ -732,7 +745,7 @@ def _wrong_field(message: Message, name: str) -> str:
     """Says which field of a message has the wrong type: expected and given."""
     value = getattr(message, name)
     where = f"a {message.role} message" if name == "id" else f"message {message.id!r}"
-    given = f"{value!r} ({type(value).__name__})"
+    given = f"{_quoted(value)} ({type(value).__name__})"
     return f"{where}: field {name!r} must be {_FIELD_TYPES[name]}, got {given}"
 
 
@@ -1693,7 +1706,12 @@ def _frozen_arguments(arguments: object) -> Mapping[str, JSON]:
     """Checks that arguments are a plain bounded JSON object; returns a frozen copy."""
     if not isinstance(arguments, (dict, MappingProxyType)):
         raise _Problem(f"arguments must be a JSON object, got {type(arguments).__name__}")
-    return cast("Mapping[str, JSON]", _frozen_json(arguments, 0, _ArgumentBudget()))
+    try:
+        return cast("Mapping[str, JSON]", _frozen_json(arguments, 0, _ArgumentBudget()))
+    except _Problem:
+        raise
+    except Exception as error:  # a mapping whose own code raises (its items(), say)
+        raise _Problem(f"arguments cannot be read: {_describe(error)}") from None
 
 
 def _frozen_json(value: object, depth: int, budget: _ArgumentBudget) -> JSON:

@@ -308,7 +308,12 @@ def _check_recorded_stream(
 ) -> None:
     """A step's recorded chunks agree with its response, as in every step the loop
     recorded: the same blocks once adjacent text and adjacent thinking are joined and
-    empty text and thinking dropped (a thinking block's signature does not stream)."""
+    empty text and thinking dropped (a thinking block's signature does not stream).
+
+    This is the loop's agreement rule, written again here because a companion file uses
+    only agent_loop's public names: a change to the rule in agent_loop.py is a change
+    here too (the replayed run checks it once more, so a log that slipped through would
+    still fail there, with MODEL_PROTOCOL_ERROR)."""
     streamed = _normalized(_normalized_item(chunk) for chunk in chunks)
     terminal = _normalized(_normalized_item(block) for block in response.content)
     index = _first_difference(streamed, terminal)

@@ -3576,6 +3576,35 @@ class TestMalformedModelOutput:
         assert executed == []
         return events, result, model, executed
 
+    def test_a_stop_reason_whose_eq_raises_is_a_protocol_error(self) -> None:
+        """The stop reason is compared only once it is exactly a str: `in` would run the
+        value's own __eq__, and its exception would escape the run."""
+
+        class RaisingEquality:
+            def __eq__(self, other: object) -> bool:
+                raise RuntimeError("eq raised")
+
+            __hash__ = object.__hash__
+
+        step = stream_step(
+            [lambda request: al.TextDelta(request.id, "Hi.")],
+            lambda request: untyped.ModelResponse(
+                "response-001", request.id, (text("Hi."),), RaisingEquality()
+            ),
+        )
+        _, result, _, _ = self._failed(step, "MODEL_PROTOCOL_ERROR", 1)
+        assert "unknown stop reason" in failure_message(result, "MODEL_PROTOCOL_ERROR")
+
+    def test_a_rejected_value_is_quoted_shortened(self) -> None:
+        """A megabyte of redacted data is named in the error, not copied into it."""
+        data = "x" * 1_000_000
+        block = untyped.ThinkingBlock("thought", signature=data, redacted=True)
+        step = turn("response-001", [block, text("Hi.")], "stop")
+        _, result, _, _ = self._failed(step, "MODEL_PROTOCOL_ERROR", 2)
+        message = failure_message(result, "MODEL_PROTOCOL_ERROR")
+        assert "a redacted thinking block holds its data" in message
+        assert len(message) < 1_000
+
     def test_ten_megabyte_argument_is_rejected_without_a_copy(self) -> None:
         """The text bound is measured, not copied: the run allocates far less than the
         string it rejects (a copy, an encoding or a repr of it would cost 10 MB)."""
@@ -5200,6 +5229,41 @@ class TestInvalidToolCallArguments:
             True,
         )
         assert ran == []
+
+    def test_arguments_that_cannot_be_read_fail_where_they_enter(self) -> None:
+        """Nested, a read-only view of a mapping whose own items() raises: the run fails
+        before any tool runs, the start is INVALID_TRANSCRIPT, and execute_tool_call
+        gives an error result; none of them raises."""
+
+        class Unreadable(collections.abc.Mapping):  # type: ignore[type-arg]
+            def __getitem__(self, key: str) -> int:
+                return 1
+
+            def __iter__(self) -> Iterator[str]:
+                return iter(["a"])
+
+            def __len__(self) -> int:
+                return 1
+
+            def items(self) -> Any:
+                raise RuntimeError("no items today")
+
+        problem = "arguments cannot be read: RuntimeError: no items today"
+        unreadable = untyped.ToolCall("c1", "t", {"nested": MappingProxyType(Unreadable())})
+        ran: List[str] = []
+        tool = no_arguments_tool("t", lambda a, s: ran.append("ran"))
+        _, result, _ = run([tool_turn("r1", unreadable)], tools=[tool])
+        assert failure_message(result, "MODEL_PROTOCOL_ERROR") == f"tool call 'c1': {problem}"
+        start = [user(), assistant("r0", unreadable)]
+        _, started, model = run([], messages=start)
+        assert problem in failure_message(started, "INVALID_TRANSCRIPT")
+        message = al.execute_tool_call(al.ToolRegistry([tool]), unreadable, threading.Event())
+        assert (message.content, message.is_error) == (
+            f"invalid arguments for tool 't': {problem}",
+            True,
+        )
+        assert ran == []
+        assert model.call_count == 0
 
 
 # --- Message IR --------------------------------------------------------------------------
