@@ -1105,14 +1105,15 @@ class _ServerEvents:
     """The event-stream parser (the WHATWG rules the official SDKs follow), bytes in.
 
     Bytes are decoded as UTF-8 (a leading byte order mark dropped), also when a character
-    is split across reads; a line or an event's data longer than _EVENT_LIMIT characters
-    is refused, so a server that never ends a line cannot fill the memory. Lines end
-    with CRLF, CR or LF, also split across reads; a line that starts with ':' is a
-    comment; ``data:`` lines accumulate, joined with LF; ``event:`` names the event; one
-    space after the colon is dropped; a blank line dispatches the event (when it has
-    data). Other fields are ignored. ``feed(b"")`` is the end of the input: a character
-    cut by it is malformed, and an event or a line still open is dropped (the WHATWG
-    rules: only a blank line dispatches).
+    is split across reads; a line, or an event's data (its lines joined with LF, counted
+    as they come), longer than _EVENT_LIMIT characters is refused, so a server that never
+    ends a line or an event cannot fill the memory. Lines end with CRLF, CR or LF, also
+    split across reads; a line that starts with ':' is a comment; ``data:`` lines
+    accumulate, joined with LF; ``event:`` names the event; one space after the colon is
+    dropped; a blank line dispatches the event (when it has data). Other fields are
+    ignored. ``feed(b"")`` is the end of the input: a character cut by it is malformed,
+    and an event or a line still open is dropped (the WHATWG rules: only a blank line
+    dispatches).
     """
 
     def __init__(self) -> None:
@@ -1122,6 +1123,7 @@ class _ServerEvents:
         self.skip_line_feed = False  # the last read ended with a CR
         self.event = ""
         self.data: List[str] = []
+        self.size = 0  # the characters of the data joined: kept as lines come, not summed
 
     def feed(self, data: bytes) -> List[_ServerEvent]:
         """The events that these bytes complete, in order; b"" ends the input."""
@@ -1134,6 +1136,7 @@ class _ServerEvents:
             self.skip_line_feed = False
             self.event = ""
             self.data = []
+            self.size = 0
             return []
         if self.skip_line_feed and text.startswith("\n"):
             text = text[1:]  # the LF of a CRLF that the last read ended in the middle of
@@ -1149,13 +1152,17 @@ class _ServerEvents:
                     events.append(_ServerEvent(self.event, "\n".join(self.data)))
                 self.event = ""
                 self.data = []
+                self.size = 0
                 continue
             name, _, value = line.partition(":")
             if value.startswith(" "):
                 value = value[1:]
             if name == "data":
+                if self.data:  # the LF that joins it to the line before: empty lines count
+                    self.size += 1
+                self.size += len(value)
                 self.data.append(value)
-                if sum(map(len, self.data)) > _EVENT_LIMIT:
+                if self.size > _EVENT_LIMIT:
                     raise ProviderError(
                         f"malformed event stream: an event longer than {_EVENT_LIMIT:,}"
                     )

@@ -3726,10 +3726,46 @@ class TestServerEvents:
             self.parse(line + b"x")
 
     def test_an_event_at_the_limit_passes_and_one_longer_is_malformed(self) -> None:
-        half = b"data: " + b"y" * (providers._EVENT_LIMIT // 2) + b"\n"
-        assert len(self.parse(half, half, b"\n")[0][1]) == providers._EVENT_LIMIT + 1  # the LF
+        # The LF that joins the two lines counts: the data is exactly the limit.
+        first = b"data: " + b"y" * (providers._EVENT_LIMIT // 2) + b"\n"
+        second = b"data: " + b"y" * (providers._EVENT_LIMIT // 2 - 1) + b"\n"
+        assert len(self.parse(first, second, b"\n")[0][1]) == providers._EVENT_LIMIT
         with pytest.raises(providers.ProviderError, match="an event longer than 1,048,576"):
-            self.parse(half, half, b"data: z\n")
+            self.parse(first, second.replace(b" ", b" z"))
+
+    def test_empty_data_lines_fill_an_event_with_their_line_feeds(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(providers, "_EVENT_LIMIT", 64)
+        assert self.parse(b"data:\n" * 65 + b"\n") == [("", "\n" * 64)]  # 64 LFs: the limit
+        with pytest.raises(providers.ProviderError, match="an event longer than 64"):
+            self.parse(b"data:\n" * 66)
+
+    def test_a_long_run_of_empty_data_lines_is_an_oversized_event(self) -> None:
+        # A server that sends "data:" lines forever: the limit ends it, a read at a time.
+        lines = b"data:\n" * (providers._EVENT_LIMIT + 2)
+        reads = [lines[start : start + 65_536] for start in range(0, len(lines), 65_536)]
+        assert self.parse(*reads[:-1], reads[-1][: -len(b"data:\n")], b"\n") == [
+            ("", "\n" * providers._EVENT_LIMIT)
+        ]
+        with pytest.raises(
+            providers.ProviderError,
+            match="malformed event stream: an event longer than 1,048,576",
+        ):
+            self.parse(*reads)
+
+    def test_the_size_of_the_data_is_counted_as_its_lines_come(self) -> None:
+        parser = providers._ServerEvents()
+        sizes = []
+        for read in (b"data: ab\n", b"data:\n", b"data: c\n"):
+            assert parser.feed(read) == []
+            sizes.append(parser.size)
+        assert sizes == [2, 3, 5]  # "ab", "ab\n", "ab\n\nc"
+        assert parser.feed(b"\n") == [providers._ServerEvent("", "ab\n\nc")]
+        assert parser.size == 0  # a dispatched event starts the count again
+        assert parser.feed(b"data: abc\n") == []
+        assert parser.feed(b"") == []
+        assert parser.size == 0  # so does the end of the input
 
 
 class TestHelpers:
