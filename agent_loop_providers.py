@@ -1048,7 +1048,7 @@ def _retry_after(headers: Mapping[str, str], now: float) -> Optional[float]:
         return seconds
     try:
         date = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):  # overflow: a year of many digits
         return None
     if date.tzinfo is None:  # "-0000": the date is in UTC all the same
         date = date.replace(tzinfo=datetime.timezone.utc)

@@ -2966,6 +2966,21 @@ class TestRetries:
         assert result.status == "completed", result.error
         assert retry_logs(caplog)[0].endswith("retrying in 0 s")
 
+    def test_a_retry_after_date_that_overflows_is_the_backoff(
+        self, server: Server, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        # parsedate_to_datetime raises OverflowError for it: not a Retry-After, so the
+        # retry waits the backoff.
+        headers = (("Retry-After", "Wed, 21 Oct 99999999999 07:28:30 GMT"),)
+        server.script(Reply([b"busy"], status=503, headers=headers), STREAM)
+        with caplog.at_level(logging.WARNING):
+            _, result = settle(quick(openai(server, retries=1)))
+        assert result.status == "completed", result.error
+        assert len(server.requests) == 2
+        assert retry_logs(caplog)[0].endswith(
+            "HTTP 503 Service Unavailable: busy); retrying in 0.001 s"
+        )
+
     def test_a_retry_after_over_60_s_is_not_waited_for(self, server: Server) -> None:
         server.script(Reply([b"busy"], status=429, headers=(("Retry-After", "61"),)), STREAM)
         started = time.monotonic()
@@ -3480,6 +3495,12 @@ class TestHead:
             pytest.param({"retry-after": "Wed, 21 Oct 2015 07:28:30 -0000"}, 30.0, id="utc"),
             pytest.param({"retry-after": "Wed, 21 Oct 2015 07:27:00 GMT"}, 0.0, id="past"),
             pytest.param({"retry-after": "soon"}, None, id="text"),
+            pytest.param(
+                {"retry-after": "Wed, 21 Oct 99999999999 07:28:30 GMT"}, None, id="huge-year"
+            ),
+            pytest.param(
+                {"retry-after": "Wed, 21 Oct 2015 99999999999:28:30 GMT"}, None, id="huge-hour"
+            ),
             pytest.param({"retry-after": ""}, None, id="empty"),
             pytest.param({"retry-after": "-1", "retry-after-ms": "nan"}, None, id="negative"),
             pytest.param({"retry-after": "inf"}, None, id="infinite"),
