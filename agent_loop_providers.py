@@ -123,11 +123,11 @@ Rules:
   address and the cause: the name lookup, the TCP connection, a TLS certificate that
   did not verify...), no byte for ``timeout`` seconds, a stream that ends before its
   marker, an error event in the stream (OpenAI-compatible servers send ``data:
-  {"error": ...}``; Anthropic sends ``event: error``), a malformed event, tool-call
-  arguments that are not a JSON object, and an answer the provider says was cut:
-  OpenAI ``finish_reason`` ``length`` or ``content_filter``; Anthropic
-  ``stop_reason`` ``max_tokens``, ``refusal``, ``pause_turn`` or
-  ``model_context_window_exceeded``.
+  {"error": ...}``; Anthropic sends ``event: error``), a malformed event (JSON nested
+  too deeply to read is one), tool-call arguments that are not a JSON object, and an
+  answer the provider says was cut: OpenAI ``finish_reason`` ``length`` or
+  ``content_filter``; Anthropic ``stop_reason`` ``max_tokens``, ``refusal``,
+  ``pause_turn`` or ``model_context_window_exceeded``.
 - ``accept_truncated=True`` accepts an answer cut by the token limit (OpenAI
   ``length``, Anthropic ``max_tokens``) when its last block is text: the text so far is
   the model's answer (stop reason ``stop``), and a warning is logged. An answer cut
@@ -1070,7 +1070,7 @@ def _error_text(body: str) -> str:
     """The provider's own error text: its ``error.message`` (with the type), else the body."""
     try:
         data = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested too deeply to read
         return _excerpt(body) or "(no body)"
     error = data.get("error", data) if isinstance(data, dict) else data
     if isinstance(error, dict) and isinstance(error.get("message"), str):
@@ -1225,6 +1225,7 @@ class _Answer:
     ThinkingDelta per non-empty delta, a ToolCallChunk per complete call); ``feed(b"")``
     is the end of the input, and raises unless the end marker came. ``done`` is True
     once it came. ``response()`` is the terminal response, refused without the marker.
+    JSON nested too deeply for the json module (a RecursionError) is a malformed event.
     """
 
     end_marker = ""
@@ -1246,7 +1247,13 @@ class _Answer:
                 break
             if event.event == "error":
                 raise _stream_error(event.data)
-            self._event(event, out)
+            try:
+                self._event(event, out)
+            except RecursionError:  # json's C code recurses once per level of nesting
+                raise ProviderError(
+                    "malformed event: JSON nested too deeply to read (in the event's data "
+                    "or in a tool call's arguments)"
+                ) from None
         self.chunks.extend(out)
         if not data and not self.done:
             raise self._incomplete()

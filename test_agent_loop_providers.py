@@ -2444,6 +2444,46 @@ class TestIncompleteAnswers:
         with pytest.raises(providers.ProviderError, match="the answer is incomplete"):
             answer.response()
 
+    @pytest.mark.parametrize(
+        ("answer_class", "parts"),
+        [
+            pytest.param(
+                providers._OpenAIAnswer, [b"data: " + b"[" * 200_000 + b"\n\n"], id="openai"
+            ),
+            pytest.param(
+                providers._AnthropicAnswer,
+                [b"event: message_start\ndata: " + b"[" * 200_000 + b"\n\n"],
+                id="anthropic",
+            ),
+            pytest.param(
+                providers._OpenAIAnswer,
+                [openai_call(0, "c1", "add", "[" * 200_000), openai_chunk({}, "tool_calls"), DONE],
+                id="openai-arguments",
+            ),
+            pytest.param(
+                providers._AnthropicAnswer,
+                [MESSAGE_START, *anthropic_tool(0, "t1", "add", "[" * 200_000), *anthropic_end()],
+                id="anthropic-arguments",
+            ),
+        ],
+    )
+    def test_json_nested_too_deeply_is_a_malformed_event(
+        self, answer_class: Any, parts: List[bytes]
+    ) -> None:
+        # json's C code recurses per level: a RecursionError is malformed input, not a crash.
+        with pytest.raises(
+            providers.ProviderError, match="malformed event: JSON nested too deeply"
+        ):
+            parsed(answer_class(request()), *parts)
+
+    def test_an_error_event_nested_too_deeply_is_quoted(self) -> None:
+        with pytest.raises(providers.ProviderError) as caught:
+            parsed(
+                providers._AnthropicAnswer(request()),
+                b"event: error\ndata: " + b"[" * 200_000 + b"\n\n",
+            )
+        assert str(caught.value) == "the stream reported an error: " + "[" * 200 + "..."
+
     def test_the_end_of_the_input_after_the_marker_is_fine(self) -> None:
         answer = providers._OpenAIAnswer(request())
         assert answer.feed(OPENAI_TEXT_STREAM) == [
@@ -3478,6 +3518,7 @@ class TestHead:
             pytest.param("[1]", "[1]", id="array"),
             pytest.param("", "(no body)", id="empty"),
             pytest.param("x" * 300, "x" * 200 + "...", id="long"),
+            pytest.param("[" * 40_000, "[" * 200 + "...", id="nested-too-deeply"),
         ],
     )
     def test_the_provider_error_text(self, body: str, text: str) -> None:
