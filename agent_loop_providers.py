@@ -112,22 +112,23 @@ Rules:
   calls (1 for the first, 2 for the second...). Either id takes the first free suffix
   ``-2``, ``-3``... when it is taken. The transcript's ids are what later requests
   send back to the provider.
-- Completeness is decided by the wire format, not the socket: an answer is complete
-  when its end marker arrives, ``data: [DONE]`` (OpenAI) or ``message_stop``
-  (Anthropic), whatever the finish reason said; Ollama ends complete answers with
-  ``finish_reason: null`` and ``[DONE]``, and that is a complete answer. The end of
-  the input before the marker is an incomplete answer, and ``response()`` refuses an
-  answer without its marker. A ``ProviderError`` names what happened for each of: an
-  HTTP status >= 400 (the status, the provider's own error text, Retry-After), an
-  answer in JSON instead of an event stream, a connection that cannot be made (the
-  address and the cause: the name lookup, the TCP connection, a TLS certificate that
-  did not verify...), no byte for ``timeout`` seconds, a stream that ends before its
-  marker, an error event in the stream (OpenAI-compatible servers send ``data:
-  {"error": ...}``; Anthropic sends ``event: error``), a malformed event (JSON nested
-  too deeply to read is one), tool-call arguments that are not a JSON object, and an
-  answer the provider says was cut: OpenAI ``finish_reason`` ``length`` or
-  ``content_filter``; Anthropic ``stop_reason`` ``max_tokens``, ``refusal``,
-  ``pause_turn`` or ``model_context_window_exceeded``.
+- Completeness is decided by the wire format, not the socket: an answer is complete when
+  its end marker arrives, ``data: [DONE]`` (OpenAI) or ``message_stop`` (Anthropic, with
+  every content block stopped: a block still open at ``message_stop`` was cut, and is a
+  malformed event), whatever the finish reason said; Ollama ends complete answers with
+  ``finish_reason: null`` and ``[DONE]``, and that is a complete answer. The end of the
+  input before the marker is an incomplete answer, and ``response()`` refuses an answer
+  without its marker. A ``ProviderError`` names what happened for each of: an HTTP
+  status >= 400 (the status, the provider's own error text, Retry-After), an answer in
+  JSON instead of an event stream, a connection that cannot be made (the address and the
+  cause: the name lookup, the TCP connection, a TLS certificate that did not verify...),
+  no byte for ``timeout`` seconds, a stream that ends before its marker, an error event
+  in the stream (OpenAI-compatible servers send ``data: {"error": ...}``; Anthropic
+  sends ``event: error``), a malformed event (JSON nested too deeply to read is one),
+  tool-call arguments that are not a JSON object, and an answer the provider says was
+  cut: OpenAI ``finish_reason`` ``length`` or ``content_filter``; Anthropic
+  ``stop_reason`` ``max_tokens``, ``refusal``, ``pause_turn`` or
+  ``model_context_window_exceeded``.
 - ``accept_truncated=True`` accepts an answer cut by the token limit (OpenAI
   ``length``, Anthropic ``max_tokens``) when its last block is text: the text so far is
   the model's answer (stop reason ``stop``), and a warning is logged. An answer cut
@@ -1718,11 +1719,10 @@ class _AnthropicAnswer(_Answer):
             if reason in _ANTHROPIC_CUT:
                 self._cut("stop_reason", reason, _ANTHROPIC_CUT[reason], out)
         elif kind == "message_stop":
-            if any(block.kind == "tool_use" for block in self.open_blocks.values()):
-                raise _malformed("message_stop before a tool_use block stopped", data)
-            for index in sorted(self.open_blocks):  # a block without its stop: it ends here
-                self._stop(index, self.open_blocks[index], data, out)
-            self.open_blocks.clear()
+            if self.open_blocks:  # a block without its stop was cut: it is no answer
+                raise _malformed(
+                    f"message_stop before block {min(self.open_blocks)} stopped", data
+                )
             self.done = True
         # ping and event types added later carry no content.
 

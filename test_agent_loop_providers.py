@@ -1603,8 +1603,7 @@ class TestThinking:
 
     def test_a_thinking_blocks_start_text_and_signatures(self) -> None:
         # Text in the start counts as a delta; the last signature_delta wins; a block
-        # without any signature, or with "", has none; a block that message_stop ends
-        # without its stop is kept.
+        # without any signature, or with "", has none.
         start = {"type": "thinking", "thinking": "Hm, ", "signature": ""}
         parts = [
             MESSAGE_START,
@@ -1618,7 +1617,7 @@ class TestThinking:
             anthropic_event("content_block_stop", index=0),
             *anthropic_thinking(1, "no signature", signature=None),
             *anthropic_thinking(2, "empty signature", signature=""),
-            *anthropic_thinking(3, "open", signature="s3")[:-1],
+            *anthropic_thinking(3, "last", signature="s3"),
             anthropic_event("message_stop"),
         ]
         chunks, response = parsed(providers._AnthropicAnswer(request()), *parts)
@@ -1627,7 +1626,7 @@ class TestThinking:
             al.ThinkingBlock("Hm, ", "b"),
             al.ThinkingBlock("no signature"),
             al.ThinkingBlock("empty signature"),
-            al.ThinkingBlock("open", "s3"),
+            al.ThinkingBlock("last", "s3"),
         )
 
     def test_openai_reasoning_content_then_content_then_usage(self) -> None:
@@ -2263,8 +2262,38 @@ class TestIncompleteAnswers:
                     *anthropic_tool(0, "t", "add", "{}")[:2],
                     anthropic_event("message_stop"),
                 ],
-                ["message_stop before a tool_use block stopped"],
+                ["message_stop before block 0 stopped"],
                 id="open-tool",
+            ),
+            pytest.param(
+                [
+                    MESSAGE_START,
+                    *anthropic_thinking(0, "hmm", signature=None)[:2],
+                    anthropic_event("message_stop"),
+                ],
+                ["message_stop before block 0 stopped"],
+                id="open-thinking",
+            ),
+            pytest.param(
+                [
+                    MESSAGE_START,
+                    *anthropic_text(0, "a"),
+                    *anthropic_text(1, "b")[:2],
+                    *anthropic_end(),
+                ],
+                ["message_stop before block 1 stopped"],
+                id="open-text",
+            ),
+            pytest.param(
+                [
+                    MESSAGE_START,
+                    anthropic_event(
+                        "content_block_start", index=0, content_block={"type": "server_tool_use"}
+                    ),
+                    anthropic_event("message_stop"),
+                ],
+                ["message_stop before block 0 stopped"],
+                id="open-other",
             ),
             pytest.param(
                 [
@@ -2395,10 +2424,10 @@ class TestIncompleteAnswers:
                     anthropic_event(
                         "content_block_start", index=0, content_block={"type": "redacted_thinking"}
                     ),
-                    anthropic_event("message_stop"),
+                    anthropic_event("content_block_stop", index=0),
                 ],
                 ["a redacted_thinking block without its data"],
-                id="redacted-no-data-open",
+                id="redacted-no-data",
             ),
             pytest.param(
                 [anthropic_event("message_start", message="msg_1")],
