@@ -47,17 +47,17 @@ Rules:
   field with HTTP 422; the answer's usage is then unknown, unless the server sends it
   anyway).
 - Thinking. Anthropic: ``thinking=None`` sends no thinking setting (the model's
-  default); a mapping is the API's own (``{"type": "enabled", "budget_tokens":
-  2048}``), sent as it is; ``"adaptive"`` sends ``{"type": "adaptive"}``. A
-  ``thinking`` block streams as ``ThinkingDelta`` chunks (one per ``thinking_delta``),
-  and the response holds it as ``ThinkingBlock(thinking, signature)``, the signature
-  from its ``signature_delta`` (the last one, if several; None if none); a
-  ``redacted_thinking`` block streams nothing and is ``ThinkingBlock("",
-  signature=data, redacted=True)``. OpenAI-compatible servers: a delta's
-  ``reasoning_content`` (llama.cpp, vLLM, DeepSeek), else its ``reasoning``
-  (OpenRouter: one of the two is read, so that text sent under both names is not read
-  twice), streams as ``ThinkingDelta`` chunks and is a ``ThinkingBlock`` without a
-  signature.
+  default); a mapping is the API's own (``{"type": "enabled", "budget_tokens": 2048}``),
+  sent as it is; ``"adaptive"`` sends ``{"type": "adaptive"}``. A ``thinking`` block
+  streams as ``ThinkingDelta`` chunks (one per ``thinking_delta`` until half the chunk
+  budget is spent: see the pacing below), and the response holds it as
+  ``ThinkingBlock(thinking, signature)``, the signature from its ``signature_delta``
+  (the last one, if several; None if none); a ``redacted_thinking`` block streams
+  nothing and is ``ThinkingBlock("", signature=data, redacted=True)``. OpenAI-compatible
+  servers: a delta's ``reasoning_content`` (llama.cpp, vLLM, DeepSeek), else (when that
+  is absent, null or "") its ``reasoning`` (OpenRouter: one of the two is read, so that
+  text sent under both names is not read twice), streams as ``ThinkingDelta`` chunks and
+  is a ``ThinkingBlock`` without a signature.
 - Streaming: text is yielded as ``TextDelta`` chunks, thinking as ``ThinkingDelta``
   chunks, each tool call as one ``ToolCallChunk`` once its arguments are complete:
   OpenAI, when the next call, text, thinking or the choice's finish arrives (the
@@ -1485,7 +1485,7 @@ class _OpenAIAnswer(_Answer):
         delta = choice.get("delta", {})
         # llama.cpp, vLLM and DeepSeek say reasoning_content; OpenRouter says reasoning.
         thinking = delta.get("reasoning_content")
-        if thinking is None:
+        if thinking is None or thinking == "":  # an empty one says nothing: read the other
             thinking = delta.get("reasoning")
         if thinking is not None:
             self._piece(al.ThinkingDelta, thinking, "reasoning", data, out)

@@ -1653,6 +1653,7 @@ class TestThinking:
                 {"reasoning_content": "once", "reasoning": "once"}, "once", id="both-the-same"
             ),
             pytest.param({"reasoning_content": None, "reasoning": "r"}, "r", id="null-first"),
+            pytest.param({"reasoning_content": "", "reasoning": "r"}, "r", id="empty-first"),
         ],
     )
     def test_openai_reasoning_fields(self, delta: Dict[str, Any], thinking: str) -> None:
