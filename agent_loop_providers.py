@@ -130,10 +130,11 @@ Rules:
   ``stop_reason`` ``max_tokens``, ``refusal``, ``pause_turn`` or
   ``model_context_window_exceeded``.
 - ``accept_truncated=True`` accepts an answer cut by the token limit (OpenAI
-  ``length``, Anthropic ``max_tokens``) when its last block is text: the text so far is
-  the model's answer (stop reason ``stop``), and a warning is logged. An answer cut
-  while a tool call was being written, or with no text, a refusal, a content filter,
-  or any other cut still fails.
+  ``length``, Anthropic ``max_tokens``) when its last block is text: the answer so far
+  is the model's answer, and a warning is logged. Its stop reason is what any answer's
+  is: ``toolCall`` when it holds complete tool calls before the text (the loop runs
+  them), else ``stop``. An answer cut while a tool call was being written, or with no
+  text, a refusal, a content filter, or any other cut still fails.
 - Retries: ``retries`` (default 2, as the official SDKs; 0 turns them off) more
   attempts are made when the request fails before the first chunk of the answer was
   yielded, and only then (once the loop reported a chunk, a failure fails the run).
@@ -556,7 +557,7 @@ class OpenAIChatModel(_StreamingModel):
     ``timeout`` bounds each wait (name lookup, connection, TLS handshake, every byte),
     in seconds. ``retries`` more attempts are made for a transient failure before the
     first chunk; ``ssl_context`` verifies HTTPS (None: the system's CAs);
-    ``accept_truncated=True`` accepts a text answer cut by the token limit.
+    ``accept_truncated=True`` accepts an answer cut by the token limit that ends in text.
 
     Raises TypeError or ValueError, naming the parameter, for an argument it cannot use.
     """

@@ -2940,6 +2940,23 @@ class TestAcceptTruncated:
         assert response.content == (al.ToolCall("c1", "add", ADD), al.TextBlock("And then"))
         assert response.stop_reason == "toolCall"
 
+    @_PROVIDERS
+    def test_a_complete_call_in_an_accepted_cut_answer_is_run(self, provider: str) -> None:
+        items: List[_Item] = [("c1", "add", ADD), "And then"]
+        model = canned_model(
+            provider,
+            answer_parts(provider, items, end="length" if provider == "openai" else "max_tokens"),
+            answer_parts(provider, ["Done."]),
+            accept_truncated=True,
+        )
+        events, result = settle(model)
+        assert result.status == "completed", result.error
+        assert result.steps == 2
+        finished = [
+            event.payload["tool_result"] for event in events if event.type == "tool.finished"
+        ]
+        assert [(done.tool_call_id, done.is_error) for done in finished] == [("c1", False)]
+
     @pytest.mark.parametrize(
         ("provider", "cut"),
         [
