@@ -119,16 +119,17 @@ Rules:
   ``finish_reason: null`` and ``[DONE]``, and that is a complete answer. The end of the
   input before the marker is an incomplete answer, and ``response()`` refuses an answer
   without its marker. A ``ProviderError`` names what happened for each of: an HTTP
-  status >= 400 (the status, the provider's own error text, Retry-After), an answer in
-  JSON instead of an event stream, a connection that cannot be made (the address and the
-  cause: the name lookup, the TCP connection, a TLS certificate that did not verify...),
-  no byte for ``timeout`` seconds, a stream that ends before its marker, an error event
-  in the stream (OpenAI-compatible servers send ``data: {"error": ...}``; Anthropic
-  sends ``event: error``), a malformed event (JSON nested too deeply to read is one),
-  tool-call arguments that are not a JSON object, and an answer the provider says was
-  cut: OpenAI ``finish_reason`` ``length`` or ``content_filter``; Anthropic
-  ``stop_reason`` ``max_tokens``, ``refusal``, ``pause_turn`` or
-  ``model_context_window_exceeded``.
+  status >= 400 (the status, the provider's own error text, Retry-After), another status
+  outside 200-299 (the status, and the Location of a redirect, which is neither followed
+  nor retried), an answer in JSON instead of an event stream, a connection that cannot be
+  made (the address and the cause: the name lookup, the TCP connection, a TLS
+  certificate that did not verify...), no byte for ``timeout`` seconds, a stream that
+  ends before its marker, an error event in the stream (OpenAI-compatible servers send
+  ``data: {"error": ...}``; Anthropic sends ``event: error``), a malformed event (JSON
+  nested too deeply to read is one), tool-call arguments that are not a JSON object, and
+  an answer the provider says was cut: OpenAI ``finish_reason`` ``length`` or
+  ``content_filter``; Anthropic ``stop_reason`` ``max_tokens``, ``refusal``,
+  ``pause_turn`` or ``model_context_window_exceeded``.
 - ``accept_truncated=True`` accepts an answer cut by the token limit (OpenAI
   ``length``, Anthropic ``max_tokens``) when its last block is text: the answer so far
   is the model's answer, and a warning is logged. Its stop reason is what any answer's
@@ -312,7 +313,8 @@ _TOKEN_LIMITS: Final = frozenset({"length", "max_tokens"})
 class ProviderError(Exception):
     """A provider request failed; the message says what happened and where.
 
-    ``status`` is the HTTP status when the provider answered with one >= 400, else None.
+    ``status`` is the HTTP status when the provider answered with one outside 200-299
+    (>= 400, or a redirect...), else None.
     ``retry_after`` is the provider's Retry-After in seconds, when it sent one, else None.
     """
 
@@ -1019,6 +1021,12 @@ def _head_error(
         error = ProviderError(message, status=status, retry_after=retry_after)
         error._transient = status in _RETRIED_STATUSES
         return error
+    if not 200 <= status < 300:  # a redirect (not followed), or another status: no stream
+        location = headers.get("location")
+        where = f" (Location: {location}; redirects are not followed)" if location else ""
+        return ProviderError(
+            f"{url} answered HTTP {status} {reason}, not an event stream{where}", status=status
+        )
     if headers.get("content-type", "").startswith("application/json"):
         return ProviderError(f"{url} answered with JSON, not an event stream: {_excerpt(body())}")
     return None

@@ -3104,6 +3104,18 @@ class TestRetries:
         assert len(server.requests) == 1
         assert retry_logs(caplog) == []
 
+    def test_a_redirect_fails_the_run_at_once(self, server: Server) -> None:
+        headers = (("Location", "http://127.0.0.1:9/v1/chat/completions"), ("Content-Length", "0"))
+        server.script(Reply(status=301, headers=headers), STREAM)
+        _, result = settle(openai(server, retries=2))
+        error = assert_stream_error(
+            result,
+            "answered HTTP 301 Moved Permanently, not an event stream (Location: "
+            "http://127.0.0.1:9/v1/chat/completions; redirects are not followed)",
+        )
+        assert error.status == 301
+        assert len(server.requests) == 1
+
     def test_a_status_that_will_not_change_is_not_retried(self, server: Server) -> None:
         server.script(Reply([b"{}"], status=401), STREAM)
         _, result = settle(quick(openai(server, retries=2)))
@@ -3527,6 +3539,42 @@ class TestHead:
         for content_type in ("text/event-stream", "text/event-stream; charset=utf-8", ""):
             headers = {"content-type": content_type}
             assert providers._head_error("u", 200, "OK", headers, unread, 0.0) is None
+
+    @pytest.mark.parametrize(
+        ("status", "headers", "said"),
+        [
+            pytest.param(
+                301,
+                {"location": "https://h/y", "content-type": "text/event-stream"},
+                " (Location: https://h/y; redirects are not followed)",
+                id="redirect",
+            ),
+            pytest.param(
+                307,
+                {"location": "/x2"},
+                " (Location: /x2; redirects are not followed)",
+                id="temporary",
+            ),
+            pytest.param(304, {}, "", id="no-location"),
+            pytest.param(199, {}, "", id="below-200"),
+            pytest.param(399, {}, "", id="399"),
+        ],
+    )
+    def test_a_status_outside_2xx_is_an_error_naming_it(
+        self, status: int, headers: Dict[str, str], said: str
+    ) -> None:
+        def unread() -> str:
+            raise AssertionError("a redirect's body is not read")
+
+        error = providers._head_error("http://h/x", status, "Reason", headers, unread, 0.0)
+        assert error is not None
+        assert str(error) == f"http://h/x answered HTTP {status} Reason, not an event stream{said}"
+        assert (error.status, error.retry_after, error._transient) == (status, None, False)
+
+    @pytest.mark.parametrize("status", [200, 201, 299])
+    def test_a_2xx_stream_is_no_error(self, status: int) -> None:
+        headers = {"content-type": "text/event-stream"}
+        assert providers._head_error("u", status, "OK", headers, lambda: "", 0.0) is None
 
     def test_json_instead_of_a_stream(self) -> None:
         error = self.error(200, {"content-type": "application/json"}, '{"choices": []}')
