@@ -47,17 +47,17 @@ Rules:
   field with HTTP 422; the answer's usage is then unknown, unless the server sends it
   anyway).
 - Thinking. Anthropic: ``thinking=None`` sends no thinking setting (the model's
-  default); a mapping is the API's own (``{"type": "enabled", "budget_tokens":
-  2048}``), sent as it is; ``"adaptive"`` sends ``{"type": "adaptive"}``. A
-  ``thinking`` block streams as ``ThinkingDelta`` chunks (one per ``thinking_delta``),
-  and the response holds it as ``ThinkingBlock(thinking, signature)``, the signature
-  from its ``signature_delta`` (the last one, if several; None if none); a
-  ``redacted_thinking`` block streams nothing and is ``ThinkingBlock("",
-  signature=data, redacted=True)``. OpenAI-compatible servers: a delta's
-  ``reasoning_content`` (llama.cpp, vLLM, DeepSeek), else its ``reasoning``
-  (OpenRouter: one of the two is read, so that text sent under both names is not read
-  twice), streams as ``ThinkingDelta`` chunks and is a ``ThinkingBlock`` without a
-  signature.
+  default); a mapping is the API's own (``{"type": "enabled", "budget_tokens": 2048}``),
+  sent as it is; ``"adaptive"`` sends ``{"type": "adaptive"}``. A ``thinking`` block
+  streams as ``ThinkingDelta`` chunks (one per ``thinking_delta`` until half the chunk
+  budget is spent: see the pacing below), and the response holds it as
+  ``ThinkingBlock(thinking, signature)``, the signature from its ``signature_delta``
+  (the last one, if several; None if none); a ``redacted_thinking`` block streams
+  nothing and is ``ThinkingBlock("", signature=data, redacted=True)``. OpenAI-compatible
+  servers: a delta's ``reasoning_content`` (llama.cpp, vLLM, DeepSeek), else (when that
+  is absent, null or "") its ``reasoning`` (OpenRouter: one of the two is read, so that
+  text sent under both names is not read twice), streams as ``ThinkingDelta`` chunks and
+  is a ``ThinkingBlock`` without a signature.
 - Streaming: text is yielded as ``TextDelta`` chunks, thinking as ``ThinkingDelta``
   chunks, each tool call as one ``ToolCallChunk`` once its arguments are complete:
   OpenAI, when the next call, text, thinking or the choice's finish arrives (the
@@ -112,27 +112,30 @@ Rules:
   calls (1 for the first, 2 for the second...). Either id takes the first free suffix
   ``-2``, ``-3``... when it is taken. The transcript's ids are what later requests
   send back to the provider.
-- Completeness is decided by the wire format, not the socket: an answer is complete
-  when its end marker arrives, ``data: [DONE]`` (OpenAI) or ``message_stop``
-  (Anthropic), whatever the finish reason said; Ollama ends complete answers with
-  ``finish_reason: null`` and ``[DONE]``, and that is a complete answer. The end of
-  the input before the marker is an incomplete answer, and ``response()`` refuses an
-  answer without its marker. A ``ProviderError`` names what happened for each of: an
-  HTTP status >= 400 (the status, the provider's own error text, Retry-After), an
-  answer in JSON instead of an event stream, a connection that cannot be made (the
-  address and the cause: the name lookup, the TCP connection, a TLS certificate that
-  did not verify...), no byte for ``timeout`` seconds, a stream that ends before its
-  marker, an error event in the stream (OpenAI-compatible servers send ``data:
-  {"error": ...}``; Anthropic sends ``event: error``), a malformed event, tool-call
-  arguments that are not a JSON object, and an answer the provider says was cut:
-  OpenAI ``finish_reason`` ``length`` or ``content_filter``; Anthropic
-  ``stop_reason`` ``max_tokens``, ``refusal``, ``pause_turn`` or
-  ``model_context_window_exceeded``.
+- Completeness is decided by the wire format, not the socket: an answer is complete when
+  its end marker arrives, ``data: [DONE]`` (OpenAI) or ``message_stop`` (Anthropic, with
+  every content block stopped: a block still open at ``message_stop`` was cut, and is a
+  malformed event), whatever the finish reason said; Ollama ends complete answers with
+  ``finish_reason: null`` and ``[DONE]``, and that is a complete answer. The end of the
+  input before the marker is an incomplete answer, and ``response()`` refuses an answer
+  without its marker. A ``ProviderError`` names what happened for each of: an HTTP
+  status >= 400 (the status, the provider's own error text, Retry-After), another status
+  outside 200-299 (the status, and the Location of a redirect, which is neither followed
+  nor retried), an answer in JSON instead of an event stream, a connection that cannot be
+  made (the address and the cause: the name lookup, the TCP connection, a TLS
+  certificate that did not verify...), no byte for ``timeout`` seconds, a stream that
+  ends before its marker, an error event in the stream (OpenAI-compatible servers send
+  ``data: {"error": ...}``; Anthropic sends ``event: error``), a malformed event (JSON
+  nested too deeply to read is one), tool-call arguments that are not a JSON object, and
+  an answer the provider says was cut: OpenAI ``finish_reason`` ``length`` or
+  ``content_filter``; Anthropic ``stop_reason`` ``max_tokens``, ``refusal``,
+  ``pause_turn`` or ``model_context_window_exceeded``.
 - ``accept_truncated=True`` accepts an answer cut by the token limit (OpenAI
-  ``length``, Anthropic ``max_tokens``) when its last block is text: the text so far is
-  the model's answer (stop reason ``stop``), and a warning is logged. An answer cut
-  while a tool call was being written, or with no text, a refusal, a content filter,
-  or any other cut still fails.
+  ``length``, Anthropic ``max_tokens``) when its last block is text: the answer so far
+  is the model's answer, and a warning is logged. Its stop reason is what any answer's
+  is: ``toolCall`` when it holds complete tool calls before the text (the loop runs
+  them), else ``stop``. An answer cut while a tool call was being written, or with no
+  text, a refusal, a content filter, or any other cut still fails.
 - Retries: ``retries`` (default 2, as the official SDKs; 0 turns them off) more
   attempts are made when the request fails before the first chunk of the answer was
   yielded, and only then (once the loop reported a chunk, a failure fails the run).
@@ -310,7 +313,8 @@ _TOKEN_LIMITS: Final = frozenset({"length", "max_tokens"})
 class ProviderError(Exception):
     """A provider request failed; the message says what happened and where.
 
-    ``status`` is the HTTP status when the provider answered with one >= 400, else None.
+    ``status`` is the HTTP status when the provider answered with one outside 200-299
+    (>= 400, or a redirect...), else None.
     ``retry_after`` is the provider's Retry-After in seconds, when it sent one, else None.
     """
 
@@ -555,7 +559,7 @@ class OpenAIChatModel(_StreamingModel):
     ``timeout`` bounds each wait (name lookup, connection, TLS handshake, every byte),
     in seconds. ``retries`` more attempts are made for a transient failure before the
     first chunk; ``ssl_context`` verifies HTTPS (None: the system's CAs);
-    ``accept_truncated=True`` accepts a text answer cut by the token limit.
+    ``accept_truncated=True`` accepts an answer cut by the token limit that ends in text.
 
     Raises TypeError or ValueError, naming the parameter, for an argument it cannot use.
     """
@@ -1017,6 +1021,12 @@ def _head_error(
         error = ProviderError(message, status=status, retry_after=retry_after)
         error._transient = status in _RETRIED_STATUSES
         return error
+    if not 200 <= status < 300:  # a redirect (not followed), or another status: no stream
+        location = headers.get("location")
+        where = f" (Location: {location}; redirects are not followed)" if location else ""
+        return ProviderError(
+            f"{url} answered HTTP {status} {reason}, not an event stream{where}", status=status
+        )
     if headers.get("content-type", "").startswith("application/json"):
         return ProviderError(f"{url} answered with JSON, not an event stream: {_excerpt(body())}")
     return None
@@ -1048,7 +1058,7 @@ def _retry_after(headers: Mapping[str, str], now: float) -> Optional[float]:
         return seconds
     try:
         date = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):  # overflow: a year of many digits
         return None
     if date.tzinfo is None:  # "-0000": the date is in UTC all the same
         date = date.replace(tzinfo=datetime.timezone.utc)
@@ -1070,7 +1080,7 @@ def _error_text(body: str) -> str:
     """The provider's own error text: its ``error.message`` (with the type), else the body."""
     try:
         data = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested too deeply to read
         return _excerpt(body) or "(no body)"
     error = data.get("error", data) if isinstance(data, dict) else data
     if isinstance(error, dict) and isinstance(error.get("message"), str):
@@ -1105,14 +1115,15 @@ class _ServerEvents:
     """The event-stream parser (the WHATWG rules the official SDKs follow), bytes in.
 
     Bytes are decoded as UTF-8 (a leading byte order mark dropped), also when a character
-    is split across reads; a line or an event's data longer than _EVENT_LIMIT characters
-    is refused, so a server that never ends a line cannot fill the memory. Lines end
-    with CRLF, CR or LF, also split across reads; a line that starts with ':' is a
-    comment; ``data:`` lines accumulate, joined with LF; ``event:`` names the event; one
-    space after the colon is dropped; a blank line dispatches the event (when it has
-    data). Other fields are ignored. ``feed(b"")`` is the end of the input: a character
-    cut by it is malformed, and an event or a line still open is dropped (the WHATWG
-    rules: only a blank line dispatches).
+    is split across reads; a line, or an event's data (its lines joined with LF, counted
+    as they come), longer than _EVENT_LIMIT characters is refused, so a server that never
+    ends a line or an event cannot fill the memory. Lines end with CRLF, CR or LF, also
+    split across reads; a line that starts with ':' is a comment; ``data:`` lines
+    accumulate, joined with LF; ``event:`` names the event; one space after the colon is
+    dropped; a blank line dispatches the event (when it has data). Other fields are
+    ignored. ``feed(b"")`` is the end of the input: a character cut by it is malformed,
+    and an event or a line still open is dropped (the WHATWG rules: only a blank line
+    dispatches).
     """
 
     def __init__(self) -> None:
@@ -1122,6 +1133,7 @@ class _ServerEvents:
         self.skip_line_feed = False  # the last read ended with a CR
         self.event = ""
         self.data: List[str] = []
+        self.size = 0  # the characters of the data joined: kept as lines come, not summed
 
     def feed(self, data: bytes) -> List[_ServerEvent]:
         """The events that these bytes complete, in order; b"" ends the input."""
@@ -1134,6 +1146,7 @@ class _ServerEvents:
             self.skip_line_feed = False
             self.event = ""
             self.data = []
+            self.size = 0
             return []
         if self.skip_line_feed and text.startswith("\n"):
             text = text[1:]  # the LF of a CRLF that the last read ended in the middle of
@@ -1149,13 +1162,17 @@ class _ServerEvents:
                     events.append(_ServerEvent(self.event, "\n".join(self.data)))
                 self.event = ""
                 self.data = []
+                self.size = 0
                 continue
             name, _, value = line.partition(":")
             if value.startswith(" "):
                 value = value[1:]
             if name == "data":
+                if self.data:  # the LF that joins it to the line before: empty lines count
+                    self.size += 1
+                self.size += len(value)
                 self.data.append(value)
-                if sum(map(len, self.data)) > _EVENT_LIMIT:
+                if self.size > _EVENT_LIMIT:
                     raise ProviderError(
                         f"malformed event stream: an event longer than {_EVENT_LIMIT:,}"
                     )
@@ -1218,6 +1235,7 @@ class _Answer:
     ThinkingDelta per non-empty delta, a ToolCallChunk per complete call); ``feed(b"")``
     is the end of the input, and raises unless the end marker came. ``done`` is True
     once it came. ``response()`` is the terminal response, refused without the marker.
+    JSON nested too deeply for the json module (a RecursionError) is a malformed event.
     """
 
     end_marker = ""
@@ -1239,7 +1257,13 @@ class _Answer:
                 break
             if event.event == "error":
                 raise _stream_error(event.data)
-            self._event(event, out)
+            try:
+                self._event(event, out)
+            except RecursionError:  # json's C code recurses once per level of nesting
+                raise ProviderError(
+                    "malformed event: JSON nested too deeply to read (in the event's data "
+                    "or in a tool call's arguments)"
+                ) from None
         self.chunks.extend(out)
         if not data and not self.done:
             raise self._incomplete()
@@ -1470,7 +1494,7 @@ class _OpenAIAnswer(_Answer):
         delta = choice.get("delta", {})
         # llama.cpp, vLLM and DeepSeek say reasoning_content; OpenRouter says reasoning.
         thinking = delta.get("reasoning_content")
-        if thinking is None:
+        if thinking is None or thinking == "":  # an empty one says nothing: read the other
             thinking = delta.get("reasoning")
         if thinking is not None:
             self._piece(al.ThinkingDelta, thinking, "reasoning", data, out)
@@ -1704,11 +1728,10 @@ class _AnthropicAnswer(_Answer):
             if reason in _ANTHROPIC_CUT:
                 self._cut("stop_reason", reason, _ANTHROPIC_CUT[reason], out)
         elif kind == "message_stop":
-            if any(block.kind == "tool_use" for block in self.open_blocks.values()):
-                raise _malformed("message_stop before a tool_use block stopped", data)
-            for index in sorted(self.open_blocks):  # a block without its stop: it ends here
-                self._stop(index, self.open_blocks[index], data, out)
-            self.open_blocks.clear()
+            if self.open_blocks:  # a block without its stop was cut: it is no answer
+                raise _malformed(
+                    f"message_stop before block {min(self.open_blocks)} stopped", data
+                )
             self.done = True
         # ping and event types added later carry no content.
 

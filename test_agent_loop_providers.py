@@ -1603,8 +1603,7 @@ class TestThinking:
 
     def test_a_thinking_blocks_start_text_and_signatures(self) -> None:
         # Text in the start counts as a delta; the last signature_delta wins; a block
-        # without any signature, or with "", has none; a block that message_stop ends
-        # without its stop is kept.
+        # without any signature, or with "", has none.
         start = {"type": "thinking", "thinking": "Hm, ", "signature": ""}
         parts = [
             MESSAGE_START,
@@ -1618,7 +1617,7 @@ class TestThinking:
             anthropic_event("content_block_stop", index=0),
             *anthropic_thinking(1, "no signature", signature=None),
             *anthropic_thinking(2, "empty signature", signature=""),
-            *anthropic_thinking(3, "open", signature="s3")[:-1],
+            *anthropic_thinking(3, "last", signature="s3"),
             anthropic_event("message_stop"),
         ]
         chunks, response = parsed(providers._AnthropicAnswer(request()), *parts)
@@ -1627,7 +1626,7 @@ class TestThinking:
             al.ThinkingBlock("Hm, ", "b"),
             al.ThinkingBlock("no signature"),
             al.ThinkingBlock("empty signature"),
-            al.ThinkingBlock("open", "s3"),
+            al.ThinkingBlock("last", "s3"),
         )
 
     def test_openai_reasoning_content_then_content_then_usage(self) -> None:
@@ -1654,6 +1653,7 @@ class TestThinking:
                 {"reasoning_content": "once", "reasoning": "once"}, "once", id="both-the-same"
             ),
             pytest.param({"reasoning_content": None, "reasoning": "r"}, "r", id="null-first"),
+            pytest.param({"reasoning_content": "", "reasoning": "r"}, "r", id="empty-first"),
         ],
     )
     def test_openai_reasoning_fields(self, delta: Dict[str, Any], thinking: str) -> None:
@@ -2263,8 +2263,38 @@ class TestIncompleteAnswers:
                     *anthropic_tool(0, "t", "add", "{}")[:2],
                     anthropic_event("message_stop"),
                 ],
-                ["message_stop before a tool_use block stopped"],
+                ["message_stop before block 0 stopped"],
                 id="open-tool",
+            ),
+            pytest.param(
+                [
+                    MESSAGE_START,
+                    *anthropic_thinking(0, "hmm", signature=None)[:2],
+                    anthropic_event("message_stop"),
+                ],
+                ["message_stop before block 0 stopped"],
+                id="open-thinking",
+            ),
+            pytest.param(
+                [
+                    MESSAGE_START,
+                    *anthropic_text(0, "a"),
+                    *anthropic_text(1, "b")[:2],
+                    *anthropic_end(),
+                ],
+                ["message_stop before block 1 stopped"],
+                id="open-text",
+            ),
+            pytest.param(
+                [
+                    MESSAGE_START,
+                    anthropic_event(
+                        "content_block_start", index=0, content_block={"type": "server_tool_use"}
+                    ),
+                    anthropic_event("message_stop"),
+                ],
+                ["message_stop before block 0 stopped"],
+                id="open-other",
             ),
             pytest.param(
                 [
@@ -2395,10 +2425,10 @@ class TestIncompleteAnswers:
                     anthropic_event(
                         "content_block_start", index=0, content_block={"type": "redacted_thinking"}
                     ),
-                    anthropic_event("message_stop"),
+                    anthropic_event("content_block_stop", index=0),
                 ],
                 ["a redacted_thinking block without its data"],
-                id="redacted-no-data-open",
+                id="redacted-no-data",
             ),
             pytest.param(
                 [anthropic_event("message_start", message="msg_1")],
@@ -2443,6 +2473,46 @@ class TestIncompleteAnswers:
         answer = answer_class(request())
         with pytest.raises(providers.ProviderError, match="the answer is incomplete"):
             answer.response()
+
+    @pytest.mark.parametrize(
+        ("answer_class", "parts"),
+        [
+            pytest.param(
+                providers._OpenAIAnswer, [b"data: " + b"[" * 200_000 + b"\n\n"], id="openai"
+            ),
+            pytest.param(
+                providers._AnthropicAnswer,
+                [b"event: message_start\ndata: " + b"[" * 200_000 + b"\n\n"],
+                id="anthropic",
+            ),
+            pytest.param(
+                providers._OpenAIAnswer,
+                [openai_call(0, "c1", "add", "[" * 200_000), openai_chunk({}, "tool_calls"), DONE],
+                id="openai-arguments",
+            ),
+            pytest.param(
+                providers._AnthropicAnswer,
+                [MESSAGE_START, *anthropic_tool(0, "t1", "add", "[" * 200_000), *anthropic_end()],
+                id="anthropic-arguments",
+            ),
+        ],
+    )
+    def test_json_nested_too_deeply_is_a_malformed_event(
+        self, answer_class: Any, parts: List[bytes]
+    ) -> None:
+        # json's C code recurses per level: a RecursionError is malformed input, not a crash.
+        with pytest.raises(
+            providers.ProviderError, match="malformed event: JSON nested too deeply"
+        ):
+            parsed(answer_class(request()), *parts)
+
+    def test_an_error_event_nested_too_deeply_is_quoted(self) -> None:
+        with pytest.raises(providers.ProviderError) as caught:
+            parsed(
+                providers._AnthropicAnswer(request()),
+                b"event: error\ndata: " + b"[" * 200_000 + b"\n\n",
+            )
+        assert str(caught.value) == "the stream reported an error: " + "[" * 200 + "..."
 
     def test_the_end_of_the_input_after_the_marker_is_fine(self) -> None:
         answer = providers._OpenAIAnswer(request())
@@ -2870,6 +2940,23 @@ class TestAcceptTruncated:
         assert response.content == (al.ToolCall("c1", "add", ADD), al.TextBlock("And then"))
         assert response.stop_reason == "toolCall"
 
+    @_PROVIDERS
+    def test_a_complete_call_in_an_accepted_cut_answer_is_run(self, provider: str) -> None:
+        items: List[_Item] = [("c1", "add", ADD), "And then"]
+        model = canned_model(
+            provider,
+            answer_parts(provider, items, end="length" if provider == "openai" else "max_tokens"),
+            answer_parts(provider, ["Done."]),
+            accept_truncated=True,
+        )
+        events, result = settle(model)
+        assert result.status == "completed", result.error
+        assert result.steps == 2
+        finished = [
+            event.payload["tool_result"] for event in events if event.type == "tool.finished"
+        ]
+        assert [(done.tool_call_id, done.is_error) for done in finished] == [("c1", False)]
+
     @pytest.mark.parametrize(
         ("provider", "cut"),
         [
@@ -2966,6 +3053,21 @@ class TestRetries:
         assert result.status == "completed", result.error
         assert retry_logs(caplog)[0].endswith("retrying in 0 s")
 
+    def test_a_retry_after_date_that_overflows_is_the_backoff(
+        self, server: Server, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        # parsedate_to_datetime raises OverflowError for it: not a Retry-After, so the
+        # retry waits the backoff.
+        headers = (("Retry-After", "Wed, 21 Oct 99999999999 07:28:30 GMT"),)
+        server.script(Reply([b"busy"], status=503, headers=headers), STREAM)
+        with caplog.at_level(logging.WARNING):
+            _, result = settle(quick(openai(server, retries=1)))
+        assert result.status == "completed", result.error
+        assert len(server.requests) == 2
+        assert retry_logs(caplog)[0].endswith(
+            "HTTP 503 Service Unavailable: busy); retrying in 0.001 s"
+        )
+
     def test_a_retry_after_over_60_s_is_not_waited_for(self, server: Server) -> None:
         server.script(Reply([b"busy"], status=429, headers=(("Retry-After", "61"),)), STREAM)
         started = time.monotonic()
@@ -3001,6 +3103,18 @@ class TestRetries:
         assert "(after" not in str(error)
         assert len(server.requests) == 1
         assert retry_logs(caplog) == []
+
+    def test_a_redirect_fails_the_run_at_once(self, server: Server) -> None:
+        headers = (("Location", "http://127.0.0.1:9/v1/chat/completions"), ("Content-Length", "0"))
+        server.script(Reply(status=301, headers=headers), STREAM)
+        _, result = settle(openai(server, retries=2))
+        error = assert_stream_error(
+            result,
+            "answered HTTP 301 Moved Permanently, not an event stream (Location: "
+            "http://127.0.0.1:9/v1/chat/completions; redirects are not followed)",
+        )
+        assert error.status == 301
+        assert len(server.requests) == 1
 
     def test_a_status_that_will_not_change_is_not_retried(self, server: Server) -> None:
         server.script(Reply([b"{}"], status=401), STREAM)
@@ -3426,6 +3540,42 @@ class TestHead:
             headers = {"content-type": content_type}
             assert providers._head_error("u", 200, "OK", headers, unread, 0.0) is None
 
+    @pytest.mark.parametrize(
+        ("status", "headers", "said"),
+        [
+            pytest.param(
+                301,
+                {"location": "https://h/y", "content-type": "text/event-stream"},
+                " (Location: https://h/y; redirects are not followed)",
+                id="redirect",
+            ),
+            pytest.param(
+                307,
+                {"location": "/x2"},
+                " (Location: /x2; redirects are not followed)",
+                id="temporary",
+            ),
+            pytest.param(304, {}, "", id="no-location"),
+            pytest.param(199, {}, "", id="below-200"),
+            pytest.param(399, {}, "", id="399"),
+        ],
+    )
+    def test_a_status_outside_2xx_is_an_error_naming_it(
+        self, status: int, headers: Dict[str, str], said: str
+    ) -> None:
+        def unread() -> str:
+            raise AssertionError("a redirect's body is not read")
+
+        error = providers._head_error("http://h/x", status, "Reason", headers, unread, 0.0)
+        assert error is not None
+        assert str(error) == f"http://h/x answered HTTP {status} Reason, not an event stream{said}"
+        assert (error.status, error.retry_after, error._transient) == (status, None, False)
+
+    @pytest.mark.parametrize("status", [200, 201, 299])
+    def test_a_2xx_stream_is_no_error(self, status: int) -> None:
+        headers = {"content-type": "text/event-stream"}
+        assert providers._head_error("u", status, "OK", headers, lambda: "", 0.0) is None
+
     def test_json_instead_of_a_stream(self) -> None:
         error = self.error(200, {"content-type": "application/json"}, '{"choices": []}')
         assert error is not None
@@ -3463,6 +3613,7 @@ class TestHead:
             pytest.param("[1]", "[1]", id="array"),
             pytest.param("", "(no body)", id="empty"),
             pytest.param("x" * 300, "x" * 200 + "...", id="long"),
+            pytest.param("[" * 40_000, "[" * 200 + "...", id="nested-too-deeply"),
         ],
     )
     def test_the_provider_error_text(self, body: str, text: str) -> None:
@@ -3480,6 +3631,12 @@ class TestHead:
             pytest.param({"retry-after": "Wed, 21 Oct 2015 07:28:30 -0000"}, 30.0, id="utc"),
             pytest.param({"retry-after": "Wed, 21 Oct 2015 07:27:00 GMT"}, 0.0, id="past"),
             pytest.param({"retry-after": "soon"}, None, id="text"),
+            pytest.param(
+                {"retry-after": "Wed, 21 Oct 99999999999 07:28:30 GMT"}, None, id="huge-year"
+            ),
+            pytest.param(
+                {"retry-after": "Wed, 21 Oct 2015 99999999999:28:30 GMT"}, None, id="huge-hour"
+            ),
             pytest.param({"retry-after": ""}, None, id="empty"),
             pytest.param({"retry-after": "-1", "retry-after-ms": "nan"}, None, id="negative"),
             pytest.param({"retry-after": "inf"}, None, id="infinite"),
@@ -3726,10 +3883,46 @@ class TestServerEvents:
             self.parse(line + b"x")
 
     def test_an_event_at_the_limit_passes_and_one_longer_is_malformed(self) -> None:
-        half = b"data: " + b"y" * (providers._EVENT_LIMIT // 2) + b"\n"
-        assert len(self.parse(half, half, b"\n")[0][1]) == providers._EVENT_LIMIT + 1  # the LF
+        # The LF that joins the two lines counts: the data is exactly the limit.
+        first = b"data: " + b"y" * (providers._EVENT_LIMIT // 2) + b"\n"
+        second = b"data: " + b"y" * (providers._EVENT_LIMIT // 2 - 1) + b"\n"
+        assert len(self.parse(first, second, b"\n")[0][1]) == providers._EVENT_LIMIT
         with pytest.raises(providers.ProviderError, match="an event longer than 1,048,576"):
-            self.parse(half, half, b"data: z\n")
+            self.parse(first, second.replace(b" ", b" z"))
+
+    def test_empty_data_lines_fill_an_event_with_their_line_feeds(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(providers, "_EVENT_LIMIT", 64)
+        assert self.parse(b"data:\n" * 65 + b"\n") == [("", "\n" * 64)]  # 64 LFs: the limit
+        with pytest.raises(providers.ProviderError, match="an event longer than 64"):
+            self.parse(b"data:\n" * 66)
+
+    def test_a_long_run_of_empty_data_lines_is_an_oversized_event(self) -> None:
+        # A server that sends "data:" lines forever: the limit ends it, a read at a time.
+        lines = b"data:\n" * (providers._EVENT_LIMIT + 2)
+        reads = [lines[start : start + 65_536] for start in range(0, len(lines), 65_536)]
+        assert self.parse(*reads[:-1], reads[-1][: -len(b"data:\n")], b"\n") == [
+            ("", "\n" * providers._EVENT_LIMIT)
+        ]
+        with pytest.raises(
+            providers.ProviderError,
+            match="malformed event stream: an event longer than 1,048,576",
+        ):
+            self.parse(*reads)
+
+    def test_the_size_of_the_data_is_counted_as_its_lines_come(self) -> None:
+        parser = providers._ServerEvents()
+        sizes = []
+        for read in (b"data: ab\n", b"data:\n", b"data: c\n"):
+            assert parser.feed(read) == []
+            sizes.append(parser.size)
+        assert sizes == [2, 3, 5]  # "ab", "ab\n", "ab\n\nc"
+        assert parser.feed(b"\n") == [providers._ServerEvent("", "ab\n\nc")]
+        assert parser.size == 0  # a dispatched event starts the count again
+        assert parser.feed(b"data: abc\n") == []
+        assert parser.feed(b"") == []
+        assert parser.size == 0  # so does the end of the input
 
 
 class TestHelpers:
