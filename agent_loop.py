@@ -41,43 +41,31 @@ The loop reads in the order of the seed's state diagram::
 
 Invariants:
 
-- One counter numbers every event of a run (0, 1, 2, ...); ``run.finished`` is always
-  the last event and carries the returned ``RunResult``.
-- The transcript holds complete messages only: a streamed chunk may have had its event,
-  but an unfinished assistant message is never appended, and an interrupted tool call
-  never gets a fabricated result.
-- Options are validated, and the messages and the registry's membership snapshotted,
-  when ``run_agent_loop()`` is *called*, not when iteration starts.
-- Values are frozen dataclasses normalised in ``__post_init__``; a ``ToolCall`` freezes a
-  copy of its arguments. Nothing a caller, model or tool does to an object it holds
-  changes the run's transcript.
+- One counter numbers every event of a run; ``run.finished`` is always the last event
+  and carries the returned ``RunResult``.
+- The transcript holds complete messages only: an unfinished assistant message is never
+  appended, and an interrupted tool call never gets a fabricated result.
+- Options are validated, and the messages and the registry snapshotted, when
+  ``run_agent_loop()`` is *called*, not when iteration starts.
+- Values are frozen dataclasses; a ``ToolCall`` freezes a copy of its arguments.
 - A value from outside (the caller's messages, a model's chunks and response, a tool's
-  schema) is checked once, where it enters. A check raises one neutral ``_Problem``; the
-  phase that runs it says which failure code that is. Only what is appended is checked,
-  so a step costs what it adds, whatever the length of the transcript.
+  schema) is checked once, where it enters: a check raises one neutral ``_Problem``, and
+  the phase that runs it says which failure code that is. A step costs what it adds,
+  whatever the length of the transcript.
 - The signal (a ``threading.Event``, or any ``Signal``) is looked at before the first
-  event, after every event (``_Run.drive``), and whenever the model, its stream or a tool
-  returns or raises (``_Run._call``, ``_Run._next_chunk``); cancellation wins over an
-  error that arrives after it was set.
+  event, after every event, and whenever the model, its stream or a tool returns or
+  raises; cancellation wins over an error that arrives after it was set.
 
-Choices where the seed is silent (the README lists them all): the messages are read at
-call time, at most ``MAX_INITIAL_MESSAGES + 1`` of them; JSON equality is strict (``True``
-is not ``1``, ``1`` is not ``1.0``) and empty text carries nothing; ids, names and text are
-exactly ``str``, and blocks and messages exactly the IR's classes (a subclass could
-redefine ``==``); a tool's schema uses only keywords the loop enforces; a ``ToolCall``
-keeps arguments that are not plain bounded JSON as given, and the run rejects it before
-any tool runs; KeyboardInterrupt and SystemExit propagate, any other exception from a
-model fails the run, and an ``Exception`` from a tool is a recoverable, logged result.
-Thinking is a kind of block of its own: it is kept where the model put it, coalesces as
-text does (text, thinking and tool calls are each other's boundaries), and its streamed
-code points are bounded apart from text's; a signature never streams. A response's
-usage goes into its assistant message, and the run's usage is their sum, in which an
-unknown part makes the sum unknown.
-
-Deliberately not here (as the seed says): concurrent tool execution, steering/follow-up
-queues, context transformation, provider retries, persistent session state, a
-production scheduling policy. Companion files beside this one use only its public
-names: ``agent_loop_providers.py`` (real models), ``agent_loop_replay.py`` (replay).
+Where the seed is silent, the README lists the choices made; the main ones: JSON equality
+is strict (``True`` is not ``1``); ids, names and text are exactly ``str`` and blocks and
+messages exactly the IR's classes (a subclass could redefine ``==``); a ``ToolCall`` keeps
+arguments that are not plain bounded JSON as given, and the run rejects it before any tool
+runs; an ``Exception`` from a tool is a recoverable, logged result; thinking is a kind of
+block of its own, bounded and coalesced as text is; a run's usage is the sum of its
+responses' usage. Not here, as the seed says: concurrent tools, steering queues, context
+transformation, provider retries, persistent sessions. Companion files beside this one
+use only its public names: ``agent_loop_providers.py`` (real models) and
+``agent_loop_replay.py`` (replay).
 
 The file reads top down: the limits, the loop and its phases in the diagram's order,
 then what the loop uses in that order (the transcript and its checks, the model
@@ -2554,47 +2542,19 @@ def _demo_line(event: Event) -> str:
 
 def _demo_result(result: RunResult) -> str:
     """A result as the demonstration prints it, after the events."""
-    lines = [
-        f"result: {result.status}, {result.steps} step(s), {len(result.messages)} messages"
-        + ("" if result.usage is None else f", {_demo_usage(result.usage)}")
-    ]
+    line = f"result: {result.status}, {result.steps} step(s), {len(result.messages)} messages"
+    if result.usage is not None:  # the counts the provider gave, by their JSON keys
+        counts = ", ".join(f"{key} {count}" for key, count in result.usage.to_dict().items())
+        line += f", usage: {counts or 'unknown'}"
+    lines = [line]
     if result.final_text is not None:
         lines.append(f"final text: {result.final_text}")
     if result.max_steps is not None:
         lines.append(f"the budget of {result.max_steps} step(s) ended the run")
-    if result.error is not None:
-        lines.append(f"error: {result.error.code}: {result.error.message}")
     open_calls = open_tool_calls(result.messages)
     if open_calls:
         lines.append("left without a result: " + ", ".join(call.id for call in open_calls))
     return "\n".join(lines)
-
-
-def _demo_usage(usage: Usage) -> str:
-    """A run's usage as the result line shows it: each count, or that all are unknown."""
-    counts = [getattr(usage, name) for name, _ in _USAGE_KEYS]
-    if all(count is None for count in counts):
-        return "usage unknown"
-    shown = (
-        f"{name.replace('_tokens', '').replace('_', ' ')} {'unknown' if count is None else count}"
-        for (name, _), count in zip(_USAGE_KEYS, counts)
-    )
-    return "usage: " + ", ".join(shown) + " tokens"
-
-
-def _bounded_int(low: int, high: int) -> Callable[[str], int]:
-    """An argparse type: an int in low..high."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{value} is not in {low}..{high}")
-        return value
-
-    return parse
 
 
 def _main(argv: Optional[Sequence[str]] = None) -> int:
@@ -2602,34 +2562,23 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python agent_loop.py",
         description="Runs the Agent Loop on a scripted model with three tools (one call "
-        "fails, recoverably) and prints each event on one line, then the result. No "
-        "network; the output is deterministic.",
+        "fails, recoverably) and prints each event on one line, then the result.",
     )
+    parser.add_argument("--json", action="store_true", help="print each event as JSON")
+    budget = f"the step budget, 1..{MAX_AGENT_STEPS} (the demo needs 3)"
+    parser.add_argument("--max-steps", type=int, default=MAX_AGENT_STEPS, metavar="N", help=budget)
     parser.add_argument(
-        "--json",
-        action="store_true",
-        help="print each event as one JSON line (to_dict form), nothing else",
-    )
-    parser.add_argument(
-        "--max-steps",
-        type=_bounded_int(1, MAX_AGENT_STEPS),
-        default=MAX_AGENT_STEPS,
-        metavar="N",
-        help=f"the step budget, 1..{MAX_AGENT_STEPS} (the demo needs 3; fewer ends it maxSteps)",
-    )
-    parser.add_argument(
-        "--cancel-after",
-        type=_bounded_int(0, sys.maxsize),
-        metavar="K",
-        help="set the cancellation signal once the event with sequence K has been printed",
+        "--cancel-after", type=int, metavar="K", help="set the signal once event K is printed"
     )
     options = parser.parse_args(argv)
+    if not 1 <= options.max_steps <= MAX_AGENT_STEPS:
+        parser.error(f"argument --max-steps: {options.max_steps} is not in 1..{MAX_AGENT_STEPS}")
+    if options.cancel_after is not None and options.cancel_after < 0:
+        parser.error(f"argument --cancel-after: {options.cancel_after} is negative")
     signal = threading.Event()
 
     def show(event: Event) -> None:
-        print(
-            json.dumps(event.to_dict(), ensure_ascii=False) if options.json else _demo_line(event)
-        )
+        print(json.dumps(event.to_dict()) if options.json else _demo_line(event))
         if event.sequence == options.cancel_after:
             signal.set()
 
