@@ -434,12 +434,8 @@ class _Run:
         """AppendAssistant: the complete assistant message joins the transcript, and its
         usage the run's (a response without usage makes every field of the sum unknown)."""
         self.transcript.append(message)
-        if message.usage is None:
-            self.usage = _UNKNOWN_USAGE  # whatever the sum was
-        elif self.usage is None:
-            self.usage = message.usage  # the first response
-        else:
-            self.usage = self.usage + message.usage
+        usage = _UNKNOWN_USAGE if message.usage is None else message.usage
+        self.usage = usage if self.usage is None else self.usage + usage
 
     def _execute_tools(
         self, request: ModelRequest, message: AssistantMessage
@@ -650,16 +646,13 @@ def _checked_block(block: object) -> Union[TextBlock, ThinkingBlock, ToolCall]:
 
 def _checked_thinking(block: ThinkingBlock) -> ThinkingBlock:
     """Returns a thinking block that keeps the IR's rules, or raises _Problem naming the field."""
+    kind = "a thinking block"
     if not _is_text(block.thinking):
-        raise _Problem(_wrong_block_field("a thinking block", "thinking", "a str", block.thinking))
+        raise _Problem(_wrong_block_field(kind, "thinking", "a str", block.thinking))
     if block.signature is not None and not _is_text(block.signature):
-        raise _Problem(
-            _wrong_block_field("a thinking block", "signature", "None or a str", block.signature)
-        )
+        raise _Problem(_wrong_block_field(kind, "signature", "None or a str", block.signature))
     if type(block.redacted) is not bool:
-        raise _Problem(
-            _wrong_block_field("a thinking block", "redacted", "a bool", block.redacted)
-        )
+        raise _Problem(_wrong_block_field(kind, "redacted", "a bool", block.redacted))
     # A redacted block's opaque data is its signature: without it nothing can be sent back.
     if block.redacted and (block.thinking != "" or not block.signature):
         raise _Problem(
@@ -770,14 +763,13 @@ class _Transcript:
         """Returns the message if it is well formed and keeps linkage with what is
         already here, else raises _Problem."""
         checked = _checked_message(message)
-        problem = self._linkage_problem(checked)
-        if problem is not None:
-            raise _Problem(problem)
+        self._check_linkage(checked)
         return checked
 
-    def _linkage_problem(self, message: Message) -> Optional[str]:
+    def _check_linkage(self, message: Message) -> None:
+        """Raises _Problem unless its ids are free and a result answers an open call."""
         if message.id in self._message_ids:
-            return (
+            raise _Problem(
                 f"message id {message.id!r} is used twice (an assistant message's id is "
                 '"message-" + its response id, a tool result\'s is "tool-result-" + its '
                 "call id: response ids and tool-call ids must be unique across the whole "
@@ -790,12 +782,12 @@ class _Transcript:
                 if not isinstance(call, ToolCall):
                     continue
                 if call.id in self._call_ids or call.id in new_ids:
-                    return (
+                    raise _Problem(
                         f"tool call id {call.id!r} is used twice (tool-call ids must be "
                         "unique across the whole transcript)"
                     )
                 if _tool_result_id(call.id) in self._message_ids:
-                    return (
+                    raise _Problem(
                         f'the result id of tool call {call.id!r} ("tool-result-" + its id) '
                         "is already taken by another message"
                     )
@@ -804,13 +796,12 @@ class _Transcript:
             # Seed: "every call has one later matching result".
             answered = self._open_calls.get(message.tool_call_id)
             if answered is None:
-                return f"tool result {message.id!r} answers no open tool call"
+                raise _Problem(f"tool result {message.id!r} answers no open tool call")
             if answered.name != message.tool_name:
-                return (
+                raise _Problem(
                     f"tool result {message.id!r} names tool {message.tool_name!r}, "
                     f"but its call names {answered.name!r}"
                 )
-        return None
 
     def append(self, message: Message) -> None:
         """Adds a message that keeps linkage, and indexes its ids and open calls."""
@@ -818,7 +809,7 @@ class _Transcript:
         self._message_ids.add(message.id)
         if isinstance(message, AssistantMessage):
             for call in message.content:
-                if isinstance(call, ToolCall):  # as in _linkage_problem, no list built
+                if isinstance(call, ToolCall):  # as in _check_linkage, no list built
                     self._call_ids.add(call.id)
                     self._open_calls[call.id] = call
         elif isinstance(message, ToolResultMessage):
