@@ -810,12 +810,6 @@ class UnprintableError(Exception):
         raise RuntimeError("no message for you")
 
 
-def cyclic_value() -> object:
-    value: list[Any] = []
-    value.append(value)
-    return value
-
-
 def raising(error: BaseException) -> Callable[[dict[str, Any], Any], object]:
     """A tool function that raises ``error``."""
 
@@ -846,7 +840,7 @@ NOT_JSON_RETURNS = [
     pytest.param(float("nan"), id="returns-NaN"),
     pytest.param({"x": float("inf")}, id="returns-nested-Infinity"),
     pytest.param({(1, 2): "tuple key"}, id="returns-a-tuple-key"),
-    pytest.param(cyclic_value(), id="returns-a-cyclic-value"),
+    pytest.param(cyclic_array(), id="returns-a-cyclic-value"),
     pytest.param(nested(100_001, "array"), id="returns-JSON-nested-100000-deep"),
 ]
 
@@ -944,21 +938,35 @@ def index_of(events: Sequence[al.Event], at: tuple[str, int]) -> int:
     return [index for index, event in enumerate(events) if event.type == at[0]][at[1] - 1]
 
 
-def abort_from_another_thread(ready: threading.Event, signal: threading.Event) -> threading.Thread:
-    """Starts a helper thread that sets ``signal`` once ``ready`` is set."""
+class Interruption:
+    """How the signal reaches a tool or model that is running: it sets it itself, or it
+    waits on it while another thread sets it ("thread")."""
 
-    def abort() -> None:
-        if ready.wait(5):  # a safety net: the test sets ready long before
+    def __init__(self, who: str, signal: threading.Event) -> None:
+        self.who = who
+        self.ready = threading.Event()
+        self.woke: list[bool] = []
+        self.thread = threading.Thread(target=self.abort, args=(signal,))
+        if who == "thread":
+            self.thread.start()
+
+    def abort(self, signal: threading.Event) -> None:
+        if self.ready.wait(5):  # a safety net: the tool or model is ready long before
             signal.set()
 
-    thread = threading.Thread(target=abort)
-    thread.start()
-    return thread
+    def arrive(self, signal: Any) -> None:
+        if self.who == "thread":
+            self.ready.set()
+            self.woke.append(signal.wait(5))  # a safety net: the thread sets it at once
+        else:
+            signal.set()
 
-
-def assert_joined(thread: threading.Thread) -> None:
-    thread.join(5)
-    assert not thread.is_alive()
+    def check(self) -> None:
+        """The other thread is done, and released the waiter (not its safety timeout)."""
+        if self.who == "thread":
+            self.thread.join(5)
+            assert not self.thread.is_alive()
+            assert self.woke == [True]
 
 
 class TestCancellation:
@@ -1027,21 +1035,24 @@ class TestCancellation:
         assert ran == executed
 
     @pytest.mark.parametrize(
-        "how",
+        ("who", "then"),
         [
-            pytest.param("observer", id="the-consumer-at-tool.started"),
-            pytest.param("returns", id="the-tool-sets-it-then-returns"),
-            pytest.param("raises", id="the-tool-sets-it-then-raises"),
-            pytest.param("tool-error", id="the-tool-sets-it-then-raises-ToolError"),
-            pytest.param("base-exception", id="the-tool-sets-it-then-raises-BaseException"),
-            pytest.param("thread-returns", id="another-thread-then-it-returns", marks=HOSTILE),
-            pytest.param("thread-raises", id="another-thread-then-it-raises", marks=HOSTILE),
-            pytest.param("thread-base-exception", id="another-thread-then-BaseException",
+            pytest.param("consumer", None, id="the-consumer-at-tool.started"),
+            pytest.param("itself", None, id="the-tool-sets-it-then-returns"),
+            pytest.param("itself", RuntimeError("aborted"), id="the-tool-sets-it-then-raises"),
+            pytest.param("itself", al.ToolError("aborted"),
+                         id="the-tool-sets-it-then-raises-ToolError"),
+            pytest.param("itself", Fatal("aborted"),
+                         id="the-tool-sets-it-then-raises-BaseException"),
+            pytest.param("thread", None, id="another-thread-then-it-returns", marks=HOSTILE),
+            pytest.param("thread", RuntimeError("aborted"), id="another-thread-then-it-raises",
+                         marks=HOSTILE),
+            pytest.param("thread", Fatal("aborted"), id="another-thread-then-BaseException",
                          marks=HOSTILE),
         ],
     )  # fmt: skip
     def test_cancellation_during_tool_execution_appends_no_fabricated_result(
-        self, how: str
+        self, who: str, then: BaseException | None
     ) -> None:
         """Seed: "Cancellation during Tool execution retains the complete assistant
         Tool-call message, emits tool.started, and appends no fabricated result." However
@@ -1049,37 +1060,23 @@ class TestCancellation:
         "Cancellation wins over a stream or tool error that arrives after the signal was
         set"), the run ends cancelled right after that tool.started."""
         signal = threading.Event()
-        waiting = threading.Event()
-        woke: list[bool] = []
+        interruption = Interruption(who, signal)
 
         def interrupted(arguments: dict[str, Any], tool_signal: Any) -> object:
-            if how.startswith("thread-"):
-                waiting.set()
-                woke.append(tool_signal.wait(5))  # a safety net: the thread sets it at once
-            else:
-                tool_signal.set()  # the observer's case never gets here
-            ending = how[len("thread-") :] if how.startswith("thread-") else how
-            if ending == "raises":
-                raise RuntimeError("aborted")
-            if ending == "tool-error":
-                raise al.ToolError("aborted")
-            if ending == "base-exception":
-                raise Fatal("aborted")
+            interruption.arrive(tool_signal)  # the consumer's case never gets here
+            if then is not None:
+                raise then
             return "a result that arrives too late"
 
         ran: list[str] = []
-        wait_call = call("wait", "call-wait-001", {})
-        calls = (text("Waiting."), wait_call, echo_call("call-echo-001"))
-        thread = abort_from_another_thread(waiting, signal) if how.startswith("thread-") else None
+        calls = (text("Waiting."), call("wait", "call-wait-001", {}), echo_call("call-echo-001"))
         events, result, model = run(
             [tool_turn("response-001", *calls), stop("response-002")],
             tools=[no_arguments_tool("wait", interrupted), echo_tool(ran)],
             signal=signal,
-            cancel_at=("tool.started", 1) if how == "observer" else None,
+            cancel_at=("tool.started", 1) if who == "consumer" else None,
         )
-        if thread is not None:
-            assert_joined(thread)
-            assert woke == [True]  # released by the signal, not by the safety timeout
+        interruption.check()
 
         assert (result.status, result.error) == ("cancelled", None)
         assert types_of(events) == [
@@ -1088,77 +1085,68 @@ class TestCancellation:
             "tool.started",
             "run.finished",
         ]
-        assert events[-2].payload["tool_call"] == wait_call
+        assert events[-2].payload["tool_call"] == calls[1]
         assert result.messages == (user(), assistant("response-001", *calls))
         assert open_call_ids(result.messages) == ["call-wait-001", "call-echo-001"]
         assert ran == []
         assert result.steps == model.call_count == 1
 
     @pytest.mark.parametrize(
-        ("how", "chunks"),
+        ("who", "then", "chunks"),
         [
-            pytest.param("sets-then-returns", 1, id="terminal-response-waiting"),
-            pytest.param("sets-then-raises", 0, id="a-stream-error-after-the-signal"),
-            pytest.param("thread-yields", 1, id="another-thread-then-the-stream-yields",
+            pytest.param("itself", "returns", 1, id="terminal-response-waiting"),
+            pytest.param("itself", "raises-at-once", 0, id="a-stream-error-after-the-signal"),
+            pytest.param("thread", "yields", 1, id="another-thread-then-the-stream-yields",
                          marks=HOSTILE),
-            pytest.param("thread-raises", 1, id="another-thread-then-the-stream-raises",
+            pytest.param("thread", "raises", 1, id="another-thread-then-the-stream-raises",
                          marks=HOSTILE),
-            pytest.param("thread-returns", 1, id="another-thread-then-the-stream-returns",
+            pytest.param("thread", "returns", 1, id="another-thread-then-the-stream-returns",
                          marks=HOSTILE),
-            pytest.param("call-blocks-then-raises", 0, id="another-thread-while-stream()-blocks",
-                         marks=HOSTILE),
+            pytest.param("thread", "stream()-raises", 0,
+                         id="another-thread-while-stream()-blocks", marks=HOSTILE),
         ],
     )  # fmt: skip
-    def test_a_partial_model_chunk_is_never_appended(self, how: str, chunks: int) -> None:
+    def test_a_partial_model_chunk_is_never_appended(
+        self, who: str, then: str, chunks: int
+    ) -> None:
         """Seed: "A partial model chunk may already have an event but its unfinished
         assistant message is not appended." Cancellation while the model streams or while
         the loop waits for its terminal response, whatever the model does then: the run
         ends cancelled, the step counted, and the model's stream closed."""
         signal = threading.Event()
-        waiting = threading.Event()
-        woke: list[bool] = []
+        interruption = Interruption(who, signal)
 
         def streaming(
             model: FakeModel, request: al.ModelRequest, model_signal: Any
         ) -> Generator[object, None, object]:
             try:
-                if how == "sets-then-raises":
-                    signal.set()
+                if then == "raises-at-once":
+                    interruption.arrive(model_signal)
                     raise ConnectionError("closed because of the signal")
                 yield al.TextDelta(request.id, "Hel")
-                if how == "sets-then-returns":
-                    signal.set()  # after the last chunk, before the terminal response
-                else:
-                    waiting.set()
-                    woke.append(model_signal.wait(5))
-                if how == "thread-yields":
+                interruption.arrive(model_signal)  # before the terminal response
+                if then == "yields":
                     yield al.TextDelta(request.id, "lo")
-                elif how == "thread-raises":
+                elif then == "raises":
                     raise ConnectionError("stream aborted")
                 return al.ModelResponse("response-001", request.id, (text("Hel"),), "stop")
             finally:
                 model.finalized.append(request.id)
 
         def stream(model: FakeModel, request: al.ModelRequest, model_signal: Any) -> Any:
-            if how == "call-blocks-then-raises":
-                waiting.set()
-                woke.append(model_signal.wait(5))
+            if then == "stream()-raises":
+                interruption.arrive(model_signal)
                 raise ConnectionAbortedError("cancelled by the caller")
             return streaming(model, request, model_signal)
 
-        model = FakeModel(stream)
-        threaded = "thread" in how or "blocks" in how
-        thread = abort_from_another_thread(waiting, signal) if threaded else None
-        events, result, _ = run(model, signal=signal)
-        if thread is not None:
-            assert_joined(thread)
-            assert woke == [True]
+        events, result, model = run([stream], signal=signal)
+        interruption.check()
 
         assert (result.status, result.error) == ("cancelled", None)
         assert types_of(events) == ["message.accepted", *["model.chunk"] * chunks, "run.finished"]
         assert result.messages == (user(),)
         assert result.steps == model.call_count == 1
-        assert model.finalized == ([] if how == "call-blocks-then-raises" else ["request-001"])
+        assert model.finalized == ([] if then == "stream()-raises" else ["request-001"])
 
 
 class TestStepBudget:
@@ -1840,7 +1828,8 @@ class SubclassedUserMessage(al.UserMessage):
     __setattr__ = object.__setattr__
 
 
-RESULT = al.ToolResultMessage("t", "c", "n", "x", False)
+RESULT: Any = al.ToolResultMessage("t", "c", "n", "x", False)
+"""Untyped: the table below gives its fields values of the wrong type."""
 
 
 # Each row: a starting transcript, and the words of its failure: for a field of the wrong
@@ -2204,18 +2193,23 @@ def event_annotated_tool(arguments: Dict[str, Any], signal: threading.Event) -> 
     return {"waited": signal.wait(0)}
 
 
+SIGNAL_MODEL: al.Model = SignalAnnotatedModel()  # mypy --strict checks these assignments
+EVENT_MODEL: al.Model = EventAnnotatedModel()
+
+
 class TestSignalIsPublic:
     """The signal protocol is public (Signal), so a model or tool annotated with
     threading.Event or Signal passes mypy --strict (this module is checked by it)."""
 
-    def test_signal_annotations_run(self) -> None:
-        tool = al.Tool("annotated", "d", {"type": "object"}, signal_annotated_tool)
-        _, result, _ = run(SignalAnnotatedModel(), tools=[tool])
-        assert only_tool_result(result).content == '{"waited":false}'
-
-    def test_threading_event_annotations_run(self) -> None:
-        tool = al.Tool("annotated", "d", {"type": "object"}, event_annotated_tool)
-        model: al.Model = EventAnnotatedModel()  # mypy --strict checks this assignment
+    @pytest.mark.parametrize(
+        ("model", "execute"),
+        [
+            pytest.param(SIGNAL_MODEL, signal_annotated_tool, id="Signal"),
+            pytest.param(EVENT_MODEL, event_annotated_tool, id="threading.Event"),
+        ],
+    )
+    def test_signal_annotations_run(self, model: al.Model, execute: Any) -> None:
+        tool = al.Tool("annotated", "d", {"type": "object"}, execute)
         _, result, _ = run(model, tools=[tool], signal=threading.Event())
         assert only_tool_result(result).content == '{"waited":false}'
 
