@@ -1067,17 +1067,11 @@ def plan_step(
     response_id: str,
     items: Sequence[object],
     stop_reason: str,
-    *,
-    stream: Sequence[object] | None = None,
-    content: Sequence[object] | None = None,
+    stream: Sequence[object],
+    content: Sequence[object],
 ) -> StepPlan:
-    """A valid step: ``items`` are texts and CallPlans in assistant order."""
-    blocks = [
-        al.TextBlock(item) if isinstance(item, str) else cast(CallPlan, item).call
-        for item in items
-    ]
-    content = blocks if content is None else list(content)
-    stream = blocks if stream is None else list(stream)
+    """A valid step: ``items`` are texts and CallPlans in assistant order, streamed as
+    ``stream`` and returned as ``content`` (which normalise alike)."""
     return StepPlan(
         response_id,
         list(stream),
@@ -1292,10 +1286,8 @@ def random_call(rng: random.Random, call_id: str) -> CallPlan:
     return unknown_tool_plan(call_id)
 
 
-def random_valid_step(
-    rng: random.Random, response_id: str, step: int, stop: bool
-) -> tuple[list[object], StepPlan]:
-    """A valid step with random text, calls and chunk splits; returns its items too."""
+def random_valid_step(rng: random.Random, response_id: str, step: int, stop: bool) -> StepPlan:
+    """A valid step with random text, calls and chunk splits."""
     items: list[object] = []
     if stop:
         items = [random_text(rng) for _ in range(rng.randint(0, 3))]
@@ -1319,10 +1311,7 @@ def random_valid_step(
         else:
             stream.append(cast(CallPlan, item).call)
             content.append(cast(CallPlan, item).call)
-    plan = plan_step(
-        response_id, items, "stop" if stop else "toolCall", stream=stream, content=content
-    )
-    return items, plan
+    return plan_step(response_id, items, "stop" if stop else "toolCall", stream, content)
 
 
 def random_violation(
@@ -1330,7 +1319,7 @@ def random_violation(
 ) -> StepPlan:
     """A step that breaks one rule; the reference knows how many chunks get an event."""
     kind = rng.choice(VIOLATIONS)
-    _, plan = random_valid_step(rng, response_id, step, stop=kind == "toolCall-without-call")
+    plan = random_valid_step(rng, response_id, step, stop=kind == "toolCall-without-call")
     stream = list(plan.stream)
     if kind == "stop-with-call":
         # A toolCall script answered with stopReason stop: all chunks stream, then it fails.
@@ -1404,7 +1393,7 @@ def random_script(
         if roll < 0.2:
             plans.append(random_violation(rng, response_id, step, used_ids))
             break
-        _, plan = random_valid_step(rng, response_id, step, stop=roll < 0.4)
+        plan = random_valid_step(rng, response_id, step, stop=roll < 0.4)
         plans.append(plan)
         used_ids += [call_plan.call.id for call_plan in plan.calls]
         if plan.stop:
