@@ -8,8 +8,8 @@ builders, their one fake model, their one driver and its checker from here:
 - FakeModel, for what al.ScriptedModel cannot do (its docstring says what);
 - run() and settle(): the one driver, which checks the run's invariants (check_run) after
   every run, and start_run() for tests that step, close or throw into a run;
-- the reference model (predict(), over StepPlans, and random_script()), the oracle that
-  test_agent_loop.py's random scripts and cancellation sweep are checked against.
+- the reference model (predict(), over StepPlans) and random_script(): the oracle that
+  test_agent_loop.py's random scripts are checked against.
 
 It is a plain module rather than a conftest.py: a test file imports from it by name, as
 it imports agent_loop, and mypy checks it like any module; pytest imports a conftest.py
@@ -990,7 +990,7 @@ def free_port() -> int:
 # streams and returns, and what its tool calls do); predict() says, from the seed's rules
 # alone, which events, status, steps, transcript and tool effects the run must have;
 # run_plans() runs the script with the driver and assert_predicted() compares. The random
-# script generator (random_script) and the cancellation sweep of test_agent_loop.py use it.
+# script generator (random_script) makes the scripts test_agent_loop.py runs against it.
 
 
 @dataclasses.dataclass

@@ -29,13 +29,12 @@ Contents, in the module's order
         TestAssistantMessagesPrecedeToolResults, TestRecoverableToolErrors,
         TestEventSequence, TestCancellation, TestStepBudget;
         then TestFailureCodes, TestStreamAndResponseAgree, TestRunUsage,
-        TestMistakesNameTheirFix, TestRunHelpers,
-        TestCancellationAtEveryEvent [hostile], TestConsumerWalksAway [hostile],
+        TestMistakesNameTheirFix, TestRunHelpers, TestConsumerWalksAway [hostile],
         TestInterruptsAreNeverSwallowed [hostile],
         TestRandomScriptsAgainstAReference [hostile]
-    The transcript: TestInvalidStartingTranscript, TestWrongFieldIsNamed,
-        TestMalformedThinkingAndUsage,
-        TestDuplicateIdsSayHowTheyWereDerived, TestOnlyTheExactClasses
+    The transcript: TestInvalidStartingTranscript (a wrong field is named),
+        TestMalformedThinkingAndUsage, TestDuplicateIdsSayHowTheyWereDerived,
+        TestOnlyTheExactClasses
     Model boundary: TestSignalIsPublic,
         TestMalformedModelOutput [hostile], TestModelStrSubclasses [hostile],
         TestModelStreamCleanup [hostile]
