@@ -1722,12 +1722,6 @@ class TestConsumerWalksAway:
                 next(run_)
 
 
-def drain(run_: Any, events: list[al.Event]) -> None:
-    """Appends each event of a run to ``events`` until the run ends or raises."""
-    for event in run_:
-        events.append(event)
-
-
 @pytest.mark.hostile
 class TestInterruptsAreNeverSwallowed:
     """KeyboardInterrupt and SystemExit from the model or a tool propagate out of next()
@@ -1764,7 +1758,7 @@ class TestInterruptsAreNeverSwallowed:
         run_ = start_run(model, [no_arguments_tool("stop", raising(error)), echo_tool(executed)])
         events: list[al.Event] = []
         with pytest.raises(error_type) as raised:
-            drain(run_, events)
+            events.extend(run_)
         assert raised.value is error
         assert types_of(events) == ["message.accepted", *kinds]
         assert executed == []  # the next call of the batch never ran
