@@ -1197,11 +1197,20 @@ def scripted_step(
 
 
 class TestFailureCodes:
-    def test_model_protocol_error(self) -> None:
-        """Seed: "Tool calls are forbidden in a stop response." """
-        events, result, _ = run([scripted_step([add_call()], "stop")], tools=[add_tool()])
+    @pytest.mark.parametrize("earlier", [0, 1], ids=["in-the-first-step", "in-a-later-step"])
+    def test_model_protocol_error(self, earlier: int) -> None:
+        """Seed: "Tool calls are forbidden in a stop response." The step is not kept; the
+        rounds before it are."""
+        executed: list[str] = []
+        violation = al.scripted_response("response-002", [text("Done."), add_call("c2")], "stop")
+        events, result, _ = run(
+            [tool_turn("response-001", add_call()), violation] if earlier else [violation],
+            tools=recording_tools(executed),
+        )
         assert_failed(events, result, "MODEL_PROTOCOL_ERROR")
-        assert result.messages == (user(),)
+        assert executed == ["add"] * earlier
+        assert result.messages == ((user(), *ROUND_ONE) if earlier else (user(),))
+        assert result.steps == earlier + 1
 
     @pytest.mark.parametrize(
         ("chunks", "error", "message"),
@@ -1298,22 +1307,6 @@ class TestFailureCodes:
         assert open_call_ids(result.messages) == ["call-fatal-001", "call-echo-001"]
         assert executed == []
         assert model.call_count == 1
-
-    def test_a_violation_in_a_later_step_keeps_the_earlier_rounds(self) -> None:
-        executed: list[str] = []
-        events, result, _ = run(
-            [
-                tool_turn("response-001", add_call()),
-                al.scripted_response(
-                    "response-002", [text("Done."), add_call("call-add-002")], "stop"
-                ),
-            ],
-            tools=recording_tools(executed),
-        )
-        assert_failed(events, result, "MODEL_PROTOCOL_ERROR")
-        assert executed == ["add"]
-        assert result.messages == (user(), *ROUND_ONE)
-        assert result.steps == 2
 
     def test_run_errors_differing_only_in_exception_are_equal(self) -> None:
         """API: "RunError.exception ... is not part of to_dict() or of equality"."""
