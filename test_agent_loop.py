@@ -143,7 +143,6 @@ from loop_testing import (
     shared_array,
     start_run,
     stop,
-    stream_of,
     stream_step,
     text,
     thinking_script,
@@ -1623,27 +1622,21 @@ class TestRunHelpers:
         signal: Any = {"None": None, "Event": threading.Event(), "signal-like": SIGNAL_LIKE}[given]
         received: list[Any] = []
 
-        def noted(model: FakeModel, request: al.ModelRequest, model_signal: Any) -> Any:
-            received.append(model_signal)
-            content = [call("note", "call-note-001", {})] if len(received) == 1 else [text("ok")]
-            return stream_of(
-                model,
-                request,
-                content,
-                respond(
-                    f"response-{len(received)}",
-                    content,
-                    "toolCall" if len(received) == 1 else "stop",
-                ),
-            )
+        def noted(step: Step) -> Step:
+            def stream(model: FakeModel, request: al.ModelRequest, model_signal: Any) -> Any:
+                received.append(model_signal)
+                return step(model, request, model_signal)
 
-        def note(arguments: dict[str, Any], tool_signal: Any) -> object:
-            received.append(tool_signal)
-            return "noted"
+            return stream
 
-        _, result, _ = run(
-            FakeModel(noted, noted), tools=[no_arguments_tool("note", note)], signal=signal
+        model = FakeModel(
+            noted(turn("response-001", [call("note", "call-note-001", {})], "toolCall")),
+            noted(turn("response-002", [text("ok")], "stop")),
         )
+        tool = no_arguments_tool(
+            "note", lambda arguments, tool_signal: received.append(tool_signal)
+        )
+        _, result, _ = run(model, tools=[tool], signal=signal)
         assert result.status == "completed"
         assert len(received) == 3
         assert received[0] is received[1] is received[2]
