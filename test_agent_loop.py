@@ -1536,6 +1536,10 @@ MISTAKES = [
                  "'request-1' is not the active request 'request-001': every chunk's and the "
                  "response's request_id must be the request's id",
                  id="a-foreign-request-id-says-which-id-is-expected"),
+    pytest.param(stream_step([], lambda request: al.ModelResponse(
+                     "r1", request.id, [untyped.TextBlock(None)], "stop")),
+                 "message 'message-r1': a text block: field 'text' must be a str, got None "
+                 "(NoneType)", id="a-response-block-names-its-wrong-field"),
 ]  # fmt: skip
 
 
