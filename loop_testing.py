@@ -99,6 +99,11 @@ def text(value: str) -> al.TextBlock:
     return al.TextBlock(value)
 
 
+def thought(value: str, signature: str | None = None) -> al.ThinkingBlock:
+    """A thinking block (streamed by al.ScriptedModel as one ThinkingDelta of its text)."""
+    return al.ThinkingBlock(value, signature)
+
+
 def add_call(id: str = "call-add-001") -> al.ToolCall:
     """The seed's addCall: call("add", id, {left: 20, right: 22})."""
     return call("add", id, {"left": 20, "right": 22})
@@ -135,6 +140,13 @@ def tool_turn(response_id: str, *blocks: al.TextBlock | al.ToolCall) -> Any:
     return al.scripted_response(response_id, blocks, "toolCall")
 
 
+def scripted_step(
+    content: Sequence[Any], stop_reason: str = "toolCall", chunks: Sequence[Any] | None = None
+) -> al.ScriptedResponse:
+    """One scripted step, of any stop reason (even one the loop does not know)."""
+    return al.scripted_response("response-001", content, cast(Any, stop_reason), chunks=chunks)
+
+
 def recording_add_tool(executed: list[str]) -> al.Tool:
     """The seed's addTool() that also appends "add" to ``executed`` each time it runs."""
 
@@ -153,6 +165,25 @@ def recording_tools(executed: list[str]) -> list[al.Tool]:
 def no_arguments_tool(name: str, execute: Callable[[dict[str, Any], Any], object]) -> al.Tool:
     """A tool that takes no arguments and runs ``execute``."""
     return al.Tool(name, f"The {name} tool.", {"type": "object"}, execute)
+
+
+def raising(error: BaseException) -> Callable[[dict[str, Any], Any], object]:
+    """A tool function that raises ``error``."""
+
+    def execute(arguments: dict[str, Any], signal: Any) -> object:
+        raise error
+
+    return execute
+
+
+def returns(value: object) -> Callable[[dict[str, Any], Any], object]:
+    """A tool function that returns ``value``."""
+    return lambda arguments, signal: value
+
+
+def opaque(arguments: dict[str, Any], signal: Any) -> object:
+    """A tool function whose result, a set, is not JSON."""
+    return {1, 2}
 
 
 def copy_echo(arguments: dict[str, Any], signal: Any) -> object:
@@ -862,8 +893,19 @@ def types_of(events: Iterable[al.Event]) -> list[str]:
     return [event.type for event in events]
 
 
+def chunk_event_count(events: list[al.Event]) -> int:
+    return types_of(events).count("model.chunk")
+
+
 def open_call_ids(messages: Iterable[al.Message]) -> list[str]:
     return [open_call.id for open_call in al.open_tool_calls(messages)]
+
+
+def cancelled_signal() -> threading.Event:
+    """A signal that is already set."""
+    signal = threading.Event()
+    signal.set()
+    return signal
 
 
 def until(run_: Any, event_type: str, occurrence: int = 1) -> list[al.Event]:

@@ -115,7 +115,9 @@ from loop_testing import (
     assert_tool_received,
     assistant,
     call,
+    cancelled_signal,
     check_run,
+    chunk_event_count,
     copy_echo,
     cyclic_array,
     echo_call,
@@ -126,19 +128,23 @@ from loop_testing import (
     no_arguments_tool,
     one_call,
     only_tool_result,
+    opaque,
     open_call_ids,
     plain_copy,
     predict,
     probe_tool,
     raise_error,
+    raising,
     random_script,
     record_run,
     recording_tools,
     respond,
+    returns,
     run,
     run_plans,
     run_probe_call,
     same_json,
+    scripted_step,
     settle,
     shared_array,
     start_run,
@@ -146,6 +152,7 @@ from loop_testing import (
     stream_step,
     text,
     thinking_script,
+    thought,
     tool_turn,
     turn,
     two_parameters,
@@ -169,15 +176,6 @@ class TestRuntimeTyping:
 
 
 # --- Limits ------------------------------------------------------------------------------
-
-
-def chunk_event_count(events: list[al.Event]) -> int:
-    return types_of(events).count("model.chunk")
-
-
-def thought(value: str, signature: str | None = None) -> al.ThinkingBlock:
-    """A thinking block (streamed by al.ScriptedModel as one ThinkingDelta of its text)."""
-    return al.ThinkingBlock(value, signature)
 
 
 def capped_thinking(thinking: int, text_length: int, broken: str) -> tuple[list[Any], list[Any]]:
@@ -797,29 +795,11 @@ class TestAssistantMessagesPrecedeToolResults:
             assert model.requests[1].messages[2 + index] == finished.payload["tool_result"]
 
 
-def opaque(arguments: dict[str, Any], signal: Any) -> object:
-    return {1, 2}
-
-
 class UnprintableError(Exception):
     """An exception whose str() itself raises."""
 
     def __str__(self) -> str:
         raise RuntimeError("no message for you")
-
-
-def raising(error: BaseException) -> Callable[[dict[str, Any], Any], object]:
-    """A tool function that raises ``error``."""
-
-    def execute(arguments: dict[str, Any], signal: Any) -> object:
-        raise error
-
-    return execute
-
-
-def returns(value: object) -> Callable[[dict[str, Any], Any], object]:
-    """A tool function that returns ``value``."""
-    return lambda arguments, signal: value
 
 
 RAISED = [
@@ -1188,13 +1168,6 @@ class TestStepBudget:
         assert (result.status, result.steps) == ("completed", 2)
 
 
-def scripted_step(
-    content: Sequence[Any], stop_reason: str = "toolCall", chunks: Sequence[Any] | None = None
-) -> al.ScriptedResponse:
-    """One scripted step, of any stop reason (even one the loop does not know)."""
-    return al.scripted_response("response-001", content, cast(Any, stop_reason), chunks=chunks)
-
-
 class TestFailureCodes:
     @pytest.mark.parametrize("earlier", [0, 1], ids=["in-the-first-step", "in-a-later-step"])
     def test_model_protocol_error(self, earlier: int) -> None:
@@ -1442,12 +1415,6 @@ def usage_step(response_id: str, usage: al.Usage | None, *blocks: Any) -> al.Scr
     content = list(blocks) or [text("The sum is 42.")]
     calls = any(isinstance(block, al.ToolCall) for block in content)
     return al.scripted_response(response_id, content, "toolCall" if calls else "stop", usage=usage)
-
-
-def cancelled_signal() -> threading.Event:
-    signal = threading.Event()
-    signal.set()
-    return signal
 
 
 EARLIER = al.AssistantMessage("message-response-000", (text("Hello."),), al.Usage(500, 50))
