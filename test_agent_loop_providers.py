@@ -25,6 +25,7 @@ import logging
 import os
 import re
 import select
+import shlex
 import signal as os_signal
 import socket
 import ssl
@@ -286,9 +287,9 @@ MESSAGE_START = anthropic_event(
 )
 
 
-def anthropic_end(stop_reason: Optional[str] = "end_turn") -> List[bytes]:
+def anthropic_end(stop_reason: Optional[str] = "end_turn", usage: Any = None) -> List[bytes]:
     return [
-        anthropic_event("message_delta", delta={"stop_reason": stop_reason}, usage={}),
+        anthropic_event("message_delta", delta={"stop_reason": stop_reason}, usage=usage or {}),
         anthropic_event("message_stop"),
     ]
 
@@ -326,6 +327,99 @@ def openai_usage(usage: Any) -> bytes:
     """The usage chunk: an empty choices list, and the usage of the whole request."""
     data = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [], "usage": usage}
     return b"data: " + json.dumps(data).encode() + b"\n\n"
+
+
+def sse(data: Any, event: Optional[str] = None) -> bytes:
+    """One server-sent event of JSON data, with its event line if given."""
+    head = b"" if event is None else b"event: " + event.encode() + b"\n"
+    return head + b"data: " + json.dumps(data).encode() + b"\n\n"
+
+
+def anthropic_start(index: Any, block: Any) -> bytes:
+    return anthropic_event("content_block_start", index=index, content_block=block)
+
+
+def anthropic_delta(index: int, **delta: Any) -> bytes:
+    return anthropic_event("content_block_delta", index=index, delta=delta)
+
+
+def openai_sent_call(id: str, name: str, arguments: str) -> Dict[str, Any]:
+    """A tool call as the OpenAI adapter sends it back."""
+    return {"id": id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def new_answer(provider: str, accept_truncated: bool = False) -> providers._Answer:
+    """The provider's answer parser for request()."""
+    if provider == "openai":
+        return providers._OpenAIAnswer(request(), accept_truncated=accept_truncated)
+    return providers._AnthropicAnswer(request(), accept_truncated=accept_truncated)
+
+
+_PROVIDERS = pytest.mark.parametrize("provider", ["openai", "anthropic"])
+
+_Item = Union[str, al.ThinkingBlock, Tuple[str, str, Dict[str, Any]]]
+"""One piece of a scripted answer: a text delta, a thinking delta (a ThinkingBlock of its
+text), or a tool call (id, name, arguments)."""
+
+
+def answer_parts(provider: str, items: Sequence[_Item], end: Optional[str] = None) -> List[bytes]:
+    """The provider's event stream for items, one event per delta, with its end.
+
+    Anthropic: each run of text or of thinking is one block (a thinking block's signature
+    is ``sig-<index>``). ``end`` is the finish (OpenAI) or stop (Anthropic) reason; None:
+    the usual one.
+    """
+    parts: List[bytes] = []
+    if provider == "openai":
+        calls = 0
+        for item in items:
+            if isinstance(item, str):
+                parts.append(openai_chunk({"content": item}))
+            elif isinstance(item, al.ThinkingBlock):
+                parts.append(openai_chunk({"reasoning_content": item.thinking}))
+            else:
+                parts.append(openai_call(calls, item[0], item[1], json.dumps(item[2])))
+                calls += 1
+        return [*parts, openai_chunk({}, end or "stop"), DONE]
+    parts.append(MESSAGE_START)
+    index = 0
+    open_block: Optional[str] = None  # the type of the block being streamed
+    for item in items:
+        kind = "text" if isinstance(item, str) else "thinking"
+        if open_block is not None and (isinstance(item, tuple) or kind != open_block):
+            parts.extend(anthropic_block_end(index, open_block))
+            index += 1
+            open_block = None
+        if isinstance(item, tuple):
+            parts.extend(anthropic_tool(index, item[0], item[1], json.dumps(item[2])))
+            index += 1
+            continue
+        if open_block is None:
+            parts.append((anthropic_text if kind == "text" else anthropic_thinking)(index)[0])
+            open_block = kind
+        if isinstance(item, str):
+            delta = {"type": "text_delta", "text": item}
+        else:
+            delta = {"type": "thinking_delta", "thinking": item.thinking}
+        parts.append(anthropic_event("content_block_delta", index=index, delta=delta))
+    if open_block is not None:
+        parts.extend(anthropic_block_end(index, open_block))
+    return [*parts, *anthropic_end(end or "end_turn")]
+
+
+def anthropic_block_end(index: int, kind: str) -> List[bytes]:
+    """The end of a text or thinking block: a thinking block's signature, then its stop."""
+    stop = anthropic_event("content_block_stop", index=index)
+    if kind == "text":
+        return [stop]
+    delta = {"type": "signature_delta", "signature": f"sig-{index}"}
+    return [anthropic_event("content_block_delta", index=index, delta=delta), stop]
+
+
+def canned_model(provider: str, *attempts: _Attempt, **arguments: Any) -> al.Model:
+    if provider == "openai":
+        return canned_openai(*attempts, **arguments)
+    return canned_anthropic(*attempts, **arguments)
 
 
 # Byte-exact recordings, in the shape the providers send them.
@@ -1944,515 +2038,322 @@ class TestIds:
 # --- Failures -----------------------------------------------------------------------
 
 
-def _openai_events(*events: Dict[str, Any]) -> List[bytes]:
-    return [b"data: " + json.dumps(event).encode() + b"\n\n" for event in events]
+def refused(provider: str, id: str, parts: Sequence[bytes], *words: str) -> Any:
+    """A row of the broken-answer table: the parts, and what the refusal says."""
+    return pytest.param(provider, list(parts), words, id=f"{provider}-{id}")
+
+
+def usage_delta(usage: Any) -> bytes:
+    return anthropic_event("message_delta", delta={}, usage=usage)
+
+
+TEXT_START, TOOL_START = anthropic_text(0)[0], anthropic_tool(0, "t", "add")[0]
+THINKING_START = anthropic_thinking(0)[0]
+DEEP = "[" * 200_000  # json's C code recurses per level: deeper than the recursion limit
+BROKEN_ANSWERS = [
+    refused("openai", "no-done", [openai_chunk({}, "stop")], "ended before data: [DONE]"),
+    refused("openai", "length", [openai_chunk({}, "length"), DONE], "'length'", "token limit"),
+    refused("openai", "filter", [openai_chunk({}, "content_filter"), DONE], "content filter"),
+    refused(
+        "openai",
+        "error-object",
+        [openai_chunk({"content": "Hi"}), sse({"error": {"message": "Crash", "type": "s_e"}})],
+        "reported an error: s_e: Crash",
+    ),
+    refused("openai", "error-event", [sse({"error": "busy"}, "error")], "reported an error: busy"),
+    refused("openai", "error-text", [b"event: error\ndata: gone\n\n"], "reported an error: gone"),
+    refused("openai", "not-json", [b'data: {"choices": [\n\n'], "malformed event", "not JSON"),
+    refused("openai", "not-object", [b"data: [1, 2]\n\n"], "malformed event", "not a JSON object"),
+    refused("openai", "no-choices", [sse({"id": "x"})], "without a choices list"),
+    refused("openai", "choice", [sse({"choices": [1]})], "choice that is not an object"),
+    refused("openai", "delta", [sse({"choices": [{"delta": []}]})], "with a delta object"),
+    refused("openai", "content", [openai_chunk({"content": 5})], "delta.content is not a string"),
+    refused("openai", "calls", [openai_chunk({"tool_calls": {}})], "delta.tool_calls is not a"),
+    refused("openai", "fragment", [openai_chunk({"tool_calls": [1]})], "fragment that is not an"),
+    refused("openai", "index", [openai_chunk({"tool_calls": [{"index": "0"}]})], "an int index"),
+    refused("openai", "function", [openai_chunk({"tool_calls": [{"function": []}]})], "or a func"),
+    refused(
+        "openai",
+        "arguments-type",
+        [openai_chunk({"tool_calls": [{"function": {"name": "add", "arguments": {}}}]})],
+        "arguments that are not a string",
+    ),
+    refused(
+        "openai",
+        "continued",
+        [
+            openai_call(0, "a", "add", "{}"),
+            openai_call(1, "b", "add", "{}"),
+            openai_call(0, None, None, "1"),
+        ],
+        "tool call 0 continues after it was complete",
+    ),
+    refused(
+        "openai", "no-name", [openai_call(0, "a", None, "{}"), DONE], "a tool call has no name"
+    ),
+    refused(
+        "openai",
+        "bad-json",
+        [openai_call(0, "a", "add", '{"left": 1,'), DONE],
+        "tool call 'add' has arguments that are not JSON",
+        '{"left": 1,',
+    ),
+    refused(
+        "openai",
+        "array",
+        [openai_call(0, "a", "add", "[1]"), DONE],
+        "arguments that are not a JSON object",
+    ),
+    refused("openai", "utf-8", [b"data: \xff\xfe\n\n"], "not UTF-8"),
+    refused(
+        "openai", "reasoning", [openai_chunk({"reasoning_content": 1})], "delta.reasoning is not a"
+    ),
+    refused(
+        "openai", "deep", [b"data: " + DEEP.encode() + b"\n\n"], "malformed event: JSON nested"
+    ),
+    refused(
+        "openai",
+        "deep-arguments",
+        [openai_call(0, "c1", "add", DEEP), openai_chunk({}, "tool_calls"), DONE],
+        "malformed event: JSON nested too deeply",
+    ),
+    refused("openai", "usage-list", [openai_usage([1]), DONE], "usage is not an object"),
+    *[
+        refused("openai", name, [openai_usage(usage), DONE], words)
+        for name, usage, words in [
+            ("prompt-str", {"prompt_tokens": "7"}, "usage prompt_tokens is not an int"),
+            ("output-bool", {"completion_tokens": True}, "completion_tokens is not"),
+            ("prompt-negative", {"prompt_tokens": -1}, "is not an int >= 0"),
+            ("details-int", {"prompt_tokens_details": 3}, "prompt details is not an"),
+            ("completion-details", {"completion_tokens_details": []}, "completion details is"),
+            (
+                "reasoning-float",
+                {"completion_tokens_details": {"reasoning_tokens": 1.0}},
+                "usage reasoning_tokens is not an int",
+            ),
+            (
+                "cached-over-prompt",
+                {"prompt_tokens": 3, "prompt_tokens_details": {"cached_tokens": 4}},
+                "more cached tokens than prompt tokens",
+            ),
+        ]
+    ],
+    refused(
+        "anthropic",
+        "no-stop",
+        [MESSAGE_START, *anthropic_text(0, "Hi"), anthropic_end()[0]],
+        "ended before message_stop",
+    ),
+    *[
+        refused("anthropic", stop, [MESSAGE_START, *anthropic_end(stop)], "cut", words)
+        for stop, words in [
+            ("max_tokens", "'max_tokens'"),
+            ("refusal", "'refusal'"),
+            ("pause_turn", "'pause_turn'"),
+            ("model_context_window_exceeded", "context window"),
+        ]
+    ],
+    refused(
+        "anthropic",
+        "error-event",
+        [
+            MESSAGE_START,
+            sse({"type": "error", "error": {"type": "o_e", "message": "Busy"}}, "error"),
+        ],
+        "reported an error: o_e: Busy",
+    ),
+    refused(
+        "anthropic",
+        "error-type",
+        [sse({"type": "error", "error": {"type": "api_error", "message": "Boom"}})],
+        "reported an error: api_error: Boom",
+    ),
+    refused("anthropic", "not-json", [b"event: message_start\ndata: {\n\n"], "not JSON"),
+    refused("anthropic", "unstarted-delta", [anthropic_text(0, "x")[1]], "not a started block"),
+    refused("anthropic", "unstarted-stop", [anthropic_text(3)[1]], "not a started block"),
+    refused("anthropic", "restarted", [TEXT_START, TEXT_START], "not a new block"),
+    refused(
+        "anthropic", "reused", [MESSAGE_START, *anthropic_text(0, "a"), TEXT_START], "not a new"
+    ),
+    refused("anthropic", "index", [anthropic_start("0", {"type": "text"})], "index"),
+    refused("anthropic", "block", [anthropic_start(0, "text")], "without a content_block object"),
+    refused(
+        "anthropic",
+        "start-text",
+        [anthropic_start(0, {"type": "text", "text": 1})],
+        "text that is not",
+    ),
+    refused(
+        "anthropic",
+        "delta",
+        [TEXT_START, anthropic_event("content_block_delta", index=0, delta="x")],
+        "without a delta object",
+    ),
+    refused(
+        "anthropic",
+        "delta-text",
+        [TEXT_START, anthropic_delta(0, type="text_delta", text=None)],
+        "text that is not a string",
+    ),
+    refused(
+        "anthropic",
+        "no-partial-json",
+        [TOOL_START, anthropic_delta(0, type="input_json_delta")],
+        "or partial_json",
+    ),
+    refused(
+        "anthropic",
+        "message-delta",
+        [anthropic_event("message_delta", delta=None)],
+        "message_delta without a delta object",
+    ),
+    *[
+        refused(
+            "anthropic",
+            f"open-{name}",
+            [MESSAGE_START, *block, *end],
+            f"message_stop before block {i} stopped",
+        )
+        for name, block, end, i in [
+            ("tool", anthropic_tool(0, "t", "add", "{}")[:2], anthropic_end()[1:], 0),
+            ("thinking", anthropic_thinking(0, "hm", signature=None)[:2], anthropic_end()[1:], 0),
+            ("text", [*anthropic_text(0, "a"), *anthropic_text(1, "b")[:2]], anthropic_end(), 1),
+            ("other", [anthropic_start(0, {"type": "server_tool_use"})], anthropic_end()[1:], 0),
+        ]
+    ],
+    refused(
+        "anthropic",
+        "bad-json",
+        [MESSAGE_START, *anthropic_tool(0, "t", "add", '{"a": '), *anthropic_end("tool_use")],
+        "tool call 'add' has arguments that are not JSON",
+    ),
+    refused(
+        "anthropic",
+        "no-name",
+        [MESSAGE_START, *anthropic_tool(0, "t", "", "{}"), *anthropic_end("tool_use")],
+        "a tool call has no name",
+    ),
+    refused(
+        "anthropic",
+        "deep",
+        [b"event: message_start\ndata: " + DEEP.encode() + b"\n\n"],
+        "malformed event: JSON nested too deeply",
+    ),
+    refused(
+        "anthropic",
+        "deep-arguments",
+        [MESSAGE_START, *anthropic_tool(0, "t1", "add", DEEP), *anthropic_end()],
+        "malformed event: JSON nested too deeply",
+    ),
+    *[
+        refused("anthropic", name, [MESSAGE_START, start, event], words)
+        for name, start, event, words in [
+            (
+                "thinking-for-text",
+                TEXT_START,
+                anthropic_delta(0, type="thinking_delta", thinking="x"),
+                "thinking_delta for a block that is not thinking",
+            ),
+            (
+                "signature-for-text",
+                TEXT_START,
+                anthropic_delta(0, type="signature_delta", signature="s"),
+                "signature_delta for a block that is not thinking",
+            ),
+            (
+                "text-for-tool",
+                TOOL_START,
+                anthropic_delta(0, type="text_delta", text="x"),
+                "text_delta for a block that is not text",
+            ),
+            (
+                "json-for-text",
+                TEXT_START,
+                anthropic_delta(0, type="input_json_delta", partial_json="{}"),
+                "input_json_delta without a tool_use block",
+            ),
+            (
+                "text-for-thinking",
+                THINKING_START,
+                anthropic_delta(0, type="text_delta", text="x"),
+                "text_delta for a block that is not text",
+            ),
+            (
+                "json-for-thinking",
+                THINKING_START,
+                anthropic_delta(0, type="input_json_delta", partial_json="{}"),
+                "input_json_delta without a tool_use block",
+            ),
+            (
+                "thinking-not-str",
+                THINKING_START,
+                anthropic_delta(0, type="thinking_delta", thinking=5),
+                "thinking that is not a string",
+            ),
+            (
+                "signature-not-str",
+                THINKING_START,
+                anthropic_delta(0, type="signature_delta", signature=["s"]),
+                "a signature that is not a string",
+            ),
+            ("usage-list", TEXT_START, usage_delta([1]), "usage is not an object"),
+            (
+                "usage-negative",
+                TEXT_START,
+                usage_delta({"output_tokens": -1}),
+                "usage output_tokens is not an int >= 0",
+            ),
+            (
+                "usage-bool",
+                TEXT_START,
+                usage_delta({"input_tokens": True}),
+                "usage input_tokens is not an int",
+            ),
+            (
+                "usage-str",
+                TEXT_START,
+                usage_delta({"cache_read_input_tokens": "5"}),
+                "usage cache_read_input_tokens is not an int",
+            ),
+        ]
+    ],
+    refused(
+        "anthropic",
+        "redacted-empty",
+        [MESSAGE_START, *anthropic_redacted(0, "")],
+        "a redacted_thinking block without its data",
+    ),
+    refused(
+        "anthropic",
+        "redacted-no-data",
+        [MESSAGE_START, anthropic_start(0, {"type": "redacted_thinking"}), anthropic_text(0)[-1]],
+        "a redacted_thinking block without its data",
+    ),
+    refused(
+        "anthropic",
+        "message-not-object",
+        [anthropic_event("message_start", message="msg_1")],
+        "message_start's message is not an object",
+    ),
+]
 
 
 class TestIncompleteAnswers:
     """Never accept a broken answer: the parser refuses each case and says what happened."""
 
-    @pytest.mark.parametrize(
-        ("parts", "words"),
-        [
-            pytest.param(
-                [openai_chunk({"content": "Hi"}), openai_chunk({}, "stop")],
-                ["ended before data: [DONE]"],
-                id="no-done",
-            ),
-            pytest.param(
-                [openai_chunk({"content": "Hi"}), openai_chunk({}, "length"), DONE],
-                ["cut", "'length'", "token limit"],
-                id="length",
-            ),
-            pytest.param(
-                [openai_chunk({}, "content_filter"), DONE],
-                ["cut", "content filter"],
-                id="content-filter",
-            ),
-            pytest.param(
-                [
-                    openai_chunk({"content": "Hi"}),
-                    b'data: {"error": {"message": "Model crashed", "type": "server_error"}}\n\n',
-                ],
-                ["reported an error: server_error: Model crashed"],
-                id="error-object",
-            ),
-            pytest.param(
-                [b'event: error\ndata: {"error": "overloaded"}\n\n'],
-                ["reported an error: overloaded"],
-                id="error-event",
-            ),
-            pytest.param(
-                [b"event: error\ndata: gone\n\n"],
-                ["reported an error: gone"],
-                id="error-event-text",
-            ),
-            pytest.param(
-                [b'data: {"choices": [{"delta": {"content": "Hi"\n\n'],
-                ["malformed event", "not JSON"],
-                id="not-json",
-            ),
-            pytest.param(
-                [b"data: [1, 2]\n\n"], ["malformed event", "not a JSON object"], id="not-object"
-            ),
-            pytest.param([b'data: {"id": "x"}\n\n'], ["without a choices list"], id="no-choices"),
-            pytest.param(
-                _openai_events({"choices": [1]}), ["choice that is not an object"], id="choice"
-            ),
-            pytest.param(
-                _openai_events({"choices": [{"delta": []}]}), ["with a delta object"], id="delta"
-            ),
-            pytest.param(
-                _openai_events({"choices": [{"delta": {"content": 5}}]}),
-                ["delta.content is not a string"],
-                id="content",
-            ),
-            pytest.param(
-                _openai_events({"choices": [{"delta": {"tool_calls": {}}}]}),
-                ["delta.tool_calls is not a list"],
-                id="calls",
-            ),
-            pytest.param(
-                _openai_events({"choices": [{"delta": {"tool_calls": [1]}}]}),
-                ["fragment that is not an object"],
-                id="fragment",
-            ),
-            pytest.param(
-                _openai_events({"choices": [{"delta": {"tool_calls": [{"index": "0"}]}}]}),
-                ["without an int index"],
-                id="index",
-            ),
-            pytest.param(
-                _openai_events({"choices": [{"delta": {"tool_calls": [{"function": []}]}}]}),
-                ["or a function"],
-                id="function",
-            ),
-            pytest.param(
-                _openai_events(
-                    {
-                        "choices": [
-                            {
-                                "delta": {
-                                    "tool_calls": [{"function": {"name": "add", "arguments": {}}}]
-                                }
-                            }
-                        ]
-                    }
-                ),
-                ["arguments that are not a string"],
-                id="arguments-type",
-            ),
-            pytest.param(
-                [
-                    openai_call(0, "a", "add", "{}"),
-                    openai_call(1, "b", "add", "{}"),
-                    openai_call(0, None, None, "1"),
-                    DONE,
-                ],
-                ["tool call 0 continues after it was complete"],
-                id="continued",
-            ),
-            pytest.param(
-                [openai_call(0, "a", None, "{}"), DONE], ["a tool call has no name"], id="no-name"
-            ),
-            pytest.param(
-                [openai_call(0, "a", "add", '{"left": 1,'), DONE],
-                ["tool call 'add' has arguments that are not JSON", '{"left": 1,'],
-                id="bad-json",
-            ),
-            pytest.param(
-                [openai_call(0, "a", "add", "[1]"), DONE],
-                ["tool call 'add' has arguments that are not a JSON object"],
-                id="array",
-            ),
-            pytest.param([b"data: \xff\xfe\n\n"], ["not UTF-8"], id="utf-8"),
-            pytest.param(
-                [openai_chunk({"reasoning_content": 1}), DONE],
-                ["delta.reasoning is not a string"],
-                id="reasoning-not-str",
-            ),
-            pytest.param([openai_usage([1]), DONE], ["usage is not an object"], id="usage-list"),
-            *[
-                pytest.param([openai_usage(usage), DONE], [words], id=name)
-                for name, usage, words in [
-                    ("prompt-str", {"prompt_tokens": "7"}, "usage prompt_tokens is not an int"),
-                    ("output-bool", {"completion_tokens": True}, "completion_tokens is not"),
-                    ("prompt-negative", {"prompt_tokens": -1}, "is not an int >= 0"),
-                    ("details-int", {"prompt_tokens_details": 3}, "prompt details is not an"),
-                    (
-                        "completion-details-list",
-                        {"completion_tokens_details": []},
-                        "completion details is not an object",
-                    ),
-                    (
-                        "reasoning-float",
-                        {"completion_tokens_details": {"reasoning_tokens": 1.0}},
-                        "usage reasoning_tokens is not an int",
-                    ),
-                    (
-                        "cached-over-prompt",
-                        {"prompt_tokens": 3, "prompt_tokens_details": {"cached_tokens": 4}},
-                        "more cached tokens than prompt tokens",
-                    ),
-                ]
-            ],
-        ],
-    )
-    def test_openai(self, parts: List[bytes], words: List[str]) -> None:
+    @pytest.mark.parametrize(("provider", "parts", "words"), BROKEN_ANSWERS)
+    def test_a_broken_answer_is_refused_saying_why(
+        self, provider: str, parts: List[bytes], words: Tuple[str, ...]
+    ) -> None:
         with pytest.raises(providers.ProviderError) as caught:
-            parsed(providers._OpenAIAnswer(request()), *parts)
+            parsed(new_answer(provider), *parts)
         for word in words:
             assert word in str(caught.value)
-        assert caught.value.status is None
-        assert caught.value.retry_after is None
+        assert (caught.value.status, caught.value.retry_after) == (None, None)
 
-    @pytest.mark.parametrize(
-        ("parts", "words"),
-        [
-            pytest.param(
-                [
-                    MESSAGE_START,
-                    *anthropic_text(0, "Hi"),
-                    anthropic_event("message_delta", delta={"stop_reason": "end_turn"}),
-                ],
-                ["ended before message_stop"],
-                id="no-stop",
-            ),
-            pytest.param(
-                [MESSAGE_START, *anthropic_text(0, "Hi"), *anthropic_end("max_tokens")],
-                ["cut", "'max_tokens'"],
-                id="max-tokens",
-            ),
-            pytest.param(
-                [MESSAGE_START, *anthropic_end("refusal")], ["cut", "'refusal'"], id="refusal"
-            ),
-            pytest.param(
-                [MESSAGE_START, *anthropic_end("pause_turn")],
-                ["cut", "'pause_turn'"],
-                id="pause-turn",
-            ),
-            pytest.param(
-                [MESSAGE_START, *anthropic_end("model_context_window_exceeded")],
-                ["context window"],
-                id="context",
-            ),
-            pytest.param(
-                [
-                    MESSAGE_START,
-                    b'event: error\ndata: {"type": "error", "error": '
-                    b'{"type": "overloaded_error", "message": "Overloaded"}}\n\n',
-                ],
-                ["reported an error: overloaded_error: Overloaded"],
-                id="error-event",
-            ),
-            pytest.param(
-                [
-                    b'data: {"type": "error", "error": {"type": "api_error", '
-                    b'"message": "Boom"}}\n\n'
-                ],
-                ["reported an error: api_error: Boom"],
-                id="error-type",
-            ),
-            pytest.param([b"event: message_start\ndata: {\n\n"], ["not JSON"], id="not-json"),
-            pytest.param(
-                [
-                    anthropic_event(
-                        "content_block_delta", index=0, delta={"type": "text_delta", "text": "x"}
-                    )
-                ],
-                ["not a started block"],
-                id="unstarted-delta",
-            ),
-            pytest.param(
-                [anthropic_event("content_block_stop", index=3)],
-                ["not a started block"],
-                id="unstarted-stop",
-            ),
-            pytest.param(
-                [*anthropic_text(0, "a")[:1], *anthropic_text(0, "b")[:1]],
-                ["not a new block"],
-                id="restarted",
-            ),
-            pytest.param(
-                [
-                    anthropic_event(
-                        "content_block_start", index="0", content_block={"type": "text"}
-                    )
-                ],
-                ["index"],
-                id="index-type",
-            ),
-            pytest.param(
-                [anthropic_event("content_block_start", index=0, content_block="text")],
-                ["without a content_block object"],
-                id="block",
-            ),
-            pytest.param(
-                [
-                    anthropic_event(
-                        "content_block_start", index=0, content_block={"type": "text", "text": 1}
-                    )
-                ],
-                ["text that is not a string"],
-                id="start-text",
-            ),
-            pytest.param(
-                [
-                    *anthropic_text(0)[:1],
-                    anthropic_event("content_block_delta", index=0, delta="x"),
-                ],
-                ["without a delta object"],
-                id="delta",
-            ),
-            pytest.param(
-                [
-                    *anthropic_text(0)[:1],
-                    anthropic_event(
-                        "content_block_delta", index=0, delta={"type": "text_delta", "text": None}
-                    ),
-                ],
-                ["text that is not a string"],
-                id="delta-text",
-            ),
-            pytest.param(
-                [
-                    *anthropic_tool(0, "t", "add")[:1],
-                    anthropic_event(
-                        "content_block_delta", index=0, delta={"type": "text_delta", "text": "x"}
-                    ),
-                ],
-                ["text_delta for a block that is not text"],
-                id="text-to-tool",
-            ),
-            pytest.param(
-                [
-                    *anthropic_text(0)[:1],
-                    anthropic_event(
-                        "content_block_delta",
-                        index=0,
-                        delta={"type": "input_json_delta", "partial_json": "{}"},
-                    ),
-                ],
-                ["input_json_delta without a tool_use block"],
-                id="json-to-text",
-            ),
-            pytest.param(
-                [
-                    *anthropic_tool(0, "t", "add")[:1],
-                    anthropic_event(
-                        "content_block_delta", index=0, delta={"type": "input_json_delta"}
-                    ),
-                ],
-                ["or partial_json"],
-                id="no-partial-json",
-            ),
-            pytest.param(
-                [anthropic_event("message_delta", delta=None)],
-                ["message_delta without a delta object"],
-                id="message-delta",
-            ),
-            pytest.param(
-                [
-                    MESSAGE_START,
-                    *anthropic_tool(0, "t", "add", "{}")[:2],
-                    anthropic_event("message_stop"),
-                ],
-                ["message_stop before block 0 stopped"],
-                id="open-tool",
-            ),
-            pytest.param(
-                [
-                    MESSAGE_START,
-                    *anthropic_thinking(0, "hmm", signature=None)[:2],
-                    anthropic_event("message_stop"),
-                ],
-                ["message_stop before block 0 stopped"],
-                id="open-thinking",
-            ),
-            pytest.param(
-                [
-                    MESSAGE_START,
-                    *anthropic_text(0, "a"),
-                    *anthropic_text(1, "b")[:2],
-                    *anthropic_end(),
-                ],
-                ["message_stop before block 1 stopped"],
-                id="open-text",
-            ),
-            pytest.param(
-                [
-                    MESSAGE_START,
-                    anthropic_event(
-                        "content_block_start", index=0, content_block={"type": "server_tool_use"}
-                    ),
-                    anthropic_event("message_stop"),
-                ],
-                ["message_stop before block 0 stopped"],
-                id="open-other",
-            ),
-            pytest.param(
-                [
-                    MESSAGE_START,
-                    *anthropic_tool(0, "t", "add", '{"a": '),
-                    *anthropic_end("tool_use"),
-                ],
-                ["tool call 'add' has arguments that are not JSON"],
-                id="bad-json",
-            ),
-            pytest.param(
-                [MESSAGE_START, *anthropic_tool(0, "t", "", "{}"), *anthropic_end("tool_use")],
-                ["a tool call has no name"],
-                id="no-name",
-            ),
-            *[
-                pytest.param(
-                    [
-                        MESSAGE_START,
-                        anthropic_text(0)[0],
-                        anthropic_data(cast(Dict[str, Any], event)),
-                    ],
-                    [words],
-                    id=name,
-                )
-                for name, event, words in [
-                    (
-                        "thinking-delta-for-text",
-                        {
-                            "type": "content_block_delta",
-                            "index": 0,
-                            "delta": {"type": "thinking_delta", "thinking": "x"},
-                        },
-                        "thinking_delta for a block that is not thinking",
-                    ),
-                    (
-                        "signature-for-text",
-                        {
-                            "type": "content_block_delta",
-                            "index": 0,
-                            "delta": {"type": "signature_delta", "signature": "s"},
-                        },
-                        "signature_delta for a block that is not thinking",
-                    ),
-                    (
-                        "usage-list",
-                        {"type": "message_delta", "delta": {}, "usage": [1]},
-                        "usage is not an object",
-                    ),
-                    (
-                        "usage-negative",
-                        {"type": "message_delta", "delta": {}, "usage": {"output_tokens": -1}},
-                        "usage output_tokens is not an int >= 0",
-                    ),
-                    (
-                        "usage-bool",
-                        {"type": "message_delta", "delta": {}, "usage": {"input_tokens": True}},
-                        "usage input_tokens is not an int",
-                    ),
-                    (
-                        "usage-str",
-                        {
-                            "type": "message_delta",
-                            "delta": {},
-                            "usage": {"cache_read_input_tokens": "5"},
-                        },
-                        "usage cache_read_input_tokens is not an int",
-                    ),
-                ]
-            ],
-            *[
-                pytest.param(
-                    [
-                        MESSAGE_START,
-                        anthropic_thinking(0)[0],
-                        anthropic_data(cast(Dict[str, Any], event)),
-                    ],
-                    [words],
-                    id=name,
-                )
-                for name, event, words in [
-                    (
-                        "text-delta-for-thinking",
-                        {
-                            "type": "content_block_delta",
-                            "index": 0,
-                            "delta": {"type": "text_delta", "text": "x"},
-                        },
-                        "text_delta for a block that is not text",
-                    ),
-                    (
-                        "json-for-thinking",
-                        {
-                            "type": "content_block_delta",
-                            "index": 0,
-                            "delta": {"type": "input_json_delta", "partial_json": "{}"},
-                        },
-                        "input_json_delta without a tool_use block",
-                    ),
-                    (
-                        "thinking-not-str",
-                        {
-                            "type": "content_block_delta",
-                            "index": 0,
-                            "delta": {"type": "thinking_delta", "thinking": 5},
-                        },
-                        "thinking that is not a string",
-                    ),
-                    (
-                        "signature-not-str",
-                        {
-                            "type": "content_block_delta",
-                            "index": 0,
-                            "delta": {"type": "signature_delta", "signature": ["s"]},
-                        },
-                        "a signature that is not a string",
-                    ),
-                ]
-            ],
-            pytest.param(
-                [MESSAGE_START, *anthropic_redacted(0, "")],
-                ["a redacted_thinking block without its data"],
-                id="redacted-empty",
-            ),
-            pytest.param(
-                [
-                    MESSAGE_START,
-                    anthropic_event(
-                        "content_block_start", index=0, content_block={"type": "redacted_thinking"}
-                    ),
-                    anthropic_event("content_block_stop", index=0),
-                ],
-                ["a redacted_thinking block without its data"],
-                id="redacted-no-data",
-            ),
-            pytest.param(
-                [anthropic_event("message_start", message="msg_1")],
-                ["message_start's message is not an object"],
-                id="message-not-object",
-            ),
-            pytest.param(
-                [MESSAGE_START, *anthropic_text(0, "a"), anthropic_text(0, "b")[0]],
-                ["not a new block"],
-                id="index-reused-after-its-stop",
-            ),
-        ],
-    )
-    def test_anthropic(self, parts: List[bytes], words: List[str]) -> None:
-        with pytest.raises(providers.ProviderError) as caught:
-            parsed(providers._AnthropicAnswer(request()), *parts)
-        for word in words:
-            assert word in str(caught.value)
-
-    @pytest.mark.parametrize(
-        "model",
-        [
-            pytest.param(canned_openai([openai_chunk({"content": "Hi"})]), id="openai"),
-            pytest.param(
-                canned_anthropic([MESSAGE_START, *anthropic_text(0, "Hi")]), id="anthropic"
-            ),
-        ],
-    )
-    def test_a_broken_answer_fails_the_run_and_adds_nothing(self, model: al.Model) -> None:
-        events, result = settle(model)
+    @_PROVIDERS
+    def test_a_broken_answer_fails_the_run_and_adds_nothing(self, provider: str) -> None:
+        events, result = settle(canned_model(provider, answer_parts(provider, ["Hi"])[:-2]))
         error = assert_stream_error(result, "ended before", "the answer is incomplete")
         assert (error.status, error.retry_after) == (None, None)
         assert result.messages == (al.UserMessage("user-001", "What is 2 + 3?"),)
@@ -2462,54 +2363,18 @@ class TestIncompleteAnswers:
             "run.finished",
         ]
 
-    @pytest.mark.parametrize("answer_class", [providers._OpenAIAnswer, providers._AnthropicAnswer])
-    def test_no_response_without_the_end_marker(self, answer_class: Any) -> None:
-        answer = answer_class(request())
+    @_PROVIDERS
+    def test_no_response_without_the_end_marker(self, provider: str) -> None:
         with pytest.raises(providers.ProviderError, match="the answer is incomplete"):
-            answer.response()
-
-    @pytest.mark.parametrize(
-        ("answer_class", "parts"),
-        [
-            pytest.param(
-                providers._OpenAIAnswer, [b"data: " + b"[" * 200_000 + b"\n\n"], id="openai"
-            ),
-            pytest.param(
-                providers._AnthropicAnswer,
-                [b"event: message_start\ndata: " + b"[" * 200_000 + b"\n\n"],
-                id="anthropic",
-            ),
-            pytest.param(
-                providers._OpenAIAnswer,
-                [openai_call(0, "c1", "add", "[" * 200_000), openai_chunk({}, "tool_calls"), DONE],
-                id="openai-arguments",
-            ),
-            pytest.param(
-                providers._AnthropicAnswer,
-                [MESSAGE_START, *anthropic_tool(0, "t1", "add", "[" * 200_000), *anthropic_end()],
-                id="anthropic-arguments",
-            ),
-        ],
-    )
-    def test_json_nested_too_deeply_is_a_malformed_event(
-        self, answer_class: Any, parts: List[bytes]
-    ) -> None:
-        # json's C code recurses per level: a RecursionError is malformed input, not a crash.
-        with pytest.raises(
-            providers.ProviderError, match="malformed event: JSON nested too deeply"
-        ):
-            parsed(answer_class(request()), *parts)
+            new_answer(provider).response()
 
     def test_an_error_event_nested_too_deeply_is_quoted(self) -> None:
         with pytest.raises(providers.ProviderError) as caught:
-            parsed(
-                providers._AnthropicAnswer(request()),
-                b"event: error\ndata: " + b"[" * 200_000 + b"\n\n",
-            )
+            parsed(new_answer("anthropic"), b"event: error\ndata: " + DEEP.encode() + b"\n\n")
         assert str(caught.value) == "the stream reported an error: " + "[" * 200 + "..."
 
     def test_the_end_of_the_input_after_the_marker_is_fine(self) -> None:
-        answer = providers._OpenAIAnswer(request())
+        answer = new_answer("openai")
         assert answer.feed(OPENAI_TEXT_STREAM) == [
             al.TextDelta("request-001", "Hello"),
             al.TextDelta("request-001", ", world"),
@@ -2519,72 +2384,6 @@ class TestIncompleteAnswers:
 
 
 # --- Long answers -------------------------------------------------------------------
-
-_PROVIDERS = pytest.mark.parametrize("provider", ["openai", "anthropic"])
-
-_Item = Union[str, al.ThinkingBlock, Tuple[str, str, Dict[str, Any]]]
-"""One piece of a scripted answer: a text delta, a thinking delta (a ThinkingBlock of its
-text), or a tool call (id, name, arguments)."""
-
-
-def answer_parts(provider: str, items: Sequence[_Item], end: Optional[str] = None) -> List[bytes]:
-    """The provider's event stream for items, one event per delta, with its end.
-
-    Anthropic: each run of text or of thinking is one block (a thinking block's signature
-    is ``sig-<index>``). ``end`` is the finish (OpenAI) or stop (Anthropic) reason; None:
-    the usual one.
-    """
-    parts: List[bytes] = []
-    if provider == "openai":
-        calls = 0
-        for item in items:
-            if isinstance(item, str):
-                parts.append(openai_chunk({"content": item}))
-            elif isinstance(item, al.ThinkingBlock):
-                parts.append(openai_chunk({"reasoning_content": item.thinking}))
-            else:
-                parts.append(openai_call(calls, item[0], item[1], json.dumps(item[2])))
-                calls += 1
-        return [*parts, openai_chunk({}, end or "stop"), DONE]
-    parts.append(MESSAGE_START)
-    index = 0
-    open_block: Optional[str] = None  # the type of the block being streamed
-    for item in items:
-        kind = "text" if isinstance(item, str) else "thinking"
-        if open_block is not None and (isinstance(item, tuple) or kind != open_block):
-            parts.extend(anthropic_block_end(index, open_block))
-            index += 1
-            open_block = None
-        if isinstance(item, tuple):
-            parts.extend(anthropic_tool(index, item[0], item[1], json.dumps(item[2])))
-            index += 1
-            continue
-        if open_block is None:
-            parts.append((anthropic_text if kind == "text" else anthropic_thinking)(index)[0])
-            open_block = kind
-        if isinstance(item, str):
-            delta = {"type": "text_delta", "text": item}
-        else:
-            delta = {"type": "thinking_delta", "thinking": item.thinking}
-        parts.append(anthropic_event("content_block_delta", index=index, delta=delta))
-    if open_block is not None:
-        parts.extend(anthropic_block_end(index, open_block))
-    return [*parts, *anthropic_end(end or "end_turn")]
-
-
-def anthropic_block_end(index: int, kind: str) -> List[bytes]:
-    """The end of a text or thinking block: a thinking block's signature, then its stop."""
-    stop = anthropic_event("content_block_stop", index=index)
-    if kind == "text":
-        return [stop]
-    delta = {"type": "signature_delta", "signature": f"sig-{index}"}
-    return [anthropic_event("content_block_delta", index=index, delta=delta), stop]
-
-
-def canned_model(provider: str, *attempts: _Attempt, **arguments: Any) -> al.Model:
-    if provider == "openai":
-        return canned_openai(*attempts, **arguments)
-    return canned_anthropic(*attempts, **arguments)
 
 
 def in_reads(parts: List[bytes], per_read: int = 256) -> List[bytes]:
@@ -3933,85 +3732,131 @@ def _argv(server: Server, provider: str = "openai", *more: str) -> List[str]:
     return ["--provider", provider, "--base-url", url, "--model", "m", "--retries", "0", *more]
 
 
+ADD_2_3, ATLANTIS = '{"left": 2, "right": 3}', '{"city": "Atlantis"}'
+
+
 class TestCommandLine:
     """python agent_loop_providers.py --provider ... runs an agent with its own tools."""
 
     def test_the_answer_streams_with_a_line_per_call_and_result(
         self, server: Server, capsys: pytest.CaptureFixture[str]
     ) -> None:
+        first = [openai_call(0, "c1", "add", ADD_2_3), openai_call(1, "c2", "weather", ATLANTIS)]
         server.script(
             Reply(
                 [
                     openai_chunk({"content": "Adding"}),
                     openai_chunk({"content": " now."}),
-                    openai_call(0, "c1", "add", '{"left": 2, "right": 3}'),
-                    openai_call(1, "c2", "weather", '{"city": "Atlantis"}'),
+                    *first,
                     DONE,
                 ]
             ),
-            Reply(
-                [
-                    openai_chunk({"content": "5, and"}),
-                    openai_chunk({"content": " no weather."}),
-                    DONE,
-                ]
-            ),
+            Reply([openai_chunk({"content": "5, and"}), openai_chunk({"content": " no."}), DONE]),
         )
-        status = providers.main(_argv(server, "openai", "--system", "S", "2+3?"))
-        assert status == 0
+        assert providers.main(_argv(server, "openai", "--system", "S", "2+3?")) == 0
         assert capsys.readouterr().out == (
-            "Adding now.\n"
-            '-> add({"left": 2, "right": 3}) [c1]\n'
-            '-> weather({"city": "Atlantis"}) [c2]\n'
-            '<- add ok: {"sum":5}\n'
-            "<- weather error: no weather station in Atlantis\n"
-            "5, and no weather.\n"
-            "result: completed, 2 step(s), 5 messages\n"
+            f"Adding now.\n-> add({ADD_2_3}) [c1]\n-> weather({ATLANTIS}) [c2]\n"
+            '<- add ok: {"sum":5}\n<- weather error: no weather station in Atlantis\n'
+            "5, and no.\nresult: completed, 2 step(s), 5 messages\n"
         )
         assert server.body()["messages"][0] == {"role": "system", "content": "S"}
-        assert [tool["function"]["name"] for tool in server.body()["tools"]] == [
-            "add",
-            "multiply",
-            "weather",
-        ]
+        names = [tool["function"]["name"] for tool in server.body()["tools"]]
+        assert names == ["add", "multiply", "weather"]
         assert server.body(1)["messages"][2] == {
             "role": "assistant",
             "content": "Adding now.",
             "tool_calls": [
-                {
-                    "id": "c1",
-                    "type": "function",
-                    "function": {"name": "add", "arguments": '{"left": 2, "right": 3}'},
-                },
-                {
-                    "id": "c2",
-                    "type": "function",
-                    "function": {"name": "weather", "arguments": '{"city": "Atlantis"}'},
-                },
+                openai_sent_call("c1", "add", ADD_2_3),
+                openai_sent_call("c2", "weather", ATLANTIS),
             ],
         }
 
-    def test_text_that_ends_a_line_gets_no_extra_one(
-        self, server: Server, capsys: pytest.CaptureFixture[str]
-    ) -> None:
-        server.script(Reply([openai_chunk({"content": "Done.\n"}), DONE]))
-        assert providers.main(_argv(server, "openai", "Hi")) == 0
-        assert capsys.readouterr().out == "Done.\nresult: completed, 1 step(s), 2 messages\n"
-
-    def test_the_add_tool_sums_numbers(self) -> None:
+    def test_the_command_line_tools(self) -> None:
         tools = providers._command_line_tools()
         add = tools.specs()[0]
-        assert add.name == "add"
-        assert add.parameters["properties"] == {
-            "left": {"type": "number"},
-            "right": {"type": "number"},
-        }
-        call = al.ToolCall("c", "add", {"left": 2, "right": 0.5})
-        assert al.execute_tool_call(tools, call, threading.Event()).content == '{"sum":2.5}'
-        call = al.ToolCall("c", "multiply", {"left": 6, "right": 7})
-        assert al.execute_tool_call(tools, call, threading.Event()).content == '{"product":42}'
-        call = al.ToolCall("c", "weather", {"city": "Oslo"})
-        assert al.execute_tool_call(tools, call, threading.Event()).content == "snow, -3 C"
+        assert (add.name, add.parameters["properties"]) == (
+            "add",
+            {"left": {"type": "number"}, "right": {"type": "number"}},
+        )
+        for name, arguments, content in [
+            ("add", {"left": 2, "right": 0.5}, '{"sum":2.5}'),
+            ("multiply", {"left": 6, "right": 7}, '{"product":42}'),
+            ("weather", {"city": "Oslo"}, "snow, -3 C"),
+            ("weather", {"city": "Atlantis"}, "no weather station in Atlantis"),
+        ]:
+            result = al.execute_tool_call(
+                tools, al.ToolCall("c", name, arguments), threading.Event()
+            )
+            assert result.content == content
+
+    @pytest.mark.parametrize(
+        ("provider", "more", "parts", "status", "out"),
+        [
+            pytest.param(
+                "openai",
+                [],
+                [openai_chunk({"content": "Done.\n"}), DONE],
+                0,
+                "Done.\nresult: completed, 1 step(s), 2 messages\n",
+                id="text-that-ends-a-line-gets-no-extra-one",
+            ),
+            pytest.param(
+                "openai",
+                [],
+                [openai_chunk({"content": "Half"})],
+                1,
+                "Half\nresult: failed, 1 step(s), 1 messages\nerror: MODEL_STREAM_ERROR: the "
+                "model's stream raised ProviderError: the stream ended before data: [DONE]: "
+                "the answer is incomplete\n",
+                id="a-failed-run-prints-its-error",
+            ),
+            pytest.param(
+                "openai",
+                ["--max-steps", "1"],
+                [openai_call(0, "c1", "add", ADD_2_3), DONE],
+                1,
+                f"-> add({ADD_2_3}) [c1]\n"
+                '<- add ok: {"sum":5}\nresult: maxSteps, 1 step(s), 3 messages\n'
+                "the budget of 1 step(s) ended the run\n",
+                id="the-step-budget-is-said",
+            ),
+            pytest.param(
+                "openai",
+                [],
+                [OPENAI_REASONING_STREAM],
+                0,
+                "> 27 * 453: 10,800 + 1,431.\n12,231\nresult: completed, 1 step(s), 2 messages, "
+                "usage: 4 in, 45 out, 16 cache read, 41 reasoning\n",
+                id="reasoning-then-the-answer-and-the-usage",
+            ),
+            pytest.param(
+                "openai",
+                [],
+                [
+                    openai_chunk({"reasoning_content": "One.\n\nTwo"}),
+                    openai_chunk({"reasoning_content": " and three.\n"}),
+                    openai_chunk({"content": "Done."}),
+                    DONE,
+                ],
+                0,
+                "> One.\n\n> Two and three.\nDone.\nresult: completed, 1 step(s), 2 messages\n",
+                id="thinking-that-ends-its-line-and-a-blank-line-in-it",
+            ),
+        ],
+    )
+    def test_what_it_prints(
+        self,
+        server: Server,
+        capsys: pytest.CaptureFixture[str],
+        provider: str,
+        more: List[str],
+        parts: List[bytes],
+        status: int,
+        out: str,
+    ) -> None:
+        server.script(Reply(parts))
+        assert providers.main(_argv(server, provider, *more, "Hi")) == status
+        assert capsys.readouterr().out == out
 
     def test_anthropic_json_and_a_failed_run(
         self, server: Server, capsys: pytest.CaptureFixture[str]
@@ -4026,56 +3871,19 @@ class TestCommandLine:
     def test_json_lines_replay_as_events(
         self, server: Server, capsys: pytest.CaptureFixture[str]
     ) -> None:
-        server.script(
-            Reply([openai_call(0, "c1", "add", '{"left": 2, "right": 3}'), DONE]),
-            Reply([openai_chunk({"content": "5"}), DONE]),
-        )
-        assert providers.main(_argv(server, "openai", "--json", "2+3?")) == 0
+        server.script(Reply([OPENAI_REASONING_STREAM]))
+        assert providers.main(_argv(server, "openai", "--json", "27 * 453?")) == 0
         lines = capsys.readouterr().out.splitlines()
+        assert not any(line.startswith(">") for line in lines)
         events = [al.event_from_dict(json.loads(line)) for line in lines]
         assert [event.sequence for event in events] == list(range(len(lines)))
-        assert events[-1].payload["result"].final_text == "5"
         assert [json.dumps(event.to_dict(), ensure_ascii=False) for event in events] == lines
-
-    def test_a_failed_run_prints_its_error(
-        self, server: Server, capsys: pytest.CaptureFixture[str]
-    ) -> None:
-        server.script(Reply([openai_chunk({"content": "Half"})]))
-        assert providers.main(_argv(server, "openai", "Hi")) == 1
-        out = capsys.readouterr().out.splitlines()
-        assert out[:2] == ["Half", "result: failed, 1 step(s), 1 messages"]
-        assert out[2].startswith("error: MODEL_STREAM_ERROR: the model's stream raised ")
-        assert len(out) == 3
-
-    def test_the_step_budget_is_said(
-        self, server: Server, capsys: pytest.CaptureFixture[str]
-    ) -> None:
-        server.script(Reply([openai_call(0, "c1", "add", '{"left": 2, "right": 3}'), DONE]))
-        assert providers.main(_argv(server, "openai", "--max-steps", "1", "2+3?")) == 1
-        assert capsys.readouterr().out.splitlines()[-2:] == [
-            "result: maxSteps, 1 step(s), 3 messages",
-            "the budget of 1 step(s) ended the run",
-        ]
-
-    def test_max_tokens_and_options_reach_the_body(
-        self, server: Server, capsys: pytest.CaptureFixture[str]
-    ) -> None:
-        server.script(Reply([OPENAI_TEXT_STREAM]))
-        options = ["--option", "temperature=0", "--option", 'stop=["\\n"]']
-        assert providers.main(_argv(server, "openai", "--max-tokens", "7", *options, "Hi")) == 0
-        assert server.body()["max_tokens"] == 7
-        assert server.body()["temperature"] == 0
-        assert server.body()["stop"] == ["\n"]
-
-    def test_max_tokens_for_anthropic_is_the_argument(
-        self, server: Server, capsys: pytest.CaptureFixture[str]
-    ) -> None:
-        parts = answer_parts("anthropic", ["Hi"])
-        server.script(Reply(parts), Reply(parts))
-        assert providers.main(_argv(server, "anthropic", "--max-tokens", "9", "Hi")) == 0
-        assert providers.main(_argv(server, "anthropic", "--option", "top_k=3", "Hi")) == 0
-        assert (server.body()["max_tokens"], server.body(1)["max_tokens"]) == (9, 4096)
-        assert server.body(1)["top_k"] == 3
+        assert events[1].payload["chunk"] == al.ThinkingDelta("request-001", "27 * 453: ")
+        result = events[-1].payload["result"]
+        assert result.final_text == "12,231"
+        assert result.usage == al.Usage(4, 45, cache_read_tokens=16, reasoning_tokens=41)
+        usage = json.loads(lines[-1])["payload"]["result"]["usage"]
+        assert usage == {"input": 4, "output": 45, "cacheRead": 16, "reasoning": 41}
 
     def test_thinking_streams_apart_and_the_result_says_the_usage(
         self, server: Server, capsys: pytest.CaptureFixture[str]
@@ -4084,107 +3892,63 @@ class TestCommandLine:
         first = [
             anthropic_event("message_start", message={"id": "m1", "usage": start}),
             *anthropic_thinking(0, "Add:\n", "2 + 3", signature="sig-add"),
-            *anthropic_tool(1, "toolu_01", "add", '{"left": 2, "right": 3}'),
-            anthropic_event(
-                "message_delta", delta={"stop_reason": "tool_use"}, usage={"output_tokens": 20}
-            ),
-            anthropic_event("message_stop"),
+            *anthropic_tool(1, "toolu_01", "add", ADD_2_3),
+            *anthropic_end("tool_use", {"output_tokens": 20}),
         ]
         start = {"input_tokens": 120, "cache_read_input_tokens": 30, "output_tokens": 1}
         second = [
             anthropic_event("message_start", message={"id": "m2", "usage": start}),
             *anthropic_thinking(0, "Say it.", signature="sig-say"),
             *anthropic_text(1, "5."),
-            anthropic_event(
-                "message_delta", delta={"stop_reason": "end_turn"}, usage={"output_tokens": 4}
-            ),
-            anthropic_event("message_stop"),
+            *anthropic_end("end_turn", {"output_tokens": 4}),
         ]
         server.script(Reply(first), Reply(second))
-        argv = _argv(server, "anthropic", "--thinking", "2048", "2+3?")
-        assert providers.main(argv) == 0
+        assert providers.main(_argv(server, "anthropic", "--thinking", "2048", "2+3?")) == 0
         assert capsys.readouterr().out == (
-            "> Add:\n"
-            "> 2 + 3\n"
-            '-> add({"left": 2, "right": 3}) [toolu_01]\n'
-            '<- add ok: {"sum":5}\n'
-            "> Say it.\n"
-            "5.\n"
+            f"> Add:\n> 2 + 3\n-> add({ADD_2_3}) [toolu_01]\n"
+            '<- add ok: {"sum":5}\n> Say it.\n5.\n'
             "result: completed, 2 step(s), 4 messages, usage: 220 in, 24 out, 60 cache read\n"
         )
-        assert server.body()["thinking"] == {"type": "enabled", "budget_tokens": 2048}
-        assert server.body(1)["messages"][1]["content"][0] == {
-            "type": "thinking",
-            "thinking": "Add:\n2 + 3",
-            "signature": "sig-add",
-        }
-
-    def test_openai_reasoning_then_the_answer_and_reasoning_tokens(
-        self, server: Server, capsys: pytest.CaptureFixture[str]
-    ) -> None:
-        server.script(Reply([OPENAI_REASONING_STREAM]))
-        assert providers.main(_argv(server, "openai", "27 * 453?")) == 0
-        assert capsys.readouterr().out == (
-            "> 27 * 453: 10,800 + 1,431.\n"
-            "12,231\n"
-            "result: completed, 1 step(s), 2 messages, "
-            "usage: 4 in, 45 out, 16 cache read, 41 reasoning\n"
-        )
-        assert server.body()["stream_options"] == {"include_usage": True}
-
-    def test_thinking_that_ends_its_line_and_a_blank_line_in_it(
-        self, server: Server, capsys: pytest.CaptureFixture[str]
-    ) -> None:
-        server.script(
-            Reply(
-                [
-                    openai_chunk({"reasoning_content": "One.\n\nTwo"}),
-                    openai_chunk({"reasoning_content": " and three.\n"}),
-                    openai_chunk({"content": "Done."}),
-                    DONE,
-                ]
-            )
-        )
-        assert providers.main(_argv(server, "openai", "Count.")) == 0
-        assert capsys.readouterr().out == (
-            "> One.\n\n> Two and three.\nDone.\nresult: completed, 1 step(s), 2 messages\n"
-        )
+        thought = {"type": "thinking", "thinking": "Add:\n2 + 3", "signature": "sig-add"}
+        assert server.body(1)["messages"][1]["content"][0] == thought
 
     @pytest.mark.parametrize(
-        ("argv", "budget"),
+        ("provider", "more", "sent"),
         [
-            pytest.param(["--thinking", "1024"], 1024, id="the-least"),
-            pytest.param(["--thinking", "4095"], 4095, id="below-the-default-limit"),
-            pytest.param(["--thinking", "2048", "--max-tokens", "2049"], 2048, id="below-limit"),
+            pytest.param(
+                "openai",
+                ["--max-tokens", "7", "--option", "temperature=0", "--option", 'stop=["\\n"]'],
+                {"max_tokens": 7, "temperature": 0, "stop": ["\n"]},
+                id="openai-max-tokens-and-options",
+            ),
+            pytest.param("anthropic", ["--max-tokens", "9"], {"max_tokens": 9}, id="max-tokens"),
+            pytest.param(
+                "anthropic",
+                ["--option", "top_k=3"],
+                {"max_tokens": 4096, "top_k": 3},
+                id="default",
+            ),
+            *[
+                pytest.param(
+                    "anthropic",
+                    more,
+                    {"thinking": {"type": "enabled", "budget_tokens": budget}},
+                    id=name,
+                )
+                for name, more, budget in [
+                    ("thinking-the-least", ["--thinking", "1024"], 1024),
+                    ("thinking-below-the-default-limit", ["--thinking", "4095"], 4095),
+                    ("thinking-below-limit", ["--thinking", "2048", "--max-tokens", "2049"], 2048),
+                ]
+            ],
         ],
     )
-    def test_the_thinking_budget_reaches_the_body(
-        self, server: Server, capsys: pytest.CaptureFixture[str], argv: List[str], budget: int
+    def test_the_arguments_reach_the_body(
+        self, server: Server, provider: str, more: List[str], sent: Dict[str, Any]
     ) -> None:
-        server.script(Reply(answer_parts("anthropic", ["Hi"])))
-        assert providers.main(_argv(server, "anthropic", *argv, "Hi")) == 0
-        assert server.body()["thinking"] == {"type": "enabled", "budget_tokens": budget}
-
-    def test_json_lines_with_thinking_and_usage_replay_as_events(
-        self, server: Server, capsys: pytest.CaptureFixture[str]
-    ) -> None:
-        server.script(Reply([OPENAI_REASONING_STREAM]))
-        assert providers.main(_argv(server, "openai", "--json", "27 * 453?")) == 0
-        lines = capsys.readouterr().out.splitlines()
-        assert not any(line.startswith(">") for line in lines)
-        events = [al.event_from_dict(json.loads(line)) for line in lines]
-        assert [json.dumps(event.to_dict(), ensure_ascii=False) for event in events] == lines
-        assert events[1].payload["chunk"] == al.ThinkingDelta("request-001", "27 * 453: ")
-        result = events[-1].payload["result"]
-        assert result.usage == al.Usage(
-            input_tokens=4, output_tokens=45, cache_read_tokens=16, reasoning_tokens=41
-        )
-        assert json.loads(lines[-1])["payload"]["result"]["usage"] == {
-            "input": 4,
-            "output": 45,
-            "cacheRead": 16,
-            "reasoning": 41,
-        }
+        server.script(Reply(answer_parts(provider, ["Hi"])))
+        assert providers.main(_argv(server, provider, *more, "Hi")) == 0
+        assert {key: server.body()[key] for key in sent} == sent
 
     @pytest.mark.parametrize(
         ("usage", "text"),
@@ -4220,68 +3984,44 @@ class TestCommandLine:
         )  # main() removed its handler
 
     @pytest.mark.parametrize(
-        "argv",
+        ("provider", "more"),
         [
-            pytest.param([], id="nothing"),
-            pytest.param(
-                ["--provider", "x", "--base-url", "http://h", "--model", "m", "p"], id="provider"
-            ),
-            pytest.param(
-                ["--provider", "openai", "--base-url", "ftp://h", "--model", "m", "p"], id="url"
-            ),
-            pytest.param(
-                ["--provider", "openai", "--base-url", "http://h", "--model", "", "p"], id="model"
-            ),
+            pytest.param("", "", id="nothing"),
+            pytest.param("x", "", id="provider"),
+            pytest.param("openai", "--base-url ftp://h", id="url"),
+            pytest.param("openai", "--model ''", id="model"),
             *[
-                pytest.param(
-                    ["--provider", "openai", "--base-url", "http://h", "--model", "m", *more, "p"],
-                    id=name,
-                )
-                for name, more in [
-                    ("steps-low", ["--max-steps", "0"]),
-                    ("steps-text", ["--max-steps", "x"]),
-                    ("tokens-low", ["--max-tokens", "0"]),
-                    ("tokens-text", ["--max-tokens", "x"]),
-                    ("retries-low", ["--retries", "-1"]),
-                    ("retries-text", ["--retries", "x"]),
-                    ("option-no-equals", ["--option", "temperature"]),
-                    ("option-no-key", ["--option", "=1"]),
-                    ("option-not-json", ["--option", "temperature=warm"]),
-                    ("option-nan", ["--option", "temperature=NaN"]),
-                    ("option-owned", ["--option", "stream=false"]),
-                    ("tokens-twice", ["--max-tokens", "5", "--option", "max_tokens=6"]),
-                    ("thinking-for-openai", ["--thinking", "2048"]),
+                pytest.param(provider, more, id=name)
+                for provider, name, more in [
+                    ("openai", "steps-low", "--max-steps 0"),
+                    ("openai", "steps-text", "--max-steps x"),
+                    ("openai", "tokens-low", "--max-tokens 0"),
+                    ("openai", "tokens-text", "--max-tokens x"),
+                    ("openai", "retries-low", "--retries -1"),
+                    ("openai", "retries-text", "--retries x"),
+                    ("openai", "option-no-equals", "--option temperature"),
+                    ("openai", "option-no-key", "--option =1"),
+                    ("openai", "option-not-json", "--option temperature=warm"),
+                    ("openai", "option-nan", "--option temperature=NaN"),
+                    ("openai", "option-owned", "--option stream=false"),
+                    ("openai", "tokens-twice", "--max-tokens 5 --option max_tokens=6"),
+                    ("openai", "thinking-for-openai", "--thinking 2048"),
+                    ("anthropic", "thinking-below-1024", "--thinking 1023"),
+                    ("anthropic", "thinking-text", "--thinking lots"),
+                    ("anthropic", "thinking-at-the-default-limit", "--thinking 4096"),
+                    ("anthropic", "thinking-at-the-limit", "--thinking 2048 --max-tokens 2048"),
+                    ("anthropic", "thinking-owned", '--option \'thinking={"type": "adaptive"}\''),
+                    ("anthropic", "anthropic-owned", "--option max_tokens=6"),
                 ]
             ],
-            *[
-                pytest.param(
-                    [
-                        *("--provider", "anthropic", "--base-url", "http://h", "--model", "m"),
-                        *more,
-                        "p",
-                    ],
-                    id=name,
-                )
-                for name, more in [
-                    ("thinking-below-1024", ["--thinking", "1023"]),
-                    ("thinking-text", ["--thinking", "lots"]),
-                    ("thinking-at-the-default-limit", ["--thinking", "4096"]),
-                    ("thinking-at-the-limit", ["--thinking", "2048", "--max-tokens", "2048"]),
-                    ("thinking-owned", ["--option", 'thinking={"type": "adaptive"}']),
-                ]
-            ],
-            pytest.param(
-                [
-                    *("--provider", "anthropic", "--base-url", "http://h", "--model", "m"),
-                    *("--option", "max_tokens=6", "p"),
-                ],
-                id="anthropic-owned",
-            ),
         ],
     )
     def test_bad_options_exit_2_with_usage(
-        self, argv: List[str], capsys: pytest.CaptureFixture[str]
+        self, provider: str, more: str, capsys: pytest.CaptureFixture[str]
     ) -> None:
+        # Each row: a good command line but for one argument (the later one wins).
+        good = ["--provider", provider, "--base-url", "http://h", "--model", "m"]
+        argv = [*good, *shlex.split(more), "p"] if provider else []
         with pytest.raises(SystemExit) as exited:
             providers.main(argv)
         assert exited.value.code == 2
