@@ -984,17 +984,6 @@ class TestRequests:
         sent = posted(model, request(HISTORY, SPECS))
         assert sent["url"] == "http://h/v1/messages"
         assert sent["headers"]["anthropic-version"] == "2023-06-01"
-        keys = [
-            "model",
-            "max_tokens",
-            "messages",
-            "stream",
-            "system",
-            "thinking",
-            "tools",
-            "top_k",
-        ]
-        assert list(sent["body"]) == keys
         assert sent["body"] == {
             "model": "test-model",
             "max_tokens": 100,
@@ -1665,6 +1654,9 @@ class TestThinking:
         )
 
 
+NO_CACHE = {"cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+
+
 class TestUsage:
     """The provider's counts, mapped to Usage's meaning; None for what it did not say."""
 
@@ -1678,25 +1670,9 @@ class TestUsage:
                 id="tool-use-example",
             ),
             pytest.param(  # the web-search example: message_delta repeats every count
-                {
-                    "input_tokens": 2679,
-                    "cache_creation_input_tokens": 0,
-                    "cache_read_input_tokens": 0,
-                    "output_tokens": 3,
-                },
-                {
-                    "input_tokens": 10682,
-                    "cache_creation_input_tokens": 0,
-                    "cache_read_input_tokens": 0,
-                    "output_tokens": 510,
-                    "server_tool_use": {"web_search_requests": 1},
-                },
-                al.Usage(
-                    input_tokens=10682,
-                    output_tokens=510,
-                    cache_read_tokens=0,
-                    cache_write_tokens=0,
-                ),
+                {"input_tokens": 2679, **NO_CACHE, "output_tokens": 3},
+                {"input_tokens": 10682, **NO_CACHE, "output_tokens": 510, "server_tool_use": {}},
+                al.Usage(10682, 510, cache_read_tokens=0, cache_write_tokens=0),
                 id="web-search-example",
             ),
             pytest.param(
@@ -1738,9 +1714,7 @@ class TestUsage:
                     "prompt_tokens_details": {"cached_tokens": 1920, "audio_tokens": 0},
                     "completion_tokens_details": {"reasoning_tokens": 0},
                 },
-                al.Usage(
-                    input_tokens=86, output_tokens=300, cache_read_tokens=1920, reasoning_tokens=0
-                ),
+                al.Usage(86, 300, cache_read_tokens=1920, reasoning_tokens=0),
                 id="openai-cached",
             ),
             pytest.param(
@@ -2542,6 +2516,10 @@ def retry_logs(caplog: pytest.LogCaptureFixture) -> List[str]:
 STREAM = Reply([openai_chunk({"content": "5"}), DONE])
 BUSY = Reply([b"busy"], status=503)
 LONG = Reply([b"busy"], status=429, headers=(("Retry-After", "61"),))
+REDIRECT = "http://127.0.0.1:9/v1/chat/completions"
+OVERLOADED = sse(
+    {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}, "error"
+)
 NOT_RETRIED = "busy (Retry-After: 61 s) (not retried: the Retry-After is more than 60 s)"
 
 
@@ -2643,34 +2621,43 @@ class TestRetries:
         assert (error.status, error.retry_after) == (429, 61.0)
         assert len(server.requests) == len(replies) - (replies[-1] is STREAM)
 
-    def test_retries_0_turns_them_off(
-        self, server: Server, caplog: pytest.LogCaptureFixture
+    @pytest.mark.parametrize(
+        ("retries", "reply", "words"),
+        [
+            pytest.param(
+                0, BUSY, "HTTP 503 Service Unavailable: busy", id="retries-0-turns-them-off"
+            ),
+            pytest.param(
+                2,
+                Reply([b"{}"], status=401),
+                "HTTP 401 Unauthorized: {}",
+                id="a-status-that-stays",
+            ),
+            pytest.param(
+                2,
+                Reply(status=301, headers=(("Location", REDIRECT), ("Content-Length", "0"))),
+                f"answered HTTP 301 Moved Permanently, not an event stream (Location: {REDIRECT}; "
+                "redirects are not followed)",
+                id="a-redirect",
+            ),
+        ],
+    )
+    def test_what_is_not_retried_fails_the_run_at_once(
+        self,
+        server: Server,
+        caplog: pytest.LogCaptureFixture,
+        retries: int,
+        reply: Reply,
+        words: str,
     ) -> None:
-        server.script(BUSY, STREAM)
+        server.script(reply, STREAM)
         with caplog.at_level(logging.WARNING):
-            _, result = settle(openai(server, retries=0))
-        error = assert_stream_error(result, "HTTP 503")
+            _, result = settle(quick(openai(server, retries=retries)))
+        error = assert_stream_error(result, words)
+        assert error.status == reply.status
         assert "(after" not in str(error)
         assert len(server.requests) == 1
         assert retry_logs(caplog) == []
-
-    def test_a_redirect_fails_the_run_at_once(self, server: Server) -> None:
-        headers = (("Location", "http://127.0.0.1:9/v1/chat/completions"), ("Content-Length", "0"))
-        server.script(Reply(status=301, headers=headers), STREAM)
-        _, result = settle(openai(server, retries=2))
-        error = assert_stream_error(
-            result,
-            "answered HTTP 301 Moved Permanently, not an event stream (Location: "
-            "http://127.0.0.1:9/v1/chat/completions; redirects are not followed)",
-        )
-        assert error.status == 301
-        assert len(server.requests) == 1
-
-    def test_a_status_that_will_not_change_is_not_retried(self, server: Server) -> None:
-        server.script(Reply([b"{}"], status=401), STREAM)
-        _, result = settle(quick(openai(server, retries=2)))
-        assert_stream_error(result, "HTTP 401")
-        assert len(server.requests) == 1
 
     def test_a_refused_connection_is_retried(self, caplog: pytest.LogCaptureFixture) -> None:
         url = f"http://127.0.0.1:{free_port()}/v1"
@@ -2688,14 +2675,10 @@ class TestRetries:
         assert result.status == "completed", result.error
 
     def test_an_error_after_the_first_chunk_is_not_retried(self, server: Server) -> None:
-        overloaded = (
-            b'event: error\ndata: {"type": "error", "error": '
-            b'{"type": "overloaded_error", "message": "Overloaded"}}\n\n'
-        )
         # The pause: the error comes in a read of its own, after the text was yielded.
         # (An error in the same read as the first text is retried: nothing was yielded.)
         server.script(
-            Reply([MESSAGE_START, *anthropic_text(0, "Hi")[:2], overloaded], pause=0.1),
+            Reply([MESSAGE_START, *anthropic_text(0, "Hi")[:2], OVERLOADED], pause=0.1),
             Reply([MESSAGE_START, *anthropic_text(0, "Again"), *anthropic_end()]),
         )
         events, result = settle(quick(anthropic(server, retries=2, timeout=_BOUND)))
@@ -2705,12 +2688,8 @@ class TestRetries:
         assert [event.type for event in events].count("model.chunk") == 1
 
     def test_an_overloaded_event_before_any_chunk_is_retried(self, server: Server) -> None:
-        overloaded = (
-            b'event: error\ndata: {"type": "error", "error": '
-            b'{"type": "overloaded_error", "message": "Overloaded"}}\n\n'
-        )
         server.script(
-            Reply([MESSAGE_START, overloaded]),
+            Reply([MESSAGE_START, OVERLOADED]),
             Reply([b"{}"], status=529),
             Reply([MESSAGE_START, *anthropic_text(0, "Hi"), *anthropic_end()]),
         )
