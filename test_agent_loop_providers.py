@@ -2002,54 +2002,54 @@ ANTHROPIC_BROKEN: List[Tuple[str, List[bytes], str]] = [
         NESTED,
     ),
     *[
-        (name, [MESSAGE_START, start, anthropic_delta(0, **delta)], words)
+        (name, [MESSAGE_START, start, delta], words)
         for name, start, delta, words in [
             (
                 "thinking-for-text",
                 TEXT_START,
-                {"type": "thinking_delta", "thinking": "x"},
+                anthropic_delta(0, type="thinking_delta", thinking="x"),
                 "thinking_delta for a block that is not thinking",
             ),
             (
                 "signature-for-text",
                 TEXT_START,
-                {"type": "signature_delta", "signature": "s"},
+                anthropic_delta(0, type="signature_delta", signature="s"),
                 "signature_delta for a block that is not thinking",
             ),
             (
                 "text-for-tool",
                 TOOL_START,
-                {"type": "text_delta", "text": "x"},
+                anthropic_delta(0, type="text_delta", text="x"),
                 "text_delta for a block that is not text",
             ),
             (
                 "json-for-text",
                 TEXT_START,
-                {"type": "input_json_delta", "partial_json": "{}"},
+                anthropic_delta(0, type="input_json_delta", partial_json="{}"),
                 "input_json_delta without a tool_use block",
             ),
             (
                 "text-for-thinking",
                 THINKING_START,
-                {"type": "text_delta", "text": "x"},
+                anthropic_delta(0, type="text_delta", text="x"),
                 "text_delta for a block that is not text",
             ),
             (
                 "json-for-thinking",
                 THINKING_START,
-                {"type": "input_json_delta", "partial_json": "{}"},
+                anthropic_delta(0, type="input_json_delta", partial_json="{}"),
                 "input_json_delta without a tool_use block",
             ),
             (
                 "thinking-not-str",
                 THINKING_START,
-                {"type": "thinking_delta", "thinking": 5},
+                anthropic_delta(0, type="thinking_delta", thinking=5),
                 "thinking that is not a string",
             ),
             (
                 "signature-not-str",
                 THINKING_START,
-                {"type": "signature_delta", "signature": ["s"]},
+                anthropic_delta(0, type="signature_delta", signature=["s"]),
                 "a signature that is not a string",
             ),
         ]
@@ -3395,7 +3395,8 @@ def _argv(server: Server, provider: str = "openai", *more: str) -> List[str]:
     return ["--provider", provider, "--base-url", url, "--model", "m", "--retries", "0", *more]
 
 
-ADD_2_3, ATLANTIS = '{"left": 2, "right": 3}', '{"city": "Atlantis"}'
+REASONING_USAGE = al.Usage(4, 45, cache_read_tokens=16, reasoning_tokens=41)
+"""What OPENAI_REASONING_STREAM's usage chunk says."""
 
 
 class TestCommandLine:
@@ -3404,43 +3405,39 @@ class TestCommandLine:
     def test_the_answer_streams_with_a_line_per_call_and_result(
         self, server: Server, capsys: pytest.CaptureFixture[str]
     ) -> None:
-        first = [openai_call(0, "c1", "add", ADD_2_3), openai_call(1, "c2", "weather", ATLANTIS)]
+        calls: List[Tuple[str, str, Dict[str, Any]]] = [
+            ("c1", "add", {"left": 2, "right": 3}),
+            ("c2", "weather", {"city": "Atlantis"}),
+        ]
         server.script(
-            Reply(
-                [
-                    openai_chunk({"content": "Adding"}),
-                    openai_chunk({"content": " now."}),
-                    *first,
-                    DONE,
-                ]
-            ),
-            Reply([openai_chunk({"content": "5, and"}), openai_chunk({"content": " no."}), DONE]),
+            Reply(answer_parts("openai", ["Adding", " now.", *calls])),
+            Reply(answer_parts("openai", ["5, and", " no."])),
         )
         assert providers.main(_argv(server, "openai", "--system", "S", "2+3?")) == 0
         assert capsys.readouterr().out == (
-            f"Adding now.\n-> add({ADD_2_3}) [c1]\n-> weather({ATLANTIS}) [c2]\n"
-            '<- add ok: {"sum":5}\n<- weather error: no weather station in Atlantis\n'
+            'Adding now.\n-> add({"left": 2, "right": 3}) [c1]\n'
+            '-> weather({"city": "Atlantis"}) [c2]\n<- add ok: {"sum":5}\n'
+            "<- weather error: no weather station in Atlantis\n"
             "5, and no.\nresult: completed, 2 step(s), 5 messages\n"
         )
         assert server.body()["messages"][0] == {"role": "system", "content": "S"}
-        names = [tool["function"]["name"] for tool in server.body()["tools"]]
-        assert names == ["add", "multiply", "weather"]
+        tools = [tool["function"]["name"] for tool in server.body()["tools"]]
+        assert tools == ["add", "multiply", "weather"]
+        sent = [openai_sent_call(id, name, json.dumps(arguments)) for id, name, arguments in calls]
         assert server.body(1)["messages"][2] == {
             "role": "assistant",
             "content": "Adding now.",
-            "tool_calls": [
-                openai_sent_call("c1", "add", ADD_2_3),
-                openai_sent_call("c2", "weather", ATLANTIS),
-            ],
+            "tool_calls": sent,
         }
 
     def test_the_command_line_tools(self) -> None:
         tools = providers._command_line_tools()
         add = tools.specs()[0]
-        assert (add.name, add.parameters["properties"]) == (
-            "add",
-            {"left": {"type": "number"}, "right": {"type": "number"}},
-        )
+        assert add.name == "add"
+        assert add.parameters["properties"] == {
+            "left": {"type": "number"},
+            "right": {"type": "number"},
+        }
         calls: List[Tuple[str, Dict[str, Any], str]] = [
             ("add", {"left": 2, "right": 0.5}, '{"sum":2.5}'),
             ("multiply", {"left": 6, "right": 7}, '{"product":42}'),
@@ -3448,60 +3445,30 @@ class TestCommandLine:
             ("weather", {"city": "Atlantis"}, "no weather station in Atlantis"),
         ]
         for name, arguments, content in calls:
-            result = al.execute_tool_call(
-                tools, al.ToolCall("c", name, arguments), threading.Event()
-            )
-            assert result.content == content
+            call = al.ToolCall("c", name, arguments)
+            assert al.execute_tool_call(tools, call, threading.Event()).content == content
 
     @pytest.mark.parametrize(
-        ("provider", "more", "parts", "status", "out"),
+        ("more", "items", "status", "out"),
         [
             pytest.param(
-                "openai",
                 [],
-                [openai_chunk({"content": "Done.\n"}), DONE],
+                ["Done.\n"],
                 0,
                 "Done.\nresult: completed, 1 step(s), 2 messages\n",
                 id="text-that-ends-a-line-gets-no-extra-one",
             ),
             pytest.param(
-                "openai",
-                [],
-                [openai_chunk({"content": "Half"})],
-                1,
-                "Half\nresult: failed, 1 step(s), 1 messages\nerror: MODEL_STREAM_ERROR: the "
-                "model's stream raised ProviderError: the stream ended before data: [DONE]: "
-                "the answer is incomplete\n",
-                id="a-failed-run-prints-its-error",
-            ),
-            pytest.param(
-                "openai",
                 ["--max-steps", "1"],
-                [openai_call(0, "c1", "add", ADD_2_3), DONE],
+                [("c1", "add", {"left": 2, "right": 3})],
                 1,
-                f"-> add({ADD_2_3}) [c1]\n"
-                '<- add ok: {"sum":5}\nresult: maxSteps, 1 step(s), 3 messages\n'
-                "the budget of 1 step(s) ended the run\n",
+                '-> add({"left": 2, "right": 3}) [c1]\n<- add ok: {"sum":5}\n'
+                "result: maxSteps, 1 step(s), 3 messages\nthe budget of 1 step(s) ended the run\n",
                 id="the-step-budget-is-said",
             ),
             pytest.param(
-                "openai",
                 [],
-                [OPENAI_REASONING_STREAM],
-                0,
-                "> 27 * 453: 10,800 + 1,431.\n12,231\nresult: completed, 1 step(s), 2 messages, "
-                "usage: 4 in, 45 out, 16 cache read, 41 reasoning\n",
-                id="reasoning-then-the-answer-and-the-usage",
-            ),
-            pytest.param(
-                "openai",
-                [],
-                [
-                    openai_chunk({"reasoning_content": "One.\n\nTwo"}),
-                    openai_chunk({"reasoning_content": " and three.\n"}),
-                    openai_chunk({"content": "Done."}),
-                    DONE,
-                ],
+                [al.ThinkingBlock("One.\n\nTwo"), al.ThinkingBlock(" and three.\n"), "Done."],
                 0,
                 "> One.\n\n> Two and three.\nDone.\nresult: completed, 1 step(s), 2 messages\n",
                 id="thinking-that-ends-its-line-and-a-blank-line-in-it",
@@ -3512,15 +3479,35 @@ class TestCommandLine:
         self,
         server: Server,
         capsys: pytest.CaptureFixture[str],
-        provider: str,
         more: List[str],
-        parts: List[bytes],
+        items: List[_Item],
         status: int,
         out: str,
     ) -> None:
-        server.script(Reply(parts))
-        assert providers.main(_argv(server, provider, *more, "Hi")) == status
+        server.script(Reply(answer_parts("openai", items)))
+        assert providers.main(_argv(server, "openai", *more, "Hi")) == status
         assert capsys.readouterr().out == out
+
+    def test_a_failed_run_prints_its_error(
+        self, server: Server, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        server.script(Reply([openai_chunk({"content": "Half"})]))
+        assert providers.main(_argv(server, "openai", "Hi")) == 1
+        assert capsys.readouterr().out == (
+            "Half\nresult: failed, 1 step(s), 1 messages\nerror: MODEL_STREAM_ERROR: the model's "
+            "stream raised ProviderError: the stream ended before data: [DONE]: the answer is "
+            "incomplete\n"
+        )
+
+    def test_reasoning_then_the_answer_and_the_usage(
+        self, server: Server, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        server.script(Reply([OPENAI_REASONING_STREAM]))
+        assert providers.main(_argv(server, "openai", "27 * 453?")) == 0
+        assert capsys.readouterr().out == (
+            "> 27 * 453: 10,800 + 1,431.\n12,231\nresult: completed, 1 step(s), 2 messages, "
+            "usage: 4 in, 45 out, 16 cache read, 41 reasoning\n"
+        )
 
     def test_anthropic_json_and_a_failed_run(
         self, server: Server, capsys: pytest.CaptureFixture[str]
@@ -3544,32 +3531,38 @@ class TestCommandLine:
         assert [json.dumps(event.to_dict(), ensure_ascii=False) for event in events] == lines
         assert events[1].payload["chunk"] == al.ThinkingDelta("request-001", "27 * 453: ")
         result = events[-1].payload["result"]
-        assert result.final_text == "12,231"
-        assert result.usage == al.Usage(4, 45, cache_read_tokens=16, reasoning_tokens=41)
+        assert (result.final_text, result.usage) == ("12,231", REASONING_USAGE)
         usage = json.loads(lines[-1])["payload"]["result"]["usage"]
         assert usage == {"input": 4, "output": 45, "cacheRead": 16, "reasoning": 41}
 
     def test_thinking_streams_apart_and_the_result_says_the_usage(
         self, server: Server, capsys: pytest.CaptureFixture[str]
     ) -> None:
-        start = {"input_tokens": 100, "cache_read_input_tokens": 30, "output_tokens": 1}
-        first = [
-            anthropic_event("message_start", message={"id": "m1", "usage": start}),
-            *anthropic_thinking(0, "Add:\n", "2 + 3", signature="sig-add"),
-            *anthropic_tool(1, "toolu_01", "add", ADD_2_3),
-            *anthropic_end("tool_use", {"output_tokens": 20}),
-        ]
-        start = {"input_tokens": 120, "cache_read_input_tokens": 30, "output_tokens": 1}
-        second = [
-            anthropic_event("message_start", message={"id": "m2", "usage": start}),
-            *anthropic_thinking(0, "Say it.", signature="sig-say"),
-            *anthropic_text(1, "5."),
-            *anthropic_end("end_turn", {"output_tokens": 4}),
-        ]
-        server.script(Reply(first), Reply(second))
+        def message_start(input_tokens: int) -> bytes:
+            usage = {"input_tokens": input_tokens, "cache_read_input_tokens": 30}
+            return anthropic_event("message_start", message={"id": "m", "usage": usage})
+
+        server.script(
+            Reply(
+                [
+                    message_start(100),
+                    *anthropic_thinking(0, "Add:\n", "2 + 3", signature="sig-add"),
+                    *anthropic_tool(1, "toolu_01", "add", '{"left": 2, "right": 3}'),
+                    *anthropic_end("tool_use", {"output_tokens": 20}),
+                ]
+            ),
+            Reply(
+                [
+                    message_start(120),
+                    *anthropic_thinking(0, "Say it.", signature="sig-say"),
+                    *anthropic_text(1, "5."),
+                    *anthropic_end("end_turn", {"output_tokens": 4}),
+                ]
+            ),
+        )
         assert providers.main(_argv(server, "anthropic", "--thinking", "2048", "2+3?")) == 0
         assert capsys.readouterr().out == (
-            f"> Add:\n> 2 + 3\n-> add({ADD_2_3}) [toolu_01]\n"
+            '> Add:\n> 2 + 3\n-> add({"left": 2, "right": 3}) [toolu_01]\n'
             '<- add ok: {"sum":5}\n> Say it.\n5.\n'
             "result: completed, 2 step(s), 4 messages, usage: 220 in, 24 out, 60 cache read\n"
         )
@@ -3581,16 +3574,13 @@ class TestCommandLine:
         [
             pytest.param(
                 "openai",
-                ["--max-tokens", "7", "--option", "temperature=0", "--option", 'stop=["\\n"]'],
+                '--max-tokens 7 --option temperature=0 --option stop=[\\"\\\\n\\"]',
                 {"max_tokens": 7, "temperature": 0, "stop": ["\n"]},
                 id="openai-max-tokens-and-options",
             ),
-            pytest.param("anthropic", ["--max-tokens", "9"], {"max_tokens": 9}, id="max-tokens"),
+            pytest.param("anthropic", "--max-tokens 9", {"max_tokens": 9}, id="max-tokens"),
             pytest.param(
-                "anthropic",
-                ["--option", "top_k=3"],
-                {"max_tokens": 4096, "top_k": 3},
-                id="default",
+                "anthropic", "--option top_k=3", {"max_tokens": 4096, "top_k": 3}, id="default"
             ),
             *[
                 pytest.param(
@@ -3600,18 +3590,18 @@ class TestCommandLine:
                     id=name,
                 )
                 for name, more, budget in [
-                    ("thinking-the-least", ["--thinking", "1024"], 1024),
-                    ("thinking-below-the-default-limit", ["--thinking", "4095"], 4095),
-                    ("thinking-below-limit", ["--thinking", "2048", "--max-tokens", "2049"], 2048),
+                    ("thinking-the-least", "--thinking 1024", 1024),
+                    ("thinking-below-the-default-limit", "--thinking 4095", 4095),
+                    ("thinking-below-limit", "--thinking 2048 --max-tokens 2049", 2048),
                 ]
             ],
         ],
     )
     def test_the_arguments_reach_the_body(
-        self, server: Server, provider: str, more: List[str], sent: Dict[str, Any]
+        self, server: Server, provider: str, more: str, sent: Dict[str, Any]
     ) -> None:
         server.script(Reply(answer_parts(provider, ["Hi"])))
-        assert providers.main(_argv(server, provider, *more, "Hi")) == 0
+        assert providers.main(_argv(server, provider, *shlex.split(more), "Hi")) == 0
         assert {key: server.body()[key] for key in sent} == sent
 
     @pytest.mark.parametrize(
@@ -3642,21 +3632,19 @@ class TestCommandLine:
             "warning: request-001: the answer was cut by the token limit (finish_reason "
             "'length'); accepted as the model's answer (accept_truncated=True)\n"
         )
-        assert not any(
-            isinstance(handler, logging.StreamHandler)
-            for handler in logging.getLogger("agent_loop.providers").handlers
-        )  # main() removed its handler
+        handlers = logging.getLogger("agent_loop.providers").handlers
+        assert not any(isinstance(handler, logging.StreamHandler) for handler in handlers)
 
     @pytest.mark.parametrize(
         ("provider", "more"),
         [
             pytest.param("", "", id="nothing"),
-            pytest.param("x", "", id="provider"),
-            pytest.param("openai", "--base-url ftp://h", id="url"),
-            pytest.param("openai", "--model ''", id="model"),
             *[
                 pytest.param(provider, more, id=name)
                 for provider, name, more in [
+                    ("x", "provider", ""),
+                    ("openai", "url", "--base-url ftp://h"),
+                    ("openai", "model", "--model ''"),
                     ("openai", "steps-low", "--max-steps 0"),
                     ("openai", "steps-text", "--max-steps x"),
                     ("openai", "tokens-low", "--max-tokens 0"),
