@@ -246,38 +246,36 @@ def anthropic_event(type: str, **fields: Any) -> bytes:
     return f"event: {type}\ndata: {json.dumps({'type': type, **fields})}\n\n".encode()
 
 
-def anthropic_data(data: Dict[str, Any]) -> bytes:
-    """An event from its data, which names its type."""
-    return anthropic_event(data["type"], **{key: data[key] for key in data if key != "type"})
+def anthropic_start(index: Any, block: Any) -> bytes:
+    return anthropic_event("content_block_start", index=index, content_block=block)
+
+
+def anthropic_delta(index: int, **delta: Any) -> bytes:
+    return anthropic_event("content_block_delta", index=index, delta=delta)
+
+
+def anthropic_stop(index: int) -> bytes:
+    return anthropic_event("content_block_stop", index=index)
 
 
 def anthropic_text(index: int, *pieces: str) -> List[bytes]:
     block = {"type": "text", "text": ""}
     return [
-        anthropic_event("content_block_start", index=index, content_block=block),
-        *[
-            anthropic_event(
-                "content_block_delta", index=index, delta={"type": "text_delta", "text": piece}
-            )
-            for piece in pieces
-        ],
-        anthropic_event("content_block_stop", index=index),
+        anthropic_start(index, block),
+        *[anthropic_delta(index, type="text_delta", text=piece) for piece in pieces],
+        anthropic_stop(index),
     ]
 
 
 def anthropic_tool(index: int, id: str, name: str, *fragments: str) -> List[bytes]:
     block = {"type": "tool_use", "id": id, "name": name, "input": {}}
     return [
-        anthropic_event("content_block_start", index=index, content_block=block),
+        anthropic_start(index, block),
         *[
-            anthropic_event(
-                "content_block_delta",
-                index=index,
-                delta={"type": "input_json_delta", "partial_json": fragment},
-            )
+            anthropic_delta(index, type="input_json_delta", partial_json=fragment)
             for fragment in fragments
         ],
-        anthropic_event("content_block_stop", index=index),
+        anthropic_stop(index),
     ]
 
 
@@ -297,28 +295,21 @@ def anthropic_thinking(index: int, *pieces: str, signature: Optional[str] = "sig
     """A thinking block: its deltas, then its signature_delta (None: none), then its stop."""
     block = {"type": "thinking", "thinking": "", "signature": ""}
     parts = [
-        anthropic_event("content_block_start", index=index, content_block=block),
-        *[
-            anthropic_event(
-                "content_block_delta",
-                index=index,
-                delta={"type": "thinking_delta", "thinking": piece},
-            )
-            for piece in pieces
-        ],
+        anthropic_start(index, block),
+        *[anthropic_delta(index, type="thinking_delta", thinking=piece) for piece in pieces],
     ]
     if signature is not None:
         delta = {"type": "signature_delta", "signature": signature}
         parts.append(anthropic_event("content_block_delta", index=index, delta=delta))
-    return [*parts, anthropic_event("content_block_stop", index=index)]
+    return [*parts, anthropic_stop(index)]
 
 
 def anthropic_redacted(index: int, data: str) -> List[bytes]:
     """A redacted_thinking block: whole in its start, no delta."""
     block = {"type": "redacted_thinking", "data": data}
     return [
-        anthropic_event("content_block_start", index=index, content_block=block),
-        anthropic_event("content_block_stop", index=index),
+        anthropic_start(index, block),
+        anthropic_stop(index),
     ]
 
 
@@ -332,14 +323,6 @@ def sse(data: Any, event: Optional[str] = None) -> bytes:
     """One server-sent event of JSON data, with its event line if given."""
     head = b"" if event is None else b"event: " + event.encode() + b"\n"
     return head + b"data: " + json.dumps(data).encode() + b"\n\n"
-
-
-def anthropic_start(index: Any, block: Any) -> bytes:
-    return anthropic_event("content_block_start", index=index, content_block=block)
-
-
-def anthropic_delta(index: int, **delta: Any) -> bytes:
-    return anthropic_event("content_block_delta", index=index, delta=delta)
 
 
 def openai_sent_call(id: str, name: str, arguments: str) -> Dict[str, Any]:
@@ -418,7 +401,7 @@ def answer_parts(provider: str, items: Sequence[_Item], end: Optional[str] = Non
 
 def anthropic_block_end(index: int, kind: str) -> List[bytes]:
     """The end of a text or thinking block: a thinking block's signature, then its stop."""
-    stop = anthropic_event("content_block_stop", index=index)
+    stop = anthropic_stop(index)
     if kind == "text":
         return [stop]
     delta = {"type": "signature_delta", "signature": f"sig-{index}"}
@@ -1369,30 +1352,14 @@ class TestAnthropicStreaming:
             canned_anthropic(
                 [
                     MESSAGE_START,
-                    anthropic_event("content_block_start", index=0, content_block=search),
-                    anthropic_event(
-                        "content_block_delta",
-                        index=0,
-                        delta={"type": "input_json_delta", "partial_json": "{}"},
-                    ),
-                    anthropic_event(
-                        "content_block_delta",
-                        index=0,
-                        delta={"type": "some_future_delta", "data": "s"},
-                    ),
-                    anthropic_event("content_block_stop", index=0),
+                    anthropic_start(0, search),
+                    anthropic_delta(0, type="input_json_delta", partial_json="{}"),
+                    anthropic_delta(0, type="some_future_delta", data="s"),
+                    anthropic_stop(0),
                     anthropic_event("some_future_event", detail=1),
-                    anthropic_event(
-                        "content_block_start",
-                        index=1,
-                        content_block={"type": "text", "text": "Hi"},
-                    ),
-                    anthropic_event(
-                        "content_block_delta",
-                        index=1,
-                        delta={"type": "citations_delta", "citation": {}},
-                    ),
-                    anthropic_event("content_block_stop", index=1),
+                    anthropic_start(1, {"type": "text", "text": "Hi"}),
+                    anthropic_delta(1, type="citations_delta", citation={}),
+                    anthropic_stop(1),
                     *anthropic_end("stop_sequence"),
                 ]
             )
@@ -1407,8 +1374,8 @@ class TestAnthropicStreaming:
             canned_anthropic(
                 [
                     MESSAGE_START,
-                    anthropic_event("content_block_start", index=0, content_block=block),
-                    anthropic_event("content_block_stop", index=0),
+                    anthropic_start(0, block),
+                    anthropic_stop(0),
                     *anthropic_end(None),
                 ]
             )
@@ -1572,14 +1539,10 @@ class TestThinking:
         start = {"type": "thinking", "thinking": "Hm, ", "signature": ""}
         parts = [
             MESSAGE_START,
-            anthropic_event("content_block_start", index=0, content_block=start),
-            anthropic_event(
-                "content_block_delta", index=0, delta={"type": "signature_delta", "signature": "a"}
-            ),
-            anthropic_event(
-                "content_block_delta", index=0, delta={"type": "signature_delta", "signature": "b"}
-            ),
-            anthropic_event("content_block_stop", index=0),
+            anthropic_start(0, start),
+            anthropic_delta(0, type="signature_delta", signature="a"),
+            anthropic_delta(0, type="signature_delta", signature="b"),
+            anthropic_stop(0),
             *anthropic_thinking(1, "no signature", signature=None),
             *anthropic_thinking(2, "empty signature", signature=""),
             *anthropic_thinking(3, "last", signature="s3"),
@@ -2181,6 +2144,8 @@ def doubling(*levels: int) -> List[int]:
 
 
 ADD = {"left": 1, "right": 2}
+TOKEN_LIMIT = {"openai": "length", "anthropic": "max_tokens"}
+"""The finish (OpenAI) or stop (Anthropic) reason of an answer cut by the token limit."""
 
 
 class TestLongAnswers:
@@ -2376,19 +2341,22 @@ class TestAcceptTruncated:
     """accept_truncated=True accepts a text answer cut by the token limit, and logs it."""
 
     @_PROVIDERS
-    def test_a_cut_text_answer_is_accepted_and_logged(
+    def test_a_cut_text_answer_is_accepted_with_its_thinking_and_logged(
         self, provider: str, caplog: pytest.LogCaptureFixture
     ) -> None:
-        cut = "length" if provider == "openai" else "max_tokens"
-        parts = answer_parts(provider, ["Once upon", " a time"], end=cut)
+        items: List[_Item] = [al.ThinkingBlock("Plan."), "Once upon", " a time"]
+        parts = answer_parts(provider, items, end=TOKEN_LIMIT[provider])
         with caplog.at_level(logging.WARNING, "agent_loop.providers"):
             _, result = settle(canned_model(provider, parts, accept_truncated=True))
         assert result.status == "completed", result.error
         assert result.final_text == "Once upon a time"
+        signature = "sig-0" if provider == "anthropic" else None
+        thinking = al.ThinkingBlock("Plan.", signature)
+        assert result.messages[1].content == (thinking, al.TextBlock("Once upon a time"))
+        said = "token limit (finish" if provider == "openai" else "max_tokens limit (stop"
         assert [record.getMessage() for record in caplog.records] == [
-            f"request-001: the answer was cut by the {'token' if cut == 'length' else cut} "
-            f"limit ({'finish' if cut == 'length' else 'stop'}_reason {cut!r}); accepted as "
-            "the model's answer (accept_truncated=True)"
+            f"request-001: the answer was cut by the {said}_reason {TOKEN_LIMIT[provider]!r}); "
+            "accepted as the model's answer (accept_truncated=True)"
         ]
 
     @_PROVIDERS
@@ -2404,55 +2372,31 @@ class TestAcceptTruncated:
     def test_an_answer_that_does_not_end_in_text_still_fails(
         self, provider: str, items: List[_Item]
     ) -> None:
-        cut = "length" if provider == "openai" else "max_tokens"
         answer = new_answer(provider, accept_truncated=True)
         with pytest.raises(providers.ProviderError, match="the answer was cut"):
-            parsed(answer, *answer_parts(provider, items, end=cut))
+            parsed(answer, *answer_parts(provider, items, end=TOKEN_LIMIT[provider]))
 
     def test_an_openai_call_being_streamed_when_cut_fails(self) -> None:
-        answer = new_answer("openai", accept_truncated=True)
-        parts = [
-            openai_chunk({"content": "Adding."}),
-            openai_call(0, "c1", "add", '{"left": 1, "ri'),
-            openai_chunk({}, "length"),
-            DONE,
-        ]
+        parts = [openai_call(0, "c1", "add", '{"left": 1, "ri'), openai_chunk({}, "length"), DONE]
         with pytest.raises(providers.ProviderError, match="while a tool call was streamed"):
-            parsed(answer, *parts)
-
-    @_PROVIDERS
-    def test_text_after_thinking_is_accepted_with_the_thinking(self, provider: str) -> None:
-        cut = "length" if provider == "openai" else "max_tokens"
-        items: List[_Item] = [al.ThinkingBlock("Plan."), "Once upon"]
-        _, result = settle(
-            canned_model(provider, answer_parts(provider, items, end=cut), accept_truncated=True)
-        )
-        assert result.status == "completed", result.error
-        assert result.final_text == "Once upon"
-        assistant = result.messages[1]
-        assert isinstance(assistant, al.AssistantMessage)
-        signature = "sig-0" if provider == "anthropic" else None
-        assert assistant.content[0] == al.ThinkingBlock("Plan.", signature)
-
-    def test_text_after_a_complete_call_is_accepted_with_the_call(self) -> None:
-        answer = new_answer("openai", accept_truncated=True)
-        items: List[_Item] = [("c1", "add", ADD), "And then"]
-        _, response = parsed(answer, *answer_parts("openai", items, end="length"))
-        assert response.content == (al.ToolCall("c1", "add", ADD), al.TextBlock("And then"))
-        assert response.stop_reason == "toolCall"
+            parsed(new_answer("openai", accept_truncated=True), *parts)
 
     @_PROVIDERS
     def test_a_complete_call_in_an_accepted_cut_answer_is_run(self, provider: str) -> None:
         items: List[_Item] = [("c1", "add", ADD), "And then"]
         model = canned_model(
             provider,
-            answer_parts(provider, items, end="length" if provider == "openai" else "max_tokens"),
+            answer_parts(provider, items, end=TOKEN_LIMIT[provider]),
             answer_parts(provider, ["Done."]),
             accept_truncated=True,
         )
         events, result = settle(model)
         assert result.status == "completed", result.error
         assert result.steps == 2
+        assert result.messages[1].content == (
+            al.ToolCall("c1", "add", ADD),
+            al.TextBlock("And then"),
+        )
         finished = [
             event.payload["tool_result"] for event in events if event.type == "tool.finished"
         ]
