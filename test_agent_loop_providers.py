@@ -348,6 +348,9 @@ def new_answer(provider: str, accept_truncated: bool = False) -> providers._Answ
 
 
 _PROVIDERS = pytest.mark.parametrize("provider", ["openai", "anthropic"])
+ADD = {"left": 1, "right": 2}
+TOKEN_LIMIT = {"openai": "length", "anthropic": "max_tokens"}
+"""The finish (OpenAI) or stop (Anthropic) reason of an answer cut by the token limit."""
 
 _Item = Union[str, al.ThinkingBlock, Tuple[str, str, Dict[str, Any]]]
 """One piece of a scripted answer: a text delta, a thinking delta (a ThinkingBlock of its
@@ -1230,47 +1233,25 @@ class TestOpenAIStreaming:
             al.ToolCallChunk("request-001", add),
             al.ToolCallChunk("request-001", weather),
         ]
-        assert response.content == (add, weather)
-        assert response.stop_reason == "toolCall"
+        assert (response.content, response.stop_reason) == ((add, weather), "toolCall")
 
     def test_a_call_is_yielded_as_soon_as_the_next_one_begins(self) -> None:
         model = providers.OpenAIChatModel("m")
         (exchange,) = canned(
-            model,
-            [
-                openai_call(0, "a", "add", '{"left": 1, "right": 2}'),
-                openai_call(1, "b", "add", '{"left": '),
-            ],
+            model, [openai_call(0, "a", "add", json.dumps(ADD)), openai_call(1, "b", "add", "{")]
         )
         generator = model.stream(request(), threading.Event())
-        first = next(generator)
-        assert first == al.ToolCallChunk(
-            "request-001", al.ToolCall("a", "add", {"left": 1, "right": 2})
-        )
+        assert next(generator) == al.ToolCallChunk("request-001", al.ToolCall("a", "add", ADD))
         assert exchange.reads == 2  # as the second call began, before any more bytes
         generator.close()
         assert exchange.closed
 
     def test_text_tools_and_text_keep_their_order(self) -> None:
-        chunks, response = stream(
-            canned_openai(
-                [
-                    openai_chunk({"role": "assistant", "content": "First "}),
-                    openai_chunk({"content": "the sum."}),
-                    openai_call(0, "a", "add", '{"left": 1, "right": 2}'),
-                    openai_chunk({"content": "Then more."}),
-                    openai_chunk({}, "stop"),
-                    DONE,
-                ]
-            )
-        )
-        call = al.ToolCall("a", "add", {"left": 1, "right": 2})
-        assert [type(chunk).__name__ for chunk in chunks] == [
-            "TextDelta",
-            "TextDelta",
-            "ToolCallChunk",
-            "TextDelta",
-        ]
+        items: List[_Item] = ["First ", "the sum.", ("a", "add", ADD), "Then more."]
+        chunks, response = stream(canned_openai(answer_parts("openai", items)))
+        kinds = [al.TextDelta, al.TextDelta, al.ToolCallChunk, al.TextDelta]
+        assert [type(chunk) for chunk in chunks] == kinds
+        call = al.ToolCall("a", "add", ADD)
         assert response.content == (
             al.TextBlock("First the sum."),
             call,
@@ -1280,51 +1261,35 @@ class TestOpenAIStreaming:
         assert response.stop_reason == "toolCall"
 
     def test_ollama_ends_with_a_null_finish_reason_and_done(self) -> None:
-        chunks, response = stream(
-            canned_openai(
-                [
-                    openai_chunk({"role": "assistant", "content": "Hi"}),
-                    openai_call(0, "call_0", "add", '{"left":1,"right":1}'),
-                    DONE,
-                ]
-            )
-        )
-        assert len(chunks) == 2
-        assert response.stop_reason == "toolCall"
+        parts = [openai_chunk({"content": "Hi"}), openai_call(0, "call_0", "add", "{}"), DONE]
+        chunks, response = stream(canned_openai(parts))
+        assert (len(chunks), response.stop_reason) == (2, "toolCall")
 
     def test_empty_arguments_are_an_empty_object(self) -> None:
         no_arguments = {"index": 1, "id": "b", "function": {"name": "now"}}
-        _, response = stream(
-            canned_openai(
-                [
-                    openai_call(0, "a", "now", ""),
-                    openai_chunk({"tool_calls": [no_arguments]}),
-                    openai_chunk({}, "tool_calls"),
-                    DONE,
-                ]
-            )
-        )
+        parts = [
+            openai_call(0, "a", "now", ""),
+            openai_chunk({"tool_calls": [no_arguments]}),
+            DONE,
+        ]
+        _, response = stream(canned_openai(parts))
         assert response.content == (al.ToolCall("a", "now", {}), al.ToolCall("b", "now", {}))
 
     def test_refusal_is_text_and_other_choices_and_fields_are_ignored(self) -> None:
-        other = {"choices": [{"index": 1, "delta": {"content": "other"}}]}
-        _, response = stream(
-            canned_openai(
-                [
-                    b"data: " + json.dumps(other).encode() + b"\n\n",
-                    openai_chunk({"role": "assistant", "content": None}),
-                    openai_chunk({"refusal": "I cannot help with that."}),
-                    openai_chunk({"reasoning_details": [], "content": ""}),
-                    b'data: {"choices":[{"delta":{"content":"!"}}]}\n\n',
-                    DONE,
-                ]
-            )
-        )
+        parts = [
+            sse({"choices": [{"index": 1, "delta": {"content": "other"}}]}),
+            openai_chunk({"role": "assistant", "content": None}),
+            openai_chunk({"refusal": "I cannot help with that."}),
+            openai_chunk({"reasoning_details": [], "content": ""}),
+            b'data: {"choices":[{"delta":{"content":"!"}}]}\n\n',
+            DONE,
+        ]
+        _, response = stream(canned_openai(parts))
         assert response.content == (al.TextBlock("I cannot help with that.!"),)
         assert response.usage is None  # the server sent none
 
     def test_nothing_after_done_is_read(self) -> None:
-        _, response = stream(canned_openai(Reply([OPENAI_TEXT_STREAM + b"data: {not json\n\n"])))
+        _, response = stream(canned_openai([OPENAI_TEXT_STREAM + b"data: {not json\n\n"]))
         assert response.content == (al.TextBlock("Hello, world"),)
 
 
@@ -1338,59 +1303,42 @@ class TestAnthropicStreaming:
             al.TextDelta("request-001", "Adding."),
             al.ToolCallChunk("request-001", call),
         ]
+        usage = al.Usage(input_tokens=9, output_tokens=20)
         assert response == al.ModelResponse(
-            "response-001",
-            "request-001",
-            [al.TextBlock("Adding."), call],
-            "toolCall",
-            al.Usage(input_tokens=9, output_tokens=20),
+            "response-001", "request-001", [al.TextBlock("Adding."), call], "toolCall", usage
         )
 
     def test_unknown_blocks_and_events_are_ignored(self) -> None:
         search = {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search"}
-        chunks, response = stream(
-            canned_anthropic(
-                [
-                    MESSAGE_START,
-                    anthropic_start(0, search),
-                    anthropic_delta(0, type="input_json_delta", partial_json="{}"),
-                    anthropic_delta(0, type="some_future_delta", data="s"),
-                    anthropic_stop(0),
-                    anthropic_event("some_future_event", detail=1),
-                    anthropic_start(1, {"type": "text", "text": "Hi"}),
-                    anthropic_delta(1, type="citations_delta", citation={}),
-                    anthropic_stop(1),
-                    *anthropic_end("stop_sequence"),
-                ]
-            )
-        )
+        parts = [
+            MESSAGE_START,
+            anthropic_start(0, search),
+            anthropic_delta(0, type="input_json_delta", partial_json="{}"),
+            anthropic_delta(0, type="some_future_delta", data="s"),
+            anthropic_stop(0),
+            anthropic_event("some_future_event", detail=1),
+            anthropic_start(1, {"type": "text", "text": "Hi"}),
+            anthropic_delta(1, type="citations_delta", citation={}),
+            anthropic_stop(1),
+            *anthropic_end("stop_sequence"),
+        ]
+        chunks, response = stream(canned_anthropic(parts))
         assert chunks == [al.TextDelta("request-001", "Hi")]
-        assert response.content == (al.TextBlock("Hi"),)
-        assert response.stop_reason == "stop"
+        assert (response.content, response.stop_reason) == ((al.TextBlock("Hi"),), "stop")
 
     def test_a_tool_use_without_deltas_keeps_its_start_input(self) -> None:
-        block = {"type": "tool_use", "id": "t", "name": "add", "input": {"left": 1, "right": 2}}
-        _, response = stream(
-            canned_anthropic(
-                [
-                    MESSAGE_START,
-                    anthropic_start(0, block),
-                    anthropic_stop(0),
-                    *anthropic_end(None),
-                ]
-            )
-        )
-        assert response.content == (al.ToolCall("t", "add", {"left": 1, "right": 2}),)
+        block = {"type": "tool_use", "id": "t", "name": "add", "input": ADD}
+        parts = [MESSAGE_START, anthropic_start(0, block), anthropic_stop(0), *anthropic_end(None)]
+        _, response = stream(canned_anthropic(parts))
+        assert response.content == (al.ToolCall("t", "add", ADD),)
 
     def test_a_tool_call_is_yielded_at_its_block_stop(self) -> None:
         model = providers.AnthropicMessagesModel("m")
         (exchange,) = canned(
-            model, [MESSAGE_START, *anthropic_tool(0, "t", "add", '{"left": 1, "right": 2}')]
+            model, [MESSAGE_START, *anthropic_tool(0, "t", "add", json.dumps(ADD))]
         )
         generator = model.stream(request(), threading.Event())
-        assert next(generator) == al.ToolCallChunk(
-            "request-001", al.ToolCall("t", "add", {"left": 1, "right": 2})
-        )
+        assert next(generator) == al.ToolCallChunk("request-001", al.ToolCall("t", "add", ADD))
         assert exchange.reads == 4  # at the block's stop, before any more bytes
         generator.close()
         assert exchange.closed
@@ -2141,11 +2089,6 @@ def thinking_events(count: int) -> List[_Item]:
 def doubling(*levels: int) -> List[int]:
     """The sizes of full chunks at the given levels: 32 chunks of 2**level code points."""
     return [2**level for level in levels for _ in range(32)]
-
-
-ADD = {"left": 1, "right": 2}
-TOKEN_LIMIT = {"openai": "length", "anthropic": "max_tokens"}
-"""The finish (OpenAI) or stop (Anthropic) reason of an answer cut by the token limit."""
 
 
 class TestLongAnswers:
