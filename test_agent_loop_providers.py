@@ -554,6 +554,10 @@ OPENAI_REASONING_STREAM = (
 )
 
 
+REASONING_USAGE = al.Usage(4, 45, cache_read_tokens=16, reasoning_tokens=41)
+"""What OPENAI_REASONING_STREAM's usage chunk says."""
+
+
 def request(
     messages: Sequence[al.Message] = (), tools: Sequence[al.ToolSpec] = (), id: str = "request-001"
 ) -> al.ModelRequest:
@@ -1357,23 +1361,12 @@ SIGNATURE = "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds..."
 
 def thinking_then_add(usage_start: Dict[str, Any], usage_end: Dict[str, Any]) -> List[bytes]:
     """An Anthropic tool-use turn with thinking: thinking and its signature, then tool_use."""
-    start = {
-        "id": "msg_1",
-        "type": "message",
-        "role": "assistant",
-        "content": [],
-        "usage": usage_start,
-    }
+    start = {"id": "msg_1", "type": "message", "role": "assistant", "usage": usage_start}
     return [
         anthropic_event("message_start", message=start),
         *anthropic_thinking(0, "I should add ", "2 and 3.", signature="sig-add"),
         *anthropic_tool(1, "toolu_01", "add", '{"left": 2, ', '"right": 3}'),
-        anthropic_event(
-            "message_delta",
-            delta={"stop_reason": "tool_use", "stop_sequence": None},
-            usage=usage_end,
-        ),
-        anthropic_event("message_stop"),
+        *anthropic_end("tool_use", usage_end),
     ]
 
 
@@ -1407,20 +1400,15 @@ class TestThinking:
         with open(os.path.join(_HERE, "README.md"), encoding="utf-8") as file:
             readme = file.read()
         (shown,) = re.findall(r"^  ```json\n(.*?)^  ```$", readme, flags=re.M | re.S)
+        thought = al.ThinkingBlock("The user wants 2 + 3: the add tool does it.", SIGNATURE)
+        call = al.ToolCall("toolu_01", "add", {"left": 2, "right": 3})
         history = (
             al.UserMessage("user-001", "What is 2 + 3?"),
-            al.AssistantMessage(
-                "message-response-001",
-                [
-                    al.ThinkingBlock("The user wants 2 + 3: the add tool does it.", SIGNATURE),
-                    al.ToolCall("toolu_01", "add", {"left": 2, "right": 3}),
-                ],
-                usage=al.Usage(input_tokens=472, output_tokens=89),
-            ),
+            al.AssistantMessage("message-response-001", [thought, call], al.Usage(472, 89)),
             al.ToolResultMessage("tool-result-toolu_01", "toolu_01", "add", '{"sum":5}', False),
         )
         model = providers.AnthropicMessagesModel(
-            "m", thinking={"type": "enabled", "budget_tokens": 2048}
+            "m", thinking={"type": "enabled", "budget_tokens": 1}
         )
         sent = posted(model, request(history, SPECS, id="request-002"))["body"]
         assert json.loads(shown) == sent["messages"]
@@ -1473,13 +1461,8 @@ class TestThinking:
             al.TextBlock("A"),
             al.TextBlock("B"),
         )
-        assert [type(chunk) for chunk in chunks] == [
-            al.ThinkingDelta,
-            al.ToolCallChunk,
-            al.ThinkingDelta,
-            al.TextDelta,
-            al.TextDelta,
-        ]
+        kinds = [al.ThinkingDelta, al.ToolCallChunk, al.ThinkingDelta, al.TextDelta, al.TextDelta]
+        assert [type(chunk) for chunk in chunks] == kinds
 
     def test_a_thinking_blocks_start_text_and_signatures(self) -> None:
         # Text in the start counts as a delta; the last signature_delta wins; a block
@@ -1512,12 +1495,9 @@ class TestThinking:
             al.ThinkingDelta("request-001", "10,800 + 1,431."),
             al.TextDelta("request-001", "12,231"),
         ]
+        content = (al.ThinkingBlock("27 * 453: 10,800 + 1,431."), al.TextBlock("12,231"))
         assert response == al.ModelResponse(
-            "response-001",
-            "request-001",
-            [al.ThinkingBlock("27 * 453: 10,800 + 1,431."), al.TextBlock("12,231")],
-            "stop",
-            al.Usage(input_tokens=4, output_tokens=45, cache_read_tokens=16, reasoning_tokens=41),
+            "response-001", "request-001", content, "stop", REASONING_USAGE
         )
 
     @pytest.mark.parametrize(
@@ -1533,9 +1513,7 @@ class TestThinking:
         ],
     )
     def test_openai_reasoning_fields(self, delta: Dict[str, Any], thinking: str) -> None:
-        _, response = parsed(
-            providers._OpenAIAnswer(request()), openai_chunk(delta), openai_chunk({}, "stop"), DONE
-        )
+        _, response = parsed(new_answer("openai"), openai_chunk(delta), DONE)
         assert response.content == (al.ThinkingBlock(thinking),)
 
     def test_openai_thinking_text_and_calls_are_each_others_boundaries(self) -> None:
@@ -3280,10 +3258,6 @@ class TestHelpers:
 def _argv(server: Server, provider: str = "openai", *more: str) -> List[str]:
     url = server.url + "/v1" if provider == "openai" else server.url
     return ["--provider", provider, "--base-url", url, "--model", "m", "--retries", "0", *more]
-
-
-REASONING_USAGE = al.Usage(4, 45, cache_read_tokens=16, reasoning_tokens=41)
-"""What OPENAI_REASONING_STREAM's usage chunk says."""
 
 
 class TestCommandLine:
