@@ -704,6 +704,15 @@ def settle(
     )
 
 
+def assert_protocol_error(result: al.RunResult, words: str) -> None:
+    """The run failed MODEL_PROTOCOL_ERROR saying words, and added nothing."""
+    assert result.status == "failed"
+    assert result.error is not None
+    assert result.error.code == "MODEL_PROTOCOL_ERROR"
+    assert words in result.error.message
+    assert len(result.messages) == 1
+
+
 def assert_stream_error(result: al.RunResult, *words: str) -> providers.ProviderError:
     """The run failed MODEL_STREAM_ERROR with a ProviderError whose message says words."""
     assert result.status == "failed"
@@ -2130,11 +2139,7 @@ class TestLongAnswers:
         count = al.MAX_STEP_TEXT + 1
         items = one_character_events(count) if kind == "text" else thinking_events(count)
         _, result = self.settle_items(provider, items)
-        assert result.status == "failed"
-        assert result.error is not None
-        assert result.error.code == "MODEL_PROTOCOL_ERROR"
-        assert f"more than 65536 code points of {kind}" in result.error.message
-        assert len(result.messages) == 1
+        assert_protocol_error(result, f"more than 65536 code points of {kind}")
 
     @_PROVIDERS
     def test_text_then_a_tool_call_then_text(self, provider: str) -> None:
@@ -2149,9 +2154,7 @@ class TestLongAnswers:
         sizes = [len(chunk) if isinstance(chunk, str) else "call" for chunk in streamed]
         assert sizes == [1] * 512 + [2] * 32 + [4] * 6 + [1, "call", 4, 4, 2]
         assert streamed[550:552] == [before[-1], call]
-        assistant = result.messages[1]
-        assert isinstance(assistant, al.AssistantMessage)
-        assert assistant.content == (
+        assert result.messages[1].content == (
             al.TextBlock("".join(before)),
             call,
             al.TextBlock("".join(after)),
@@ -2182,16 +2185,13 @@ class TestLongAnswers:
             assert result.status == "completed", result.error
             assert len(chunk_sizes(events)) == al.MAX_STEP_CHUNKS  # exactly the limit
         else:
-            assert result.status == "failed"
-            assert result.error is not None
-            assert result.error.code == "MODEL_PROTOCOL_ERROR"
-            assert "more than 1024 chunks" in result.error.message
+            assert_protocol_error(result, "more than 1024 chunks")
 
     @_PROVIDERS
     def test_65536_of_thinking_and_65536_of_text_take_864_chunks(self, provider: str) -> None:
         # Thinking counts as text does; its code points are bounded on their own.
-        thinking, text = thinking_events(al.MAX_STEP_TEXT), one_character_events(al.MAX_STEP_TEXT)
-        events, result = self.settle_items(provider, [*thinking, *text])
+        text = one_character_events(al.MAX_STEP_TEXT)
+        events, result = self.settle_items(provider, [*thinking_events(al.MAX_STEP_TEXT), *text])
         assert result.status == "completed", result.error
         assert result.final_text == "".join(text)
         sizes = chunk_sizes(events)
@@ -2200,15 +2200,9 @@ class TestLongAnswers:
         # chunks of the next minimum.
         assert sizes == [*thought, *["thinking:1024"] * 31, "thinking:576", *["text:2048"] * 32]
         assert len(sizes) == 864
-        assistant = result.messages[1]
-        assert isinstance(assistant, al.AssistantMessage)
         signature = "sig-0" if provider == "anthropic" else None
-        assert assistant.content == (
-            al.ThinkingBlock(
-                "".join(cast(al.ThinkingBlock, item).thinking for item in thinking), signature
-            ),
-            al.TextBlock("".join(text)),
-        )
+        blocks = (al.ThinkingBlock("".join(text), signature), al.TextBlock("".join(text)))
+        assert result.messages[1].content == blocks
 
     @_PROVIDERS
     def test_a_change_between_thinking_and_text_flushes_the_buffer(self, provider: str) -> None:
@@ -2217,15 +2211,8 @@ class TestLongAnswers:
         items = [*thinking_events(601), *one_character_events(10)]
         events, result = self.settle_items(provider, items)
         assert result.status == "completed", result.error
-        assert chunk_sizes(events) == [
-            *["thinking:1"] * 512,
-            *["thinking:2"] * 32,
-            *["thinking:4"] * 6,
-            "thinking:1",
-            "text:4",
-            "text:4",
-            "text:2",
-        ]
+        thought = [*["thinking:1"] * 512, *["thinking:2"] * 32, *["thinking:4"] * 6, "thinking:1"]
+        assert chunk_sizes(events) == [*thought, "text:4", "text:4", "text:2"]
 
     @_PROVIDERS
     def test_the_first_delta_is_yielded_before_the_next_bytes_are_read(
