@@ -348,6 +348,10 @@ def new_answer(provider: str, accept_truncated: bool = False) -> providers._Answ
 
 
 _PROVIDERS = pytest.mark.parametrize("provider", ["openai", "anthropic"])
+MODEL_CLASSES = {
+    "openai": providers.OpenAIChatModel,
+    "anthropic": providers.AnthropicMessagesModel,
+}
 ADD = {"left": 1, "right": 2}
 TOKEN_LIMIT = {"openai": "length", "anthropic": "max_tokens"}
 """The finish (OpenAI) or stop (Anthropic) reason of an answer cut by the token limit."""
@@ -1122,36 +1126,39 @@ class TestRequests:
             "tool_calls": [openai_sent_call("c1", "add", '{"left": 2, "right": 3}')],
         }
 
-    def test_no_tools_no_system_no_key(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-        monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
-        first = posted(providers.OpenAIChatModel("m"), request())
-        second = posted(providers.AnthropicMessagesModel("m"), request())
-        assert "tools" not in first["body"]
-        assert "tools" not in second["body"]
-        assert first["body"]["messages"] == [{"role": "user", "content": "Hi."}]
-        assert "system" not in second["body"]
-        assert "authorization" not in first["headers"]
-        assert "x-api-key" not in second["headers"]
+    def test_no_tools_no_system(self) -> None:
+        first = posted(providers.OpenAIChatModel("m"), request())["body"]
+        second = posted(providers.AnthropicMessagesModel("m"), request())["body"]
+        assert ("tools" in first, "tools" in second, "system" in second) == (False, False, False)
+        assert first["messages"] == [{"role": "user", "content": "Hi."}]
 
-    def test_keys_are_read_from_the_environment_at_request_time(
-        self, monkeypatch: pytest.MonkeyPatch
+    @pytest.mark.parametrize(
+        ("provider", "environment", "api_key", "header"),
+        [
+            pytest.param("openai", None, None, None, id="openai-none"),
+            pytest.param("anthropic", None, None, None, id="anthropic-none"),
+            pytest.param("openai", "sk-env", None, "Bearer sk-env", id="openai-environment"),
+            pytest.param("anthropic", "ant-env", None, "ant-env", id="anthropic-environment"),
+            pytest.param("openai", "sk-env", "sk-given", "Bearer sk-given", id="explicit-wins"),
+            pytest.param("openai", "sk-env", "", None, id="an-empty-one-sends-none"),
+        ],
+    )
+    def test_the_key_is_read_from_the_environment_at_request_time(
+        self,
+        monkeypatch: pytest.MonkeyPatch,
+        provider: str,
+        environment: Optional[str],
+        api_key: Optional[str],
+        header: Optional[str],
     ) -> None:
-        openai_model = providers.OpenAIChatModel("m")
-        anthropic_model = providers.AnthropicMessagesModel("m")
-        monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
-        monkeypatch.setenv("ANTHROPIC_API_KEY", "ant-env")
-        assert posted(openai_model, request())["headers"]["authorization"] == "Bearer sk-env"
-        assert posted(anthropic_model, request())["headers"]["x-api-key"] == "ant-env"
-
-    def test_an_explicit_key_wins_and_an_empty_one_sends_none(
-        self, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
-        given = posted(providers.OpenAIChatModel("m", api_key="sk-given"), request())
-        empty = posted(providers.OpenAIChatModel("m", api_key=""), request())
-        assert given["headers"]["authorization"] == "Bearer sk-given"
-        assert "authorization" not in empty["headers"]
+        variable, name = ("OPENAI_API_KEY", "authorization")
+        if provider == "anthropic":
+            variable, name = ("ANTHROPIC_API_KEY", "x-api-key")
+        monkeypatch.delenv(variable, raising=False)
+        model = MODEL_CLASSES[provider]("m", api_key=api_key)
+        if environment is not None:  # set once the model is built: read at request time
+            monkeypatch.setenv(variable, environment)
+        assert posted(model, request())["headers"].get(name) == header
 
     def test_what_the_server_receives(self, server: Server) -> None:
         # The one request through a socket: path, headers and body arrive as posted.
