@@ -1677,15 +1677,12 @@ class TestIds:
     """Response and tool-call ids are unique in the transcript and deterministic."""
 
     def test_a_reused_call_id_is_rewritten_and_sent_back_as_rewritten(self) -> None:
-        def answer(arguments: str) -> Reply:
-            return Reply([openai_call(0, "call_0", "add", arguments), DONE])
-
         model = providers.OpenAIChatModel("m", retries=0)
         exchanges = canned(
             model,
-            answer('{"left": 1, "right": 2}'),
-            answer('{"left": 3, "right": 3}'),
-            Reply([openai_chunk({"content": "9"}), DONE]),
+            answer_parts("openai", [("call_0", "add", ADD)]),
+            answer_parts("openai", [("call_0", "add", {"left": 3, "right": 3})]),
+            answer_parts("openai", ["9"]),
         )
         _, result = settle(model)
         assert result.status == "completed", result.error
@@ -1695,10 +1692,8 @@ class TestIds:
             message.id for message in result.messages if isinstance(message, al.AssistantMessage)
         ] == ["message-response-001", "message-response-002", "message-response-003"]
         sent = exchanges[2].body["messages"]
-        assert [turn.get("tool_call_id") for turn in sent if turn["role"] == "tool"] == [
-            "call_0",
-            "response-002-call-1",
-        ]
+        results = [turn["tool_call_id"] for turn in sent if turn["role"] == "tool"]
+        assert results == ["call_0", "response-002-call-1"]
         assert sent[3]["tool_calls"][0]["id"] == "response-002-call-1"
 
     def test_taken_ids_get_the_first_free_suffix(self) -> None:
@@ -1727,29 +1722,19 @@ class TestIds:
             request(history),
         )
         assert response.id == "response-001-3"
-        assert [block.id for block in response.content if isinstance(block, al.ToolCall)] == [
-            "response-001-3-call-1",
-            "response-001-3-call-2",
-            "response-001-3-call-3",
-            "response-001-3-call-4",
-        ]
+        ids = [block.id for block in response.content if isinstance(block, al.ToolCall)]
+        assert ids == [f"response-001-3-call-{number}" for number in range(1, 5)]
 
     def test_a_request_id_of_another_shape(self) -> None:
         _, response = stream(canned_openai([OPENAI_TEXT_STREAM]), request(id="job-7"))
         assert (response.id, response.request_id) == ("response-job-7", "job-7")
 
     def test_a_recorded_run_replays_exactly(self) -> None:
-        _, recorded = settle(
-            canned_openai(
-                Reply([openai_call(0, "call_0", "add", '{"left": 2, "right": 3}'), DONE]),
-                Reply([openai_chunk({"content": "5"}), DONE]),
-            )
+        model = canned_openai(
+            answer_parts("openai", [("call_0", "add", ADD)]), answer_parts("openai", ["5"])
         )
-        added = [
-            message
-            for message in recorded.messages[1:]
-            if isinstance(message, al.AssistantMessage)
-        ]
+        _, recorded = settle(model)
+        added = [turn for turn in recorded.messages if isinstance(turn, al.AssistantMessage)]
         _, replayed = settle(al.ScriptedModel.from_transcript(added))
         assert replayed.messages == recorded.messages
 
