@@ -830,18 +830,6 @@ class TestConstruction:
             model_class(arguments.pop("model"), **arguments)
 
     @pytest.mark.parametrize(
-        ("max_tokens", "error", "words"),
-        [
-            pytest.param(True, TypeError, "max_tokens must be an int", id="bool"),
-            pytest.param(1.5, TypeError, "max_tokens must be an int", id="float"),
-            pytest.param(0, ValueError, "max_tokens must be an int >= 1, got 0", id="zero"),
-        ],
-    )
-    def test_bad_max_tokens(self, max_tokens: Any, error: type, words: str) -> None:
-        with pytest.raises(error, match=words):
-            providers.AnthropicMessagesModel("m", max_tokens=max_tokens)
-
-    @pytest.mark.parametrize(
         ("thinking", "sent"),
         [
             pytest.param(None, None, id="none"),
@@ -865,30 +853,41 @@ class TestConstruction:
         assert body.get("thinking") == sent
         assert ("thinking" in body) is (sent is not None)
 
-    def test_a_thinking_mapping_is_copied(self) -> None:
-        setting: Dict[str, Any] = {"type": "enabled", "budget_tokens": 2048}
-        model = providers.AnthropicMessagesModel("m", thinking=setting)
-        setting["budget_tokens"] = 1
-        assert model.thinking == {"type": "enabled", "budget_tokens": 2048}
-
     @pytest.mark.parametrize(
-        ("thinking", "error", "words"),
+        ("arguments", "error", "words"),
         [
-            pytest.param("enabled", ValueError, "thinking must be None, 'adaptive' or", id="str"),
-            pytest.param(2048, TypeError, "thinking must be None, 'adaptive' or a", id="int"),
-            pytest.param(True, TypeError, "got bool", id="bool"),
-            pytest.param({"budget_tokens": 2048}, ValueError, "must say its 'type'", id="type"),
-            pytest.param({"type": 1}, ValueError, "must say its 'type'", id="type-int"),
-            pytest.param({"type": "enabled", "x": {1}}, TypeError, "plain JSON", id="json"),
+            pytest.param({"max_tokens": True}, TypeError, "max_tokens must be an int", id="bool"),
+            pytest.param({"max_tokens": 1.5}, TypeError, "max_tokens must be an int", id="float"),
+            pytest.param({"max_tokens": 0}, ValueError, "an int >= 1, got 0", id="tokens-zero"),
+            *[
+                pytest.param({"thinking": thinking}, error, words, id=name)
+                for name, thinking, error, words in [
+                    ("str", "enabled", ValueError, "thinking must be None, 'adaptive' or"),
+                    ("int", 2048, TypeError, "thinking must be None, 'adaptive' or a"),
+                    ("thinking-bool", True, TypeError, "got bool"),
+                    ("type", {"budget_tokens": 2048}, ValueError, "must say its 'type'"),
+                    ("type-int", {"type": 1}, ValueError, "must say its 'type'"),
+                    ("json", {"type": "enabled", "x": {1}}, TypeError, "plain JSON"),
+                ]
+            ],
+            pytest.param(
+                {"options": {"thinking": {}}}, ValueError, "may not set thinking", id="thinking"
+            ),
+            pytest.param(
+                {"options": {"max_tokens": 1, "system": "x"}},
+                ValueError,
+                "options may not set max_tokens, system",
+                id="owned",
+            ),
         ],
     )
-    def test_bad_thinking(self, thinking: Any, error: type, words: str) -> None:
+    def test_bad_anthropic_arguments(
+        self, arguments: Dict[str, Any], error: type, words: str
+    ) -> None:
         with pytest.raises(error, match=words):
-            providers.AnthropicMessagesModel("m", thinking=thinking)
+            providers.AnthropicMessagesModel("m", **arguments)
 
-    def test_thinking_is_owned_by_the_anthropic_adapter(self) -> None:
-        with pytest.raises(ValueError, match="options may not set thinking"):
-            providers.AnthropicMessagesModel("m", options={"thinking": {"type": "adaptive"}})
+    def test_what_a_function_returns_may_not_set_thinking(self) -> None:
         model = canned_anthropic([], options=lambda model_request: {"thinking": {}})
         with pytest.raises(ValueError, match="what options returns may not set thinking"):
             model._post(request())
@@ -896,13 +895,14 @@ class TestConstruction:
     def test_options_may_set_what_the_provider_does_not_own(self) -> None:
         openai_model = providers.OpenAIChatModel("m", options={"max_tokens": 100})
         assert openai_model.options == {"max_tokens": 100}
-        with pytest.raises(ValueError, match="options may not set max_tokens, system"):
-            providers.AnthropicMessagesModel("m", options={"max_tokens": 1, "system": "x"})
 
-    def test_options_are_copied(self) -> None:
+    def test_the_settings_are_copied(self) -> None:
+        setting: Dict[str, Any] = {"type": "enabled", "budget_tokens": 2048}
         options: Dict[str, Any] = {"temperature": 0.5, "stop": ["x"]}
-        model = providers.OpenAIChatModel("m", options=options)
+        model = providers.AnthropicMessagesModel("m", thinking=setting, options=options)
+        setting["budget_tokens"] = 1
         options["stop"].append("y")
+        assert model.thinking == {"type": "enabled", "budget_tokens": 2048}
         assert model.options == {"temperature": 0.5, "stop": ["x"]}
 
     def test_retries_0_and_a_context_are_kept(self) -> None:
