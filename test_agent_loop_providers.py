@@ -2555,7 +2555,14 @@ class TestRetries:
         assert cancelled_within(model, after=lambda: bool(server.requests)) < 0.25
         assert len(server.requests) == 1
 
-    def test_the_wait_is_the_signals_wait(self) -> None:
+    @pytest.mark.parametrize(
+        ("headers", "waited"),
+        [
+            pytest.param({}, 0.001, id="the-backoff"),
+            pytest.param({"retry-after": "60"}, 60.0, id="a-retry-after-of-60-s-at-the-limit"),
+        ],
+    )
+    def test_the_wait_is_the_signals_wait(self, headers: Dict[str, str], waited: float) -> None:
         waits: List[Optional[float]] = []
 
         class Recording:
@@ -2566,11 +2573,11 @@ class TestRetries:
                 waits.append(timeout)
                 return False
 
-        busy = Canned(failure=providers._head_error("u", 503, "", {}, lambda: "", 0.0))
+        busy = Canned(failure=providers._head_error("u", 429, "", headers, lambda: "", 0.0))
         model = quick(canned_openai(busy, [OPENAI_TEXT_STREAM], retries=1))
         _, response = stream(model, signal=Recording())
         assert response.content == (al.TextBlock("Hello, world"),)
-        assert waits == [0.001]
+        assert waits == [waited]
 
 
 # --- Connecting, watched ----------------------------------------------------------------
