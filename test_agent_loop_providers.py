@@ -3678,12 +3678,8 @@ class TestLLMock:
         assert result.status == "completed", result.error
         assert result.final_text == "The sum is 42."
         assert result.messages[2].content == '{"sum":42}'
-        streamed = "".join(
-            event.payload["chunk"].text
-            for event in events
-            if event.type == "model.chunk" and isinstance(event.payload["chunk"], al.TextDelta)
-        )
-        assert streamed == "Adding.The sum is 42."
+        texts = [text for text in chunk_texts(events) if isinstance(text, str)]
+        assert "".join(texts) == "Adding.The sum is 42."
         first, second = mock.requests()
         assert first["body"]["stream"] is True
         assert first["status"] == 200
@@ -3692,11 +3688,8 @@ class TestLLMock:
         if provider == "openai":
             assert first["path"] == "/v1/chat/completions"
             assert first["body"]["messages"][0] == {"role": "system", "content": "Be brief."}
-            assert second["body"]["messages"][-1] == {
-                "role": "tool",
-                "tool_call_id": call.id,
-                "content": '{"sum":42}',
-            }
+            result_turn = {"role": "tool", "tool_call_id": call.id, "content": '{"sum":42}'}
+            assert second["body"]["messages"][-1] == result_turn
         else:
             assert first["path"] == "/anthropic/v1/messages"
             assert first["body"]["system"] == "Be brief."
@@ -3718,13 +3711,8 @@ class TestLLMock:
         )
         _, result = settle(_model(mock, provider))
         assert result.status == "completed", result.error
-        assert [message.role for message in result.messages] == [
-            "user",
-            "assistant",
-            "toolResult",
-            "toolResult",
-            "assistant",
-        ]
+        roles = ["user", "assistant", "toolResult", "toolResult", "assistant"]
+        assert [message.role for message in result.messages] == roles
         assert isinstance(result.messages[3], al.ToolResultMessage)
         assert result.messages[3].is_error
         sent = mock.requests()[1]["body"]["messages"]
