@@ -1724,6 +1724,8 @@ class TestIds:
             request(history),
         )
         assert response.id == "response-001-3"
+        _, second = stream(canned_openai([OPENAI_TEXT_STREAM]), request(history[:3]))
+        assert second.id == "response-001-2"  # the first free suffix: 2 when only 001 is taken
         ids = [block.id for block in response.content if isinstance(block, al.ToolCall)]
         assert ids == [f"response-001-3-call-{number}" for number in range(1, 5)]
 
@@ -3085,6 +3087,26 @@ class TestCancellation:
         assert cancelled_within(openai(server, timeout=_BOUND)) < 0.25
         assert server.disconnected.wait(_BOUND)
         assert _watchers_end()
+
+    @pytest.mark.parametrize(
+        "reply",
+        [
+            pytest.param(Reply(before_head=_BOUND), id="before-the-head"),
+            pytest.param(Reply([openai_chunk({"content": "Hi"})], stall=True), id="mid-stream"),
+        ],
+    )
+    def test_a_cancel_is_said_as_such_not_as_the_connection_it_broke(
+        self, server: Server, reply: Reply
+    ) -> None:
+        server.script(reply)
+        signal = threading.Event()
+        timer = threading.Timer(0.2, signal.set)
+        timer.start()
+        try:
+            with pytest.raises(providers.ProviderError, match="was cancelled"):
+                stream(openai(server, timeout=_BOUND), signal=signal)
+        finally:
+            timer.cancel()
 
     def test_a_signal_set_before_connecting(self, server: Server) -> None:
         signal = threading.Event()
