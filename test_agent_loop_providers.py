@@ -2374,35 +2374,26 @@ NOT_RETRIED = "busy (Retry-After: 61 s) (not retried: the Retry-After is more th
 class TestRetries:
     """Transient failures before the first chunk are retried, waiting as the server says."""
 
-    def test_a_failure_then_success(
+    def test_failures_then_success_with_the_backoff_doubling(
         self, server: Server, caplog: pytest.LogCaptureFixture
     ) -> None:
-        server.script(Reply([b"{}"], status=500), STREAM)
+        server.script(Reply([b"{}"], status=500), BUSY, STREAM)
         with caplog.at_level(logging.WARNING):
             _, result = settle(quick(openai(server, retries=2)))
-        assert result.status == "completed", result.error
-        assert result.final_text == "5"
-        assert len(server.requests) == 2
+        assert (result.status, result.final_text) == ("completed", "5")
+        assert len(server.requests) == 3
         assert retry_logs(caplog) == [
             f"request-001: attempt 1 of 3 failed ({server.url}/v1/chat/completions answered "
-            "HTTP 500 Internal Server Error: {}); retrying in 0.001 s"
+            "HTTP 500 Internal Server Error: {}); retrying in 0.001 s",
+            f"request-001: attempt 2 of 3 failed ({server.url}/v1/chat/completions answered "
+            "HTTP 503 Service Unavailable: busy); retrying in 0.002 s",
         ]
 
-    def test_the_backoff_doubles_and_the_last_error_says_how_many_retries(
-        self, server: Server, caplog: pytest.LogCaptureFixture
-    ) -> None:
+    def test_the_last_error_says_how_many_retries(self, server: Server) -> None:
         server.script(BUSY, BUSY, BUSY)
-        with caplog.at_level(logging.WARNING):
-            _, result = settle(quick(anthropic(server, retries=2)))
+        _, result = settle(quick(anthropic(server, retries=2)))
         error = assert_stream_error(result, "HTTP 503 Service Unavailable: busy (after 2 retries)")
-        assert error.status == 503
-        assert len(server.requests) == 3
-        logs = retry_logs(caplog)
-        assert [log.split("retrying in ")[1] for log in logs] == ["0.001 s", "0.002 s"]
-        assert [log.split(" failed")[0] for log in logs] == [
-            "request-001: attempt 1 of 3",
-            "request-001: attempt 2 of 3",
-        ]
+        assert (error.status, len(server.requests)) == (503, 3)
 
     @pytest.mark.parametrize(
         ("status", "headers", "wait", "logged"),
@@ -3206,14 +3197,6 @@ class TestServerEvents:
         assert len(self.parse(first, second, b"\n")[0][1]) == providers._EVENT_LIMIT
         with pytest.raises(providers.ProviderError, match="an event longer than 1,048,576"):
             self.parse(first, second.replace(b" ", b" z"))
-
-    def test_empty_data_lines_fill_an_event_with_their_line_feeds(
-        self, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        monkeypatch.setattr(providers, "_EVENT_LIMIT", 64)
-        assert self.parse(b"data:\n" * 65 + b"\n") == [("", "\n" * 64)]  # 64 LFs: the limit
-        with pytest.raises(providers.ProviderError, match="an event longer than 64"):
-            self.parse(b"data:\n" * 66)
 
     def test_a_long_run_of_empty_data_lines_is_an_oversized_event(self) -> None:
         # A server that sends "data:" lines forever: the limit ends it, a read at a time.
