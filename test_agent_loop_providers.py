@@ -2088,23 +2088,21 @@ class TestLongAnswers:
         return settle(model, max_steps=2)
 
     @_PROVIDERS
-    def test_1024_one_token_deltas(self, provider: str) -> None:
-        tokens = [f" w{number}" for number in range(1024)]
+    @pytest.mark.parametrize("count", [512, 1024])
+    def test_one_token_deltas_stream_delta_by_delta_while_half_the_budget_is_left(
+        self, provider: str, count: int
+    ) -> None:
+        tokens = [f" w{number}" for number in range(count)]
         events, result = self.settle_items(provider, tokens)
-        assert result.status == "completed", result.error
-        assert result.final_text == "".join(tokens)
+        assert (result.status, result.final_text) == ("completed", "".join(tokens))
         texts = cast(List[str], chunk_texts(events))
-        assert texts[:512] == tokens[:512]  # delta by delta while half the budget is left
-        for number, text in enumerate(texts[512:-1], 512):  # then at least the minimum
-            assert len(text) >= 2 << ((number - 512) // 32)
-        assert len(texts) < 1024
-
-    @_PROVIDERS
-    def test_512_deltas_stream_delta_by_delta(self, provider: str) -> None:
-        tokens = [f" w{number}" for number in range(512)]
-        events, result = self.settle_items(provider, tokens)
-        assert result.status == "completed", result.error
-        assert chunk_texts(events) == tokens
+        if count == 512:  # the limit: every one of them on its own
+            assert texts == tokens
+        else:  # 512 on their own, then chunks of at least the minimum
+            assert texts[:512] == tokens[:512]
+            for number, text in enumerate(texts[512:-1], 512):
+                assert len(text) >= 2 << ((number - 512) // 32)
+            assert len(texts) < 1024
 
     @_PROVIDERS
     @pytest.mark.parametrize(
