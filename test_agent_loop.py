@@ -3670,8 +3670,7 @@ class TestMalformedModelOutput:
     def test_contradiction_or_excess_becomes_a_failed_model_protocol_error_result(
         self, step: Step | al.ScriptedResponse, chunk_events: int
     ) -> None:
-        """Seed: "These checks occur before a Tool effect. Contradiction or excess becomes
-        a failed MODEL_PROTOCOL_ERROR result." """
+        """Seed: "Contradiction or excess becomes a failed MODEL_PROTOCOL_ERROR result." """
         play_failing(step, chunk_events)
 
     @pytest.mark.parametrize(
@@ -3704,8 +3703,7 @@ class TestMalformedModelOutput:
         assert types_of(events).count("model.chunk") == 1  # the stale chunk got no event
 
     def test_ten_megabyte_argument_is_rejected_without_a_copy(self) -> None:
-        """The text bound is measured, not copied: the run allocates far less than the
-        string it rejects (a copy, an encoding or a repr of it would cost 10 MB)."""
+        """The text bound is measured, not copied: rejecting 10 MB costs far less than 10 MB."""
         step = tool_turn("r", echo_call("call-1", "x" * 10_000_000))
         tracemalloc.start()
         try:
@@ -3745,8 +3743,7 @@ class TestModelStreamCleanup:
 
     @pytest.mark.parametrize("how", ["well-behaved", "cleanup-raises", "ignores-exit"])
     def test_endless_stream_is_stopped_by_the_chunk_limit(self, how: str) -> None:
-        """Seed: "The loop caps one step at 1024 chunks": a stream that never ends is
-        closed after the first chunk over the cap, however it behaves when closed."""
+        """Seed: "The loop caps one step at 1024 chunks", however the stream behaves closed."""
         pulled: list[int] = []
         model = FakeModel(self._endless(how, pulled))
         events, result, _ = run(model)
@@ -3760,8 +3757,7 @@ class TestModelStreamCleanup:
     @pytest.mark.parametrize("how", ["cleanup-raises", "ignores-exit"])
     @pytest.mark.parametrize("by", ["signal", "consumer-close"])
     def test_a_run_stopped_mid_stream_does_not_raise(self, how: str, by: str) -> None:
-        """Cancelled by the signal, the run ends cancelled; closed by its consumer, the
-        close returns; either way the model's stream was finalized."""
+        """Cancelled, the run ends cancelled; closed by its consumer, close() returns."""
         model = FakeModel(self._endless(how, []))
         signal = threading.Event()
         run_ = start_run(model, signal=signal)
@@ -4029,16 +4025,14 @@ REFUSED_TOOLS: dict[str, tuple[Callable[[], object], type[Exception], str]] = {
 
 
 class TestToolSchemas:
-    """A tool's parameters are a JSON Schema subset: "type (object, string, number, integer,
-    boolean, array, null), properties, required, additionalProperties (bool), items, enum.
-    bool is never a number or an integer." Failures are recoverable results."""
+    """A tool's parameters are a JSON Schema subset (type, properties, required,
+    additionalProperties, items, enum); bool is no number. Failures are recoverable results."""
 
     @pytest.mark.parametrize(("parameters", "arguments", "rejected"), SCHEMA_CASES)
     def test_arguments_are_checked_against_the_schema(
         self, parameters: Any, arguments: Any, rejected: tuple[str, ...] | None
     ) -> None:
-        """Accepted arguments reach the tool exactly; rejected ones are a recoverable
-        result, linked to the call, that names the path and the problem; the tool does not run."""
+        """Accepted arguments reach the tool exactly; a rejection names the path and problem."""
         received: list[dict[str, Any]] = []
         registry = al.ToolRegistry([probe_tool(received, parameters)])
         result = al.execute_tool_call(registry, call("probe", "c1", arguments), threading.Event())
@@ -4063,16 +4057,14 @@ class TestToolSchemas:
     def test_a_bad_tool_is_refused_when_it_is_built(
         self, build: Callable[[], object], error: type[Exception], words: str
     ) -> None:
-        """The documented choice: a keyword the loop would silently ignore, or a malformed
-        field, is an error when the Tool (or ToolSpec) is built, naming it."""
+        """A keyword the loop would ignore, or a malformed field, fails the build, named."""
         with pytest.raises(error) as raised:
             build()
         assert words in str(raised.value)
 
     @pytest.mark.parametrize("passes", [AT_LIMIT, OVER_LIMIT])
     def test_schema_depth(self, passes: bool) -> None:
-        """A schema may nest as deep as arguments can (MAX_ARGUMENT_DEPTH containers, a scalar
-        inside the last); one level more describes values no call can have: ValueError."""
+        """A schema nests as deep as arguments can (32 containers); one more is a ValueError."""
         schema: dict[str, Any] = {"type": "integer"}
         for _ in range(32 if passes else 33):
             schema = {"type": "object", "properties": {"k": schema}, "required": ["k"]}
@@ -4187,10 +4179,8 @@ UNEXPRESSIBLE_HINTS = [
 
 
 class TestToolFromFunction:
-    """Tool.from_function(fn, *, name=None, description=None) -> Tool: the
-    schema from the function's type hints ..., the description from its docstring,
-    required = parameters without defaults; anything it cannot express in the enforced
-    schema subset is a TypeError naming the parameter."""
+    """Tool.from_function: the schema from the type hints, the description from the docstring;
+    what the enforced subset cannot express is a TypeError naming the parameter."""
 
     def test_a_function_becomes_a_tool_named_and_described_by_it(self) -> None:
         tool = al.Tool.from_function(add)
@@ -4225,8 +4215,7 @@ class TestToolFromFunction:
         )
 
     def test_defaults_keyword_only_and_signal(self) -> None:
-        """A parameter named signal (if present) receives the run's signal and is not in
-        the schema; parameters with defaults are not required, and None is no value of theirs."""
+        """signal gets the run's signal and is not in the schema; defaults are not required."""
         tool = al.Tool.from_function(search)
         parameters = tool.spec().to_dict()["parameters"]
         assert parameters["properties"] == {
@@ -4260,8 +4249,7 @@ class TestToolFromFunction:
     def test_optional_with_the_default_none_is_x_not_required(
         self, hint: str, future_annotations: bool
     ) -> None:
-        """Optional[X] / X | None: a schema has one type, so the model leaves the
-        parameter out to get None (and a null is refused)."""
+        """Optional[X] with the default None: the model leaves the parameter out to get None."""
         function = from_source(f"def f(x: {hint} = None): return x", future_annotations)
         tool = al.Tool.from_function(function)
         assert plain_copy(tool.parameters["properties"]) == {"x": {"type": "integer"}}
@@ -4349,87 +4337,79 @@ def not_json(arguments: Dict[str, Any], signal: al.Signal) -> object:
     return {1, 2}
 
 
+def giving(value: Any) -> list[al.Tool]:
+    """A tool named "t" that returns ``value``."""
+    return [no_arguments_tool("t", lambda arguments, signal: value)]
+
+
+def interrupt(arguments: dict[str, Any], signal: Any) -> object:
+    raise KeyboardInterrupt
+
+
+# Tools (and the call "t" runs one of them or none), and the content of the call's result:
+# exactly this str, or naming each of these words; and whether it is an error.
+EXECUTED: dict[str, tuple[list[al.Tool], str | tuple[str, ...], bool]] = {
+    "str-verbatim": (giving('He said "hi"\n'), 'He said "hi"\n', False),
+    "dict": (giving({"sum": 42}), '{"sum":42}', False),  # Seed: content: '{"sum":42}'
+    "non-ascii": (giving({"word": "café 😀"}), '{"word":"café 😀"}', False),
+    "none": (giving(None), "null", False),
+    "list": (giving([1, "a", None, True, 1.5]), '[1,"a",null,true,1.5]', False),
+    "nested": (giving({"a": [{"b": []}]}), '{"a":[{"b":[]}]}', False),
+    "int": (giving(7), "7", False),
+    "bool": (giving(False), "false", False),
+    "str-subclass": (giving(StrSubclass("hi")), '"hi"', False),
+    # A value that is not JSON is a recoverable error that names the tool.
+    "set": (giving({1, 2}), ("'t'", "JSON"), True),
+    "object": (giving(Custom()), ("'t'", "JSON"), True),
+    "nan": (giving(float("nan")), ("'t'", "JSON"), True),
+    "inf": (giving({"x": float("inf")}), ("'t'", "JSON"), True),
+    "cyclic-list": (giving(cyclic_array()), ("'t'", "JSON"), True),
+    "bytes": (giving(b"bytes"), ("'t'", "JSON"), True),
+    "raising-tool": ([no_arguments_tool("t", raises_lookup_error)], ("'t'", "LookupError",
+                                                                     "no such station"), True),
+    # ToolError's docstring: "The call's result is is_error=True with content exactly message".
+    "tool-error": ([no_arguments_tool("t", raises_tool_error)], "Try another city.", True),
+    "unknown-tool": ([], ("'t'",), True),
+    "unknown-tool-among-others": ([add_tool(), echo_tool()], ("'t'", "add", "echo"), True),
+    # Any callable that can take (arguments, signal) runs; one whose signature cannot be
+    # read is trusted.
+    "execute-function": ([no_arguments_tool("t", two_parameters)], "two", False),
+    "execute-*args": ([no_arguments_tool("t", variadic)], "variadic", False),
+    "execute-lambda": ([no_arguments_tool("t", lambda a, s: "lambda")], "lambda", False),
+    "execute-bound-method": ([no_arguments_tool("t", Executor().method)], "method", False),
+    "execute-callable-object": ([no_arguments_tool("t", Executor())], "callable object", False),
+    "execute-without-signature": ([no_arguments_tool("t", NoSignature())], "no signature", False),
+}  # fmt: skip
+
+
 class TestExecuteToolCall:
-    """execute_tool_call(registry, call, signal) -> ToolResultMessage linked to the call; an
-    unknown tool, bad arguments or an exception become a recoverable result; it never
-    raises for those."""
+    """execute_tool_call: one result linked to the call; an unknown tool, bad arguments or
+    an exception become a recoverable result, never an exception."""
+
+    @pytest.mark.parametrize(
+        ("tools", "expected", "is_error"), EXECUTED.values(), ids=list(EXECUTED)
+    )
+    def test_each_call_gets_one_linked_result(
+        self, tools: list[al.Tool], expected: str | tuple[str, ...], is_error: bool
+    ) -> None:
+        result = al.execute_tool_call(
+            al.ToolRegistry(tools), call("t", "c1", {}), threading.Event()
+        )
+        assert (result.id, result.tool_call_id, result.tool_name, result.is_error) == (
+            "tool-result-c1", "c1", "t", is_error,
+        )  # fmt: skip
+        if isinstance(expected, str):
+            assert result.content == expected
+        for word in () if isinstance(expected, str) else expected:
+            assert word in result.content
 
     @pytest.mark.parametrize(("id", "name"), [(1, "echo"), ("c1", ["echo"]), ("", "echo")])
-    def test_a_call_no_result_can_be_linked_to_is_a_type_error(
-        self, id: object, name: object
-    ) -> None:
+    def test_a_call_no_result_can_be_linked_to_is_a_type_error(self, id: Any, name: Any) -> None:
         registry = al.ToolRegistry([echo_tool()])
         with pytest.raises(TypeError, match="id and name must be non-empty str"):
             al.execute_tool_call(registry, untyped.ToolCall(id, name, {}), threading.Event())
 
-    @pytest.mark.parametrize(
-        ("value", "content"),
-        [
-            pytest.param('He said "hi"\n', 'He said "hi"\n', id="str-verbatim"),
-            pytest.param({"sum": 42}, '{"sum":42}', id="dict"),  # Seed: content: '{"sum":42}'
-            pytest.param({"word": "café 😀"}, '{"word":"café 😀"}', id="non-ascii"),
-            pytest.param(None, "null", id="none"),
-            pytest.param([1, "a", None, True, 1.5], '[1,"a",null,true,1.5]', id="list"),
-            pytest.param({"a": [{"b": []}]}, '{"a":[{"b":[]}]}', id="nested"),
-            pytest.param(7, "7", id="int"),
-            pytest.param(False, "false", id="bool"),
-            pytest.param(StrSubclass("hi"), '"hi"', id="str-subclass"),
-            # A value that is not JSON is a recoverable error that names the tool.
-            pytest.param({1, 2}, None, id="set"),
-            pytest.param(Custom(), None, id="object"),
-            pytest.param(float("nan"), None, id="nan"),
-            pytest.param({"x": float("inf")}, None, id="inf"),
-            pytest.param(cyclic_array(), None, id="cyclic-list"),
-            pytest.param(b"bytes", None, id="bytes"),
-        ],
-    )
-    def test_a_str_is_the_content_and_other_json_is_encoded_compactly(
-        self, value: Any, content: str | None
-    ) -> None:
-        tool = no_arguments_tool("give", lambda arguments, signal: value)
-        registry = al.ToolRegistry([tool])
-        result = al.execute_tool_call(registry, call("give", "call-1", {}), threading.Event())
-        assert (result.id, result.tool_call_id, result.tool_name, result.role) == (
-            "tool-result-call-1",
-            "call-1",
-            "give",
-            "toolResult",
-        )
-        if content is not None:
-            assert (result.content, result.is_error) == (content, False)
-            return
-        assert result.is_error is True
-        assert "'give'" in result.content
-        assert "JSON" in result.content
-
-    @pytest.mark.parametrize(
-        ("tools", "name", "words"),
-        [
-            pytest.param([no_arguments_tool("weather", raises_lookup_error)], "weather",
-                         ("weather", "LookupError", "no such station"), id="raising-tool"),
-            pytest.param([], "divide", ("divide",), id="unknown-tool"),
-            pytest.param([add_tool(), echo_tool()], "divide", ("divide", "add", "echo"),
-                         id="unknown-tool-among-others"),
-        ],
-    )  # fmt: skip
-    def test_a_raising_or_unknown_tool_is_a_recoverable_error(
-        self, tools: list[al.Tool], name: str, words: tuple[str, ...]
-    ) -> None:
-        """The error result names the tool (and the ones available) or the exception."""
-        result = al.execute_tool_call(
-            al.ToolRegistry(tools), call(name, "c", {}), threading.Event()
-        )
-        assert (result.id, result.tool_call_id, result.tool_name) == ("tool-result-c", "c", name)
-        assert result.is_error is True
-        for word in words:
-            assert word in result.content
-
-    def test_a_tool_error_is_the_content_exactly(self) -> None:
-        """ToolError's docstring: "The call's result is is_error=True with content exactly
-        message, with no prefix"."""
-        registry = al.ToolRegistry([no_arguments_tool("t", raises_tool_error)])
-        result = al.execute_tool_call(registry, call("t", "c1", {}), threading.Event())
-        assert (result.content, result.is_error) == ("Try another city.", True)
+    def test_a_tool_error_message_must_be_a_str(self) -> None:
         assert al.ToolError("x").message == "x"
         for message in (1, None, b"x"):
             with pytest.raises(TypeError, match="ToolError message must be a str, got "):
@@ -4437,10 +4417,6 @@ class TestExecuteToolCall:
 
     def test_keyboard_interrupt_is_not_turned_into_a_result(self) -> None:
         """Only Exceptions become results: a KeyboardInterrupt propagates."""
-
-        def interrupt(arguments: dict[str, Any], signal: Any) -> object:
-            raise KeyboardInterrupt
-
         registry = al.ToolRegistry([no_arguments_tool("stop", interrupt)])
         with pytest.raises(KeyboardInterrupt):
             al.execute_tool_call(registry, call("stop", "c1", {}), threading.Event())
@@ -4453,28 +4429,10 @@ class TestExecuteToolCall:
         assert len(seen) == 1
         assert seen[0] is signal
 
-    @pytest.mark.parametrize(
-        ("execute", "returned"),
-        [
-            pytest.param(two_parameters, "two", id="function"),
-            pytest.param(variadic, "variadic", id="*args"),
-            pytest.param(lambda a, s: "lambda", "lambda", id="lambda"),
-            pytest.param(Executor().method, "method", id="bound-method"),
-            pytest.param(Executor(), "callable object", id="callable-object"),
-            pytest.param(NoSignature(), "no signature", id="no-signature-is-trusted"),
-        ],
-    )
-    def test_a_callable_that_can_take_arguments_and_signal_is_accepted_and_runs(
-        self, execute: Callable[..., object], returned: str
-    ) -> None:
-        _, result, _ = run(one_call("t"), tools=[no_arguments_tool("t", execute)])
-        assert only_tool_result(result).content == returned
-
 
 class TestRecoverableExceptionsAreLogged:
-    """Every exception that becomes a recoverable tool result is also logged through
-    logging.getLogger("agent_loop") with its traceback (the library adds only a
-    NullHandler)."""
+    """An exception that becomes a recoverable result is logged with its traceback through
+    logging.getLogger("agent_loop"), which has only a NullHandler."""
 
     @pytest.mark.parametrize(
         ("execute", "exception"),
@@ -4514,8 +4472,7 @@ class TestMisbehavingTools:
         )
 
     def test_tool_that_drives_the_run_reentrantly_is_recoverable(self) -> None:
-        """A tool that calls next() on the very run it is part of gets ValueError
-        ("generator already executing"), which is an ordinary, recoverable error."""
+        """next() on the run it is part of is a ValueError, an ordinary recoverable error."""
         holder: list[Any] = []
         model = one_call("reenter")
         run_ = start_run(model, [no_arguments_tool("reenter", lambda a, s: next(holder[0]))])
@@ -4558,10 +4515,7 @@ class TestPlainJsonArguments:
 
     @pytest.mark.parametrize("make", NOT_PLAIN_JSON)
     def test_not_plain_arguments_fail_before_any_tool(self, make: Callable[[], Any]) -> None:
-        """Plain JSON is dict with str keys, list, str, int, finite float, bool and None, with
-        no object reachable twice, within the bounds (found without exhausting the stack);
-        anything else fails the run before any tool of the batch runs, even a valid call
-        before it (which streamed; the bad one did not)."""
+        """Anything but plain bounded JSON fails the step before any of its tools runs."""
         received: list[dict[str, Any]] = []
         good = al.ToolCall("call-probe-001", "probe", {"n": 1})
         bad = al.ToolCall("call-probe-002", "probe", make())  # construction never raises
@@ -4603,9 +4557,8 @@ class TestPlainJsonArguments:
 
 
 class TestInvalidToolCallArguments:
-    """ToolCall's docstring: "arguments that are not plain bounded JSON are kept as
-    given, and the run that receives such a call fails with MODEL_PROTOCOL_ERROR before
-    any tool runs (execute_tool_call makes it an error result)"."""
+    """ToolCall's docstring: arguments that are not plain bounded JSON "are kept as given",
+    and the run fails with MODEL_PROTOCOL_ERROR before any tool runs."""
 
     def test_invalid_arguments_are_kept_as_given(self) -> None:
         """As given, or as a plain dict when given read-only or as a mapping of another kind."""
@@ -4642,8 +4595,7 @@ class TestInvalidToolCallArguments:
     def test_they_fail_where_they_enter_and_no_tool_runs(
         self, make: Callable[[], al.ToolCall], problem: str
     ) -> None:
-        """From the model, the run fails; in a starting transcript, INVALID_TRANSCRIPT;
-        given to execute_tool_call, an error result; none of them raises."""
+        """From the model, in the start or given to execute_tool_call: it fails, never raises."""
         ran: List[str] = []
         tool = no_arguments_tool("t", lambda a, s: ran.append("ran"))
         tool_call = make()
@@ -4697,6 +4649,17 @@ EQUALITY = [
 ]  # fmt: skip
 
 
+# How each value keeps the blocks it was given as a list.
+KEPT_AS_TUPLES: dict[str, Callable[[list[Any]], Any]] = {
+    "AssistantMessage": lambda blocks: al.AssistantMessage("m", blocks).content,
+    "ModelResponse": lambda blocks: al.ModelResponse("r", "q", blocks, "stop").content,
+    "ScriptedResponse": lambda blocks: al.ScriptedResponse("r", blocks, "stop").content,
+    "scripted_response": lambda blocks: al.scripted_response("r", blocks, "stop").content,
+    "scripted_response-chunks": lambda blocks: al.scripted_response("r", [], "stop",
+                                                                    chunks=blocks).chunks,
+}  # fmt: skip
+
+
 class TestToolCallIsFrozen:
     """The Message IR is frozen dataclasses compared by value (TestRunOwnsSnapshots proves
     nothing reachable from a run is mutable): the run's transcript never changes under anyone."""
@@ -4729,8 +4692,7 @@ class TestToolCallIsFrozen:
     def test_plain_arguments_are_a_fresh_plain_copy_each_time(
         self, plain: Callable[[al.ToolCall], Any]
     ) -> None:
-        """ToolCall.plain_arguments() (and to_dict()): a fresh plain copy (dicts and lists)
-        of a call's arguments, ready for json.dumps."""
+        """plain_arguments() and to_dict(): a fresh plain copy of the arguments, for json."""
         arguments: dict[str, Any] = {"a": [1, {"b": [True, None, 1.5]}], "c": {"d": "e"}}
         tool_call = al.ToolCall("c1", "t", arguments)
         first, second = plain(tool_call), plain(tool_call)
@@ -4743,18 +4705,14 @@ class TestToolCallIsFrozen:
         assert tool_call == al.ToolCall("c1", "t", arguments)
 
     def test_each_execution_gets_a_fresh_plain_dict_it_may_mutate(self) -> None:
-        """A tool's execute receives a fresh plain dict (lists as list) that it may mutate
-        freely without any effect on the transcript."""
+        """execute gets a fresh plain dict it may mutate with no effect on the transcript."""
         original: dict[str, Any] = {"xs": [1, 2], "o": {"k": "v"}, "s": "text"}
         received: list[dict[str, Any]] = []
+        kinds = (dict, list, dict)
 
         def execute(arguments: dict[str, Any], signal: Any) -> object:
             received.append(copy.deepcopy(arguments))
-            assert [type(arguments), type(arguments["xs"]), type(arguments["o"])] == [
-                dict,
-                list,
-                dict,
-            ]
+            assert (type(arguments), type(arguments["xs"]), type(arguments["o"])) == kinds
             arguments["xs"].append(99)
             arguments["o"]["k"] = "mutated"
             del arguments["s"]
@@ -4772,49 +4730,33 @@ class TestToolCallIsFrozen:
         assert len(carried) == 8  # two calls, each streamed, started, finished and kept
         assert all(plain_copy(tool_call.arguments) == original for tool_call in carried)
 
-    @pytest.mark.parametrize(
-        "make",
-        [
-            pytest.param(lambda blocks: al.AssistantMessage("m", blocks).content,
-                         id="AssistantMessage"),
-            pytest.param(lambda blocks: al.ModelResponse("r", "q", blocks, "stop").content,
-                         id="Response"),
-            pytest.param(lambda blocks: al.ScriptedResponse("r", blocks, "stop").content,
-                         id="Scripted"),
-            pytest.param(lambda blocks: al.scripted_response("r", blocks, "stop").content,
-                         id="scripted"),
-            pytest.param(lambda blocks: al.scripted_response("r", [], "stop",
-                                                             chunks=blocks).chunks,
-                         id="scripted-chunks"),
-        ],
-    )  # fmt: skip
+    @pytest.mark.parametrize("make", KEPT_AS_TUPLES.values(), ids=list(KEPT_AS_TUPLES))
     def test_content_given_as_a_list_is_stored_as_a_tuple(
         self, make: Callable[[list[Any]], Any]
     ) -> None:
         """What the caller does to its list afterwards changes nothing (a script's too)."""
-        blocks: list[Any] = [al.TextBlock("a"), al.ToolCall("c", "t", {})]
+        blocks: list[Any] = [al.TextBlock("a"), FIRST]
         content = make(blocks)
         blocks.append(al.TextBlock("later"))
-        assert content == (al.TextBlock("a"), al.ToolCall("c", "t", {}))
+        assert content == (al.TextBlock("a"), FIRST)
 
     def test_discriminators_have_the_protocol_values(self) -> None:
         """Protocol values are spelled as in the seed ("toolResult", "toolCall")."""
-        blocks: list[Any] = [al.TextBlock("a"), FIRST, al.ThinkingBlock("a")]
-        blocks += [
-            al.TextDelta("r", "a"),
-            al.ToolCallChunk("r", FIRST),
-            al.ThinkingDelta("r", "a"),
+        values: list[Any] = [
+            al.TextBlock("a"),
+            FIRST,
+            al.ThinkingBlock("a"),
+            al.TextDelta("r", ""),
         ]
-        assert [value.type for value in blocks] == ["text", "toolCall", "thinking"] * 2
+        values += [al.ToolCallChunk("r", FIRST), al.ThinkingDelta("r", "a")]
+        assert [value.type for value in values] == ["text", "toolCall", "thinking"] * 2
         messages = (user(), assistant("r"), add_result())
         assert [message.role for message in messages] == ["user", "assistant", "toolResult"]
 
 
 class TestCopyingAndHashing:
-    """Messages, events, requests and results survive pickle and copy.deepcopy, equal to
-    the originals; a read-only mapping cannot be pickled, so each is rebuilt from plain
-    JSON and frozen again. A value that holds a mapping says __hash__ = None; messages
-    and blocks hash."""
+    """Values survive pickle and copy equal, read-only mappings frozen again; a value that
+    holds a mapping says __hash__ = None; messages and blocks hash."""
 
     def test_an_event_keeps_a_read_only_payload_and_copies_any_other(self) -> None:
         read_only = MappingProxyType({"message": user()})
@@ -5364,9 +5306,7 @@ MALFORMED_EVENTS: dict[str, tuple[Any, str]] = {
 
 
 class TestMalformedDicts:
-    """A malformed dict (a missing key, a value of the wrong JSON type, an unknown role,
-    block type, event type or status; a malformed thinking block or usage) raises
-    ValueError naming the field."""
+    """A malformed message or event dict raises ValueError naming the field."""
 
     @pytest.mark.parametrize(
         ("data", "field"), MALFORMED_MESSAGES.values(), ids=list(MALFORMED_MESSAGES)
@@ -5430,8 +5370,7 @@ class TestMalformedDicts:
     def test_null_keys_are_absent_keys(
         self, read: Callable[[Any], object], data: Any, expected: object
     ) -> None:
-        """An optional key (finalText, maxSteps, error, requestSequenceStart, usage or one of
-        its counts, thinkingSignature, redacted) may be absent or null: both mean unset."""
+        """An optional key may be absent or null: both mean unset."""
         assert read(data) == expected
 
 
@@ -5449,8 +5388,7 @@ class TestScriptedModelFromTranscript:
     messages, with tools that behave the same, reproduces the recorded transcript exactly."""
 
     def test_each_assistant_message_becomes_a_response_in_order(self) -> None:
-        """Response id = message id without its "message-" prefix (or the whole id); stop
-        reason toolCall when it holds a call, else stop; one chunk per block; any iterable."""
+        """Response id = message id without "message-"; toolCall if it holds a call, else stop."""
         transcript: list[al.Message] = [
             user(),
             assistant("response-001", add_call()),
@@ -5491,8 +5429,7 @@ class TestScriptedModelFromTranscript:
         assert (replayed, replayed_events, model.requests) == (result, events, recorder.requests)
 
     def test_it_replays_thinking_and_usage_one_chunk_per_block(self) -> None:
-        """The transcript is the same, though the recording streamed its thinking in two
-        pieces and nothing for the redacted block (replayed as an empty ThinkingDelta)."""
+        """One chunk per block, though the recording streamed its thinking in pieces."""
         events, recorded, _ = run(thinking_script(), [add_tool()])
         replayed_events, replayed, _ = replay_added(recorded, [user()], [add_tool()])
         assert replayed == recorded
@@ -5507,8 +5444,7 @@ class TestScriptedModelFromTranscript:
         )
 
     def test_history_must_be_left_out_of_the_replayed_part(self) -> None:
-        """Every assistant message given is replayed, so when the start held history,
-        pass only the part that the run added."""
+        """Every assistant message given is replayed: pass only the part the run added."""
         history: list[al.Message] = [user("Hi.", "user-000"), assistant("response-000"), user()]
         script = [tool_turn("response-001", add_call()), stop("response-002", "42.")]
         _, recorded, _ = run(script, messages=history, tools=[add_tool()])
