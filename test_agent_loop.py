@@ -3635,7 +3635,6 @@ MALFORMED_OUTPUT: dict[str, tuple[Step | al.ScriptedResponse, int]] = {
     "response-id-empty": (answer(id=""), 1),
     "stop-reason-length": (answer(stop_reason="length"), 1),
     "stop-reason-None": (answer(stop_reason=None), 1),
-    "stop-reason-whose-eq-raises": (answer(stop_reason=RaisingEquality()), 1),
     "response-block-is-a-dict": (answer((), content=[{"type": "text", "text": "x"}]), 0),
     "response-text-block-int": (answer((), content=[untyped.TextBlock(5)]), 0),
     "response-content-a-str": (answer((), content="text"), 0),
@@ -3654,8 +3653,6 @@ MALFORMED_OUTPUT: dict[str, tuple[Step | al.ScriptedResponse, int]] = {
     "request-id-raising-eq": (yielding(lambda r: al.TextDelta(RaisingEq(r.id), "x")), 0),
     "text-raising-len": (yielding(lambda r: al.TextDelta(r.id, RaisingLen("x"))), 0),
     "call-id-raising-hash": (tool_turn("r", al.ToolCall(RaisingHash("c"), "echo", {})), 0),
-    # A rejected value is named in the error, not copied into it.
-    "megabyte-of-redacted-data": (stop_with(untyped.ThinkingBlock("t", "x" * 10**6, True)), 1),
 }  # fmt: skip
 
 
@@ -3674,17 +3671,27 @@ class TestMalformedModelOutput:
         play_failing(step, chunk_events)
 
     @pytest.mark.parametrize(
-        ("step", "chunk_events"),
+        ("step", "chunk_events", "word"),
         [
-            pytest.param(yielding(lambda r: al.TextDelta("request-999", "x")), 0, id="chunk"),
-            pytest.param(yielding(lambda r: untyped.TextDelta(None, "x")), 0, id="chunk-of-None"),
-            pytest.param(yielding(lambda r: al.ToolCallChunk("q", add_call())), 0, id="call"),
-            pytest.param(answer(request_id="request-999"), 1, id="response"),
+            # Seed: "Request IDs must match the active request."
+            pytest.param(yielding(lambda r: al.TextDelta("request-999", "x")), 0, "request-001",
+                         id="chunk-of-another-request"),
+            pytest.param(yielding(lambda r: untyped.TextDelta(None, "x")), 0, "request-001",
+                         id="chunk-of-request-None"),
+            pytest.param(yielding(lambda r: al.ToolCallChunk("q", add_call())), 0, "request-001",
+                         id="call-chunk-of-another-request"),
+            pytest.param(answer(request_id="request-999"), 1, "request-001",
+                         id="response-to-another-request"),
+            # `in` would run the value's own __eq__, and its exception would escape the run.
+            pytest.param(answer(stop_reason=RaisingEquality()), 1, "unknown stop reason",
+                         id="stop-reason-whose-eq-raises"),
+            # A rejected value is named in the error, not copied into it.
+            pytest.param(stop_with(untyped.ThinkingBlock("t", "x" * 10**6, True)), 1,
+                         "a redacted thinking block holds its data", id="megabyte-redacted-data"),
         ],
     )  # fmt: skip
-    def test_request_ids_must_match_the_active_request(self, step: Any, chunk_events: Any) -> None:
-        """Seed: "Request IDs must match the active request." The error names the active one."""
-        play_failing(step, chunk_events, "request-001")
+    def test_the_error_says_what_was_wrong(self, step: Step, chunk_events: int, word: str) -> None:
+        play_failing(step, chunk_events, word)
 
     def test_a_stale_request_id_on_the_second_step(self) -> None:
         executed: list[str] = []
@@ -4477,7 +4484,9 @@ def made_valid_after_construction() -> al.ToolCall:
 
 class TestPlainJsonArguments:
     """Seed: "Tool arguments must be plain bounded JSON ... These checks occur before a Tool
-    effect. Contradiction or excess becomes a failed MODEL_PROTOCOL_ERROR result." """
+    effect. Contradiction or excess becomes a failed MODEL_PROTOCOL_ERROR result." Arguments
+    that are not are kept as given, and fail where they enter: the run, the start, or
+    execute_tool_call (an error result)."""
 
     @pytest.mark.parametrize("make", NOT_PLAIN_JSON)
     def test_not_plain_arguments_fail_before_any_tool(self, make: Callable[[], Any]) -> None:
@@ -4521,13 +4530,9 @@ class TestPlainJsonArguments:
         events, result, _, given = run_probe_call(arguments)
         assert_tool_received(events, result, given, received)
 
-
-class TestInvalidToolCallArguments:
-    """ToolCall's docstring: arguments that are not plain bounded JSON "are kept as given",
-    and the run fails with MODEL_PROTOCOL_ERROR before any tool runs."""
-
     def test_invalid_arguments_are_kept_as_given(self) -> None:
-        """As given, or as a plain dict when given read-only or as a mapping of another kind."""
+        """ToolCall's docstring: arguments that are not plain bounded JSON "are kept as
+        given" (read-only, or a mapping of another kind, as a plain dict)."""
         arguments = {"bad": float("inf")}
         assert al.ToolCall("c1", "t", arguments).arguments is arguments
         read_only = MappingProxyType({"bad": {1, 2}})
@@ -5393,7 +5398,8 @@ CANCELLED: tuple[al.Message, ...] = (
 
 class TestResumeAfterCancellation:
     """open_tool_calls and resolve_open_tool_calls let a cancelled run's transcript start a
-    new run (test_docs_and_demo.py resumes one; test_agent_loop_replay.py a chain of them)."""
+    new run (the resumed runs themselves: test_docs_and_demo.py resumes one,
+    test_agent_loop_replay.py a chain of them, with thinking too)."""
 
     def test_open_calls_are_in_transcript_order_across_messages(self) -> None:
         first, second, third = (echo_call(id) for id in ("call-b", "call-a", "call-c"))
@@ -5425,30 +5431,9 @@ class TestResumeAfterCancellation:
             with pytest.raises(TypeError, match="content"):
                 untyped.resolve_open_tool_calls([user()], content)
 
-    def test_a_resolved_transcript_starts_a_new_run_that_continues_the_request_ids(self) -> None:
-        resolved = al.resolve_open_tool_calls(CANCELLED, "interrupted")
-        events, result, model = run(
-            [stop("response-003", "Resumed.")], messages=resolved, request_sequence_start=2
-        )
-        assert [request.id for request in model.requests] == ["request-003"]
-        assert model.requests[0].messages == resolved
-        assert types_of(events[len(resolved) :]) == ["model.chunk", "run.finished"]
-        assert result.messages == (*resolved, assistant("response-003", text("Resumed.")))
-        assert (result.request_sequence_start, result.next_request_sequence) == (2, 3)
-
     def test_an_unresolved_transcript_cannot_start_a_new_run(self) -> None:
         """Seed: "An invalid starting transcript produces one run.finished event with a
         failed INVALID_TRANSCRIPT result and never invokes the model." """
         events, result, model = run([stop("response-003", "No.")], messages=CANCELLED)
         assert_failed(events, result, "INVALID_TRANSCRIPT", "call-slow-001")
         assert model.call_count == 0
-
-    def test_a_transcript_with_thinking_and_usage_starts_a_new_run(self) -> None:
-        """As it is, or read back from JSON text."""
-        _, first, _ = run(thinking_script(), [add_tool()])
-        saved = json.dumps([message.to_dict() for message in first.messages])
-        for start in (first.messages, [al.message_from_dict(m) for m in json.loads(saved)]):
-            messages = [*start, user("And 1 and 2?", "user-002")]
-            _, result, model = run([stop("response-003", "3.")], messages=messages)
-            assert model.requests[0].messages == (*first.messages, messages[-1])
-            assert result.usage == al.Usage()  # its one response had no usage
