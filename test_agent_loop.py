@@ -3555,6 +3555,64 @@ class RaisingHash(str):
 
 
 @pytest.mark.hostile
+class TestModelStreamCleanup:
+    """A model stream whose cleanup raises, or that ignores GeneratorExit, when the loop
+    closes it: the run still ends with exactly one run.finished, for its first cause."""
+
+    @staticmethod
+    def _endless(how: str, pulled: list[int]) -> Step:
+        def step(
+            model: FakeModel, request: al.ModelRequest, signal: Any
+        ) -> Generator[object, None, object]:
+            ignored = False
+            try:
+                while True:
+                    try:
+                        pulled.append(1)
+                        yield al.TextDelta(request.id, "x")
+                    except GeneratorExit:
+                        if how != "ignores-exit" or ignored:
+                            raise
+                        ignored = True  # keeps going once: close() raises RuntimeError
+            finally:
+                model.finalized.append(request.id)
+                if how == "cleanup-raises":
+                    raise OSError("cleanup failed")
+
+        return step
+
+    @pytest.mark.parametrize("how", ["well-behaved", "cleanup-raises", "ignores-exit"])
+    def test_endless_stream_is_stopped_by_the_chunk_limit(self, how: str) -> None:
+        """Seed: "The loop caps one step at 1024 chunks", however the stream behaves closed."""
+        pulled: list[int] = []
+        model = FakeModel(self._endless(how, pulled))
+        events, result, _ = run(model)
+        assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "1024")
+        assert types_of(events).count("model.chunk") == al.MAX_STEP_CHUNKS
+        # One pull over the cap (and one more by the stream that ignores its closing).
+        assert len(pulled) == al.MAX_STEP_CHUNKS + 1 + (how == "ignores-exit")
+        assert model.finalized == ["request-001"]
+        assert result.messages == (user(),)
+
+    @pytest.mark.parametrize("how", ["cleanup-raises", "ignores-exit"])
+    @pytest.mark.parametrize("by", ["signal", "consumer-close"])
+    def test_a_run_stopped_mid_stream_does_not_raise(self, how: str, by: str) -> None:
+        """Cancelled, the run ends cancelled; closed by its consumer, close() returns."""
+        model = FakeModel(self._endless(how, []))
+        signal = threading.Event()
+        run_ = start_run(model, signal=signal)
+        events = until(run_, "model.chunk", 3)
+        if by == "consumer-close":
+            run_.close()
+        else:
+            signal.set()
+            more, result = al.settle_run(run_)
+            check_run(events + more, result, model, max_steps=4, start=[user()])
+            assert result.status == "cancelled"
+            assert result.messages == (user(),)
+        assert model.finalized[:1] == ["request-001"]
+
+
 def streamed(content: Sequence[Any], chunks: Sequence[Any]) -> al.ScriptedResponse:
     """A toolCall step whose stream (``chunks``) may differ from its response (``content``)."""
     return al.scripted_response("r", content, "toolCall", chunks=chunks)
@@ -3717,65 +3775,6 @@ class TestMalformedModelOutput:
         finally:
             tracemalloc.stop()
         assert peak < 1_000_000
-
-
-@pytest.mark.hostile
-class TestModelStreamCleanup:
-    """A model stream whose cleanup raises, or that ignores GeneratorExit, when the loop
-    closes it: the run still ends with exactly one run.finished, for its first cause."""
-
-    @staticmethod
-    def _endless(how: str, pulled: list[int]) -> Step:
-        def step(
-            model: FakeModel, request: al.ModelRequest, signal: Any
-        ) -> Generator[object, None, object]:
-            ignored = False
-            try:
-                while True:
-                    try:
-                        pulled.append(1)
-                        yield al.TextDelta(request.id, "x")
-                    except GeneratorExit:
-                        if how != "ignores-exit" or ignored:
-                            raise
-                        ignored = True  # keeps going once: close() raises RuntimeError
-            finally:
-                model.finalized.append(request.id)
-                if how == "cleanup-raises":
-                    raise OSError("cleanup failed")
-
-        return step
-
-    @pytest.mark.parametrize("how", ["well-behaved", "cleanup-raises", "ignores-exit"])
-    def test_endless_stream_is_stopped_by_the_chunk_limit(self, how: str) -> None:
-        """Seed: "The loop caps one step at 1024 chunks", however the stream behaves closed."""
-        pulled: list[int] = []
-        model = FakeModel(self._endless(how, pulled))
-        events, result, _ = run(model)
-        assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "1024")
-        assert types_of(events).count("model.chunk") == al.MAX_STEP_CHUNKS
-        # One pull over the cap (and one more by the stream that ignores its closing).
-        assert len(pulled) == al.MAX_STEP_CHUNKS + 1 + (how == "ignores-exit")
-        assert model.finalized == ["request-001"]
-        assert result.messages == (user(),)
-
-    @pytest.mark.parametrize("how", ["cleanup-raises", "ignores-exit"])
-    @pytest.mark.parametrize("by", ["signal", "consumer-close"])
-    def test_a_run_stopped_mid_stream_does_not_raise(self, how: str, by: str) -> None:
-        """Cancelled, the run ends cancelled; closed by its consumer, close() returns."""
-        model = FakeModel(self._endless(how, []))
-        signal = threading.Event()
-        run_ = start_run(model, signal=signal)
-        events = until(run_, "model.chunk", 3)
-        if by == "consumer-close":
-            run_.close()
-        else:
-            signal.set()
-            more, result = al.settle_run(run_)
-            check_run(events + more, result, model, max_steps=4, start=[user()])
-            assert result.status == "cancelled"
-            assert result.messages == (user(),)
-        assert model.finalized[:1] == ["request-001"]
 
 
 # --- Tools -------------------------------------------------------------------------------
@@ -4014,11 +4013,7 @@ class TestToolSchemas:
         received: list[dict[str, Any]] = []
         registry = al.ToolRegistry([probe_tool(received, parameters)])
         result = al.execute_tool_call(registry, call("probe", "c1", arguments), threading.Event())
-        assert (result.id, result.tool_call_id, result.tool_name) == (
-            "tool-result-c1",
-            "c1",
-            "probe",
-        )
+        assert (result.id, result.tool_call_id) == ("tool-result-c1", "c1")
         if rejected is None:
             assert (result.content, result.is_error) == ("ok", False)
             assert len(received) == 1
@@ -4165,10 +4160,7 @@ class TestToolFromFunction:
 
     def test_a_function_becomes_a_tool_named_and_described_by_it(self) -> None:
         tool = al.Tool.from_function(add)
-        assert (tool.name, tool.description) == (
-            "add",
-            "Adds two numbers.\n\nBoth may be integers.",
-        )
+        assert tool.description == "Adds two numbers.\n\nBoth may be integers."
         assert tool.spec().to_dict()["parameters"] == NUMBERS
         assert al.Tool.from_function(undocumented).description == ""
         plus = al.Tool.from_function(add, name="plus", description="Sums.")
@@ -4195,10 +4187,8 @@ class TestToolFromFunction:
     ) -> None:
         tool = al.Tool.from_function(function)
         _, result, _ = run(one_call(tool.name, arguments), tools=[tool])
-        assert (only_tool_result(result).content, only_tool_result(result).is_error) == (
-            content,
-            is_error,
-        )
+        tool_result = only_tool_result(result)
+        assert (tool_result.content, tool_result.is_error) == (content, is_error)
 
     def test_defaults_keyword_only_and_signal(self) -> None:
         """signal gets the run's signal and is not in the schema; defaults are not required."""
@@ -4258,9 +4248,7 @@ class TestToolRegistry:
         assert (registry.get("alpha"), registry.get("two")) == (tools[1], None)
         assert ("zeta" in registry, "two" in registry, 1 in registry) == (True, False, False)
         assert registry.specs() == tuple(tool.spec() for tool in tools)
-        assert al.ToolRegistry([add_tool()]).specs() == (
-            al.ToolSpec("add", "Adds two numbers.", NUMBERS),
-        )
+        assert add_tool().spec() == al.ToolSpec("add", "Adds two numbers.", NUMBERS)
 
     @pytest.mark.parametrize(
         ("item", "error", "word"),
