@@ -4035,21 +4035,26 @@ class TestToolSchemas:
             build()
         assert words in str(raised.value)
 
+    @pytest.mark.parametrize("through", ["object", "array"])
     @pytest.mark.parametrize("passes", [AT_LIMIT, OVER_LIMIT])
-    def test_schema_depth(self, passes: bool) -> None:
+    def test_schema_depth(self, passes: bool, through: str) -> None:
         """A schema nests as deep as arguments can (32 containers); one more is a ValueError."""
         schema: dict[str, Any] = {"type": "integer"}
-        for _ in range(32 if passes else 33):
-            schema = {"type": "object", "properties": {"k": schema}, "required": ["k"]}
+        for _ in range(31 if passes else 32):
+            if through == "object":
+                schema = {"type": "object", "properties": {"k": schema}, "required": ["k"]}
+            else:
+                schema = {"type": "array", "items": schema}
+        schema = {"type": "object", "properties": {"k": schema}, "required": ["k"]}
         if not passes:
             with pytest.raises(ValueError, match="32"):
                 al.Tool("probe", "A tool.", schema, ok)
             return
+        arguments = {"k": nested(31, through)}
         received: list[dict[str, Any]] = []
         registry = al.ToolRegistry([probe_tool(received, schema)])
-        tool_call = call("probe", "c1", nested(32, "object"))
-        result = al.execute_tool_call(registry, tool_call, threading.Event())
-        assert (result.content, received) == ("ok", [nested(32, "object")])
+        result = al.execute_tool_call(registry, call("probe", "c1", arguments), threading.Event())
+        assert (result.content, received) == ("ok", [arguments])
 
     def test_parameters_are_frozen(self) -> None:
         """Mutating the original dict after construction changes nothing of the tool."""
@@ -5307,38 +5312,21 @@ class TestScriptedModelFromTranscript:
     messages, with tools that behave the same, reproduces the recorded transcript exactly."""
 
     def test_each_assistant_message_becomes_a_response_in_order(self) -> None:
-        """Response id = message id without "message-"; toolCall if it holds a call, else stop."""
+        """Response id = message id without "message-" (or the whole id); toolCall when it
+        holds a call, else stop; one chunk per block; from any iterable."""
         transcript: list[al.Message] = [
             user(),
-            assistant("response-001", add_call()),
+            assistant("response-001", text("A."), add_call()),
             add_result(),
         ]
-        transcript += [
-            assistant("response-002", text("42.")),
-            user(),
-            al.AssistantMessage("a3", ()),
-        ]
-        model = al.ScriptedModel.from_transcript(iter(transcript))
-        expected = [
-            al.ModelResponse("response-001", "request-001", (add_call(),), "toolCall"),
-            al.ModelResponse("response-002", "request-002", (text("42."),), "stop"),
-            al.ModelResponse("a3", "request-003", (), "stop"),
-        ]  # fmt: skip
-        for response in expected:
-            stream = model.stream(al.ModelRequest(response.request_id, (), ()), threading.Event())
-            chunks: list[al.ModelChunk] = []
-            while True:
-                try:
-                    chunks.append(next(stream))
-                except StopIteration as done:
-                    returned = done.value
-                    break
-            assert returned == response
-            assert [chunk.request_id for chunk in chunks] == [response.request_id] * len(
-                response.content
-            )
+        model = al.ScriptedModel.from_transcript(
+            iter([*transcript, al.AssistantMessage("a2", ())])
+        )
+        events, result, _ = run(model, [add_tool()])
+        assert result.messages == (*transcript, assistant("a2"))
+        assert (result.status, types_of(events).count("model.chunk")) == ("completed", 2)
         with pytest.raises(RuntimeError):  # a request after the last response has none left
-            model.stream(al.ModelRequest("request-004", (), ()), threading.Event())
+            model.stream(al.ModelRequest("request-003", (), ()), threading.Event())
 
     def test_replay_reproduces_the_transcript_and_the_events(self) -> None:
         events, result, recorder = recorded_run()
