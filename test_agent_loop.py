@@ -4992,7 +4992,9 @@ RUNS_OF_EVERY_STATUS: dict[str, Callable[[], tuple[list[al.Event], al.RunResult,
 
 
 class TestRoundTrips:
-    """message_from_dict(m.to_dict()) == m and event_from_dict(e.to_dict()) == e."""
+    """message_from_dict(m.to_dict()) == m and event_from_dict(e.to_dict()) == e, through
+    JSON text too; equality is strict JSON (TestToolCallIsFrozen), so every JSON kind of
+    EXTRA_ARGUMENTS (1.0 and 1, true, null, [] and {}) survives the trip."""
 
     @pytest.mark.parametrize(
         "message",
@@ -5018,22 +5020,6 @@ class TestRoundTrips:
             again = al.message_from_dict(data)
             assert (again, type(again)) == (message, type(message))
             assert again.content == message.content  # the blocks in the model's order
-
-    @pytest.mark.parametrize(
-        ("left", "right"),
-        [
-            pytest.param({"n": 1}, {"n": 1.0}, id="int-is-not-float"),
-            pytest.param({"n": True}, {"n": 1}, id="bool-is-not-int"),
-            pytest.param({"n": None}, {"n": False}, id="null-is-not-false"),
-            pytest.param({"n": []}, {"n": {}}, id="array-is-not-object"),
-        ],
-    )
-    def test_json_kinds_survive_json_text(self, left: Any, right: Any) -> None:
-        """The copy equals its original and still differs from a look-alike of another kind."""
-        original = assistant("r", call("echo", "call-1", left))
-        copy = al.message_from_dict(through_json(original.to_dict()))
-        assert copy == original
-        assert copy != assistant("r", call("echo", "call-1", right))
 
     @pytest.mark.parametrize("make", RUNS_OF_EVERY_STATUS.values(), ids=list(RUNS_OF_EVERY_STATUS))
     def test_every_event_of_a_run_survives_json_text_exactly(
