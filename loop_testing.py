@@ -1,7 +1,8 @@
 """Tests only (not collected by pytest, not installed): what the agent_loop test files share.
 
-test_agent_loop.py, test_agent_loop_replay.py and test_docs_and_demo.py import their
-builders, their one fake model, their one driver and its checker from here:
+The core's tests (test_agent_loop.py, test_agent_loop_tools_and_ir.py,
+test_agent_loop_replay.py, test_docs_and_demo.py) import their builders, their one fake
+model, their one driver and its checker from here:
 
 - builders in the seed's vocabulary: user(), call(), add_tool(), echo_tool(), stop(),
   tool_turn(), ... and the tables of JSON that is not plain (NOT_PLAIN_JSON);
