@@ -631,7 +631,7 @@ def _checked_block(block: object) -> Union[TextBlock, ThinkingBlock, ToolCall]:
     if type(block) is not ToolCall:
         hint = ": wrap text in TextBlock(...)" if isinstance(block, str) else ""
         raise _Problem(
-            f"a {type(block).__name__} is not a TextBlock, ThinkingBlock or ToolCall{hint}"
+            f"{_a(type(block).__name__)} is not a TextBlock, ThinkingBlock or ToolCall{hint}"
         )
     if not _is_id(block.id):
         raise _Problem(f"a tool call's id must be a non-empty str, got {block.id!r}")
@@ -667,6 +667,11 @@ _QUOTE: Final = reprlib.Repr()
 # A rejected value is quoted in the run's error, which a log keeps: long enough to be
 # recognised (a dataclass's repr, a provider's id), never a megabyte.
 _QUOTE.maxstring = _QUOTE.maxother = 160
+
+
+def _a(noun: str) -> str:
+    """The noun with its indefinite article, for an error message: "an int", "a str"."""
+    return ("an " if noun[:1].lower() in ("a", "e", "i", "o") else "a ") + noun  # "a user"
 
 
 def _quoted(value: object) -> str:
@@ -705,7 +710,7 @@ def _checked_message(message: object) -> Message:
             raise _Problem(_wrong_field(message, "is_error"))
     else:
         hint = " (read a dict with message_from_dict())" if isinstance(message, dict) else ""
-        raise _Problem(f"a {type(message).__name__} is not a message{hint}")
+        raise _Problem(f"{_a(type(message).__name__)} is not a message{hint}")
     if not _is_id(message.id):
         raise _Problem(_wrong_field(message, "id"))
     return message
@@ -725,7 +730,7 @@ _FIELD_TYPES: Final = {
 def _wrong_field(message: Message, name: str) -> str:
     """Says which field of a message has the wrong type: expected and given."""
     value = getattr(message, name)
-    where = f"a {message.role} message" if name == "id" else f"message {message.id!r}"
+    where = f"{_a(message.role)} message" if name == "id" else f"message {message.id!r}"
     given = f"{_quoted(value)} ({type(value).__name__})"
     return f"{where}: field {name!r} must be {_FIELD_TYPES[name]}, got {given}"
 
@@ -1719,7 +1724,7 @@ def _frozen_json(value: object, depth: int, budget: _ArgumentBudget) -> JSON:
         or type(value) is list
         or type(value) is tuple
     ):
-        raise _Problem(f"arguments hold a {type(value).__name__}, which is not plain JSON")
+        raise _Problem(f"arguments hold {_a(type(value).__name__)}, which is not plain JSON")
     # Seed: "depth 32". Checked before descending, so depth 100,000 costs 33 frames.
     if depth == MAX_ARGUMENT_DEPTH:
         raise _Problem(f"arguments nest containers deeper than {MAX_ARGUMENT_DEPTH}")
@@ -1735,7 +1740,7 @@ def _frozen_json(value: object, depth: int, budget: _ArgumentBudget) -> JSON:
     frozen: Dict[str, JSON] = {}
     for key, item in value.items():
         if type(key) is not str:
-            raise _Problem(f"arguments hold a {type(key).__name__} key, not a string")
+            raise _Problem(f"arguments hold {_a(type(key).__name__)} key, not a string")
         budget.spend_text(key)
         frozen[key] = _frozen_json(item, depth + 1, budget)
     return MappingProxyType(frozen)

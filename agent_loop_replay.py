@@ -88,7 +88,8 @@ def replay(events: Iterable[al.Event]) -> ReplayedRun:
     log = tuple(events)
     for position, event in enumerate(log):
         if type(event) is not al.Event:
-            raise TypeError(f"replay() takes Events, got a {type(event).__name__} at {position}")
+            kind = type(event).__name__
+            raise TypeError(f"replay() takes Events, got {kind} at position {position}")
         if event.sequence != position:
             raise ValueError(
                 f"the event at position {position} has sequence {event.sequence}: a run's "

@@ -1755,6 +1755,7 @@ RESULT: Any = al.ToolResultMessage("t", "c", "n", "x", False)
 # type, the field, the type expected and the value given.
 INVALID_STARTS = [
     pytest.param([user(), "Add 20 and 22."], ["a str is not a message"], id="non-message-item"),
+    pytest.param([user(), 5], ["an int is not a message"], id="an-int-item"),
     pytest.param([user(), user().to_dict()],
                  ["a dict is not a message (read a dict with message_from_dict())"],
                  id="message-dict-is-pointed-at-message-from-dict"),
@@ -1795,7 +1796,7 @@ INVALID_STARTS = [
     pytest.param([untyped.UserMessage("u", 5)],
                  ["message 'u': field 'content' must be a str, got 5 (int)"], id="u-content"),
     pytest.param([untyped.AssistantMessage(None, ())],
-                 ["assistant message: field 'id' must be a non-empty str, got None (NoneType)"],
+                 ["an assistant message: field 'id' must be a non-empty str, got None (NoneType)"],
                  id="a-id"),
     pytest.param([untyped.AssistantMessage("a1", ["hi"])],
                  ["message 'a1': a str is not a TextBlock, ThinkingBlock or ToolCall: wrap text "

@@ -617,7 +617,7 @@ class TestReplayRejectsLogsOfNoSingleRun:
             alr.replay([al.event_from_dict(data) for data in log])
 
     def test_an_item_that_is_not_an_event_is_a_type_error(self) -> None:
-        with pytest.raises(TypeError, match="replay\\(\\) takes Events, got a dict at 0"):
+        with pytest.raises(TypeError, match="replay\\(\\) takes Events, got dict at position 0"):
             alr.replay([recording()[0]])  # type: ignore[list-item]
 
     @pytest.mark.parametrize("how", ["dropped", "doubled"])

@@ -852,6 +852,10 @@ class TestPlainJsonArguments:
         [
             pytest.param(lambda: untyped.ToolCall("c1", "t", MappingProxyType({"bad": {1, 2}})),
                          "arguments hold a set, which is not plain JSON", id="read-only-set"),
+            pytest.param(lambda: untyped.ToolCall("c1", "t", {"bad": object()}),
+                         "arguments hold an object, which is not plain JSON", id="an-object"),
+            pytest.param(lambda: untyped.ToolCall("c1", "t", {1: "one"}),
+                         "arguments hold an int key, not a string", id="an-int-key"),
             pytest.param(made_valid_after_construction,
                          "arguments were not plain bounded JSON when the call was built",
                          id="made-valid-after-construction"),
