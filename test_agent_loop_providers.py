@@ -46,7 +46,6 @@ from typing import (
     Optional,
     Sequence,
     Tuple,
-    Union,
     cast,
 )
 
@@ -54,9 +53,47 @@ import pytest
 
 import agent_loop as al
 import agent_loop_providers as providers
-from loop_testing import free_port
+from loop_testing import (
+    DONE,
+    MESSAGE_START,
+    OPENAI_REASONING_STREAM,
+    OPENAI_TEXT_STREAM,
+    OPENAI_TOOL_STREAM,
+    PROVIDERS,
+    REASONING_USAGE,
+    REPOSITORY,
+    REQUEST_HISTORY,
+    SPECS,
+    AnswerItem,
+    Attempt,
+    Canned,
+    answer_parts,
+    anthropic_delta,
+    anthropic_end,
+    anthropic_event,
+    anthropic_sent_result,
+    anthropic_start,
+    anthropic_stop,
+    anthropic_text,
+    anthropic_thinking,
+    anthropic_tool,
+    assert_stream_error,
+    canned,
+    canned_anthropic,
+    canned_openai,
+    chunk_texts,
+    free_port,
+    in_pieces,
+    openai_call,
+    openai_chunk,
+    openai_sent_call,
+    posted,
+    request,
+    settle_prompt,
+    sse,
+    stream,
+)
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
 _WATCHER = "agent_loop_providers watch"
 _BOUND = 10.0
 """Seconds any wait in a test may last at most: nothing hangs."""
@@ -223,87 +260,6 @@ def _watchers_end() -> bool:
 # --- Builders -----------------------------------------------------------------------
 
 
-def openai_chunk(delta: Optional[Dict[str, Any]] = None, finish: Optional[str] = None) -> bytes:
-    choice = {"index": 0, "delta": delta or {}, "logprobs": None, "finish_reason": finish}
-    data = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [choice]}
-    return b"data: " + json.dumps(data).encode() + b"\n\n"
-
-
-def openai_call(index: int, id: Optional[str], name: Optional[str], arguments: str) -> bytes:
-    fragment: Dict[str, Any] = {"index": index, "function": {"arguments": arguments}}
-    if id is not None:
-        fragment["id"] = id
-        fragment["type"] = "function"
-    if name is not None:
-        fragment["function"]["name"] = name
-    return openai_chunk({"tool_calls": [fragment]})
-
-
-DONE = b"data: [DONE]\n\n"
-
-
-def anthropic_event(type: str, **fields: Any) -> bytes:
-    return f"event: {type}\ndata: {json.dumps({'type': type, **fields})}\n\n".encode()
-
-
-def anthropic_start(index: Any, block: Any) -> bytes:
-    return anthropic_event("content_block_start", index=index, content_block=block)
-
-
-def anthropic_delta(index: int, **delta: Any) -> bytes:
-    return anthropic_event("content_block_delta", index=index, delta=delta)
-
-
-def anthropic_stop(index: int) -> bytes:
-    return anthropic_event("content_block_stop", index=index)
-
-
-def anthropic_text(index: int, *pieces: str) -> List[bytes]:
-    block = {"type": "text", "text": ""}
-    return [
-        anthropic_start(index, block),
-        *[anthropic_delta(index, type="text_delta", text=piece) for piece in pieces],
-        anthropic_stop(index),
-    ]
-
-
-def anthropic_tool(index: int, id: str, name: str, *fragments: str) -> List[bytes]:
-    block = {"type": "tool_use", "id": id, "name": name, "input": {}}
-    return [
-        anthropic_start(index, block),
-        *[
-            anthropic_delta(index, type="input_json_delta", partial_json=fragment)
-            for fragment in fragments
-        ],
-        anthropic_stop(index),
-    ]
-
-
-MESSAGE_START = anthropic_event(
-    "message_start", message={"id": "msg_1", "type": "message", "role": "assistant", "content": []}
-)
-
-
-def anthropic_end(stop_reason: Optional[str] = "end_turn", usage: Any = None) -> List[bytes]:
-    return [
-        anthropic_event("message_delta", delta={"stop_reason": stop_reason}, usage=usage or {}),
-        anthropic_event("message_stop"),
-    ]
-
-
-def anthropic_thinking(index: int, *pieces: str, signature: Optional[str] = "sig") -> List[bytes]:
-    """A thinking block: its deltas, then its signature_delta (None: none), then its stop."""
-    block = {"type": "thinking", "thinking": "", "signature": ""}
-    parts = [
-        anthropic_start(index, block),
-        *[anthropic_delta(index, type="thinking_delta", thinking=piece) for piece in pieces],
-    ]
-    if signature is not None:
-        delta = {"type": "signature_delta", "signature": signature}
-        parts.append(anthropic_event("content_block_delta", index=index, delta=delta))
-    return [*parts, anthropic_stop(index)]
-
-
 def anthropic_redacted(index: int, data: str) -> List[bytes]:
     """A redacted_thinking block: whole in its start, no delta."""
     block = {"type": "redacted_thinking", "data": data}
@@ -319,25 +275,9 @@ def openai_usage(usage: Any) -> bytes:
     return b"data: " + json.dumps(data).encode() + b"\n\n"
 
 
-def sse(data: Any, event: Optional[str] = None) -> bytes:
-    """One server-sent event of JSON data, with its event line if given."""
-    head = b"" if event is None else b"event: " + event.encode() + b"\n"
-    return head + b"data: " + json.dumps(data).encode() + b"\n\n"
-
-
-def openai_sent_call(id: str, name: str, arguments: str) -> Dict[str, Any]:
-    """A tool call as the OpenAI adapter sends it back."""
-    return {"id": id, "type": "function", "function": {"name": name, "arguments": arguments}}
-
-
 def anthropic_sent_use(id: str, name: str, arguments: Dict[str, Any]) -> Dict[str, Any]:
     """A tool call as the Anthropic adapter sends it back."""
     return {"type": "tool_use", "id": id, "name": name, "input": arguments}
-
-
-def anthropic_sent_result(id: str, content: str, is_error: bool) -> Dict[str, Any]:
-    """A tool result as the Anthropic adapter sends it."""
-    return {"type": "tool_result", "tool_use_id": id, "content": content, "is_error": is_error}
 
 
 def new_answer(provider: str, accept_truncated: bool = False) -> providers._Answer:
@@ -347,7 +287,6 @@ def new_answer(provider: str, accept_truncated: bool = False) -> providers._Answ
     return providers._AnthropicAnswer(request(), accept_truncated=accept_truncated)
 
 
-_PROVIDERS = pytest.mark.parametrize("provider", ["openai", "anthropic"])
 MODEL_CLASSES = {
     "openai": providers.OpenAIChatModel,
     "anthropic": providers.AnthropicMessagesModel,
@@ -356,102 +295,13 @@ ADD = {"left": 1, "right": 2}
 TOKEN_LIMIT = {"openai": "length", "anthropic": "max_tokens"}
 """The finish (OpenAI) or stop (Anthropic) reason of an answer cut by the token limit."""
 
-_Item = Union[str, al.ThinkingBlock, Tuple[str, str, Dict[str, Any]]]
-"""One piece of a scripted answer: a text delta, a thinking delta (a ThinkingBlock of its
-text), or a tool call (id, name, arguments)."""
 
-
-def answer_parts(provider: str, items: Sequence[_Item], end: Optional[str] = None) -> List[bytes]:
-    """The provider's event stream for items, one event per delta, with its end.
-
-    Anthropic: each run of text or of thinking is one block (a thinking block's signature
-    is ``sig-<index>``). ``end`` is the finish (OpenAI) or stop (Anthropic) reason; None:
-    the usual one.
-    """
-    parts: List[bytes] = []
-    if provider == "openai":
-        calls = 0
-        for item in items:
-            if isinstance(item, str):
-                parts.append(openai_chunk({"content": item}))
-            elif isinstance(item, al.ThinkingBlock):
-                parts.append(openai_chunk({"reasoning_content": item.thinking}))
-            else:
-                parts.append(openai_call(calls, item[0], item[1], json.dumps(item[2])))
-                calls += 1
-        return [*parts, openai_chunk({}, end or "stop"), DONE]
-    parts.append(MESSAGE_START)
-    index = 0
-    open_block: Optional[str] = None  # the type of the block being streamed
-    for item in items:
-        kind = "text" if isinstance(item, str) else "thinking"
-        if open_block is not None and (isinstance(item, tuple) or kind != open_block):
-            parts.extend(anthropic_block_end(index, open_block))
-            index += 1
-            open_block = None
-        if isinstance(item, tuple):
-            parts.extend(anthropic_tool(index, item[0], item[1], json.dumps(item[2])))
-            index += 1
-            continue
-        if open_block is None:
-            parts.append((anthropic_text if kind == "text" else anthropic_thinking)(index)[0])
-            open_block = kind
-        if isinstance(item, str):
-            delta = {"type": "text_delta", "text": item}
-        else:
-            delta = {"type": "thinking_delta", "thinking": item.thinking}
-        parts.append(anthropic_event("content_block_delta", index=index, delta=delta))
-    if open_block is not None:
-        parts.extend(anthropic_block_end(index, open_block))
-    return [*parts, *anthropic_end(end or "end_turn")]
-
-
-def anthropic_block_end(index: int, kind: str) -> List[bytes]:
-    """The end of a text or thinking block: a thinking block's signature, then its stop."""
-    stop = anthropic_stop(index)
-    if kind == "text":
-        return [stop]
-    delta = {"type": "signature_delta", "signature": f"sig-{index}"}
-    return [anthropic_event("content_block_delta", index=index, delta=delta), stop]
-
-
-def in_pieces(data: bytes, size: int = 7) -> List[bytes]:
-    """data cut every size bytes: events, lines and characters split anywhere."""
-    return [data[start : start + size] for start in range(0, len(data), size)]
-
-
-def canned_model(provider: str, *attempts: _Attempt, **arguments: Any) -> al.Model:
+def canned_model(provider: str, *attempts: Attempt, **arguments: Any) -> al.Model:
     if provider == "openai":
         return canned_openai(*attempts, **arguments)
     return canned_anthropic(*attempts, **arguments)
 
 
-# Byte-exact recordings, in the shape the providers send them.
-OPENAI_TEXT_STREAM = (
-    b'data: {"id":"chatcmpl-9","object":"chat.completion.chunk","created":1,"model":"m",'
-    b'"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n'
-    b'data: {"id":"chatcmpl-9","object":"chat.completion.chunk","created":1,"model":"m",'
-    b'"choices":[{"index":0,"delta":{"content":"Hello"},"finish_reason":null}]}\n\n'
-    b'data: {"id":"chatcmpl-9","object":"chat.completion.chunk","created":1,"model":"m",'
-    b'"choices":[{"index":0,"delta":{"content":", world"},"finish_reason":null}]}\n\n'
-    b'data: {"id":"chatcmpl-9","object":"chat.completion.chunk","created":1,"model":"m",'
-    b'"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
-    b"data: [DONE]\n\n"
-)
-OPENAI_TOOL_STREAM = (
-    b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":null,"tool_calls":'
-    b'[{"index":0,"id":"call_A","type":"function","function":{"name":"add","arguments":""}}]},'
-    b'"finish_reason":null}]}\n\n'
-    b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":'
-    b'{"arguments":"{\\"left\\": 2, "}}]},"finish_reason":null}]}\n\n'
-    b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":'
-    b'{"arguments":"\\"right\\": 3}"}}]},"finish_reason":null}]}\n\n'
-    b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"call_B",'
-    b'"type":"function","function":{"name":"weather","arguments":"{\\"city\\":\\"Oslo\\"}"}}]},'
-    b'"finish_reason":null}]}\n\n'
-    b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}\n\n'
-    b"data: [DONE]\n\n"
-)
 ANTHROPIC_STREAM = (
     b"event: message_start\n"
     b'data: {"type":"message_start","message":{"id":"msg_01","type":"message","role":'
@@ -535,57 +385,6 @@ ANTHROPIC_THINKING_STREAM = (
     b"event: message_stop\n"
     b'data: {"type": "message_stop"}\n\n'
 )
-# Reasoning and the usage chunk (after the finish, before [DONE]) in the shape
-# DeepSeek's API streams them: reasoning_content deltas, then content, then usage with
-# its details (prompt_tokens includes the cached tokens, completion_tokens the
-# reasoning ones).
-OPENAI_REASONING_STREAM = (
-    b'data: {"id":"d1","object":"chat.completion.chunk","created":1,"model":"deepseek-reasoner",'
-    b'"choices":[{"index":0,"delta":{"role":"assistant","content":null,"reasoning_content":'
-    b'""},"logprobs":null,"finish_reason":null}],"usage":null}\n\n'
-    b'data: {"id":"d1","object":"chat.completion.chunk","created":1,"model":"deepseek-reasoner",'
-    b'"choices":[{"index":0,"delta":{"content":null,"reasoning_content":"27 * 453: "},'
-    b'"logprobs":null,"finish_reason":null}],"usage":null}\n\n'
-    b'data: {"id":"d1","object":"chat.completion.chunk","created":1,"model":"deepseek-reasoner",'
-    b'"choices":[{"index":0,"delta":{"content":null,"reasoning_content":"10,800 + 1,431."},'
-    b'"logprobs":null,"finish_reason":null}],"usage":null}\n\n'
-    b'data: {"id":"d1","object":"chat.completion.chunk","created":1,"model":"deepseek-reasoner",'
-    b'"choices":[{"index":0,"delta":{"content":"12,231","reasoning_content":null},'
-    b'"logprobs":null,"finish_reason":null}],"usage":null}\n\n'
-    b'data: {"id":"d1","object":"chat.completion.chunk","created":1,"model":"deepseek-reasoner",'
-    b'"choices":[{"index":0,"delta":{"content":"","reasoning_content":null},'
-    b'"logprobs":null,"finish_reason":"stop"}],"usage":null}\n\n'
-    b'data: {"id":"d1","object":"chat.completion.chunk","created":1,"model":"deepseek-reasoner",'
-    b'"choices":[],"usage":{"prompt_tokens":20,"completion_tokens":45,"total_tokens":65,'
-    b'"prompt_tokens_details":{"cached_tokens":16},"completion_tokens_details":'
-    b'{"reasoning_tokens":41},"prompt_cache_hit_tokens":16,"prompt_cache_miss_tokens":4}}\n\n'
-    b"data: [DONE]\n\n"
-)
-
-
-REASONING_USAGE = al.Usage(4, 45, cache_read_tokens=16, reasoning_tokens=41)
-"""What OPENAI_REASONING_STREAM's usage chunk says."""
-
-
-def request(
-    messages: Sequence[al.Message] = (), tools: Sequence[al.ToolSpec] = (), id: str = "request-001"
-) -> al.ModelRequest:
-    if not messages:
-        messages = [al.UserMessage("user-001", "Hi.")]
-    return al.ModelRequest(id, tuple(messages), tuple(tools))
-
-
-def stream(
-    model: al.Model, model_request: Optional[al.ModelRequest] = None, signal: Any = None
-) -> Tuple[List[al.ModelChunk], al.ModelResponse]:
-    """Drains one model stream by hand: its chunks and its returned response."""
-    generator = model.stream(model_request or request(), signal or threading.Event())
-    chunks: List[al.ModelChunk] = []
-    while True:
-        try:
-            chunks.append(next(generator))
-        except StopIteration as done:
-            return chunks, done.value
 
 
 def failure(
@@ -595,80 +394,6 @@ def failure(
     with pytest.raises(providers.ProviderError) as caught:
         stream(model, model_request)
     return caught.value
-
-
-class Canned:
-    """A stand-in for the exchange: scripted reads and no socket; it counts the reads.
-
-    ``open()`` raises ``failure`` if there is one; each ``read()`` returns the next part,
-    then b"" (the end of the input).
-    """
-
-    def __init__(
-        self, parts: Sequence[bytes] = (), failure: Optional[providers.ProviderError] = None
-    ) -> None:
-        self.parts = list(parts)
-        self.failure = failure
-        self.reads = 0
-        self.closed = False
-        self.body: Dict[str, Any] = {}  # the request body it was made for
-
-    def open(self) -> None:
-        if self.failure is not None:
-            raise self.failure
-
-    def read(self) -> bytes:
-        self.reads += 1
-        return self.parts.pop(0) if self.parts else b""
-
-    def close(self) -> None:
-        self.closed = True
-
-
-_Attempt = Union[Sequence[bytes], Canned, Reply]
-
-
-def canned(model: providers._StreamingModel, *attempts: _Attempt) -> List[Canned]:
-    """Makes model read canned bytes: one attempt per request or retry, in order."""
-    exchanges = [
-        attempt
-        if isinstance(attempt, Canned)
-        else Canned(attempt.parts if isinstance(attempt, Reply) else attempt)
-        for attempt in attempts
-    ]
-    queue = list(exchanges)
-
-    def exchange(url: str, headers: Dict[str, str], body: bytes, signal: Any) -> Canned:
-        made = queue.pop(0)
-        made.body = json.loads(body)
-        return made
-
-    cast(Any, model)._exchange = exchange
-    return exchanges
-
-
-def canned_openai(*attempts: _Attempt, **arguments: Any) -> providers.OpenAIChatModel:
-    arguments.setdefault("retries", 0)
-    model = providers.OpenAIChatModel("test-model", base_url="http://canned/v1", **arguments)
-    canned(model, *attempts)
-    return model
-
-
-def canned_anthropic(*attempts: _Attempt, **arguments: Any) -> providers.AnthropicMessagesModel:
-    arguments.setdefault("retries", 0)
-    model = providers.AnthropicMessagesModel("test-model", base_url="http://canned", **arguments)
-    canned(model, *attempts)
-    return model
-
-
-def posted(model: providers._StreamingModel, model_request: al.ModelRequest) -> Dict[str, Any]:
-    """What the model would post for a request: url, headers (lower-case names), body."""
-    url, headers, body = model._post(model_request)
-    return {
-        "url": url,
-        "headers": {name.lower(): value for name, value in headers.items()},
-        "body": json.loads(body),
-    }
 
 
 def parsed(
@@ -699,20 +424,6 @@ def served(provider: str, server: Server, **arguments: Any) -> providers._Stream
     return anthropic(server, **arguments)
 
 
-def settle(
-    model: al.Model, prompt: str = "What is 2 + 3?", signal: Any = None, max_steps: int = 4
-) -> Tuple[List[al.Event], al.RunResult]:
-    return al.settle_run(
-        al.run_agent_loop(
-            messages=[al.UserMessage("user-001", prompt)],
-            model=model,
-            tools=providers._command_line_tools(),
-            max_steps=max_steps,
-            signal=signal,
-        )
-    )
-
-
 def assert_protocol_error(result: al.RunResult, words: str) -> None:
     """The run failed MODEL_PROTOCOL_ERROR saying words, and added nothing."""
     assert result.status == "failed"
@@ -720,42 +431,6 @@ def assert_protocol_error(result: al.RunResult, words: str) -> None:
     assert result.error.code == "MODEL_PROTOCOL_ERROR"
     assert words in result.error.message
     assert len(result.messages) == 1
-
-
-def assert_stream_error(result: al.RunResult, *words: str) -> providers.ProviderError:
-    """The run failed MODEL_STREAM_ERROR with a ProviderError whose message says words."""
-    assert result.status == "failed"
-    assert result.error is not None
-    assert result.error.code == "MODEL_STREAM_ERROR"
-    assert result.error.message.startswith("the model's stream raised ProviderError: ")
-    for word in words:
-        assert word in result.error.message
-    assert isinstance(result.error.exception, providers.ProviderError)
-    return result.error.exception
-
-
-# A transcript with every kind of message, for the request conversions.
-HISTORY: Tuple[al.Message, ...] = (
-    al.UserMessage("user-001", "What is (2 + 3) and the weather in Oslo?"),
-    al.AssistantMessage(
-        "message-r1",
-        [
-            al.TextBlock("Let me "),
-            al.TextBlock("check."),
-            al.ToolCall("c1", "add", {"left": 2, "right": 3}),
-            al.ToolCall("c2", "weather", {"city": "Oslo"}),
-        ],
-    ),
-    al.ToolResultMessage("tool-result-c1", "c1", "add", '{"sum":5}', False),
-    al.ToolResultMessage("tool-result-c2", "c2", "weather", "no station", True),
-    al.AssistantMessage("message-r2", [al.ToolCall("c3", "add", {})]),
-    al.ToolResultMessage("tool-result-c3", "c3", "add", "missing left", True),
-    al.AssistantMessage("message-r3", [al.TextBlock("Done."), al.TextBlock("")]),
-    al.UserMessage("user-002", "Thanks."),
-    al.AssistantMessage("message-r4", []),
-    al.UserMessage("user-003", "Bye."),
-)
-SPECS = tuple(providers._command_line_tools().specs())
 
 
 # --- Public classes -----------------------------------------------------------------
@@ -932,7 +607,7 @@ class TestRequests:
         model = providers.OpenAIChatModel(
             "test-model", base_url="http://h/v1", system="Be brief.", options={"temperature": 0}
         )
-        sent = posted(model, request(HISTORY, SPECS))
+        sent = posted(model, request(REQUEST_HISTORY, SPECS))
         assert sent["url"] == "http://h/v1/chat/completions"
         assert sent["headers"]["content-type"] == "application/json"
         assert sent["headers"]["accept"] == "text/event-stream"
@@ -989,7 +664,7 @@ class TestRequests:
             options={"top_k": 5},
             thinking={"type": "enabled", "budget_tokens": 2048},
         )
-        sent = posted(model, request(HISTORY, SPECS))
+        sent = posted(model, request(REQUEST_HISTORY, SPECS))
         assert sent["url"] == "http://h/v1/messages"
         assert sent["headers"]["anthropic-version"] == "2023-06-01"
         assert sent["body"] == {
@@ -1169,9 +844,9 @@ class TestRequests:
         # The one request through a socket: path, headers and body arrive as posted.
         server.script(Reply([OPENAI_TEXT_STREAM]))
         model = openai(server, api_key="sk-x", options={"temperature": 0})
-        stream(model, request(HISTORY, SPECS))
+        stream(model, request(REQUEST_HISTORY, SPECS))
         sent = server.requests[0]
-        expected = posted(model, request(HISTORY, SPECS))
+        expected = posted(model, request(REQUEST_HISTORY, SPECS))
         assert sent["path"] == "/v1/chat/completions"
         assert sent["body"] == expected["body"]
         for name, value in expected["headers"].items():
@@ -1197,7 +872,7 @@ class TestOptions:
             [openai_call(0, "c1", "add", '{"left": 2, "right": 3}'), DONE],
             [openai_chunk({"content": "5"}), DONE],
         )
-        _, result = settle(model)
+        _, result = settle_prompt(model)
         bodies = [exchange.body for exchange in exchanges]
         assert result.status == "completed", result.error
         assert seen == ["request-001", "request-002"]
@@ -1225,7 +900,7 @@ class TestOptions:
         self, returned: Any, error: type, words: str
     ) -> None:
         model = canned_openai([OPENAI_TEXT_STREAM], options=lambda model_request: returned)
-        _, result = settle(model)
+        _, result = settle_prompt(model)
         assert result.status == "failed"
         assert result.error is not None
         assert result.error.code == "MODEL_STREAM_ERROR"
@@ -1272,7 +947,7 @@ class TestOpenAIStreaming:
         assert exchange.closed
 
     def test_text_tools_and_text_keep_their_order(self) -> None:
-        items: List[_Item] = ["First ", "the sum.", ("a", "add", ADD), "Then more."]
+        items: List[AnswerItem] = ["First ", "the sum.", ("a", "add", ADD), "Then more."]
         chunks, response = stream(canned_openai(answer_parts("openai", items)))
         kinds = [al.TextDelta, al.TextDelta, al.ToolCallChunk, al.TextDelta]
         assert [type(chunk) for chunk in chunks] == kinds
@@ -1397,7 +1072,7 @@ class TestThinking:
     def test_anthropics_documented_extended_thinking_stream_split_anywhere(self) -> None:
         parts = in_pieces(ANTHROPIC_THINKING_STREAM)
         assert parsed(new_answer("anthropic"), *parts)[1].stop_reason == "stop"
-        events, result = settle(canned_anthropic(parts), "What is 27 * 453?")
+        events, result = settle_prompt(canned_anthropic(parts), "What is 27 * 453?")
         assert result.status == "completed", result.error
         assert result.final_text == "27 * 453 = 12,231"  # thinking is not the answer
         assert [event.payload["chunk"] for event in events if event.type == "model.chunk"] == [
@@ -1415,7 +1090,7 @@ class TestThinking:
         assert result.usage == al.Usage()  # a sum with an unknown part is unknown
 
     def test_the_readmes_tool_turn_with_thinking_is_what_is_sent(self) -> None:
-        with open(os.path.join(_HERE, "README.md"), encoding="utf-8") as file:
+        with open(REPOSITORY / "README.md", encoding="utf-8") as file:
             readme = file.read()
         (shown,) = re.findall(r"^  ```json\n(.*?)^  ```$", readme, flags=re.M | re.S)
         thought = al.ThinkingBlock("The user wants 2 + 3: the add tool does it.", SIGNATURE)
@@ -1686,7 +1361,7 @@ class TestIds:
             answer_parts("openai", [("call_0", "add", {"left": 3, "right": 3})]),
             answer_parts("openai", ["9"]),
         )
-        _, result = settle(model)
+        _, result = settle_prompt(model)
         assert result.status == "completed", result.error
         calls = [call for message in result.messages for call in al.open_tool_calls([message])]
         assert [call.id for call in calls] == ["call_0", "response-002-call-1"]
@@ -1737,9 +1412,9 @@ class TestIds:
         model = canned_openai(
             answer_parts("openai", [("call_0", "add", ADD)]), answer_parts("openai", ["5"])
         )
-        _, recorded = settle(model)
+        _, recorded = settle_prompt(model)
         added = [turn for turn in recorded.messages if isinstance(turn, al.AssistantMessage)]
-        _, replayed = settle(al.ScriptedModel.from_transcript(added))
+        _, replayed = settle_prompt(al.ScriptedModel.from_transcript(added))
         assert replayed.messages == recorded.messages
 
 
@@ -1996,9 +1671,9 @@ class TestIncompleteAnswers:
         assert words in str(caught.value)
         assert (caught.value.status, caught.value.retry_after) == (None, None)
 
-    @_PROVIDERS
+    @PROVIDERS
     def test_a_broken_answer_fails_the_run_and_adds_nothing(self, provider: str) -> None:
-        events, result = settle(canned_model(provider, answer_parts(provider, ["Hi"])[:-2]))
+        events, result = settle_prompt(canned_model(provider, answer_parts(provider, ["Hi"])[:-2]))
         error = assert_stream_error(result, "ended before", "the answer is incomplete")
         assert (error.status, error.retry_after) == (None, None)
         assert result.messages == (al.UserMessage("user-001", "What is 2 + 3?"),)
@@ -2008,7 +1683,7 @@ class TestIncompleteAnswers:
             "run.finished",
         ]
 
-    @_PROVIDERS
+    @PROVIDERS
     def test_no_response_without_the_end_marker(self, provider: str) -> None:
         with pytest.raises(providers.ProviderError, match="the answer is incomplete"):
             new_answer(provider).response()
@@ -2042,12 +1717,6 @@ def one_character_events(count: int) -> List[str]:
     return [alphabet[number % len(alphabet)] for number in range(count)]
 
 
-def chunk_texts(events: Sequence[al.Event]) -> List[Union[str, al.ToolCall]]:
-    """What the step streamed: each chunk's text, or its tool call."""
-    chunks = [event.payload["chunk"] for event in events if event.type == "model.chunk"]
-    return [chunk.text if isinstance(chunk, al.TextDelta) else chunk.tool_call for chunk in chunks]
-
-
 def chunk_sizes(events: Sequence[al.Event], request_id: str = "request-001") -> List[str]:
     """What a step streamed, chunk by chunk: "text:<size>", "thinking:<size>" or "call"."""
     sizes = []
@@ -2064,7 +1733,7 @@ def chunk_sizes(events: Sequence[al.Event], request_id: str = "request-001") -> 
     return sizes
 
 
-def thinking_events(count: int) -> List[_Item]:
+def thinking_events(count: int) -> List[AnswerItem]:
     """count thinking deltas of one code point each."""
     return [al.ThinkingBlock(character) for character in one_character_events(count)]
 
@@ -2082,12 +1751,12 @@ class TestLongAnswers:
     """
 
     def settle_items(
-        self, provider: str, items: Sequence[_Item], *more: _Attempt
+        self, provider: str, items: Sequence[AnswerItem], *more: Attempt
     ) -> Tuple[List[al.Event], al.RunResult]:
         model = canned_model(provider, in_reads(answer_parts(provider, items)), *more)
-        return settle(model, max_steps=2)
+        return settle_prompt(model, max_steps=2)
 
-    @_PROVIDERS
+    @PROVIDERS
     @pytest.mark.parametrize("count", [512, 1024])
     def test_one_token_deltas_stream_delta_by_delta_while_half_the_budget_is_left(
         self, provider: str, count: int
@@ -2104,7 +1773,7 @@ class TestLongAnswers:
                 assert len(text) >= 2 << ((number - 512) // 32)
             assert len(texts) < 1024
 
-    @_PROVIDERS
+    @PROVIDERS
     @pytest.mark.parametrize(
         ("count", "sizes"),
         [
@@ -2127,7 +1796,7 @@ class TestLongAnswers:
         assert result.final_text == "".join(text)
         assert [len(chunk) for chunk in cast(List[str], chunk_texts(events))] == sizes
 
-    @_PROVIDERS
+    @PROVIDERS
     @pytest.mark.parametrize("kind", ["text", "thinking"])
     def test_one_code_point_more_fails_the_run(self, provider: str, kind: str) -> None:
         count = al.MAX_STEP_TEXT + 1
@@ -2135,12 +1804,12 @@ class TestLongAnswers:
         _, result = self.settle_items(provider, items)
         assert_protocol_error(result, f"more than 65536 code points of {kind}")
 
-    @_PROVIDERS
+    @PROVIDERS
     def test_text_then_a_tool_call_then_text(self, provider: str) -> None:
         # 601 characters: 512 chunks of 1, 32 of 2, 6 of 4, and 1 buffered, which the call
         # flushes; then 10 characters: 4, 4, and the 2 that the end flushes.
         before, after = one_character_events(601), one_character_events(10)
-        items: List[_Item] = [*before, ("c1", "add", ADD), *after]
+        items: List[AnswerItem] = [*before, ("c1", "add", ADD), *after]
         events, result = self.settle_items(provider, items, answer_parts(provider, ["3"]))
         assert result.status == "completed", result.error
         streamed = chunk_texts(events)[:-1]  # the last: the second step's "3"
@@ -2154,7 +1823,7 @@ class TestLongAnswers:
             al.TextBlock("".join(after)),
         )
 
-    @_PROVIDERS
+    @PROVIDERS
     @pytest.mark.parametrize(
         ("thinking", "calls", "completes"),
         [(False, 96, True), (False, 97, False), (True, 80, True), (True, 81, False)],
@@ -2166,8 +1835,8 @@ class TestLongAnswers:
         # fill 831, and 64,512 of text 32 more (863 full chunks, the most that 131,072 code
         # points fill). Then each call comes after one buffered character, so it costs two
         # chunks; one character ends the answer.
-        items: List[_Item] = list(one_character_events(64_960))
-        buffered: _Item = "z"
+        items: List[AnswerItem] = list(one_character_events(64_960))
+        buffered: AnswerItem = "z"
         if thinking:
             items = [*thinking_events(64_960), *one_character_events(64_512)]
             buffered = al.ThinkingBlock("z")
@@ -2181,7 +1850,7 @@ class TestLongAnswers:
         else:
             assert_protocol_error(result, "more than 1024 chunks")
 
-    @_PROVIDERS
+    @PROVIDERS
     def test_65536_of_thinking_and_65536_of_text_take_864_chunks(self, provider: str) -> None:
         # Thinking counts as text does; its code points are bounded on their own.
         text = one_character_events(al.MAX_STEP_TEXT)
@@ -2198,7 +1867,7 @@ class TestLongAnswers:
         blocks = (al.ThinkingBlock("".join(text), signature), al.TextBlock("".join(text)))
         assert result.messages[1].content == blocks
 
-    @_PROVIDERS
+    @PROVIDERS
     def test_a_change_between_thinking_and_text_flushes_the_buffer(self, provider: str) -> None:
         # 601 thinking: 512 chunks of 1, 32 of 2, 6 of 4, and 1 buffered, which the text
         # flushes; then 10 of text: 4, 4, and the 2 that the end flushes.
@@ -2208,7 +1877,7 @@ class TestLongAnswers:
         thought = [*["thinking:1"] * 512, *["thinking:2"] * 32, *["thinking:4"] * 6, "thinking:1"]
         assert chunk_sizes(events) == [*thought, "text:4", "text:4", "text:2"]
 
-    @_PROVIDERS
+    @PROVIDERS
     def test_the_first_delta_is_yielded_before_the_next_bytes_are_read(
         self, provider: str
     ) -> None:
@@ -2222,7 +1891,7 @@ class TestLongAnswers:
         generator.close()
         assert exchange.closed
 
-    @_PROVIDERS
+    @PROVIDERS
     def test_the_first_delta_arrives_while_the_server_holds_the_rest(
         self, server: Server, provider: str
     ) -> None:
@@ -2242,14 +1911,14 @@ class TestLongAnswers:
 class TestAcceptTruncated:
     """accept_truncated=True accepts a text answer cut by the token limit, and logs it."""
 
-    @_PROVIDERS
+    @PROVIDERS
     def test_a_cut_text_answer_is_accepted_with_its_thinking_and_logged(
         self, provider: str, caplog: pytest.LogCaptureFixture
     ) -> None:
-        items: List[_Item] = [al.ThinkingBlock("Plan."), "Once upon", " a time"]
+        items: List[AnswerItem] = [al.ThinkingBlock("Plan."), "Once upon", " a time"]
         parts = answer_parts(provider, items, end=TOKEN_LIMIT[provider])
         with caplog.at_level(logging.WARNING, "agent_loop.providers"):
-            _, result = settle(canned_model(provider, parts, accept_truncated=True))
+            _, result = settle_prompt(canned_model(provider, parts, accept_truncated=True))
         assert result.status == "completed", result.error
         assert result.final_text == "Once upon a time"
         signature = "sig-0" if provider == "anthropic" else None
@@ -2261,7 +1930,7 @@ class TestAcceptTruncated:
             "accepted as the model's answer (accept_truncated=True)"
         ]
 
-    @_PROVIDERS
+    @PROVIDERS
     @pytest.mark.parametrize(
         "items",
         [
@@ -2272,7 +1941,7 @@ class TestAcceptTruncated:
         ],
     )
     def test_an_answer_that_does_not_end_in_text_still_fails(
-        self, provider: str, items: List[_Item]
+        self, provider: str, items: List[AnswerItem]
     ) -> None:
         answer = new_answer(provider, accept_truncated=True)
         with pytest.raises(providers.ProviderError, match="the answer was cut"):
@@ -2283,16 +1952,16 @@ class TestAcceptTruncated:
         with pytest.raises(providers.ProviderError, match="while a tool call was streamed"):
             parsed(new_answer("openai", accept_truncated=True), *parts)
 
-    @_PROVIDERS
+    @PROVIDERS
     def test_a_complete_call_in_an_accepted_cut_answer_is_run(self, provider: str) -> None:
-        items: List[_Item] = [("c1", "add", ADD), "And then"]
+        items: List[AnswerItem] = [("c1", "add", ADD), "And then"]
         model = canned_model(
             provider,
             answer_parts(provider, items, end=TOKEN_LIMIT[provider]),
             answer_parts(provider, ["Done."]),
             accept_truncated=True,
         )
-        events, result = settle(model)
+        events, result = settle_prompt(model)
         assert result.status == "completed", result.error
         assert result.steps == 2
         assert result.messages[1].content == (
@@ -2334,7 +2003,7 @@ def cancelled_within(
 
     canceller = threading.Thread(target=cancel)
     canceller.start()
-    _, result = settle(model, signal=signal)
+    _, result = settle_prompt(model, signal=signal)
     ended = time.monotonic()
     canceller.join(_BOUND)
     assert result.status == "cancelled", result.error
@@ -2377,7 +2046,7 @@ class TestRetries:
     ) -> None:
         server.script(Reply([b"{}"], status=500), BUSY, STREAM)
         with caplog.at_level(logging.WARNING):
-            _, result = settle(quick(openai(server, retries=2)))
+            _, result = settle_prompt(quick(openai(server, retries=2)))
         assert (result.status, result.final_text) == ("completed", "5")
         assert len(server.requests) == 3
         assert retry_logs(caplog) == [
@@ -2389,7 +2058,7 @@ class TestRetries:
 
     def test_the_last_error_says_how_many_retries(self, server: Server) -> None:
         server.script(BUSY, BUSY, BUSY)
-        _, result = settle(quick(anthropic(server, retries=2)))
+        _, result = settle_prompt(quick(anthropic(server, retries=2)))
         error = assert_stream_error(result, "HTTP 503 Service Unavailable: busy (after 2 retries)")
         assert (error.status, len(server.requests)) == (503, 3)
 
@@ -2432,7 +2101,7 @@ class TestRetries:
         server.script(Reply([body], status=status, headers=headers), STREAM)
         started = time.monotonic()
         with caplog.at_level(logging.WARNING):
-            _, result = settle(quick(openai(server, retries=1)))
+            _, result = settle_prompt(quick(openai(server, retries=1)))
         assert time.monotonic() - started >= wait
         assert result.status == "completed", result.error
         assert len(server.requests) == 2
@@ -2451,7 +2120,7 @@ class TestRetries:
     ) -> None:
         server.script(*replies)
         started = time.monotonic()
-        _, result = settle(quick(openai(server, retries=retries)))
+        _, result = settle_prompt(quick(openai(server, retries=retries)))
         assert time.monotonic() - started < 1.0
         error = assert_stream_error(result)
         assert str(error).endswith(said)
@@ -2489,7 +2158,7 @@ class TestRetries:
     ) -> None:
         server.script(reply, STREAM)
         with caplog.at_level(logging.WARNING):
-            _, result = settle(quick(openai(server, retries=retries)))
+            _, result = settle_prompt(quick(openai(server, retries=retries)))
         error = assert_stream_error(result, words)
         assert error.status == reply.status
         assert "(after" not in str(error)
@@ -2500,7 +2169,7 @@ class TestRetries:
         url = f"http://127.0.0.1:{free_port()}/v1"
         model = quick(providers.OpenAIChatModel("m", base_url=url, retries=2))
         with caplog.at_level(logging.WARNING):
-            _, result = settle(model)
+            _, result = settle_prompt(model)
         assert_stream_error(
             result, f"cannot connect to {url}/chat/completions", "(after 2 retries)"
         )
@@ -2508,7 +2177,7 @@ class TestRetries:
 
     def test_a_hang_up_before_the_head_is_retried(self, server: Server) -> None:
         server.script(Reply(hang_up=True), STREAM)
-        _, result = settle(quick(openai(server, retries=1)))
+        _, result = settle_prompt(quick(openai(server, retries=1)))
         assert result.status == "completed", result.error
 
     def test_an_error_after_the_first_chunk_is_not_retried(self, server: Server) -> None:
@@ -2518,7 +2187,7 @@ class TestRetries:
             Reply([MESSAGE_START, *anthropic_text(0, "Hi")[:2], OVERLOADED], pause=0.1),
             Reply([MESSAGE_START, *anthropic_text(0, "Again"), *anthropic_end()]),
         )
-        events, result = settle(quick(anthropic(server, retries=2, timeout=_BOUND)))
+        events, result = settle_prompt(quick(anthropic(server, retries=2, timeout=_BOUND)))
         assert_stream_error(result, "overloaded_error: Overloaded")
         assert "(after" not in str(cast(al.RunError, result.error).exception)
         assert len(server.requests) == 1
@@ -2530,15 +2199,15 @@ class TestRetries:
             Reply([b"{}"], status=529),
             Reply([MESSAGE_START, *anthropic_text(0, "Hi"), *anthropic_end()]),
         )
-        _, result = settle(quick(anthropic(server, retries=2)))
+        _, result = settle_prompt(quick(anthropic(server, retries=2)))
         assert result.status == "completed", result.error
         assert result.final_text == "Hi"
         assert len(server.requests) == 3
 
     def test_another_error_event_is_not_retried(self) -> None:
         failed = [MESSAGE_START, b'event: error\ndata: {"error": {"type": "api_error"}}\n\n']
-        model = quick(canned_anthropic(failed, STREAM, retries=2))
-        _, result = settle(model)
+        model = quick(canned_anthropic(failed, STREAM.parts, retries=2))
+        _, result = settle_prompt(model)
         assert_stream_error(result, "reported an error")
 
     def test_a_cancel_during_the_wait_ends_the_run_at_once(self, server: Server) -> None:
@@ -2669,7 +2338,7 @@ class TestConnecting:
     def test_a_tcp_connection_that_takes_longer_than_the_timeout(self, blackhole: str) -> None:
         model = providers.OpenAIChatModel("m", base_url=blackhole, timeout=0.3, retries=0)
         started = time.monotonic()
-        _, result = settle(model)
+        _, result = settle_prompt(model)
         assert 0.3 <= time.monotonic() - started < 1.5
         assert_stream_error(result, f"cannot connect to {blackhole}", "took more than 0.3 s")
 
@@ -2685,14 +2354,14 @@ class TestConnecting:
         model = providers.OpenAIChatModel(
             "m", base_url="http://slow.test:9/v1", timeout=0.2, retries=0
         )
-        _, result = settle(model)
+        _, result = settle_prompt(model)
         assert_stream_error(result, "the name lookup of slow.test took more than 0.2 s")
 
     def test_a_name_lookup_that_fails(self, monkeypatch: pytest.MonkeyPatch) -> None:
         lookup = _SlowLookup(socket.gaierror(socket.EAI_NONAME, "Name or service not known"))
         monkeypatch.setattr(socket, "getaddrinfo", lookup)
         model = providers.OpenAIChatModel("m", base_url="http://slow.test:9/v1", retries=0)
-        _, result = settle(model)
+        _, result = settle_prompt(model)
         assert_stream_error(
             result,
             "cannot connect to http://slow.test:9/v1/chat/completions: the name lookup failed: ",
@@ -2734,7 +2403,7 @@ class TestConnecting:
     def test_an_address_that_fails_at_once(self) -> None:
         # The kernel refuses a TCP connection to the broadcast address without a packet.
         model = providers.OpenAIChatModel("m", base_url="http://255.255.255.255:9/v1", retries=0)
-        _, result = settle(model)
+        _, result = settle_prompt(model)
         assert_stream_error(result, "cannot connect to http://255.255.255.255:9/v1")
 
     def test_a_cancel_while_the_tls_handshake_waits(self, silent: str) -> None:
@@ -2743,7 +2412,7 @@ class TestConnecting:
 
     def test_a_tls_handshake_that_takes_longer_than_the_timeout(self, silent: str) -> None:
         model = providers.OpenAIChatModel("m", base_url=silent, timeout=0.3, retries=0)
-        _, result = settle(model)
+        _, result = settle_prompt(model)
         assert_stream_error(result, "the TLS handshake failed", "took more than 0.3 s")
 
 
@@ -2819,7 +2488,7 @@ def trusting(certificates: Certificates) -> ssl.SSLContext:
 class TestHTTPS:
     """Both adapters over TLS on 127.0.0.1; the certificate and host name are verified."""
 
-    @_PROVIDERS
+    @PROVIDERS
     def test_both_adapters_stream_through_https(
         self, certificates: Certificates, provider: str
     ) -> None:
@@ -2833,14 +2502,14 @@ class TestHTTPS:
             assert len(chunks) == 2
             assert tls.requests[0]["headers"]["host"] == tls.url[len("https://") :]
 
-    @_PROVIDERS
+    @PROVIDERS
     def test_the_default_context_refuses_an_unknown_ca(
         self, certificates: Certificates, provider: str, caplog: pytest.LogCaptureFixture
     ) -> None:
         with _tls_server(certificates.good) as tls:
             model = served(provider, tls, retries=2)
             with caplog.at_level(logging.WARNING):
-                _, result = settle(model)
+                _, result = settle_prompt(model)
             error = assert_stream_error(
                 result, f"cannot connect to {tls.url}", "TLS certificate did not verify"
             )
@@ -2850,14 +2519,14 @@ class TestHTTPS:
 
     def test_a_host_name_mismatch_is_refused(self, certificates: Certificates) -> None:
         with _tls_server(certificates.other) as tls:
-            _, result = settle(anthropic(tls, ssl_context=trusting(certificates)))
+            _, result = settle_prompt(anthropic(tls, ssl_context=trusting(certificates)))
             assert_stream_error(result, "TLS certificate did not verify", "mismatch")
             assert tls.requests == []
 
     def test_https_to_a_plain_http_server(self, server: Server) -> None:
         url = server.url.replace("http://", "https://") + "/v1"
         model = providers.OpenAIChatModel("m", base_url=url, retries=0)
-        _, result = settle(model)
+        _, result = settle_prompt(model)
         assert_stream_error(result, f"cannot connect to {url}", "the TLS handshake failed")
 
 
@@ -3025,13 +2694,13 @@ class TestHTTPFailures:
 
     def test_a_server_that_hangs_up(self, server: Server) -> None:
         server.script(Reply(hang_up=True))
-        _, result = settle(anthropic(server))
+        _, result = settle_prompt(anthropic(server))
         assert_stream_error(result, "the request to", "failed: RemoteDisconnected")
 
     def test_a_chunked_stream_cut_inside_a_chunk(self, server: Server) -> None:
         # Chunked framing written by hand: the body stops inside a chunk of 0x40 bytes.
         server.script(Reply([b"40\r\ndata: {"], headers=CHUNKED))
-        _, result = settle(openai(server))
+        _, result = settle_prompt(openai(server))
         assert_stream_error(result, "the connection to", "broke: IncompleteRead")
 
     @pytest.mark.parametrize(
@@ -3044,7 +2713,7 @@ class TestHTTPFailures:
     def test_no_byte_for_timeout_seconds(self, server: Server, reply: Reply, chunks: int) -> None:
         server.script(reply)
         started = time.monotonic()
-        events, result = settle(openai(server, timeout=0.3))
+        events, result = settle_prompt(openai(server, timeout=0.3))
         assert 0.3 <= time.monotonic() - started < 1.5
         assert_stream_error(result, "sent nothing for 0.3 s")
         assert [event.type for event in events].count("model.chunk") == chunks
@@ -3053,7 +2722,7 @@ class TestHTTPFailures:
     def test_pauses_shorter_than_the_timeout_are_fine(self, server: Server) -> None:
         parts = [openai_chunk({"content": "a"}), openai_chunk({"content": "b"}), DONE]
         server.script(Reply(parts, pause=0.15))
-        _, result = settle(openai(server, timeout=0.5))
+        _, result = settle_prompt(openai(server, timeout=0.5))
         assert result.status == "completed"
         assert result.final_text == "ab"
 
@@ -3317,7 +2986,7 @@ class TestCommandLine:
         server: Server,
         capsys: pytest.CaptureFixture[str],
         more: List[str],
-        items: List[_Item],
+        items: List[AnswerItem],
         status: int,
         out: str,
     ) -> None:
@@ -3543,7 +3212,7 @@ class TestCommandLine:
         server.script(Reply([openai_chunk({"content": "Thinking"})], stall=True))
         process = subprocess.Popen(
             [sys.executable, "agent_loop_providers.py", *_argv(server, "openai", "Hi")],
-            cwd=_HERE,
+            cwd=REPOSITORY,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -3565,7 +3234,7 @@ class TestCommandLine:
         assert server.disconnected.wait(_BOUND)
 
     def test_the_module_uses_only_public_names_of_agent_loop(self) -> None:
-        with open(os.path.join(_HERE, "agent_loop_providers.py"), encoding="utf-8") as file:
+        with open(REPOSITORY / "agent_loop_providers.py", encoding="utf-8") as file:
             source = file.read()
         assert re.findall(r"\bal\._\w+", source) == []
 
@@ -3656,9 +3325,6 @@ def mock(llmock_process: LLMock) -> LLMock:
     return llmock_process
 
 
-_BOTH = pytest.mark.parametrize("provider", ["openai", "anthropic"])
-
-
 def _model(mock: LLMock, provider: str, **arguments: Any) -> al.Model:
     return mock.openai(**arguments) if provider == "openai" else mock.anthropic(**arguments)
 
@@ -3667,7 +3333,7 @@ def _model(mock: LLMock, provider: str, **arguments: Any) -> al.Model:
 class TestLLMock:
     """Both adapters through run_agent_loop against llmock 0.2.2's real servers."""
 
-    @_BOTH
+    @PROVIDERS
     def test_a_tool_round_trip(self, mock: LLMock, provider: str) -> None:
         mock.scenario(
             {
@@ -3677,7 +3343,9 @@ class TestLLMock:
             },
             {"type": "reply", "text": "The sum is 42."},
         )
-        events, result = settle(_model(mock, provider, system="Be brief."), "Add 20 and 22.")
+        events, result = settle_prompt(
+            _model(mock, provider, system="Be brief."), "Add 20 and 22."
+        )
         assert result.status == "completed", result.error
         assert result.final_text == "The sum is 42."
         assert result.messages[2].content == '{"sum":42}'
@@ -3700,7 +3368,7 @@ class TestLLMock:
                 anthropic_sent_result(call.id, '{"sum":42}', False)
             ]
 
-    @_BOTH
+    @PROVIDERS
     def test_two_calls_and_a_recoverable_tool_error(self, mock: LLMock, provider: str) -> None:
         mock.scenario(
             {
@@ -3712,7 +3380,7 @@ class TestLLMock:
             },
             {"type": "reply", "text": "42, and no weather."},
         )
-        _, result = settle(_model(mock, provider))
+        _, result = settle_prompt(_model(mock, provider))
         assert result.status == "completed", result.error
         roles = ["user", "assistant", "toolResult", "toolResult", "assistant"]
         assert [message.role for message in result.messages] == roles
@@ -3724,16 +3392,16 @@ class TestLLMock:
         else:  # a turn of tool calls only: "" as its content, which every server takes
             assert sent[1]["content"] == ""
 
-    @_BOTH
+    @PROVIDERS
     @pytest.mark.parametrize("status", [429, 500])
     def test_http_errors_keep_retry_after(self, mock: LLMock, provider: str, status: int) -> None:
         mock.scenario({"type": "fail", "status": status, "retry_after": 3})
-        _, result = settle(_model(mock, provider))
+        _, result = settle_prompt(_model(mock, provider))
         error = assert_stream_error(result, f"HTTP {status}")
         assert (error.status, error.retry_after) == (status, 3.0)
         assert mock.requests()[0]["status"] == status
 
-    @_BOTH
+    @PROVIDERS
     @pytest.mark.parametrize(
         ("behaviors", "timeout", "words"),
         [
@@ -3772,11 +3440,11 @@ class TestLLMock:
         self, mock: LLMock, provider: str, behaviors: List[Any], timeout: float, words: str
     ) -> None:
         mock.scenario(*behaviors)
-        _, result = settle(_model(mock, provider, timeout=timeout))
+        _, result = settle_prompt(_model(mock, provider, timeout=timeout))
         assert_stream_error(result, words)
         assert len(result.messages) == 1
 
-    @_BOTH
+    @PROVIDERS
     def test_a_stall_is_cancelled_within_a_quarter_second(
         self, mock: LLMock, provider: str
     ) -> None:
@@ -3786,29 +3454,29 @@ class TestLLMock:
         )
         assert cancelled_within(_model(mock, provider, timeout=_BOUND), delay=0.3) < 0.25
 
-    @_BOTH
+    @PROVIDERS
     def test_slow_first_token_within_the_timeout(self, mock: LLMock, provider: str) -> None:
         mock.scenario(
             {"type": "reply", "text": "late"}, {"type": "slow_first_token", "seconds": 0.3}
         )
-        _, result = settle(_model(mock, provider, timeout=2.0))
+        _, result = settle_prompt(_model(mock, provider, timeout=2.0))
         assert result.status == "completed"
         assert result.final_text == "late"
 
-    @_BOTH
+    @PROVIDERS
     def test_a_failure_then_a_reply_is_retried(
         self, mock: LLMock, provider: str, caplog: pytest.LogCaptureFixture
     ) -> None:
         mock.scenario({"type": "fail", "status": 500}, {"type": "reply", "text": "Recovered."})
         model = quick(cast(providers._StreamingModel, _model(mock, provider, retries=2)))
         with caplog.at_level(logging.WARNING):
-            _, result = settle(model)
+            _, result = settle_prompt(model)
         assert result.status == "completed", result.error
         assert result.final_text == "Recovered."
         assert [record["status"] for record in mock.requests()] == [500, 200]
         assert len(retry_logs(caplog)) == 1
 
-    @_BOTH
+    @PROVIDERS
     def test_a_429_waits_its_retry_after(
         self, mock: LLMock, provider: str, caplog: pytest.LogCaptureFixture
     ) -> None:
@@ -3818,21 +3486,21 @@ class TestLLMock:
         )
         started = time.monotonic()
         with caplog.at_level(logging.WARNING):
-            _, result = settle(_model(mock, provider, retries=1))
+            _, result = settle_prompt(_model(mock, provider, retries=1))
         assert time.monotonic() - started >= 0.2
         assert result.status == "completed", result.error
         assert retry_logs(caplog)[0].endswith("retrying in 0.2 s")
 
-    @_BOTH
+    @PROVIDERS
     def test_a_long_answer_completes(self, mock: LLMock, provider: str) -> None:
         words = " ".join(f"w{number}" for number in range(2000))
         mock.scenario({"type": "reply", "text": words})
-        events, result = settle(_model(mock, provider))
+        events, result = settle_prompt(_model(mock, provider))
         assert result.status == "completed", result.error
         assert result.final_text == words
         assert sum(event.type == "model.chunk" for event in events) <= al.MAX_STEP_CHUNKS
 
-    @_BOTH
+    @PROVIDERS
     def test_usage_is_asked_for_and_is_what_llmock_counts(
         self, mock: LLMock, provider: str
     ) -> None:
@@ -3841,7 +3509,7 @@ class TestLLMock:
         arguments: Dict[str, Any] = {"system": "Be brief."}
         if provider == "anthropic":  # llmock takes the setting (and sends no thinking)
             arguments["thinking"] = {"type": "enabled", "budget_tokens": 1024}
-        _, result = settle(_model(mock, provider, **arguments), "Add 20 and 22.")
+        _, result = settle_prompt(_model(mock, provider, **arguments), "Add 20 and 22.")
         assert result.status == "completed", result.error
         sent = mock.requests()[0]["body"]
         # The same body, not streamed: llmock's own count of this request.
@@ -3862,11 +3530,11 @@ class TestLLMock:
         assert assistant.usage == expected  # llmock reports no cache or reasoning counts
         assert result.usage == expected
 
-    @_BOTH
+    @PROVIDERS
     @pytest.mark.parametrize("accept_truncated", [True, False])
     def test_a_cut_answer(self, mock: LLMock, provider: str, accept_truncated: bool) -> None:
         mock.scenario({"type": "reply", "text": "cut short", "finish_reason": "length"})
-        _, result = settle(_model(mock, provider, accept_truncated=accept_truncated))
+        _, result = settle_prompt(_model(mock, provider, accept_truncated=accept_truncated))
         if accept_truncated:
             assert result.status == "completed", result.error
             assert result.final_text == "cut short"
