@@ -1,0 +1,1623 @@
+"""Tests of agent_loop_providers.py through a socket or a process: the exchange, the CLI.
+
+The layer tested here is the thin loop around the wire formats: the socket, the timeout,
+the cancellation watch, retries, and the command line. What needs a socket (connecting,
+timeouts, cancellation, TLS, retries, HTTP failures, closing) runs against a local
+``http.server`` (127.0.0.1, a free port, a thread, started and stopped by a fixture
+whatever happens), plain or TLS with a CA and certificates that the ``openssl`` command
+makes at test time (a missing openssl fails the TLS tests). The retry tests are all
+here, the two that run on canned bytes too; the command line runs ``main()`` against the
+fixture server, and a subprocess for Ctrl-C. Integration tests, marked ``llmock``, run
+both adapters through ``run_agent_loop`` against an ``llmock serve`` subprocess; they
+skip where llmock is not importable, unless ``AGENT_LOOP_REQUIRE_LLMOCK=1`` (set by
+tox's llmock env) turns the skip into a failure. No test reaches beyond 127.0.0.1. The
+wire formats themselves, from byte strings alone, are tested in
+test_agent_loop_providers.py; the builders both files use are in loop_testing.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import importlib.util
+import json
+import logging
+import os
+import re
+import select
+import shlex
+import signal as os_signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import (
+    Any,
+    Callable,
+    ContextManager,
+    Dict,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    cast,
+)
+
+import pytest
+
+import agent_loop as al
+import agent_loop_providers as providers
+from loop_testing import (
+    DONE,
+    MESSAGE_START,
+    OPENAI_REASONING_STREAM,
+    OPENAI_TEXT_STREAM,
+    OPENAI_TOOL_STREAM,
+    PROVIDERS,
+    REASONING_USAGE,
+    REPOSITORY,
+    REQUEST_HISTORY,
+    SPECS,
+    AnswerItem,
+    Canned,
+    answer_parts,
+    anthropic_end,
+    anthropic_event,
+    anthropic_sent_result,
+    anthropic_text,
+    anthropic_thinking,
+    anthropic_tool,
+    assert_stream_error,
+    canned_anthropic,
+    canned_openai,
+    chunk_texts,
+    free_port,
+    in_pieces,
+    openai_chunk,
+    openai_sent_call,
+    posted,
+    request,
+    settle_prompt,
+    sse,
+    stream,
+)
+
+_WATCHER = "agent_loop_providers watch"
+_BOUND = 10.0
+"""Seconds any wait in a test may last at most: nothing hangs."""
+
+
+# --- The fixture server -------------------------------------------------------------
+
+
+@dataclass
+class Reply:
+    """One scripted HTTP answer: a head, body parts written in order, and what follows."""
+
+    parts: Sequence[bytes] = ()
+    status: int = 200
+    headers: Sequence[Tuple[str, str]] = (("Content-Type", "text/event-stream"),)
+    before_head: float = 0.0  # seconds to wait before the status line
+    pause: float = 0.0  # seconds between two parts
+    stall: bool = False  # after the parts, keep the connection open until the client leaves
+    chunked: bool = False  # HTTP/1.1 chunked framing, as uvicorn sends it
+    hang_up: bool = False  # close the connection without any answer
+
+
+@dataclass
+class Server:
+    """The fixture server's script and records."""
+
+    url: str = ""
+    replies: List[Reply] = field(default_factory=list)
+    requests: List[Dict[str, Any]] = field(default_factory=list)
+    release: threading.Event = field(default_factory=threading.Event)
+    disconnected: threading.Event = field(default_factory=threading.Event)
+
+    def script(self, *replies: Reply) -> None:
+        self.replies.extend(replies)
+
+    def body(self, number: int = 0) -> Dict[str, Any]:
+        body: Dict[str, Any] = self.requests[number]["body"]
+        return body
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server_state: Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # quiet
+
+    def do_POST(self) -> None:
+        state = self.server_state
+        length = int(self.headers.get("Content-Length", "0"))
+        raw = self.rfile.read(length)
+        state.requests.append(
+            {
+                "path": self.path,
+                "headers": {name.lower(): value for name, value in self.headers.items()},
+                "body": json.loads(raw),
+            }
+        )
+        reply = state.replies.pop(0) if state.replies else Reply(status=500, parts=[b"no reply"])
+        try:
+            self._answer(reply, state)
+        except OSError:
+            state.disconnected.set()  # the client left while we wrote
+
+    def _answer(self, reply: Reply, state: Server) -> None:
+        if reply.before_head:
+            self._wait_for_client(state, reply.before_head)
+            if state.disconnected.is_set():
+                return
+        if reply.hang_up:
+            self.close_connection = True
+            return
+        if reply.chunked:
+            self.protocol_version = "HTTP/1.1"
+        self.send_response(reply.status)
+        for name, value in reply.headers:
+            self.send_header(name, value)
+        if reply.chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.flush()
+        for number, part in enumerate(reply.parts):
+            if number and reply.pause:
+                state.release.wait(reply.pause)
+            if reply.chunked:
+                part = b"%x\r\n%s\r\n" % (len(part), part) if part else b""
+            self.wfile.write(part)
+            self.wfile.flush()
+        if reply.stall:
+            self._wait_for_client(state, _BOUND)
+        elif reply.chunked and not any(part == b"" for part in reply.parts):
+            self.wfile.write(b"0\r\n\r\n")
+        self.close_connection = True
+
+    def _wait_for_client(self, state: Server, seconds: float) -> None:
+        """Waits until the client closes its side (recorded), the fixture ends, or seconds."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not state.release.is_set():
+            readable, _, _ = select.select([self.connection], [], [], 0.02)
+            if readable and not self.connection.recv(1024):
+                state.disconnected.set()
+                return
+
+
+class _QuietServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    context: Optional[ssl.SSLContext] = None  # set: the server speaks TLS
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        if self.context is None:
+            super().finish_request(request, client_address)
+            return
+        # The handshake in the connection's own thread; the TLS socket is ours to close.
+        with self.context.wrap_socket(request, server_side=True) as tls:
+            super().finish_request(tls, client_address)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that left early, or refused the certificate, is part of the tests
+
+
+@contextlib.contextmanager
+def _serving(context: Optional[ssl.SSLContext] = None) -> Iterator[Server]:
+    """A fixture server on 127.0.0.1 and a free port, stopped whatever happens."""
+    state = Server()
+    handler = type("Handler", (_Handler,), {"server_state": state})
+    httpd = _QuietServer(("127.0.0.1", 0), handler)
+    httpd.context = context
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.02})
+    thread.start()
+    scheme = "http" if context is None else "https"
+    state.url = f"{scheme}://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        yield state
+    finally:
+        state.release.set()
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(_BOUND)
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    with _serving() as state:
+        yield state
+
+
+def _eventually(condition: Callable[[], bool], seconds: float = _BOUND) -> bool:
+    """True once condition() is, False if it is not within seconds."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _watchers_end() -> bool:
+    """True once no watcher thread is left (each ends within 50 ms of its stream)."""
+    return _eventually(
+        lambda: not any(thread.name == _WATCHER for thread in threading.enumerate()), 1.0
+    )
+
+
+# --- Builders -----------------------------------------------------------------------
+
+
+def failure(
+    model: al.Model, model_request: Optional[al.ModelRequest] = None
+) -> providers.ProviderError:
+    """The ProviderError that one model stream raises."""
+    with pytest.raises(providers.ProviderError) as caught:
+        stream(model, model_request)
+    return caught.value
+
+
+def openai(server: Server, **arguments: Any) -> providers.OpenAIChatModel:
+    arguments.setdefault("timeout", 0.5)
+    arguments.setdefault("retries", 0)  # the retry tests set their own
+    return providers.OpenAIChatModel("test-model", base_url=server.url + "/v1", **arguments)
+
+
+def anthropic(server: Server, **arguments: Any) -> providers.AnthropicMessagesModel:
+    arguments.setdefault("timeout", 0.5)
+    arguments.setdefault("retries", 0)
+    return providers.AnthropicMessagesModel("test-model", base_url=server.url, **arguments)
+
+
+def served(provider: str, server: Server, **arguments: Any) -> providers._StreamingModel:
+    """The provider's model for the fixture server."""
+    if provider == "openai":
+        return openai(server, **arguments)
+    return anthropic(server, **arguments)
+
+
+def cancelled_within(
+    model: al.Model, delay: float = 0.2, after: Callable[[], bool] = lambda: True
+) -> float:
+    """Runs model, sets the signal delay after after() holds; the seconds the run then took."""
+    signal = threading.Event()
+    set_at: List[float] = []
+
+    def cancel() -> None:
+        assert _eventually(after)
+        time.sleep(delay)
+        set_at.append(time.monotonic())
+        signal.set()
+
+    canceller = threading.Thread(target=cancel)
+    canceller.start()
+    _, result = settle_prompt(model, signal=signal)
+    ended = time.monotonic()
+    canceller.join(_BOUND)
+    assert result.status == "cancelled", result.error
+    return ended - set_at[0]
+
+
+# --- The exchange: a request and an answer through the socket -----------------------
+
+
+class TestExchange:
+    """What the wire format makes and reads goes through the socket as it is."""
+
+    def test_what_the_server_receives(self, server: Server) -> None:
+        # Through a socket: the path, the headers and the body arrive as posted.
+        server.script(Reply([OPENAI_TEXT_STREAM]))
+        model = openai(server, api_key="sk-x", options={"temperature": 0})
+        stream(model, request(REQUEST_HISTORY, SPECS))
+        sent = server.requests[0]
+        expected = posted(model, request(REQUEST_HISTORY, SPECS))
+        assert sent["path"] == "/v1/chat/completions"
+        assert sent["body"] == expected["body"]
+        for name, value in expected["headers"].items():
+            assert sent["headers"][name] == value
+        assert sent["headers"]["host"] == server.url[len("http://") :]
+
+    @PROVIDERS
+    def test_the_first_delta_arrives_while_the_server_holds_the_rest(
+        self, server: Server, provider: str
+    ) -> None:
+        parts = answer_parts(provider, ["Hel", "lo"])
+        head = parts[:1] if provider == "openai" else parts[:3]
+        server.script(Reply(head, stall=True))
+        model = served(provider, server, timeout=_BOUND)
+        generator = model.stream(request(), threading.Event())
+        assert next(generator) == al.TextDelta("request-001", "Hel")
+        generator.close()
+        assert server.disconnected.wait(_BOUND)
+
+
+# --- Retries ------------------------------------------------------------------------
+
+
+def quick(model: providers._StreamingModel) -> providers._StreamingModel:
+    """The model with a backoff of 1 ms, doubling, and no jitter: tests do not sleep."""
+    model._backoff_start = 0.001
+    model._jitter = lambda: 0.0
+    return model
+
+
+def retry_logs(caplog: pytest.LogCaptureFixture) -> List[str]:
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if record.name == "agent_loop.providers" and record.levelno == logging.WARNING
+    ]
+
+
+STREAM = Reply([openai_chunk({"content": "5"}), DONE])
+BUSY = Reply([b"busy"], status=503)
+LONG = Reply([b"busy"], status=429, headers=(("Retry-After", "61"),))
+REDIRECT = "http://127.0.0.1:9/v1/chat/completions"
+OVERLOADED = sse(
+    {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}, "error"
+)
+NOT_RETRIED = "busy (Retry-After: 61 s) (not retried: the Retry-After is more than 60 s)"
+
+
+class TestRetries:
+    """Transient failures before the first chunk are retried, waiting as the server says."""
+
+    def test_failures_then_success_with_the_backoff_doubling(
+        self, server: Server, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        server.script(Reply([b"{}"], status=500), BUSY, STREAM)
+        with caplog.at_level(logging.WARNING):
+            _, result = settle_prompt(quick(openai(server, retries=2)))
+        assert (result.status, result.final_text) == ("completed", "5")
+        assert len(server.requests) == 3
+        assert retry_logs(caplog) == [
+            f"request-001: attempt 1 of 3 failed ({server.url}/v1/chat/completions answered "
+            "HTTP 500 Internal Server Error: {}); retrying in 0.001 s",
+            f"request-001: attempt 2 of 3 failed ({server.url}/v1/chat/completions answered "
+            "HTTP 503 Service Unavailable: busy); retrying in 0.002 s",
+        ]
+
+    def test_the_last_error_says_how_many_retries(self, server: Server) -> None:
+        server.script(BUSY, BUSY, BUSY)
+        _, result = settle_prompt(quick(anthropic(server, retries=2)))
+        error = assert_stream_error(result, "HTTP 503 Service Unavailable: busy (after 2 retries)")
+        assert (error.status, len(server.requests)) == (503, 3)
+
+    @pytest.mark.parametrize(
+        ("status", "headers", "wait", "logged"),
+        [
+            pytest.param(
+                429,
+                (("Content-Type", "application/json"), ("retry-after-ms", "20")),
+                0.02,
+                "{} (Retry-After: 0.02 s)); retrying in 0.02 s",
+                id="retry-after-ms-is-waited-for",
+            ),
+            pytest.param(
+                503,
+                (("Retry-After", "Wed, 21 Oct 2015 07:28:00 GMT"),),
+                0.0,
+                "busy (Retry-After: 0 s)); retrying in 0 s",
+                id="an-http-date-in-the-past-means-now",
+            ),
+            pytest.param(  # parsedate_to_datetime raises OverflowError: not a Retry-After
+                503,
+                (("Retry-After", "Wed, 21 Oct 99999999999 07:28:30 GMT"),),
+                0.001,
+                "HTTP 503 Service Unavailable: busy); retrying in 0.001 s",
+                id="a-date-that-overflows-is-the-backoff",
+            ),
+        ],
+    )
+    def test_the_retry_waits_what_the_server_says(
+        self,
+        server: Server,
+        caplog: pytest.LogCaptureFixture,
+        status: int,
+        headers: Sequence[Tuple[str, str]],
+        wait: float,
+        logged: str,
+    ) -> None:
+        body = b"{}" if status == 429 else b"busy"
+        server.script(Reply([body], status=status, headers=headers), STREAM)
+        started = time.monotonic()
+        with caplog.at_level(logging.WARNING):
+            _, result = settle_prompt(quick(openai(server, retries=1)))
+        assert time.monotonic() - started >= wait
+        assert result.status == "completed", result.error
+        assert len(server.requests) == 2
+        assert retry_logs(caplog)[0].endswith(logged)
+
+    @pytest.mark.parametrize(
+        ("retries", "replies", "said"),
+        [
+            pytest.param(2, [LONG, STREAM], NOT_RETRIED, id="over-60-s-is-not-waited-for"),
+            pytest.param(0, [LONG], "busy (Retry-After: 61 s)", id="retries-0-says-nothing-of-it"),
+            pytest.param(2, [BUSY, LONG], NOT_RETRIED, id="after-a-retry"),
+        ],
+    )
+    def test_a_long_retry_after_ends_the_run(
+        self, server: Server, retries: int, replies: List[Reply], said: str
+    ) -> None:
+        server.script(*replies)
+        started = time.monotonic()
+        _, result = settle_prompt(quick(openai(server, retries=retries)))
+        assert time.monotonic() - started < 1.0
+        error = assert_stream_error(result)
+        assert str(error).endswith(said)
+        assert (error.status, error.retry_after) == (429, 61.0)
+        assert len(server.requests) == len(replies) - (replies[-1] is STREAM)
+
+    @pytest.mark.parametrize(
+        ("retries", "reply", "words"),
+        [
+            pytest.param(
+                0, BUSY, "HTTP 503 Service Unavailable: busy", id="retries-0-turns-them-off"
+            ),
+            pytest.param(
+                2,
+                Reply([b"{}"], status=401),
+                "HTTP 401 Unauthorized: {}",
+                id="a-status-that-stays",
+            ),
+            pytest.param(
+                2,
+                Reply(status=301, headers=(("Location", REDIRECT), ("Content-Length", "0"))),
+                f"answered HTTP 301 Moved Permanently, not an event stream (Location: {REDIRECT}; "
+                "redirects are not followed)",
+                id="a-redirect",
+            ),
+        ],
+    )
+    def test_what_is_not_retried_fails_the_run_at_once(
+        self,
+        server: Server,
+        caplog: pytest.LogCaptureFixture,
+        retries: int,
+        reply: Reply,
+        words: str,
+    ) -> None:
+        server.script(reply, STREAM)
+        with caplog.at_level(logging.WARNING):
+            _, result = settle_prompt(quick(openai(server, retries=retries)))
+        error = assert_stream_error(result, words)
+        assert error.status == reply.status
+        assert "(after" not in str(error)
+        assert len(server.requests) == 1
+        assert retry_logs(caplog) == []
+
+    def test_a_refused_connection_is_retried(self, caplog: pytest.LogCaptureFixture) -> None:
+        url = f"http://127.0.0.1:{free_port()}/v1"
+        model = quick(providers.OpenAIChatModel("m", base_url=url, retries=2))
+        with caplog.at_level(logging.WARNING):
+            _, result = settle_prompt(model)
+        assert_stream_error(
+            result, f"cannot connect to {url}/chat/completions", "(after 2 retries)"
+        )
+        assert len(retry_logs(caplog)) == 2
+
+    def test_a_hang_up_before_the_head_is_retried(self, server: Server) -> None:
+        server.script(Reply(hang_up=True), STREAM)
+        _, result = settle_prompt(quick(openai(server, retries=1)))
+        assert result.status == "completed", result.error
+
+    def test_an_error_after_the_first_chunk_is_not_retried(self, server: Server) -> None:
+        # The pause: the error comes in a read of its own, after the text was yielded.
+        # (An error in the same read as the first text is retried: nothing was yielded.)
+        server.script(
+            Reply([MESSAGE_START, *anthropic_text(0, "Hi")[:2], OVERLOADED], pause=0.1),
+            Reply([MESSAGE_START, *anthropic_text(0, "Again"), *anthropic_end()]),
+        )
+        events, result = settle_prompt(quick(anthropic(server, retries=2, timeout=_BOUND)))
+        assert_stream_error(result, "overloaded_error: Overloaded")
+        assert "(after" not in str(cast(al.RunError, result.error).exception)
+        assert len(server.requests) == 1
+        assert [event.type for event in events].count("model.chunk") == 1
+
+    def test_an_overloaded_event_before_any_chunk_is_retried(self, server: Server) -> None:
+        server.script(
+            Reply([MESSAGE_START, OVERLOADED]),
+            Reply([b"{}"], status=529),
+            Reply([MESSAGE_START, *anthropic_text(0, "Hi"), *anthropic_end()]),
+        )
+        _, result = settle_prompt(quick(anthropic(server, retries=2)))
+        assert result.status == "completed", result.error
+        assert result.final_text == "Hi"
+        assert len(server.requests) == 3
+
+    def test_another_error_event_is_not_retried(self) -> None:
+        failed = [MESSAGE_START, b'event: error\ndata: {"error": {"type": "api_error"}}\n\n']
+        model = quick(canned_anthropic(failed, STREAM.parts, retries=2))
+        _, result = settle_prompt(model)
+        assert_stream_error(result, "reported an error")
+
+    def test_a_cancel_during_the_wait_ends_the_run_at_once(self, server: Server) -> None:
+        server.script(Reply([b"busy"], status=503, headers=(("Retry-After", "5"),)), STREAM)
+        model = openai(server, retries=2)
+        # the bound: a cancelled wait returns at once
+        assert cancelled_within(model, after=lambda: bool(server.requests)) < 0.25
+        assert len(server.requests) == 1
+
+    @pytest.mark.parametrize(
+        ("headers", "waited"),
+        [
+            pytest.param({}, 0.001, id="the-backoff"),
+            pytest.param({"retry-after": "60"}, 60.0, id="a-retry-after-of-60-s-at-the-limit"),
+        ],
+    )
+    def test_the_wait_is_the_signals_wait(self, headers: Dict[str, str], waited: float) -> None:
+        waits: List[Optional[float]] = []
+
+        class Recording:
+            def is_set(self) -> bool:
+                return False
+
+            def wait(self, timeout: Optional[float] = None) -> bool:
+                waits.append(timeout)
+                return False
+
+        busy = Canned(failure=providers._head_error("u", 429, "", headers, lambda: "", 0.0))
+        model = quick(canned_openai(busy, [OPENAI_TEXT_STREAM], retries=1))
+        _, response = stream(model, signal=Recording())
+        assert response.content == (al.TextBlock("Hello, world"),)
+        assert waits == [waited]
+
+
+# --- Connecting, watched ----------------------------------------------------------------
+
+
+@pytest.fixture
+def blackhole() -> Iterator[str]:
+    """A port on 127.0.0.1 whose connections never complete: a full accept queue."""
+    listener = socket.socket()
+    fillers: List[socket.socket] = []
+    try:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        for _ in range(4):  # fill the queue: later SYNs are dropped, connect() waits
+            filler = socket.socket()
+            filler.setblocking(False)
+            filler.connect_ex(("127.0.0.1", port))
+            fillers.append(filler)
+        time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        for filler in fillers:
+            filler.close()
+        listener.close()
+
+
+@pytest.fixture
+def silent() -> Iterator[str]:
+    """A port on 127.0.0.1 that accepts connections and never sends a byte."""
+    listener = socket.socket()
+    accepted: List[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.02)
+        while not stop.is_set():
+            try:
+                accepted.append(listener.accept()[0])
+            except OSError:
+                continue
+
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    thread = threading.Thread(target=accept)
+    thread.start()
+    try:
+        yield f"https://127.0.0.1:{listener.getsockname()[1]}/v1"
+    finally:
+        stop.set()
+        thread.join(_BOUND)
+        for sock in accepted:
+            sock.close()
+        listener.close()
+
+
+class _SlowLookup:
+    """getaddrinfo for the name slow.test that waits until released (or fails, if told)."""
+
+    def __init__(self, error: Optional[OSError] = None) -> None:
+        self.real = socket.getaddrinfo
+        self.release = threading.Event()
+        self.error = error
+
+    def __call__(self, host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if host != "slow.test":
+            return self.real(host, port, *args, **kwargs)
+        if kwargs.get("flags", 0) & socket.AI_NUMERICHOST:
+            raise socket.gaierror(socket.EAI_NONAME, "not a numeric host")
+        if self.error is not None:
+            raise self.error
+        self.release.wait(_BOUND)
+        return self.real("127.0.0.1", port, *args, **kwargs)
+
+
+@pytest.fixture
+def slow_lookup(monkeypatch: pytest.MonkeyPatch) -> Iterator[_SlowLookup]:
+    lookup = _SlowLookup()
+    monkeypatch.setattr(socket, "getaddrinfo", lookup)
+    try:
+        yield lookup
+    finally:
+        lookup.release.set()
+
+
+class TestConnecting:
+    """The name lookup, the TCP connection and the TLS handshake are watched and bounded.
+
+    The stated bound: a signal set while connecting ends the run within 0.25 s.
+    """
+
+    def test_a_cancel_while_the_tcp_connection_waits(self, blackhole: str) -> None:
+        model = providers.OpenAIChatModel("m", base_url=blackhole, timeout=_BOUND, retries=0)
+        assert cancelled_within(model) < 0.25
+
+    def test_a_tcp_connection_that_takes_longer_than_the_timeout(self, blackhole: str) -> None:
+        model = providers.OpenAIChatModel("m", base_url=blackhole, timeout=0.3, retries=0)
+        started = time.monotonic()
+        _, result = settle_prompt(model)
+        assert 0.3 <= time.monotonic() - started < 1.5
+        assert_stream_error(result, f"cannot connect to {blackhole}", "took more than 0.3 s")
+
+    def test_a_cancel_while_the_name_lookup_hangs(self, slow_lookup: _SlowLookup) -> None:
+        model = providers.AnthropicMessagesModel(
+            "m", base_url="http://slow.test:9", timeout=_BOUND, retries=0
+        )
+        assert cancelled_within(model) < 0.25
+
+    def test_a_name_lookup_that_takes_longer_than_the_timeout(
+        self, slow_lookup: _SlowLookup
+    ) -> None:
+        model = providers.OpenAIChatModel(
+            "m", base_url="http://slow.test:9/v1", timeout=0.2, retries=0
+        )
+        _, result = settle_prompt(model)
+        assert_stream_error(result, "the name lookup of slow.test took more than 0.2 s")
+
+    def test_a_name_lookup_that_fails(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        lookup = _SlowLookup(socket.gaierror(socket.EAI_NONAME, "Name or service not known"))
+        monkeypatch.setattr(socket, "getaddrinfo", lookup)
+        model = providers.OpenAIChatModel("m", base_url="http://slow.test:9/v1", retries=0)
+        _, result = settle_prompt(model)
+        assert_stream_error(
+            result,
+            "cannot connect to http://slow.test:9/v1/chat/completions: the name lookup failed: ",
+            "Name or service not known",
+        )
+
+    def test_a_name_that_is_looked_up(self, server: Server, slow_lookup: _SlowLookup) -> None:
+        slow_lookup.release.set()
+        server.script(Reply([OPENAI_TEXT_STREAM]))
+        port = server.url.rsplit(":", 1)[1]
+        model = providers.OpenAIChatModel("m", base_url=f"http://slow.test:{port}/v1")
+        _, response = stream(model)
+        assert response.content == (al.TextBlock("Hello, world"),)
+        assert server.requests[0]["headers"]["host"] == f"slow.test:{port}"
+
+    def test_the_next_address_is_tried(
+        self, server: Server, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        port = int(server.url.rsplit(":", 1)[1])
+        real = socket.getaddrinfo
+        closed = ("127.0.0.1", free_port())
+
+        def two_addresses(host: Any, *args: Any, **kwargs: Any) -> Any:
+            if host != "two.test":
+                return real(host, *args, **kwargs)
+            if kwargs.get("flags", 0) & socket.AI_NUMERICHOST:
+                raise socket.gaierror(socket.EAI_NONAME, "not a numeric host")
+            family, kind, protocol, name, _ = real("127.0.0.1", port, **kwargs)[0]
+            return [
+                (family, kind, protocol, name, closed),
+                (family, kind, protocol, name, ("127.0.0.1", port)),
+            ]
+
+        monkeypatch.setattr(socket, "getaddrinfo", two_addresses)
+        server.script(Reply([OPENAI_TEXT_STREAM]))
+        _, response = stream(providers.OpenAIChatModel("m", base_url=f"http://two.test:{port}/v1"))
+        assert response.content == (al.TextBlock("Hello, world"),)
+
+    def test_an_address_that_fails_at_once(self) -> None:
+        # The kernel refuses a TCP connection to the broadcast address without a packet.
+        model = providers.OpenAIChatModel("m", base_url="http://255.255.255.255:9/v1", retries=0)
+        _, result = settle_prompt(model)
+        assert_stream_error(result, "cannot connect to http://255.255.255.255:9/v1")
+
+    def test_a_cancel_while_the_tls_handshake_waits(self, silent: str) -> None:
+        model = providers.OpenAIChatModel("m", base_url=silent, timeout=_BOUND, retries=0)
+        assert cancelled_within(model) < 0.25
+
+    def test_a_tls_handshake_that_takes_longer_than_the_timeout(self, silent: str) -> None:
+        model = providers.OpenAIChatModel("m", base_url=silent, timeout=0.3, retries=0)
+        _, result = settle_prompt(model)
+        assert_stream_error(result, "the TLS handshake failed", "took more than 0.3 s")
+
+
+# --- HTTPS --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Certificates:
+    """A test CA, and two server certificates it signed: for 127.0.0.1, for another name."""
+
+    ca: Path
+    good: Tuple[Path, Path]  # certificate, key: IP:127.0.0.1
+    other: Tuple[Path, Path]  # certificate, key: DNS:other.test only
+
+
+def _openssl(*arguments: str) -> None:
+    subprocess.run(["openssl", *arguments], check=True, capture_output=True, timeout=_BOUND)
+
+
+@pytest.fixture(scope="session")
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
+    """Made with the openssl command at test time, into a temporary directory."""
+    try:
+        _openssl("version")
+    except (OSError, subprocess.CalledProcessError) as error:
+        pytest.fail(f"the TLS tests need the openssl command: {error}")
+    folder = tmp_path_factory.mktemp("tls")
+    curve = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    _openssl(
+        "req", "-x509", *curve, "-keyout", str(folder / "ca.key"), "-out", str(folder / "ca.pem"),
+        "-days", "2", "-subj", "/CN=agent_loop test CA",
+        "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+    )  # fmt: skip
+
+    def server_certificate(name: str, alternative: str) -> Tuple[Path, Path]:
+        extensions = folder / f"{name}.cnf"
+        extensions.write_text(
+            f"subjectAltName={alternative}\nbasicConstraints=critical,CA:FALSE\n"
+            "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
+            "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid,issuer\n"
+        )
+        key, request_file, certificate = (
+            folder / f"{name}.{end}" for end in ("key", "csr", "pem")
+        )
+        _openssl(
+            "req", *curve, "-keyout", str(key), "-out", str(request_file), "-subj", f"/CN={name}"
+        )
+        _openssl(
+            "x509", "-req", "-in", str(request_file), "-CA", str(folder / "ca.pem"),
+            "-CAkey", str(folder / "ca.key"), "-CAcreateserial", "-out", str(certificate),
+            "-days", "2", "-extfile", str(extensions),
+        )  # fmt: skip
+        return certificate, key
+
+    return Certificates(
+        folder / "ca.pem",
+        server_certificate("good", "IP:127.0.0.1"),
+        server_certificate("other", "DNS:other.test"),
+    )
+
+
+def _tls_server(pair: Tuple[Path, Path]) -> ContextManager[Server]:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(pair[0]), str(pair[1]))
+    return _serving(context)
+
+
+def trusting(certificates: Certificates) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(certificates.ca))
+
+
+class TestHTTPS:
+    """Both adapters over TLS on 127.0.0.1; the certificate and host name are verified."""
+
+    @PROVIDERS
+    def test_both_adapters_stream_through_https(
+        self, certificates: Certificates, provider: str
+    ) -> None:
+        with _tls_server(certificates.good) as tls:
+            assert tls.url.startswith("https://127.0.0.1:")
+            tls.script(Reply(answer_parts(provider, ["Hello", " over TLS"])))
+            context = trusting(certificates)
+            model = served(provider, tls, ssl_context=context)
+            chunks, response = stream(model)
+            assert response.content == (al.TextBlock("Hello over TLS"),)
+            assert len(chunks) == 2
+            assert tls.requests[0]["headers"]["host"] == tls.url[len("https://") :]
+
+    @PROVIDERS
+    def test_the_default_context_refuses_an_unknown_ca(
+        self, certificates: Certificates, provider: str, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        with _tls_server(certificates.good) as tls:
+            model = served(provider, tls, retries=2)
+            with caplog.at_level(logging.WARNING):
+                _, result = settle_prompt(model)
+            error = assert_stream_error(
+                result, f"cannot connect to {tls.url}", "TLS certificate did not verify"
+            )
+            assert error.status is None
+            assert tls.requests == []
+        assert retry_logs(caplog) == []  # the same certificate would come back: not retried
+
+    def test_a_host_name_mismatch_is_refused(self, certificates: Certificates) -> None:
+        with _tls_server(certificates.other) as tls:
+            _, result = settle_prompt(anthropic(tls, ssl_context=trusting(certificates)))
+            assert_stream_error(result, "TLS certificate did not verify", "mismatch")
+            assert tls.requests == []
+
+    def test_https_to_a_plain_http_server(self, server: Server) -> None:
+        url = server.url.replace("http://", "https://") + "/v1"
+        model = providers.OpenAIChatModel("m", base_url=url, retries=0)
+        _, result = settle_prompt(model)
+        assert_stream_error(result, f"cannot connect to {url}", "the TLS handshake failed")
+
+
+CHUNKED = (("Content-Type", "text/event-stream"), ("Transfer-Encoding", "chunked"))
+"""The head of a chunked stream whose framing a test writes by hand."""
+
+
+class TestHTTPFailures:
+    """Status, connection and timeout failures name the status, the address, the wait."""
+
+    def test_an_error_body_that_never_arrives(self, server: Server) -> None:
+        headers = (("Content-Type", "application/json"), ("Content-Length", "100"))
+        server.script(Reply([b"{"], status=500, headers=headers, stall=True))
+        error = failure(openai(server, timeout=0.2))
+        assert str(error).endswith("answered HTTP 500 Internal Server Error: (no body)")
+
+    def test_chunked_transfer_encoding_split_anywhere(self, server: Server) -> None:
+        server.script(Reply(in_pieces(OPENAI_TOOL_STREAM), chunked=True))
+        chunks, _ = stream(openai(server))
+        calls = [chunk.tool_call.id for chunk in chunks if isinstance(chunk, al.ToolCallChunk)]
+        assert calls == ["call_A", "call_B"]
+
+    def test_a_server_that_hangs_up(self, server: Server) -> None:
+        server.script(Reply(hang_up=True))
+        _, result = settle_prompt(anthropic(server))
+        assert_stream_error(result, "the request to", "failed: RemoteDisconnected")
+
+    def test_a_chunked_stream_cut_inside_a_chunk(self, server: Server) -> None:
+        # Chunked framing written by hand: the body stops inside a chunk of 0x40 bytes.
+        server.script(Reply([b"40\r\ndata: {"], headers=CHUNKED))
+        _, result = settle_prompt(openai(server))
+        assert_stream_error(result, "the connection to", "broke: IncompleteRead")
+
+    @pytest.mark.parametrize(
+        ("reply", "chunks"),
+        [
+            pytest.param(Reply([OPENAI_TEXT_STREAM], before_head=2.0), 0, id="no-head"),
+            pytest.param(Reply([openai_chunk({"content": "Hi"})], stall=True), 1, id="mid-stream"),
+        ],
+    )
+    def test_no_byte_for_timeout_seconds(self, server: Server, reply: Reply, chunks: int) -> None:
+        server.script(reply)
+        started = time.monotonic()
+        events, result = settle_prompt(openai(server, timeout=0.3))
+        assert 0.3 <= time.monotonic() - started < 1.5
+        assert_stream_error(result, "sent nothing for 0.3 s")
+        assert [event.type for event in events].count("model.chunk") == chunks
+        assert len(result.messages) == 1
+
+    def test_pauses_shorter_than_the_timeout_are_fine(self, server: Server) -> None:
+        parts = [openai_chunk({"content": "a"}), openai_chunk({"content": "b"}), DONE]
+        server.script(Reply(parts, pause=0.15))
+        _, result = settle_prompt(openai(server, timeout=0.5))
+        assert result.status == "completed"
+        assert result.final_text == "ab"
+
+
+class TestCancellation:
+    """A set signal closes the connection at once; so does the consumer's close()."""
+
+    @pytest.mark.parametrize(
+        "reply",
+        [
+            pytest.param(Reply(before_head=_BOUND), id="before-the-head"),
+            pytest.param(Reply([openai_chunk({"content": "Hi"})], stall=True), id="mid-stream"),
+            pytest.param(Reply([b"5\r\ndata:\r\n"], stall=True, headers=CHUNKED), id="chunked"),
+        ],
+    )
+    def test_within_a_quarter_second_even_if_the_server_sends_nothing(
+        self, server: Server, reply: Reply
+    ) -> None:
+        server.script(reply)
+        assert cancelled_within(openai(server, timeout=_BOUND)) < 0.25
+        assert server.disconnected.wait(_BOUND)
+        assert _watchers_end()
+
+    @pytest.mark.parametrize(
+        "reply",
+        [
+            pytest.param(Reply(before_head=_BOUND), id="before-the-head"),
+            pytest.param(Reply([openai_chunk({"content": "Hi"})], stall=True), id="mid-stream"),
+        ],
+    )
+    def test_a_cancel_is_said_as_such_not_as_the_connection_it_broke(
+        self, server: Server, reply: Reply
+    ) -> None:
+        server.script(reply)
+        signal = threading.Event()
+        timer = threading.Timer(0.2, signal.set)
+        timer.start()
+        try:
+            with pytest.raises(providers.ProviderError, match="was cancelled"):
+                stream(openai(server, timeout=_BOUND), signal=signal)
+        finally:
+            timer.cancel()
+
+    def test_a_signal_set_before_connecting(self, server: Server) -> None:
+        signal = threading.Event()
+        signal.set()
+        with pytest.raises(providers.ProviderError, match="was cancelled"):
+            stream(openai(server), signal=signal)
+        assert server.requests == []
+
+    def test_the_consumers_close_closes_the_connection(self, server: Server) -> None:
+        server.script(Reply([openai_chunk({"content": "Hi"})], stall=True))
+        run = al.run_agent_loop(
+            messages=[al.UserMessage("u", "Hi")],
+            model=openai(server, timeout=_BOUND),
+            tools=al.ToolRegistry(),
+            max_steps=1,
+        )
+        assert next(run).type == "message.accepted"
+        assert next(run).type == "model.chunk"
+        run.close()
+        assert server.disconnected.wait(1.0)
+        assert _watchers_end()
+
+    def test_watchers_end_after_complete_and_failed_streams(self, server: Server) -> None:
+        server.script(Reply([OPENAI_TEXT_STREAM]), Reply([b"x"], status=500))
+        stream(openai(server))
+        failure(openai(server))
+        assert _watchers_end()
+
+
+# --- The command line ---------------------------------------------------------------
+
+
+def _argv(server: Server, provider: str = "openai", *more: str) -> List[str]:
+    url = server.url + "/v1" if provider == "openai" else server.url
+    return ["--provider", provider, "--base-url", url, "--model", "m", "--retries", "0", *more]
+
+
+class TestCommandLine:
+    """python agent_loop_providers.py --provider ... runs an agent with its own tools."""
+
+    def test_the_answer_streams_with_a_line_per_call_and_result(
+        self, server: Server, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        calls: List[Tuple[str, str, Dict[str, Any]]] = [
+            ("c1", "add", {"left": 2, "right": 3}),
+            ("c2", "weather", {"city": "Atlantis"}),
+        ]
+        server.script(
+            Reply(answer_parts("openai", ["Adding", " now.", *calls])),
+            Reply(answer_parts("openai", ["5, and", " no."])),
+        )
+        assert providers.main(_argv(server, "openai", "--system", "S", "2+3?")) == 0
+        assert capsys.readouterr().out == (
+            'Adding now.\n-> add({"left": 2, "right": 3}) [c1]\n'
+            '-> weather({"city": "Atlantis"}) [c2]\n<- add ok: {"sum":5}\n'
+            "<- weather error: no weather station in Atlantis\n"
+            "5, and no.\nresult: completed, 2 step(s), 5 messages\n"
+        )
+        assert server.body()["messages"][0] == {"role": "system", "content": "S"}
+        tools = [tool["function"]["name"] for tool in server.body()["tools"]]
+        assert tools == ["add", "multiply", "weather"]
+        sent = [openai_sent_call(id, name, json.dumps(arguments)) for id, name, arguments in calls]
+        assert server.body(1)["messages"][2] == {
+            "role": "assistant",
+            "content": "Adding now.",
+            "tool_calls": sent,
+        }
+
+    def test_the_command_line_tools(self) -> None:
+        tools = providers._command_line_tools()
+        add = tools.specs()[0]
+        assert add.name == "add"
+        assert add.parameters["properties"] == {
+            "left": {"type": "number"},
+            "right": {"type": "number"},
+        }
+        calls: List[Tuple[str, Dict[str, Any], str]] = [
+            ("add", {"left": 2, "right": 0.5}, '{"sum":2.5}'),
+            ("multiply", {"left": 6, "right": 7}, '{"product":42}'),
+            ("weather", {"city": "Oslo"}, "snow, -3 C"),
+            ("weather", {"city": "Atlantis"}, "no weather station in Atlantis"),
+        ]
+        for name, arguments, content in calls:
+            call = al.ToolCall("c", name, arguments)
+            assert al.execute_tool_call(tools, call, threading.Event()).content == content
+
+    @pytest.mark.parametrize(
+        ("more", "items", "status", "out"),
+        [
+            pytest.param(
+                [],
+                ["Done.\n"],
+                0,
+                "Done.\nresult: completed, 1 step(s), 2 messages\n",
+                id="text-that-ends-a-line-gets-no-extra-one",
+            ),
+            pytest.param(
+                ["--max-steps", "1"],
+                [("c1", "add", {"left": 2, "right": 3})],
+                1,
+                '-> add({"left": 2, "right": 3}) [c1]\n<- add ok: {"sum":5}\n'
+                "result: maxSteps, 1 step(s), 3 messages\nthe budget of 1 step(s) ended the run\n",
+                id="the-step-budget-is-said",
+            ),
+            pytest.param(
+                [],
+                [al.ThinkingBlock("One.\n\nTwo"), al.ThinkingBlock(" and three.\n"), "Done."],
+                0,
+                "> One.\n\n> Two and three.\nDone.\nresult: completed, 1 step(s), 2 messages\n",
+                id="thinking-that-ends-its-line-and-a-blank-line-in-it",
+            ),
+        ],
+    )
+    def test_what_it_prints(
+        self,
+        server: Server,
+        capsys: pytest.CaptureFixture[str],
+        more: List[str],
+        items: List[AnswerItem],
+        status: int,
+        out: str,
+    ) -> None:
+        server.script(Reply(answer_parts("openai", items)))
+        assert providers.main(_argv(server, "openai", *more, "Hi")) == status
+        assert capsys.readouterr().out == out
+
+    def test_a_failed_run_prints_its_error(
+        self, server: Server, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        server.script(Reply([openai_chunk({"content": "Half"})]))
+        assert providers.main(_argv(server, "openai", "Hi")) == 1
+        assert capsys.readouterr().out == (
+            "Half\nresult: failed, 1 step(s), 1 messages\nerror: MODEL_STREAM_ERROR: the model's "
+            "stream raised ProviderError: the stream ended before data: [DONE]: the answer is "
+            "incomplete\n"
+        )
+
+    def test_reasoning_then_the_answer_and_the_usage(
+        self, server: Server, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        server.script(Reply([OPENAI_REASONING_STREAM]))
+        assert providers.main(_argv(server, "openai", "27 * 453?")) == 0
+        assert capsys.readouterr().out == (
+            "> 27 * 453: 10,800 + 1,431.\n12,231\nresult: completed, 1 step(s), 2 messages, "
+            "usage: 4 in, 45 out, 16 cache read, 41 reasoning\n"
+        )
+
+    def test_anthropic_json_and_a_failed_run(
+        self, server: Server, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        server.script(Reply([b"{}"], status=500))
+        status = providers.main(_argv(server, "anthropic", "--json", "--max-steps", "1", "Hi"))
+        lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert status == 1
+        assert [line["type"] for line in lines] == ["message.accepted", "run.finished"]
+        assert lines[-1]["payload"]["result"]["error"]["code"] == "MODEL_STREAM_ERROR"
+
+    def test_json_lines_replay_as_events(
+        self, server: Server, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        server.script(Reply([OPENAI_REASONING_STREAM]))
+        assert providers.main(_argv(server, "openai", "--json", "27 * 453?")) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert not any(line.startswith(">") for line in lines)
+        events = [al.event_from_dict(json.loads(line)) for line in lines]
+        assert [event.sequence for event in events] == list(range(len(lines)))
+        assert [json.dumps(event.to_dict(), ensure_ascii=False) for event in events] == lines
+        assert events[1].payload["chunk"] == al.ThinkingDelta("request-001", "27 * 453: ")
+        result = events[-1].payload["result"]
+        assert (result.final_text, result.usage) == ("12,231", REASONING_USAGE)
+        usage = json.loads(lines[-1])["payload"]["result"]["usage"]
+        assert usage == {"input": 4, "output": 45, "cacheRead": 16, "reasoning": 41}
+
+    def test_thinking_streams_apart_and_the_result_says_the_usage(
+        self, server: Server, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        def message_start(input_tokens: int) -> bytes:
+            usage = {"input_tokens": input_tokens, "cache_read_input_tokens": 30}
+            return anthropic_event("message_start", message={"id": "m", "usage": usage})
+
+        server.script(
+            Reply(
+                [
+                    message_start(100),
+                    *anthropic_thinking(0, "Add:\n", "2 + 3", signature="sig-add"),
+                    *anthropic_tool(1, "toolu_01", "add", '{"left": 2, "right": 3}'),
+                    *anthropic_end("tool_use", {"output_tokens": 20}),
+                ]
+            ),
+            Reply(
+                [
+                    message_start(120),
+                    *anthropic_thinking(0, "Say it.", signature="sig-say"),
+                    *anthropic_text(1, "5."),
+                    *anthropic_end("end_turn", {"output_tokens": 4}),
+                ]
+            ),
+        )
+        assert providers.main(_argv(server, "anthropic", "--thinking", "2048", "2+3?")) == 0
+        assert capsys.readouterr().out == (
+            '> Add:\n> 2 + 3\n-> add({"left": 2, "right": 3}) [toolu_01]\n'
+            '<- add ok: {"sum":5}\n> Say it.\n5.\n'
+            "result: completed, 2 step(s), 4 messages, usage: 220 in, 24 out, 60 cache read\n"
+        )
+        thought = {"type": "thinking", "thinking": "Add:\n2 + 3", "signature": "sig-add"}
+        assert server.body(1)["messages"][1]["content"][0] == thought
+
+    @pytest.mark.parametrize(
+        ("provider", "more", "sent"),
+        [
+            pytest.param(
+                "openai",
+                '--max-tokens 7 --option temperature=0 --option stop=[\\"\\\\n\\"]',
+                {"max_tokens": 7, "temperature": 0, "stop": ["\n"]},
+                id="openai-max-tokens-and-options",
+            ),
+            pytest.param("anthropic", "--max-tokens 9", {"max_tokens": 9}, id="max-tokens"),
+            pytest.param(
+                "anthropic", "--option top_k=3", {"max_tokens": 4096, "top_k": 3}, id="default"
+            ),
+            *[
+                pytest.param(
+                    "anthropic",
+                    more,
+                    {"thinking": {"type": "enabled", "budget_tokens": budget}},
+                    id=name,
+                )
+                for name, more, budget in [
+                    ("thinking-the-least", "--thinking 1024", 1024),
+                    ("thinking-below-the-default-limit", "--thinking 4095", 4095),
+                    ("thinking-below-limit", "--thinking 2048 --max-tokens 2049", 2048),
+                ]
+            ],
+        ],
+    )
+    def test_the_arguments_reach_the_body(
+        self, server: Server, provider: str, more: str, sent: Dict[str, Any]
+    ) -> None:
+        server.script(Reply(answer_parts(provider, ["Hi"])))
+        assert providers.main(_argv(server, provider, *shlex.split(more), "Hi")) == 0
+        assert {key: server.body()[key] for key in sent} == sent
+
+    @pytest.mark.parametrize(
+        ("usage", "text"),
+        [
+            pytest.param(None, "", id="no-response"),
+            pytest.param(al.Usage(), "", id="nothing-known"),
+            pytest.param(al.Usage(output_tokens=0), "0 out", id="zero-is-known"),
+            pytest.param(
+                al.Usage(1, 2, 3, 4, 5),
+                "1 in, 2 out, 3 cache read, 4 cache write, 5 reasoning",
+                id="everything",
+            ),
+        ],
+    )
+    def test_the_usage_says_only_what_is_known(self, usage: Optional[al.Usage], text: str) -> None:
+        assert providers._usage_text(usage) == text
+
+    def test_accept_truncated_and_its_warning_on_stderr(
+        self, server: Server, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        server.script(Reply(answer_parts("openai", ["Once upon"], end="length")))
+        status = providers.main(_argv(server, "openai", "--accept-truncated", "Tell"))
+        captured = capsys.readouterr()
+        assert status == 0
+        assert captured.out == "Once upon\nresult: completed, 1 step(s), 2 messages\n"
+        assert captured.err == (
+            "warning: request-001: the answer was cut by the token limit (finish_reason "
+            "'length'); accepted as the model's answer (accept_truncated=True)\n"
+        )
+        handlers = logging.getLogger("agent_loop.providers").handlers
+        assert not any(isinstance(handler, logging.StreamHandler) for handler in handlers)
+
+    @pytest.mark.parametrize(
+        ("provider", "more"),
+        [
+            pytest.param("", "", id="nothing"),
+            *[
+                pytest.param(provider, more, id=name)
+                for provider, name, more in [
+                    ("x", "provider", ""),
+                    ("openai", "url", "--base-url ftp://h"),
+                    ("openai", "model", "--model ''"),
+                    ("openai", "steps-low", "--max-steps 0"),
+                    ("openai", "steps-text", "--max-steps x"),
+                    ("openai", "tokens-low", "--max-tokens 0"),
+                    ("openai", "tokens-text", "--max-tokens x"),
+                    ("openai", "retries-low", "--retries -1"),
+                    ("openai", "retries-text", "--retries x"),
+                    ("openai", "option-no-equals", "--option temperature"),
+                    ("openai", "option-no-key", "--option =1"),
+                    ("openai", "option-not-json", "--option temperature=warm"),
+                    ("openai", "option-nan", "--option temperature=NaN"),
+                    ("openai", "option-owned", "--option stream=false"),
+                    ("openai", "tokens-twice", "--max-tokens 5 --option max_tokens=6"),
+                    ("openai", "thinking-for-openai", "--thinking 2048"),
+                    ("anthropic", "thinking-below-1024", "--thinking 1023"),
+                    ("anthropic", "thinking-text", "--thinking lots"),
+                    ("anthropic", "thinking-at-the-default-limit", "--thinking 4096"),
+                    ("anthropic", "thinking-at-the-limit", "--thinking 2048 --max-tokens 2048"),
+                    ("anthropic", "thinking-owned", '--option \'thinking={"type": "adaptive"}\''),
+                    ("anthropic", "anthropic-owned", "--option max_tokens=6"),
+                ]
+            ],
+        ],
+    )
+    def test_bad_options_exit_2_with_usage(
+        self, provider: str, more: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        # Each row: a good command line but for one argument (the later one wins).
+        good = ["--provider", provider, "--base-url", "http://h", "--model", "m"]
+        argv = [*good, *shlex.split(more), "p"] if provider else []
+        with pytest.raises(SystemExit) as exited:
+            providers.main(argv)
+        assert exited.value.code == 2
+        assert "usage: python agent_loop_providers.py" in capsys.readouterr().err
+
+    def test_sigint_sets_the_signal(
+        self, server: Server, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        server.script(Reply([openai_chunk({"content": "Thinking"})], stall=True))
+
+        def interrupt() -> None:
+            # Once the request arrived, main() has installed its handler: the server
+            # holds the stream open, so main() is still running when SIGINT comes.
+            if _eventually(lambda: bool(server.requests)):
+                time.sleep(0.1)
+                os.kill(os.getpid(), os_signal.SIGINT)
+
+        before = os_signal.getsignal(os_signal.SIGINT)
+        interrupter = threading.Thread(target=interrupt)
+        interrupter.start()
+        try:
+            status = providers.main(_argv(server, "openai", "Hi"))
+        finally:
+            interrupter.join(_BOUND)
+        assert status == 1
+        assert capsys.readouterr().out == ("Thinking\nresult: cancelled, 1 step(s), 1 messages\n")
+        assert os_signal.getsignal(os_signal.SIGINT) is before  # restored
+
+    def test_ctrl_c_cancels_and_prints_the_result(self, server: Server) -> None:
+        server.script(Reply([openai_chunk({"content": "Thinking"})], stall=True))
+        process = subprocess.Popen(
+            [sys.executable, "agent_loop_providers.py", *_argv(server, "openai", "Hi")],
+            cwd=REPOSITORY,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            # The request arrives once main() has installed its handler; the server then
+            # holds the stream open, so the run is waiting on the network.
+            assert _eventually(lambda: bool(server.requests))
+            time.sleep(0.2)
+            process.send_signal(os_signal.SIGINT)
+            out, err = process.communicate(timeout=_BOUND)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+        assert process.returncode == 1
+        assert out == "Thinking\nresult: cancelled, 1 step(s), 1 messages\n"
+        assert err == ""
+        assert server.disconnected.wait(_BOUND)
+
+    def test_the_module_uses_only_public_names_of_agent_loop(self) -> None:
+        with open(REPOSITORY / "agent_loop_providers.py", encoding="utf-8") as file:
+            source = file.read()
+        assert re.findall(r"\bal\._\w+", source) == []
+
+
+# --- Integration: llmock ------------------------------------------------------------
+
+_LLMOCK_REQUIRED = os.environ.get("AGENT_LOOP_REQUIRE_LLMOCK") == "1"
+_HAS_LLMOCK = importlib.util.find_spec("llmock") is not None
+
+
+@dataclass
+class LLMock:
+    """An ``llmock serve`` subprocess and its admin API."""
+
+    url: str
+
+    def admin(self, method: str, path: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        call = urllib.request.Request(self.url + path, data=data, method=method)
+        call.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(call, timeout=_BOUND) as answer:
+            return json.loads(answer.read())
+
+    def scenario(self, *behaviors: Dict[str, Any]) -> None:
+        self.admin("POST", "/_llmock/scenario", {"behaviors": list(behaviors)})
+
+    def requests(self) -> List[Dict[str, Any]]:
+        records: List[Dict[str, Any]] = self.admin("GET", "/_llmock/requests")["requests"]
+        return records
+
+    def openai(self, **arguments: Any) -> providers.OpenAIChatModel:
+        arguments.setdefault("timeout", 5.0)
+        arguments.setdefault("retries", 0)  # the retry tests set their own
+        return providers.OpenAIChatModel("gpt-4o", base_url=self.url + "/v1", **arguments)
+
+    def anthropic(self, **arguments: Any) -> providers.AnthropicMessagesModel:
+        arguments.setdefault("timeout", 5.0)
+        arguments.setdefault("retries", 0)
+        return providers.AnthropicMessagesModel(
+            "claude-sonnet-4-6", base_url=self.url + "/anthropic", **arguments
+        )
+
+
+@pytest.fixture(scope="module")
+def llmock_process() -> Iterator[LLMock]:
+    if not _HAS_LLMOCK:
+        if _LLMOCK_REQUIRED:
+            pytest.fail("AGENT_LOOP_REQUIRE_LLMOCK=1 but llmock is not importable")
+        pytest.skip("llmock (Python >= 3.10) is not installed: run `tox -e llmock`")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [
+        sys.executable,
+        "-m",
+        "llmock.cli",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    process = subprocess.Popen(
+        [*command, "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 30.0
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=1.0):
+                    break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"llmock serve did not start on {url}")
+                time.sleep(0.1)
+        yield LLMock(url)
+    finally:
+        process.terminate()
+        try:
+            process.wait(_BOUND)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(_BOUND)
+
+
+@pytest.fixture
+def mock(llmock_process: LLMock) -> LLMock:
+    llmock_process.admin("POST", "/_llmock/reset", {})
+    return llmock_process
+
+
+def _model(mock: LLMock, provider: str, **arguments: Any) -> al.Model:
+    return mock.openai(**arguments) if provider == "openai" else mock.anthropic(**arguments)
+
+
+@pytest.mark.llmock
+class TestLLMock:
+    """Both adapters through run_agent_loop against llmock 0.2.2's real servers."""
+
+    @PROVIDERS
+    def test_a_tool_round_trip(self, mock: LLMock, provider: str) -> None:
+        mock.scenario(
+            {
+                "type": "reply",
+                "text": "Adding.",
+                "tool_calls": [{"name": "add", "arguments": {"left": 20, "right": 22}}],
+            },
+            {"type": "reply", "text": "The sum is 42."},
+        )
+        events, result = settle_prompt(
+            _model(mock, provider, system="Be brief."), "Add 20 and 22."
+        )
+        assert result.status == "completed", result.error
+        assert result.final_text == "The sum is 42."
+        assert result.messages[2].content == '{"sum":42}'
+        texts = [text for text in chunk_texts(events) if isinstance(text, str)]
+        assert "".join(texts) == "Adding.The sum is 42."
+        first, second = mock.requests()
+        assert first["body"]["stream"] is True
+        assert first["status"] == 200
+        call = result.messages[1].content[-1]
+        assert isinstance(call, al.ToolCall)
+        if provider == "openai":
+            assert first["path"] == "/v1/chat/completions"
+            assert first["body"]["messages"][0] == {"role": "system", "content": "Be brief."}
+            result_turn = {"role": "tool", "tool_call_id": call.id, "content": '{"sum":42}'}
+            assert second["body"]["messages"][-1] == result_turn
+        else:
+            assert first["path"] == "/anthropic/v1/messages"
+            assert first["body"]["system"] == "Be brief."
+            assert second["body"]["messages"][-1]["content"] == [
+                anthropic_sent_result(call.id, '{"sum":42}', False)
+            ]
+
+    @PROVIDERS
+    def test_two_calls_and_a_recoverable_tool_error(self, mock: LLMock, provider: str) -> None:
+        mock.scenario(
+            {
+                "type": "reply",
+                "tool_calls": [
+                    {"name": "multiply", "arguments": {"left": 6, "right": 7}},
+                    {"name": "weather", "arguments": {"city": "Atlantis"}},
+                ],
+            },
+            {"type": "reply", "text": "42, and no weather."},
+        )
+        _, result = settle_prompt(_model(mock, provider))
+        assert result.status == "completed", result.error
+        roles = ["user", "assistant", "toolResult", "toolResult", "assistant"]
+        assert [message.role for message in result.messages] == roles
+        assert isinstance(result.messages[3], al.ToolResultMessage)
+        assert result.messages[3].is_error
+        sent = mock.requests()[1]["body"]["messages"]
+        if provider == "anthropic":  # both results in one user turn
+            assert [block["is_error"] for block in sent[-1]["content"]] == [False, True]
+        else:  # a turn of tool calls only: "" as its content, which every server takes
+            assert sent[1]["content"] == ""
+
+    @PROVIDERS
+    @pytest.mark.parametrize("status", [429, 500])
+    def test_http_errors_keep_retry_after(self, mock: LLMock, provider: str, status: int) -> None:
+        mock.scenario({"type": "fail", "status": status, "retry_after": 3})
+        _, result = settle_prompt(_model(mock, provider))
+        error = assert_stream_error(result, f"HTTP {status}")
+        assert (error.status, error.retry_after) == (status, 3.0)
+        assert mock.requests()[0]["status"] == status
+
+    @PROVIDERS
+    @pytest.mark.parametrize(
+        ("behaviors", "timeout", "words"),
+        [
+            *[
+                pytest.param(
+                    [
+                        {"type": "reply", "text": "one two three four five six"},
+                        {"type": "stream_fault", "kind": kind, "after_chunks": 3, **more},
+                    ],
+                    timeout,
+                    words,
+                    id=kind,
+                )
+                for kind, more, timeout, words in [
+                    ("disconnect", {}, 5.0, "broke"),
+                    ("truncate", {}, 5.0, "ended before"),
+                    ("malformed", {}, 5.0, "malformed event"),
+                    ("stall", {"stall_seconds": 5}, 0.3, "sent nothing for 0.3 s"),
+                ]
+            ],
+            pytest.param(
+                [{"type": "reply", "text": "late"}, {"type": "slow_first_token", "seconds": 2}],
+                0.3,
+                "sent nothing for 0.3 s",
+                id="slow-first-token",
+            ),
+            pytest.param(
+                [{"type": "tool_fault", "kind": "malformed_arguments"}],
+                5.0,
+                "has arguments that are not JSON",
+                id="malformed-arguments",
+            ),
+        ],
+    )
+    def test_stream_faults(
+        self, mock: LLMock, provider: str, behaviors: List[Any], timeout: float, words: str
+    ) -> None:
+        mock.scenario(*behaviors)
+        _, result = settle_prompt(_model(mock, provider, timeout=timeout))
+        assert_stream_error(result, words)
+        assert len(result.messages) == 1
+
+    @PROVIDERS
+    def test_a_stall_is_cancelled_within_a_quarter_second(
+        self, mock: LLMock, provider: str
+    ) -> None:
+        mock.scenario(
+            {"type": "reply", "text": "one two three"},
+            {"type": "stream_fault", "kind": "stall", "after_chunks": 2, "stall_seconds": 5},
+        )
+        assert cancelled_within(_model(mock, provider, timeout=_BOUND), delay=0.3) < 0.25
+
+    @PROVIDERS
+    def test_slow_first_token_within_the_timeout(self, mock: LLMock, provider: str) -> None:
+        mock.scenario(
+            {"type": "reply", "text": "late"}, {"type": "slow_first_token", "seconds": 0.3}
+        )
+        _, result = settle_prompt(_model(mock, provider, timeout=2.0))
+        assert result.status == "completed"
+        assert result.final_text == "late"
+
+    @PROVIDERS
+    def test_a_failure_then_a_reply_is_retried(
+        self, mock: LLMock, provider: str, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        mock.scenario({"type": "fail", "status": 500}, {"type": "reply", "text": "Recovered."})
+        model = quick(cast(providers._StreamingModel, _model(mock, provider, retries=2)))
+        with caplog.at_level(logging.WARNING):
+            _, result = settle_prompt(model)
+        assert result.status == "completed", result.error
+        assert result.final_text == "Recovered."
+        assert [record["status"] for record in mock.requests()] == [500, 200]
+        assert len(retry_logs(caplog)) == 1
+
+    @PROVIDERS
+    def test_a_429_waits_its_retry_after(
+        self, mock: LLMock, provider: str, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        mock.scenario(
+            {"type": "fail", "status": 429, "retry_after": 0.2},
+            {"type": "reply", "text": "After the wait."},
+        )
+        started = time.monotonic()
+        with caplog.at_level(logging.WARNING):
+            _, result = settle_prompt(_model(mock, provider, retries=1))
+        assert time.monotonic() - started >= 0.2
+        assert result.status == "completed", result.error
+        assert retry_logs(caplog)[0].endswith("retrying in 0.2 s")
+
+    @PROVIDERS
+    def test_a_long_answer_completes(self, mock: LLMock, provider: str) -> None:
+        words = " ".join(f"w{number}" for number in range(2000))
+        mock.scenario({"type": "reply", "text": words})
+        events, result = settle_prompt(_model(mock, provider))
+        assert result.status == "completed", result.error
+        assert result.final_text == words
+        assert sum(event.type == "model.chunk" for event in events) <= al.MAX_STEP_CHUNKS
+
+    @PROVIDERS
+    def test_usage_is_asked_for_and_is_what_llmock_counts(
+        self, mock: LLMock, provider: str
+    ) -> None:
+        reply = {"type": "reply", "text": "The sum is 42, as asked."}
+        mock.scenario(reply, reply)  # the second for the same request, not streamed
+        arguments: Dict[str, Any] = {"system": "Be brief."}
+        if provider == "anthropic":  # llmock takes the setting (and sends no thinking)
+            arguments["thinking"] = {"type": "enabled", "budget_tokens": 1024}
+        _, result = settle_prompt(_model(mock, provider, **arguments), "Add 20 and 22.")
+        assert result.status == "completed", result.error
+        sent = mock.requests()[0]["body"]
+        # The same body, not streamed: llmock's own count of this request.
+        body = {key: value for key, value in sent.items() if key != "stream_options"}
+        body["stream"] = False
+        path = "/v1/chat/completions" if provider == "openai" else "/anthropic/v1/messages"
+        counted = mock.admin("POST", path, body)["usage"]
+        if provider == "openai":
+            assert sent["stream_options"] == {"include_usage": True}
+            expected = al.Usage(counted["prompt_tokens"], counted["completion_tokens"])
+        else:
+            assert sent["thinking"] == {"type": "enabled", "budget_tokens": 1024}
+            expected = al.Usage(counted["input_tokens"], counted["output_tokens"])
+        assert expected.input_tokens  # counted, not 0
+        assert expected.output_tokens
+        assistant = result.messages[1]
+        assert isinstance(assistant, al.AssistantMessage)
+        assert assistant.usage == expected  # llmock reports no cache or reasoning counts
+        assert result.usage == expected
+
+    @PROVIDERS
+    @pytest.mark.parametrize("accept_truncated", [True, False])
+    def test_a_cut_answer(self, mock: LLMock, provider: str, accept_truncated: bool) -> None:
+        mock.scenario({"type": "reply", "text": "cut short", "finish_reason": "length"})
+        _, result = settle_prompt(_model(mock, provider, accept_truncated=accept_truncated))
+        if accept_truncated:
+            assert result.status == "completed", result.error
+            assert result.final_text == "cut short"
+        else:
+            assert_stream_error(result, "the answer was cut")
