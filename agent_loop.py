@@ -620,28 +620,27 @@ def _is_id(value: object) -> bool:
 # subclass could redefine == (and so agree with anything) or unfreeze its fields.
 
 
-def _checked_block(block: object) -> Union[TextBlock, ThinkingBlock, ToolCall]:
-    """Returns an assistant block that keeps the IR's rules, or raises _Problem."""
+def _check_block(block: object) -> None:
+    """Raises _Problem unless an assistant block keeps the IR's rules."""
     if type(block) is TextBlock:
         if not _is_text(block.text):
             raise _Problem(_wrong_block_field("a text block", "text", "a str", block.text))
-        return block
-    if type(block) is ThinkingBlock:
-        return _checked_thinking(block)
-    if type(block) is not ToolCall:
+    elif type(block) is ThinkingBlock:
+        _checked_thinking(block)
+    elif type(block) is not ToolCall:
         hint = ": wrap text in TextBlock(...)" if isinstance(block, str) else ""
         raise _Problem(
             f"{_a(type(block).__name__)} is not a TextBlock, ThinkingBlock or ToolCall{hint}"
         )
-    if not _is_id(block.id):
+    elif not _is_id(block.id):
         raise _Problem(f"a tool call's id must be a non-empty str, got {block.id!r}")
-    if not _is_id(block.name):
+    elif not _is_id(block.name):
         raise _Problem(f"tool call {block.id!r}: name must be a non-empty str, got {block.name!r}")
-    try:
-        _check_arguments(block)
-    except _Problem as problem:  # the same problem, saying which call has it
-        raise _Problem(f"tool call {block.id!r}: {problem}") from None
-    return block
+    else:
+        try:
+            _check_arguments(block)
+        except _Problem as problem:  # the same problem, saying which call has it
+            raise _Problem(f"tool call {block.id!r}: {problem}") from None
 
 
 def _checked_thinking(block: ThinkingBlock) -> ThinkingBlock:
@@ -696,7 +695,7 @@ def _checked_message(message: object) -> Message:
             raise _Problem(_wrong_field(message, "usage"))
         for block in message.content:
             try:
-                _checked_block(block)
+                _check_block(block)
             except _Problem as problem:  # the same problem, saying which message has it
                 raise _Problem(f"message {message.id!r}: {problem}") from None
     elif type(message) is ToolResultMessage:
@@ -864,7 +863,7 @@ class _StreamedBlocks:
                 raise _Problem(
                     f"a tool-call chunk carries a {type(chunk.tool_call).__name__}, not a ToolCall"
                 )
-            _checked_block(chunk.tool_call)
+            _check_block(chunk.tool_call)
             item = chunk.tool_call
         else:
             raise _Problem(

@@ -1894,6 +1894,10 @@ MALFORMED_THINKING = [
                  id="redacted-with-thinking"),
     pytest.param(al.ThinkingBlock("", None, redacted=True), "got thinking '', signature None",
                  id="redacted-without-signature"),
+    # A rejected value is quoted shortened to 160 characters, its two ends kept.
+    pytest.param(al.ThinkingBlock("x" * 1000, "data", redacted=True),
+                 "got thinking '" + "x" * 77 + "..." + "x" * 78 + "', signature 'data'",
+                 id="long-value-quoted-in-160-characters"),
     pytest.param(al.ThinkingBlock("", "", redacted=True), "got thinking '', signature ''",
                  id="redacted-with-empty-signature"),
     pytest.param(ThinkingBlockSubclass("hm"), "a ThinkingBlockSubclass is not a TextBlock, "

@@ -461,6 +461,7 @@ UNEXPRESSIBLE_HINTS = [
     ("Optional[int]", "give the parameter the default None"),
     ("Union[int, str]", "a schema here has one type (no anyOf)"),
     ("Union[int, str, None]", "a schema here has one type (no anyOf)"),
+    ("Union[int, str] = None", "a schema here has one type (no anyOf)"),
     ("List[Optional[int]]", "a schema here has one type (no anyOf)"),
     pytest.param("str | int", "a schema here has one type (no anyOf)", marks=SINCE_3_10),
     ("Dict[str, int]", "use dict or Dict[str, Any]"),
@@ -689,7 +690,7 @@ class TestExecuteToolCall:
             al.execute_tool_call(registry, untyped.ToolCall(id, name, {}), threading.Event())
 
     def test_a_tool_error_message_must_be_a_str(self) -> None:
-        assert al.ToolError("x").message == "x"
+        assert (al.ToolError("x").message, str(al.ToolError("x"))) == ("x", "x")
         for message in (1, None, b"x"):
             with pytest.raises(TypeError, match="ToolError message must be a str, got "):
                 untyped.ToolError(message)
@@ -934,6 +935,8 @@ KEPT_AS_TUPLES: dict[str, Callable[[list[Any]], Any]] = {
     "ModelResponse": lambda blocks: al.ModelResponse("r", "q", blocks, "stop").content,
     "ScriptedResponse": lambda blocks: al.ScriptedResponse("r", blocks, "stop").content,
     "scripted_response": lambda blocks: al.scripted_response("r", blocks, "stop").content,
+    "ScriptedResponse-chunks": lambda blocks: al.ScriptedResponse("r", [], "stop",
+                                                                  chunks=blocks).chunks,
     "scripted_response-chunks": lambda blocks: al.scripted_response("r", [], "stop",
                                                                     chunks=blocks).chunks,
 }  # fmt: skip

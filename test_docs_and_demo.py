@@ -225,6 +225,8 @@ class TestDemonstration:
         assert result.status in lines[len(events) - 1]
         if result.final_text is not None:
             assert result.final_text in after
+        if result.max_steps is not None:
+            assert f"the budget of {result.max_steps} step(s) ended the run" in after
         for open_call in al.open_tool_calls(result.messages):
             assert open_call.id in after
 
