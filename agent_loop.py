@@ -434,8 +434,12 @@ class _Run:
         """AppendAssistant: the complete assistant message joins the transcript, and its
         usage the run's (a response without usage makes every field of the sum unknown)."""
         self.transcript.append(message)
-        usage = _UNKNOWN_USAGE if message.usage is None else message.usage
-        self.usage = usage if self.usage is None else self.usage + usage
+        if message.usage is None:
+            self.usage = _UNKNOWN_USAGE  # whatever the sum was, and without building a Usage
+        elif self.usage is None:
+            self.usage = message.usage  # the first response
+        else:
+            self.usage = self.usage + message.usage
 
     def _execute_tools(
         self, request: ModelRequest, message: AssistantMessage
