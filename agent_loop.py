@@ -956,13 +956,17 @@ def _first_difference(left: Sequence[Any], right: Sequence[Any]) -> Optional[int
 
 
 def _shortened(blocks: List[_Normalized], index: int) -> str:
-    """A short repr of one normalised block (thinking as ``thinking '...'``), or "nothing"
-    past the end."""
+    """One normalised block as a disagreement shows it, shortened: text as its repr,
+    ``thinking '...'``, ``tool call 'id' to 'name' with {...}``; "nothing" past the end."""
     if index == len(blocks):
         return "nothing"
     block = blocks[index]
-    if isinstance(block, ThinkingBlock):  # its repr would be shortened to its class name
+    # A dataclass's repr would be shortened to its class name, or cut before its id.
+    if isinstance(block, ThinkingBlock):
         return "thinking " + reprlib.repr(block.thinking)
+    if isinstance(block, ToolCall):
+        arguments = reprlib.repr(block.plain_arguments())
+        return f"tool call {reprlib.repr(block.id)} to {reprlib.repr(block.name)} with {arguments}"
     return reprlib.repr(block)
 
 

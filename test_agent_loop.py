@@ -1299,8 +1299,12 @@ DISAGREEING = [
                   "0: streamed 'Hello there', terminal 'Hello world'"],
                  id="the-first-differing-block-is-shown-on-each-side"),
     pytest.param([text("a"), echo_call("c1", "x")], [text("a")],
-                 ["disagree at normalised block 1: streamed nothing, terminal ToolCall("],
-                 id="a-missing-block-is-shown-as-nothing"),
+                 ["disagree at normalised block 1: streamed nothing, terminal tool call 'c1' "
+                  "to 'echo' with {'text': 'x'}"], id="a-missing-block-is-shown-as-nothing"),
+    pytest.param([add_call("call-add-001")], [add_call("call-add-002")],
+                 ["streamed tool call 'call-add-002' to 'add' with {'left': 20, 'right': 22}, "
+                  "terminal tool call 'call-add-001' to 'add'"],
+                 id="a-tool-call-is-shown-by-its-id-name-and-arguments"),
     pytest.param([text("x" * 5000)], [text("y" * 5000)], ["block 0: streamed 'yyy", "..."],
                  id="long-blocks-are-shortened"),
     pytest.param([text("a"), text("b")], [],
