@@ -15,7 +15,6 @@ from __future__ import annotations
 import email.utils
 import json
 import logging
-import re
 import ssl
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
@@ -32,7 +31,6 @@ from loop_testing import (
     OPENAI_TOOL_STREAM,
     PROVIDERS,
     REASONING_USAGE,
-    REPOSITORY,
     REQUEST_HISTORY,
     SPECS,
     AnswerItem,
@@ -855,23 +853,6 @@ class TestThinking:
             usage=None,  # the example reports no usage: unknown, not 0
         )
         assert result.usage == al.Usage()  # a sum with an unknown part is unknown
-
-    def test_the_readmes_tool_turn_with_thinking_is_what_is_sent(self) -> None:
-        with open(REPOSITORY / "README.md", encoding="utf-8") as file:
-            readme = file.read()
-        (shown,) = re.findall(r"^  ```json\n(.*?)^  ```$", readme, flags=re.M | re.S)
-        thought = al.ThinkingBlock("The user wants 2 + 3: the add tool does it.", SIGNATURE)
-        call = al.ToolCall("toolu_01", "add", {"left": 2, "right": 3})
-        history = (
-            al.UserMessage("user-001", "What is 2 + 3?"),
-            al.AssistantMessage("message-response-001", [thought, call], al.Usage(472, 89)),
-            al.ToolResultMessage("tool-result-toolu_01", "toolu_01", "add", '{"sum":5}', False),
-        )
-        model = providers.AnthropicMessagesModel(
-            "m", thinking={"type": "enabled", "budget_tokens": 1}
-        )
-        sent = posted(model, request(history, SPECS, id="request-002"))["body"]
-        assert json.loads(shown) == sent["messages"]
 
     def test_a_redacted_block_is_kept_and_sent_back_with_its_data(self) -> None:
         parts = [
