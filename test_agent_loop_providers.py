@@ -15,7 +15,6 @@ from __future__ import annotations
 import email.utils
 import json
 import logging
-import re
 import ssl
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
@@ -32,7 +31,6 @@ from loop_testing import (
     OPENAI_TOOL_STREAM,
     PROVIDERS,
     REASONING_USAGE,
-    REPOSITORY,
     REQUEST_HISTORY,
     SPECS,
     AnswerItem,
@@ -856,23 +854,6 @@ class TestThinking:
         )
         assert result.usage == al.Usage()  # a sum with an unknown part is unknown
 
-    def test_the_readmes_tool_turn_with_thinking_is_what_is_sent(self) -> None:
-        with open(REPOSITORY / "README.md", encoding="utf-8") as file:
-            readme = file.read()
-        (shown,) = re.findall(r"^  ```json\n(.*?)^  ```$", readme, flags=re.M | re.S)
-        thought = al.ThinkingBlock("The user wants 2 + 3: the add tool does it.", SIGNATURE)
-        call = al.ToolCall("toolu_01", "add", {"left": 2, "right": 3})
-        history = (
-            al.UserMessage("user-001", "What is 2 + 3?"),
-            al.AssistantMessage("message-response-001", [thought, call], al.Usage(472, 89)),
-            al.ToolResultMessage("tool-result-toolu_01", "toolu_01", "add", '{"sum":5}', False),
-        )
-        model = providers.AnthropicMessagesModel(
-            "m", thinking={"type": "enabled", "budget_tokens": 1}
-        )
-        sent = posted(model, request(history, SPECS, id="request-002"))["body"]
-        assert json.loads(shown) == sent["messages"]
-
     def test_a_redacted_block_is_kept_and_sent_back_with_its_data(self) -> None:
         parts = [
             MESSAGE_START,
@@ -1197,69 +1178,157 @@ THINKING_START = anthropic_thinking(0)[0]
 HI = openai_chunk({"content": "Hi"})
 OBJECT = {"name": "add", "arguments": {}}  # arguments that are not a string
 DEEP = "[" * 200_000  # json's C code recurses per level: deeper than the recursion limit
-NESTED = "malformed event: JSON nested too deeply"
-# Each broken answer, and what its refusal says.
+NESTED = (
+    "malformed event: JSON nested too deeply to read"
+    " (in the event's data or in a tool call's arguments)"
+)
+# Each broken answer, and the words of its refusal that no other row's refusal has (rows
+# that one check refuses share them): a refusal swapped for another one fails its row.
 OPENAI_BROKEN: List[Tuple[str, List[bytes], str]] = [
-    ("no-done", [HI, openai_chunk({}, "stop")], "ended before data: [DONE]"),
-    ("length", [HI, openai_chunk({}, "length"), DONE], "cut: finish_reason 'length' (the token"),
-    ("filter", [openai_chunk({}, "content_filter"), DONE], "'content_filter' (the provider's"),
-    ("error", [HI, sse({"error": {"message": "Crash", "type": "s_e"}})], "error: s_e: Crash"),
+    (
+        "no-done",
+        [HI, openai_chunk({}, "stop")],
+        "the stream ended before data: [DONE]: the answer is incomplete",
+    ),
+    (
+        "length",
+        [HI, openai_chunk({}, "length"), DONE],
+        "the answer was cut: finish_reason 'length' (the token limit)",
+    ),
+    (
+        "filter",
+        [openai_chunk({}, "content_filter"), DONE],
+        "the answer was cut: finish_reason 'content_filter' (the provider's content filter)",
+    ),
+    (
+        "error",
+        [HI, sse({"error": {"message": "Crash", "type": "s_e"}})],
+        "the stream reported an error: s_e: Crash",
+    ),
     ("error-event", [sse({"error": "busy"}, "error")], "the stream reported an error: busy"),
     ("error-text", [b"event: error\ndata: gone\n\n"], "the stream reported an error: gone"),
-    ("not-json", [b'data: {"choices": [\n\n'], "malformed event: its data is not JSON"),
-    ("not-object", [b"data: [1, 2]\n\n"], "its data is not a JSON object"),
-    ("no-choices", [sse({"id": "x"})], "without a choices list"),
-    ("choice", [sse({"choices": [1]})], "choice that is not an object"),
-    ("delta", [sse({"choices": [{"delta": []}]})], "with a delta object"),
-    ("content", [openai_chunk({"content": 5})], "delta.content is not a string"),
-    ("calls", [openai_chunk({"tool_calls": {}})], "delta.tool_calls is not a list"),
-    ("fragment", [openai_chunk({"tool_calls": [1]})], "fragment that is not an object"),
-    ("index", [openai_chunk({"tool_calls": [{"index": "0"}]})], "without an int index"),
-    ("function", [openai_chunk({"tool_calls": [{"function": []}]})], "or a function"),
-    ("arguments", [openai_chunk({"tool_calls": [{"function": OBJECT}]})], "not a string"),
+    (
+        "not-json",
+        [b'data: {"choices": [\n\n'],
+        'malformed event: its data is not JSON: {"choices": [',
+    ),
+    (
+        "not-object",
+        [b"data: [1, 2]\n\n"],
+        "malformed event: its data is not a JSON object: [1, 2]",
+    ),
+    ("no-choices", [sse({"id": "x"})], "malformed event: a chunk without a choices list"),
+    (
+        "choice",
+        [sse({"choices": [1]})],
+        "malformed event: a choice that is not an object with a delta object",
+    ),
+    (
+        "delta",
+        [sse({"choices": [{"delta": []}]})],
+        "malformed event: a choice that is not an object with a delta object",
+    ),
+    ("content", [openai_chunk({"content": 5})], "malformed event: delta.content is not a string"),
+    (
+        "calls",
+        [openai_chunk({"tool_calls": {}})],
+        "malformed event: delta.tool_calls is not a list",
+    ),
+    (
+        "fragment",
+        [openai_chunk({"tool_calls": [1]})],
+        "malformed event: a tool-call fragment that is not an object",
+    ),
+    (
+        "index",
+        [openai_chunk({"tool_calls": [{"index": "0"}]})],
+        "malformed event: a tool-call fragment without an int index or a function",
+    ),
+    (
+        "function",
+        [openai_chunk({"tool_calls": [{"function": []}]})],
+        "malformed event: a tool-call fragment without an int index or a function",
+    ),
+    (
+        "arguments",
+        [openai_chunk({"tool_calls": [{"function": OBJECT}]})],
+        "malformed event: tool-call arguments that are not a string",
+    ),
     (
         "continued",
         [*[openai_call(n, str(n), "add", "{}") for n in (0, 1)], openai_call(0, None, None, "1")],
-        "tool call 0 continues after it was complete",
+        "malformed event: tool call 0 continues after it was complete",
     ),
-    ("no-name", [openai_call(0, "a", None, "{}"), DONE], "a tool call has no name"),
+    (
+        "no-name",
+        [openai_call(0, "a", None, "{}"), DONE],
+        "malformed event stream: a tool call has no name (None)",
+    ),
     (
         "bad-json",
         [openai_call(0, "a", "add", '{"left": 1,'), DONE],
-        "arguments that are not JSON (",
+        "tool call 'add' has arguments that are not JSON (",
     ),
     ("bad-json-quoted", [openai_call(0, "a", "add", '{"left": 1,'), DONE], '): {"left": 1,'),
     (
         "array",
         [openai_call(0, "a", "add", "[1]"), DONE],
-        "'add' has arguments that are not a JSON object",
+        "tool call 'add' has arguments that are not a JSON object: [1]",
     ),
-    ("utf-8", [b"data: \xff\xfe\n\n"], "not UTF-8"),
-    ("reasoning", [openai_chunk({"reasoning_content": 1})], "delta.reasoning is not a string"),
+    (
+        "utf-8",
+        [b"data: \xff\xfe\n\n"],
+        "malformed event stream: it is not UTF-8 ('utf-8' codec can't decode byte 0xff",
+    ),
+    (
+        "reasoning",
+        [openai_chunk({"reasoning_content": 1})],
+        "malformed event: delta.reasoning is not a string",
+    ),
     ("deep", [b"data: " + DEEP.encode() + b"\n\n"], NESTED),
     (
         "deep-arguments",
         [openai_call(0, "c1", "add", DEEP), openai_chunk({}, "tool_calls"), DONE],
         NESTED,
     ),
-    ("usage-list", [openai_usage([1]), DONE], "usage is not an object"),
+    ("usage-list", [openai_usage([1]), DONE], "malformed event: usage is not an object"),
     *[
         (name, [openai_usage(usage), DONE], words)
         for name, usage, words in [
-            ("prompt-str", {"prompt_tokens": "7"}, "usage prompt_tokens is not an int"),
-            ("output-bool", {"completion_tokens": True}, "completion_tokens is not"),
-            ("prompt-negative", {"prompt_tokens": -1}, "is not an int >= 0"),
-            ("details-int", {"prompt_tokens_details": 3}, "prompt details is not an"),
-            ("completion-details", {"completion_tokens_details": []}, "completion details is"),
+            (
+                "prompt-str",
+                {"prompt_tokens": "7"},
+                "malformed event: usage prompt_tokens is not an int >= 0",
+            ),
+            (
+                "output-bool",
+                {"completion_tokens": True},
+                "malformed event: usage completion_tokens is not an int >= 0",
+            ),
+            (
+                "prompt-negative",
+                {"prompt_tokens": -1},
+                "malformed event: usage prompt_tokens is not an int >= 0",
+            ),
+            (
+                "details-int",
+                {"prompt_tokens_details": 3},
+                "malformed event: prompt details is not an object",
+            ),
+            (
+                "completion-details",
+                {"completion_tokens_details": []},
+                "malformed event: completion details is not an object",
+            ),
             (
                 "reasoning-float",
                 {"completion_tokens_details": {"reasoning_tokens": 1.0}},
-                "usage reasoning_tokens is not an int",
+                "malformed event: usage reasoning_tokens is not an int >= 0",
             ),
             (
                 "cached-over-prompt",
                 {"prompt_tokens": 3, "prompt_tokens_details": {"cached_tokens": 4}},
-                "more cached tokens than prompt tokens",
+                "malformed event: usage with more cached tokens than prompt tokens",
             ),
         ]
     ],
@@ -1268,52 +1337,93 @@ ANTHROPIC_BROKEN: List[Tuple[str, List[bytes], str]] = [
     (
         "no-stop",
         [MESSAGE_START, *anthropic_text(0, "Hi"), anthropic_end()[0]],
-        "ended before message_stop",
+        "the stream ended before message_stop: the answer is incomplete",
     ),
     *[
-        (stop, [MESSAGE_START, *anthropic_end(stop)], f"the answer was cut: stop_reason {stop!r}")
-        for stop in ["max_tokens", "refusal", "pause_turn", "model_context_window_exceeded"]
+        (
+            stop,
+            [MESSAGE_START, *anthropic_end(stop)],
+            f"the answer was cut: stop_reason {stop!r} ({meaning})",
+        )
+        for stop, meaning in [
+            ("max_tokens", "the max_tokens limit"),
+            ("refusal", "the provider's safety classifier"),
+            ("pause_turn", "a paused turn, which this adapter does not resume"),
+            ("model_context_window_exceeded", "the model's context window"),
+        ]
     ],
     (
         "error-event",
         [MESSAGE_START, sse({"error": {"type": "o_e", "message": "Busy"}}, "error")],
-        "error: o_e: Busy",
+        "the stream reported an error: o_e: Busy",
     ),
     (
         "error-type",
         [sse({"type": "error", "error": {"type": "api_error", "message": "Boom"}})],
-        "error: api_error: Boom",
+        "the stream reported an error: api_error: Boom",
     ),
-    ("not-json", [b"event: message_start\ndata: {\n\n"], "not JSON"),
-    ("unstarted-delta", [anthropic_text(0, "x")[1]], "not a started block"),
-    ("unstarted-stop", [anthropic_text(3)[1]], "not a started block"),
-    ("restarted", [TEXT_START, TEXT_START], "not a new block"),
-    ("reused", [MESSAGE_START, *anthropic_text(0, "a"), TEXT_START], "not a new block"),
-    ("index", [anthropic_start("0", {"type": "text"})], "index"),
-    ("block", [anthropic_start(0, "text")], "without a content_block object"),
-    ("start-text", [anthropic_start(0, {"type": "text", "text": 1})], "text that is not a string"),
+    (
+        "not-json",
+        [b"event: message_start\ndata: {\n\n"],
+        "malformed event: its data is not JSON: {",
+    ),
+    (
+        "unstarted-delta",
+        [anthropic_text(0, "x")[1]],
+        "malformed event: an index that is not a started block's",
+    ),
+    (
+        "unstarted-stop",
+        [anthropic_text(3)[1]],
+        "malformed event: an index that is not a started block's",
+    ),
+    ("restarted", [TEXT_START, TEXT_START], "malformed event: an index that is not a new block's"),
+    (
+        "reused",
+        [MESSAGE_START, *anthropic_text(0, "a"), TEXT_START],
+        "malformed event: an index that is not a new block's",
+    ),
+    (
+        "index",
+        [anthropic_start("0", {"type": "text"})],
+        "malformed event: an index that is not a new block's",
+    ),
+    (
+        "block",
+        [anthropic_start(0, "text")],
+        "malformed event: content_block_start without a content_block object",
+    ),
+    (
+        "start-text",
+        [anthropic_start(0, {"type": "text", "text": 1})],
+        "malformed event: text that is not a string",
+    ),
     (
         "delta",
         [TEXT_START, anthropic_event("content_block_delta", index=0, delta="x")],
-        "without a delta object",
+        "malformed event: content_block_delta without a delta object",
     ),
     (
         "delta-text",
         [TEXT_START, anthropic_delta(0, type="text_delta", text=None)],
-        "text that is not a string",
+        "malformed event: text that is not a string",
     ),
     (
         "no-partial-json",
         [TOOL_START, anthropic_delta(0, type="input_json_delta")],
-        "or partial_json",
+        "malformed event: input_json_delta without a tool_use block or partial_json",
     ),
     (
         "message-delta",
         [anthropic_event("message_delta", delta=None)],
-        "message_delta without a delta object",
+        "malformed event: message_delta without a delta object",
     ),
     *[
-        (f"open-{name}", [MESSAGE_START, *block, *end], f"message_stop before block {i} stopped")
+        (
+            f"open-{name}",
+            [MESSAGE_START, *block, *end],
+            f"malformed event: message_stop before block {i} stopped",
+        )
         for name, block, end, i in [
             ("tool", anthropic_tool(0, "t", "add", "{}")[:2], anthropic_end()[1:], 0),
             ("thinking", anthropic_thinking(0, "hm", signature=None)[:2], anthropic_end()[1:], 0),
@@ -1324,12 +1434,12 @@ ANTHROPIC_BROKEN: List[Tuple[str, List[bytes], str]] = [
     (
         "bad-json",
         [MESSAGE_START, *anthropic_tool(0, "t", "add", '{"a": '), *anthropic_end("tool_use")],
-        "tool call 'add' has arguments that are not JSON",
+        "tool call 'add' has arguments that are not JSON (",
     ),
     (
         "no-name",
         [MESSAGE_START, *anthropic_tool(0, "t", "", "{}"), *anthropic_end("tool_use")],
-        "a tool call has no name",
+        "malformed event stream: a tool call has no name ('')",
     ),
     ("deep", [b"event: message_start\ndata: " + DEEP.encode() + b"\n\n"], NESTED),
     (
@@ -1344,79 +1454,87 @@ ANTHROPIC_BROKEN: List[Tuple[str, List[bytes], str]] = [
                 "thinking-for-text",
                 TEXT_START,
                 anthropic_delta(0, type="thinking_delta", thinking="x"),
-                "thinking_delta for a block that is not thinking",
+                "malformed event: thinking_delta for a block that is not thinking",
             ),
             (
                 "signature-for-text",
                 TEXT_START,
                 anthropic_delta(0, type="signature_delta", signature="s"),
-                "signature_delta for a block that is not thinking",
+                "malformed event: signature_delta for a block that is not thinking",
             ),
             (
                 "text-for-tool",
                 TOOL_START,
                 anthropic_delta(0, type="text_delta", text="x"),
-                "text_delta for a block that is not text",
+                "malformed event: text_delta for a block that is not text",
             ),
             (
                 "json-for-text",
                 TEXT_START,
                 anthropic_delta(0, type="input_json_delta", partial_json="{}"),
-                "input_json_delta without a tool_use block",
+                "malformed event: input_json_delta without a tool_use block or partial_json",
             ),
             (
                 "text-for-thinking",
                 THINKING_START,
                 anthropic_delta(0, type="text_delta", text="x"),
-                "text_delta for a block that is not text",
+                "malformed event: text_delta for a block that is not text",
             ),
             (
                 "json-for-thinking",
                 THINKING_START,
                 anthropic_delta(0, type="input_json_delta", partial_json="{}"),
-                "input_json_delta without a tool_use block",
+                "malformed event: input_json_delta without a tool_use block or partial_json",
             ),
             (
                 "thinking-not-str",
                 THINKING_START,
                 anthropic_delta(0, type="thinking_delta", thinking=5),
-                "thinking that is not a string",
+                "malformed event: thinking that is not a string",
             ),
             (
                 "signature-not-str",
                 THINKING_START,
                 anthropic_delta(0, type="signature_delta", signature=["s"]),
-                "a signature that is not a string",
+                "malformed event: a signature that is not a string",
             ),
         ]
     ],
     *[
         (name, [MESSAGE_START, TEXT_START, usage_delta(usage)], words)
         for name, usage, words in [
-            ("usage-list", [1], "usage is not an object"),
-            ("usage-negative", {"output_tokens": -1}, "usage output_tokens is not an int >= 0"),
-            ("usage-bool", {"input_tokens": True}, "usage input_tokens is not an int"),
+            ("usage-list", [1], "malformed event: usage is not an object"),
+            (
+                "usage-negative",
+                {"output_tokens": -1},
+                "malformed event: usage output_tokens is not an int >= 0",
+            ),
+            (
+                "usage-bool",
+                {"input_tokens": True},
+                "malformed event: usage input_tokens is not an int >= 0",
+            ),
             (
                 "usage-str",
                 {"cache_read_input_tokens": "5"},
-                "usage cache_read_input_tokens is not an int",
+                "malformed event: usage cache_read_input_tokens is not an int >= 0",
             ),
         ]
     ],
     (
         "redacted-empty",
         [MESSAGE_START, *anthropic_redacted(0, "")],
-        "a redacted_thinking block without its data",
+        "malformed event: a redacted_thinking block without its data",
     ),
     (
         "redacted-no-data",
         [MESSAGE_START, anthropic_start(0, {"type": "redacted_thinking"}), anthropic_text(0)[-1]],
-        "a redacted_thinking block without its data",
+        "malformed event: a redacted_thinking block without its data",
     ),
     (
         "message-not-object",
         [anthropic_event("message_start", message="msg_1")],
-        "message_start's message is not an object",
+        "malformed event: message_start's message is not an object",
     ),
 ]
 BROKEN_ANSWERS = [

@@ -1,6 +1,7 @@
 """The checks that are not unit tests of one module: the README (its python blocks run,
 alone and together, and pass mypy --strict; its API table names exactly ``__all__``;
-nothing refers outside the repository) and the demonstration, run as a user runs it.
+the Anthropic request it shows is what the adapter sends; nothing refers outside the
+repository) and the demonstration, run as a user runs it.
 
 The demonstration is exercised only through its command line, ``python agent_loop.py``,
 and only for what its help and the README promise: one line per event, then the result;
@@ -30,12 +31,16 @@ from typing import Any, List, NamedTuple
 import pytest
 
 import agent_loop as al
+import agent_loop_providers as providers
 import agent_loop_replay as alr
 from loop_testing import (
     REPOSITORY,
+    SPECS,
     check_run,
     json_lines,
+    posted,
     read_json_lines,
+    request,
     run,
     settle,
     text,
@@ -519,6 +524,24 @@ class TestReadme:
         self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
     ) -> None:
         assert readme_blocks("text")[0] == run_demo(monkeypatch, capsys).out
+
+    def test_its_anthropic_tool_turn_with_thinking_is_what_the_adapter_sends(self) -> None:
+        readme = (REPOSITORY / "README.md").read_text(encoding="utf-8")
+        # The one json block, indented in the Anthropic adapter's list item.
+        (shown,) = re.findall(r"^  ```json\n(.*?)^  ```$", readme, flags=re.M | re.S)
+        signature = "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds..."
+        thought = al.ThinkingBlock("The user wants 2 + 3: the add tool does it.", signature)
+        call = al.ToolCall("toolu_01", "add", {"left": 2, "right": 3})
+        history = (
+            al.UserMessage("user-001", "What is 2 + 3?"),
+            al.AssistantMessage("message-response-001", [thought, call], al.Usage(472, 89)),
+            al.ToolResultMessage("tool-result-toolu_01", "toolu_01", "add", '{"sum":5}', False),
+        )
+        model = providers.AnthropicMessagesModel(
+            "m", thinking={"type": "enabled", "budget_tokens": 1}
+        )
+        sent = posted(model, request(history, SPECS, id="request-002"))["body"]
+        assert json.loads(shown) == sent["messages"]
 
 
 class TestReadmeBlocksRunAlone:
