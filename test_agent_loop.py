@@ -705,7 +705,7 @@ class TestEachStepGetsFrozenTranscriptAndRequestId:
     ) -> None:
         """Seed: "creates request-001, request-002, and so on, offset by
         requestSequenceStart"; chunks and tool events carry the active request id."""
-        events, _, model = run(
+        events, result, model = run(
             THREE_STEPS,
             tools=[add_tool(), echo_tool()],
             max_steps=max_steps,
@@ -713,6 +713,11 @@ class TestEachStepGetsFrozenTranscriptAndRequestId:
         )
 
         assert [request.id for request in model.requests] == ids
+        # The result says where the ids started and where a resumed run's ids go on.
+        assert (result.request_sequence_start, result.next_request_sequence) == (
+            start,
+            start + len(ids),
+        )
         correlated = [
             (e.type, e.payload["request_id"]) for e in events if "request_id" in e.payload
         ]

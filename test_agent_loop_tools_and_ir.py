@@ -1680,8 +1680,10 @@ CANCELLED: tuple[al.Message, ...] = (
 
 class TestResumeAfterCancellation:
     """open_tool_calls and resolve_open_tool_calls let a cancelled run's transcript start a
-    new run (the resumed runs themselves: test_docs_and_demo.py resumes one,
-    test_agent_loop_replay.py a chain of them, with thinking too)."""
+    new run (the resumed runs themselves: test_docs_and_demo.py resumes one from the demo's
+    log, test_agent_loop_replay.py a chain of them, with thinking too; the result's
+    request_sequence_start and next_request_sequence: test_agent_loop.py's request-id
+    test)."""
 
     def test_open_calls_are_in_transcript_order_across_messages(self) -> None:
         first, second, third = (echo_call(id) for id in ("call-b", "call-a", "call-c"))
