@@ -2282,50 +2282,92 @@ def play_failing(step: Step | al.ScriptedResponse, chunk_events: int, *words: st
     return result
 
 
-# Model output that the loop rejects, and how many valid chunks came before the fault.
-MALFORMED_OUTPUT: dict[str, tuple[Step | al.ScriptedResponse, int]] = {
-    "stream-returns-None": (lambda m, r, s: None, 0),
-    "stream-returns-a-list": (lambda m, r, s: [al.TextDelta(r.id, "x")], 0),
-    "stream-returns-an-iterator": (lambda m, r, s: iter([al.TextDelta(r.id, "x")]), 0),
-    "stream-returns-a-str": (lambda m, r, s: "text", 0),
-    "generator-returns-None": (stream_step([text("x")], lambda r: None), 1),
-    "generator-returns-a-dict": (stream_step([text("x")], lambda r: {"id": "r"}), 1),
-    "yields-None": (yielding(lambda r: None), 0),
-    "yields-a-str": (yielding(lambda r: "x"), 0),
-    "yields-a-chunk-dict": (yielding(lambda r: {"type": "text", "requestId": r.id}), 0),
-    "TextDelta-text-None": (yielding(lambda r: untyped.TextDelta(r.id, None)), 0),
-    "TextDelta-text-int": (yielding(lambda r: untyped.TextDelta(r.id, 5)), 0),
+# Model output that the loop rejects, how many valid chunks came before the fault, and the
+# words of the failure's message that tell this row from the others.
+MALFORMED_OUTPUT: dict[str, tuple[Step | al.ScriptedResponse, int, str]] = {
+    "stream-returns-None": (lambda m, r, s: None, 0,
+                            "model.stream() must return a generator, got NoneType"),
+    "stream-returns-a-list": (lambda m, r, s: [al.TextDelta(r.id, "x")], 0,
+                              "model.stream() must return a generator, got list"),
+    "stream-returns-an-iterator": (lambda m, r, s: iter([al.TextDelta(r.id, "x")]), 0,
+                                   "model.stream() must return a generator, got list_iterator"),
+    "stream-returns-a-str": (lambda m, r, s: "text", 0,
+                             "model.stream() must return a generator, got str"),
+    "generator-returns-None": (stream_step([text("x")], lambda r: None), 1,
+                               "the model's stream returned a NoneType, not a ModelResponse "
+                               "(did its generator end without `return ModelResponse(...)`?)"),
+    "generator-returns-a-dict": (stream_step([text("x")], lambda r: {"id": "r"}), 1,
+                                 "the model's stream returned a dict, not a ModelResponse"),
+    "yields-None": (yielding(lambda r: None), 0, "the model streamed a NoneType, not a TextDelta"),
+    "yields-a-str": (yielding(lambda r: "x"), 0, "the model streamed a str, not a TextDelta"),
+    "yields-a-chunk-dict": (yielding(lambda r: {"type": "text", "requestId": r.id}), 0,
+                            "the model streamed a dict, not a TextDelta"),
+    "TextDelta-text-None": (yielding(lambda r: untyped.TextDelta(r.id, None)), 0,
+                            "a text chunk's text must be a str, got NoneType"),
+    "TextDelta-text-int": (yielding(lambda r: untyped.TextDelta(r.id, 5)), 0,
+                           "a text chunk's text must be a str, got int"),
     "ToolCallChunk-carrying-a-TextBlock": (
         stream_step([text("a"), lambda r: untyped.ToolCallChunk(r.id, text("b"))],
-                    respond("r", [text("ab")], "stop")), 1),
-    "ToolCallChunk-carrying-None": (yielding(lambda r: untyped.ToolCallChunk(r.id, None)), 0),
-    "tool-call-id-empty": (tool_turn("r", untyped.ToolCall("", "echo", {})), 0),
-    "tool-call-id-None": (tool_turn("r", untyped.ToolCall(None, "echo", {})), 0),
-    "tool-call-id-int": (tool_turn("r", untyped.ToolCall(7, "echo", {})), 0),
-    "tool-call-name-None": (tool_turn("r", untyped.ToolCall("c", None, {})), 0),
-    "tool-call-name-empty": (tool_turn("r", untyped.ToolCall("c", "", {})), 0),
-    "response-id-None": (answer(id=None), 1),
-    "response-id-empty": (answer(id=""), 1),
-    "stop-reason-length": (answer(stop_reason="length"), 1),
-    "stop-reason-None": (answer(stop_reason=None), 1),
-    "response-block-is-a-dict": (answer((), content=[{"type": "text", "text": "x"}]), 0),
-    "response-text-block-int": (answer((), content=[untyped.TextBlock(5)]), 0),
-    "response-content-a-str": (answer((), content="text"), 0),
-    "duplicate-call-ids": (tool_turn("r", echo_call("c", "a"), echo_call("c", "b")), 2),
-    "same-call-twice": (tool_turn("r", echo_call("c"), text("and"), echo_call("c")), 3),
-    "tool-call-in-a-stop-response": (stop_with(echo_call("c")), 1),
-    "toolCall-response-without-a-call": (tool_turn("r", text("x")), 1),
-    "stream-and-response-disagree": (answer((text("abc"),), content=[text("abd")]), 1),
-    "streamed-call-differs": (streamed([echo_call("c", "b")], [echo_call("c", "a")]), 1),
-    "streamed-call-id-differs": (streamed([add_call()], [add_call("call-add-002")]), 1),
-    "order-differs": (streamed([text("Adding."), add_call()], [add_call(), text("Adding.")]), 2),
-    "missing-chunk": (streamed([text("Adding."), add_call()], [text("Adding.")]), 1),
-    "extra-chunk": (streamed([add_call()], [add_call(), text("More.")]), 2),
+                    respond("r", [text("ab")], "stop")), 1,
+        "a tool-call chunk carries a TextBlock, not a ToolCall"),
+    "ToolCallChunk-carrying-None": (yielding(lambda r: untyped.ToolCallChunk(r.id, None)), 0,
+                                    "a tool-call chunk carries a NoneType, not a ToolCall"),
+    "tool-call-id-empty": (tool_turn("r", untyped.ToolCall("", "echo", {})), 0,
+                           "a tool call's id must be a non-empty str, got ''"),
+    "tool-call-id-None": (tool_turn("r", untyped.ToolCall(None, "echo", {})), 0,
+                          "a tool call's id must be a non-empty str, got None"),
+    "tool-call-id-int": (tool_turn("r", untyped.ToolCall(7, "echo", {})), 0,
+                         "a tool call's id must be a non-empty str, got 7"),
+    "tool-call-name-None": (tool_turn("r", untyped.ToolCall("c", None, {})), 0,
+                            "tool call 'c': name must be a non-empty str, got None"),
+    "tool-call-name-empty": (tool_turn("r", untyped.ToolCall("c", "", {})), 0,
+                             "tool call 'c': name must be a non-empty str, got ''"),
+    "response-id-None": (answer(id=None), 1, "a response id must be a non-empty str, got None"),
+    "response-id-empty": (answer(id=""), 1, "a response id must be a non-empty str, got ''"),
+    "stop-reason-length": (answer(stop_reason="length"), 1, "unknown stop reason 'length'"),
+    "stop-reason-None": (answer(stop_reason=None), 1, "unknown stop reason None"),
+    "response-block-is-a-dict": (answer((), content=[{"type": "text", "text": "x"}]), 0,
+                                 "message 'message-r': a dict is not a TextBlock"),
+    "response-text-block-int": (answer((), content=[untyped.TextBlock(5)]), 0,
+                                "a text block: field 'text' must be a str, got 5 (int)"),
+    "response-content-a-str": (answer((), content="text"), 0,
+                               "a str is not a TextBlock, ThinkingBlock or ToolCall: "
+                               "wrap text in TextBlock(...)"),
+    "duplicate-call-ids": (tool_turn("r", echo_call("c", "a"), echo_call("c", "b")), 2,
+                           "tool call id 'c' is used twice"),
+    "same-call-twice": (tool_turn("r", echo_call("c"), text("and"), echo_call("c")), 3,
+                        "tool call id 'c' is used twice"),
+    "tool-call-in-a-stop-response": (stop_with(echo_call("c")), 1,
+                                     "a stop response holds tool calls"),
+    "toolCall-response-without-a-call": (tool_turn("r", text("x")), 1,
+                                         "a toolCall response holds no tool call"),
+    "stream-and-response-disagree": (answer((text("abc"),), content=[text("abd")]), 1,
+                                     "disagree at normalised block 0: "
+                                     "streamed 'abc', terminal 'abd'"),
+    "streamed-call-differs": (streamed([echo_call("c", "b")], [echo_call("c", "a")]), 1,
+                              "disagree at normalised block 0: "
+                              "streamed tool call 'c' to 'echo' with {'text': 'a'}, "
+                              "terminal tool call 'c' to 'echo' with {'text': 'b'}"),
+    "streamed-call-id-differs": (streamed([add_call()], [add_call("call-add-002")]), 1,
+                                 "disagree at normalised block 0: "
+                                 "streamed tool call 'call-add-002' to 'add' with "
+                                 "{'left': 20, 'right': 22}, terminal tool call 'call-add-001'"),
+    "order-differs": (streamed([text("Adding."), add_call()], [add_call(), text("Adding.")]), 2,
+                      "disagree at normalised block 0: streamed tool call 'call-add-001' "
+                      "to 'add' with {'left': 20, 'right': 22}, terminal 'Adding.'"),
+    "missing-chunk": (streamed([text("Adding."), add_call()], [text("Adding.")]), 1,
+                      "disagree at normalised block 1: "
+                      "streamed nothing, terminal tool call 'call-add-001'"),
+    "extra-chunk": (streamed([add_call()], [add_call(), text("More.")]), 2,
+                    "disagree at normalised block 1: streamed 'More.', terminal nothing"),
     # A str subclass that raises from ==, len() or hash() is model output of the wrong
     # type, like any non-str: the run fails, it does not raise.
-    "request-id-raising-eq": (yielding(lambda r: al.TextDelta(RaisingEq(r.id), "x")), 0),
-    "text-raising-len": (yielding(lambda r: al.TextDelta(r.id, RaisingLen("x"))), 0),
-    "call-id-raising-hash": (tool_turn("r", al.ToolCall(RaisingHash("c"), "echo", {})), 0),
+    "request-id-raising-eq": (yielding(lambda r: al.TextDelta(RaisingEq(r.id), "x")), 0,
+                              "is not the active request 'request-001'"),
+    "text-raising-len": (yielding(lambda r: al.TextDelta(r.id, RaisingLen("x"))), 0,
+                         "a text chunk's text must be a str, got RaisingLen"),
+    "call-id-raising-hash": (tool_turn("r", al.ToolCall(RaisingHash("c"), "echo", {})), 0,
+                             "a tool call's id must be a non-empty str, got 'c'"),
 }  # fmt: skip
 
 
@@ -2335,13 +2377,13 @@ class TestMalformedModelOutput:
     MODEL_PROTOCOL_ERROR: it never raises, never hangs, never keeps a half-written message."""
 
     @pytest.mark.parametrize(
-        ("step", "chunk_events"), MALFORMED_OUTPUT.values(), ids=list(MALFORMED_OUTPUT)
+        ("step", "chunk_events", "words"), MALFORMED_OUTPUT.values(), ids=list(MALFORMED_OUTPUT)
     )
     def test_contradiction_or_excess_becomes_a_failed_model_protocol_error_result(
-        self, step: Step | al.ScriptedResponse, chunk_events: int
+        self, step: Step | al.ScriptedResponse, chunk_events: int, words: str
     ) -> None:
         """Seed: "Contradiction or excess becomes a failed MODEL_PROTOCOL_ERROR result." """
-        play_failing(step, chunk_events)
+        play_failing(step, chunk_events, words)
 
     @pytest.mark.parametrize(
         ("step", "chunk_events", "word"),
