@@ -1144,16 +1144,32 @@ class TestStepBudget:
 
 class TestFailureCodes:
     @pytest.mark.parametrize("earlier", [0, 1], ids=["in-the-first-step", "in-a-later-step"])
-    def test_model_protocol_error(self, earlier: int) -> None:
+    @pytest.mark.parametrize(
+        ("blocks", "stop_reason", "words"),
+        [
+            pytest.param([text("Done."), add_call("c2")], "stop",
+                         "a stop response holds tool calls", id="stop-with-a-call"),
+            # The converse, which the seed implies: toolCall says there is a call to run.
+            pytest.param([text("Done.")], "toolCall",
+                         "a toolCall response holds no tool call", id="toolCall-without-a-call"),
+        ],
+    )  # fmt: skip
+    def test_model_protocol_error(
+        self,
+        earlier: int,
+        blocks: list[al.TextBlock | al.ToolCall],
+        stop_reason: al.StopReason,
+        words: str,
+    ) -> None:
         """Seed: "Tool calls are forbidden in a stop response." The step is not kept; the
         rounds before it are."""
         executed: list[str] = []
-        violation = al.scripted_response("response-002", [text("Done."), add_call("c2")], "stop")
+        violation = al.scripted_response("response-002", blocks, stop_reason)
         events, result, _ = run(
             [tool_turn("response-001", add_call()), violation] if earlier else [violation],
             tools=recording_tools(executed),
         )
-        assert_failed(events, result, "MODEL_PROTOCOL_ERROR")
+        assert_failed(events, result, "MODEL_PROTOCOL_ERROR", words)
         assert executed == ["add"] * earlier
         assert result.messages == ((user(), *ROUND_ONE) if earlier else (user(),))
         assert result.steps == earlier + 1
