@@ -2003,6 +2003,17 @@ class TestMalformedThinkingAndUsage:
         assert chunk_event_count(events) == 0
 
 
+# The whole messages of a duplicate id, with the id in {}.
+CALL_ID_TWICE = (
+    "tool call id '{}' is used twice (tool-call ids must be unique across the whole transcript)"
+)
+MESSAGE_ID_TWICE = (
+    "message id '{}' is used twice (an assistant message's id is \"message-\" + its response "
+    'id, a tool result\'s is "tool-result-" + its call id: response ids and tool-call ids '
+    "must be unique across the whole transcript)"
+)
+
+
 class TestDuplicateIdsSayHowTheyWereDerived:
     """A duplicate id error must "say how it was derived ("message-" + response id) and
     that response ids and tool-call ids must be unique across the whole transcript"; the
@@ -2012,23 +2023,22 @@ class TestDuplicateIdsSayHowTheyWereDerived:
         ("start", "script", "ran", "kept", "message"),
         [
             pytest.param(HISTORY, [tool_turn("response-001", echo_call("call-old", "again"))],
-                         [], len(HISTORY), None, id="call-id-of-the-starting-transcript"),
-            pytest.param([al.UserMessage("message-r", "hi")], [stop("r", "x")], [], 1, None,
+                         [], len(HISTORY), CALL_ID_TWICE.format("call-old"),
+                         id="call-id-of-the-starting-transcript"),
+            pytest.param([al.UserMessage("message-r", "hi")], [stop("r", "x")], [], 1,
+                         MESSAGE_ID_TWICE.format("message-r"),
                          id="message-id-of-the-starting-transcript"),
             pytest.param([al.UserMessage("tool-result-c", "hi")],
-                         [tool_turn("r", echo_call("c", "x"))], [], 1, None,
-                         id="result-id-of-the-starting-transcript"),
+                         [tool_turn("r", echo_call("c", "x"))], [], 1,
+                         "the result id of tool call 'c' (\"tool-result-\" + its id) is already "
+                         "taken by another message", id="result-id-of-the-starting-transcript"),
             pytest.param([user()], [tool_turn("response-001", echo_call("call-1", "first")),
                                     tool_turn("response-002", echo_call("call-1", "second"))],
-                         ["first"], 3,
-                         "tool call id 'call-1' is used twice (tool-call ids must be unique "
-                         "across the whole transcript)", id="call-id-of-an-earlier-step"),
+                         ["first"], 3, CALL_ID_TWICE.format("call-1"),
+                         id="call-id-of-an-earlier-step"),
             pytest.param([user()], [tool_turn("resp", echo_call("c1", "first")), stop("resp")],
-                         ["first"], 3,
-                         "message id 'message-resp' is used twice (an assistant message's id is "
-                         '"message-" + its response id, a tool result\'s is "tool-result-" + its '
-                         "call id: response ids and tool-call ids must be unique across the "
-                         "whole transcript)", id="response-id-of-an-earlier-step"),
+                         ["first"], 3, MESSAGE_ID_TWICE.format("message-resp"),
+                         id="response-id-of-an-earlier-step"),
         ],
     )  # fmt: skip
     def test_an_id_already_in_the_transcript_fails_before_any_effect(
@@ -2037,12 +2047,11 @@ class TestDuplicateIdsSayHowTheyWereDerived:
         script: list[Any],
         ran: list[str],
         kept: int,
-        message: str | None,
+        message: str,
     ) -> None:
         executed: list[str] = []
         _, result, model = run(script, [echo_tool(executed)], messages=start)
-        said = failure_message(result, "MODEL_PROTOCOL_ERROR")
-        assert message is None or said == message
+        assert failure_message(result, "MODEL_PROTOCOL_ERROR") == message
         assert executed == ran
         assert len(result.messages) == kept
         assert model.call_count == len(script)
