@@ -173,11 +173,6 @@ SCHEMA_CASES = [
     pytest.param(INNER, {"inner": {"n": "one"}}, ("$.inner.n", "integer"), id="nested-type"),
     pytest.param(INNER, {"inner": [1]}, ("$.inner", "object", "array"), id="nested-not-an-object"),
     pytest.param(ANNOTATED, {"n": 1}, None, id="annotations-are-accepted"),
-    # Arguments that are not plain bounded JSON, given to execute_tool_call directly.
-    pytest.param(OBJECT, {"x": float("nan")}, ("arguments",), id="not-plain-nan"),
-    pytest.param(OBJECT, shared_array(), ("arguments",), id="not-plain-shared-list"),
-    pytest.param(OBJECT, nested(33), ("arguments",), id="not-plain-too-deep"),
-    pytest.param(OBJECT, [1], ("arguments",), id="not-plain-list-root"),
 ]  # fmt: skip
 """(parameters, arguments, None if accepted, else the words the error result names)."""
 
@@ -866,6 +861,13 @@ class TestPlainJsonArguments:
             pytest.param(lambda: untyped.ToolCall("c1", "t", {"n": MappingProxyType(Grumpy())}),
                          "arguments cannot be read: RuntimeError: no items today",
                          id="nested-mapping-whose-items-raise"),
+            pytest.param(lambda: untyped.ToolCall("c1", "t", {"x": float("nan")}),
+                         "arguments hold nan, which is not a JSON number", id="nan"),
+            pytest.param(lambda: untyped.ToolCall("c1", "t", shared_array()),
+                         "arguments reach the same dict or list twice (shared or cyclic)",
+                         id="a-shared-list"),
+            pytest.param(lambda: untyped.ToolCall("c1", "t", nested(33)),
+                         "arguments nest containers deeper than 32", id="too-deep"),
             pytest.param(lambda: untyped.ToolCall("c1", "t", [1]),
                          "arguments must be a JSON object, got list", id="list"),
             pytest.param(lambda: untyped.ToolCall("c1", "t", "text"),
