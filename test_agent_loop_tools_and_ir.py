@@ -223,46 +223,76 @@ def from_function(source: str, future_annotations: bool = False) -> Callable[[],
 
 LONG_TEXT = "x" * (al.MAX_ARGUMENT_TEXT + 1)
 CANNOT_CALL = "cannot be called as execute(arguments, signal); give it two positional parameters"
+ROOT_NOT_AN_OBJECT = (
+    'Tool \'probe\' parameters must have "type": "object": a tool\'s arguments are always a '
+    "JSON object"
+)
 
 
-# What Tool, ToolSpec and Tool.from_function refuse when they are built, and what the error says.
-
-
-# What Tool, ToolSpec and Tool.from_function refuse when they are built, and what the error says.
+# What Tool, ToolSpec and Tool.from_function refuse when they are built, and the words of the
+# error that tell the row from the others.
 REFUSED_TOOLS: dict[str, tuple[Callable[[], object], type[Exception], str]] = {
-    "minimum": (probe_with({**OBJECT, "minimum": 1}), ValueError, "minimum"),
-    "nested-pattern": (probe_with(one_property({"pattern": "x"})), ValueError, "pattern"),
-    "ref-in-items": (probe_with(one_property({"items": {"$ref": "#"}})), ValueError, "$ref"),
-    "root-string": (probe_with({"type": "string"}), ValueError, "object"),
-    "root-without-type": (probe_with({}), ValueError, "object"),
-    "root-properties-only": (probe_with({"properties": {}}), ValueError, "object"),
-    "parameters-list": (probe_with([]), TypeError, "parameters"),
-    "parameters-str": (probe_with("object"), TypeError, "parameters"),
-    "parameters-None": (probe_with(None), TypeError, "parameters"),
-    "type-unknown": (probe_with({"type": "float"}), ValueError, "float"),
-    "type-list": (probe_with({"type": ["object", "null"]}), ValueError, "type"),
-    "required-str": (probe_with({**OBJECT, "required": "left"}), TypeError, "required"),
-    "required-int": (probe_with({**OBJECT, "required": [1]}), TypeError, "required"),
+    "minimum": (probe_with({**OBJECT, "minimum": 1}), ValueError,
+                "Tool 'probe' parameters uses ['minimum'], which this loop cannot enforce"),
+    "nested-pattern": (probe_with(one_property({"pattern": "x"})), ValueError,
+                       "parameters.properties.v uses ['pattern']"),
+    "ref-in-items": (probe_with(one_property({"items": {"$ref": "#"}})), ValueError,
+                     "parameters.properties.v.items uses ['$ref']"),
+    # The three shapes of a root that is no object schema get one message.
+    "root-string": (probe_with({"type": "string"}), ValueError, ROOT_NOT_AN_OBJECT),
+    "root-without-type": (probe_with({}), ValueError, ROOT_NOT_AN_OBJECT),
+    "root-properties-only": (probe_with({"properties": {}}), ValueError, ROOT_NOT_AN_OBJECT),
+    "parameters-list": (probe_with([]), TypeError,
+                        "Tool 'probe' parameters must be a JSON Schema object, got list"),
+    "parameters-str": (probe_with("object"), TypeError,
+                       "Tool 'probe' parameters must be a JSON Schema object, got str"),
+    "parameters-None": (probe_with(None), TypeError,
+                        "Tool 'probe' parameters must be a JSON Schema object, got NoneType"),
+    "type-unknown": (probe_with({"type": "float"}), ValueError,
+                     "parameters: type must be one of ('object', 'string', 'number', 'integer', "
+                     "'boolean', 'array', 'null'), got 'float'"),
+    "type-list": (probe_with({"type": ["object", "null"]}), ValueError,
+                  "parameters: type must be one of ('object', 'string', 'number', 'integer', "
+                  "'boolean', 'array', 'null'), got ['object', 'null']"),
+    "required-str": (probe_with({**OBJECT, "required": "left"}), TypeError,
+                     "parameters: required must be a list of property names"),
+    "required-int": (probe_with({**OBJECT, "required": [1]}), TypeError,
+                     "parameters: required must be a list of property names"),
     "additional-str": (probe_with({**OBJECT, "additionalProperties": "no"}), TypeError,
-                       "additionalProperties"),
+                       "parameters: additionalProperties must be true or false"),
     "additional-schema": (probe_with({**OBJECT, "additionalProperties": OBJECT}), TypeError,
-                          "additionalProperties"),
-    "enum-str": (probe_with({**OBJECT, "enum": "a"}), TypeError, "enum"),
-    "enum-nan": (probe_with({**OBJECT, "enum": [float("nan")]}), ValueError, "enum"),
+                          "parameters: additionalProperties must be true or false"),
+    "enum-str": (probe_with({**OBJECT, "enum": "a"}), TypeError,
+                 "parameters: enum must be a list of JSON values"),
+    "enum-nan": (probe_with({**OBJECT, "enum": [float("nan")]}), ValueError,
+                 "parameters: enum member 0 is no value arguments may hold: "
+                 "arguments hold nan, which is not a JSON number"),
     "enum-member-over-the-bounds": (probe_with(one_property({"enum": [LONG_TEXT]})), ValueError,
-                                    "enum member 0 is no value arguments may hold: "),
-    "properties-list": (probe_with({**OBJECT, "properties": []}), TypeError, "properties"),
+                                    "parameters.properties.v: enum member 0 is no value "
+                                    "arguments may hold: arguments hold more than 4096 code "
+                                    "points of text"),
+    "properties-list": (probe_with({**OBJECT, "properties": []}), TypeError,
+                        "parameters: properties must be an object"),
     "property-not-a-schema": (probe_with({**OBJECT, "properties": {"n": "int"}}), TypeError,
-                              "properties.n"),
-    "items-str": (probe_with(one_property({"type": "array", "items": "int"})), TypeError, "items"),
-    "items-list": (probe_with(one_property({"items": [{"type": "integer"}]})), TypeError, "items"),
-    "description": (probe_with({**OBJECT, "description": 5}), TypeError, "description"),
-    "title": (probe_with(one_property({"title": None})), TypeError, "title"),
-    "name-empty": (lambda: al.Tool("", "A tool.", OBJECT, ok), TypeError, "name"),
-    "name-int": (lambda: untyped.Tool(1, "A tool.", OBJECT, ok), TypeError, "name"),
-    "name-None": (lambda: untyped.Tool(None, "A tool.", OBJECT, ok), TypeError, "name"),
-    "description-None": (lambda: untyped.Tool("t", None, OBJECT, ok), TypeError, "description"),
-    "execute-str": (lambda: untyped.Tool("t", "A tool.", OBJECT, "ok"), TypeError, "execute"),
+                              "parameters.properties.n must be a JSON Schema object, got str"),
+    "items-str": (probe_with(one_property({"type": "array", "items": "int"})), TypeError,
+                  "parameters.properties.v.items must be a JSON Schema object, got str"),
+    "items-list": (probe_with(one_property({"items": [{"type": "integer"}]})), TypeError,
+                   "parameters.properties.v.items must be a JSON Schema object, got list"),
+    "description": (probe_with({**OBJECT, "description": 5}), TypeError,
+                    "Tool 'probe' parameters: description must be a str"),
+    "title": (probe_with(one_property({"title": None})), TypeError,
+              "parameters.properties.v: title must be a str"),
+    "name-empty": (lambda: al.Tool("", "A tool.", OBJECT, ok), TypeError,
+                   "Tool name must be a non-empty str, got ''"),
+    "name-int": (lambda: untyped.Tool(1, "A tool.", OBJECT, ok), TypeError,
+                 "Tool name must be a non-empty str, got 1"),
+    "name-None": (lambda: untyped.Tool(None, "A tool.", OBJECT, ok), TypeError,
+                  "Tool name must be a non-empty str, got None"),
+    "description-None": (lambda: untyped.Tool("t", None, OBJECT, ok), TypeError,
+                         "Tool 't': description must be a str, got NoneType"),
+    "execute-str": (lambda: untyped.Tool("t", "A tool.", OBJECT, "ok"), TypeError,
+                    "Tool 't': execute must be callable, got str"),
     # An execute that cannot be called as execute(arguments, signal) is refused, not a
     # recoverable "raised TypeError" that hides the bug.
     "execute-of-one": (lambda: untyped.Tool("t", "d", OBJECT, lambda arguments: "one"), TypeError,
@@ -278,9 +308,12 @@ REFUSED_TOOLS: dict[str, tuple[Callable[[], object], type[Exception], str]] = {
                                   ValueError, "type must be one of"),
     "spec-root-string": (lambda: al.ToolSpec("x", "d", {"type": "string"}), ValueError,
                          "ToolSpec 'x' parameters must have \"type\""),
-    "spec-name-empty": (lambda: al.ToolSpec("", "d", OBJECT), TypeError, "ToolSpec"),
-    "spec-name-int": (lambda: untyped.ToolSpec(1, "d", OBJECT), TypeError, "ToolSpec"),
-    "spec-description-None": (lambda: untyped.ToolSpec("x", None, OBJECT), TypeError, "ToolSpec"),
+    "spec-name-empty": (lambda: al.ToolSpec("", "d", OBJECT), TypeError,
+                        "ToolSpec name must be a non-empty str, got ''"),
+    "spec-name-int": (lambda: untyped.ToolSpec(1, "d", OBJECT), TypeError,
+                      "ToolSpec name must be a non-empty str, got 1"),
+    "spec-description-None": (lambda: untyped.ToolSpec("x", None, OBJECT), TypeError,
+                              "ToolSpec 'x': description must be a str, got NoneType"),
     # Tool.from_function: a parameter it cannot pass by name, a hint it cannot resolve,
     # anything but a plain function or method.
     "no-hint": (from_function("def f(x): pass"), TypeError, "(f): parameter 'x' has no type hint"),
@@ -355,7 +388,7 @@ class TestToolSchemas:
                 schema = {"type": "array", "items": schema}
         schema = {"type": "object", "properties": {"k": schema}, "required": ["k"]}
         if not passes:
-            with pytest.raises(ValueError, match="32"):
+            with pytest.raises(ValueError, match=r" nests deeper than 32 levels$"):
                 al.Tool("probe", "A tool.", schema, ok)
             return
         arguments = {"k": nested(31, through)}
@@ -363,6 +396,9 @@ class TestToolSchemas:
         registry = al.ToolRegistry([probe_tool(received, schema)])
         result = al.execute_tool_call(registry, call("probe", "c1", arguments), threading.Event())
         assert (result.content, received) == ("ok", [arguments])
+
+    def test_a_tool_s_spec_is_its_name_description_and_parameters(self) -> None:
+        assert add_tool().spec() == al.ToolSpec("add", "Adds two numbers.", NUMBERS)
 
     def test_parameters_are_frozen(self) -> None:
         """Mutating the original dict after construction changes nothing of the tool."""
@@ -562,26 +598,30 @@ class TestToolRegistry:
         assert (registry.get("alpha"), registry.get("two")) == (tools[1], None)
         assert ("zeta" in registry, "two" in registry, 1 in registry) == (True, False, False)
         assert registry.specs() == tuple(tool.spec() for tool in tools)
-        assert add_tool().spec() == al.ToolSpec("add", "Adds two numbers.", NUMBERS)
 
     @pytest.mark.parametrize(
-        ("item", "error", "word"),
+        ("item", "error", "message"),
         [
-            pytest.param(named_tool("one"), ValueError, "one", id="duplicate-name"),
-            pytest.param("one", TypeError, "Tool", id="str"),
-            pytest.param(None, TypeError, "Tool", id="none"),
-            pytest.param(al.ToolSpec("one", "", {"type": "object"}), TypeError, "Tool", id="spec"),
+            pytest.param(named_tool("one"), ValueError, "a tool named 'one' is already registered",
+                         id="duplicate-name"),
+            pytest.param("one", TypeError, "register() takes a Tool, got str", id="str"),
+            pytest.param(None, TypeError, "register() takes a Tool, got NoneType", id="none"),
+            pytest.param(al.ToolSpec("one", "", {"type": "object"}), TypeError,
+                         "register() takes a Tool, got ToolSpec", id="spec"),
         ],
-    )
+    )  # fmt: skip
     def test_a_duplicate_or_a_non_tool_is_refused_and_changes_nothing(
-        self, item: Any, error: type[Exception], word: str
+        self, item: Any, error: type[Exception], message: str
     ) -> None:
         registry = al.ToolRegistry([named_tool("one")])
         original = registry.get("one")
-        with pytest.raises(error, match=word):
+        with pytest.raises(error) as raised:
             registry.register(item)
+        assert str(raised.value) == message
         assert list(registry) == [original]
-        with pytest.raises(ValueError, match="one"):
+
+    def test_a_duplicate_name_given_to_the_constructor_is_refused(self) -> None:
+        with pytest.raises(ValueError, match=r"^a tool named 'one' is already registered$"):
             al.ToolRegistry([named_tool("one"), named_tool("one")])
 
     def test_iterating_while_registering_is_safe(self) -> None:
