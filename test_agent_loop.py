@@ -1499,8 +1499,6 @@ class TestRunUsage:
         assert ("usage" in result.to_dict()) == (expected is not None)
 
 
-# Each row: the model, the starting messages (None: one user message), the failure code
-# and its whole message.
 # Each row: a model step, and the whole message of the MODEL_PROTOCOL_ERROR it causes.
 MISTAKES = [
     pytest.param(stream_step([text("hi")], lambda request: None),

@@ -1272,9 +1272,9 @@ JSON_SHAPES: dict[str, tuple[Any, Dict[str, Any]]] = {
     "failed": (al.RunResult("failed", (), 0, error=al.RunError("INVALID_TRANSCRIPT", "bad")),
                {"status": "failed", "messages": [], "steps": 0,
                 "error": {"code": "INVALID_TRANSCRIPT", "message": "bad"}}),
-    "cancelled-resumed": (al.RunResult("cancelled", (), 2, request_sequence_start=3),
-                          {"status": "cancelled", "messages": [], "steps": 2,
-                           "requestSequenceStart": 3}),
+    "cancelled-offset-3": (al.RunResult("cancelled", (), 2, request_sequence_start=3),
+                           {"status": "cancelled", "messages": [], "steps": 2,
+                            "requestSequenceStart": 3}),
     "message.accepted": (al.Event(0, "message.accepted", {"message": user()}),
                          {"sequence": 0, "type": "message.accepted",
                           "payload": {"message": USER_JSON}}),
@@ -1339,7 +1339,8 @@ def cancelling(arguments: dict[str, Any], signal: Any) -> object:
     return "too late"
 
 
-# One real run of each RunResult status (and one with thinking and usage, one resumed).
+# One real run of each RunResult status (and one with thinking and usage, one whose request
+# ids start at an offset).
 RUNS_OF_EVERY_STATUS: dict[str, Callable[[], tuple[list[al.Event], al.RunResult, Any]]] = {
     "completed": recorded_run,
     "thinking": lambda: run(thinking_script(), [add_tool()]),
@@ -1349,7 +1350,7 @@ RUNS_OF_EVERY_STATUS: dict[str, Callable[[], tuple[list[al.Event], al.RunResult,
     "failed": lambda: run([al.scripted_response("r1", [text("Hi")], "stop",
                                                 request_id="request-9")]),
     "maxSteps": lambda: run([tool_turn("r1", add_call())], [add_tool()], max_steps=1),
-    "resumed": lambda: run([stop("r1")], request_sequence_start=3),
+    "request-ids-offset-3": lambda: run([stop("r1")], request_sequence_start=3),
 }  # fmt: skip
 
 
@@ -1605,7 +1606,8 @@ class TestMalformedDicts:
         ],
     )
     def test_arguments_at_the_bounds_are_read(self, arguments: dict[str, Any]) -> None:
-        """The over-limit twins of these are in test_message."""
+        """The over-limit twins of these are rows of MALFORMED_MESSAGES, which
+        test_a_malformed_message runs."""
         message = al.message_from_dict(assistant_dict_with(arguments))
         assert message == al.AssistantMessage("m", (al.ToolCall("c", "n", arguments),))
 
