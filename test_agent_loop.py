@@ -78,7 +78,6 @@ from loop_testing import (
     HOSTILE,
     OVER_LIMIT,
     PRIOR_ROUND,
-    REPOSITORY,
     CancelAt,
     FakeModel,
     Fatal,
@@ -2073,12 +2072,6 @@ class TestDuplicateIdsSayHowTheyWereDerived:
         assert executed == ran
         assert len(result.messages) == kept
         assert model.call_count == len(script)
-
-    def test_the_readme_states_the_id_rules(self) -> None:
-        readme = " ".join((REPOSITORY / "README.md").read_text(encoding="utf-8").split())
-        assert '"message-" + response id' in readme
-        assert '"tool-result-" + call id' in readme
-        assert "unique across the whole transcript" in readme
 
 
 class SubclassedToolCall(al.ToolCall):
