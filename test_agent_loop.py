@@ -146,15 +146,16 @@ class TestRuntimeTyping:
 # --- Limits ------------------------------------------------------------------------------
 
 
-def capped_thinking(thinking: int, text_length: int, broken: str) -> tuple[list[Any], list[Any]]:
+def capped_thinking(thinking: int, text_length: int, first: str) -> tuple[list[Any], list[Any]]:
     """``thinking`` code points of thinking and ``text_length`` of text, in 1024-code-point
-    chunks then one-code-point chunks; the kind that breaks its limit (``broken``) last."""
+    chunks then one-code-point chunks; the kind named ``first`` ("thinking" or "text") is
+    the first block and is streamed first."""
     thinking_chunks = [thought("🤔" * 1024)] * 64 + [thought("🤔")] * (thinking - 65536)
     text_chunks = [text("x" * 1024)] * (text_length // 1024) + [text("x")] * (text_length % 1024)
-    blocks: list[Any] = [thought("🤔" * thinking, "sig"), text("x" * text_length)]
-    if broken == "thinking":
-        return blocks[::-1], text_chunks + thinking_chunks
-    return blocks, thinking_chunks + text_chunks
+    thinking_block, text_block = thought("🤔" * thinking, "sig"), text("x" * text_length)
+    if first == "text":
+        return [text_block, thinking_block], text_chunks + thinking_chunks
+    return [thinking_block, text_block], thinking_chunks + text_chunks
 
 
 # Each row: (content and chunks of a stop response, the words of the failure or None, the
@@ -186,15 +187,16 @@ STEP_CAPS = [
     pytest.param(lambda: ([text("x" * 65537)], [text("x" * 64)] * 1023 + [text("x" * 65)]),
                  "more than 65536 code points of text", 1023,
                  id="text-at-the-chunk-cap-over-limit"),
-    # Thinking is bounded by the same number, apart from text.
-    pytest.param(lambda: capped_thinking(65536, 65536, ""), None, 128,
+    # Thinking is bounded by the same number, apart from text. The kind over its cap is
+    # streamed last, so that the other is counted whole before it breaks.
+    pytest.param(lambda: capped_thinking(65536, 65536, first="thinking"), None, 128,
                  id="thinking-and-text-at-limit"),
-    pytest.param(lambda: capped_thinking(65537, 0, "thinking"),
+    pytest.param(lambda: capped_thinking(65537, 0, first="text"),
                  "more than 65536 code points of thinking", 64, id="thinking-over-limit"),
-    pytest.param(lambda: capped_thinking(65537, 65536, "thinking"),
+    pytest.param(lambda: capped_thinking(65537, 65536, first="text"),
                  "more than 65536 code points of thinking", 128,
                  id="thinking-over-limit-text-at-limit"),
-    pytest.param(lambda: capped_thinking(65536, 65537, "text"),
+    pytest.param(lambda: capped_thinking(65536, 65537, first="thinking"),
                  "more than 65536 code points of text", 128,
                  id="text-over-limit-thinking-at-limit"),
     # Blocks count as the response returns them, before coalescing; thinking included.
