@@ -78,7 +78,6 @@ from loop_testing import (
     HOSTILE,
     OVER_LIMIT,
     PRIOR_ROUND,
-    REPOSITORY,
     CancelAt,
     FakeModel,
     Fatal,
@@ -147,15 +146,16 @@ class TestRuntimeTyping:
 # --- Limits ------------------------------------------------------------------------------
 
 
-def capped_thinking(thinking: int, text_length: int, broken: str) -> tuple[list[Any], list[Any]]:
+def capped_thinking(thinking: int, text_length: int, first: str) -> tuple[list[Any], list[Any]]:
     """``thinking`` code points of thinking and ``text_length`` of text, in 1024-code-point
-    chunks then one-code-point chunks; the kind that breaks its limit (``broken``) last."""
+    chunks then one-code-point chunks; the kind named ``first`` ("thinking" or "text") is
+    the first block and is streamed first."""
     thinking_chunks = [thought("🤔" * 1024)] * 64 + [thought("🤔")] * (thinking - 65536)
     text_chunks = [text("x" * 1024)] * (text_length // 1024) + [text("x")] * (text_length % 1024)
-    blocks: list[Any] = [thought("🤔" * thinking, "sig"), text("x" * text_length)]
-    if broken == "thinking":
-        return blocks[::-1], text_chunks + thinking_chunks
-    return blocks, thinking_chunks + text_chunks
+    thinking_block, text_block = thought("🤔" * thinking, "sig"), text("x" * text_length)
+    if first == "text":
+        return [text_block, thinking_block], text_chunks + thinking_chunks
+    return [thinking_block, text_block], thinking_chunks + text_chunks
 
 
 # Each row: (content and chunks of a stop response, the words of the failure or None, the
@@ -187,15 +187,16 @@ STEP_CAPS = [
     pytest.param(lambda: ([text("x" * 65537)], [text("x" * 64)] * 1023 + [text("x" * 65)]),
                  "more than 65536 code points of text", 1023,
                  id="text-at-the-chunk-cap-over-limit"),
-    # Thinking is bounded by the same number, apart from text.
-    pytest.param(lambda: capped_thinking(65536, 65536, ""), None, 128,
+    # Thinking is bounded by the same number, apart from text. The kind over its cap is
+    # streamed last, so that the other is counted whole before it breaks.
+    pytest.param(lambda: capped_thinking(65536, 65536, first="thinking"), None, 128,
                  id="thinking-and-text-at-limit"),
-    pytest.param(lambda: capped_thinking(65537, 0, "thinking"),
+    pytest.param(lambda: capped_thinking(65537, 0, first="text"),
                  "more than 65536 code points of thinking", 64, id="thinking-over-limit"),
-    pytest.param(lambda: capped_thinking(65537, 65536, "thinking"),
+    pytest.param(lambda: capped_thinking(65537, 65536, first="text"),
                  "more than 65536 code points of thinking", 128,
                  id="thinking-over-limit-text-at-limit"),
-    pytest.param(lambda: capped_thinking(65536, 65537, "text"),
+    pytest.param(lambda: capped_thinking(65536, 65537, first="thinking"),
                  "more than 65536 code points of text", 128,
                  id="text-over-limit-thinking-at-limit"),
     # Blocks count as the response returns them, before coalescing; thinking included.
@@ -401,40 +402,60 @@ class HasWaitCoroutine:
         return True
 
 
-# Each row: the options that differ from a valid call, the error, and words of its message.
+# Each row: the options that differ from a valid call, the error, and the words of its
+# message that tell the row from the others (a bound's rule and the value given).
 INVALID_OPTIONS = [
-    pytest.param({"max_steps": 0}, ValueError, "max_steps", id="max_steps-under-limit-0"),
-    pytest.param({"max_steps": 65}, ValueError, "max_steps", id="max_steps-over-limit-65"),
-    pytest.param({"max_steps": -1}, ValueError, "max_steps", id="max_steps-negative"),
-    pytest.param({"max_steps": True}, TypeError, "max_steps", id="max_steps-bool"),
-    pytest.param({"max_steps": 2.0}, TypeError, "max_steps", id="max_steps-float"),
-    pytest.param({"max_steps": "2"}, TypeError, "max_steps", id="max_steps-str"),
-    pytest.param({"max_steps": None}, TypeError, "max_steps", id="max_steps-None"),
-    pytest.param({"request_sequence_start": -1}, ValueError, "request_sequence_start",
-                 id="request_sequence_start-under-limit-negative"),
+    pytest.param({"max_steps": 0}, ValueError, "max_steps must be an int in 1..64, got 0",
+                 id="max_steps-under-limit-0"),
+    pytest.param({"max_steps": 65}, ValueError, "max_steps must be an int in 1..64, got 65",
+                 id="max_steps-over-limit-65"),
+    pytest.param({"max_steps": -1}, ValueError, "max_steps must be an int in 1..64, got -1",
+                 id="max_steps-negative"),
+    pytest.param({"max_steps": True}, TypeError, "max_steps must be an int, got bool",
+                 id="max_steps-bool"),
+    pytest.param({"max_steps": 2.0}, TypeError, "max_steps must be an int, got float",
+                 id="max_steps-float"),
+    pytest.param({"max_steps": "2"}, TypeError, "max_steps must be an int, got str",
+                 id="max_steps-str"),
+    pytest.param({"max_steps": None}, TypeError, "max_steps must be an int, got NoneType",
+                 id="max_steps-None"),
+    pytest.param({"request_sequence_start": -1}, ValueError,
+                 "request_sequence_start must be >= 0 with request_sequence_start + max_steps "
+                 "<= 64, got -1 + 2", id="request_sequence_start-under-limit-negative"),
     pytest.param({"request_sequence_start": 61, "max_steps": 4}, ValueError,
-                 "request_sequence_start", id="request_sequence_start-over-limit-61+4"),
+                 "request_sequence_start + max_steps <= 64, got 61 + 4",
+                 id="request_sequence_start-over-limit-61+4"),
     pytest.param({"request_sequence_start": 64, "max_steps": 1}, ValueError,
-                 "request_sequence_start", id="request_sequence_start-over-limit-64+1"),
-    pytest.param({"request_sequence_start": True}, TypeError, "request_sequence_start",
+                 "request_sequence_start + max_steps <= 64, got 64 + 1",
+                 id="request_sequence_start-over-limit-64+1"),
+    pytest.param({"request_sequence_start": True}, TypeError,
+                 "request_sequence_start must be an int, got bool",
                  id="request_sequence_start-bool"),
-    pytest.param({"request_sequence_start": 1.0}, TypeError, "request_sequence_start",
+    pytest.param({"request_sequence_start": 1.0}, TypeError,
+                 "request_sequence_start must be an int, got float",
                  id="request_sequence_start-float"),
-    pytest.param({"model": object()}, TypeError, "model", id="model-without-stream"),
-    pytest.param({"model": SimpleNamespace(stream="not a function")}, TypeError, "model",
+    pytest.param({"model": object()}, TypeError, "model must have a callable stream(), got object",
+                 id="model-without-stream"),
+    pytest.param({"model": SimpleNamespace(stream="not a function")}, TypeError,
+                 "model must have a callable stream(), got SimpleNamespace",
                  id="stream-not-callable"),
-    pytest.param({"tools": [add_tool()]}, TypeError, "tools", id="tools-a-list"),
-    pytest.param({"tools": None}, TypeError, "tools", id="tools-None"),
-    pytest.param({"signal": object()}, TypeError, "signal", id="signal-object"),
+    pytest.param({"tools": [add_tool()]}, TypeError, "tools must be a ToolRegistry, got list",
+                 id="tools-a-list"),
+    pytest.param({"tools": None}, TypeError, "tools must be a ToolRegistry, got NoneType",
+                 id="tools-None"),
+    pytest.param({"signal": object()}, TypeError, "wait(timeout), got object",
+                 id="signal-object"),
     # Not "must be a threading.Event" while anything with is_set() and wait() is accepted.
     pytest.param({"signal": True}, TypeError, "signal must be a threading.Event, or an object "
                  "with is_set() and wait(timeout), got bool", id="signal-bool"),
-    pytest.param({"signal": SimpleNamespace(is_set=lambda: False)}, TypeError, "signal",
-                 id="signal-without-wait"),
+    pytest.param({"signal": SimpleNamespace(is_set=lambda: False)}, TypeError,
+                 "wait(timeout), got SimpleNamespace", id="signal-without-wait"),
     pytest.param({"signal": HasWaitCoroutine()}, TypeError,
                  "HasWaitCoroutine.wait() is a coroutine", id="signal-wait-a-coroutine"),
-    pytest.param({"messages": 42}, TypeError, "messages", id="messages-int"),
-    pytest.param({"messages": None}, TypeError, "messages", id="messages-None"),
+    pytest.param({"messages": 42}, TypeError, "messages must be an iterable of messages, got int",
+                 id="messages-int"),
+    pytest.param({"messages": None}, TypeError,
+                 "messages must be an iterable of messages, got NoneType", id="messages-None"),
 ]  # fmt: skip
 
 
@@ -705,7 +726,7 @@ class TestEachStepGetsFrozenTranscriptAndRequestId:
     ) -> None:
         """Seed: "creates request-001, request-002, and so on, offset by
         requestSequenceStart"; chunks and tool events carry the active request id."""
-        events, _, model = run(
+        events, result, model = run(
             THREE_STEPS,
             tools=[add_tool(), echo_tool()],
             max_steps=max_steps,
@@ -713,6 +734,11 @@ class TestEachStepGetsFrozenTranscriptAndRequestId:
         )
 
         assert [request.id for request in model.requests] == ids
+        # The result says where the ids started and where a resumed run's ids go on.
+        assert (result.request_sequence_start, result.next_request_sequence) == (
+            start,
+            start + len(ids),
+        )
         correlated = [
             (e.type, e.payload["request_id"]) for e in events if "request_id" in e.payload
         ]
@@ -1139,16 +1165,32 @@ class TestStepBudget:
 
 class TestFailureCodes:
     @pytest.mark.parametrize("earlier", [0, 1], ids=["in-the-first-step", "in-a-later-step"])
-    def test_model_protocol_error(self, earlier: int) -> None:
+    @pytest.mark.parametrize(
+        ("blocks", "stop_reason", "words"),
+        [
+            pytest.param([text("Done."), add_call("c2")], "stop",
+                         "a stop response holds tool calls", id="stop-with-a-call"),
+            # The converse, which the seed implies: toolCall says there is a call to run.
+            pytest.param([text("Done.")], "toolCall",
+                         "a toolCall response holds no tool call", id="toolCall-without-a-call"),
+        ],
+    )  # fmt: skip
+    def test_model_protocol_error(
+        self,
+        earlier: int,
+        blocks: list[al.TextBlock | al.ToolCall],
+        stop_reason: al.StopReason,
+        words: str,
+    ) -> None:
         """Seed: "Tool calls are forbidden in a stop response." The step is not kept; the
         rounds before it are."""
         executed: list[str] = []
-        violation = al.scripted_response("response-002", [text("Done."), add_call("c2")], "stop")
+        violation = al.scripted_response("response-002", blocks, stop_reason)
         events, result, _ = run(
             [tool_turn("response-001", add_call()), violation] if earlier else [violation],
             tools=recording_tools(executed),
         )
-        assert_failed(events, result, "MODEL_PROTOCOL_ERROR")
+        assert_failed(events, result, "MODEL_PROTOCOL_ERROR", words)
         assert executed == ["add"] * earlier
         assert result.messages == ((user(), *ROUND_ONE) if earlier else (user(),))
         assert result.steps == earlier + 1
@@ -1458,8 +1500,6 @@ class TestRunUsage:
         assert ("usage" in result.to_dict()) == (expected is not None)
 
 
-# Each row: the model, the starting messages (None: one user message), the failure code
-# and its whole message.
 # Each row: a model step, and the whole message of the MODEL_PROTOCOL_ERROR it causes.
 MISTAKES = [
     pytest.param(stream_step([text("hi")], lambda request: None),
@@ -1982,6 +2022,17 @@ class TestMalformedThinkingAndUsage:
         assert chunk_event_count(events) == 0
 
 
+# The whole messages of a duplicate id, with the id in {}.
+CALL_ID_TWICE = (
+    "tool call id '{}' is used twice (tool-call ids must be unique across the whole transcript)"
+)
+MESSAGE_ID_TWICE = (
+    "message id '{}' is used twice (an assistant message's id is \"message-\" + its response "
+    'id, a tool result\'s is "tool-result-" + its call id: response ids and tool-call ids '
+    "must be unique across the whole transcript)"
+)
+
+
 class TestDuplicateIdsSayHowTheyWereDerived:
     """A duplicate id error must "say how it was derived ("message-" + response id) and
     that response ids and tool-call ids must be unique across the whole transcript"; the
@@ -1991,23 +2042,22 @@ class TestDuplicateIdsSayHowTheyWereDerived:
         ("start", "script", "ran", "kept", "message"),
         [
             pytest.param(HISTORY, [tool_turn("response-001", echo_call("call-old", "again"))],
-                         [], len(HISTORY), None, id="call-id-of-the-starting-transcript"),
-            pytest.param([al.UserMessage("message-r", "hi")], [stop("r", "x")], [], 1, None,
+                         [], len(HISTORY), CALL_ID_TWICE.format("call-old"),
+                         id="call-id-of-the-starting-transcript"),
+            pytest.param([al.UserMessage("message-r", "hi")], [stop("r", "x")], [], 1,
+                         MESSAGE_ID_TWICE.format("message-r"),
                          id="message-id-of-the-starting-transcript"),
             pytest.param([al.UserMessage("tool-result-c", "hi")],
-                         [tool_turn("r", echo_call("c", "x"))], [], 1, None,
-                         id="result-id-of-the-starting-transcript"),
+                         [tool_turn("r", echo_call("c", "x"))], [], 1,
+                         "the result id of tool call 'c' (\"tool-result-\" + its id) is already "
+                         "taken by another message", id="result-id-of-the-starting-transcript"),
             pytest.param([user()], [tool_turn("response-001", echo_call("call-1", "first")),
                                     tool_turn("response-002", echo_call("call-1", "second"))],
-                         ["first"], 3,
-                         "tool call id 'call-1' is used twice (tool-call ids must be unique "
-                         "across the whole transcript)", id="call-id-of-an-earlier-step"),
+                         ["first"], 3, CALL_ID_TWICE.format("call-1"),
+                         id="call-id-of-an-earlier-step"),
             pytest.param([user()], [tool_turn("resp", echo_call("c1", "first")), stop("resp")],
-                         ["first"], 3,
-                         "message id 'message-resp' is used twice (an assistant message's id is "
-                         '"message-" + its response id, a tool result\'s is "tool-result-" + its '
-                         "call id: response ids and tool-call ids must be unique across the "
-                         "whole transcript)", id="response-id-of-an-earlier-step"),
+                         ["first"], 3, MESSAGE_ID_TWICE.format("message-resp"),
+                         id="response-id-of-an-earlier-step"),
         ],
     )  # fmt: skip
     def test_an_id_already_in_the_transcript_fails_before_any_effect(
@@ -2016,21 +2066,14 @@ class TestDuplicateIdsSayHowTheyWereDerived:
         script: list[Any],
         ran: list[str],
         kept: int,
-        message: str | None,
+        message: str,
     ) -> None:
         executed: list[str] = []
         _, result, model = run(script, [echo_tool(executed)], messages=start)
-        said = failure_message(result, "MODEL_PROTOCOL_ERROR")
-        assert message is None or said == message
+        assert failure_message(result, "MODEL_PROTOCOL_ERROR") == message
         assert executed == ran
         assert len(result.messages) == kept
         assert model.call_count == len(script)
-
-    def test_the_readme_states_the_id_rules(self) -> None:
-        readme = " ".join((REPOSITORY / "README.md").read_text(encoding="utf-8").split())
-        assert '"message-" + response id' in readme
-        assert '"tool-result-" + call id' in readme
-        assert "unique across the whole transcript" in readme
 
 
 class SubclassedToolCall(al.ToolCall):
@@ -2277,50 +2320,92 @@ def play_failing(step: Step | al.ScriptedResponse, chunk_events: int, *words: st
     return result
 
 
-# Model output that the loop rejects, and how many valid chunks came before the fault.
-MALFORMED_OUTPUT: dict[str, tuple[Step | al.ScriptedResponse, int]] = {
-    "stream-returns-None": (lambda m, r, s: None, 0),
-    "stream-returns-a-list": (lambda m, r, s: [al.TextDelta(r.id, "x")], 0),
-    "stream-returns-an-iterator": (lambda m, r, s: iter([al.TextDelta(r.id, "x")]), 0),
-    "stream-returns-a-str": (lambda m, r, s: "text", 0),
-    "generator-returns-None": (stream_step([text("x")], lambda r: None), 1),
-    "generator-returns-a-dict": (stream_step([text("x")], lambda r: {"id": "r"}), 1),
-    "yields-None": (yielding(lambda r: None), 0),
-    "yields-a-str": (yielding(lambda r: "x"), 0),
-    "yields-a-chunk-dict": (yielding(lambda r: {"type": "text", "requestId": r.id}), 0),
-    "TextDelta-text-None": (yielding(lambda r: untyped.TextDelta(r.id, None)), 0),
-    "TextDelta-text-int": (yielding(lambda r: untyped.TextDelta(r.id, 5)), 0),
+# Model output that the loop rejects, how many valid chunks came before the fault, and the
+# words of the failure's message that tell this row from the others.
+MALFORMED_OUTPUT: dict[str, tuple[Step | al.ScriptedResponse, int, str]] = {
+    "stream-returns-None": (lambda m, r, s: None, 0,
+                            "model.stream() must return a generator, got NoneType"),
+    "stream-returns-a-list": (lambda m, r, s: [al.TextDelta(r.id, "x")], 0,
+                              "model.stream() must return a generator, got list"),
+    "stream-returns-an-iterator": (lambda m, r, s: iter([al.TextDelta(r.id, "x")]), 0,
+                                   "model.stream() must return a generator, got list_iterator"),
+    "stream-returns-a-str": (lambda m, r, s: "text", 0,
+                             "model.stream() must return a generator, got str"),
+    "generator-returns-None": (stream_step([text("x")], lambda r: None), 1,
+                               "the model's stream returned a NoneType, not a ModelResponse "
+                               "(did its generator end without `return ModelResponse(...)`?)"),
+    "generator-returns-a-dict": (stream_step([text("x")], lambda r: {"id": "r"}), 1,
+                                 "the model's stream returned a dict, not a ModelResponse"),
+    "yields-None": (yielding(lambda r: None), 0, "the model streamed a NoneType, not a TextDelta"),
+    "yields-a-str": (yielding(lambda r: "x"), 0, "the model streamed a str, not a TextDelta"),
+    "yields-a-chunk-dict": (yielding(lambda r: {"type": "text", "requestId": r.id}), 0,
+                            "the model streamed a dict, not a TextDelta"),
+    "TextDelta-text-None": (yielding(lambda r: untyped.TextDelta(r.id, None)), 0,
+                            "a text chunk's text must be a str, got NoneType"),
+    "TextDelta-text-int": (yielding(lambda r: untyped.TextDelta(r.id, 5)), 0,
+                           "a text chunk's text must be a str, got int"),
     "ToolCallChunk-carrying-a-TextBlock": (
         stream_step([text("a"), lambda r: untyped.ToolCallChunk(r.id, text("b"))],
-                    respond("r", [text("ab")], "stop")), 1),
-    "ToolCallChunk-carrying-None": (yielding(lambda r: untyped.ToolCallChunk(r.id, None)), 0),
-    "tool-call-id-empty": (tool_turn("r", untyped.ToolCall("", "echo", {})), 0),
-    "tool-call-id-None": (tool_turn("r", untyped.ToolCall(None, "echo", {})), 0),
-    "tool-call-id-int": (tool_turn("r", untyped.ToolCall(7, "echo", {})), 0),
-    "tool-call-name-None": (tool_turn("r", untyped.ToolCall("c", None, {})), 0),
-    "tool-call-name-empty": (tool_turn("r", untyped.ToolCall("c", "", {})), 0),
-    "response-id-None": (answer(id=None), 1),
-    "response-id-empty": (answer(id=""), 1),
-    "stop-reason-length": (answer(stop_reason="length"), 1),
-    "stop-reason-None": (answer(stop_reason=None), 1),
-    "response-block-is-a-dict": (answer((), content=[{"type": "text", "text": "x"}]), 0),
-    "response-text-block-int": (answer((), content=[untyped.TextBlock(5)]), 0),
-    "response-content-a-str": (answer((), content="text"), 0),
-    "duplicate-call-ids": (tool_turn("r", echo_call("c", "a"), echo_call("c", "b")), 2),
-    "same-call-twice": (tool_turn("r", echo_call("c"), text("and"), echo_call("c")), 3),
-    "tool-call-in-a-stop-response": (stop_with(echo_call("c")), 1),
-    "toolCall-response-without-a-call": (tool_turn("r", text("x")), 1),
-    "stream-and-response-disagree": (answer((text("abc"),), content=[text("abd")]), 1),
-    "streamed-call-differs": (streamed([echo_call("c", "b")], [echo_call("c", "a")]), 1),
-    "streamed-call-id-differs": (streamed([add_call()], [add_call("call-add-002")]), 1),
-    "order-differs": (streamed([text("Adding."), add_call()], [add_call(), text("Adding.")]), 2),
-    "missing-chunk": (streamed([text("Adding."), add_call()], [text("Adding.")]), 1),
-    "extra-chunk": (streamed([add_call()], [add_call(), text("More.")]), 2),
+                    respond("r", [text("ab")], "stop")), 1,
+        "a tool-call chunk carries a TextBlock, not a ToolCall"),
+    "ToolCallChunk-carrying-None": (yielding(lambda r: untyped.ToolCallChunk(r.id, None)), 0,
+                                    "a tool-call chunk carries a NoneType, not a ToolCall"),
+    "tool-call-id-empty": (tool_turn("r", untyped.ToolCall("", "echo", {})), 0,
+                           "a tool call's id must be a non-empty str, got ''"),
+    "tool-call-id-None": (tool_turn("r", untyped.ToolCall(None, "echo", {})), 0,
+                          "a tool call's id must be a non-empty str, got None"),
+    "tool-call-id-int": (tool_turn("r", untyped.ToolCall(7, "echo", {})), 0,
+                         "a tool call's id must be a non-empty str, got 7"),
+    "tool-call-name-None": (tool_turn("r", untyped.ToolCall("c", None, {})), 0,
+                            "tool call 'c': name must be a non-empty str, got None"),
+    "tool-call-name-empty": (tool_turn("r", untyped.ToolCall("c", "", {})), 0,
+                             "tool call 'c': name must be a non-empty str, got ''"),
+    "response-id-None": (answer(id=None), 1, "a response id must be a non-empty str, got None"),
+    "response-id-empty": (answer(id=""), 1, "a response id must be a non-empty str, got ''"),
+    "stop-reason-length": (answer(stop_reason="length"), 1, "unknown stop reason 'length'"),
+    "stop-reason-None": (answer(stop_reason=None), 1, "unknown stop reason None"),
+    "response-block-is-a-dict": (answer((), content=[{"type": "text", "text": "x"}]), 0,
+                                 "message 'message-r': a dict is not a TextBlock"),
+    "response-text-block-int": (answer((), content=[untyped.TextBlock(5)]), 0,
+                                "a text block: field 'text' must be a str, got 5 (int)"),
+    "response-content-a-str": (answer((), content="text"), 0,
+                               "a str is not a TextBlock, ThinkingBlock or ToolCall: "
+                               "wrap text in TextBlock(...)"),
+    "duplicate-call-ids": (tool_turn("r", echo_call("c", "a"), echo_call("c", "b")), 2,
+                           "tool call id 'c' is used twice"),
+    "same-call-twice": (tool_turn("r", echo_call("c"), text("and"), echo_call("c")), 3,
+                        "tool call id 'c' is used twice"),
+    "tool-call-in-a-stop-response": (stop_with(echo_call("c")), 1,
+                                     "a stop response holds tool calls"),
+    "toolCall-response-without-a-call": (tool_turn("r", text("x")), 1,
+                                         "a toolCall response holds no tool call"),
+    "stream-and-response-disagree": (answer((text("abc"),), content=[text("abd")]), 1,
+                                     "disagree at normalised block 0: "
+                                     "streamed 'abc', terminal 'abd'"),
+    "streamed-call-differs": (streamed([echo_call("c", "b")], [echo_call("c", "a")]), 1,
+                              "disagree at normalised block 0: "
+                              "streamed tool call 'c' to 'echo' with {'text': 'a'}, "
+                              "terminal tool call 'c' to 'echo' with {'text': 'b'}"),
+    "streamed-call-id-differs": (streamed([add_call()], [add_call("call-add-002")]), 1,
+                                 "disagree at normalised block 0: "
+                                 "streamed tool call 'call-add-002' to 'add' with "
+                                 "{'left': 20, 'right': 22}, terminal tool call 'call-add-001'"),
+    "order-differs": (streamed([text("Adding."), add_call()], [add_call(), text("Adding.")]), 2,
+                      "disagree at normalised block 0: streamed tool call 'call-add-001' "
+                      "to 'add' with {'left': 20, 'right': 22}, terminal 'Adding.'"),
+    "missing-chunk": (streamed([text("Adding."), add_call()], [text("Adding.")]), 1,
+                      "disagree at normalised block 1: "
+                      "streamed nothing, terminal tool call 'call-add-001'"),
+    "extra-chunk": (streamed([add_call()], [add_call(), text("More.")]), 2,
+                    "disagree at normalised block 1: streamed 'More.', terminal nothing"),
     # A str subclass that raises from ==, len() or hash() is model output of the wrong
     # type, like any non-str: the run fails, it does not raise.
-    "request-id-raising-eq": (yielding(lambda r: al.TextDelta(RaisingEq(r.id), "x")), 0),
-    "text-raising-len": (yielding(lambda r: al.TextDelta(r.id, RaisingLen("x"))), 0),
-    "call-id-raising-hash": (tool_turn("r", al.ToolCall(RaisingHash("c"), "echo", {})), 0),
+    "request-id-raising-eq": (yielding(lambda r: al.TextDelta(RaisingEq(r.id), "x")), 0,
+                              "is not the active request 'request-001'"),
+    "text-raising-len": (yielding(lambda r: al.TextDelta(r.id, RaisingLen("x"))), 0,
+                         "a text chunk's text must be a str, got RaisingLen"),
+    "call-id-raising-hash": (tool_turn("r", al.ToolCall(RaisingHash("c"), "echo", {})), 0,
+                             "a tool call's id must be a non-empty str, got 'c'"),
 }  # fmt: skip
 
 
@@ -2330,13 +2415,13 @@ class TestMalformedModelOutput:
     MODEL_PROTOCOL_ERROR: it never raises, never hangs, never keeps a half-written message."""
 
     @pytest.mark.parametrize(
-        ("step", "chunk_events"), MALFORMED_OUTPUT.values(), ids=list(MALFORMED_OUTPUT)
+        ("step", "chunk_events", "words"), MALFORMED_OUTPUT.values(), ids=list(MALFORMED_OUTPUT)
     )
     def test_contradiction_or_excess_becomes_a_failed_model_protocol_error_result(
-        self, step: Step | al.ScriptedResponse, chunk_events: int
+        self, step: Step | al.ScriptedResponse, chunk_events: int, words: str
     ) -> None:
         """Seed: "Contradiction or excess becomes a failed MODEL_PROTOCOL_ERROR result." """
-        play_failing(step, chunk_events)
+        play_failing(step, chunk_events, words)
 
     @pytest.mark.parametrize(
         ("step", "chunk_events", "word"),

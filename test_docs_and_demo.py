@@ -1,7 +1,7 @@
 """The checks that are not unit tests of one module: the README (its python blocks run,
 alone and together, and pass mypy --strict; its API table names exactly ``__all__``;
-the Anthropic request it shows is what the adapter sends; nothing refers outside the
-repository) and the demonstration, run as a user runs it.
+it states the id rules; the Anthropic request it shows is what the adapter sends;
+nothing refers outside the repository) and the demonstration, run as a user runs it.
 
 The demonstration is exercised only through its command line, ``python agent_loop.py``,
 and only for what its help and the README promise: one line per event, then the result;
@@ -542,6 +542,13 @@ class TestReadme:
         )
         sent = posted(model, request(history, SPECS, id="request-002"))["body"]
         assert json.loads(shown) == sent["messages"]
+
+    def test_it_states_the_id_rules(self) -> None:
+        """How a duplicate id's message says the ids are derived, the README says too."""
+        readme = " ".join((REPOSITORY / "README.md").read_text(encoding="utf-8").split())
+        assert '"message-" + response id' in readme
+        assert '"tool-result-" + call id' in readme
+        assert "unique across the whole transcript" in readme
 
 
 class TestReadmeBlocksRunAlone:
