@@ -797,7 +797,8 @@ class _Transcript:
                 if _tool_result_id(call.id) in self._message_ids:
                     raise _Problem(
                         f'the result id of tool call {call.id!r} ("tool-result-" + its id) '
-                        "is already taken by another message"
+                        "is already taken by another message (message ids must be unique "
+                        "across the whole transcript)"
                     )
                 new_ids.add(call.id)
         elif isinstance(message, ToolResultMessage):
@@ -827,8 +828,11 @@ class _Transcript:
 def _check_request_id(request_id: object, request: ModelRequest) -> None:
     """Seed: "Request IDs must match the active request." (chunks and responses alike)"""
     if not _is_text(request_id) or request_id != request.id:
+        given = _quoted(request_id)
+        if not _is_text(request_id):  # a str subclass's repr reads like the id it imitates
+            given += f" ({type(request_id).__name__})"
         raise _Problem(
-            f"{request_id!r} is not the active request {request.id!r}: every chunk's and the "
+            f"{given} is not the active request {request.id!r}: every chunk's and the "
             "response's request_id must be the request's id"
         )
 

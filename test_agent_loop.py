@@ -2050,7 +2050,8 @@ class TestDuplicateIdsSayHowTheyWereDerived:
             pytest.param([al.UserMessage("tool-result-c", "hi")],
                          [tool_turn("r", echo_call("c", "x"))], [], 1,
                          "the result id of tool call 'c' (\"tool-result-\" + its id) is already "
-                         "taken by another message", id="result-id-of-the-starting-transcript"),
+                         "taken by another message (message ids must be unique across the "
+                         "whole transcript)", id="result-id-of-the-starting-transcript"),
             pytest.param([user()], [tool_turn("response-001", echo_call("call-1", "first")),
                                     tool_turn("response-002", echo_call("call-1", "second"))],
                          ["first"], 3, CALL_ID_TWICE.format("call-1"),
@@ -2401,7 +2402,7 @@ MALFORMED_OUTPUT: dict[str, tuple[Step | al.ScriptedResponse, int, str]] = {
     # A str subclass that raises from ==, len() or hash() is model output of the wrong
     # type, like any non-str: the run fails, it does not raise.
     "request-id-raising-eq": (yielding(lambda r: al.TextDelta(RaisingEq(r.id), "x")), 0,
-                              "is not the active request 'request-001'"),
+                              "'request-001' (RaisingEq) is not the active request 'request-001'"),
     "text-raising-len": (yielding(lambda r: al.TextDelta(r.id, RaisingLen("x"))), 0,
                          "a text chunk's text must be a str, got RaisingLen"),
     "call-id-raising-hash": (tool_turn("r", al.ToolCall(RaisingHash("c"), "echo", {})), 0,
