@@ -397,6 +397,19 @@ class TestToolSchemas:
         result = al.execute_tool_call(registry, call("probe", "c1", arguments), threading.Event())
         assert (result.content, received) == ("ok", [arguments])
 
+    @pytest.mark.parametrize("passes", [AT_LIMIT, OVER_LIMIT])
+    def test_an_enum_member_nests_as_deep_as_arguments_may(self, passes: bool) -> None:
+        """Each enum member is a value some argument may be: 32 nested containers, not 33."""
+        member = nested(32 if passes else 33)
+        schema = {"type": "object", "properties": {"k": {"enum": [member]}}}
+        if not passes:
+            words = "enum member 0 is no value arguments may hold: arguments nest containers "
+            with pytest.raises(ValueError, match=words + "deeper than 32$"):
+                al.Tool("probe", "A tool.", schema, ok)
+            return
+        tool = al.Tool("probe", "A tool.", schema, ok)
+        assert plain_copy(tool.parameters["properties"]["k"]["enum"]) == [member]
+
     def test_a_tool_s_spec_is_its_name_description_and_parameters(self) -> None:
         assert add_tool().spec() == al.ToolSpec("add", "Adds two numbers.", NUMBERS)
 
