@@ -2585,7 +2585,9 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
     signal = threading.Event()
 
     def show(event: Event) -> None:
-        print(json.dumps(event.to_dict()) if options.json else _demo_line(event))
+        print(
+            json.dumps(event.to_dict(), ensure_ascii=False) if options.json else _demo_line(event)
+        )
         if event.sequence == options.cancel_after:
             signal.set()
 
