@@ -531,7 +531,7 @@ def load_events(fp: Iterable[str]) -> List[al.Event]:
 def _event_from_line(line: str) -> al.Event:
     """The event of one JSON line; ValueError saying why the line holds none."""
     try:
-        data = json.loads(line)
+        data = json.loads(line.rstrip("\r\n"))  # so that its error counts within the line
     except ValueError as error:  # a JSONDecodeError
         raise ValueError(f"not JSON ({error})") from None
     return al.event_from_dict(data)
@@ -803,7 +803,7 @@ def _check_run_record(path: str, data: Dict[str, Any], run_record: str) -> None:
         if type(recorded) is list and type(wanted) is list:  # show the first item that differs
             left, right = ([_canonical(value) for value in side] for side in (recorded, wanted))
             index = cast(int, _first_difference(left, right))
-            where = f" at {item} {index}"
+            where = f", at {item} {index}"
             recorded, wanted = (
                 side[index] if index < len(side) else "nothing" for side in (left, right)
             )
@@ -811,8 +811,8 @@ def _check_run_record(path: str, data: Dict[str, Any], run_record: str) -> None:
         raise JournalError(
             path,
             1,
-            f"the journal holds another run: its {what} differ{where}: journal {shown[0]}, "
-            f"this run {shown[1]}",
+            f"the journal holds another run: not the same {what}{where}: journal "
+            f"{shown[0]}, this run {shown[1]}",
         )
 
 
