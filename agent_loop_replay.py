@@ -1,4 +1,4 @@
-# agent_loop_replay.py 1.0.0: record and replay for agent_loop.py.
+# agent_loop_replay.py 1.1.0: record, replay and durable runs for agent_loop.py.
 # One file, standard library only; copy it next to agent_loop.py. Home: the agent_loop repository.
 """Replay a recorded run of the Agent Loop offline, with the events it recorded.
 
@@ -23,6 +23,28 @@ Rules:
   implies; with real tools in place of the recorded ones, a tool that now answers
   differently fails the run (``MODEL_STREAM_ERROR``) at the next request, with the
   request, the index of the first different message and both sides, shortened.
+
+``dump_events(events, fp)`` writes an event log as JSON lines (one compact ``to_dict()``
+per line) and ``load_events(fp)`` reads it back.
+
+``durable_run(journal, ...)`` is ``run_agent_loop()`` written to a journal file as it
+goes, so that the run survives its process. Rules:
+
+- The journal is JSON lines and only grows: its first line says what the run is (its
+  starting messages, tools and options), then come the events, each written before the
+  consumer sees it, and what no event holds (the response of each step that called
+  tools). It is synced to disk at each complete message and at the end, not at each
+  chunk. A torn last line (the process died writing it) is dropped, and cut off before
+  the next write; no whole line is ever changed.
+- Called again with the journal, a finished run (any status) is given again as
+  recorded, calling nothing. An unfinished run is run again by the loop itself, with a
+  model that streams each recorded step and tools that give each recorded result, so
+  that it gives its recorded events again up to its last complete message; from there it
+  is live: the step that was streaming is requested again, and a call that started and
+  has no recorded result runs again (at least once). A resume record voids the events
+  recorded past that point, which the run then gives live.
+- A journal of another run (other starting messages, tools or options), or a line that
+  is not where the journal's order puts it, is refused: JournalError, naming the line.
 
 This file uses only the public names of ``agent_loop``.
 """
@@ -783,7 +805,7 @@ def _check_run_record(path: str, data: Dict[str, Any], run_record: str) -> None:
     if data.get("record") != "run":
         raise JournalError(path, 1, "not a durable run's journal: its first line is no run record")
     expected = json.loads(run_record)
-    if data.get("format") != expected["format"]:
+    if _canonical(data.get("format")) != _canonical(expected["format"]):
         raise JournalError(
             path,
             1,

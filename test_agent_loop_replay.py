@@ -885,6 +885,6 @@ class TestJsonLines:
         written = io.StringIO()
         alr.dump_events(events, written)
         lines = written.getvalue().splitlines(keepends=True)
-        with pytest.raises(ValueError, match="^line 2: ") as refused:
+        with pytest.raises(ValueError, match=r"^line 2: ") as refused:
             alr.load_events([lines[0], line, *lines[1:]])
         assert str(refused.value).startswith(message)
