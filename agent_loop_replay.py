@@ -518,7 +518,8 @@ def _check_event(function: str, event: object, position: int) -> None:
 class _TextFile(Protocol):
     """What dump_events() writes to: a text file, ``io.StringIO``, ``sys.stdout``."""
 
-    def write(self, text: str, /) -> object: ...
+    def write(self, text: str, /) -> object:
+        """Writes the text."""
 
 
 def dump_events(events: Iterable[al.Event], fp: _TextFile) -> None:
