@@ -467,10 +467,15 @@ class _ReplayedModel:
                 "no result for it (the recorded tools answer the replayed model's calls, "
                 "in order)"
             )
-        result = step.results[index]
-        if result.is_error:
-            raise al.ToolError(result.content)
-        return result.content
+        return _recorded_answer(step.results[index])
+
+
+def _recorded_answer(result: al.ToolResultMessage) -> object:
+    """What a tool returns, or raises, for execute_tool_call() to build exactly ``result``:
+    its content, or for an error result a ToolError of it (whose content is exact)."""
+    if result.is_error:
+        raise al.ToolError(result.content)
+    return result.content
 
 
 def _recorded_tool(model: _ReplayedModel, name: str) -> al.Tool:
@@ -985,16 +990,14 @@ def _played(
 
 def _journaled_tool(tool: al.Tool, results: Dict[str, al.ToolResultMessage]) -> al.Tool:
     """The tool, except that a call whose result is recorded gives that result again
-    (an error result as a ToolError, so that its content is exact) and runs nothing."""
+    and runs nothing."""
 
     def execute(arguments: Dict[str, Any], signal: al.Signal) -> object:
         call = al.current_tool_call()
         result = results.get(call.id) if call is not None else None
         if result is None:
             return tool.execute(arguments, signal)
-        if result.is_error:
-            raise al.ToolError(result.content)
-        return result.content
+        return _recorded_answer(result)
 
     return dataclasses.replace(tool, execute=execute)
 

@@ -927,12 +927,40 @@ class TestOptions:
         )
         assert not (tmp_path / "run.jsonl").exists()
 
-    def test_the_starting_messages_are_taken_when_it_is_called(self, tmp_path: Path) -> None:
-        messages = [user()]
-        run = Process().durable_run(tmp_path / "run.jsonl", messages=messages)
+    def test_the_messages_and_the_tools_are_taken_when_it_is_called(self, tmp_path: Path) -> None:
+        messages, process = [user()], Process()
+        tools = al.ToolRegistry(process.effects.tools())
+        run = alr.durable_run(
+            tmp_path / "run.jsonl",
+            messages=messages,
+            model=process.model,
+            tools=tools,
+            max_steps=8,
+        )
         messages.append(al.UserMessage("user-002", "Later."))
+        tools.register(al.Tool("later", "Registered later.", {"type": "object"}, lambda a, s: ""))
         _, result = settle(run)
         assert result == reference()[1]
+        run_record = whole_lines((tmp_path / "run.jsonl").read_bytes())[0]
+        assert run_record["messages"] == [user().to_dict()]
+        assert [tool["name"] for tool in run_record["tools"]] == ["add", "effect", "refuse"]
+
+    @pytest.mark.parametrize(
+        ("count", "status"),
+        [
+            pytest.param(al.MAX_INITIAL_MESSAGES, "completed", id="at-limit"),
+            pytest.param(al.MAX_INITIAL_MESSAGES + 1, "failed", id="over-limit"),
+        ],
+    )
+    def test_the_starting_messages_up_to_the_limit_are_recorded_and_run(
+        self, tmp_path: Path, count: int, status: str
+    ) -> None:
+        messages = [al.UserMessage(f"user-{n}", "Hi.") for n in range(count - 1)] + [user()]
+        journal = tmp_path / "run.jsonl"
+        events, result = Process().settle(journal, messages=messages)
+        assert result.status == status
+        assert len(whole_lines(journal.read_bytes())[0]["messages"]) == count
+        assert Process().given_again(journal, messages=messages) == (events, result)
 
     def test_it_reads_as_many_messages_as_run_agent_loop(self, tmp_path: Path) -> None:
         """One past the cap, from an iterator that never ends: INVALID_TRANSCRIPT."""
