@@ -387,8 +387,8 @@ def endings() -> Dict[str, Callable[[Process, Path], Tuple[List[al.Event], al.Ru
 
 
 class TestAFinishedRunIsGivenAgain:
-    """Seed-free rule of durable runs: a finished run (any status) is given again from its
-    journal: its recorded events and result, and neither the model nor a tool is called."""
+    """A finished run (any status) is given again from its journal: its recorded events
+    and result, and neither the model nor a tool is called."""
 
     @pytest.mark.parametrize("ending", list(endings()))
     def test_it_yields_the_recorded_events_and_returns_the_recorded_result(
