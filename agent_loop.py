@@ -64,8 +64,8 @@ runs; an ``Exception`` from a tool is a recoverable, logged result; thinking is 
 block of its own, bounded and coalesced as text is; a run's usage is the sum of its
 responses' usage. Not here, as the seed says: concurrent tools, steering queues, context
 transformation, provider retries, persistent sessions. Companion files beside this one
-use only its public names: ``agent_loop_providers.py`` (real models) and
-``agent_loop_replay.py`` (replay).
+use only its public names: ``agent_loop_providers.py`` (real models),
+``agent_loop_cli.py`` (their command line) and ``agent_loop_replay.py`` (replay).
 
 The file reads top down: the limits, the loop and its phases in the diagram's order,
 then what the loop uses in that order (the transcript and its checks, the model
@@ -2329,8 +2329,8 @@ def settle_run(
     """Drains a run; returns its events and its RunResult.
 
     ``on_event``, if given, is called with each event as the run yields it, before the
-    run goes on (print it, stream it to a screen, set the signal). If it raises, the
-    run is closed (its model stream too) and the exception propagates.
+    run goes on (``print_event`` prints it; stream it to a screen, set the signal). If
+    it raises, the run is closed (its model stream too) and the exception propagates.
     """
     events: List[Event] = []
     with contextlib.closing(run):
@@ -2347,14 +2347,12 @@ def settle_run(
 def print_event(event: Event, file: Optional[TextIO] = None) -> None:
     """Prints one readable line for an event to ``file`` (default: ``sys.stdout``), flushed.
 
-    ``settle_run(run, on_event=print_event)`` prints a run as it goes. The line is the
-    sequence, the type, then what the event says: a message's role, id and content; a
-    chunk's request id, kind and text (as a JSON string) or call; a call as
-    ``name(arguments) [id]``; a result as ``name ok: content`` or ``name error:
-    content``; for ``run.finished``, the result: status, steps, messages, the usage
-    the model reported (``unknown`` when it reported no count), the calls left without a
-    result and the error. A line break or other unprintable character is written as
-    its escape (``\\n``), so that an event is always one line.
+    Use it as ``settle_run(run, on_event=print_event)``. The line is the sequence, the
+    type and what the event says: text as a JSON string, a call as ``name(arguments)
+    [id]``, a tool result as ``name ok: content`` or ``name error: content``; the
+    ``run.finished`` line is the result, with the usage reported (``unknown``: no count),
+    the calls left without a result and the error. An unprintable character (a line
+    break) is written as its escape, so that an event is always one line.
     """
     payload = event.payload
     if event.type == "message.accepted":
