@@ -64,8 +64,8 @@ runs; an ``Exception`` from a tool is a recoverable, logged result; thinking is 
 block of its own, bounded and coalesced as text is; a run's usage is the sum of its
 responses' usage. Not here, as the seed says: concurrent tools, steering queues, context
 transformation, provider retries, persistent sessions. Companion files beside this one
-use only its public names: ``agent_loop_providers.py`` (real models) and
-``agent_loop_replay.py`` (replay).
+use only its public names: ``agent_loop_providers.py`` (real models),
+``agent_loop_cli.py`` (their command line) and ``agent_loop_replay.py`` (replay).
 
 The file reads top down: the limits, the loop and its phases in the diagram's order,
 then what the loop uses in that order (the transcript and its checks, the model
@@ -109,6 +109,7 @@ from typing import (
     Protocol,
     Sequence,
     Set,
+    TextIO,
     Tuple,
     TypeVar,
     Union,
@@ -129,6 +130,7 @@ __all__ = [  # grouped as the README presents the API
     # Entry point
     "run_agent_loop",
     "settle_run",
+    "print_event",
     "Signal",
     # Message IR
     "JSON",
@@ -2343,8 +2345,8 @@ def settle_run(
     """Drains a run; returns its events and its RunResult.
 
     ``on_event``, if given, is called with each event as the run yields it, before the
-    run goes on (print it, stream it to a screen, set the signal). If it raises, the
-    run is closed (its model stream too) and the exception propagates.
+    run goes on (``print_event`` prints it; stream it to a screen, set the signal). If
+    it raises, the run is closed (its model stream too) and the exception propagates.
     """
     events: List[Event] = []
     with contextlib.closing(run):
@@ -2356,6 +2358,79 @@ def settle_run(
             events.append(event)
             if on_event is not None:
                 on_event(event)
+
+
+def print_event(event: Event, file: Optional[TextIO] = None) -> None:
+    """Prints one readable line for an event to ``file`` (default: ``sys.stdout``), flushed.
+
+    Use it as ``settle_run(run, on_event=print_event)``. The line is the sequence, the
+    type and what the event says: text as a JSON string, a call as ``name(arguments)
+    [id]``, a tool result as ``name ok: content`` or ``name error: content``; the
+    ``run.finished`` line is the result, with the usage reported (``unknown``: no count),
+    the calls left without a result and the error. An unprintable character (a line
+    break) is written as its escape, so that an event is always one line.
+    """
+    payload = event.payload
+    if event.type == "message.accepted":
+        detail = _message_text(payload["message"])
+    elif event.type == "model.chunk":
+        chunk = payload["chunk"]
+        shown = chunk.tool_call if isinstance(chunk, ToolCallChunk) else chunk
+        detail = f"{payload['request_id']} {_piece_text(shown)}"
+    elif event.type == "tool.started":
+        detail = f"{payload['request_id']} {_call_text(payload['tool_call'])}"
+    elif event.type == "tool.finished":
+        detail = f"{payload['request_id']} {_outcome_text(payload['tool_result'])}"
+    else:
+        detail = _result_text(payload["result"])
+    line = f"{event.sequence:3d}  {event.type:<16}  {detail}"
+    if not line.isprintable():  # a line break, say, in what a model or a tool wrote
+        line = "".join(char if char.isprintable() else ascii(char)[1:-1] for char in line)
+    print(line, file=file, flush=True)
+
+
+def _message_text(message: Message) -> str:
+    """A message as print_event shows it: its role and id, then its content."""
+    if isinstance(message, UserMessage):
+        content = json.dumps(message.content, ensure_ascii=False)
+    elif isinstance(message, AssistantMessage):
+        content = ", ".join(_piece_text(block) for block in message.content)
+    else:
+        content = _outcome_text(message)
+    return f"{message.role} {message.id}: {content}"
+
+
+def _piece_text(piece: Union[TextBlock, ThinkingBlock, ToolCall, TextDelta, ThinkingDelta]) -> str:
+    """A block or a chunk as print_event shows it: its type, then its text or call."""
+    if isinstance(piece, ToolCall):
+        return f"{piece.type} {_call_text(piece)}"
+    text = piece.thinking if isinstance(piece, (ThinkingBlock, ThinkingDelta)) else piece.text
+    return f"{piece.type} {json.dumps(text, ensure_ascii=False)}"
+
+
+def _call_text(call: ToolCall) -> str:
+    """A call as print_event shows it: name(arguments) [id]."""
+    arguments = json.dumps(call.plain_arguments(), ensure_ascii=False, separators=(",", ":"))
+    return f"{call.name}({arguments}) [{call.id}]"
+
+
+def _outcome_text(result: ToolResultMessage) -> str:
+    """A tool result as print_event shows it: name ok: content, or name error: content."""
+    return f"{result.tool_name} {'error' if result.is_error else 'ok'}: {result.content}"
+
+
+def _result_text(result: RunResult) -> str:
+    """A RunResult as print_event shows it, on the run.finished line."""
+    parts = [f"{result.status} after {result.steps} step(s)", f"{len(result.messages)} messages"]
+    if result.usage is not None:  # the counts the model reported, by their JSON keys
+        counts = ", ".join(f"{key} {count}" for key, count in result.usage.to_dict().items())
+        parts.append(f"usage: {counts or 'unknown'}")
+    open_calls = open_tool_calls(result.messages)
+    if open_calls:
+        parts.append("left without a result: " + ", ".join(call.id for call in open_calls))
+    if result.error is not None:
+        parts.append(f"error: {result.error.code}: {result.error.message}")
+    return ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -2482,35 +2557,14 @@ class ScriptedModel:
 # --- The demonstration ------------------------------------------------------------
 
 
-def _demo_tools() -> ToolRegistry:
-    """Three small tools; the weather station in Atlantis is missing, on purpose."""
-
-    def add(left: float, right: float) -> object:
-        """Adds two numbers."""
-        return {"sum": left + right}
-
-    def multiply(left: float, right: float) -> object:
-        """Multiplies two numbers."""
-        return {"product": left * right}
-
-    def weather(city: str) -> str:
-        """Reports the weather in a city."""
-        stations = {"Lisbon": "sunny, 19 C", "Oslo": "snow, -3 C"}
-        if city not in stations:
-            raise LookupError(f"no weather station in {city}")
-        return stations[city]
-
-    return ToolRegistry(Tool.from_function(tool) for tool in (add, multiply, weather))
-
-
 def _demo_model() -> ScriptedModel:
-    """A three-step script: thinking and one tool, then two tools (one fails), then the
+    """A three-step script: thinking and one tool, then two calls (one fails), then the
     answer; each response with the usage a provider with a prompt cache would report."""
-    thinking = ThinkingBlock("Two operations: the sum first, then the product.", "sig-demo-001")
+    thinking = ThinkingBlock("Two operations: the sum first, then the division.", "sig-demo-001")
     add = ToolCall("call-add-001", "add", {"left": 20, "right": 22})
-    multiply = ToolCall("call-multiply-001", "multiply", {"left": 42, "right": 2})
-    weather = ToolCall("call-weather-001", "weather", {"city": "Atlantis"})
-    answer = ["(20 + 22) * 2 = 84. ", "Atlantis has no ", "weather station."]
+    half = ToolCall("call-divide-001", "divide", {"dividend": 42, "divisor": 2})
+    by_zero = ToolCall("call-divide-002", "divide", {"dividend": 42, "divisor": 0})
+    answer = ["(20 + 22) / 2 = 21. ", "42 / 0 has no value: ", "division by zero."]
     return ScriptedModel(
         [
             scripted_response(
@@ -2520,7 +2574,7 @@ def _demo_model() -> ScriptedModel:
                 usage=Usage(412, 58, 0, 1024, 12),
             ),
             scripted_response(
-                "response-002", [multiply, weather], "toolCall", usage=Usage(96, 41, 1024, 0, 0)
+                "response-002", [half, by_zero], "toolCall", usage=Usage(96, 41, 1024, 0, 0)
             ),
             scripted_response(
                 "response-003",
@@ -2533,59 +2587,12 @@ def _demo_model() -> ScriptedModel:
     )
 
 
-def _brief(call: ToolCall) -> str:
-    """A call as the demonstration prints it: name(arguments) [id]."""
-    return f"{call.name}({json.dumps(call.plain_arguments(), separators=(',', ':'))}) [{call.id}]"
-
-
-def _demo_line(event: Event) -> str:
-    """One readable line per event: sequence, type, the essentials of the payload."""
-    payload = event.payload
-    if event.type == "message.accepted":
-        message = payload["message"]
-        detail = f"{message.role} {message.id}: {json.dumps(message.content)}"
-    elif event.type == "model.chunk":
-        chunk = payload["chunk"]
-        if isinstance(chunk, ToolCallChunk):
-            shown = _brief(chunk.tool_call)
-        else:
-            shown = json.dumps(chunk.text if isinstance(chunk, TextDelta) else chunk.thinking)
-        detail = f"{payload['request_id']} {chunk.type} {shown}"
-    elif event.type == "tool.started":
-        detail = f"{payload['request_id']} {_brief(payload['tool_call'])}"
-    elif event.type == "tool.finished":
-        result = payload["tool_result"]
-        outcome = "error" if result.is_error else "ok"
-        detail = f"{payload['request_id']} {result.tool_name} {outcome}: {result.content}"
-    else:
-        result = payload["result"]
-        detail = f"{result.status} after {result.steps} step(s)"
-    return f"{event.sequence:3d}  {event.type:<16}  {detail}"
-
-
-def _demo_result(result: RunResult) -> str:
-    """A result as the demonstration prints it, after the events."""
-    line = f"result: {result.status}, {result.steps} step(s), {len(result.messages)} messages"
-    if result.usage is not None:  # the counts the provider gave, by their JSON keys
-        counts = ", ".join(f"{key} {count}" for key, count in result.usage.to_dict().items())
-        line += f", usage: {counts or 'unknown'}"
-    lines = [line]
-    if result.final_text is not None:
-        lines.append(f"final text: {result.final_text}")
-    if result.max_steps is not None:
-        lines.append(f"the budget of {result.max_steps} step(s) ended the run")
-    open_calls = open_tool_calls(result.messages)
-    if open_calls:
-        lines.append("left without a result: " + ", ".join(call.id for call in open_calls))
-    return "\n".join(lines)
-
-
 def _main(argv: Optional[Sequence[str]] = None) -> int:
-    """The demonstration: a scripted run over three tools, printed one event per line."""
+    """The demonstration: a scripted run over two tools, printed one event per line."""
     parser = argparse.ArgumentParser(
         prog="python agent_loop.py",
-        description="Runs the Agent Loop on a scripted model with three tools (one call "
-        "fails, recoverably) and prints each event on one line, then the result.",
+        description="Runs the Agent Loop on a scripted model with two tools (one call "
+        "fails, recoverably) and prints each event on one line, the result last.",
     )
     parser.add_argument("--json", action="store_true", help="print each event as JSON")
     budget = f"the step budget, 1..{MAX_AGENT_STEPS} (the demo needs 3)"
@@ -2601,22 +2608,31 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
     signal = threading.Event()
 
     def show(event: Event) -> None:
-        print(
-            json.dumps(event.to_dict(), ensure_ascii=False) if options.json else _demo_line(event)
-        )
+        if options.json:
+            print(json.dumps(event.to_dict(), ensure_ascii=False))
+        else:
+            print_event(event)
         if event.sequence == options.cancel_after:
             signal.set()
 
-    run = run_agent_loop(
-        messages=[UserMessage("user-001", "What is (20 + 22) * 2? And the weather in Atlantis?")],
-        model=_demo_model(),
-        tools=_demo_tools(),
-        max_steps=options.max_steps,
-        signal=signal,
+    def add(left: float, right: float) -> object:
+        """Adds two numbers."""
+        return {"sum": left + right}
+
+    def divide(dividend: float, divisor: float) -> object:
+        """Divides one number by another."""
+        return {"quotient": dividend / divisor}  # by 0: an exception, a recoverable result
+
+    settle_run(
+        run_agent_loop(
+            messages=[UserMessage("user-001", "What is (20 + 22) / 2? And 42 / 0?")],
+            model=_demo_model(),
+            tools=ToolRegistry([Tool.from_function(add), Tool.from_function(divide)]),
+            max_steps=options.max_steps,
+            signal=signal,
+        ),
+        on_event=show,
     )
-    _, result = settle_run(run, on_event=show)
-    if not options.json:
-        print(_demo_result(result))
     return 0
 
 

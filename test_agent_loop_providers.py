@@ -5,8 +5,8 @@ byte-exact event streams to the parsers, heads to ``_head_error()``. Streams thr
 ``stream()`` and ``run_agent_loop`` read canned bytes from a stand-in for the exchange
 (``Canned``), so the loop's own limit checks judge them. No test here opens a socket or
 starts a process: what needs one (connecting, timeouts, TLS, retries, HTTP failures,
-cancellation, closing, the command line, llmock) is in
-test_agent_loop_providers_connection.py. The builders that both files use (event
+cancellation, closing, llmock) is in test_agent_loop_providers_connection.py, and the
+command line in test_agent_loop_cli.py. The builders that both files use (event
 streams, ``Canned``, ``settle_prompt``...) are in loop_testing.py.
 """
 
