@@ -65,7 +65,6 @@ pipe loop around it.
 from __future__ import annotations
 
 import contextlib
-import contextlib
 import http.client
 import itertools
 import json
@@ -194,6 +193,7 @@ class _Session:
         self.protocol_version: Optional[str] = None
         self._lock = threading.Lock()  # the pending table, the counter, the flags
         self._open_lock = threading.Lock()  # one handshake, one tools/list at a time
+        self._close_lock = threading.Lock()  # a second close() waits for the first
         self._pending: Dict[int, _Pending] = {}
         self._ids = itertools.count(1)
         self._opened = False
@@ -238,20 +238,14 @@ class _Session:
 
     def close(self) -> None:
         """Ends the session: calls in flight end with an error result, and the server's
-        process (stdio) ends or its session is deleted (HTTP). Safe to call again."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            self._lost = self._lost or "the MCP session was closed"
-            waiting = list(self._pending.values())
-            self._pending.clear()
-        for pending in waiting:
-            self._settle(
-                pending, failure=f"{pending.method} did not finish: the session was closed"
-            )
-            self._abandon(pending)
-        self._disconnect()
+        process (stdio) ends or its session is deleted (HTTP). Safe to call again, from
+        any thread: it returns once the session has ended."""
+        with self._close_lock:
+            with self._lock:
+                self._closed = True
+                self._lost = self._lost or "the MCP session was closed"
+            self._fail_all("did not finish: the session was closed", abandon=True)
+            self._disconnect()
 
     # The session -------------------------------------------------------------------------
 
@@ -528,13 +522,15 @@ class _Session:
             assert origin is not None
             self._settle(origin, failure=f"{origin.method}: the server sent {what}")
 
-    def _fail_all(self, why: str) -> None:
+    def _fail_all(self, why: str, abandon: bool = False) -> None:
         """Every request in flight fails: any of them may have been answered by what was lost."""
         with self._lock:
             waiting = list(self._pending.values())
             self._pending.clear()
         for pending in waiting:
             self._settle(pending, failure=f"{pending.method} {why}")
+            if abandon:
+                self._abandon(pending)
 
     def _lose(self, reason: str) -> None:
         """The connection is gone: every request in flight fails, and so will the next."""
