@@ -1107,7 +1107,7 @@ def _body_excerpt(response: http.client.HTTPResponse) -> str:
 
 def _event_data(stream: IO[bytes], limit: int) -> Iterator[Optional[bytes]]:
     """The data of each server-sent event, at most ``limit`` bytes (None for a larger
-    one, which is read in pieces and not kept); events without data are skipped."""
+    one, which ends the stream); an event with empty data is not one (the priming event)."""
     data: List[bytes] = []
     size = 0
     for line in _bounded_lines(stream, limit + len(b"data: ")):
@@ -1115,11 +1115,7 @@ def _event_data(stream: IO[bytes], limit: int) -> Iterator[Optional[bytes]]:
             yield None
             return
         line = line.rstrip(b"\r")
-        if not line:  # the end of an event
-            if data:
-                yield b"\n".join(data)
-            data, size = [], 0
-        elif line.startswith(b"data:"):
+        if line.startswith(b"data:"):
             value = line[5:]
             value = value[1:] if value.startswith(b" ") else value
             size += len(value) + bool(data)
@@ -1127,5 +1123,9 @@ def _event_data(stream: IO[bytes], limit: int) -> Iterator[Optional[bytes]]:
                 yield None
                 return
             data.append(value)
-    if data:
+        elif not line:  # the end of an event
+            if size:
+                yield b"\n".join(data)
+            data, size = [], 0
+    if size:
         yield b"\n".join(data)  # the stream ended after the event's last line

@@ -932,3 +932,344 @@ class TestThreads:
             for thread in threads:
                 thread.join()
         assert results == {n * 100 + i: f"{n}-{i}" for n in range(8) for i in range(10)}
+
+
+# --- Streamable HTTP ------------------------------------------------------------------------
+
+
+class HttpFake:
+    """The Fake behind an http.server on 127.0.0.1 and a free port: JSON or SSE answers."""
+
+    def __init__(self, mode: str = "sse", **config: Any) -> None:
+        self.fake = Fake(config)
+        self.mode = mode
+        self.config = config
+        self.requests: List[Tuple[str, Dict[str, str], bytes]] = []
+        self.stopping = threading.Event()
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                owner.requests.append(("POST", dict(self.headers), body))
+                owner.post(self, body)
+
+            def do_DELETE(self) -> None:
+                owner.requests.append(("DELETE", dict(self.headers), b""))
+                self.send_response(owner.config.get("delete_status", 200))
+                self.end_headers()
+
+        self.http = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.http.daemon_threads = True
+        self.thread = threading.Thread(target=self.http.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http.server_address[1]}/mcp?key=1"
+
+    def __enter__(self) -> HttpFake:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stopping.set()
+        self.http.shutdown()
+        self.http.server_close()
+
+    def posted(self) -> List[Dict[str, Any]]:
+        return [json.loads(body) for method, _, body in self.requests if method == "POST"]
+
+    def post(self, handler: http.server.BaseHTTPRequestHandler, body: bytes) -> None:
+        message = json.loads(body)
+        method = message.get("method")
+        override = self.config.get("status", {}).get(method)
+        if override is not None:
+            status, kind, data = override
+            handler.send_response(status)
+            if kind:
+                handler.send_header("Content-Type", kind)
+            if status == 200 and kind == "application/json" and data is None:
+                handler.send_header("Content-Length", str(mcp.MAX_MESSAGE_BYTES + 1))
+                data = b""
+            handler.end_headers()
+            handler.wfile.write(data or b"")
+            return
+        answers: queue.Queue[Any] = queue.Queue()
+        self.fake.handle(body, answers.put)
+        if "id" not in message or method is None:
+            handler.send_response(202)
+            handler.end_headers()
+            return
+        handler.send_response(200)
+        if method == "initialize" and "session_id" in self.config:
+            if self.config["session_id"] is not None:
+                handler.send_header("Mcp-Session-Id", self.config["session_id"])
+        elif method == "initialize":
+            handler.send_header("Mcp-Session-Id", "session-1")
+        if self.mode == "json":
+            response = self.next_answer(answers, message["id"])
+            data = response if isinstance(response, bytes) else json.dumps(response).encode()
+            handler.send_header("Content-Type", "application/json")
+            handler.end_headers()
+            handler.wfile.write(data)
+            return
+        handler.send_header("Content-Type", "text/event-stream")
+        handler.end_headers()
+        handler.wfile.write(b": a comment\r\nid: 0\r\ndata:\r\n\r\n")  # the priming event
+        while True:
+            item = self.next_answer(answers, None)
+            if item is None:
+                return  # the stream ends without the answer
+            if isinstance(item, bytes):
+                handler.wfile.write(b"event: message\ndata: " + item.strip() + b"\n\n")
+                continue
+            lines = json.dumps(item, indent=1).encode().split(b"\n")  # data over many lines
+            handler.wfile.write(
+                b"event: message\n" + b"".join(b"data:" + line + b"\n" for line in lines) + b"\n"
+            )
+            handler.wfile.flush()
+            if item.get("id") == message["id"] and "method" not in item:
+                return
+
+    def next_answer(self, answers: queue.Queue[Any], request_id: Any) -> Any:
+        while not self.stopping.is_set():
+            try:
+                item = answers.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if item == "end":
+                return None
+            if request_id is None or (isinstance(item, dict) and item.get("id") == request_id):
+                return item
+        return None
+
+
+@pytest.fixture(params=["sse", "json"])
+def http_fake(request: pytest.FixtureRequest) -> Iterator[HttpFake]:
+    with HttpFake(request.param) as fake:
+        yield fake
+
+
+class TestHttp:
+    """Streamable HTTP: POSTs, JSON or SSE answers, the session and version headers."""
+
+    def test_a_session_from_the_wire(self, http_fake: HttpFake) -> None:
+        with mcp.HttpServer(http_fake.url, headers={"Authorization": "Bearer t"}) as server:
+            assert call(server, "echo", {"text": "hé"}).content == "hé"
+        methods = [
+            (m, h.get("Mcp-Session-Id"), h.get("MCP-Protocol-Version"))
+            for m, h, _ in http_fake.requests
+        ]
+        assert methods == [
+            ("POST", None, None),
+            ("POST", "session-1", "2025-11-25"),
+            ("POST", "session-1", "2025-11-25"),
+            ("POST", "session-1", "2025-11-25"),
+            ("DELETE", "session-1", "2025-11-25"),
+        ]
+        for _, headers, _ in http_fake.requests[:4]:
+            assert headers["Accept"] == "application/json, text/event-stream"
+            assert headers["Content-Type"] == "application/json"
+            assert headers["Authorization"] == "Bearer t"
+        assert [m.get("method") for m in http_fake.posted()] == [
+            "initialize",
+            "notifications/initialized",
+            "tools/list",
+            "tools/call",
+        ]
+        assert http_fake.requests[3][2] == (
+            b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"echo",'
+            b'"arguments":{"text":"h\xc3\xa9"},"_meta":{"progressToken":3}}}'
+        )
+
+    def test_tools_lists_again_each_time(self, http_fake: HttpFake) -> None:
+        with mcp.HttpServer(http_fake.url) as server:
+            server.tools()
+            assert call(server, "change").content == "changed"
+            assert "added" in [tool.name for tool in server.tools()]
+        assert [m.get("method") for m in http_fake.posted()].count("tools/list") == 3
+
+    def test_errors_and_results(self, http_fake: HttpFake) -> None:
+        with mcp.HttpServer(http_fake.url) as server:
+            assert call(server, "fail").content == "the city is unknown"
+            # Over HTTP, each tools() lists: the call after it is request 5.
+            error = {"jsonrpc": "2.0", "id": 5, "error": {"code": 1, "message": "no"}}
+            tools = al.ToolRegistry(server.tools())
+            result = al.execute_tool_call(
+                tools, al.ToolCall("c", "raw", {"message": error}), threading.Event()
+            )
+            assert result.content == "MCP tool 'raw': tools/call failed: JSON-RPC error 1: 'no'"
+
+    def test_no_session_id(self) -> None:
+        with HttpFake("json", session_id=None) as fake:
+            with mcp.HttpServer(fake.url) as server:
+                assert call(server, "echo", {"text": "x"}).content == "x"
+            assert [m for m, _, _ in fake.requests][-1] == "POST"  # no DELETE without a session
+
+    def test_a_session_id_that_is_not_visible_ascii(self) -> None:
+        with HttpFake("json", session_id="a b") as fake, pytest.raises(
+            mcp.McpError, match="session id that is not visible ASCII: 'a b'"
+        ):
+            mcp.HttpServer(fake.url).tools()
+
+    def test_an_expired_session_is_opened_again(self, http_fake: HttpFake) -> None:
+        with mcp.HttpServer(http_fake.url) as server:
+            server.tools()
+            http_fake.config["status"] = {"tools/list": (404, "text/plain", b"Session not found")}
+            with pytest.raises(mcp.McpError, match=r"ended the session \(HTTP 404\)"):
+                server.tools()
+            del http_fake.config["status"]
+            assert len(server.tools()) == len(Fake({}).tools)
+        assert [m.get("method") for m in http_fake.posted()].count("initialize") == 2
+
+    @pytest.mark.parametrize(
+        ("status", "words"),
+        [
+            pytest.param((500, "text/plain", b"it broke"), "HTTP 500: it broke", id="500"),
+            pytest.param((404, None, b""), "HTTP 404: ", id="404-before-a-session"),
+            pytest.param((200, "text/html", b"<html>"), "Content-Type is text/html", id="html"),
+            pytest.param((200, None, b""), "Content-Type is missing", id="no-type"),
+            pytest.param((200, "application/json", None), "more than 8388608", id="length"),
+            pytest.param((200, "application/json", b"{oops"), "not JSON", id="not-json"),
+            pytest.param(
+                (200, "text/event-stream", b"data: {oops\n\n"), "not JSON", id="sse-not-json"
+            ),
+            pytest.param(
+                (200, "text/event-stream", b"data: \n\n"),
+                "ended before the response",
+                id="sse-cut",
+            ),
+            pytest.param(
+                (200, "application/json", b'{"jsonrpc": "2.0", "id": 99, "result": {}}'),
+                "ended before the response",
+                id="other-id",
+            ),
+        ],
+    )
+    def test_an_answer_that_fails_initialize(self, status: Any, words: str) -> None:
+        with HttpFake("json", status={"initialize": status}) as fake, pytest.raises(
+            mcp.McpError, match=words
+        ):
+            mcp.HttpServer(fake.url).tools()
+
+    def test_a_notification_that_is_refused(self) -> None:
+        status = {"notifications/initialized": (400, "text/plain", b"bad")}
+        with HttpFake("json", status=status) as fake, pytest.raises(
+            mcp.McpError, match="HTTP 400 for a notification: bad"
+        ):
+            mcp.HttpServer(fake.url).tools()
+
+    def test_nobody_listening(self) -> None:
+        with HttpFake() as fake:
+            url = fake.url
+        with pytest.raises(mcp.McpError, match="the HTTP exchange failed: ConnectionRefusedError"):
+            mcp.HttpServer(url).tools()
+
+    @pytest.mark.parametrize("context", [None, ssl.create_default_context()])
+    def test_https_speaks_tls(self, context: Any) -> None:
+        with HttpFake() as fake, pytest.raises(mcp.McpError, match="SSL"):
+            mcp.HttpServer(
+                fake.url.replace("http:", "https:"), ssl_context=context, timeout=2
+            ).tools()
+
+    @pytest.mark.parametrize(
+        ("size", "fails"),
+        [
+            pytest.param(mcp.MAX_MESSAGE_BYTES, False, id="at-limit"),
+            pytest.param(mcp.MAX_MESSAGE_BYTES + 1, True, id="over-limit"),
+        ],
+    )
+    def test_a_body_over_max_message_bytes(self, size: int, fails: bool) -> None:
+        result = b'{"jsonrpc": "2.0", "id": 1, "result": {"protocolVersion": "2025-11-25", "p": "'
+        body = result + b"x" * (size - len(result) - 3) + b'"}}'
+        assert len(body) == size
+        for kind in ("application/json", "text/event-stream"):
+            data = body if kind == "application/json" else b"data: " + body + b"\n\n"
+            with HttpFake("json", status={"initialize": (200, kind, data)}) as fake:
+                server = mcp.HttpServer(fake.url)
+                if fails:
+                    with pytest.raises(mcp.McpError, match=f"more than {mcp.MAX_MESSAGE_BYTES}"):
+                        server.tools()
+                else:
+                    assert len(server.tools()) == len(Fake({}).tools)
+
+    def test_progress_over_the_stream(self) -> None:
+        with HttpFake("sse") as fake, mcp.HttpServer(fake.url, timeout=0.5) as server:
+            assert call(server, "progress", {"steps": 8, "interval": 0.1}).content == "done"
+
+    def test_the_signal_cancels_a_call_within_the_bound(self, http_fake: HttpFake) -> None:
+        with mcp.HttpServer(http_fake.url) as server:
+            signal = threading.Event()
+            tools = al.ToolRegistry(server.tools())
+            threading.Timer(0.3, signal.set).start()
+            result = al.execute_tool_call(tools, al.ToolCall("c", "slow", {}), signal)
+            assert signal.is_set()
+            assert result.content == "MCP tool 'slow': tools/call was cancelled with the run"
+            assert wait_for(lambda: cancelled_from(http_fake.posted(), 3))
+            assert call(server, "echo", {"text": "next"}).content == "next"
+
+    def test_a_timed_out_call(self, http_fake: HttpFake) -> None:
+        with mcp.HttpServer(http_fake.url, timeout=0.3) as server:
+            assert "and was cancelled" in call(server, "slow").content
+            assert wait_for(lambda: cancelled_from(http_fake.posted(), 3))
+
+    def test_requests_from_the_server_are_answered_by_post(self) -> None:
+        with HttpFake("sse") as fake, mcp.HttpServer(fake.url) as server:
+            assert call(server, "ask").content == "asked"
+            assert wait_for(lambda: len([m for m in fake.posted() if "method" not in m]) == 2)
+
+    def test_delete_refused_or_unreachable(self, http_fake: HttpFake) -> None:
+        http_fake.config["delete_status"] = 405
+        with mcp.HttpServer(http_fake.url) as server:
+            server.tools()
+        server = mcp.HttpServer(http_fake.url)
+        server.tools()
+        http_fake.http.shutdown()
+        http_fake.http.server_close()
+        server.close()  # the DELETE fails: the session is gone with the server
+
+    def test_abandon_before_a_connection(self) -> None:
+        server = mcp.HttpServer("http://127.0.0.1:1/mcp")
+        server._abandon(mcp._Pending(1, "tools/call", 1.0))
+
+
+EVENTS = [
+    pytest.param(b"data: a\n\n", [b"a"], id="one"),
+    pytest.param(b"data:a\r\ndata: b\r\n\r\n", [b"a\nb"], id="lines-crlf"),
+    pytest.param(b": c\nevent: x\nid: 1\nretry: 5\ndata: a\n\n", [b"a"], id="fields"),
+    pytest.param(b"data: \n\ndata: b\n\n", [b"", b"b"][1:], id="empty-skipped"),
+    pytest.param(b"data: a", [b"a"], id="unterminated"),
+    pytest.param(b"data: a\n", [b"a"], id="unterminated-line"),
+]
+
+
+@pytest.mark.parametrize(("stream", "expected"), EVENTS)
+def test_event_data(stream: bytes, expected: List[bytes]) -> None:
+    import io
+
+    assert list(mcp._event_data(io.BytesIO(stream), 10)) == expected
+
+
+@pytest.mark.parametrize(
+    ("stream", "expected"),
+    [
+        pytest.param(b"data: " + b"x" * 10 + b"\n\n", [b"x" * 10], id="at-limit"),
+        pytest.param(b"data: " + b"x" * 11 + b"\n\n", [None], id="over-limit"),
+        pytest.param(
+            b"data: " + b"x" * 6 + b"\ndata: " + b"x" * 3 + b"\n\n",
+            [b"x" * 6 + b"\n" + b"x" * 3],
+            id="lines-at-limit",
+        ),
+        pytest.param(
+            b"data: " + b"x" * 6 + b"\ndata: " + b"x" * 4 + b"\n\n", [None], id="lines-over-limit"
+        ),
+        pytest.param(b"data: " + b"x" * 100 + b"\n\n", [None], id="line-over-limit"),
+    ],
+)
+def test_event_data_is_bounded(stream: bytes, expected: List[Optional[bytes]]) -> None:
+    import io
+
+    assert list(mcp._event_data(io.BytesIO(stream), 10)) == expected
