@@ -541,18 +541,18 @@ class _Session:
     # Transport hooks ---------------------------------------------------------------------
 
     def _connect(self) -> None:
-        raise NotImplementedError
+        """Starts the connection (stdio: the process)."""
 
     def _send(
         self, message: Dict[str, Any], pending: Optional[_Pending], background: bool = False
     ) -> None:
-        raise NotImplementedError
+        """Sends one message; a request's answer goes to ``_receive``."""
 
     def _abandon(self, pending: _Pending) -> None:
         """Stops whatever still reads a request's answer (HTTP: its connection)."""
 
     def _disconnect(self) -> None:
-        raise NotImplementedError
+        """Ends the connection (stdio: the process; HTTP: the session)."""
 
 
 def _refuse_constant(name: str) -> object:
@@ -868,14 +868,12 @@ def _end_process(
     process = holder[0]
     if process is None:
         return
-    for stop in (None, signals.SIGTERM, signals.SIGKILL):
-        if stop is not None:
-            _signal_group(process, stop)
+    for stop in (signals.SIGTERM, signals.SIGKILL):
         try:
             process.wait(CLOSE_GRACE_SECONDS)
             break
         except subprocess.TimeoutExpired:
-            continue
+            _signal_group(process, stop)
     # What the server started and left behind goes too: its group outlives it otherwise.
     _signal_group(process, signals.SIGKILL)
     process.wait()

@@ -223,7 +223,7 @@ def main() -> None:
         with open(config["child"], "w") as pid_file:
             pid_file.write(str(child.pid))
     if config.get("banner"):
-        write(b"fake MCP server starting\n")
+        write(b"fake MCP server starting\n\n")  # and a blank line
     if config.get("stderr"):
         sys.stderr.write("e" * config["stderr"])
         sys.stderr.flush()

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import gc
 import http.server
+import io
 import json
 import os
 import queue
 import re
 import ssl
-import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -230,7 +231,7 @@ class TestHandshake:
 
     def test_a_server_that_cannot_start(self, tmp_path: Path) -> None:
         missing = str(tmp_path / "no-such-server")
-        with pytest.raises(mcp.McpError, match="could not start .*no-such-server"):
+        with pytest.raises(mcp.McpError, match=r"could not start .*no-such-server"):
             mcp.StdioServer([missing]).__enter__()
 
     def test_a_banner_on_stdout_is_dropped(self, tmp_path: Path) -> None:
@@ -354,10 +355,12 @@ class TestToolsList:
             "    m = json.loads(line)\n"
             "    if m.get('method') == 'initialize':\n"
             "        r = {'protocolVersion': '2025-11-25', 'capabilities': {}}\n"
-            "        print(json.dumps({'jsonrpc': '2.0', 'id': m['id'], 'result': r}), flush=True)\n"
+            "        a = {'jsonrpc': '2.0', 'id': m['id'], 'result': r}\n"
+            "        print(json.dumps(a), flush=True)\n"
             "    elif 'id' in m:\n"
             "        e = {'code': -32601, 'message': 'Method not found', 'data': 'tools/list'}\n"
-            "        print(json.dumps({'jsonrpc': '2.0', 'id': m['id'], 'error': e}), flush=True)\n"
+            "        a = {'jsonrpc': '2.0', 'id': m['id'], 'error': e}\n"
+            "        print(json.dumps(a), flush=True)\n"
         )
         with mcp.StdioServer([sys.executable, str(script)]) as server, pytest.raises(
             mcp.McpError,
@@ -369,7 +372,10 @@ class TestToolsList:
         with canned.server() as server:
             before = server.tools()
             assert [tool.name for tool in server.tools()] == [tool.name for tool in before]
-            lists = lambda: sum(m.get("method") == "tools/list" for m in canned.received())  # noqa: E731
+
+            def lists() -> int:
+                return sum(m.get("method") == "tools/list" for m in canned.received())
+
             assert lists() == 1  # the second call used the list it had
             tools = al.ToolRegistry(before)
             assert call(server, "change").content == "changed"
@@ -877,9 +883,23 @@ class TestProcess:
         server = canned.server()
         server.tools()
         pid = canned.pid()
+        collected = weakref.ref(server)
         del server
         gc.collect()
+        assert collected() is None
         assert wait_for(lambda: not alive(pid))
+
+    @pytest.mark.parametrize("output", [b"", b'{"jsonrpc": "2.0"}\n'], ids=["end", "line"])
+    def test_a_reader_whose_server_was_collected_stops(self, output: bytes) -> None:
+        class Gone:
+            pass
+
+        gone = Gone()
+        reference = weakref.ref(gone)
+        del gone
+        stream = io.BytesIO(output)
+        mcp._read_output(stream, reference)  # type: ignore[arg-type]
+        assert stream.closed
 
     def test_a_server_leaving_no_group(
         self, canned: Canned, monkeypatch: pytest.MonkeyPatch
@@ -898,6 +918,23 @@ class TestProcess:
             os.kill(canned.pid(), 9)
             for _ in range(3):  # the writer meets a broken pipe, the reader the end
                 assert echo_through(tools).is_error
+
+
+def test_the_writer_stops_at_a_broken_pipe() -> None:
+    class Broken:
+        closed = False
+
+        def write(self, data: bytes) -> None:
+            raise BrokenPipeError
+
+        def close(self) -> None:
+            self.closed = True
+            raise OSError("already broken")
+
+    stream, outbox = Broken(), queue.Queue()  # type: ignore[var-annotated]
+    outbox.put(b"x")
+    mcp._write_input(stream, outbox)  # type: ignore[arg-type]
+    assert stream.closed
 
 
 def echo_through(tools: List[al.Tool]) -> al.ToolResultMessage:
@@ -1096,7 +1133,11 @@ class TestHttp:
         with mcp.HttpServer(http_fake.url) as server:
             assert call(server, "fail").content == "the city is unknown"
             # Over HTTP, each tools() lists: the call after it is request 5.
-            error = {"jsonrpc": "2.0", "id": 5, "error": {"code": 1, "message": "no"}}
+            error: Dict[str, Any] = {
+                "jsonrpc": "2.0",
+                "id": 5,
+                "error": {"code": 1, "message": "no"},
+            }
             tools = al.ToolRegistry(server.tools())
             result = al.execute_tool_call(
                 tools, al.ToolCall("c", "raw", {"message": error}), threading.Event()
@@ -1231,6 +1272,13 @@ class TestHttp:
         http_fake.http.server_close()
         server.close()  # the DELETE fails: the session is gone with the server
 
+    def test_a_cancel_after_the_answer_sends_nothing(self) -> None:
+        server = mcp.HttpServer("http://127.0.0.1:1/mcp")
+        pending = mcp._Pending(7, "tools/call", 1.0)
+        server._settle(pending, result={})
+        server._cancel(pending, "timed out", "got no answer")
+        assert pending.result == {}  # nothing was sent: there is no server to send it to
+
     def test_abandon_before_a_connection(self) -> None:
         server = mcp.HttpServer("http://127.0.0.1:1/mcp")
         server._abandon(mcp._Pending(1, "tools/call", 1.0))
@@ -1248,8 +1296,6 @@ EVENTS = [
 
 @pytest.mark.parametrize(("stream", "expected"), EVENTS)
 def test_event_data(stream: bytes, expected: List[bytes]) -> None:
-    import io
-
     assert list(mcp._event_data(io.BytesIO(stream), 10)) == expected
 
 
@@ -1270,6 +1316,4 @@ def test_event_data(stream: bytes, expected: List[bytes]) -> None:
     ],
 )
 def test_event_data_is_bounded(stream: bytes, expected: List[Optional[bytes]]) -> None:
-    import io
-
     assert list(mcp._event_data(io.BytesIO(stream), 10)) == expected
