@@ -313,6 +313,8 @@ class TestRuns:
         _, result, _ = run(model, server.tools())
         assert result.status == "completed"
         first, second = result.messages[2], result.messages[3]
+        assert isinstance(first, al.ToolResultMessage)
+        assert isinstance(second, al.ToolResultMessage)
         assert (first.content, first.is_error) == ("Oslo: 2 day(s) in celsius", False)
         assert second.is_error
         assert server.sdk.ran() == ["forecast"]
