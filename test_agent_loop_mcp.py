@@ -51,8 +51,10 @@ class Canned:
     def command(self) -> List[str]:
         return [sys.executable, str(self.script), json.dumps(self.config)]
 
-    def server(self, timeout: float = 10.0) -> mcp.StdioServer:
-        return mcp.StdioServer(self.command, timeout=timeout)
+    def server(self, timeout: Optional[float] = None) -> mcp.StdioServer:
+        """The server; with ``timeout``, its session is open and its requests from now on
+        wait that long (the handshake waits 10 s, however slow the machine)."""
+        return shortened(mcp.StdioServer(self.command, timeout=10.0), timeout)
 
     def lines(self) -> List[bytes]:
         return self.log.read_bytes().splitlines() if self.log.exists() else []
@@ -62,6 +64,13 @@ class Canned:
 
     def pid(self) -> int:
         return int(self.pid_file.read_text())
+
+
+def shortened(server: Any, timeout: Optional[float]) -> Any:
+    if timeout is not None:
+        server.__enter__()
+        server.timeout = timeout
+    return server
 
 
 def alive(pid: int) -> bool:
@@ -1238,7 +1247,7 @@ class TestHttp:
                     assert len(server.tools()) == len(Fake({}).tools)
 
     def test_progress_over_the_stream(self) -> None:
-        with HttpFake("sse") as fake, mcp.HttpServer(fake.url, timeout=0.5) as server:
+        with HttpFake("sse") as fake, shortened(mcp.HttpServer(fake.url), 0.5) as server:
             assert call(server, "progress", {"steps": 8, "interval": 0.1}).content == "done"
 
     def test_the_signal_cancels_a_call_within_the_bound(self, http_fake: HttpFake) -> None:
@@ -1253,7 +1262,7 @@ class TestHttp:
             assert call(server, "echo", {"text": "next"}).content == "next"
 
     def test_a_timed_out_call(self, http_fake: HttpFake) -> None:
-        with mcp.HttpServer(http_fake.url, timeout=0.3) as server:
+        with shortened(mcp.HttpServer(http_fake.url), 0.3) as server:
             assert "and was cancelled" in call(server, "slow").content
             assert wait_for(lambda: cancelled_from(http_fake.posted(), 3))
 
