@@ -54,7 +54,8 @@ class Canned:
     def server(self, timeout: Optional[float] = None) -> mcp.StdioServer:
         """The server; with ``timeout``, its session is open and its requests from now on
         wait that long (the handshake waits 10 s, however slow the machine)."""
-        return shortened(mcp.StdioServer(self.command, timeout=10.0), timeout)
+        server: mcp.StdioServer = shortened(mcp.StdioServer(self.command, timeout=10.0), timeout)
+        return server
 
     def lines(self) -> List[bytes]:
         return self.log.read_bytes().splitlines() if self.log.exists() else []
