@@ -178,6 +178,15 @@ class TestArguments:
         with pytest.raises(error, match=words):
             mcp.HttpServer(**arguments)
 
+    def test_env_and_cwd_are_the_processes(self, canned: Canned, tmp_path: Path) -> None:
+        env = {**os.environ, "FAKE_GREETING": "hello"}
+        with mcp.StdioServer(canned.command, env=env, cwd=tmp_path) as server:
+            assert server.env == env and server.cwd == tmp_path
+            pid = canned.pid()
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            assert b"FAKE_GREETING=hello" in environ
+            assert Path(f"/proc/{pid}/cwd").resolve() == tmp_path.resolve()
+
     def test_the_process_starts_at_with_not_when_built(self, canned: Canned) -> None:
         server = canned.server()
         assert not canned.pid_file.exists()
