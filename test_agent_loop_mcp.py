@@ -181,7 +181,8 @@ class TestArguments:
     def test_env_and_cwd_are_the_processes(self, canned: Canned, tmp_path: Path) -> None:
         env = {**os.environ, "FAKE_GREETING": "hello"}
         with mcp.StdioServer(canned.command, env=env, cwd=tmp_path) as server:
-            assert server.env == env and server.cwd == tmp_path
+            assert server.env == env
+            assert server.cwd == tmp_path
             pid = canned.pid()
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             assert b"FAKE_GREETING=hello" in environ
