@@ -62,10 +62,11 @@ messages exactly the IR's classes (a subclass could redefine ``==``); a ``ToolCa
 arguments that are not plain bounded JSON as given, and the run rejects it before any tool
 runs; an ``Exception`` from a tool is a recoverable, logged result; thinking is a kind of
 block of its own, bounded and coalesced as text is; a run's usage is the sum of its
-responses' usage. Not here, as the seed says: concurrent tools, steering queues, context
-transformation, provider retries, persistent sessions. Companion files beside this one
-use only its public names: ``agent_loop_providers.py`` (real models) and
-``agent_loop_replay.py`` (replay).
+responses' usage. Beyond the seed, opt-in: concurrent tools (``tool_concurrency``, events
+and results still in assistant order) and consent (``before_tool_call``). Not here, as
+the seed says: steering queues, context transformation, provider retries, persistent
+sessions. Companion files beside this one use only its public names:
+``agent_loop_providers.py`` (real models) and ``agent_loop_replay.py`` (replay).
 
 The file reads top down: the limits, the loop and its phases in the diagram's order,
 then what the loop uses in that order (the transcript and its checks, the model
@@ -227,7 +228,8 @@ def run_agent_loop(
     signal: Optional[Signal] = None,
     request_sequence_start: int = 0,
     tool_concurrency: int = 1,
-    before_tool_call: Optional[Callable[[ToolCall, Signal], Optional[str]]] = None,
+    # The signal is Any, as in Tool.execute: a function may annotate it threading.Event.
+    before_tool_call: Optional[Callable[[ToolCall, Any], Optional[str]]] = None,
 ) -> Generator[Event, None, RunResult]:
     """Validates the options, snapshots the run, and returns its event generator.
 
@@ -268,7 +270,7 @@ class _Run:
         signal: Signal,
         request_sequence_start: int,
         tool_concurrency: int,
-        before_tool_call: Optional[Callable[[ToolCall, Signal], Optional[str]]],
+        before_tool_call: Optional[Callable[[ToolCall, Any], Optional[str]]],
     ) -> None:
         self.model = model
         self.tools = tools

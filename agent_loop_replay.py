@@ -19,6 +19,11 @@ Rules:
   replay does not open that request (``steps`` is one less). A failed run ends
   ``cancelled`` after the same events: the log does not hold what the model sent or what
   the tool raised. An ``INVALID_TRANSCRIPT`` log holds no starting message: a ValueError.
+- A run with ``tool_concurrency`` > 1 replays exactly: calls whose ``tool.started``
+  events came in a row ran together; the tools of no such group replay as sequential.
+  A cancelled group that kept a result after a call still open is a ValueError; a run
+  cancelled by ``before_tool_call`` before its last response's first call started
+  replays without that response.
 - The replayed model compares each request with the transcript that the recording
   implies; with real tools in place of the recorded ones, a tool that now answers
   differently fails the run (``MODEL_STREAM_ERROR``) at the next request, with the
