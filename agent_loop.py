@@ -481,11 +481,17 @@ class _Run:
                 yield from self._execute_group(request, group)
         else:
             for call in _tool_calls(message):
-                refusal = self._refusal(call)  # consent, before the call's tool.started
+                # Consent, before the call's tool.started (without a hook, not even a call:
+                # this is the hot path of W1 in benchmarks/bench_agent_loop.py).
+                refusal = None if self.before_tool_call is None else self._refusal(call)
                 # Seed: "For each call, it emits tool.started, awaits executeToolCall(),
                 # appends the linked Tool-result message, then emits tool.finished."
                 yield self._event("tool.started", request_id=request.id, tool_call=call)
-                yield self._finished(request, call, refusal or self._execute(call))
+                result = refusal or self._execute(call)
+                self.transcript.append(result)  # linked by construction (see _finished)
+                yield self._event(
+                    "tool.finished", request_id=request.id, tool_call=call, tool_result=result
+                )
         # Seed: "After the complete Tool batch, validateTranscript() proves that every
         # call has one later matching result." Here that holds by construction: each
         # call above got its linked result appended, or the phase ended by raising.
