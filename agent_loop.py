@@ -554,11 +554,15 @@ class _Run:
             return self._execute(call)
 
         pool = ThreadPoolExecutor(min(self.tool_concurrency, len(group)), "agent_loop-tool")
-        outcomes = [
-            refusal or pool.submit(execute, call) for call, refusal in zip(group, refusals)
-        ]
+        outcomes: List[Union[ToolResultMessage, Future[ToolResultMessage]]] = []
         kept = 0  # the calls whose results joined the transcript
         try:
+            for call, refusal in zip(group, refusals):
+                try:
+                    outcomes.append(refusal or pool.submit(execute, call))
+                except Exception as error:  # a thread that cannot start
+                    what = f"starting tool call {call.id!r}"
+                    raise self._failure("TOOL_PHASE_ERROR", what, error) from error
             for index, (call, outcome) in enumerate(zip(group, outcomes)):
                 # result() raises what ended the call: _Cancelled if the signal came first.
                 result = outcome if isinstance(outcome, ToolResultMessage) else outcome.result()

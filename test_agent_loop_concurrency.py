@@ -27,6 +27,7 @@ import queue
 import random
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import pytest
@@ -572,6 +573,32 @@ class TestConcurrentGroups:
         assert results_of(result) == {"call-1": ("call-1", False)}
         assert open_call_ids(result.messages) == ["call-2", "call-3"]
         assert tool_threads() == []
+
+    def test_a_thread_that_cannot_start_fails_the_run_after_the_others_returned(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        returned: List[str] = []
+        submit = ThreadPoolExecutor.submit
+
+        def starting_one(pool: Any, function: Any, *arguments: Any) -> Any:
+            if arguments[0].id != "c1":
+                raise RuntimeError("can't start new thread")
+            return submit(pool, function, *arguments)
+
+        def slow(arguments: Dict[str, Any], signal: al.Signal) -> object:
+            time.sleep(0.05)  # still running when the second thread fails to start
+            returned.append("slow")
+            return "slow"
+
+        monkeypatch.setattr(ThreadPoolExecutor, "submit", starting_one)
+        events, result, _ = run(
+            one_batch(*calls_of("slow", "c1", "c2")), [tool("slow", slow)], tool_concurrency=2
+        )
+        assert_failed(
+            events, result, "TOOL_PHASE_ERROR", "starting tool call 'c2' raised RuntimeError"
+        )
+        assert returned == ["slow"]
+        assert open_call_ids(result.messages) == ["c1", "c2"]
 
     def test_keyboard_interrupt_in_a_tool_propagates_after_the_others_returned(self) -> None:
         returned: List[str] = []
