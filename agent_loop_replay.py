@@ -19,6 +19,11 @@ Rules:
   replay does not open that request (``steps`` is one less). A failed run ends
   ``cancelled`` after the same events: the log does not hold what the model sent or what
   the tool raised. An ``INVALID_TRANSCRIPT`` log holds no starting message: a ValueError.
+- A run with ``tool_concurrency`` > 1 replays exactly: calls whose ``tool.started``
+  events came in a row ran together; the tools of no such group replay as sequential.
+  A cancelled group that kept a result after a call still open is a ValueError; a run
+  cancelled by ``before_tool_call`` before its last response's first call started
+  replays without that response.
 - The replayed model compares each request with the transcript that the recording
   implies; with real tools in place of the recorded ones, a tool that now answers
   differently fails the run (``MODEL_STREAM_ERROR``) at the next request, with the
@@ -158,8 +163,18 @@ def replay(events: Iterable[al.Event]) -> ReplayedRun:
     complete = result.status in ("completed", "maxSteps")
     model = _ReplayedModel(steps, None if complete else len(log) - 2)
     names = dict.fromkeys(call.name for step in steps for call in step.calls)
-    tools = al.ToolRegistry(_recorded_tool(model, name) for name in names)
-    return ReplayedRun(messages, model, tools, budget, start)
+    # A run with tool_concurrency > 1 scheduled groups: tool.started events in a row. A
+    # tool whose calls were never in one replays as sequential (a barrier): a call alone
+    # stays alone, and the groups are the recorded ones.
+    groups = [
+        [event.payload["tool_call"].name for event in group]
+        for kind, group in itertools.groupby(log, key=lambda event: event.type)
+        if kind == "tool.started"
+    ]
+    together = {name for group in groups if len(group) > 1 for name in group}
+    tools = al.ToolRegistry(_recorded_tool(model, name, name not in together) for name in names)
+    concurrency = max((len(group) for group in groups), default=1)
+    return ReplayedRun(messages, model, tools, budget, start, concurrency)
 
 
 @dataclass(frozen=True)
@@ -177,6 +192,7 @@ class ReplayedRun:
     tools: al.ToolRegistry
     max_steps: int
     request_sequence_start: int = 0
+    tool_concurrency: int = 1
 
     def run(self) -> Generator[al.Event, None, al.RunResult]:
         """Returns ``run_agent_loop()`` on these fields, with a signal of its own.
@@ -193,6 +209,7 @@ class ReplayedRun:
             max_steps=self.max_steps,
             signal=signal,
             request_sequence_start=self.request_sequence_start,
+            tool_concurrency=self.tool_concurrency,
         )
         if isinstance(self.model, _ReplayedModel) and self.model.stop_after is not None:
             return _cancelled_after(run, signal, self.model.stop_after)
@@ -244,6 +261,7 @@ def _recorded_steps(
     started: List[List[al.ToolCall]] = [[] for _ in request_ids]
     finished: List[List[al.ToolResultMessage]] = [[] for _ in request_ids]
     current = 0
+    previous = ""  # the type of the event before
     for event in body:
         where = f"event {event.sequence} ({event.type})"
         if event.type == "message.accepted" or event.type == "run.finished":
@@ -267,14 +285,22 @@ def _recorded_steps(
                 )
             chunks[index].append(event.payload["chunk"])
         elif event.type == "tool.started":
-            if len(started[index]) != len(finished[index]):
+            # A group's calls start in a row; the next group once they have finished.
+            if len(started[index]) != len(finished[index]) and previous != "tool.started":
                 raise ValueError(f"{where}: a tool call started before the previous one finished")
             started[index].append(event.payload["tool_call"])
         else:
             call = event.payload["tool_call"]
-            if len(started[index]) != len(finished[index]) + 1 or started[index][-1] != call:
-                raise ValueError(f"{where}: tool call {call.id!r} finished without starting")
+            pending = started[index][len(finished[index]) :]
+            if not pending or pending[0] != call:
+                raise ValueError(
+                    f"{where}: tool call {call.id!r} finished without starting, or before a "
+                    "call started earlier (a cancelled batch that kept a result after an "
+                    "interrupted call cannot be replayed: which calls the cancellation "
+                    "interrupted depended on timing)"
+                )
             finished[index].append(event.payload["tool_result"])
+        previous = event.type
 
     # The transcript the run added: each assistant message, then its tool results.
     groups: List[Tuple[al.AssistantMessage, List[al.ToolResultMessage]]] = []
@@ -420,7 +446,6 @@ class _ReplayedModel:
         self._steps = {step.request_id: step for step in steps}
         self.stop_after = stop_after
         self._active: Optional[_RecordedStep] = None
-        self._next_call = 0
 
     def stream(
         self, request: al.ModelRequest, signal: al.Signal
@@ -440,7 +465,7 @@ class _ReplayedModel:
                 f"{request.id} differs from the recording at message {index}: "
                 f"recorded {recorded}, got {got}"
             )
-        self._active, self._next_call = step, 0
+        self._active = step
         return self._play(step)
 
     @staticmethod
@@ -453,20 +478,20 @@ class _ReplayedModel:
             )
         return step.response
 
-    def answer(self, name: str, arguments: Dict[str, Any]) -> object:
-        """A recorded tool's execute: the recorded result of the active step's next call."""
-        step, index = self._active, self._next_call
-        self._next_call += 1
-        if (
-            step is None
-            or index >= len(step.results)
-            or step.calls[index] != al.ToolCall(step.calls[index].id, name, arguments)
-        ):
+    def answer(self, name: str, signal: al.Signal) -> object:
+        """A recorded tool's execute: the recorded result of the call being executed, in
+        the active step (in any thread). A call the log left open (the run was cancelled
+        while it ran) waits for the replay's cancellation, whose signal discards it."""
+        step, call = self._active, al.current_tool_call()
+        if step is None or call is None or call.name != name or call not in step.calls:
             raise RuntimeError(
-                f"the recording has no call of tool {name!r} with these arguments here, or "
-                "no result for it (the recorded tools answer the replayed model's calls, "
-                "in order)"
+                f"the recording has no call of tool {name!r} with these arguments here "
+                "(the recorded tools answer the replayed model's calls)"
             )
+        index = step.calls.index(call)
+        if index >= len(step.results):  # results end at the first open call, if any
+            signal.wait()
+            return "interrupted in the recording"  # discarded: the signal is set
         return _recorded_answer(step.results[index])
 
 
@@ -478,14 +503,14 @@ def _recorded_answer(result: al.ToolResultMessage) -> object:
     return result.content
 
 
-def _recorded_tool(model: _ReplayedModel, name: str) -> al.Tool:
+def _recorded_tool(model: _ReplayedModel, name: str, sequential: bool) -> al.Tool:
     """A tool that accepts any arguments and answers with the recorded results."""
 
     def execute(arguments: Dict[str, Any], signal: al.Signal) -> object:
-        return model.answer(name, arguments)
+        return model.answer(name, signal)
 
     description = f"Answers as the recorded tool {name!r} did."
-    return al.Tool(name, description, {"type": "object"}, execute)
+    return al.Tool(name, description, {"type": "object"}, execute, sequential=sequential)
 
 
 def _drift_sides(

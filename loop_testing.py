@@ -489,6 +489,8 @@ def start_run(
     max_steps: int = 4,
     signal: Any = None,
     request_sequence_start: int = 0,
+    tool_concurrency: int = 1,
+    before_tool_call: Any = None,
 ) -> Any:
     """The run generator, not yet started: for tests that step, close or throw into it."""
     return al.run_agent_loop(
@@ -498,6 +500,8 @@ def start_run(
         max_steps=max_steps,
         signal=signal,
         request_sequence_start=request_sequence_start,
+        tool_concurrency=tool_concurrency,
+        before_tool_call=before_tool_call,
     )
 
 
@@ -518,6 +522,8 @@ def run(
     signal: Any = None,
     request_sequence_start: int = 0,
     cancel_at: CancelAt = None,
+    tool_concurrency: int = 1,
+    before_tool_call: Any = None,
 ) -> tuple[list[al.Event], al.RunResult, Any]:
     """The driver: starts a run and settles it (see settle), so that the run's invariants
     are checked. ``script`` is a model (anything with ``stream``) or the steps of a
@@ -532,9 +538,18 @@ def run(
         max_steps=max_steps,
         signal=signal,
         request_sequence_start=request_sequence_start,
+        tool_concurrency=tool_concurrency,
+        before_tool_call=before_tool_call,
     )
     events, result = settle(
-        loop, model, max_steps=max_steps, start=snapshot, signal=signal, cancel_at=cancel_at
+        loop,
+        model,
+        max_steps=max_steps,
+        start=snapshot,
+        signal=signal,
+        cancel_at=cancel_at,
+        tool_concurrency=tool_concurrency,
+        consent=before_tool_call is not None,
     )
     return events, result, model
 
@@ -547,10 +562,14 @@ def settle(
     start: Sequence[al.Message] | None = None,
     signal: Any = None,
     cancel_at: CancelAt = None,
+    tool_concurrency: int = 1,
+    consent: bool = False,
 ) -> tuple[list[al.Event], al.RunResult]:
     """Drains a run to its end, then checks its invariants (check_run; the deeper checks
     when the model records its requests). With ``cancel_at`` the consumer sets ``signal``
-    while it holds that event (see CancelAt). Returns the events and the result."""
+    while it holds that event (see CancelAt). ``tool_concurrency`` and ``consent`` (a
+    before_tool_call was given) are the run's, for check_run. Returns the events and the
+    result."""
     events: list[al.Event] = []
     while True:
         try:
@@ -562,7 +581,15 @@ def settle(
         if cancels(cancel_at, events):
             signal.set()
     recorded = hasattr(model, "requests") and hasattr(model, "call_count")
-    check_run(events, result, model if recorded else None, max_steps=max_steps, start=start)
+    check_run(
+        events,
+        result,
+        model if recorded else None,
+        max_steps=max_steps,
+        start=start,
+        tool_concurrency=tool_concurrency,
+        consent=consent,
+    )
     return events, result
 
 
@@ -665,13 +692,17 @@ def check_run(
     *,
     max_steps: int | None = None,
     start: Sequence[al.Message] | None = None,
+    tool_concurrency: int = 1,
+    consent: bool = False,
 ) -> None:
     """The invariants every run keeps whatever the model, the tools and the caller did,
     checked from the outside: one counter (sequences 0..n-1, no gap), exactly one
     run.finished, last, carrying the returned result; complete messages with unique ids,
     every tool result answering an earlier call. Given the ``model`` (which needs
     ``call_count`` and ``requests``), also how the requests, chunks, tools and the
-    transcript agree; given ``start``, that the starting messages are the prefix."""
+    transcript agree; given ``start``, that the starting messages are the prefix. With
+    ``tool_concurrency`` > 1 a group of calls is scheduled at once; with ``consent`` a
+    run may be cancelled while before_tool_call asks, its last response appended."""
     # One counter: sequences 0, 1, 2, ... and exactly one run.finished, last, carrying the result.
     assert [event.sequence for event in events] == list(range(len(events)))
     kinds = [event.type for event in events]
@@ -795,7 +826,11 @@ def check_run(
             event.type == "tool.started" and event.payload["request_id"] == request_ids[-1]
             for event in events
         )
-        assert len(added_assistants) == result.steps - 1 + int(last_accepted)
+        # Cancelled or failed while before_tool_call asked about the first call (or
+        # group): the response was appended and none of its calls started.
+        stopped = status == "cancelled" or code == "TOOL_PHASE_ERROR"
+        asked = consent and stopped and len(added_assistants) == result.steps
+        assert len(added_assistants) == result.steps - 1 + int(last_accepted or asked)
     for request_id, message in zip(request_ids, added_assistants):
         streamed = [
             chunk_item(event.payload["chunk"])
@@ -812,8 +847,11 @@ def check_run(
         message_calls = [block for block in message.content if isinstance(block, al.ToolCall)]
         assert started == message_calls[: len(started)]
 
-    # Tools: each tool.started is followed at once by its tool.finished, unless the run
-    # ended right there; each tool.finished carries a result that is in the transcript.
+    # Tools: each tool.finished carries a result that is in the transcript. The calls of
+    # a group (one call; with tool_concurrency > 1, consecutive calls run at once) get
+    # their tool.started events in a row, then their tool.finished events in the same
+    # order, at once; a call left without one is open, and only a run that ended right
+    # there leaves one (a cancelled one may keep the results that came after it).
     finished = [event for event in events if event.type == "tool.finished"]
     added_results = [m for m in added if isinstance(m, al.ToolResultMessage)]
     assert len(finished) == len(added_results)
@@ -821,17 +859,36 @@ def check_run(
         assert event.payload["tool_result"] is message
         assert event.payload["tool_call"].id == message.tool_call_id
         assert event.payload["tool_call"].name == message.tool_name
-    for index, event in enumerate(events):
-        if event.type != "tool.started":
+    index = 0
+    while index < len(events):
+        group = []
+        while events[index].type == "tool.started":
+            group.append(events[index])
+            index += 1
+        if not group:
+            index += 1
             continue
-        follower = events[index + 1]
-        if follower.type == "tool.finished":
-            assert follower.payload["tool_call"] is event.payload["tool_call"]
-            assert follower.payload["request_id"] == event.payload["request_id"]
-        else:
-            assert follower.type == "run.finished"
+        assert tool_concurrency > 1 or len(group) == 1
+        assert len({event.payload["request_id"] for event in group}) == 1
+        group_calls = [event.payload["tool_call"] for event in group]
+        last = -1  # the position in the group of the last call that finished
+        unfinished: list[al.ToolCall] = []
+        while events[index].type == "tool.finished":
+            position = group_calls.index(events[index].payload["tool_call"])
+            assert position > last
+            assert events[index].payload["tool_call"] is group_calls[position]
+            assert events[index].payload["request_id"] == group[0].payload["request_id"]
+            unfinished += group_calls[last + 1 : position]
+            last = position
+            index += 1
+        kept_after_open = bool(unfinished)
+        unfinished += group_calls[last + 1 :]
+        if unfinished:
+            assert events[index].type == "run.finished"
             assert status == "cancelled" or code == "TOOL_PHASE_ERROR"
-            assert event.payload["tool_call"].id in open_calls, "no result for an interrupted call"
+            assert not kept_after_open or status == "cancelled"
+            for open_call in unfinished:
+                assert open_call.id in open_calls, "no result for an open call"
 
 
 def assert_failed(
