@@ -84,6 +84,7 @@ import itertools
 import json
 import logging
 import math
+import operator
 import os
 import reprlib
 import sys
@@ -1215,19 +1216,24 @@ _ANNOTATIONS: Final = frozenset(
      "$schema", "$id", "$anchor", "$dynamicAnchor", "$comment", "$vocabulary",
      "contentEncoding", "contentMediaType", "contentSchema")
 )  # fmt: skip
-# The numeric bounds: keyword, what a number must be, and the test that it fails.
-_NUMBER_BOUNDS: Final[Tuple[Tuple[str, str, Callable[[Any, Any], bool]], ...]] = (
-    ("minimum", "at least", lambda number, bound: number < bound),
-    ("exclusiveMinimum", "more than", lambda number, bound: number <= bound),
-    ("maximum", "at most", lambda number, bound: number > bound),
-    ("exclusiveMaximum", "less than", lambda number, bound: number >= bound),
+# The keywords that apply to a value itself (besides type), which few schemas hold.
+_IN_PLACE_KEYWORDS: Final = frozenset(_SCHEMA_KEYWORDS).difference(
+    ("type", "properties", "required", "additionalProperties", "items", "$defs", "definitions")
 )
-# The length bounds of a string (in code points, as len() counts), an array and an object.
-_LENGTH_BOUNDS: Final = {
-    "string": ("minLength", "maxLength", "characters"),
-    "array": ("minItems", "maxItems", "items"),
-    "object": ("minProperties", "maxProperties", "properties"),
-}
+# The bounds of each JSON type: keyword, what a value must be (a number, or the length of a
+# string in code points as len() counts, of an array or of an object), and the test it fails.
+_BOUNDS: Final = {
+    **dict.fromkeys(("integer", "number"), (
+        ("minimum", "be at least {}", operator.lt), ("maximum", "be at most {}", operator.gt),
+        ("exclusiveMinimum", "be more than {}", operator.le),
+        ("exclusiveMaximum", "be less than {}", operator.ge))),
+    "string": (("minLength", "have at least {} characters", operator.lt),
+               ("maxLength", "have at most {} characters", operator.gt)),
+    "array": (("minItems", "have at least {} items", operator.lt),
+              ("maxItems", "have at most {} items", operator.gt)),
+    "object": (("minProperties", "have at least {} properties", operator.lt),
+               ("maxProperties", "have at most {} properties", operator.gt)),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -1515,6 +1521,7 @@ def _frozen_schema(
     if must == "a schema" and not isinstance(value, (bool, Mapping)):
         raise TypeError(f"{where} must be a JSON Schema object, got {type(value).__name__}")
     array: Sequence[Any] = value if isinstance(value, (list, tuple)) else ()
+    names = array or [value]  # of a type: one name, or a list of distinct ones
     if not (
         must in (None, "a schema", "a JSON value")
         or (must == "a number" and type(value) is int)
@@ -1524,10 +1531,9 @@ def _frozen_schema(
         or (must == "an array" and array is value)
         or (must == "a non-empty array of schemas" and array)
         or (must == "an array of property names" and array is value and all(map(_is_text, array)))
-        or (must == _SCHEMA_KEYWORDS["type"] and type(value) is str and value in _SCHEMA_TYPES)
         or (
             must == _SCHEMA_KEYWORDS["type"]
-            and 0 < len(array) == sum(t in array for t in _SCHEMA_TYPES)
+            and len(names) == sum(t in names for t in _SCHEMA_TYPES)
         )
         or (must == _SCHEMA_KEYWORDS["$ref"] and type(value) is str and value[:2] in ("#", "#/"))
     ):
@@ -1535,14 +1541,12 @@ def _frozen_schema(
     if must in ("an array", "a JSON value"):  # enum, const
         # Each is a value some argument may be, within the bounds on its own; how many an
         # enum lists is the schema's business.
-        members = []
-        for index, member in enumerate(array if must == "an array" else [value]):
-            try:
-                members.append(_frozen_json(member, 0, _ArgumentBudget()))
-            except _Problem as problem:
-                at = f"{where}[{index}]" if must == "an array" else where
-                raise ValueError(f"{at} is no value arguments may hold: {problem}") from None
-        return tuple(members) if must == "an array" else members[0]
+        members = array if must == "an array" else [value]
+        try:
+            values = tuple(_frozen_json(member, 0, _ArgumentBudget()) for member in members)
+        except _Problem as problem:
+            raise ValueError(f"{where} holds a value no argument may be: {problem}") from None
+        return values if must == "an array" else values[0]
     if must == _SCHEMA_KEYWORDS["$ref"]:
         refs.append((cast(str, value), where))
     if value is None or type(value) in (str, bool, int):
@@ -1601,31 +1605,25 @@ def _value_problem(
 ) -> Optional[str]:
     """Returns why a frozen JSON value fails a schema of the document root, or None when it
     passes: the keywords the loop enforces, with the meaning JSON Schema 2020-12 gives them."""
-    if type(schema) is bool:
-        return None if schema else f"{path} is not allowed (its schema is false)"
+    # This runs for every call's arguments. A frozen schema is a MappingProxyType, whose
+    # get() costs three times an `in` and a subscript, where a schema node may be looked at
+    # per property; isinstance() with MappingProxyType costs a tenth of isinstance(value,
+    # typing.Mapping).
+    if schema is True:
+        return None
+    if schema is False:
+        return f"{path} is not allowed (its schema is false)"
     kind = _json_type(value)
-    expected = schema.get("type", kind)
-    names = (expected,) if type(expected) is str else expected
-    # A JSON integer is also a JSON number; bool is neither (it is not an int here).
-    if kind not in names and (kind != "integer" or "number" not in names):
-        return f"{path} must be {' or '.join(names)}, got {kind}"
-    if "enum" in schema and not any(_same_json(value, option) for option in schema["enum"]):
-        return f"{path} must be one of {json.dumps(_thawed(schema['enum']))}"
-    if "const" in schema and not _same_json(value, schema["const"]):
-        return f"{path} must be {json.dumps(_thawed(schema['const']))}"
-    if kind == "integer" or kind == "number":
-        for keyword, must, fails in _NUMBER_BOUNDS:
-            if keyword in schema and fails(value, schema[keyword]):
-                return f"{path} must be {must} {schema[keyword]}, got {value}"
-    elif isinstance(value, (str, tuple, MappingProxyType)):
-        least, most, unit = _LENGTH_BOUNDS[kind]
-        size = len(value)
-        if size < schema.get(least, 0):
-            return f"{path} must have at least {schema[least]} {unit}, got {size}"
-        if size > schema.get(most, size):
-            return f"{path} must have at most {schema[most]} {unit}, got {size}"
-    # Frozen JSON objects are MappingProxyType. isinstance() with that class costs a
-    # tenth of isinstance(value, typing.Mapping), and this runs for every call's arguments.
+    if "type" in schema and schema["type"] != kind:  # a name or a tuple of names
+        names = (schema["type"],) if type(schema["type"]) is str else schema["type"]
+        # A JSON integer is also a JSON number; bool is neither (it is not an int here).
+        if kind not in names and (kind != "integer" or "number" not in names):
+            return f"{path} must be {' or '.join(names)}, got {kind}"
+    # Most schemas hold none of the other keywords: one look at their keys spares the rest.
+    if not _IN_PLACE_KEYWORDS.isdisjoint(schema):
+        problem = _in_place_problem(value, kind, schema, path, root)
+        if problem is not None:
+            return problem
     if isinstance(value, MappingProxyType):
         properties = schema.get("properties", {})
         for name in schema.get("required", ()):
@@ -1633,21 +1631,41 @@ def _value_problem(
                 return f"{path} is missing the required property {name!r}"
         # additionalProperties spares the names patternProperties matches, which the loop
         # does not match: beside patternProperties, it is not enforced.
-        others = (
-            True if "patternProperties" in schema else schema.get("additionalProperties", True)
-        )
+        others = True
+        if "additionalProperties" in schema and "patternProperties" not in schema:
+            others = schema["additionalProperties"]
         for name, item in value.items():
-            if name not in properties and others is False:
+            if name in properties:
+                problem = _value_problem(item, properties[name], f"{path}.{name}", root)
+            elif others is False:
                 return f"{path} has the unexpected property {name!r}"
-            problem = _value_problem(item, properties.get(name, others), f"{path}.{name}", root)
+            else:
+                problem = _value_problem(item, others, f"{path}.{name}", root)
             if problem is not None:
                 return problem
-    elif isinstance(value, tuple) and type(schema.get("items", ())) is not tuple:
-        prefix = schema.get("prefixItems")  # not enforced: items applies after it
+    elif isinstance(value, tuple) and "items" in schema and type(schema["items"]) is not tuple:
+        items = schema["items"]  # not the array form of old, which is not enforced
+        prefix = schema.get("prefixItems")  # not enforced either: items applies after it
         for index in range(len(prefix) if type(prefix) is tuple else 0, len(value)):
-            problem = _value_problem(value[index], schema["items"], f"{path}[{index}]", root)
+            problem = _value_problem(value[index], items, f"{path}[{index}]", root)
             if problem is not None:
                 return problem
+    return None
+
+
+def _in_place_problem(
+    value: Any, kind: str, schema: Mapping[str, Any], path: str, root: Mapping[str, Any]
+) -> Optional[str]:
+    """_value_problem() for the keywords that apply to the value itself (not to its
+    properties or items): enum, const, the bounds, $ref, allOf, anyOf, oneOf and not."""
+    if "enum" in schema and not any(_same_json(value, option) for option in schema["enum"]):
+        return f"{path} must be one of {json.dumps(_thawed(schema['enum']))}"
+    if "const" in schema and not _same_json(value, schema["const"]):
+        return f"{path} must be {json.dumps(_thawed(schema['const']))}"
+    measure = len(value) if isinstance(value, (str, tuple, MappingProxyType)) else value
+    for keyword, must, fails in _BOUNDS.get(kind, ()):
+        if keyword in schema and fails(measure, schema[keyword]):
+            return f"{path} must {must.format(schema[keyword])}, got {measure}"
     subschemas = schema.get("allOf", ())
     if "$ref" in schema:
         subschemas = (_ref_target(root, schema["$ref"]), *subschemas)

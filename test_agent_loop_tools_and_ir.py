@@ -195,6 +195,8 @@ SCHEMA_CASES = [
     pytest.param(one_property({"type": ["number", "string"]}), {"v": 3}, None,
                  id="type-list-number-accepts-an-int"),
     pytest.param(one_property({"const": 3}), {"v": 3}, None, id="const-accepts-itself"),
+    pytest.param(one_property({"enum": []}), {"v": None}, ("$.v must be one of []",),
+                 id="an-empty-enum-admits-nothing"),
     pytest.param(one_property({"const": 3}), {"v": 4}, ("$.v must be 3",),
                  id="const-refuses-another"),
     pytest.param(one_property({"const": [1, {"k": None}]}), {"v": [1, {"k": None}]}, None,
@@ -401,16 +403,16 @@ REFUSED_TOOLS: dict[str, tuple[Callable[[], object], type[Exception], str]] = {
     "enum-str": (probe_with({**OBJECT, "enum": "a"}), ValueError,
                  "parameters.enum must be an array, got 'a'"),
     "enum-nan": (probe_with({**OBJECT, "enum": [float("nan")]}), ValueError,
-                 "parameters.enum[0] is no value arguments may hold: "
+                 "parameters.enum holds a value no argument may be: "
                  "arguments hold nan, which is not a JSON number"),
     "enum-member-over-the-bounds": (probe_with(one_property({"enum": [LONG_TEXT]})), ValueError,
-                                    "parameters.properties.v.enum[0] is no value arguments may "
-                                    "hold: arguments hold more than 4096 code points of text"),
+                                    "parameters.properties.v.enum holds a value no argument may "
+                                    "be: arguments hold more than 4096 code points of text"),
     "const-over-the-bounds": (probe_with(one_property({"const": LONG_TEXT})), ValueError,
-                              "parameters.properties.v.const is no value arguments may hold: "
+                              "parameters.properties.v.const holds a value no argument may be: "
                               "arguments hold more than 4096 code points of text"),
     "const-set": (probe_with(one_property({"const": {1}})), ValueError,
-                  "parameters.properties.v.const is no value arguments may hold: arguments hold "
+                  "parameters.properties.v.const holds a value no argument may be: arguments hold "
                   "a set, which is not plain JSON"),
     "properties-list": (probe_with({**OBJECT, "properties": []}), ValueError,
                         "parameters.properties must be an object of schemas, got []"),
@@ -598,10 +600,8 @@ class TestToolSchemas:
         value = [member] if keyword == "enum" else member
         schema = {"type": "object", "properties": {"k": {keyword: value}}}
         if not passes:
-            words = " is no value arguments may hold: arguments nest containers deeper than 32$"
-            with pytest.raises(
-                ValueError, match=re.escape(f"properties.k.{keyword}") + "(\\[0\\])?" + words
-            ):
+            words = " holds a value no argument may be: arguments nest containers deeper than 32"
+            with pytest.raises(ValueError, match=re.escape(f"properties.k.{keyword}{words}")):
                 al.Tool("probe", "A tool.", schema, ok)
             return
         tool = al.Tool("probe", "A tool.", schema, ok)
