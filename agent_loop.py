@@ -1674,9 +1674,12 @@ def _in_place_problem(
         if problem is not None:
             return problem
     for keyword in ("anyOf", "oneOf"):
-        subschemas = schema.get(keyword, ())
-        problems = [_value_problem(value, subschema, path, root) for subschema in subschemas]
-        if subschemas and problems.count(None) == 0:
+        problems: List[Optional[str]] = []
+        for subschema in schema.get(keyword, ()):
+            problems.append(_value_problem(value, subschema, path, root))
+            if problems[-1] is None and keyword == "anyOf":
+                break  # one match is enough, and its siblings may be costly
+        if problems and None not in problems:
             return f"{path} matches no schema of {keyword}: {'; '.join(cast(List[str], problems))}"
     # problems are oneOf's now. A schema that the loop enforces in part admits more here than
     # in JSON Schema: only in a document it enforces in full may a second match fail oneOf,

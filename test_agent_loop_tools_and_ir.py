@@ -315,6 +315,12 @@ SCHEMA_CASES = [
     # Schema: the call is refused, and the tool does not run.
     pytest.param({**OBJECT, "$ref": "#"}, {}, ("$ cannot be checked: its schema nests too deep, "
                                                "or its $refs loop",), id="ref-loop"),
+    # anyOf stops at its first match, as JSON Schema's validators do: the loop after it is
+    # never reached.
+    pytest.param(one_property({"anyOf": [{"type": "integer"}, {"$ref": "#/properties/v"}]}),
+                 {"v": 1}, None, id="anyOf-stops-at-its-first-match"),
+    pytest.param(one_property({"anyOf": [{"type": "integer"}, {"$ref": "#/properties/v"}]}),
+                 {"v": "x"}, ("$ cannot be checked",), id="anyOf-goes-on-to-the-loop"),
 ]  # fmt: skip
 """(parameters, arguments, None if accepted, else the words the error result names)."""
 
