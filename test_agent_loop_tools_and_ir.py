@@ -649,6 +649,12 @@ class TestToolSchemas:
 
 TYPE_NAMES = ("object", "string", "number", "integer", "boolean", "array", "null")
 NAMES = ("a", "b", "c")
+# The keywords the README says the loop enforces ($defs and definitions are where the
+# cases keep their schemas).
+ENFORCED = ("type", "properties", "required", "additionalProperties", "items", "enum", "const",
+    "anyOf", "oneOf", "allOf", "not", "$ref", "minimum", "maximum", "exclusiveMinimum",
+    "exclusiveMaximum", "minLength", "maxLength", "minItems", "maxItems", "minProperties",
+    "maxProperties")  # fmt: skip
 UNENFORCED = ("pattern", "format", "multipleOf", "uniqueItems", "prefixItems", "contains",
     "patternProperties", "propertyNames", "dependentRequired", "dependentSchemas", "if",
     "unevaluatedProperties", "unevaluatedItems", "x-vendor", "title", "default",
@@ -674,7 +680,7 @@ def random_schema(rng: random.Random, depth: int, refs: list[str], unenforced: b
     that descends into the value before it refers back (no ref loops in place)."""
     if depth >= 3 or rng.random() < 0.15:
         return rng.choice([True, False, {}, {"type": rng.choice(TYPE_NAMES)}])
-    keywords = rng.sample([*al._SCHEMA_KEYWORDS, "type", "type"], rng.randint(1, 3))
+    keywords = rng.sample([*ENFORCED, "type"], rng.randint(1, 3))
     if unenforced and rng.random() < 0.5:  # often, so that not and oneOf meet them
         keywords.append(rng.choice(UNENFORCED))
     schema: dict[str, Any] = {}
