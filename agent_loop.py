@@ -87,6 +87,7 @@ import itertools
 import json
 import logging
 import math
+import operator
 import os
 import reprlib
 import sys
@@ -1347,16 +1348,48 @@ class Model(Protocol):
 # --- Tools ------------------------------------------------------------------------
 
 _SCHEMA_TYPES: Final = ("object", "string", "number", "integer", "boolean", "array", "null")
-_SCHEMA_KEYWORDS: Final = (
-    "type",
-    "properties",
-    "required",
-    "additionalProperties",
-    "items",
-    "enum",
-    "description",
-    "title",
+# The keywords of JSON Schema 2020-12 that the loop enforces, and what the value of each must
+# be. Any other keyword holds any JSON: the model gets it as given and the loop ignores it,
+# as JSON Schema ignores keywords it does not know.
+_SCHEMA_KEYWORDS: Final = {
+    "type": f"one of {', '.join(_SCHEMA_TYPES)}, or a non-empty array of distinct ones",
+    "required": "an array of property names",
+    "enum": "an array",
+    "const": "a JSON value",
+    "$ref": "a reference within this schema: '#' or a JSON pointer '#/...'",
+    **dict.fromkeys(("items", "additionalProperties", "not"), "a schema"),
+    **dict.fromkeys(("allOf", "anyOf", "oneOf"), "a non-empty array of schemas"),
+    **dict.fromkeys(("properties", "$defs", "definitions"), "an object of schemas"),
+    **dict.fromkeys(("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"), "a number"),
+    **dict.fromkeys(
+        ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties"),
+        "a non-negative integer",
+    ),
+}
+# The annotations of JSON Schema 2020-12: keywords that never refuse a value.
+_ANNOTATIONS: Final = frozenset(
+    ("title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly",
+     "$schema", "$id", "$anchor", "$dynamicAnchor", "$comment", "$vocabulary",
+     "contentEncoding", "contentMediaType", "contentSchema")
+)  # fmt: skip
+# The keywords that apply to a value itself (besides type), which few schemas hold.
+_IN_PLACE_KEYWORDS: Final = frozenset(_SCHEMA_KEYWORDS).difference(
+    ("type", "properties", "required", "additionalProperties", "items", "$defs", "definitions")
 )
+# The bounds of each JSON type: keyword, what a value must be (a number, or the length of a
+# string in code points as len() counts, of an array or of an object), and the test it fails.
+_BOUNDS: Final = {
+    **dict.fromkeys(("integer", "number"), (
+        ("minimum", "be at least {}", operator.lt), ("maximum", "be at most {}", operator.gt),
+        ("exclusiveMinimum", "be more than {}", operator.le),
+        ("exclusiveMaximum", "be less than {}", operator.ge))),
+    "string": (("minLength", "have at least {} characters", operator.lt),
+               ("maxLength", "have at most {} characters", operator.gt)),
+    "array": (("minItems", "have at least {} items", operator.lt),
+              ("maxItems", "have at most {} items", operator.gt)),
+    "object": (("minProperties", "have at least {} properties", operator.lt),
+               ("maxProperties", "have at most {} properties", operator.gt)),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -1392,12 +1425,16 @@ class ToolSpec:
 class Tool:
     """A named effect the model may request, with a JSON Schema for its arguments.
 
-    ``parameters`` uses the subset of JSON Schema that the loop enforces: ``type``
-    (object, string, number, integer, boolean, array, null), ``properties``,
-    ``required``, ``additionalProperties`` (bool), ``items``, ``enum``, and the
-    annotations ``description`` and ``title``; the root is ``{"type": "object", ...}``.
-    It is checked and frozen when the Tool is built. ``execute(arguments, signal)``
-    gets a fresh plain dict that it may change freely, and the run's signal.
+    ``parameters`` is a JSON Schema whose root is ``{"type": "object", ...}``, checked and
+    frozen when the Tool is built. Before the tool runs, the loop checks the arguments of
+    each call against it (failing ones get an ``is_error=True`` result naming the problem)
+    with JSON Schema 2020-12's meaning of ``type``, ``properties``, ``required``,
+    ``additionalProperties``, ``items``, ``enum``, ``const``, ``anyOf``, ``oneOf``,
+    ``allOf``, ``not``, ``$ref`` within the schema, and the bounds ``minimum`` to
+    ``maxProperties``; but an ``integer`` is an int, and ``enum`` and ``const`` compare
+    as strict JSON (``1`` is not ``1.0``). Other keywords go to the model as given and
+    are not enforced (the tool checks them itself). ``execute(arguments, signal)`` gets a
+    fresh plain dict that it may change freely, and the run's signal.
     ``sequential=True`` (by keyword): with ``tool_concurrency`` > 1, the tool's calls
     run alone, after the calls before them (a barrier).
 
@@ -1443,19 +1480,22 @@ class Tool:
 
         The schema comes from the type hints (``typing.get_type_hints``): ``str``,
         ``int``, ``float`` (an int is accepted too), ``bool``, ``None``, ``list`` and
-        ``List[X]``, ``dict`` and ``Dict[str, Any]``, ``Literal[...]`` of JSON scalars,
-        and ``Optional[X]`` with the default None (not required: the model leaves it
-        out). Every parameter without a default is required, and no other property is
-        allowed. A parameter named ``signal`` gets the run's signal and is not in the
-        schema. The description is the docstring (``inspect.getdoc``; ``""`` without
-        one), the name the function's; ``name`` and ``description`` override;
-        ``sequential`` is the Tool's. The tool calls ``fn(**arguments)``, and what
-        ``fn`` returns is the result.
+        ``List[X]``, ``dict`` and ``Dict[str, X]``, ``Literal[...]`` of JSON scalars, and
+        ``Union[X, Y]`` (``anyOf``). ``Optional[X]``, and the hint of a parameter whose
+        default is None, admits null too (``{"type": ["integer", "null"]}``): small models
+        send null for an optional argument they leave unset, and ``fn`` gets None. Every
+        parameter without a default is required, and no other property is allowed. A
+        parameter named ``signal`` gets the run's signal and is not in the schema. The
+        description is the docstring (``inspect.getdoc``; ``""`` without one), the name
+        the function's; ``name`` and ``description`` override;
+        ``sequential`` is the Tool's. The tool calls
+        ``fn(**arguments)``, and what ``fn`` returns is the result.
 
-        Raises TypeError, naming the parameter, for a hint the schema subset cannot say
-        exactly, a parameter with no hint, ``*args``, ``**kwargs`` or a positional-only
-        parameter; for an async function or anything but a function or a method; for a
-        lambda without ``name``; and as ``Tool()`` does for the name or description.
+        Raises TypeError, naming the parameter, for a hint with no schema here (``Any``,
+        ``Tuple``, a class...), a parameter with no hint, ``*args``, ``**kwargs`` or a
+        positional-only parameter; for an async function or anything but a function or a
+        method; for a lambda without ``name``; and as ``Tool()`` does for the name or
+        description.
         """
         parameters, wants_signal = _function_parameters(fn)
         if name is None and fn.__name__ == "<lambda>":
@@ -1485,12 +1525,22 @@ def _checked_tool_fields(
         raise TypeError(
             f"{kind} {name!r}: description must be a str, got {type(description).__name__}"
         )
-    schema = _frozen_schema(parameters, f"{kind} {name!r} parameters", 0)
-    if schema.get("type") != "object":
+    refs: List[Tuple[str, str]] = []
+    schema = _frozen_schema(parameters, f"{kind} {name!r} parameters", 0, refs)
+    if not isinstance(schema, Mapping) or schema.get("type") != "object":
         raise ValueError(
             f'{kind} {name!r} parameters must have "type": "object": '
             "a tool's arguments are always a JSON object"
         )
+    checked = set()
+    for ref, where in refs:  # refs grows as the schemas they name are checked
+        if ref not in checked:
+            checked.add(ref)
+            target = _ref_target(schema, ref)
+            if target is None:
+                raise ValueError(f"{where} {ref!r} names nothing in this schema")
+            # A pointer may name any part of the document: what it names must be a schema.
+            _frozen_schema(target, f"{where} {ref!r}", 0, refs)
     return schema
 
 
@@ -1545,8 +1595,8 @@ def _function_parameters(fn: object) -> Tuple[Dict[str, Any], bool]:
             continue
         if parameter.name not in hints:
             raise TypeError(f"{where} has no type hint: the schema is made from the hints")
-        default_none = parameter.default is None
-        properties[parameter.name] = _hint_schema(hints[parameter.name], where, default_none)
+        nullable = parameter.default is None
+        properties[parameter.name] = _hint_schema(hints[parameter.name], where, nullable)
         if parameter.default is parameter.empty:
             required.append(parameter.name)
     schema = {
@@ -1569,42 +1619,44 @@ _HINT_TYPES: Final = (
 others may be unhashable, so they are compared by identity, not looked up."""
 
 
-def _hint_schema(hint: Any, where: str, default_none: bool) -> Dict[str, Any]:
-    """Tool.from_function: the schema that admits exactly the JSON values of a hint."""
+def _hint_schema(hint: Any, where: str, nullable: bool) -> Dict[str, Any]:
+    """Tool.from_function: the schema that admits exactly the JSON values of a hint, and
+    null too when nullable (for Optional[X], or a parameter whose default is None)."""
     origin = get_origin(hint)
     arguments = get_args(hint)
-    for python_type, json_type in _HINT_TYPES:
-        if hint is python_type:
-            return {"type": json_type}
     # Union[X, None] has the origin typing.Union, and X | None (3.10+) types.UnionType.
     if origin is Union or origin is getattr(types, "UnionType", Union):
         others = [argument for argument in arguments if argument is not type(None)]
-        if len(others) == 1 and len(arguments) == 2:
-            if get_origin(others[0]) is Literal:
-                return _literal_schema((*get_args(others[0]), None), where)
-            if default_none:  # the model leaves it out, and fn gets its default None
-                return _hint_schema(others[0], where, False)
-        raise TypeError(
-            f"{where}: {hint} admits values of several JSON types, and a schema here has "
-            "one type (no anyOf); for Optional[X], give the parameter the default None"
-        )
-    if hint is list or origin is list:
-        if arguments:
-            return {"type": "array", "items": _hint_schema(arguments[0], where, False)}
-        return {"type": "array"}
-    if hint is dict or origin is dict:
-        if arguments and arguments != (str, Any):
-            raise TypeError(
-                f"{where}: {hint} types the values of an object, which a schema here "
-                "cannot say (no additionalProperties schema); use dict or Dict[str, Any]"
-            )
-        return {"type": "object"}
+        if len(others) == 1:  # Optional[X]
+            return _hint_schema(others[0], where, True)
+        members = [_hint_schema(other, where, False) for other in others]
+        nullable = nullable or len(others) < len(arguments)
+        return {"anyOf": [*members, {"type": "null"}] if nullable else members}
     if origin is Literal:
+        if nullable and not any(value is None for value in arguments):
+            arguments = (*arguments, None)
         return _literal_schema(arguments, where)
-    raise TypeError(
-        f"{where}: {hint!r} has no schema in the subset this loop enforces; use str, "
-        "int, float, bool, None, list, dict, Literal, or Optional of one of them"
-    )
+    json_type = next((name for kind, name in _HINT_TYPES if hint is kind), None)
+    if json_type is not None:
+        schema: Dict[str, Any] = {"type": json_type}
+    elif hint is list or origin is list:
+        schema = {"type": "array"}
+        if arguments:
+            schema["items"] = _hint_schema(arguments[0], where, False)
+    elif hint is dict or origin is dict:
+        schema = {"type": "object"}
+        if arguments and arguments[0] is not str:
+            raise TypeError(f"{where}: {hint} has keys that are not str, as no JSON object has")
+        if arguments and arguments[1] is not Any:
+            schema["additionalProperties"] = _hint_schema(arguments[1], where, False)
+    else:
+        raise TypeError(
+            f"{where}: {hint!r} has no schema here; use str, int, float, bool, None, list, "
+            "dict, Literal, or a Union or Optional of them"
+        )
+    if nullable and json_type != "null":
+        schema["type"] = [schema["type"], "null"]
+    return schema
 
 
 def _literal_schema(values: Tuple[object, ...], where: str) -> Dict[str, Any]:
@@ -1622,91 +1674,209 @@ def _literal_schema(values: Tuple[object, ...], where: str) -> Dict[str, Any]:
     return {"enum": list(values)}
 
 
-def _frozen_schema(schema: object, where: str, depth: int) -> Mapping[str, Any]:
-    """Checks that a schema uses only the keywords the loop enforces; returns it frozen."""
-    if not isinstance(schema, Mapping):
-        raise TypeError(f"{where} must be a JSON Schema object, got {type(schema).__name__}")
-    unsupported = [key for key in schema if key not in _SCHEMA_KEYWORDS]
-    if unsupported:
-        raise ValueError(
-            f"{where} uses {unsupported}, which this loop cannot enforce; "
-            f"supported keywords: {', '.join(_SCHEMA_KEYWORDS)}"
+def _frozen_schema(
+    value: object,
+    where: str,
+    depth: int,
+    refs: List[Tuple[str, str]],
+    must: Optional[str] = "a schema",
+) -> Any:
+    """Checks a schema, or the value of one of its keywords (``must`` is what the loop needs
+    it to be; None for any JSON), and returns it frozen. Each $ref goes to refs with where
+    it is, to be resolved once the whole document is frozen."""
+    if must == "a schema" and not isinstance(value, (bool, Mapping)):
+        raise TypeError(f"{where} must be a JSON Schema object, got {type(value).__name__}")
+    array: Sequence[Any] = value if isinstance(value, (list, tuple)) else ()
+    names = array or [value]  # of a type: one name, or a list of distinct ones
+    if not (
+        must in (None, "a schema", "a JSON value")
+        or (must == "a number" and type(value) is int)
+        or (must == "a number" and type(value) is float and math.isfinite(value))
+        or (must == "a non-negative integer" and type(value) is int and value >= 0)
+        or (must == "an object of schemas" and isinstance(value, Mapping))
+        or (must == "an array" and array is value)
+        or (must == "a non-empty array of schemas" and array)
+        or (must == "an array of property names" and array is value and all(map(_is_text, array)))
+        or (
+            must == _SCHEMA_KEYWORDS["type"]
+            and len(names) == sum(t in names for t in _SCHEMA_TYPES)
         )
-    # A schema nested deeper than arguments may be would describe values no call can have.
+        or (must == _SCHEMA_KEYWORDS["$ref"] and type(value) is str and value[:2] in ("#", "#/"))
+    ):
+        raise ValueError(f"{where} must be {must}, got {_quoted(value)}")
+    if must in ("an array", "a JSON value"):  # enum, const
+        # Each is a value some argument may be, within the bounds on its own; how many an
+        # enum lists is the schema's business.
+        members = array if must == "an array" else [value]
+        try:
+            values = tuple(_frozen_json(member, 0, _ArgumentBudget()) for member in members)
+        except _Problem as problem:
+            raise ValueError(f"{where} holds a value no argument may be: {problem}") from None
+        return values if must == "an array" else values[0]
+    if must == _SCHEMA_KEYWORDS["$ref"]:
+        refs.append((cast(str, value), where))
+    if value is None or type(value) in (str, bool, int):
+        return value
+    if type(value) is float and math.isfinite(value):
+        return value
+    # A schema nested deeper than arguments may be would describe values no call can have:
+    # each schema counts, and each container of the JSON it holds.
     if depth > MAX_ARGUMENT_DEPTH:
         raise ValueError(f"{where} nests deeper than {MAX_ARGUMENT_DEPTH} levels")
-    frozen: Dict[str, Any] = {}
-    for key, value in schema.items():
-        if key == "type":
-            if value not in _SCHEMA_TYPES:
-                raise ValueError(f"{where}: type must be one of {_SCHEMA_TYPES}, got {value!r}")
-        elif key == "properties":
-            if not isinstance(value, Mapping):
-                raise TypeError(f"{where}: properties must be an object")
-            value = MappingProxyType(
-                {
-                    name: _frozen_schema(item, f"{where}.properties.{name}", depth + 1)
-                    for name, item in value.items()
-                }
-            )
-        elif key == "required":
-            if not isinstance(value, (list, tuple)) or not all(isinstance(n, str) for n in value):
-                raise TypeError(f"{where}: required must be a list of property names")
-            value = tuple(value)
-        elif key == "additionalProperties":
-            if not isinstance(value, bool):
-                raise TypeError(f"{where}: additionalProperties must be true or false")
-        elif key == "items":
-            value = _frozen_schema(value, f"{where}.items", depth + 1)
-        elif key == "enum":
-            if not isinstance(value, (list, tuple)):
-                raise TypeError(f"{where}: enum must be a list of JSON values")
-            # Each member is a value some argument may be, within the bounds on its own;
-            # how many there are is the schema's business.
-            members = []
-            for index, member in enumerate(value):
-                try:
-                    members.append(_frozen_json(member, 0, _ArgumentBudget()))
-                except _Problem as violation:
-                    raise ValueError(
-                        f"{where}: enum member {index} is no value arguments may hold: {violation}"
-                    ) from None
-            value = tuple(members)
-        elif not isinstance(value, str):  # description, title
-            raise TypeError(f"{where}: {key} must be a str")
-        frozen[key] = value
-    return MappingProxyType(frozen)
+    if isinstance(value, Mapping):
+        frozen = {}
+        for key, item in value.items():
+            if type(key) is not str:
+                raise TypeError(f"{where} has {_a(type(key).__name__)} key {_quoted(key)}")
+            inner = "a schema" if must == "an object of schemas" else None
+            if must == "a schema" and not (key == "items" and isinstance(item, (list, tuple))):
+                inner = _SCHEMA_KEYWORDS.get(key)  # the array form of old items is not enforced
+            deeper = depth + (inner in (None, "a schema"))
+            frozen[key] = _frozen_schema(item, f"{where}.{key}", deeper, refs, inner)
+        return MappingProxyType(frozen)
+    if array is value:
+        inner = "a schema" if must == "a non-empty array of schemas" else None
+        return tuple(
+            _frozen_schema(item, f"{where}[{index}]", depth + 1, refs, inner)
+            for index, item in enumerate(array)
+        )
+    raise TypeError(f"{where} holds {_quoted(value)}, which is not JSON")
+
+
+def _ref_target(root: Mapping[str, Any], ref: str) -> object:
+    """What a $ref names in its schema: "#" the root, "#/..." a JSON pointer (in a name,
+    "~1" stands for "/" and "~0" for "~"); None when it names nothing."""
+    target: object = root
+    for token in ref.split("/")[1:]:
+        token = token.replace("~1", "/").replace("~0", "~")
+        if isinstance(target, tuple) and token.isdecimal() and int(token) < len(target):
+            target = target[int(token)]
+        elif isinstance(target, Mapping) and token in target:
+            target = target[token]
+        else:
+            return None
+    return target
 
 
 def _schema_problem(value: object, schema: Mapping[str, Any], path: str) -> Optional[str]:
-    """Returns why a frozen JSON value fails a tool's schema, or None when it passes."""
-    expected = schema.get("type")
-    actual = _json_type(value)
-    # A JSON integer is also a JSON number; bool is neither (it is not an int here).
-    if expected is not None and expected != actual and (expected, actual) != ("number", "integer"):
-        return f"{path} must be {expected}, got {actual}"
-    if "enum" in schema and not any(_same_json(value, option) for option in schema["enum"]):
-        return f"{path} must be one of {json.dumps(_thawed(schema['enum']))}"
-    # Frozen JSON objects are MappingProxyType. isinstance() with that class costs a
-    # tenth of isinstance(value, typing.Mapping), and this runs for every call's arguments.
+    """Returns why frozen arguments fail a tool's frozen schema, or None when they pass."""
+    try:
+        return _value_problem(value, schema, path, schema)
+    except RecursionError:  # $refs that lead through hundreds of schemas, or in a loop
+        return f"{path} cannot be checked: its schema nests too deep, or its $refs loop"
+
+
+def _value_problem(
+    value: object, schema: Any, path: str, root: Mapping[str, Any]
+) -> Optional[str]:
+    """Returns why a frozen JSON value fails a schema of the document root, or None when it
+    passes: the keywords the loop enforces, with the meaning JSON Schema 2020-12 gives them."""
+    # This runs for every call's arguments. A frozen schema is a MappingProxyType, whose
+    # get() costs three times an `in` and a subscript, where a schema node may be looked at
+    # per property; isinstance() with MappingProxyType costs a tenth of isinstance(value,
+    # typing.Mapping).
+    if schema is True:
+        return None
+    if schema is False:
+        return f"{path} is not allowed (its schema is false)"
+    kind = _json_type(value)
+    if "type" in schema and schema["type"] != kind:  # a name or a tuple of names
+        names = (schema["type"],) if type(schema["type"]) is str else schema["type"]
+        # A JSON integer is also a JSON number; bool is neither (it is not an int here).
+        if kind not in names and (kind != "integer" or "number" not in names):
+            return f"{path} must be {' or '.join(names)}, got {kind}"
+    # Most schemas hold none of the other keywords: one look at their keys spares the rest.
+    if not _IN_PLACE_KEYWORDS.isdisjoint(schema):
+        problem = _in_place_problem(value, kind, schema, path, root)
+        if problem is not None:
+            return problem
     if isinstance(value, MappingProxyType):
         properties = schema.get("properties", {})
         for name in schema.get("required", ()):
             if name not in value:
                 return f"{path} is missing the required property {name!r}"
+        # additionalProperties spares the names patternProperties matches, which the loop
+        # does not match: beside patternProperties, it is not enforced.
+        others = True
+        if "additionalProperties" in schema and "patternProperties" not in schema:
+            others = schema["additionalProperties"]
         for name, item in value.items():
             if name in properties:
-                problem = _schema_problem(item, properties[name], f"{path}.{name}")
-                if problem is not None:
-                    return problem
-            elif schema.get("additionalProperties") is False:
+                problem = _value_problem(item, properties[name], f"{path}.{name}", root)
+            elif others is False:
                 return f"{path} has the unexpected property {name!r}"
-    elif isinstance(value, tuple) and "items" in schema:
-        for index, item in enumerate(value):
-            problem = _schema_problem(item, schema["items"], f"{path}[{index}]")
+            else:
+                problem = _value_problem(item, others, f"{path}.{name}", root)
+            if problem is not None:
+                return problem
+    elif isinstance(value, tuple) and "items" in schema and type(schema["items"]) is not tuple:
+        items = schema["items"]  # not the array form of old, which is not enforced
+        prefix = schema.get("prefixItems")  # not enforced either: items applies after it
+        for index in range(len(prefix) if type(prefix) is tuple else 0, len(value)):
+            problem = _value_problem(value[index], items, f"{path}[{index}]", root)
             if problem is not None:
                 return problem
     return None
+
+
+def _in_place_problem(
+    value: Any, kind: str, schema: Mapping[str, Any], path: str, root: Mapping[str, Any]
+) -> Optional[str]:
+    """_value_problem() for the keywords that apply to the value itself (not to its
+    properties or items): enum, const, the bounds, $ref, allOf, anyOf, oneOf and not."""
+    if "enum" in schema and not any(_same_json(value, option) for option in schema["enum"]):
+        return f"{path} must be one of {json.dumps(_thawed(schema['enum']))}"
+    if "const" in schema and not _same_json(value, schema["const"]):
+        return f"{path} must be {json.dumps(_thawed(schema['const']))}"
+    measure = len(value) if isinstance(value, (str, tuple, MappingProxyType)) else value
+    for keyword, must, fails in _BOUNDS.get(kind, ()):
+        if keyword in schema and fails(measure, schema[keyword]):
+            return f"{path} must {must.format(schema[keyword])}, got {measure}"
+    subschemas = schema.get("allOf", ())
+    if "$ref" in schema:
+        subschemas = (_ref_target(root, schema["$ref"]), *subschemas)
+    for subschema in subschemas:
+        problem = _value_problem(value, subschema, path, root)
+        if problem is not None:
+            return problem
+    for keyword in ("anyOf", "oneOf"):
+        problems: List[Optional[str]] = []
+        for subschema in schema.get(keyword, ()):
+            problems.append(_value_problem(value, subschema, path, root))
+            if problems[-1] is None and keyword == "anyOf":
+                break  # one match is enough, and its siblings may be costly
+        if problems and None not in problems:
+            return f"{path} matches no schema of {keyword}: {'; '.join(cast(List[str], problems))}"
+    # problems are oneOf's now. A schema that the loop enforces in part admits more here than
+    # in JSON Schema: only in a document it enforces in full may a second match fail oneOf,
+    # or a match fail not.
+    matches = problems.count(None)
+    if matches > 1 and _exact(root, root, set()):
+        return f"{path} matches {matches} schemas of oneOf, not exactly one"
+    passes_not = "not" in schema and _value_problem(value, schema["not"], path, root) is None
+    if passes_not and _exact(root, root, set()):
+        return f"{path} must not match the schema of not"
+    return None
+
+
+def _exact(schema: object, root: Mapping[str, Any], seen: Set[int]) -> bool:
+    """Whether a frozen schema holds, at any depth, only the keywords the loop enforces and
+    annotations: then the loop refuses what JSON Schema refuses."""
+    if type(schema) is not MappingProxyType or id(schema) in seen:
+        return True
+    seen.add(id(schema))  # a schema that refers to itself is looked at once
+    if any(key not in _SCHEMA_KEYWORDS and key not in _ANNOTATIONS for key in schema):
+        return False
+    subschemas = [_ref_target(root, schema["$ref"])] if "$ref" in schema else []
+    for key, value in schema.items():
+        must = _SCHEMA_KEYWORDS.get(key)
+        if must == "a schema":
+            subschemas.append(value)
+        elif must == "a non-empty array of schemas" or must == "an object of schemas":
+            subschemas.extend(value.values() if must == "an object of schemas" else value)
+    return type(schema.get("items")) is not tuple and all(
+        _exact(subschema, root, seen) for subschema in subschemas
+    )
 
 
 class ToolRegistry:
