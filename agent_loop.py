@@ -150,6 +150,7 @@ __all__ = [  # grouped as the README presents the API
     "ModelResponse",
     "Usage",
     "StopReason",
+    "check_stream_agreement",
     # Tools
     "Tool",
     "ToolSpec",
@@ -164,6 +165,12 @@ __all__ = [  # grouped as the README presents the API
     "FailureCode",
     "EventType",
     "event_from_dict",
+    # Ids
+    "request_id",
+    "request_number",
+    "assistant_message_id",
+    "response_id_of",
+    "tool_result_id",
     # Limits
     "MAX_AGENT_STEPS",
     "MAX_INITIAL_MESSAGES",
@@ -335,8 +342,8 @@ class _Run:
         """OpenModel: snapshots the transcript into request-NNN and calls model.stream() once."""
         # Seed: "requestSnapshot() freezes the current transcript and creates
         # request-001, request-002, and so on, offset by requestSequenceStart".
-        request_id = _request_id(self.request_sequence_start + step)
-        request = ModelRequest(request_id, tuple(self.transcript.messages), self.specs)
+        number = self.request_sequence_start + step
+        request = ModelRequest(request_id(number), tuple(self.transcript.messages), self.specs)
         self.steps = step
         stream = self._call(
             "MODEL_STREAM_ERROR", "model.stream()", self.model.stream, request, self.signal
@@ -358,7 +365,7 @@ class _Run:
         """
         # Seed: "The loop calls model.stream() and drains its event channel before
         # awaiting the terminal response." The generator returns the response.
-        streamed = _StreamedBlocks(request)
+        streamed = _StreamedBlocks(request.id)
         try:
             while True:
                 try:
@@ -406,7 +413,7 @@ class _Run:
                 f"the model's stream returned a {type(response).__name__}, not a "
                 f"ModelResponse{missing if response is None else ''}"
             )
-        _check_request_id(response.request_id, request)
+        _check_request_id(response.request_id, request.id)
         if not _is_id(response.id):
             raise _Problem(f"a response id must be a non-empty str, got {response.id!r}")
         # Exactly a str first: `in` would run the value's own __eq__.
@@ -418,7 +425,7 @@ class _Run:
         if len(response.content) > MAX_ASSISTANT_BLOCKS:
             raise _Problem(f"the response holds more than {MAX_ASSISTANT_BLOCKS} blocks")
         message = AssistantMessage(
-            _assistant_message_id(response.id), response.content, response.usage
+            assistant_message_id(response.id), response.content, response.usage
         )
         self.transcript.check(message)
         calls = _tool_calls(message)
@@ -582,28 +589,43 @@ def _iterated(messages: Iterable[object]) -> Iterator[object]:
         ) from None
 
 
-# The ids the loop derives. Seed: request-001, request-002 and so on; its test: the
-# assistant message of response R is "message-" + R's id, the result of call C is
-# "tool-result-" + C's id.
+# The ids the loop derives, public so that a companion derives and reads them as the loop
+# does. Seed: "requestSnapshot() ... creates request-001, request-002, and so on"; its
+# test: the assistant message of response R is "message-" + R's id, the result of call C
+# is "tool-result-" + C's id.
 
 
-def _request_id(number: int) -> str:
-    """The id of a run's request number ``number`` (request_sequence_start + step)."""
+def request_id(number: int) -> str:
+    """Returns the id of a run's request number ``number`` (``request_sequence_start +
+    step``): ``request_id(1) == "request-001"``."""
     return f"request-{number:03d}"
 
 
-def _assistant_message_id(response_id: str) -> str:
-    """The id of the assistant message built from a response."""
+def request_number(id: str) -> Optional[int]:
+    """Returns the number ``n`` (1 to ``MAX_AGENT_STEPS``) whose ``request_id(n)`` is
+    ``id``, or None for any other id: ``request_number("request-001") == 1``."""
+    return _REQUEST_NUMBERS.get(id)
+
+
+_REQUEST_NUMBERS: Final = {request_id(number): number for number in range(1, MAX_AGENT_STEPS + 1)}
+"""The id of each request a run can open, and its number."""
+
+
+def assistant_message_id(response_id: str) -> str:
+    """Returns the id of the assistant message that the loop builds from a response."""
     return "message-" + response_id
 
 
-def _response_id(message_id: str) -> str:
-    """The response id an assistant message's id was derived from (itself if it was not)."""
-    return message_id[len("message-") :] if message_id.startswith("message-") else message_id
+def response_id_of(message_id: str) -> Optional[str]:
+    """Returns the response id that ``assistant_message_id()`` makes ``message_id``
+    from, or None for an id it does not make (response ids are non-empty)."""
+    if message_id.startswith("message-") and message_id != "message-":
+        return message_id[len("message-") :]
+    return None
 
 
-def _tool_result_id(call_id: str) -> str:
-    """The id of the result message linked to a tool call."""
+def tool_result_id(call_id: str) -> str:
+    """Returns the id of the tool-result message linked to a tool call."""
     return "tool-result-" + call_id
 
 
@@ -794,7 +816,7 @@ class _Transcript:
                         f"tool call id {call.id!r} is used twice (tool-call ids must be "
                         "unique across the whole transcript)"
                     )
-                if _tool_result_id(call.id) in self._message_ids:
+                if tool_result_id(call.id) in self._message_ids:
                     raise _Problem(
                         f'the result id of tool call {call.id!r} ("tool-result-" + its id) '
                         "is already taken by another message (message ids must be unique "
@@ -825,14 +847,14 @@ class _Transcript:
             del self._open_calls[message.tool_call_id]
 
 
-def _check_request_id(request_id: object, request: ModelRequest) -> None:
+def _check_request_id(request_id: object, active: str) -> None:
     """Seed: "Request IDs must match the active request." (chunks and responses alike)"""
-    if not _is_text(request_id) or request_id != request.id:
+    if not _is_text(request_id) or request_id != active:
         given = _quoted(request_id)
         if not _is_text(request_id):  # a str subclass's repr reads like the id it imitates
             given += f" ({type(request_id).__name__})"
         raise _Problem(
-            f"{given} is not the active request {request.id!r}: every chunk's and the "
+            f"{given} is not the active request {active!r}: every chunk's and the "
             "response's request_id must be the request's id"
         )
 
@@ -845,8 +867,8 @@ _Normalized: TypeAlias = Union[str, "ThinkingBlock", "ToolCall"]
 class _StreamedBlocks:
     """What one step has streamed so far, checked chunk by chunk against the step's limits."""
 
-    def __init__(self, request: ModelRequest) -> None:
-        self.request = request
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
         self.items: List[_Normalized] = []
         self.text = 0
         self.thinking = 0
@@ -878,7 +900,7 @@ class _StreamedBlocks:
                 f"the model streamed a {type(chunk).__name__}, not a TextDelta, ThinkingDelta "
                 "or ToolCallChunk"
             )
-        _check_request_id(chunk.request_id, self.request)
+        _check_request_id(chunk.request_id, self.request_id)
         self.items.append(item)
 
     def require_agreement(
@@ -905,6 +927,30 @@ class _StreamedBlocks:
             f"{index}: streamed {_shortened(streamed, index)}, "
             f"terminal {_shortened(terminal, index)}"
         )
+
+
+def check_stream_agreement(chunks: Iterable[object], response: ModelResponse) -> None:
+    """Checks a step's chunks against its terminal response as the loop does.
+
+    Each chunk must be a ``TextDelta``, ``ThinkingDelta`` or ``ToolCallChunk`` of the
+    response's ``request_id``, within the step's limits, and the chunks must agree with
+    the response's content: the same blocks in the same order once adjacent text and
+    adjacent thinking are joined and empty ones dropped, text, thinking and tool calls
+    being each other's boundaries (a thinking block's signature and the usage do not
+    stream). The response's own fields are not checked here.
+
+    Raises TypeError if ``response`` is not a ModelResponse, and ValueError, saying
+    which chunk or block is wrong, if the chunks break a rule.
+    """
+    if type(response) is not ModelResponse:
+        raise TypeError(f"response must be a ModelResponse, got {type(response).__name__}")
+    streamed = _StreamedBlocks(response.request_id)
+    try:
+        for chunk in chunks:
+            streamed.add(chunk)
+        streamed.require_agreement(response.content)
+    except _Problem as problem:
+        raise ValueError(str(problem)) from None
 
 
 def _streamed_length(text: object, kind: str, so_far: int) -> int:
@@ -1655,7 +1701,7 @@ class ToolError(Exception):
 
 def _tool_result(call: ToolCall, content: str, is_error: bool) -> ToolResultMessage:
     """Builds the result message linked to a call (its id is derived from the call's)."""
-    return ToolResultMessage(_tool_result_id(call.id), call.id, call.name, content, is_error)
+    return ToolResultMessage(tool_result_id(call.id), call.id, call.name, content, is_error)
 
 
 def _describe(error: BaseException) -> str:
@@ -2421,7 +2467,8 @@ class ScriptedModel:
         for message in messages:
             if isinstance(message, AssistantMessage):
                 stop_reason: StopReason = "toolCall" if _tool_calls(message) else "stop"
-                response_id = _response_id(message.id)
+                derived = response_id_of(message.id)
+                response_id = message.id if derived is None else derived
                 responses.append(
                     scripted_response(
                         response_id, message.content, stop_reason, usage=message.usage

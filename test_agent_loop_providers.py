@@ -1629,7 +1629,7 @@ def doubling(*levels: int) -> List[int]:
 
 
 class TestLongAnswers:
-    """Any answer the loop's limits allow completes: the pacing of the module docstring.
+    """Any answer the loop's limits allow completes: the pacing that _Pacer states.
 
     Each goes through run_agent_loop, so the loop's own limit checks judge it:
     MAX_STEP_CHUNKS (1,024 chunks) and MAX_STEP_TEXT (65,536 code points) per step.

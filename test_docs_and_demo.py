@@ -76,6 +76,7 @@ API_NAMES = [
     "ModelResponse",
     "Usage",
     "StopReason",
+    "check_stream_agreement",
     # Tools
     "Tool",
     "ToolRegistry",
@@ -89,6 +90,12 @@ API_NAMES = [
     "RunStatus",
     "FailureCode",
     "EventType",
+    # Ids
+    "request_id",
+    "request_number",
+    "assistant_message_id",
+    "response_id_of",
+    "tool_result_id",
     # Limits
     "MAX_AGENT_STEPS",
     "MAX_INITIAL_MESSAGES",
