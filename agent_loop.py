@@ -399,7 +399,8 @@ class _Run:
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as error:
-            raise self._failure("MODEL_STREAM_ERROR", "the model's stream", error) from error
+            self._check_signal()  # cancellation wins over the error
+            raise _failure("MODEL_STREAM_ERROR", "the model's stream", error) from error
         self._check_signal()
         return chunk
 
@@ -496,15 +497,10 @@ class _Run:
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as error:
-            raise self._failure(code, what, error) from error
+            self._check_signal()  # cancellation wins over the error
+            raise _failure(code, what, error) from error
         self._check_signal()
         return value
-
-    def _failure(self, code: FailureCode, what: str, error: BaseException) -> _RunFailure:
-        """What an exception from code the loop does not own becomes: _Cancelled (raised)
-        if the signal was set meanwhile, else the failure ``code`` that names it."""
-        self._check_signal()
-        return _RunFailure(code, f"{what} raised {_describe(error)}")
 
     def _check_signal(self) -> None:
         """Any phase --> Cancelled: signal aborts."""
@@ -530,6 +526,12 @@ class _RunFailure(Exception):
         super().__init__(message)
         self.code: FailureCode = code
         self.message = message
+
+
+def _failure(code: FailureCode, what: str, error: BaseException) -> _RunFailure:
+    """The failure ``code`` that an exception from code the loop does not own becomes,
+    naming what raised it (the caller looks at the signal first: cancellation wins)."""
+    return _RunFailure(code, f"{what} raised {_describe(error)}")
 
 
 class _Cancelled(Exception):
@@ -1820,16 +1822,25 @@ def _thawed(value: object) -> Any:
 
 
 def _same_json(left: object, right: object) -> bool:
-    """JSON equality at any depth: unlike ==, True is not 1 and 1 is not 1.0."""
+    """JSON equality at any depth: unlike ==, True is not 1 and 1 is not 1.0, in keys too.
+    An object is a dict or a read-only mapping and an array a list or a tuple, frozen or
+    not (as json.dumps writes them); any other value equals only a value of its own type
+    that == calls equal."""
     if left is right:
         return True
-    # Frozen JSON objects are MappingProxyType, as in _schema_problem: testing for that
-    # class costs a tenth of isinstance(value, typing.Mapping).
-    if isinstance(left, MappingProxyType) and isinstance(right, MappingProxyType):
-        return left.keys() == right.keys() and all(_same_json(left[k], right[k]) for k in left)
-    if isinstance(left, tuple) and isinstance(right, tuple):
+    # Not isinstance(value, typing.Mapping), which costs ten times as much.
+    if isinstance(left, (dict, MappingProxyType)) and isinstance(right, (dict, MappingProxyType)):
+        return _typed_keys(left) == _typed_keys(right) and all(
+            _same_json(left[key], right[key]) for key in left
+        )
+    if isinstance(left, (list, tuple)) and isinstance(right, (list, tuple)):
         return len(left) == len(right) and all(map(_same_json, left, right))
     return type(left) is type(right) and left == right
+
+
+def _typed_keys(mapping: Mapping[Any, object]) -> Set[Tuple[type, object]]:
+    """A mapping's keys with their types, so that True and 1 are different keys."""
+    return {(type(key), key) for key in mapping}
 
 
 def _json_type(value: object) -> str:
@@ -1954,7 +1965,7 @@ class ToolCall:
     mapping as a plain dict copy of it), and the run that receives such a call fails
     with MODEL_PROTOCOL_ERROR before any tool runs (``execute_tool_call`` makes it an
     error result). Two calls are equal when their id, name and arguments are equal as
-    JSON (``True`` is not ``1``).
+    JSON (``True`` is not ``1``), arguments kept as given included.
     """
 
     id: str

@@ -1436,7 +1436,7 @@ class TestStreamAndResponseAgree:
         self, content: list[Any], chunks: list[Any], words: list[str]
     ) -> None:
         response = al.ModelResponse("response-001", "request-001", content, "stop")
-        with pytest.raises(ValueError) as raised:
+        with pytest.raises(ValueError, match=r"normalised block|streamed nothing") as raised:
             al.check_stream_agreement([delta(chunk) for chunk in chunks], response)
         assert all(word in str(raised.value) for word in words)
 
