@@ -360,8 +360,11 @@ class _Run:
     ) -> Generator[Event, None, Tuple[ModelResponse, AssistantMessage]]:
         """ReadChunks: one model.chunk per valid chunk, then the checked terminal response.
 
-        Returns the response and its assistant message. The model's stream is closed
-        whichever way this ends.
+        Returns the response and its assistant message. The signal is looked at after
+        each chunk, after the end of the stream (a response that arrives after the
+        signal is not taken) and after its error (cancellation wins); any other
+        exception from the stream fails the run with MODEL_STREAM_ERROR. The model's
+        stream is closed whichever way this ends.
         """
         # Seed: "The loop calls model.stream() and drains its event channel before
         # awaiting the terminal response." The generator returns the response.
@@ -369,10 +372,17 @@ class _Run:
         try:
             while True:
                 try:
-                    chunk = self._next_chunk(stream)
+                    chunk = next(stream)
                 except StopIteration as done:
+                    self._check_signal()
                     response = done.value
                     break
+                except (KeyboardInterrupt, SystemExit):
+                    raise
+                except BaseException as error:
+                    self._check_signal()
+                    raise _failure("MODEL_STREAM_ERROR", "the model's stream", error) from error
+                self._check_signal()
                 streamed.add(chunk)
                 yield self._event("model.chunk", request_id=request.id, chunk=chunk)
             return self._checked_response(request, response, streamed)
@@ -384,25 +394,6 @@ class _Run:
             # A model whose cleanup fails cannot replace the step's outcome.
             with contextlib.suppress(Exception):
                 stream.close()
-
-    def _next_chunk(self, stream: Generator[ModelChunk, None, Any]) -> object:
-        """ReadChunks: advances the model's stream by one chunk, and looks at the signal.
-
-        The stream's StopIteration (its end, carrying the response) passes unless the
-        signal was set; any other exception fails the run with MODEL_STREAM_ERROR.
-        """
-        try:
-            chunk = next(stream)
-        except StopIteration:
-            self._check_signal()  # a response that arrives after the signal is not taken
-            raise
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as error:
-            self._check_signal()  # cancellation wins over the error
-            raise _failure("MODEL_STREAM_ERROR", "the model's stream", error) from error
-        self._check_signal()
-        return chunk
 
     def _checked_response(
         self, request: ModelRequest, response: object, streamed: _StreamedBlocks
@@ -960,9 +951,10 @@ def _streamed_length(text: object, kind: str, so_far: int) -> int:
     MAX_STEP_TEXT; raises _Problem if not, or if it is not a str."""
     if not _is_text(text):
         raise _Problem(f"a {kind} chunk's {kind} must be a str, got {type(text).__name__}")
-    if so_far + len(text) > MAX_STEP_TEXT:
+    length = len(text)
+    if so_far + length > MAX_STEP_TEXT:
         raise _Problem(f"the model streamed more than {MAX_STEP_TEXT} code points of {kind}")
-    return len(text)
+    return length
 
 
 def _normalized_item(block: Union[TextBlock, ThinkingBlock, ToolCall]) -> _Normalized:
