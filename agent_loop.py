@@ -922,7 +922,7 @@ class _StreamedBlocks:
         )
 
 
-def check_stream_agreement(chunks: Iterable[object], response: ModelResponse) -> None:
+def check_stream_agreement(chunks: Iterable[ModelChunk], response: ModelResponse) -> None:
     """Checks a step's chunks against its terminal response as the loop does.
 
     Each chunk must be a ``TextDelta``, ``ThinkingDelta`` or ``ToolCallChunk`` of the
