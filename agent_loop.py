@@ -157,6 +157,7 @@ __all__ = [  # grouped as the README presents the API
     "ModelResponse",
     "Usage",
     "StopReason",
+    "check_stream_agreement",
     # Tools
     "Tool",
     "ToolSpec",
@@ -172,6 +173,12 @@ __all__ = [  # grouped as the README presents the API
     "FailureCode",
     "EventType",
     "event_from_dict",
+    # Ids
+    "request_id",
+    "request_number",
+    "assistant_message_id",
+    "response_id_of",
+    "tool_result_id",
     # Limits
     "MAX_AGENT_STEPS",
     "MAX_INITIAL_MESSAGES",
@@ -369,8 +376,8 @@ class _Run:
         """OpenModel: snapshots the transcript into request-NNN and calls model.stream() once."""
         # Seed: "requestSnapshot() freezes the current transcript and creates
         # request-001, request-002, and so on, offset by requestSequenceStart".
-        request_id = _request_id(self.request_sequence_start + step)
-        request = ModelRequest(request_id, tuple(self.transcript.messages), self.specs)
+        number = self.request_sequence_start + step
+        request = ModelRequest(request_id(number), tuple(self.transcript.messages), self.specs)
         self.steps = step
         stream = self._call(
             "MODEL_STREAM_ERROR", "model.stream()", self.model.stream, request, self.signal
@@ -387,19 +394,29 @@ class _Run:
     ) -> Generator[Event, None, Tuple[ModelResponse, AssistantMessage]]:
         """ReadChunks: one model.chunk per valid chunk, then the checked terminal response.
 
-        Returns the response and its assistant message. The model's stream is closed
-        whichever way this ends.
+        Returns the response and its assistant message. The signal is looked at after
+        each chunk, after the end of the stream (a response that arrives after the
+        signal is not taken) and after its error (cancellation wins); any other
+        exception from the stream fails the run with MODEL_STREAM_ERROR. The model's
+        stream is closed whichever way this ends.
         """
         # Seed: "The loop calls model.stream() and drains its event channel before
         # awaiting the terminal response." The generator returns the response.
-        streamed = _StreamedBlocks(request)
+        streamed = _StreamedBlocks(request.id)
         try:
             while True:
                 try:
-                    chunk = self._next_chunk(stream)
+                    chunk = next(stream)
                 except StopIteration as done:
+                    self._check_signal()
                     response = done.value
                     break
+                except (KeyboardInterrupt, SystemExit):
+                    raise
+                except BaseException as error:
+                    self._check_signal()
+                    raise _failure("MODEL_STREAM_ERROR", "the model's stream", error) from error
+                self._check_signal()
                 streamed.add(chunk)
                 yield self._event("model.chunk", request_id=request.id, chunk=chunk)
             return self._checked_response(request, response, streamed)
@@ -412,24 +429,6 @@ class _Run:
             with contextlib.suppress(Exception):
                 stream.close()
 
-    def _next_chunk(self, stream: Generator[ModelChunk, None, Any]) -> object:
-        """ReadChunks: advances the model's stream by one chunk, and looks at the signal.
-
-        The stream's StopIteration (its end, carrying the response) passes unless the
-        signal was set; any other exception fails the run with MODEL_STREAM_ERROR.
-        """
-        try:
-            chunk = next(stream)
-        except StopIteration:
-            self._check_signal()  # a response that arrives after the signal is not taken
-            raise
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as error:
-            raise self._failure("MODEL_STREAM_ERROR", "the model's stream", error) from error
-        self._check_signal()
-        return chunk
-
     def _checked_response(
         self, request: ModelRequest, response: object, streamed: _StreamedBlocks
     ) -> Tuple[ModelResponse, AssistantMessage]:
@@ -440,7 +439,7 @@ class _Run:
                 f"the model's stream returned a {type(response).__name__}, not a "
                 f"ModelResponse{missing if response is None else ''}"
             )
-        _check_request_id(response.request_id, request)
+        _check_request_id(response.request_id, request.id)
         if not _is_id(response.id):
             raise _Problem(f"a response id must be a non-empty str, got {response.id!r}")
         # Exactly a str first: `in` would run the value's own __eq__.
@@ -452,7 +451,7 @@ class _Run:
         if len(response.content) > MAX_ASSISTANT_BLOCKS:
             raise _Problem(f"the response holds more than {MAX_ASSISTANT_BLOCKS} blocks")
         message = AssistantMessage(
-            _assistant_message_id(response.id), response.content, response.usage
+            assistant_message_id(response.id), response.content, response.usage
         )
         self.transcript.check(message)
         calls = _tool_calls(message)
@@ -622,15 +621,10 @@ class _Run:
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as error:
-            raise self._failure(code, what, error) from error
+            self._check_signal()  # cancellation wins over the error
+            raise _failure(code, what, error) from error
         self._check_signal()
         return value
-
-    def _failure(self, code: FailureCode, what: str, error: BaseException) -> _RunFailure:
-        """What an exception from code the loop does not own becomes: _Cancelled (raised)
-        if the signal was set meanwhile, else the failure ``code`` that names it."""
-        self._check_signal()
-        return _RunFailure(code, f"{what} raised {_describe(error)}")
 
     def _check_signal(self) -> None:
         """Any phase --> Cancelled: signal aborts."""
@@ -656,6 +650,12 @@ class _RunFailure(Exception):
         super().__init__(message)
         self.code: FailureCode = code
         self.message = message
+
+
+def _failure(code: FailureCode, what: str, error: BaseException) -> _RunFailure:
+    """The failure ``code`` that an exception from code the loop does not own becomes,
+    naming what raised it (the caller looks at the signal first: cancellation wins)."""
+    return _RunFailure(code, f"{what} raised {_describe(error)}")
 
 
 class _Cancelled(Exception):
@@ -739,28 +739,43 @@ def _iterated(messages: Iterable[object]) -> Iterator[object]:
         ) from None
 
 
-# The ids the loop derives. Seed: request-001, request-002 and so on; its test: the
-# assistant message of response R is "message-" + R's id, the result of call C is
-# "tool-result-" + C's id.
+# The ids the loop derives, public so that a companion derives and reads them as the loop
+# does. Seed: "requestSnapshot() ... creates request-001, request-002, and so on"; its
+# test: the assistant message of response R is "message-" + R's id, the result of call C
+# is "tool-result-" + C's id.
 
 
-def _request_id(number: int) -> str:
-    """The id of a run's request number ``number`` (request_sequence_start + step)."""
+def request_id(number: int) -> str:
+    """Returns the id of a run's request number ``number`` (``request_sequence_start +
+    step``): ``request_id(1) == "request-001"``."""
     return f"request-{number:03d}"
 
 
-def _assistant_message_id(response_id: str) -> str:
-    """The id of the assistant message built from a response."""
+def request_number(id: str) -> Optional[int]:
+    """Returns the number ``n`` (1 to ``MAX_AGENT_STEPS``) whose ``request_id(n)`` is
+    ``id``, or None for any other id: ``request_number("request-001") == 1``."""
+    return _REQUEST_NUMBERS.get(id)
+
+
+_REQUEST_NUMBERS: Final = {request_id(number): number for number in range(1, MAX_AGENT_STEPS + 1)}
+"""The id of each request a run can open, and its number."""
+
+
+def assistant_message_id(response_id: str) -> str:
+    """Returns the id of the assistant message that the loop builds from a response."""
     return "message-" + response_id
 
 
-def _response_id(message_id: str) -> str:
-    """The response id an assistant message's id was derived from (itself if it was not)."""
-    return message_id[len("message-") :] if message_id.startswith("message-") else message_id
+def response_id_of(message_id: str) -> Optional[str]:
+    """Returns the response id that ``assistant_message_id()`` makes ``message_id``
+    from, or None for an id it does not make (response ids are non-empty)."""
+    if message_id.startswith("message-") and message_id != "message-":
+        return message_id[len("message-") :]
+    return None
 
 
-def _tool_result_id(call_id: str) -> str:
-    """The id of the result message linked to a tool call."""
+def tool_result_id(call_id: str) -> str:
+    """Returns the id of the tool-result message linked to a tool call."""
     return "tool-result-" + call_id
 
 
@@ -951,7 +966,7 @@ class _Transcript:
                         f"tool call id {call.id!r} is used twice (tool-call ids must be "
                         "unique across the whole transcript)"
                     )
-                if _tool_result_id(call.id) in self._message_ids:
+                if tool_result_id(call.id) in self._message_ids:
                     raise _Problem(
                         f'the result id of tool call {call.id!r} ("tool-result-" + its id) '
                         "is already taken by another message (message ids must be unique "
@@ -982,14 +997,14 @@ class _Transcript:
             del self._open_calls[message.tool_call_id]
 
 
-def _check_request_id(request_id: object, request: ModelRequest) -> None:
+def _check_request_id(request_id: object, active: str) -> None:
     """Seed: "Request IDs must match the active request." (chunks and responses alike)"""
-    if not _is_text(request_id) or request_id != request.id:
+    if not _is_text(request_id) or request_id != active:
         given = _quoted(request_id)
         if not _is_text(request_id):  # a str subclass's repr reads like the id it imitates
             given += f" ({type(request_id).__name__})"
         raise _Problem(
-            f"{given} is not the active request {request.id!r}: every chunk's and the "
+            f"{given} is not the active request {active!r}: every chunk's and the "
             "response's request_id must be the request's id"
         )
 
@@ -1002,8 +1017,8 @@ _Normalized: TypeAlias = Union[str, "ThinkingBlock", "ToolCall"]
 class _StreamedBlocks:
     """What one step has streamed so far, checked chunk by chunk against the step's limits."""
 
-    def __init__(self, request: ModelRequest) -> None:
-        self.request = request
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
         self.items: List[_Normalized] = []
         self.text = 0
         self.thinking = 0
@@ -1035,7 +1050,7 @@ class _StreamedBlocks:
                 f"the model streamed a {type(chunk).__name__}, not a TextDelta, ThinkingDelta "
                 "or ToolCallChunk"
             )
-        _check_request_id(chunk.request_id, self.request)
+        _check_request_id(chunk.request_id, self.request_id)
         self.items.append(item)
 
     def require_agreement(
@@ -1064,14 +1079,39 @@ class _StreamedBlocks:
         )
 
 
+def check_stream_agreement(chunks: Iterable[ModelChunk], response: ModelResponse) -> None:
+    """Checks a step's chunks against its terminal response as the loop does.
+
+    Each chunk must be a ``TextDelta``, ``ThinkingDelta`` or ``ToolCallChunk`` of the
+    response's ``request_id``, within the step's limits, and the chunks must agree with
+    the response's content: the same blocks in the same order once adjacent text and
+    adjacent thinking are joined and empty ones dropped, text, thinking and tool calls
+    being each other's boundaries (a thinking block's signature and the usage do not
+    stream). The response's own fields are not checked here.
+
+    Raises TypeError if ``response`` is not a ModelResponse, and ValueError, saying
+    which chunk or block is wrong, if the chunks break a rule.
+    """
+    if type(response) is not ModelResponse:
+        raise TypeError(f"response must be a ModelResponse, got {type(response).__name__}")
+    streamed = _StreamedBlocks(response.request_id)
+    try:
+        for chunk in chunks:
+            streamed.add(chunk)
+        streamed.require_agreement(response.content)
+    except _Problem as problem:
+        raise ValueError(str(problem)) from None
+
+
 def _streamed_length(text: object, kind: str, so_far: int) -> int:
     """The code points of a text or thinking chunk, if the step's total stays within
     MAX_STEP_TEXT; raises _Problem if not, or if it is not a str."""
     if not _is_text(text):
         raise _Problem(f"a {kind} chunk's {kind} must be a str, got {type(text).__name__}")
-    if so_far + len(text) > MAX_STEP_TEXT:
+    length = len(text)
+    if so_far + length > MAX_STEP_TEXT:
         raise _Problem(f"the model streamed more than {MAX_STEP_TEXT} code points of {kind}")
-    return len(text)
+    return length
 
 
 def _normalized_item(block: Union[TextBlock, ThinkingBlock, ToolCall]) -> _Normalized:
@@ -2005,7 +2045,7 @@ class ToolError(Exception):
 
 def _tool_result(call: ToolCall, content: str, is_error: bool) -> ToolResultMessage:
     """Builds the result message linked to a call (its id is derived from the call's)."""
-    return ToolResultMessage(_tool_result_id(call.id), call.id, call.name, content, is_error)
+    return ToolResultMessage(tool_result_id(call.id), call.id, call.name, content, is_error)
 
 
 def _describe(error: BaseException) -> str:
@@ -2124,16 +2164,25 @@ def _thawed(value: object) -> Any:
 
 
 def _same_json(left: object, right: object) -> bool:
-    """JSON equality at any depth: unlike ==, True is not 1 and 1 is not 1.0."""
+    """JSON equality at any depth: unlike ==, True is not 1 and 1 is not 1.0, in keys too.
+    An object is a dict or a read-only mapping and an array a list or a tuple, frozen or
+    not (as json.dumps writes them); any other value equals only a value of its own type
+    that == calls equal."""
     if left is right:
         return True
-    # Frozen JSON objects are MappingProxyType, as in _schema_problem: testing for that
-    # class costs a tenth of isinstance(value, typing.Mapping).
-    if isinstance(left, MappingProxyType) and isinstance(right, MappingProxyType):
-        return left.keys() == right.keys() and all(_same_json(left[k], right[k]) for k in left)
-    if isinstance(left, tuple) and isinstance(right, tuple):
+    # Not isinstance(value, typing.Mapping), which costs ten times as much.
+    if isinstance(left, (dict, MappingProxyType)) and isinstance(right, (dict, MappingProxyType)):
+        return _typed_keys(left) == _typed_keys(right) and all(
+            _same_json(left[key], right[key]) for key in left
+        )
+    if isinstance(left, (list, tuple)) and isinstance(right, (list, tuple)):
         return len(left) == len(right) and all(map(_same_json, left, right))
     return type(left) is type(right) and left == right
+
+
+def _typed_keys(mapping: Mapping[Any, object]) -> Set[Tuple[type, object]]:
+    """A mapping's keys with their types, so that True and 1 are different keys."""
+    return {(type(key), key) for key in mapping}
 
 
 def _json_type(value: object) -> str:
@@ -2258,7 +2307,7 @@ class ToolCall:
     mapping as a plain dict copy of it), and the run that receives such a call fails
     with MODEL_PROTOCOL_ERROR before any tool runs (``execute_tool_call`` makes it an
     error result). Two calls are equal when their id, name and arguments are equal as
-    JSON (``True`` is not ``1``).
+    JSON (``True`` is not ``1``), arguments kept as given included.
     """
 
     id: str
@@ -2844,7 +2893,8 @@ class ScriptedModel:
         for message in messages:
             if isinstance(message, AssistantMessage):
                 stop_reason: StopReason = "toolCall" if _tool_calls(message) else "stop"
-                response_id = _response_id(message.id)
+                derived = response_id_of(message.id)
+                response_id = message.id if derived is None else derived
                 responses.append(
                     scripted_response(
                         response_id, message.content, stop_reason, usage=message.usage

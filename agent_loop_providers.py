@@ -49,8 +49,8 @@ Rules:
 - Thinking. Anthropic: ``thinking=None`` sends no thinking setting (the model's
   default); a mapping is the API's own (``{"type": "enabled", "budget_tokens": 2048}``),
   sent as it is; ``"adaptive"`` sends ``{"type": "adaptive"}``. A ``thinking`` block
-  streams as ``ThinkingDelta`` chunks (one per ``thinking_delta`` until half the chunk
-  budget is spent: see the pacing below), and the response holds it as
+  streams as ``ThinkingDelta`` chunks (one per ``thinking_delta``, paced as text is: see
+  ``_Pacer``), and the response holds it as
   ``ThinkingBlock(thinking, signature)``, the signature from its ``signature_delta``
   (the last one, if several; None if none); a ``redacted_thinking`` block streams
   nothing and is ``ThinkingBlock("", signature=data, redacted=True)``. OpenAI-compatible
@@ -68,26 +68,12 @@ Rules:
   being each other's boundaries. Its stop reason is ``toolCall`` when it holds calls,
   else ``stop``, whatever the provider said (some servers say ``stop`` for tool calls).
   Empty arguments (``""``, a tool without parameters) mean ``{}``.
-- Long answers fit the loop's limits (``MAX_STEP_CHUNKS`` 1,024 chunks per step, and
-  ``MAX_STEP_TEXT`` 65,536 code points of text and, counted on their own, 65,536 of
-  thinking), by coalescing once half the chunk budget is spent: while fewer than 512
-  chunks of the step were yielded, each text or thinking delta is yielded as it
-  arrives (so the first delta at once, and an answer of up to 512 deltas delta by
-  delta); after that, text and thinking are buffered and yielded once the buffer holds
-  at least 2 code points, a minimum that doubles every 32 chunks (4 once 544 chunks
-  were yielded, 8 once 576, ... 1,024 once 800, 2,048 once 832). Thinking counts as
-  text does (every chunk counts, whichever it is, and it fills the same minimum), and
-  the buffer holds one of them: it is yielded when the other begins, before a tool
-  call, and at the end of the answer. Guarantee: an answer of up to 65,536 code points
-  of text takes at most 832 chunks (65,536 in one-character events take exactly 832),
-  and with up to 65,536 of thinking too, at most 864 (as many of each in
-  one-character events, thinking first, take exactly 864); add at most two chunks per
-  tool call (itself and the buffer it flushes) and one per change between thinking
-  and text. So an answer within the loop's limits fits in 1,024 chunks when its calls
-  cost at most 192 chunks without thinking (96 calls), and when its calls and changes
-  cost at most 160 with the most thinking (80 calls, say). An answer with more text or
-  thinking than ``MAX_STEP_TEXT``, or too many tool calls, still fails the run with
-  ``MODEL_PROTOCOL_ERROR``. The provider's token limit (``options={"max_tokens":
+- Long answers fit the loop's limits (``MAX_STEP_CHUNKS`` chunks per step,
+  ``MAX_STEP_TEXT`` code points of text and, counted on their own, as many of thinking):
+  deltas are yielded as they arrive at first, then coalesced into growing chunks;
+  ``_Pacer`` states when, and how many tool calls fit beside the most text. An answer
+  with more text or thinking than ``MAX_STEP_TEXT``, or too many tool calls, still fails
+  the run with ``MODEL_PROTOCOL_ERROR``. The provider's token limit (``options={"max_tokens":
   ...}``, Anthropic's ``max_tokens``) does not shorten a failing answer into a passing
   one: an answer that reaches it is cut, and fails (see ``accept_truncated``).
 - Usage: the response's ``usage`` is what the provider reported, and None when it
@@ -105,13 +91,13 @@ Rules:
   that is not an int >= 0 (or cached tokens above the prompt's) is a malformed event.
 - Ids are unique in the transcript, whatever the provider sends (some servers send
   ``call_0`` in every response), and deterministic, so a recorded run replays exactly.
-  The response to ``request-NNN`` is ``response-NNN`` (``response-`` + the request id
-  for another request id). A tool call keeps the provider's id when that id is a
-  non-empty string that the transcript and this response do not use yet; otherwise it
-  is ``<response id>-call-<n>``, where n is the call's position among the response's
-  calls (1 for the first, 2 for the second...). Either id takes the first free suffix
-  ``-2``, ``-3``... when it is taken. The transcript's ids are what later requests
-  send back to the provider.
+  The response to ``request-NNN`` (an id the loop makes: ``al.request_number()``) is
+  ``response-NNN``, and to another request id ``response-`` + that id. A tool call
+  keeps the provider's id when that id is a non-empty string that the transcript and
+  this response do not use yet; otherwise it is ``<response id>-call-<n>``, where n is
+  the call's position among the response's calls (1 for the first, 2 for the
+  second...). Either id takes the first free suffix ``-2``, ``-3``... when it is taken.
+  The transcript's ids are what later requests send back to the provider.
 - Completeness is decided by the wire format, not the socket: an answer is complete when
   its end marker arrives, ``data: [DONE]`` (OpenAI) or ``message_stop`` (Anthropic, with
   every content block stopped: a block still open at ``message_stop`` was cut, and is a
@@ -489,13 +475,26 @@ def _after_retries(error: ProviderError, retried: int, retries: int) -> Provider
 
 
 class _Pacer:
-    """The coalescing policy of the module docstring: which chunks to yield, and when.
+    """Which chunks to yield, and when, so that long answers fit the loop's limits: the
+    one statement of the pacing rule (the module docstring and the README point here).
 
-    ``yielded`` counts the step's chunks. While it is below _PACED_FROM, each chunk is
-    yielded as it comes; after that, text and thinking are buffered (one kind at a
-    time: the other kind flushes the buffer first) until the buffer holds the minimum,
-    2 code points doubled every _DOUBLING chunks. A tool call flushes the buffer before
+    ``yielded`` counts the step's chunks. While it is below _PACED_FROM (512), each chunk
+    is yielded as it comes: the first delta at once, and an answer of up to 512 deltas
+    delta by delta. After that, text and thinking are buffered (one kind at a time: the
+    other kind flushes the buffer first) and yielded once the buffer holds the minimum,
+    2 code points doubled every _DOUBLING (32) chunks: 4 once 544 chunks were yielded, 8
+    once 576, ... 1,024 once 800, 2,048 once 832. Thinking counts as text does (every
+    chunk counts, and it fills the same minimum). A tool call flushes the buffer before
     it; ``flushed()`` at the end of the answer yields what is left.
+
+    What that guarantees: an answer of up to MAX_STEP_TEXT (65,536) code points of text
+    takes at most 832 chunks (65,536 in one-character events take exactly 832), and with
+    as many of thinking too, at most 864 (as many of each in one-character events,
+    thinking first, take exactly 864); each tool call adds at most two chunks (itself and
+    the buffer it flushes) and each change between thinking and text one. So an answer
+    within the loop's limits fits in MAX_STEP_CHUNKS (1,024) when its calls cost at most
+    192 chunks without thinking (96 calls), and when its calls and changes cost at most
+    160 with the most thinking (80 calls, say).
     """
 
     def __init__(self, request_id: str) -> None:
@@ -1191,9 +1190,9 @@ class _Ids:
                 for block in message.content:
                     if isinstance(block, al.ToolCall):
                         self.call_ids.add(block.id)
-        prefix = "request-"
-        number = request.id[len(prefix) :] if request.id.startswith(prefix) else request.id
-        self.response_id = _free("response-" + number, self._response_taken)
+        number = al.request_number(request.id)
+        base = request.id if number is None else f"{number:03d}"
+        self.response_id = _free("response-" + base, self._response_taken)
         self.calls = 0
 
     def call_id(self, provider_id: object) -> str:
@@ -1207,10 +1206,10 @@ class _Ids:
         return chosen
 
     def _response_taken(self, candidate: str) -> bool:
-        return "message-" + candidate in self.message_ids
+        return al.assistant_message_id(candidate) in self.message_ids
 
     def _call_taken(self, candidate: str) -> bool:
-        return candidate in self.call_ids or "tool-result-" + candidate in self.message_ids
+        return candidate in self.call_ids or al.tool_result_id(candidate) in self.message_ids
 
 
 def _free(base: str, taken: Callable[[str], bool]) -> str:

@@ -76,7 +76,6 @@ from typing import (
     Protocol,
     Sequence,
     Tuple,
-    Union,
     cast,
 )
 
@@ -95,10 +94,6 @@ __all__ = [
     "durable_run",
     "JournalError",
 ]
-
-# The ids the loop derives, as its README states them: request-001, request-002... and
-# the assistant message of response R is "message-" + R's id.
-_MESSAGE_ID_PREFIX: Final = "message-"
 
 _DRIFT_BEFORE: Final = 160
 """Characters of a drift message's sides shown before their first difference: enough
@@ -253,8 +248,7 @@ def _recorded_steps(
     """The steps of a log, from its events after the accepted messages and before
     run.finished, checked against the result's transcript."""
     request_ids = [
-        f"request-{result.request_sequence_start + step:03d}"
-        for step in range(1, result.steps + 1)
+        al.request_id(result.request_sequence_start + step) for step in range(1, result.steps + 1)
     ]
     positions = {request_id: index for index, request_id in enumerate(request_ids)}
     chunks: List[List[al.ModelChunk]] = [[] for _ in request_ids]
@@ -305,15 +299,15 @@ def _recorded_steps(
     # The transcript the run added: each assistant message, then its tool results.
     groups: List[Tuple[al.AssistantMessage, List[al.ToolResultMessage]]] = []
     for message in result.messages[start_length:]:
-        if isinstance(message, al.AssistantMessage) and message.id.startswith(_MESSAGE_ID_PREFIX):
+        if isinstance(message, al.AssistantMessage) and al.response_id_of(message.id) is not None:
             groups.append((message, []))
         elif isinstance(message, al.ToolResultMessage) and groups:
             groups[-1][1].append(message)
         else:
             raise ValueError(
                 f"the result's transcript holds {message.role} message {message.id!r} after "
-                'the starting messages, where a run adds only assistant messages ("message-" '
-                "+ a response id), each followed by its tool results"
+                "the starting messages, where a run adds only assistant messages (whose ids "
+                "agent_loop.assistant_message_id() makes), each followed by its tool results"
             )
     complete = result.status in ("completed", "maxSteps")
     if not (
@@ -343,7 +337,7 @@ def _recorded_steps(
                     f"the tool events of {request_id} do not agree with the result's transcript"
                 )
             response = al.ModelResponse(
-                message.id[len(_MESSAGE_ID_PREFIX) :],
+                cast(str, al.response_id_of(message.id)),  # not None: it is in groups
                 request_id,
                 message.content,
                 "toolCall" if calls else "stop",
@@ -369,61 +363,14 @@ def _recorded_steps(
 def _check_recorded_stream(
     request_id: str, chunks: Sequence[al.ModelChunk], response: al.ModelResponse
 ) -> None:
-    """A step's recorded chunks agree with its response, as in every step the loop
-    recorded: the same blocks once adjacent text and adjacent thinking are joined and
-    empty text and thinking dropped (a thinking block's signature does not stream).
-
-    This is the loop's agreement rule, written again here because a companion file uses
-    only agent_loop's public names: a change to the rule in agent_loop.py is a change
-    here too (the replayed run checks it once more, so a log that slipped through would
-    still fail there, with MODEL_PROTOCOL_ERROR)."""
-    streamed = _normalized(_normalized_item(chunk) for chunk in chunks)
-    terminal = _normalized(_normalized_item(block) for block in response.content)
-    index = _first_difference(streamed, terminal)
-    if index is not None:
+    """A step's recorded chunks agree with its response, as the loop checked them when it
+    recorded the step (the replayed run checks them once more)."""
+    try:
+        al.check_stream_agreement(chunks, response)
+    except ValueError as problem:
         raise ValueError(
-            f"the chunks of {request_id} do not agree with the result's transcript: "
-            f"normalised block {index} differs ({len(streamed)} streamed, "
-            f"{len(terminal)} in the response)"
-        )
-
-
-_Normalized = Union[str, al.ThinkingBlock, al.ToolCall]
-"""A normalised block: text as a str, thinking as a ThinkingBlock of its text alone."""
-
-
-def _normalized_item(
-    item: Union[al.ModelChunk, al.TextBlock, al.ThinkingBlock, al.ToolCall],
-) -> _Normalized:
-    """What a chunk or a terminal block carries, as a normalised block."""
-    if isinstance(item, (al.TextDelta, al.TextBlock)):
-        return item.text
-    if isinstance(item, (al.ThinkingDelta, al.ThinkingBlock)):
-        return al.ThinkingBlock(item.thinking)
-    return item.tool_call if isinstance(item, al.ToolCallChunk) else item
-
-
-def _normalized(items: Iterable[_Normalized]) -> List[_Normalized]:
-    """Adjacent text joined and adjacent thinking joined, text, thinking and tool calls
-    being each other's boundaries; empty text or thinking carries nothing."""
-    normalized: List[_Normalized] = []
-    # Empty text and empty thinking are dropped first, so that they are no boundary
-    # either (a redacted block between two pieces of text). (Comparing each item with a
-    # al.ThinkingBlock("") instead costs 15 times as much.)
-    carrying = (
-        item
-        for item in items
-        if item != "" and not (type(item) is al.ThinkingBlock and item.thinking == "")
-    )
-    for kind, group in itertools.groupby(carrying, key=type):
-        if kind is str:
-            normalized.append("".join(cast("Iterable[str]", group)))
-        elif kind is al.ThinkingBlock:
-            pieces = cast("Iterable[al.ThinkingBlock]", group)
-            normalized.append(al.ThinkingBlock("".join(block.thinking for block in pieces)))
-        else:
-            normalized.extend(group)
-    return normalized
+            f"the chunks of {request_id} do not agree with the result's transcript: {problem}"
+        ) from None
 
 
 def _first_difference(left: Sequence[Any], right: Sequence[Any]) -> Optional[int]:

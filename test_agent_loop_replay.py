@@ -626,8 +626,17 @@ class TestReplayRejectsLogsOfNoSingleRun:
         with pytest.raises(TypeError, match="replay\\(\\) takes Events, got dict at position 0"):
             alr.replay([recording()[0]])  # type: ignore[list-item]
 
-    @pytest.mark.parametrize("how", ["dropped", "doubled"])
-    def test_chunks_that_disagree_with_the_transcript_are_a_value_error(self, how: str) -> None:
+    @pytest.mark.parametrize(
+        ("how", "where"),
+        [
+            ("dropped", "normalised block 0: streamed tool call 'call-2'"),
+            ("doubled", "normalised block 1: streamed tool call 'call-1'"),
+        ],
+    )
+    def test_chunks_that_disagree_with_the_transcript_are_a_value_error(
+        self, how: str, where: str
+    ) -> None:
+        """In the words of the loop's own check (check_stream_agreement)."""
         log = recording()
         chunk = next(i for i, data in enumerate(log) if data["type"] == "model.chunk")
         if how == "dropped":
@@ -636,8 +645,9 @@ class TestReplayRejectsLogsOfNoSingleRun:
             log.insert(chunk, copy.deepcopy(log[chunk]))
         for sequence, data in enumerate(log):
             data["sequence"] = sequence
-        with pytest.raises(ValueError, match="the chunks of request-001 do not agree"):
+        with pytest.raises(ValueError, match="the chunks of request-001 do not agree") as raised:
             alr.replay([al.event_from_dict(data) for data in log])
+        assert f"the terminal response disagree at {where}" in str(raised.value)
 
 
 def random_recorded_text(rng: random.Random) -> str:

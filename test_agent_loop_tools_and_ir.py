@@ -1475,6 +1475,7 @@ class TestPlainJsonArguments:
 
 
 FIRST = al.ToolCall("c", "t", {"a": [1, {"b": None}], "s": "x"})
+INF = float("inf")  # not a JSON number: arguments that hold it are kept as given
 
 
 # Pairs of IR values and whether they are equal (a pair of blocks is also compared inside
@@ -1506,6 +1507,20 @@ EQUALITY = [
                                                         {"x": {"y": 0.0}}),
           ("1-string", {"x": 1}, {"x": "1"}), ("array-length", {"x": [1]}, {"x": [1, 1]}),
           ("keys", {"x": 1}, {"y": 1})]],
+    # The same for arguments that are not plain bounded JSON (kept as given): equal as
+    # JSON or not, whatever == says of the dicts.
+    *[pytest.param(untyped.ToolCall("c", "t", left), untyped.ToolCall("c", "t", right), equal,
+                   id=f"not-plain-{name}")
+      for name, left, right, equal in [
+          ("equal", {"x": True, "inf": INF}, {"x": True, "inf": INF}, True),
+          ("key-order", {"inf": INF, "x": [1]}, {"x": (1,), "inf": INF}, True),
+          ("too-deep-equal", nested(33), nested(33), True),
+          ("1-true", {"x": 1, "inf": INF}, {"x": True, "inf": INF}, False),
+          ("1-1.0", {"x": [1], "inf": INF}, {"x": [1.0], "inf": INF}, False),
+          ("nested-object", {"x": {"y": 0}, "inf": INF}, {"x": {"y": False}, "inf": INF}, False),
+          ("int-key-true-key", {1: "a"}, {True: "a"}, False),
+          ("not-json-values", {"s": {1}}, {"s": {True}}, True),  # == of a set, its type
+          ("not-json-types", {"s": {1}}, {"s": frozenset({1})}, False)]],
 ]  # fmt: skip
 
 
@@ -1529,6 +1544,9 @@ class TestToolCallIsFrozen:
     @pytest.mark.parametrize(("left", "right", "equal"), EQUALITY)
     def test_ir_values_compare_by_value(self, left: Any, right: Any, equal: bool) -> None:
         assert (left == right) is equal
+        assert (left != right) is not equal
+        if equal:  # equal values hash alike
+            assert hash(left) == hash(right)
         if isinstance(left, (al.TextBlock, al.ToolCall)):
             messages = [al.AssistantMessage("m", (block,)) for block in (left, right)]
             assert (messages[0] == messages[1]) is equal

@@ -77,6 +77,7 @@ API_NAMES = [
     "ModelResponse",
     "Usage",
     "StopReason",
+    "check_stream_agreement",
     # Tools
     "Tool",
     "ToolRegistry",
@@ -91,6 +92,12 @@ API_NAMES = [
     "RunStatus",
     "FailureCode",
     "EventType",
+    # Ids
+    "request_id",
+    "request_number",
+    "assistant_message_id",
+    "response_id_of",
+    "tool_result_id",
     # Limits
     "MAX_AGENT_STEPS",
     "MAX_INITIAL_MESSAGES",
