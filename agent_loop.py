@@ -564,8 +564,9 @@ class _Run:
                 try:
                     outcomes.append(refusal or pool.submit(execute, call))
                 except Exception as error:  # a thread that cannot start
+                    self._check_signal()  # cancellation wins over the error
                     what = f"starting tool call {call.id!r}"
-                    raise self._failure("TOOL_PHASE_ERROR", what, error) from error
+                    raise _failure("TOOL_PHASE_ERROR", what, error) from error
             for index, (call, outcome) in enumerate(zip(group, outcomes)):
                 # result() raises what ended the call: _Cancelled if the signal came first.
                 result = outcome if isinstance(outcome, ToolResultMessage) else outcome.result()

@@ -76,6 +76,7 @@ from typing import (
     Protocol,
     Sequence,
     Tuple,
+    Union,
     cast,
 )
 
