@@ -78,6 +78,7 @@ from __future__ import annotations
 import argparse
 import collections.abc
 import contextlib
+import contextvars
 import dataclasses
 import inspect
 import itertools
@@ -156,6 +157,7 @@ __all__ = [  # grouped as the README presents the API
     "ToolRegistry",
     "ToolError",
     "execute_tool_call",
+    "current_tool_call",
     # Events and results
     "Event",
     "RunResult",
@@ -1619,6 +1621,7 @@ def _execute_checked_call(
     problem = _schema_problem(call.arguments, tool.parameters, "$")
     if problem is not None:
         return _tool_result(call, f"invalid arguments for tool {call.name!r}: {problem}", True)
+    token = _CURRENT_TOOL_CALL.set(call)  # in this thread's context only
     try:
         value = tool.execute(call.plain_arguments(), signal)
     except ToolError as error:
@@ -1626,6 +1629,8 @@ def _execute_checked_call(
     except Exception as error:
         _logger.warning("tool %r raised; the model gets an error result", call.name, exc_info=True)
         return _tool_result(call, f"tool {call.name!r} raised {_describe(error)}", True)
+    finally:
+        _CURRENT_TOOL_CALL.reset(token)
     if _is_text(value):
         return _tool_result(call, value, False)
     try:
@@ -1636,6 +1641,17 @@ def _execute_checked_call(
             call, f"tool {call.name!r} returned a value that is not JSON: {error}", True
         )
     return _tool_result(call, content, False)
+
+
+_CURRENT_TOOL_CALL: Final[contextvars.ContextVar[Optional[ToolCall]]] = contextvars.ContextVar(
+    "agent_loop.current_tool_call", default=None
+)
+
+
+def current_tool_call() -> Optional[ToolCall]:
+    """Returns the ToolCall whose tool is executing, in the thread (the context) that runs
+    it, or None outside a tool's ``execute``: a tool learns its call's id from it."""
+    return _CURRENT_TOOL_CALL.get()
 
 
 class ToolError(Exception):

@@ -81,6 +81,7 @@ API_NAMES = [
     "ToolRegistry",
     "ToolSpec",
     "execute_tool_call",
+    "current_tool_call",
     "ToolError",
     # Events and results
     "Event",
