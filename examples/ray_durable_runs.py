@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
 import importlib
 import json
@@ -245,13 +246,13 @@ def tools_for(run_id: str, ledger: Ledger, seconds: float = TOOL_SECONDS) -> al.
 
     def charge(customer: str, cents: int) -> Any:
         """Charges a customer's card, once per tool call."""
-        arguments = {"customer": customer, "cents": cents}
-        result = {"customer": customer, "charged": cents}
+        arguments: Dict[str, al.JSON] = {"customer": customer, "cents": cents}
+        result: Dict[str, al.JSON] = {"customer": customer, "charged": cents}
         return ledger.effect(run_id, "charge", arguments, result, seconds)
 
     def notify(customer: str, text: str) -> Any:
         """Sends a customer a message, once per tool call."""
-        arguments = {"customer": customer, "text": text}
+        arguments: Dict[str, al.JSON] = {"customer": customer, "text": text}
         return ledger.effect(run_id, "notify", arguments, "sent", seconds)
 
     return al.ToolRegistry([al.Tool.from_function(charge), al.Tool.from_function(notify)])
@@ -396,14 +397,14 @@ def import_ray() -> ModuleType:
 
 
 @contextlib.contextmanager
-def local_ray(workers: int, temp_dir: Optional[str] = None) -> Iterator[None]:
+def local_ray(workers: int) -> Iterator[None]:
     """Starts Ray on this machine, listening on 127.0.0.1 only, and shuts it down.
 
-    ``workers`` is Ray's CPU count, so as many runs go at once; ``temp_dir`` Ray's
-    directory (None: its default). No dashboard; the workers get this file and the
-    agent_loop modules through ``runtime_env``, as on a cluster. Raises RuntimeError
-    (Ray shut down) if Ray took another address than 127.0.0.1: it was imported before
-    ``import_ray()`` could set what it reads.
+    ``workers`` is Ray's CPU count, so as many runs go at once. No dashboard; Ray keeps
+    its files in ``ray/`` under ``$RAY_TMPDIR`` (else ``$TMPDIR``, else /tmp). The
+    workers get this file and the agent_loop modules through ``runtime_env``, as on a
+    cluster. Raises RuntimeError (Ray shut down) if Ray took another address than
+    127.0.0.1: it was imported before ``import_ray()`` could set what it reads.
     """
     ray = import_ray()
     ray.init(
@@ -414,7 +415,6 @@ def local_ray(workers: int, temp_dir: Optional[str] = None) -> Iterator[None]:
         logging_level=logging.WARNING,
         runtime_env={"py_modules": modules_for_workers()},
         _node_ip_address=LOOPBACK,
-        _temp_dir=temp_dir,
     )
     try:
         address = ray.util.get_node_ip_address()
@@ -542,7 +542,7 @@ class WorkerKiller:
 
     def _kill(self) -> None:
         for number in range(self.kills):
-            if not self._wait(lambda number=number: self._ready(number)):
+            if not self._wait(functools.partial(self._ready, number)):
                 return
             pid = self._fresh[0]["pid"]
             self._stop.wait(self.rng.uniform(0.0, self.delay))

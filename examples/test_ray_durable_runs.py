@@ -28,17 +28,18 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, Set, Tuple
+from typing import Any, Dict, Iterator, List, Sequence, Set, Tuple
 
 import pytest
 
 import agent_loop as al
+import agent_loop_replay
 
 _REQUIRED = os.environ.get("AGENT_LOOP_REQUIRE_RAY") == "1"
 _MISSING = [name for name in ("ray", "llmock") if importlib.util.find_spec(name) is None]
-if _MISSING:  # pragma: no cover (tox's ray env has both)
+if _MISSING:
     if _REQUIRED:
-        raise RuntimeError(f"AGENT_LOOP_REQUIRE_RAY=1 but {_MISSING} are not importable")
+        pytest.fail(f"AGENT_LOOP_REQUIRE_RAY=1 but {_MISSING} not importable", pytrace=False)
     pytest.skip(
         f"{' and '.join(_MISSING)} not installed: run `tox -e ray`", allow_module_level=True
     )
@@ -136,6 +137,19 @@ def _address(hexadecimal: str) -> str:
     return str(mapped or address)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def ray_temp_dir() -> Iterator[str]:
+    """Ray's files (sessions, logs, sockets) in a directory of this module's, removed
+    after. Its sockets live there, and a socket's path is short: so not in tmp_path."""
+    directory = tempfile.mkdtemp(prefix="ray-")
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("RAY_TMPDIR", directory)
+            yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 # --- The batch ------------------------------------------------------------------------
 
 
@@ -159,8 +173,6 @@ class Batch:
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory: pytest.TempPathFactory) -> Batch:
     directory = tmp_path_factory.mktemp("batch")
-    # Ray's sockets live under its temporary directory, whose path must stay short.
-    ray_dir = tempfile.mkdtemp(prefix="ray-")
     seen: Dict[Process, str] = {}
     try:
         with recipe.llmock_server() as url:
@@ -169,7 +181,7 @@ def batch(tmp_path_factory: pytest.TempPathFactory) -> Batch:
             reference = recipe.run_on_threads(reference_specs, workers=THREADS)
             specs = recipe.batch(RUNS, url, str(directory / "ray"))
             ledger = recipe.Ledger(specs[0].ledger_dir)
-            with recipe.local_ray(WORKERS, temp_dir=ray_dir):
+            with recipe.local_ray(WORKERS):
                 killer = recipe.WorkerKiller(ledger, kills=KILLS, runs=RUNS, seed=SEED)
                 with killer:
                     results = recipe.run_on_ray(specs, max_retries=KILLS + 3)
@@ -193,7 +205,6 @@ def batch(tmp_path_factory: pytest.TempPathFactory) -> Batch:
                 left.append(seen[process])
                 with contextlib.suppress(OSError):
                     os.kill(process[0], signal.SIGKILL)  # not to leave it to the next test
-        shutil.rmtree(ray_dir, ignore_errors=True)
     return Batch(
         reference,
         results,
@@ -336,7 +347,7 @@ def _settle(journal: Path, ledger: recipe.Ledger, call_id: str) -> al.RunResult:
             al.scripted_response("response-2", [al.TextBlock("Charged.")], "stop"),
         ]
     )
-    run = recipe.agent_loop_replay.durable_run(
+    run = agent_loop_replay.durable_run(
         str(journal),
         messages=[al.UserMessage("user-001", "Charge Ada.")],
         model=model,
@@ -486,14 +497,14 @@ class TestLLMockServer:
             encoding="utf-8",
         )
         stubborn.chmod(0o755)
-        monkeypatch.setattr(recipe.sys, "executable", str(stubborn))
+        monkeypatch.setattr(sys, "executable", str(stubborn))
         monkeypatch.setattr(recipe, "LLMOCK_START_SECONDS", 0.5)
         monkeypatch.setattr(recipe, "HTTP_SECONDS", 0.5)
         before = descendants(os.getpid())
         with pytest.raises(
             RuntimeError, match=r"llmock serve did not start on http://127\.0\.0\.1:"
         ), recipe.llmock_server():
-            pass  # pragma: no cover (never reached)
+            pass  # never reached
         assert (tmp_path / "started").exists()
         assert {process for process in descendants(os.getpid()) if alive(process)} <= before
 
@@ -507,7 +518,7 @@ class TestLocalRay:
         with pytest.raises(
             RuntimeError, match=r"Ray took the address 192\.0\.2\.1, not 127\.0\.0\.1"
         ), recipe.local_ray(1):
-            pass  # pragma: no cover (never reached)
+            pass  # never reached
         assert not ray.is_initialized()
 
 
@@ -567,3 +578,15 @@ class TestMain:
             recipe.main(arguments)
         assert exit.value.code == 2
         assert "usage: ray_durable_runs.py" in capsys.readouterr().err
+
+
+class TestBenchmark:
+    def test_it_prints_a_row_per_size(self, capsys: pytest.CaptureFixture[str]) -> None:
+        import bench_ray_durable_runs as bench
+
+        assert bench.main(["--sizes", "2,3", "--repeat", "1", "--tool-seconds", "0"]) == 0
+        out = capsys.readouterr().out
+        lines = out[out.index("Ray 2 workers") :].splitlines()
+        assert lines[0].endswith("tools work 0.0 s; best of 1")
+        assert lines[2] == "| runs | Ray | runs/s | per run | threads | runs/s | per run |"
+        assert [line.split(" | ")[0] for line in lines[4:]] == ["| 2", "| 3"]
