@@ -27,10 +27,10 @@ def best_seconds(repeat: int, batch: Callable[[str], object]) -> float:
     """The shortest of repeat timed calls of batch, each with a new directory."""
     times = []
     for _ in range(repeat):
-        directory = tempfile.mkdtemp(prefix="bench-ray-durable-runs-")
-        started = time.perf_counter()
-        batch(directory)
-        times.append(time.perf_counter() - started)
+        with tempfile.TemporaryDirectory(prefix="bench-ray-durable-runs-") as directory:
+            started = time.perf_counter()
+            batch(directory)
+            times.append(time.perf_counter() - started)
     return min(times)
 
 
@@ -57,8 +57,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         started = time.perf_counter()
         with recipe.local_ray(workers):
             ray_start = time.perf_counter() - started
-            warm = 2 * workers
-            recipe.run_on_ray(specs(warm, tempfile.mkdtemp(prefix="bench-warm-")), max_retries=0)
+            with tempfile.TemporaryDirectory(prefix="bench-ray-durable-runs-") as directory:
+                recipe.run_on_ray(specs(2 * workers, directory), max_retries=0)  # warm-up
             for size in sizes:
 
                 def on_ray_batch(directory: str, size: int = size) -> object:

@@ -16,7 +16,7 @@ How it works:
 
 1. One run, one id, one journal. A run is a Ray task, ``run_durable(spec)``, that drains
    ``agent_loop_replay.durable_run(journal, ...)`` with the journal at
-   ``<journal dir>/<run id>.jsonl``, in a directory that every worker reaches (here a
+   ``DIR/journals/<run id>.jsonl``, in a directory that every worker reaches (here a
    local one; on a cluster, a shared filesystem).
 2. Ray retries a task whose worker died (``max_retries``). The retry opens the same
    journal, replays what it holds without calling the model or a tool, and goes on from
@@ -89,16 +89,18 @@ TOOL_SECONDS: Final = 0.02
 LLMOCK_START_SECONDS: Final = 30.0
 """How long llmock may take to answer its health check after it was started."""
 HTTP_SECONDS: Final = 10.0
-"""Bounds each HTTP wait: llmock's admin API, and each wait of a model request."""
+"""Bounds each wait on llmock: its admin API, each wait of a model request, its exit."""
 RUN_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 """A run id names its journal file, so it is a plain file name."""
 CUSTOMERS: Final = ("ada", "grace", "edsger", "barbara", "donald")
+"""Whom the scripted tool calls charge and notify."""
 
 # The ledger's files, in its directory (one directory for every worker, like the journals).
-TASKS: Final = "tasks.jsonl"
-"""One line per task attempt as it starts and as it finishes: where each run ran."""
-ATTEMPTS: Final = "attempts.jsonl"
-"""One line per tool attempt, written before the tool acts: what ran, and where."""
+LOG: Final = "log.jsonl"
+"""What ran where, one line per record in the order written (by any process): a task
+attempt as it starts (``"task started"``, with the size of the journal it found: what it
+replays), each tool attempt before the tool acts (``"tool attempt"``), and a task attempt
+as it finishes (``"task finished"``)."""
 EFFECTS: Final = "effects"
 """One file per tool call that acted, ``effects/<run id>/<digest of the call id>.json``."""
 
@@ -141,7 +143,11 @@ def run_durable(spec: RunSpec) -> Dict[str, Any]:
     goes on: this is the function Ray retries.
     """
     ledger = Ledger(spec.ledger_dir)
-    ledger.task_started(spec.run_id)
+    try:
+        found = os.path.getsize(spec.journal)
+    except FileNotFoundError:
+        found = 0  # the first attempt
+    ledger.task_started(spec.run_id, found)
     run = agent_loop_replay.durable_run(
         spec.journal,
         messages=[al.UserMessage("user-001", f"Settle the accounts of {spec.run_id}.")],
@@ -161,20 +167,19 @@ class Ledger:
     """What the tools did, in a directory that every worker reaches.
 
     ``effect(...)`` is the tools' one way to act: at most one effect per call id, however
-    often the call is attempted. The attempts and task logs are append-only JSON lines
-    (one ``write`` with ``O_APPEND`` per line, so lines from several processes do not mix).
+    often the call is attempted. ``LOG`` says what ran where.
     """
 
     def __init__(self, directory: str) -> None:
         self.directory = Path(directory)
 
-    def task_started(self, run_id: str) -> None:
-        self._append(TASKS, {"run": run_id, "pid": os.getpid(), "event": "started"})
+    def task_started(self, run_id: str, journal_bytes: int) -> None:
+        """Logs a task attempt's start, with the size of the journal it found: the part
+        of the run it replays rather than runs."""
+        self._log("task started", run_id, journal_bytes=journal_bytes)
 
     def task_finished(self, run_id: str, status: str) -> None:
-        self._append(
-            TASKS, {"run": run_id, "pid": os.getpid(), "event": "finished", "status": status}
-        )
+        self._log("task finished", run_id, status=status)
 
     def effect(
         self,
@@ -193,7 +198,7 @@ class Ledger:
         call = al.current_tool_call()
         if call is None:
             raise RuntimeError(f"{tool} acts only inside a tool call: current_tool_call() is None")
-        self._append(ATTEMPTS, {"run": run_id, "call": call.id, "tool": tool, "pid": os.getpid()})
+        self._log("tool attempt", run_id, call=call.id, tool=tool)
         path = self.directory / EFFECTS / run_id / (_digest(call.id) + ".json")
         if not path.exists():
             time.sleep(seconds)  # the work, before the effect: a kill here loses nothing
@@ -208,18 +213,19 @@ class Ledger:
             for path in sorted(self.directory.glob(f"{EFFECTS}/*/*.json"))
         ]
 
-    def records(self, name: str) -> List[Dict[str, Any]]:
-        """The complete lines of one of the logs (TASKS, ATTEMPTS), in the order written."""
-        return JsonLinesTail(self.directory / name).read()
+    def records(self, event: str) -> List[Dict[str, Any]]:
+        """The log's records of one kind (``"task started"``, ``"tool attempt"``, ``"task
+        finished"``), or all of them (``""``), in the order written."""
+        records = JsonLinesTail(self.directory / LOG).read()
+        return [record for record in records if event in ("", record["event"])]
 
     def figures(self) -> Dict[str, int]:
         """Counts from the ledger: task attempts, runs retried, tool attempts and calls."""
         started: Dict[str, int] = {}
-        for record in self.records(TASKS):
-            if record["event"] == "started":
-                started[record["run"]] = started.get(record["run"], 0) + 1
+        for record in self.records("task started"):
+            started[record["run"]] = started.get(record["run"], 0) + 1
         attempts: Dict[Tuple[str, str], int] = {}
-        for record in self.records(ATTEMPTS):
+        for record in self.records("tool attempt"):
             key = (record["run"], record["call"])
             attempts[key] = attempts.get(key, 0) + 1
         return {
@@ -231,10 +237,13 @@ class Ledger:
             "effects": len(self.effects()),
         }
 
-    def _append(self, name: str, record: Mapping[str, Any]) -> None:
+    def _log(self, event: str, run_id: str, **fields: Any) -> None:
+        """Appends one record to the log: one write() with O_APPEND, so that the lines of
+        several processes neither mix nor reorder."""
         self.directory.mkdir(parents=True, exist_ok=True)
+        record = {"event": event, "run": run_id, "pid": os.getpid(), **fields}
         line = (json.dumps(record, separators=(",", ":")) + "\n").encode("utf-8")
-        descriptor = os.open(self.directory / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        descriptor = os.open(self.directory / LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(descriptor, line)
         finally:
@@ -275,6 +284,12 @@ def _create_once(path: Path, record: Mapping[str, Any]) -> None:
         os.link(draft, path)
     except FileExistsError:
         pass  # another attempt of the same call acted first: its effect stands
+    else:
+        directory = os.open(path.parent, os.O_RDONLY)  # the new name survives a power cut
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
     finally:
         os.unlink(draft)
 
@@ -451,7 +466,8 @@ def run_on_threads(specs: Sequence[RunSpec], *, workers: int) -> List[Dict[str, 
 def batch(
     count: int, base_url: str, directory: str, tool_seconds: float = TOOL_SECONDS
 ) -> List[RunSpec]:
-    """Specs for runs run-0001... with journals and ledger under directory."""
+    """Specs for runs run-0001..., with their journals in directory/journals and their
+    effects ledger in directory/ledger."""
     journal_dir = os.path.join(directory, "journals")
     ledger_dir = os.path.join(directory, "ledger")
     os.makedirs(journal_dir, exist_ok=True)
@@ -527,8 +543,7 @@ class WorkerKiller:
         self.killed: List[int] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._kill, name="worker killer", daemon=True)
-        self._tasks = JsonLinesTail(ledger.directory / TASKS)
-        self._attempts = JsonLinesTail(ledger.directory / ATTEMPTS)
+        self._log = JsonLinesTail(ledger.directory / LOG)
         self._finished = 0
         self._fresh: List[Dict[str, Any]] = []
 
@@ -558,8 +573,9 @@ class WorkerKiller:
     def _ready(self, number: int) -> bool:
         """Kill number's moment: number * runs / kills runs have finished, and since then a
         tool call has started (it is in ``_fresh``)."""
-        self._finished += sum(record["event"] == "finished" for record in self._tasks.read())
-        self._fresh = self._attempts.read()
+        records = self._log.read()
+        self._finished += sum(record["event"] == "task finished" for record in records)
+        self._fresh = [record for record in records if record["event"] == "tool attempt"]
         return self._finished * self.kills >= number * self.runs and bool(self._fresh)
 
     def _send(self, pid: int) -> None:
@@ -587,8 +603,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "--workers", type=int, default=2, help="runs at once: Ray's CPUs (default 2)"
     )
     parser.add_argument(
-        "--journal-dir",
-        help="directory for the journals and the effects ledger (default: a new temporary one)",
+        "--dir",
+        help="a directory that every worker reaches, for the journals (DIR/journals, one per "
+        "run id) and the effects ledger (DIR/ledger); default: a new temporary one",
     )
     parser.add_argument(
         "--llmock-url", help="an llmock server's root URL (default: start one on 127.0.0.1)"
@@ -610,7 +627,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     options = parser.parse_args(argv)
     if options.runs < 1 or options.workers < 1 or options.kill < 0 or options.tool_seconds < 0:
         parser.error("--runs and --workers must be at least 1; --kill and --tool-seconds, 0")
-    directory = options.journal_dir or tempfile.mkdtemp(prefix="ray-durable-runs-")
+    directory = options.dir or tempfile.mkdtemp(prefix="ray-durable-runs-")
     with contextlib.ExitStack() as stack:
         url = options.llmock_url or stack.enter_context(llmock_server())
         specs = batch(options.runs, url, directory, options.tool_seconds)

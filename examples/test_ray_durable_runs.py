@@ -137,6 +137,9 @@ def _address(hexadecimal: str) -> str:
     return str(mapped or address)
 
 
+# --- The batch ------------------------------------------------------------------------
+
+
 @pytest.fixture(scope="module", autouse=True)
 def ray_temp_dir() -> Iterator[str]:
     """Ray's files (sessions, logs, sockets) in a directory of this module's, removed
@@ -148,9 +151,6 @@ def ray_temp_dir() -> Iterator[str]:
             yield directory
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-
-
-# --- The batch ------------------------------------------------------------------------
 
 
 @dataclass
@@ -185,16 +185,16 @@ def batch(tmp_path_factory: pytest.TempPathFactory) -> Batch:
                 killer = recipe.WorkerKiller(ledger, kills=KILLS, runs=RUNS, seed=SEED)
                 with killer:
                     results = recipe.run_on_ray(specs, max_retries=KILLS + 3)
-                attempts_before_replay = len(ledger.records(recipe.ATTEMPTS))
+                attempts_before_replay = len(ledger.records("tool attempt"))
                 replayed = recipe.run_on_ray(specs[:REPLAYED], max_retries=0)
                 seen = {process: command_line(process[0]) for process in descendants(os.getpid())}
                 listening = listening_addresses([pid for pid, _ in seen])
     finally:
         # Whatever happened: wait (bounded) for every process seen to end, then say which
         # did not. Ray's workers also report their pids in the ledger's task log.
-        tasks = recipe.Ledger(str(directory / "ray" / "ledger")).records(recipe.TASKS)
+        log = recipe.Ledger(str(directory / "ray" / "ledger")).records("")
         for process in descendants(1):
-            if process[0] in {record["pid"] for record in tasks}:
+            if process[0] in {record["pid"] for record in log}:
                 seen.setdefault(process, command_line_or_gone(process[0]))
         deadline = time.monotonic() + GONE_SECONDS
         while any(alive(process) for process in seen) and time.monotonic() < deadline:
@@ -217,6 +217,19 @@ def batch(tmp_path_factory: pytest.TempPathFactory) -> Batch:
         listening,
         left,
     )
+
+
+def _recorded_calls(journal: bytes) -> Set[str]:
+    """The ids of the calls whose result a journal (or the start of one) holds: its
+    tool.finished events, one JSON line each among the journal's other records."""
+    calls = set()
+    for line in journal.splitlines(keepends=True):
+        data = json.loads(line) if line.endswith(b"\n") else {"record": "torn"}
+        if "record" not in data:  # the run, response and resume records are no events
+            event = al.event_from_dict(data)
+            if event.type == "tool.finished":
+                calls.add(event.payload["tool_call"].id)
+    return calls
 
 
 def _calls(result: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
@@ -244,21 +257,32 @@ class TestManyRunsOnRay:
 
     def test_workers_were_killed_and_their_runs_retried(self, batch: Batch) -> None:
         assert len(batch.killed) == KILLS
-        tasks = batch.ledger.records(recipe.TASKS)
-        started = [record for record in tasks if record["event"] == "started"]
+        started = batch.ledger.records("task started")
         assert set(batch.killed) <= {record["pid"] for record in started}
         assert batch.ledger.figures()["runs retried"] >= 1
-        finished = [record for record in tasks if record["event"] == "finished"]
+        finished = batch.ledger.records("task finished")
         assert len(finished) == RUNS + REPLAYED  # a killed attempt never finished
 
     def test_no_recorded_tool_call_ran_twice(self, batch: Batch) -> None:
-        """A call runs again only when the worker of its previous attempt was killed
-        (at-least-once), and a killed worker was in at most one call: so no call whose
-        result reached the journal ran again."""
-        attempts: Dict[Tuple[str, str], List[int]] = {}
-        for record in batch.ledger.records(recipe.ATTEMPTS):
-            attempts.setdefault((record["run"], record["call"]), []).append(record["pid"])
-        repeated = [pids[:-1] for pids in attempts.values() if len(pids) > 1]
+        """Each task attempt logged how much of its run's journal it found: no call whose
+        result was in that part ran in that attempt. And a call ran again only where
+        the worker of its previous attempt was killed (at-least-once), each killed worker
+        in one call at most."""
+        journals = {spec.run_id: Path(spec.journal).read_bytes() for spec in batch.specs}
+        recorded: Dict[str, Set[str]] = {}  # run id -> calls recorded when its task began
+        checked = 0
+        for record in batch.ledger.records(""):  # in the order written, by every process
+            if record["event"] == "task started":
+                found = journals[record["run"]][: record["journal_bytes"]]
+                recorded[record["run"]] = _recorded_calls(found)
+                checked += len(recorded[record["run"]])
+            elif record["event"] == "tool attempt":
+                assert record["call"] not in recorded[record["run"]], record
+        assert checked  # the runs submitted again found every call recorded, at least
+        where: Dict[Tuple[str, str], List[int]] = {}  # each call's attempts' pids, in order
+        for attempt in batch.ledger.records("tool attempt"):
+            where.setdefault((attempt["run"], attempt["call"]), []).append(attempt["pid"])
+        repeated = [pids[:-1] for pids in where.values() if len(pids) > 1]
         earlier = [pid for pids in repeated for pid in pids]
         assert set(earlier) <= set(batch.killed)
         assert len(earlier) == len(set(earlier))
@@ -289,7 +313,7 @@ class TestManyRunsOnRay:
         self, batch: Batch
     ) -> None:
         assert batch.replayed == batch.results[:REPLAYED]  # ids and all
-        assert len(batch.ledger.records(recipe.ATTEMPTS)) == batch.attempts_before_replay
+        assert len(batch.ledger.records("tool attempt")) == batch.attempts_before_replay
 
     def test_ray_and_llmock_listen_on_the_loopback_only(self, batch: Batch) -> None:
         assert batch.listening
@@ -373,7 +397,7 @@ class TestLedger:
             "arguments": {"customer": "ada", "cents": 250},
             "result": {"customer": "ada", "charged": 250},
         }
-        attempts = ledger.records(recipe.ATTEMPTS)
+        attempts = ledger.records("tool attempt")
         assert [(record["call"], record["pid"]) for record in attempts] == [
             ("call-1", os.getpid()),
             ("call-1", os.getpid()),
@@ -392,7 +416,7 @@ class TestLedger:
         with pytest.raises(RuntimeError, match=r"charge acts only inside a tool call"):
             ledger.effect("run-a", "charge", {}, None, 0.0)
         assert ledger.effects() == []
-        assert ledger.records(recipe.ATTEMPTS) == []
+        assert ledger.records("") == []
 
     def test_an_effect_once_written_is_never_replaced(self, tmp_path: Path) -> None:
         path = tmp_path / "effects" / "run-a" / "call.json"
@@ -403,9 +427,9 @@ class TestLedger:
 
     def test_the_figures_count_attempts_and_calls(self, tmp_path: Path) -> None:
         ledger = recipe.Ledger(str(tmp_path / "ledger"))
-        ledger.task_started("run-a")
+        ledger.task_started("run-a", 0)
         _settle(tmp_path / "first.jsonl", ledger, "call-1")
-        ledger.task_started("run-a")  # a retry
+        ledger.task_started("run-a", 1234)  # a retry
         _settle(tmp_path / "again.jsonl", ledger, "call-1")
         ledger.task_finished("run-a", "completed")
         assert ledger.figures() == {
@@ -476,7 +500,7 @@ class TestWorkerKiller:
         self, tmp_path: Path, kills: int
     ) -> None:
         ledger = recipe.Ledger(str(tmp_path))
-        ledger.task_started("run-a")
+        ledger.task_started("run-a", 0)
         ledger.task_finished("run-a", "completed")
         with recipe.WorkerKiller(ledger, kills=kills, runs=2, seed=0) as killer:
             pass  # no tool call starts
@@ -549,7 +573,7 @@ class TestMain:
     ) -> None:
         with recipe.llmock_server() as url:
             arguments = ["--runs", "3", "--workers", "1", "--tool-seconds", "0"]
-            status = recipe.main([*arguments, "--llmock-url", url, "--journal-dir", str(tmp_path)])
+            status = recipe.main([*arguments, "--llmock-url", url, "--dir", str(tmp_path)])
         assert status == 0
         lines = _report(capsys.readouterr().out)
         assert lines[0] == "runs: 3 on Ray (1 workers), 3 completed"
