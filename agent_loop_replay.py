@@ -1,4 +1,4 @@
-# agent_loop_replay.py 1.0.0: record and replay for agent_loop.py.
+# agent_loop_replay.py 1.1.0: record, replay and durable runs for agent_loop.py.
 # One file, standard library only; copy it next to agent_loop.py. Home: the agent_loop repository.
 """Replay a recorded run of the Agent Loop offline, with the events it recorded.
 
@@ -23,6 +23,28 @@ Rules:
   implies; with real tools in place of the recorded ones, a tool that now answers
   differently fails the run (``MODEL_STREAM_ERROR``) at the next request, with the
   request, the index of the first different message and both sides, shortened.
+
+``dump_events(events, fp)`` writes an event log as JSON lines (one compact ``to_dict()``
+per line) and ``load_events(fp)`` reads it back.
+
+``durable_run(journal, ...)`` is ``run_agent_loop()`` written to a journal file as it
+goes, so that the run survives its process. Rules:
+
+- The journal is JSON lines and only grows: its first line says what the run is (its
+  starting messages, tools and options), then come the events, each written before the
+  consumer sees it, and what no event holds (the response of each step that called
+  tools). It is synced to disk at each complete message and at the end, not at each
+  chunk. A torn last line (the process died writing it) is dropped, and cut off before
+  the next write; no whole line is ever changed.
+- Called again with the journal, a finished run (any status) is given again as
+  recorded, calling nothing. An unfinished run is run again by the loop itself, with a
+  model that streams each recorded step and tools that give each recorded result, so
+  that it gives its recorded events again up to its last complete message; from there it
+  is live: the step that was streaming is requested again, and a call that started and
+  has no recorded result runs again (at least once). A resume record voids the events
+  recorded past that point, which the run then gives live.
+- A journal of another run (other starting messages, tools or options), or a line that
+  is not where the journal's order puts it, is refused: JournalError, naming the line.
 
 This file uses only the public names of ``agent_loop``.
 """
@@ -445,10 +467,15 @@ class _ReplayedModel:
                 "no result for it (the recorded tools answer the replayed model's calls, "
                 "in order)"
             )
-        result = step.results[index]
-        if result.is_error:
-            raise al.ToolError(result.content)
-        return result.content
+        return _recorded_answer(step.results[index])
+
+
+def _recorded_answer(result: al.ToolResultMessage) -> object:
+    """What a tool returns, or raises, for execute_tool_call() to build exactly ``result``:
+    its content, or for an error result a ToolError of it (whose content is exact)."""
+    if result.is_error:
+        raise al.ToolError(result.content)
+    return result.content
 
 
 def _recorded_tool(model: _ReplayedModel, name: str) -> al.Tool:
@@ -496,7 +523,8 @@ def _check_event(function: str, event: object, position: int) -> None:
 class _TextFile(Protocol):
     """What dump_events() writes to: a text file, ``io.StringIO``, ``sys.stdout``."""
 
-    def write(self, text: str, /) -> object: ...
+    def write(self, text: str, /) -> object:
+        """Writes the text."""
 
 
 def dump_events(events: Iterable[al.Event], fp: _TextFile) -> None:
@@ -531,7 +559,7 @@ def load_events(fp: Iterable[str]) -> List[al.Event]:
 def _event_from_line(line: str) -> al.Event:
     """The event of one JSON line; ValueError saying why the line holds none."""
     try:
-        data = json.loads(line)
+        data = json.loads(line.rstrip("\r\n"))  # so that its error counts within the line
     except ValueError as error:  # a JSONDecodeError
         raise ValueError(f"not JSON ({error})") from None
     return al.event_from_dict(data)
@@ -783,7 +811,7 @@ def _check_run_record(path: str, data: Dict[str, Any], run_record: str) -> None:
     if data.get("record") != "run":
         raise JournalError(path, 1, "not a durable run's journal: its first line is no run record")
     expected = json.loads(run_record)
-    if data.get("format") != expected["format"]:
+    if _canonical(data.get("format")) != _canonical(expected["format"]):
         raise JournalError(
             path,
             1,
@@ -803,7 +831,7 @@ def _check_run_record(path: str, data: Dict[str, Any], run_record: str) -> None:
         if type(recorded) is list and type(wanted) is list:  # show the first item that differs
             left, right = ([_canonical(value) for value in side] for side in (recorded, wanted))
             index = cast(int, _first_difference(left, right))
-            where = f" at {item} {index}"
+            where = f", at {item} {index}"
             recorded, wanted = (
                 side[index] if index < len(side) else "nothing" for side in (left, right)
             )
@@ -811,8 +839,8 @@ def _check_run_record(path: str, data: Dict[str, Any], run_record: str) -> None:
         raise JournalError(
             path,
             1,
-            f"the journal holds another run: its {what} differ{where}: journal {shown[0]}, "
-            f"this run {shown[1]}",
+            f"the journal holds another run: not the same {what}{where}: journal "
+            f"{shown[0]}, this run {shown[1]}",
         )
 
 
@@ -962,16 +990,14 @@ def _played(
 
 def _journaled_tool(tool: al.Tool, results: Dict[str, al.ToolResultMessage]) -> al.Tool:
     """The tool, except that a call whose result is recorded gives that result again
-    (an error result as a ToolError, so that its content is exact) and runs nothing."""
+    and runs nothing."""
 
     def execute(arguments: Dict[str, Any], signal: al.Signal) -> object:
         call = al.current_tool_call()
         result = results.get(call.id) if call is not None else None
         if result is None:
             return tool.execute(arguments, signal)
-        if result.is_error:
-            raise al.ToolError(result.content)
-        return result.content
+        return _recorded_answer(result)
 
     return dataclasses.replace(tool, execute=execute)
 

@@ -1026,6 +1026,26 @@ def thinking_script() -> list[al.ScriptedResponse]:
     ]
 
 
+class RequestKeyedModel:
+    """A deterministic model in the sense a resumed run needs: its answer depends on the
+    request alone. It plays ``script[request.id]`` as al.ScriptedModel plays a response
+    (al.ScriptedModel answers by its call count, so a run that goes on from its third
+    step would get the first answer). Records ``requests`` and counts ``call_count``; a
+    request the script does not hold raises KeyError (MODEL_STREAM_ERROR)."""
+
+    def __init__(self, script: Mapping[str, al.ScriptedResponse]) -> None:
+        self.script = dict(script)
+        self.requests: list[al.ModelRequest] = []
+        self.call_count = 0
+
+    def stream(
+        self, request: al.ModelRequest, signal: al.Signal
+    ) -> Generator[al.ModelChunk, None, al.ModelResponse]:
+        self.call_count += 1
+        self.requests.append(request)
+        return al.ScriptedModel([self.script[request.id]]).stream(request, signal)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now, for a test's own server."""
     with socket.socket() as probe:

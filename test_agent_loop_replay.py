@@ -15,15 +15,18 @@ Contents
     TestRandomRecordedRunsReplayExactly: random recorded runs
     TestResumedRunsReplayExactly: a cancel-resume chain, each run replayed
     TestThinkingAndUsageReplayExactly: thinking blocks, deltas and usage, replayed exactly
+    TestJsonLines: dump_events() and load_events(), and the line load_events() cannot read
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import io
 import json
 import random
 import threading
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -824,3 +827,64 @@ class TestThinkingAndUsageReplayExactly:
             data["sequence"] = sequence
         with pytest.raises(ValueError, match="the chunks of request-001 do not agree"):
             alr.replay([al.event_from_dict(data) for data in log])
+
+
+class TestJsonLines:
+    """dump_events() writes one compact to_dict() JSON line per event; load_events() reads
+    the lines back, and a line it cannot read is a ValueError naming its number."""
+
+    def test_the_events_of_a_run_go_to_a_file_and_back(self, tmp_path: Path) -> None:
+        events, _ = record_run(thinking_script(), tools=[add_tool()])
+        path = tmp_path / "run.jsonl"
+        with open(path, "w", encoding="utf-8") as file:
+            alr.dump_events(events, file)
+        assert path.read_text(encoding="utf-8") == "".join(
+            json.dumps(event.to_dict(), separators=(",", ":"), ensure_ascii=False) + "\n"
+            for event in events
+        )
+        with open(path, encoding="utf-8") as file:
+            loaded = alr.load_events(file)
+        assert loaded == events
+        assert dicts_of(loaded) == dicts_of(events)
+        assert_replays_exactly(loaded)
+
+    def test_text_where_other_readers_split_lines_stays_on_its_line(self) -> None:
+        """JSON leaves U+2028 and U+0085 as they are, and str.splitlines() splits there."""
+        events, _ = record_run([stop("response-001", "One\u2028two\x85three\r\nfour \u00e9")])
+        written = io.StringIO()
+        alr.dump_events(events, written)
+        assert written.getvalue().count("\n") == len(events)
+        assert len(written.getvalue().splitlines()) > len(events)
+        assert alr.load_events(io.StringIO(written.getvalue())) == events
+
+    def test_an_item_that_is_not_an_event_is_a_type_error_after_the_lines_before_it(
+        self,
+    ) -> None:
+        events, _ = record_run([stop("response-001")])
+        written = io.StringIO()
+        with pytest.raises(TypeError) as refused:
+            alr.dump_events([events[0], events[1].to_dict()], written)  # type: ignore[list-item]
+        assert str(refused.value) == "dump_events() takes Events, got dict at position 1"
+        assert alr.load_events(io.StringIO(written.getvalue())) == events[:1]
+
+    @pytest.mark.parametrize(
+        ("line", "message"),
+        [
+            ("not json\n", "line 2: not JSON (Expecting value: line 1 column 1 (char 0))"),
+            ("\n", "line 2: not JSON (Expecting value: line 1 column 1 (char 0))"),
+            ('{"sequence": 1\n', "line 2: not JSON (Expecting ',' delimiter: "),
+            ("[1, 2]\n", "line 2: event must be an object, got list"),
+            ('{"sequence": 1, "type": "model.chunk"}\n', "line 2: event.payload is missing"),
+        ],
+        ids=["not JSON", "blank", "torn", "an array", "no payload"],
+    )
+    def test_a_line_that_holds_no_event_is_a_value_error_naming_it(
+        self, line: str, message: str
+    ) -> None:
+        events, _ = record_run([stop("response-001")])
+        written = io.StringIO()
+        alr.dump_events(events, written)
+        lines = written.getvalue().splitlines(keepends=True)
+        with pytest.raises(ValueError, match=r"^line 2: ") as refused:
+            alr.load_events([lines[0], line, *lines[1:]])
+        assert str(refused.value).startswith(message)
