@@ -626,7 +626,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     options = parser.parse_args(argv)
     if options.runs < 1 or options.workers < 1 or options.kill < 0 or options.tool_seconds < 0:
-        parser.error("--runs and --workers must be at least 1; --kill and --tool-seconds, 0")
+        parser.error(
+            "--runs and --workers must be at least 1, --kill and --tool-seconds at least 0"
+        )
     directory = options.dir or tempfile.mkdtemp(prefix="ray-durable-runs-")
     with contextlib.ExitStack() as stack:
         url = options.llmock_url or stack.enter_context(llmock_server())
@@ -634,7 +636,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         script_llmock(url, [spec.run_id for spec in specs], options.seed)
         reference: List[Dict[str, Any]] = []
         if options.kill:
-            reference_dir = tempfile.mkdtemp(prefix="ray-durable-runs-reference-")
+            reference_dir = stack.enter_context(tempfile.TemporaryDirectory())
             reference_specs = batch(options.runs, url, reference_dir, options.tool_seconds)
             reference = run_on_threads(reference_specs, workers=options.workers)
         ledger = Ledger(specs[0].ledger_dir)
