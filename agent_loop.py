@@ -62,10 +62,12 @@ messages exactly the IR's classes (a subclass could redefine ``==``); a ``ToolCa
 arguments that are not plain bounded JSON as given, and the run rejects it before any tool
 runs; an ``Exception`` from a tool is a recoverable, logged result; thinking is a kind of
 block of its own, bounded and coalesced as text is; a run's usage is the sum of its
-responses' usage. Not here, as the seed says: concurrent tools, steering queues, context
-transformation, provider retries, persistent sessions. Companion files beside this one
-use only its public names: ``agent_loop_providers.py`` (real models) and
-``agent_loop_replay.py`` (replay).
+responses' usage. Beyond the seed, opt-in: concurrent tools (``tool_concurrency``, events
+and results still in assistant order) and consent (``before_tool_call``). Not here, as
+the seed says: steering queues, context transformation, provider retries, persistent
+sessions. Companion files beside this one use only its public names:
+``agent_loop_providers.py`` (real models), ``agent_loop_cli.py`` (their command line),
+``agent_loop_replay.py`` (replay, durable runs) and ``agent_loop_mcp.py`` (MCP tools).
 
 The file reads top down: the limits, the loop and its phases in the diagram's order,
 then what the loop uses in that order (the transcript and its checks, the model
@@ -85,11 +87,13 @@ import itertools
 import json
 import logging
 import math
+import operator
 import os
 import reprlib
 import sys
 import threading
 import types
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import (
@@ -109,6 +113,7 @@ from typing import (
     Protocol,
     Sequence,
     Set,
+    TextIO,
     Tuple,
     TypeVar,
     Union,
@@ -129,6 +134,7 @@ __all__ = [  # grouped as the README presents the API
     # Entry point
     "run_agent_loop",
     "settle_run",
+    "print_event",
     "Signal",
     # Message IR
     "JSON",
@@ -151,6 +157,7 @@ __all__ = [  # grouped as the README presents the API
     "ModelResponse",
     "Usage",
     "StopReason",
+    "check_stream_agreement",
     # Tools
     "Tool",
     "ToolSpec",
@@ -166,6 +173,12 @@ __all__ = [  # grouped as the README presents the API
     "FailureCode",
     "EventType",
     "event_from_dict",
+    # Ids
+    "request_id",
+    "request_number",
+    "assistant_message_id",
+    "response_id_of",
+    "tool_result_id",
     # Limits
     "MAX_AGENT_STEPS",
     "MAX_INITIAL_MESSAGES",
@@ -225,6 +238,9 @@ def run_agent_loop(
     max_steps: int,
     signal: Optional[Signal] = None,
     request_sequence_start: int = 0,
+    tool_concurrency: int = 1,
+    # The signal is Any, as in Tool.execute: a function may annotate it threading.Event.
+    before_tool_call: Optional[Callable[[ToolCall, Any], Optional[str]]] = None,
 ) -> Generator[Event, None, RunResult]:
     """Validates the options, snapshots the run, and returns its event generator.
 
@@ -236,15 +252,21 @@ def run_agent_loop(
     Raises TypeError for an option of the wrong kind and ValueError for one out of
     range, now, before anything is iterated. A bad starting transcript is not an
     error here: the run finishes ``failed`` with ``INVALID_TRANSCRIPT``.
+
+    ``tool_concurrency`` > 1 runs consecutive calls of a batch on up to that many threads
+    (a ``sequential`` tool's call alone), with events and results in assistant order
+    whatever the timing; ``before_tool_call(call, signal)`` is asked before each call and
+    a str it returns refuses the call (see the README's "Tools at once, and consent").
     """
     # ValidateOptions. Seed: "Invalid construction throws before an EventStream is returned."
     _check_options(model, tools, max_steps, request_sequence_start)
+    _check_tool_options(tool_concurrency, before_tool_call)
     signal = _checked_signal(signal)
     items = _iterated(messages)
     # SnapshotRun. Reading one past the cap tells "too many" without reading forever.
     start: List[object] = list(itertools.islice(items, MAX_INITIAL_MESSAGES + 1))
-    run = _Run(start, model, ToolRegistry(tools), max_steps, signal, request_sequence_start)
-    return run.drive()
+    options = (max_steps, signal, request_sequence_start, tool_concurrency, before_tool_call)
+    return _Run(start, model, ToolRegistry(tools), *options).drive()
 
 
 class _Run:
@@ -258,6 +280,8 @@ class _Run:
         max_steps: int,
         signal: Signal,
         request_sequence_start: int,
+        tool_concurrency: int,
+        before_tool_call: Optional[Callable[[ToolCall, Any], Optional[str]]],
     ) -> None:
         self.model = model
         self.tools = tools
@@ -265,6 +289,8 @@ class _Run:
         self.max_steps = max_steps
         self.signal = signal
         self.request_sequence_start = request_sequence_start
+        self.tool_concurrency = tool_concurrency
+        self.before_tool_call = before_tool_call
         self.steps = 0
         self.next_sequence = 0
         self.usage: Optional[Usage] = None  # the sum over the responses appended so far
@@ -295,6 +321,9 @@ class _Run:
                 # After every event: the consumer ran, and may have set the signal.
                 self._check_signal()
         except _Cancelled:
+            # The phase that was waiting hears of it there: a batch of tools still yields
+            # the results completed before the signal was seen, then ends.
+            yield from self._told(steps)
             result = self._result("cancelled")
         except _RunFailure as failure:
             error = RunError(failure.code, failure.message, failure.__cause__)
@@ -304,6 +333,16 @@ class _Run:
             # waiting ends too, and with it the model's stream.
             steps.close()
         return (yield from self._finish(result))
+
+    @staticmethod
+    def _told(steps: Generator[Event, None, RunResult]) -> Generator[Event, None, None]:
+        """Any phase --> Cancelled: the events the waiting phase still yields once the
+        cancellation is thrown into it, until it raises it (at once, if it had ended)."""
+        with contextlib.suppress(_Cancelled):
+            event = steps.throw(_Cancelled())
+            while True:
+                yield event
+                event = next(steps)
 
     def _run_steps(self) -> Generator[Event, None, RunResult]:
         """From SnapshotRun to Completed or MaxSteps; the other endings raise."""
@@ -337,8 +376,8 @@ class _Run:
         """OpenModel: snapshots the transcript into request-NNN and calls model.stream() once."""
         # Seed: "requestSnapshot() freezes the current transcript and creates
         # request-001, request-002, and so on, offset by requestSequenceStart".
-        request_id = _request_id(self.request_sequence_start + step)
-        request = ModelRequest(request_id, tuple(self.transcript.messages), self.specs)
+        number = self.request_sequence_start + step
+        request = ModelRequest(request_id(number), tuple(self.transcript.messages), self.specs)
         self.steps = step
         stream = self._call(
             "MODEL_STREAM_ERROR", "model.stream()", self.model.stream, request, self.signal
@@ -355,19 +394,29 @@ class _Run:
     ) -> Generator[Event, None, Tuple[ModelResponse, AssistantMessage]]:
         """ReadChunks: one model.chunk per valid chunk, then the checked terminal response.
 
-        Returns the response and its assistant message. The model's stream is closed
-        whichever way this ends.
+        Returns the response and its assistant message. The signal is looked at after
+        each chunk, after the end of the stream (a response that arrives after the
+        signal is not taken) and after its error (cancellation wins); any other
+        exception from the stream fails the run with MODEL_STREAM_ERROR. The model's
+        stream is closed whichever way this ends.
         """
         # Seed: "The loop calls model.stream() and drains its event channel before
         # awaiting the terminal response." The generator returns the response.
-        streamed = _StreamedBlocks(request)
+        streamed = _StreamedBlocks(request.id)
         try:
             while True:
                 try:
-                    chunk = self._next_chunk(stream)
+                    chunk = next(stream)
                 except StopIteration as done:
+                    self._check_signal()
                     response = done.value
                     break
+                except (KeyboardInterrupt, SystemExit):
+                    raise
+                except BaseException as error:
+                    self._check_signal()
+                    raise _failure("MODEL_STREAM_ERROR", "the model's stream", error) from error
+                self._check_signal()
                 streamed.add(chunk)
                 yield self._event("model.chunk", request_id=request.id, chunk=chunk)
             return self._checked_response(request, response, streamed)
@@ -380,24 +429,6 @@ class _Run:
             with contextlib.suppress(Exception):
                 stream.close()
 
-    def _next_chunk(self, stream: Generator[ModelChunk, None, Any]) -> object:
-        """ReadChunks: advances the model's stream by one chunk, and looks at the signal.
-
-        The stream's StopIteration (its end, carrying the response) passes unless the
-        signal was set; any other exception fails the run with MODEL_STREAM_ERROR.
-        """
-        try:
-            chunk = next(stream)
-        except StopIteration:
-            self._check_signal()  # a response that arrives after the signal is not taken
-            raise
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as error:
-            raise self._failure("MODEL_STREAM_ERROR", "the model's stream", error) from error
-        self._check_signal()
-        return chunk
-
     def _checked_response(
         self, request: ModelRequest, response: object, streamed: _StreamedBlocks
     ) -> Tuple[ModelResponse, AssistantMessage]:
@@ -408,7 +439,7 @@ class _Run:
                 f"the model's stream returned a {type(response).__name__}, not a "
                 f"ModelResponse{missing if response is None else ''}"
             )
-        _check_request_id(response.request_id, request)
+        _check_request_id(response.request_id, request.id)
         if not _is_id(response.id):
             raise _Problem(f"a response id must be a non-empty str, got {response.id!r}")
         # Exactly a str first: `in` would run the value's own __eq__.
@@ -420,7 +451,7 @@ class _Run:
         if len(response.content) > MAX_ASSISTANT_BLOCKS:
             raise _Problem(f"the response holds more than {MAX_ASSISTANT_BLOCKS} blocks")
         message = AssistantMessage(
-            _assistant_message_id(response.id), response.content, response.usage
+            assistant_message_id(response.id), response.content, response.usage
         )
         self.transcript.check(message)
         calls = _tool_calls(message)
@@ -446,26 +477,125 @@ class _Run:
     def _execute_tools(
         self, request: ModelRequest, message: AssistantMessage
     ) -> Generator[Event, None, None]:
-        """ExecuteTools: every call of the message, in assistant order, one at a time."""
-        for call in _tool_calls(message):
-            # Seed: "For each call, it emits tool.started, awaits executeToolCall(),
-            # appends the linked Tool-result message, then emits tool.finished."
-            yield self._event("tool.started", request_id=request.id, tool_call=call)
-            # A result that arrives after cancellation is discarded. An Exception from the
-            # tool is already a recoverable result; what else it raises ends the phase.
-            what = f"tool call {call.id!r}"
-            result = self._call(
-                "TOOL_PHASE_ERROR", what, _execute_checked_call, self.tools, call, self.signal
-            )
-            # Linked by construction: the result is derived from the call, whose
-            # result id was checked free before any tool ran.
-            self.transcript.append(result)
-            yield self._event(
-                "tool.finished", request_id=request.id, tool_call=call, tool_result=result
-            )
+        """ExecuteTools: every call of the message in assistant order, one at a time (with
+        tool_concurrency > 1, group by group)."""
+        if self.tool_concurrency > 1:
+            for group in self._groups(_tool_calls(message)):
+                yield from self._execute_group(request, group)
+        else:
+            for call in _tool_calls(message):
+                # Consent, before the call's tool.started (without a hook, not even a call:
+                # this is the hot path of W1 in benchmarks/bench_agent_loop.py).
+                refusal = None if self.before_tool_call is None else self._refusal(call)
+                # Seed: "For each call, it emits tool.started, awaits executeToolCall(),
+                # appends the linked Tool-result message, then emits tool.finished."
+                yield self._event("tool.started", request_id=request.id, tool_call=call)
+                result = refusal or self._execute(call)
+                self.transcript.append(result)  # linked by construction (see _finished)
+                yield self._event(
+                    "tool.finished", request_id=request.id, tool_call=call, tool_result=result
+                )
         # Seed: "After the complete Tool batch, validateTranscript() proves that every
         # call has one later matching result." Here that holds by construction: each
         # call above got its linked result appended, or the phase ended by raising.
+
+    def _groups(self, calls: List[ToolCall]) -> List[List[ToolCall]]:
+        """ExecuteTools: the calls cut into groups that run together, in order: maximal
+        runs of consecutive calls, a sequential tool's call alone (a barrier)."""
+        groups: List[List[ToolCall]] = []
+        together = False  # whether the last group takes the next call
+        for call in calls:
+            # An unknown tool's call joins its group: it only gets its error result.
+            tool = self.tools.get(call.name)
+            alone = tool is not None and tool.sequential
+            if together and not alone:
+                groups[-1].append(call)
+            else:
+                groups.append([call])
+            together = not alone
+        return groups
+
+    def _refusal(self, call: ToolCall) -> Optional[ToolResultMessage]:
+        """ExecuteTools, consent: the error result before_tool_call refuses a call with,
+        or None to run it. It may block, and set the signal: the call then stays open."""
+        if self.before_tool_call is None:
+            return None
+        what = f"before_tool_call for tool call {call.id!r}"
+        answer = self._call("TOOL_PHASE_ERROR", what, self.before_tool_call, call, self.signal)
+        if answer is not None and not _is_text(answer):
+            raise _RunFailure(
+                "TOOL_PHASE_ERROR",
+                f"{what} returned {_a(type(answer).__name__)}: it must return None "
+                "(run the call) or a str (refuse it, the str being the call's error result)",
+            )
+        return None if answer is None else _tool_result(call, answer, True)
+
+    def _execute(self, call: ToolCall) -> ToolResultMessage:
+        """ExecuteTools: runs one call, in whichever thread, and looks at the signal after."""
+        # A result that arrives after cancellation is discarded. An Exception from the
+        # tool is already a recoverable result; what else it raises ends the phase.
+        what = f"tool call {call.id!r}"
+        return self._call(
+            "TOOL_PHASE_ERROR", what, _execute_checked_call, self.tools, call, self.signal
+        )
+
+    def _execute_group(
+        self, request: ModelRequest, group: List[ToolCall]
+    ) -> Generator[Event, None, None]:
+        """ExecuteTools, one group on up to tool_concurrency threads: each result joins the
+        transcript once it and every call before it have finished. Whatever the way out
+        (an end, a failure, a cancellation, close()), it returns only once every running
+        tool has returned, and no call begins after."""
+        # Consent, for each call of the group before any of them is scheduled.
+        refusals = [self._refusal(call) for call in group]
+        # In a group, tool.started means scheduled: all of them come first, in order.
+        for call in group:
+            yield self._event("tool.started", request_id=request.id, tool_call=call)
+
+        def execute(call: ToolCall) -> ToolResultMessage:  # in a worker thread
+            self._check_signal()  # a call not yet begun never begins once the signal is set
+            return self._execute(call)
+
+        pool = ThreadPoolExecutor(min(self.tool_concurrency, len(group)), "agent_loop-tool")
+        outcomes: List[Union[ToolResultMessage, Future[ToolResultMessage]]] = []
+        kept = 0  # the calls whose results joined the transcript
+        try:
+            for call, refusal in zip(group, refusals):
+                try:
+                    outcomes.append(refusal or pool.submit(execute, call))
+                except Exception as error:  # a thread that cannot start
+                    what = f"starting tool call {call.id!r}"
+                    raise self._failure("TOOL_PHASE_ERROR", what, error) from error
+            for index, (call, outcome) in enumerate(zip(group, outcomes)):
+                # result() raises what ended the call: _Cancelled if the signal came first.
+                result = outcome if isinstance(outcome, ToolResultMessage) else outcome.result()
+                kept = index + 1
+                yield self._finished(request, call, result)
+        except _Cancelled:
+            # ExecuteTools --> Cancelled, once the running tools have returned. The results
+            # completed before the signal was seen are kept, in order, even after a call
+            # still open. Seed: "appends no fabricated result" for the others.
+            _stop(pool, outcomes)
+            for call, outcome in zip(group[kept:], outcomes[kept:]):
+                if isinstance(outcome, Future):
+                    if outcome.cancelled() or outcome.exception() is not None:
+                        continue
+                    outcome = outcome.result()
+                # The driver may tell of the signal again after this event: it is known.
+                with contextlib.suppress(_Cancelled):
+                    yield self._finished(request, call, outcome)
+            raise
+        finally:
+            _stop(pool, outcomes)
+
+    def _finished(self, request: ModelRequest, call: ToolCall, result: ToolResultMessage) -> Event:
+        """ExecuteTools: a call's result joins the transcript; returns its tool.finished."""
+        # Linked by construction: the result is derived from the call, whose
+        # result id was checked free before any tool ran.
+        self.transcript.append(result)
+        return self._event(
+            "tool.finished", request_id=request.id, tool_call=call, tool_result=result
+        )
 
     def _finish(self, result: RunResult) -> Generator[Event, None, RunResult]:
         """Finish: run.finished, always the last event, carries the result the run returns."""
@@ -491,15 +621,10 @@ class _Run:
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as error:
-            raise self._failure(code, what, error) from error
+            self._check_signal()  # cancellation wins over the error
+            raise _failure(code, what, error) from error
         self._check_signal()
         return value
-
-    def _failure(self, code: FailureCode, what: str, error: BaseException) -> _RunFailure:
-        """What an exception from code the loop does not own becomes: _Cancelled (raised)
-        if the signal was set meanwhile, else the failure ``code`` that names it."""
-        self._check_signal()
-        return _RunFailure(code, f"{what} raised {_describe(error)}")
 
     def _check_signal(self) -> None:
         """Any phase --> Cancelled: signal aborts."""
@@ -525,6 +650,12 @@ class _RunFailure(Exception):
         super().__init__(message)
         self.code: FailureCode = code
         self.message = message
+
+
+def _failure(code: FailureCode, what: str, error: BaseException) -> _RunFailure:
+    """The failure ``code`` that an exception from code the loop does not own becomes,
+    naming what raised it (the caller looks at the signal first: cancellation wins)."""
+    return _RunFailure(code, f"{what} raised {_describe(error)}")
 
 
 class _Cancelled(Exception):
@@ -557,6 +688,30 @@ def _check_options(model: object, tools: object, max_steps: object, start: objec
         raise TypeError(f"tools must be a ToolRegistry, got {type(tools).__name__}")
 
 
+def _check_tool_options(tool_concurrency: object, before_tool_call: object) -> None:
+    """ValidateOptions for the tool phase. No upper bound on tool_concurrency: a group
+    never uses more threads than it has calls."""
+    if not isinstance(tool_concurrency, int) or isinstance(tool_concurrency, bool):
+        kind = type(tool_concurrency).__name__
+        raise TypeError(f"tool_concurrency must be an int, got {kind}")
+    if tool_concurrency < 1:
+        raise ValueError(f"tool_concurrency must be an int >= 1, got {tool_concurrency}")
+    if before_tool_call is not None and not callable(before_tool_call):
+        raise TypeError(
+            "before_tool_call must be None or a function (call, signal) -> Optional[str], "
+            f"got {type(before_tool_call).__name__}"
+        )
+
+
+def _stop(pool: ThreadPoolExecutor, outcomes: List[Any]) -> None:
+    """ExecuteTools: no call of a group begins any more; returns once the running ones
+    have returned (a refused call's outcome is its result, and has nothing to stop)."""
+    for outcome in outcomes:
+        if isinstance(outcome, Future):
+            outcome.cancel()  # a call not yet begun; one running cannot be cancelled
+    pool.shutdown(wait=True)
+
+
 def _checked_signal(signal: object) -> Signal:
     """ValidateOptions for the signal: returns it, or a new Event nobody sets for None."""
     if signal is None:
@@ -584,28 +739,43 @@ def _iterated(messages: Iterable[object]) -> Iterator[object]:
         ) from None
 
 
-# The ids the loop derives. Seed: request-001, request-002 and so on; its test: the
-# assistant message of response R is "message-" + R's id, the result of call C is
-# "tool-result-" + C's id.
+# The ids the loop derives, public so that a companion derives and reads them as the loop
+# does. Seed: "requestSnapshot() ... creates request-001, request-002, and so on"; its
+# test: the assistant message of response R is "message-" + R's id, the result of call C
+# is "tool-result-" + C's id.
 
 
-def _request_id(number: int) -> str:
-    """The id of a run's request number ``number`` (request_sequence_start + step)."""
+def request_id(number: int) -> str:
+    """Returns the id of a run's request number ``number`` (``request_sequence_start +
+    step``): ``request_id(1) == "request-001"``."""
     return f"request-{number:03d}"
 
 
-def _assistant_message_id(response_id: str) -> str:
-    """The id of the assistant message built from a response."""
+def request_number(id: str) -> Optional[int]:
+    """Returns the number ``n`` (1 to ``MAX_AGENT_STEPS``) whose ``request_id(n)`` is
+    ``id``, or None for any other id: ``request_number("request-001") == 1``."""
+    return _REQUEST_NUMBERS.get(id)
+
+
+_REQUEST_NUMBERS: Final = {request_id(number): number for number in range(1, MAX_AGENT_STEPS + 1)}
+"""The id of each request a run can open, and its number."""
+
+
+def assistant_message_id(response_id: str) -> str:
+    """Returns the id of the assistant message that the loop builds from a response."""
     return "message-" + response_id
 
 
-def _response_id(message_id: str) -> str:
-    """The response id an assistant message's id was derived from (itself if it was not)."""
-    return message_id[len("message-") :] if message_id.startswith("message-") else message_id
+def response_id_of(message_id: str) -> Optional[str]:
+    """Returns the response id that ``assistant_message_id()`` makes ``message_id``
+    from, or None for an id it does not make (response ids are non-empty)."""
+    if message_id.startswith("message-") and message_id != "message-":
+        return message_id[len("message-") :]
+    return None
 
 
-def _tool_result_id(call_id: str) -> str:
-    """The id of the result message linked to a tool call."""
+def tool_result_id(call_id: str) -> str:
+    """Returns the id of the tool-result message linked to a tool call."""
     return "tool-result-" + call_id
 
 
@@ -796,7 +966,7 @@ class _Transcript:
                         f"tool call id {call.id!r} is used twice (tool-call ids must be "
                         "unique across the whole transcript)"
                     )
-                if _tool_result_id(call.id) in self._message_ids:
+                if tool_result_id(call.id) in self._message_ids:
                     raise _Problem(
                         f'the result id of tool call {call.id!r} ("tool-result-" + its id) '
                         "is already taken by another message (message ids must be unique "
@@ -827,14 +997,14 @@ class _Transcript:
             del self._open_calls[message.tool_call_id]
 
 
-def _check_request_id(request_id: object, request: ModelRequest) -> None:
+def _check_request_id(request_id: object, active: str) -> None:
     """Seed: "Request IDs must match the active request." (chunks and responses alike)"""
-    if not _is_text(request_id) or request_id != request.id:
+    if not _is_text(request_id) or request_id != active:
         given = _quoted(request_id)
         if not _is_text(request_id):  # a str subclass's repr reads like the id it imitates
             given += f" ({type(request_id).__name__})"
         raise _Problem(
-            f"{given} is not the active request {request.id!r}: every chunk's and the "
+            f"{given} is not the active request {active!r}: every chunk's and the "
             "response's request_id must be the request's id"
         )
 
@@ -847,8 +1017,8 @@ _Normalized: TypeAlias = Union[str, "ThinkingBlock", "ToolCall"]
 class _StreamedBlocks:
     """What one step has streamed so far, checked chunk by chunk against the step's limits."""
 
-    def __init__(self, request: ModelRequest) -> None:
-        self.request = request
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
         self.items: List[_Normalized] = []
         self.text = 0
         self.thinking = 0
@@ -880,7 +1050,7 @@ class _StreamedBlocks:
                 f"the model streamed a {type(chunk).__name__}, not a TextDelta, ThinkingDelta "
                 "or ToolCallChunk"
             )
-        _check_request_id(chunk.request_id, self.request)
+        _check_request_id(chunk.request_id, self.request_id)
         self.items.append(item)
 
     def require_agreement(
@@ -909,14 +1079,39 @@ class _StreamedBlocks:
         )
 
 
+def check_stream_agreement(chunks: Iterable[ModelChunk], response: ModelResponse) -> None:
+    """Checks a step's chunks against its terminal response as the loop does.
+
+    Each chunk must be a ``TextDelta``, ``ThinkingDelta`` or ``ToolCallChunk`` of the
+    response's ``request_id``, within the step's limits, and the chunks must agree with
+    the response's content: the same blocks in the same order once adjacent text and
+    adjacent thinking are joined and empty ones dropped, text, thinking and tool calls
+    being each other's boundaries (a thinking block's signature and the usage do not
+    stream). The response's own fields are not checked here.
+
+    Raises TypeError if ``response`` is not a ModelResponse, and ValueError, saying
+    which chunk or block is wrong, if the chunks break a rule.
+    """
+    if type(response) is not ModelResponse:
+        raise TypeError(f"response must be a ModelResponse, got {type(response).__name__}")
+    streamed = _StreamedBlocks(response.request_id)
+    try:
+        for chunk in chunks:
+            streamed.add(chunk)
+        streamed.require_agreement(response.content)
+    except _Problem as problem:
+        raise ValueError(str(problem)) from None
+
+
 def _streamed_length(text: object, kind: str, so_far: int) -> int:
     """The code points of a text or thinking chunk, if the step's total stays within
     MAX_STEP_TEXT; raises _Problem if not, or if it is not a str."""
     if not _is_text(text):
         raise _Problem(f"a {kind} chunk's {kind} must be a str, got {type(text).__name__}")
-    if so_far + len(text) > MAX_STEP_TEXT:
+    length = len(text)
+    if so_far + length > MAX_STEP_TEXT:
         raise _Problem(f"the model streamed more than {MAX_STEP_TEXT} code points of {kind}")
-    return len(text)
+    return length
 
 
 def _normalized_item(block: Union[TextBlock, ThinkingBlock, ToolCall]) -> _Normalized:
@@ -1193,16 +1388,48 @@ class Model(Protocol):
 # --- Tools ------------------------------------------------------------------------
 
 _SCHEMA_TYPES: Final = ("object", "string", "number", "integer", "boolean", "array", "null")
-_SCHEMA_KEYWORDS: Final = (
-    "type",
-    "properties",
-    "required",
-    "additionalProperties",
-    "items",
-    "enum",
-    "description",
-    "title",
+# The keywords of JSON Schema 2020-12 that the loop enforces, and what the value of each must
+# be. Any other keyword holds any JSON: the model gets it as given and the loop ignores it,
+# as JSON Schema ignores keywords it does not know.
+_SCHEMA_KEYWORDS: Final = {
+    "type": f"one of {', '.join(_SCHEMA_TYPES)}, or a non-empty array of distinct ones",
+    "required": "an array of property names",
+    "enum": "an array",
+    "const": "a JSON value",
+    "$ref": "a reference within this schema: '#' or a JSON pointer '#/...'",
+    **dict.fromkeys(("items", "additionalProperties", "not"), "a schema"),
+    **dict.fromkeys(("allOf", "anyOf", "oneOf"), "a non-empty array of schemas"),
+    **dict.fromkeys(("properties", "$defs", "definitions"), "an object of schemas"),
+    **dict.fromkeys(("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"), "a number"),
+    **dict.fromkeys(
+        ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties"),
+        "a non-negative integer",
+    ),
+}
+# The annotations of JSON Schema 2020-12: keywords that never refuse a value.
+_ANNOTATIONS: Final = frozenset(
+    ("title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly",
+     "$schema", "$id", "$anchor", "$dynamicAnchor", "$comment", "$vocabulary",
+     "contentEncoding", "contentMediaType", "contentSchema")
+)  # fmt: skip
+# The keywords that apply to a value itself (besides type), which few schemas hold.
+_IN_PLACE_KEYWORDS: Final = frozenset(_SCHEMA_KEYWORDS).difference(
+    ("type", "properties", "required", "additionalProperties", "items", "$defs", "definitions")
 )
+# The bounds of each JSON type: keyword, what a value must be (a number, or the length of a
+# string in code points as len() counts, of an array or of an object), and the test it fails.
+_BOUNDS: Final = {
+    **dict.fromkeys(("integer", "number"), (
+        ("minimum", "be at least {}", operator.lt), ("maximum", "be at most {}", operator.gt),
+        ("exclusiveMinimum", "be more than {}", operator.le),
+        ("exclusiveMaximum", "be less than {}", operator.ge))),
+    "string": (("minLength", "have at least {} characters", operator.lt),
+               ("maxLength", "have at most {} characters", operator.gt)),
+    "array": (("minItems", "have at least {} items", operator.lt),
+              ("maxItems", "have at most {} items", operator.gt)),
+    "object": (("minProperties", "have at least {} properties", operator.lt),
+               ("maxProperties", "have at most {} properties", operator.gt)),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -1238,12 +1465,18 @@ class ToolSpec:
 class Tool:
     """A named effect the model may request, with a JSON Schema for its arguments.
 
-    ``parameters`` uses the subset of JSON Schema that the loop enforces: ``type``
-    (object, string, number, integer, boolean, array, null), ``properties``,
-    ``required``, ``additionalProperties`` (bool), ``items``, ``enum``, and the
-    annotations ``description`` and ``title``; the root is ``{"type": "object", ...}``.
-    It is checked and frozen when the Tool is built. ``execute(arguments, signal)``
-    gets a fresh plain dict that it may change freely, and the run's signal.
+    ``parameters`` is a JSON Schema whose root is ``{"type": "object", ...}``, checked and
+    frozen when the Tool is built. Before the tool runs, the loop checks the arguments of
+    each call against it (failing ones get an ``is_error=True`` result naming the problem)
+    with JSON Schema 2020-12's meaning of ``type``, ``properties``, ``required``,
+    ``additionalProperties``, ``items``, ``enum``, ``const``, ``anyOf``, ``oneOf``,
+    ``allOf``, ``not``, ``$ref`` within the schema, and the bounds ``minimum`` to
+    ``maxProperties``; but an ``integer`` is an int, and ``enum`` and ``const`` compare
+    as strict JSON (``1`` is not ``1.0``). Other keywords go to the model as given and
+    are not enforced (the tool checks them itself). ``execute(arguments, signal)`` gets a
+    fresh plain dict that it may change freely, and the run's signal.
+    ``sequential=True`` (by keyword): with ``tool_concurrency`` > 1, the tool's calls
+    run alone, after the calls before them (a barrier).
 
     Raises TypeError or ValueError, naming the field, for a Tool the loop could not
     run as described.
@@ -1255,11 +1488,16 @@ class Tool:
     # The signal is Any here so that a function annotated with Signal or with
     # threading.Event fits (a Callable's parameters are contravariant).
     execute: Callable[[Dict[str, Any], Any], object]
+    sequential: bool = False  # given by keyword: with tool_concurrency > 1, runs alone
     __hash__ = None  # type: ignore[assignment]  # it holds a mapping
 
     def __post_init__(self) -> None:
         parameters = _checked_tool_fields("Tool", self.name, self.description, self.parameters)
         _check_execute(self.name, self.execute)
+        sequential: object = self.sequential  # typing aside: it comes from the caller
+        if type(sequential) is not bool:
+            kind = type(sequential).__name__
+            raise TypeError(f"Tool {self.name!r}: sequential must be a bool, got {kind}")
         object.__setattr__(self, "parameters", parameters)
 
     def __reduce__(self) -> Tuple[Any, ...]:
@@ -1276,23 +1514,28 @@ class Tool:
         *,
         name: Optional[str] = None,
         description: Optional[str] = None,
+        sequential: bool = False,
     ) -> Tool:
         """Builds a Tool from a function that takes the arguments as keyword parameters.
 
         The schema comes from the type hints (``typing.get_type_hints``): ``str``,
         ``int``, ``float`` (an int is accepted too), ``bool``, ``None``, ``list`` and
-        ``List[X]``, ``dict`` and ``Dict[str, Any]``, ``Literal[...]`` of JSON scalars,
-        and ``Optional[X]`` with the default None (not required: the model leaves it
-        out). Every parameter without a default is required, and no other property is
-        allowed. A parameter named ``signal`` gets the run's signal and is not in the
-        schema. The description is the docstring (``inspect.getdoc``; ``""`` without
-        one), the name the function's; ``name`` and ``description`` override. The tool
-        calls ``fn(**arguments)``, and what ``fn`` returns is the result.
+        ``List[X]``, ``dict`` and ``Dict[str, X]``, ``Literal[...]`` of JSON scalars, and
+        ``Union[X, Y]`` (``anyOf``). ``Optional[X]``, and the hint of a parameter whose
+        default is None, admits null too (``{"type": ["integer", "null"]}``): small models
+        send null for an optional argument they leave unset, and ``fn`` gets None. Every
+        parameter without a default is required, and no other property is allowed. A
+        parameter named ``signal`` gets the run's signal and is not in the schema. The
+        description is the docstring (``inspect.getdoc``; ``""`` without one), the name
+        the function's; ``name`` and ``description`` override;
+        ``sequential`` is the Tool's. The tool calls
+        ``fn(**arguments)``, and what ``fn`` returns is the result.
 
-        Raises TypeError, naming the parameter, for a hint the schema subset cannot say
-        exactly, a parameter with no hint, ``*args``, ``**kwargs`` or a positional-only
-        parameter; for an async function or anything but a function or a method; for a
-        lambda without ``name``; and as ``Tool()`` does for the name or description.
+        Raises TypeError, naming the parameter, for a hint with no schema here (``Any``,
+        ``Tuple``, a class...), a parameter with no hint, ``*args``, ``**kwargs`` or a
+        positional-only parameter; for an async function or anything but a function or a
+        method; for a lambda without ``name``; and as ``Tool()`` does for the name or
+        description.
         """
         parameters, wants_signal = _function_parameters(fn)
         if name is None and fn.__name__ == "<lambda>":
@@ -1308,6 +1551,7 @@ class Tool:
             (inspect.getdoc(fn) or "") if description is None else description,
             parameters,
             execute,
+            sequential=sequential,
         )
 
 
@@ -1321,12 +1565,22 @@ def _checked_tool_fields(
         raise TypeError(
             f"{kind} {name!r}: description must be a str, got {type(description).__name__}"
         )
-    schema = _frozen_schema(parameters, f"{kind} {name!r} parameters", 0)
-    if schema.get("type") != "object":
+    refs: List[Tuple[str, str]] = []
+    schema = _frozen_schema(parameters, f"{kind} {name!r} parameters", 0, refs)
+    if not isinstance(schema, Mapping) or schema.get("type") != "object":
         raise ValueError(
             f'{kind} {name!r} parameters must have "type": "object": '
             "a tool's arguments are always a JSON object"
         )
+    checked = set()
+    for ref, where in refs:  # refs grows as the schemas they name are checked
+        if ref not in checked:
+            checked.add(ref)
+            target = _ref_target(schema, ref)
+            if target is None:
+                raise ValueError(f"{where} {ref!r} names nothing in this schema")
+            # A pointer may name any part of the document: what it names must be a schema.
+            _frozen_schema(target, f"{where} {ref!r}", 0, refs)
     return schema
 
 
@@ -1381,8 +1635,8 @@ def _function_parameters(fn: object) -> Tuple[Dict[str, Any], bool]:
             continue
         if parameter.name not in hints:
             raise TypeError(f"{where} has no type hint: the schema is made from the hints")
-        default_none = parameter.default is None
-        properties[parameter.name] = _hint_schema(hints[parameter.name], where, default_none)
+        nullable = parameter.default is None
+        properties[parameter.name] = _hint_schema(hints[parameter.name], where, nullable)
         if parameter.default is parameter.empty:
             required.append(parameter.name)
     schema = {
@@ -1405,42 +1659,44 @@ _HINT_TYPES: Final = (
 others may be unhashable, so they are compared by identity, not looked up."""
 
 
-def _hint_schema(hint: Any, where: str, default_none: bool) -> Dict[str, Any]:
-    """Tool.from_function: the schema that admits exactly the JSON values of a hint."""
+def _hint_schema(hint: Any, where: str, nullable: bool) -> Dict[str, Any]:
+    """Tool.from_function: the schema that admits exactly the JSON values of a hint, and
+    null too when nullable (for Optional[X], or a parameter whose default is None)."""
     origin = get_origin(hint)
     arguments = get_args(hint)
-    for python_type, json_type in _HINT_TYPES:
-        if hint is python_type:
-            return {"type": json_type}
     # Union[X, None] has the origin typing.Union, and X | None (3.10+) types.UnionType.
     if origin is Union or origin is getattr(types, "UnionType", Union):
         others = [argument for argument in arguments if argument is not type(None)]
-        if len(others) == 1 and len(arguments) == 2:
-            if get_origin(others[0]) is Literal:
-                return _literal_schema((*get_args(others[0]), None), where)
-            if default_none:  # the model leaves it out, and fn gets its default None
-                return _hint_schema(others[0], where, False)
-        raise TypeError(
-            f"{where}: {hint} admits values of several JSON types, and a schema here has "
-            "one type (no anyOf); for Optional[X], give the parameter the default None"
-        )
-    if hint is list or origin is list:
-        if arguments:
-            return {"type": "array", "items": _hint_schema(arguments[0], where, False)}
-        return {"type": "array"}
-    if hint is dict or origin is dict:
-        if arguments and arguments != (str, Any):
-            raise TypeError(
-                f"{where}: {hint} types the values of an object, which a schema here "
-                "cannot say (no additionalProperties schema); use dict or Dict[str, Any]"
-            )
-        return {"type": "object"}
+        if len(others) == 1:  # Optional[X]
+            return _hint_schema(others[0], where, True)
+        members = [_hint_schema(other, where, False) for other in others]
+        nullable = nullable or len(others) < len(arguments)
+        return {"anyOf": [*members, {"type": "null"}] if nullable else members}
     if origin is Literal:
+        if nullable and not any(value is None for value in arguments):
+            arguments = (*arguments, None)
         return _literal_schema(arguments, where)
-    raise TypeError(
-        f"{where}: {hint!r} has no schema in the subset this loop enforces; use str, "
-        "int, float, bool, None, list, dict, Literal, or Optional of one of them"
-    )
+    json_type = next((name for kind, name in _HINT_TYPES if hint is kind), None)
+    if json_type is not None:
+        schema: Dict[str, Any] = {"type": json_type}
+    elif hint is list or origin is list:
+        schema = {"type": "array"}
+        if arguments:
+            schema["items"] = _hint_schema(arguments[0], where, False)
+    elif hint is dict or origin is dict:
+        schema = {"type": "object"}
+        if arguments and arguments[0] is not str:
+            raise TypeError(f"{where}: {hint} has keys that are not str, as no JSON object has")
+        if arguments and arguments[1] is not Any:
+            schema["additionalProperties"] = _hint_schema(arguments[1], where, False)
+    else:
+        raise TypeError(
+            f"{where}: {hint!r} has no schema here; use str, int, float, bool, None, list, "
+            "dict, Literal, or a Union or Optional of them"
+        )
+    if nullable and json_type != "null":
+        schema["type"] = [schema["type"], "null"]
+    return schema
 
 
 def _literal_schema(values: Tuple[object, ...], where: str) -> Dict[str, Any]:
@@ -1458,91 +1714,209 @@ def _literal_schema(values: Tuple[object, ...], where: str) -> Dict[str, Any]:
     return {"enum": list(values)}
 
 
-def _frozen_schema(schema: object, where: str, depth: int) -> Mapping[str, Any]:
-    """Checks that a schema uses only the keywords the loop enforces; returns it frozen."""
-    if not isinstance(schema, Mapping):
-        raise TypeError(f"{where} must be a JSON Schema object, got {type(schema).__name__}")
-    unsupported = [key for key in schema if key not in _SCHEMA_KEYWORDS]
-    if unsupported:
-        raise ValueError(
-            f"{where} uses {unsupported}, which this loop cannot enforce; "
-            f"supported keywords: {', '.join(_SCHEMA_KEYWORDS)}"
+def _frozen_schema(
+    value: object,
+    where: str,
+    depth: int,
+    refs: List[Tuple[str, str]],
+    must: Optional[str] = "a schema",
+) -> Any:
+    """Checks a schema, or the value of one of its keywords (``must`` is what the loop needs
+    it to be; None for any JSON), and returns it frozen. Each $ref goes to refs with where
+    it is, to be resolved once the whole document is frozen."""
+    if must == "a schema" and not isinstance(value, (bool, Mapping)):
+        raise TypeError(f"{where} must be a JSON Schema object, got {type(value).__name__}")
+    array: Sequence[Any] = value if isinstance(value, (list, tuple)) else ()
+    names = array or [value]  # of a type: one name, or a list of distinct ones
+    if not (
+        must in (None, "a schema", "a JSON value")
+        or (must == "a number" and type(value) is int)
+        or (must == "a number" and type(value) is float and math.isfinite(value))
+        or (must == "a non-negative integer" and type(value) is int and value >= 0)
+        or (must == "an object of schemas" and isinstance(value, Mapping))
+        or (must == "an array" and array is value)
+        or (must == "a non-empty array of schemas" and array)
+        or (must == "an array of property names" and array is value and all(map(_is_text, array)))
+        or (
+            must == _SCHEMA_KEYWORDS["type"]
+            and len(names) == sum(t in names for t in _SCHEMA_TYPES)
         )
-    # A schema nested deeper than arguments may be would describe values no call can have.
+        or (must == _SCHEMA_KEYWORDS["$ref"] and type(value) is str and value[:2] in ("#", "#/"))
+    ):
+        raise ValueError(f"{where} must be {must}, got {_quoted(value)}")
+    if must in ("an array", "a JSON value"):  # enum, const
+        # Each is a value some argument may be, within the bounds on its own; how many an
+        # enum lists is the schema's business.
+        members = array if must == "an array" else [value]
+        try:
+            values = tuple(_frozen_json(member, 0, _ArgumentBudget()) for member in members)
+        except _Problem as problem:
+            raise ValueError(f"{where} holds a value no argument may be: {problem}") from None
+        return values if must == "an array" else values[0]
+    if must == _SCHEMA_KEYWORDS["$ref"]:
+        refs.append((cast(str, value), where))
+    if value is None or type(value) in (str, bool, int):
+        return value
+    if type(value) is float and math.isfinite(value):
+        return value
+    # A schema nested deeper than arguments may be would describe values no call can have:
+    # each schema counts, and each container of the JSON it holds.
     if depth > MAX_ARGUMENT_DEPTH:
         raise ValueError(f"{where} nests deeper than {MAX_ARGUMENT_DEPTH} levels")
-    frozen: Dict[str, Any] = {}
-    for key, value in schema.items():
-        if key == "type":
-            if value not in _SCHEMA_TYPES:
-                raise ValueError(f"{where}: type must be one of {_SCHEMA_TYPES}, got {value!r}")
-        elif key == "properties":
-            if not isinstance(value, Mapping):
-                raise TypeError(f"{where}: properties must be an object")
-            value = MappingProxyType(
-                {
-                    name: _frozen_schema(item, f"{where}.properties.{name}", depth + 1)
-                    for name, item in value.items()
-                }
-            )
-        elif key == "required":
-            if not isinstance(value, (list, tuple)) or not all(isinstance(n, str) for n in value):
-                raise TypeError(f"{where}: required must be a list of property names")
-            value = tuple(value)
-        elif key == "additionalProperties":
-            if not isinstance(value, bool):
-                raise TypeError(f"{where}: additionalProperties must be true or false")
-        elif key == "items":
-            value = _frozen_schema(value, f"{where}.items", depth + 1)
-        elif key == "enum":
-            if not isinstance(value, (list, tuple)):
-                raise TypeError(f"{where}: enum must be a list of JSON values")
-            # Each member is a value some argument may be, within the bounds on its own;
-            # how many there are is the schema's business.
-            members = []
-            for index, member in enumerate(value):
-                try:
-                    members.append(_frozen_json(member, 0, _ArgumentBudget()))
-                except _Problem as violation:
-                    raise ValueError(
-                        f"{where}: enum member {index} is no value arguments may hold: {violation}"
-                    ) from None
-            value = tuple(members)
-        elif not isinstance(value, str):  # description, title
-            raise TypeError(f"{where}: {key} must be a str")
-        frozen[key] = value
-    return MappingProxyType(frozen)
+    if isinstance(value, Mapping):
+        frozen = {}
+        for key, item in value.items():
+            if type(key) is not str:
+                raise TypeError(f"{where} has {_a(type(key).__name__)} key {_quoted(key)}")
+            inner = "a schema" if must == "an object of schemas" else None
+            if must == "a schema" and not (key == "items" and isinstance(item, (list, tuple))):
+                inner = _SCHEMA_KEYWORDS.get(key)  # the array form of old items is not enforced
+            deeper = depth + (inner in (None, "a schema"))
+            frozen[key] = _frozen_schema(item, f"{where}.{key}", deeper, refs, inner)
+        return MappingProxyType(frozen)
+    if array is value:
+        inner = "a schema" if must == "a non-empty array of schemas" else None
+        return tuple(
+            _frozen_schema(item, f"{where}[{index}]", depth + 1, refs, inner)
+            for index, item in enumerate(array)
+        )
+    raise TypeError(f"{where} holds {_quoted(value)}, which is not JSON")
+
+
+def _ref_target(root: Mapping[str, Any], ref: str) -> object:
+    """What a $ref names in its schema: "#" the root, "#/..." a JSON pointer (in a name,
+    "~1" stands for "/" and "~0" for "~"); None when it names nothing."""
+    target: object = root
+    for token in ref.split("/")[1:]:
+        token = token.replace("~1", "/").replace("~0", "~")
+        if isinstance(target, tuple) and token.isdecimal() and int(token) < len(target):
+            target = target[int(token)]
+        elif isinstance(target, Mapping) and token in target:
+            target = target[token]
+        else:
+            return None
+    return target
 
 
 def _schema_problem(value: object, schema: Mapping[str, Any], path: str) -> Optional[str]:
-    """Returns why a frozen JSON value fails a tool's schema, or None when it passes."""
-    expected = schema.get("type")
-    actual = _json_type(value)
-    # A JSON integer is also a JSON number; bool is neither (it is not an int here).
-    if expected is not None and expected != actual and (expected, actual) != ("number", "integer"):
-        return f"{path} must be {expected}, got {actual}"
-    if "enum" in schema and not any(_same_json(value, option) for option in schema["enum"]):
-        return f"{path} must be one of {json.dumps(_thawed(schema['enum']))}"
-    # Frozen JSON objects are MappingProxyType. isinstance() with that class costs a
-    # tenth of isinstance(value, typing.Mapping), and this runs for every call's arguments.
+    """Returns why frozen arguments fail a tool's frozen schema, or None when they pass."""
+    try:
+        return _value_problem(value, schema, path, schema)
+    except RecursionError:  # $refs that lead through hundreds of schemas, or in a loop
+        return f"{path} cannot be checked: its schema nests too deep, or its $refs loop"
+
+
+def _value_problem(
+    value: object, schema: Any, path: str, root: Mapping[str, Any]
+) -> Optional[str]:
+    """Returns why a frozen JSON value fails a schema of the document root, or None when it
+    passes: the keywords the loop enforces, with the meaning JSON Schema 2020-12 gives them."""
+    # This runs for every call's arguments. A frozen schema is a MappingProxyType, whose
+    # get() costs three times an `in` and a subscript, where a schema node may be looked at
+    # per property; isinstance() with MappingProxyType costs a tenth of isinstance(value,
+    # typing.Mapping).
+    if schema is True:
+        return None
+    if schema is False:
+        return f"{path} is not allowed (its schema is false)"
+    kind = _json_type(value)
+    if "type" in schema and schema["type"] != kind:  # a name or a tuple of names
+        names = (schema["type"],) if type(schema["type"]) is str else schema["type"]
+        # A JSON integer is also a JSON number; bool is neither (it is not an int here).
+        if kind not in names and (kind != "integer" or "number" not in names):
+            return f"{path} must be {' or '.join(names)}, got {kind}"
+    # Most schemas hold none of the other keywords: one look at their keys spares the rest.
+    if not _IN_PLACE_KEYWORDS.isdisjoint(schema):
+        problem = _in_place_problem(value, kind, schema, path, root)
+        if problem is not None:
+            return problem
     if isinstance(value, MappingProxyType):
         properties = schema.get("properties", {})
         for name in schema.get("required", ()):
             if name not in value:
                 return f"{path} is missing the required property {name!r}"
+        # additionalProperties spares the names patternProperties matches, which the loop
+        # does not match: beside patternProperties, it is not enforced.
+        others = True
+        if "additionalProperties" in schema and "patternProperties" not in schema:
+            others = schema["additionalProperties"]
         for name, item in value.items():
             if name in properties:
-                problem = _schema_problem(item, properties[name], f"{path}.{name}")
-                if problem is not None:
-                    return problem
-            elif schema.get("additionalProperties") is False:
+                problem = _value_problem(item, properties[name], f"{path}.{name}", root)
+            elif others is False:
                 return f"{path} has the unexpected property {name!r}"
-    elif isinstance(value, tuple) and "items" in schema:
-        for index, item in enumerate(value):
-            problem = _schema_problem(item, schema["items"], f"{path}[{index}]")
+            else:
+                problem = _value_problem(item, others, f"{path}.{name}", root)
+            if problem is not None:
+                return problem
+    elif isinstance(value, tuple) and "items" in schema and type(schema["items"]) is not tuple:
+        items = schema["items"]  # not the array form of old, which is not enforced
+        prefix = schema.get("prefixItems")  # not enforced either: items applies after it
+        for index in range(len(prefix) if type(prefix) is tuple else 0, len(value)):
+            problem = _value_problem(value[index], items, f"{path}[{index}]", root)
             if problem is not None:
                 return problem
     return None
+
+
+def _in_place_problem(
+    value: Any, kind: str, schema: Mapping[str, Any], path: str, root: Mapping[str, Any]
+) -> Optional[str]:
+    """_value_problem() for the keywords that apply to the value itself (not to its
+    properties or items): enum, const, the bounds, $ref, allOf, anyOf, oneOf and not."""
+    if "enum" in schema and not any(_same_json(value, option) for option in schema["enum"]):
+        return f"{path} must be one of {json.dumps(_thawed(schema['enum']))}"
+    if "const" in schema and not _same_json(value, schema["const"]):
+        return f"{path} must be {json.dumps(_thawed(schema['const']))}"
+    measure = len(value) if isinstance(value, (str, tuple, MappingProxyType)) else value
+    for keyword, must, fails in _BOUNDS.get(kind, ()):
+        if keyword in schema and fails(measure, schema[keyword]):
+            return f"{path} must {must.format(schema[keyword])}, got {measure}"
+    subschemas = schema.get("allOf", ())
+    if "$ref" in schema:
+        subschemas = (_ref_target(root, schema["$ref"]), *subschemas)
+    for subschema in subschemas:
+        problem = _value_problem(value, subschema, path, root)
+        if problem is not None:
+            return problem
+    for keyword in ("anyOf", "oneOf"):
+        problems: List[Optional[str]] = []
+        for subschema in schema.get(keyword, ()):
+            problems.append(_value_problem(value, subschema, path, root))
+            if problems[-1] is None and keyword == "anyOf":
+                break  # one match is enough, and its siblings may be costly
+        if problems and None not in problems:
+            return f"{path} matches no schema of {keyword}: {'; '.join(cast(List[str], problems))}"
+    # problems are oneOf's now. A schema that the loop enforces in part admits more here than
+    # in JSON Schema: only in a document it enforces in full may a second match fail oneOf,
+    # or a match fail not.
+    matches = problems.count(None)
+    if matches > 1 and _exact(root, root, set()):
+        return f"{path} matches {matches} schemas of oneOf, not exactly one"
+    passes_not = "not" in schema and _value_problem(value, schema["not"], path, root) is None
+    if passes_not and _exact(root, root, set()):
+        return f"{path} must not match the schema of not"
+    return None
+
+
+def _exact(schema: object, root: Mapping[str, Any], seen: Set[int]) -> bool:
+    """Whether a frozen schema holds, at any depth, only the keywords the loop enforces and
+    annotations: then the loop refuses what JSON Schema refuses."""
+    if type(schema) is not MappingProxyType or id(schema) in seen:
+        return True
+    seen.add(id(schema))  # a schema that refers to itself is looked at once
+    if any(key not in _SCHEMA_KEYWORDS and key not in _ANNOTATIONS for key in schema):
+        return False
+    subschemas = [_ref_target(root, schema["$ref"])] if "$ref" in schema else []
+    for key, value in schema.items():
+        must = _SCHEMA_KEYWORDS.get(key)
+        if must == "a schema":
+            subschemas.append(value)
+        elif must == "a non-empty array of schemas" or must == "an object of schemas":
+            subschemas.extend(value.values() if must == "an object of schemas" else value)
+    return type(schema.get("items")) is not tuple and all(
+        _exact(subschema, root, seen) for subschema in subschemas
+    )
 
 
 class ToolRegistry:
@@ -1671,7 +2045,7 @@ class ToolError(Exception):
 
 def _tool_result(call: ToolCall, content: str, is_error: bool) -> ToolResultMessage:
     """Builds the result message linked to a call (its id is derived from the call's)."""
-    return ToolResultMessage(_tool_result_id(call.id), call.id, call.name, content, is_error)
+    return ToolResultMessage(tool_result_id(call.id), call.id, call.name, content, is_error)
 
 
 def _describe(error: BaseException) -> str:
@@ -1790,16 +2164,25 @@ def _thawed(value: object) -> Any:
 
 
 def _same_json(left: object, right: object) -> bool:
-    """JSON equality at any depth: unlike ==, True is not 1 and 1 is not 1.0."""
+    """JSON equality at any depth: unlike ==, True is not 1 and 1 is not 1.0, in keys too.
+    An object is a dict or a read-only mapping and an array a list or a tuple, frozen or
+    not (as json.dumps writes them); any other value equals only a value of its own type
+    that == calls equal."""
     if left is right:
         return True
-    # Frozen JSON objects are MappingProxyType, as in _schema_problem: testing for that
-    # class costs a tenth of isinstance(value, typing.Mapping).
-    if isinstance(left, MappingProxyType) and isinstance(right, MappingProxyType):
-        return left.keys() == right.keys() and all(_same_json(left[k], right[k]) for k in left)
-    if isinstance(left, tuple) and isinstance(right, tuple):
+    # Not isinstance(value, typing.Mapping), which costs ten times as much.
+    if isinstance(left, (dict, MappingProxyType)) and isinstance(right, (dict, MappingProxyType)):
+        return _typed_keys(left) == _typed_keys(right) and all(
+            _same_json(left[key], right[key]) for key in left
+        )
+    if isinstance(left, (list, tuple)) and isinstance(right, (list, tuple)):
         return len(left) == len(right) and all(map(_same_json, left, right))
     return type(left) is type(right) and left == right
+
+
+def _typed_keys(mapping: Mapping[Any, object]) -> Set[Tuple[type, object]]:
+    """A mapping's keys with their types, so that True and 1 are different keys."""
+    return {(type(key), key) for key in mapping}
 
 
 def _json_type(value: object) -> str:
@@ -1924,7 +2307,7 @@ class ToolCall:
     mapping as a plain dict copy of it), and the run that receives such a call fails
     with MODEL_PROTOCOL_ERROR before any tool runs (``execute_tool_call`` makes it an
     error result). Two calls are equal when their id, name and arguments are equal as
-    JSON (``True`` is not ``1``).
+    JSON (``True`` is not ``1``), arguments kept as given included.
     """
 
     id: str
@@ -2343,8 +2726,8 @@ def settle_run(
     """Drains a run; returns its events and its RunResult.
 
     ``on_event``, if given, is called with each event as the run yields it, before the
-    run goes on (print it, stream it to a screen, set the signal). If it raises, the
-    run is closed (its model stream too) and the exception propagates.
+    run goes on (``print_event`` prints it; stream it to a screen, set the signal). If
+    it raises, the run is closed (its model stream too) and the exception propagates.
     """
     events: List[Event] = []
     with contextlib.closing(run):
@@ -2356,6 +2739,79 @@ def settle_run(
             events.append(event)
             if on_event is not None:
                 on_event(event)
+
+
+def print_event(event: Event, file: Optional[TextIO] = None) -> None:
+    """Prints one readable line for an event to ``file`` (default: ``sys.stdout``), flushed.
+
+    Use it as ``settle_run(run, on_event=print_event)``. The line is the sequence, the
+    type and what the event says: text as a JSON string, a call as ``name(arguments)
+    [id]``, a tool result as ``name ok: content`` or ``name error: content``; the
+    ``run.finished`` line is the result, with the usage reported (``unknown``: no count),
+    the calls left without a result and the error. An unprintable character (a line
+    break) is written as its escape, so that an event is always one line.
+    """
+    payload = event.payload
+    if event.type == "message.accepted":
+        detail = _message_text(payload["message"])
+    elif event.type == "model.chunk":
+        chunk = payload["chunk"]
+        shown = chunk.tool_call if isinstance(chunk, ToolCallChunk) else chunk
+        detail = f"{payload['request_id']} {_piece_text(shown)}"
+    elif event.type == "tool.started":
+        detail = f"{payload['request_id']} {_call_text(payload['tool_call'])}"
+    elif event.type == "tool.finished":
+        detail = f"{payload['request_id']} {_outcome_text(payload['tool_result'])}"
+    else:
+        detail = _result_text(payload["result"])
+    line = f"{event.sequence:3d}  {event.type:<16}  {detail}"
+    if not line.isprintable():  # a line break, say, in what a model or a tool wrote
+        line = "".join(char if char.isprintable() else ascii(char)[1:-1] for char in line)
+    print(line, file=file, flush=True)
+
+
+def _message_text(message: Message) -> str:
+    """A message as print_event shows it: its role and id, then its content."""
+    if isinstance(message, UserMessage):
+        content = json.dumps(message.content, ensure_ascii=False)
+    elif isinstance(message, AssistantMessage):
+        content = ", ".join(_piece_text(block) for block in message.content)
+    else:
+        content = _outcome_text(message)
+    return f"{message.role} {message.id}: {content}"
+
+
+def _piece_text(piece: Union[TextBlock, ThinkingBlock, ToolCall, TextDelta, ThinkingDelta]) -> str:
+    """A block or a chunk as print_event shows it: its type, then its text or call."""
+    if isinstance(piece, ToolCall):
+        return f"{piece.type} {_call_text(piece)}"
+    text = piece.thinking if isinstance(piece, (ThinkingBlock, ThinkingDelta)) else piece.text
+    return f"{piece.type} {json.dumps(text, ensure_ascii=False)}"
+
+
+def _call_text(call: ToolCall) -> str:
+    """A call as print_event shows it: name(arguments) [id]."""
+    arguments = json.dumps(call.plain_arguments(), ensure_ascii=False, separators=(",", ":"))
+    return f"{call.name}({arguments}) [{call.id}]"
+
+
+def _outcome_text(result: ToolResultMessage) -> str:
+    """A tool result as print_event shows it: name ok: content, or name error: content."""
+    return f"{result.tool_name} {'error' if result.is_error else 'ok'}: {result.content}"
+
+
+def _result_text(result: RunResult) -> str:
+    """A RunResult as print_event shows it, on the run.finished line."""
+    parts = [f"{result.status} after {result.steps} step(s)", f"{len(result.messages)} messages"]
+    if result.usage is not None:  # the counts the model reported, by their JSON keys
+        counts = ", ".join(f"{key} {count}" for key, count in result.usage.to_dict().items())
+        parts.append(f"usage: {counts or 'unknown'}")
+    open_calls = open_tool_calls(result.messages)
+    if open_calls:
+        parts.append("left without a result: " + ", ".join(call.id for call in open_calls))
+    if result.error is not None:
+        parts.append(f"error: {result.error.code}: {result.error.message}")
+    return ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -2437,7 +2893,8 @@ class ScriptedModel:
         for message in messages:
             if isinstance(message, AssistantMessage):
                 stop_reason: StopReason = "toolCall" if _tool_calls(message) else "stop"
-                response_id = _response_id(message.id)
+                derived = response_id_of(message.id)
+                response_id = message.id if derived is None else derived
                 responses.append(
                     scripted_response(
                         response_id, message.content, stop_reason, usage=message.usage
@@ -2482,35 +2939,14 @@ class ScriptedModel:
 # --- The demonstration ------------------------------------------------------------
 
 
-def _demo_tools() -> ToolRegistry:
-    """Three small tools; the weather station in Atlantis is missing, on purpose."""
-
-    def add(left: float, right: float) -> object:
-        """Adds two numbers."""
-        return {"sum": left + right}
-
-    def multiply(left: float, right: float) -> object:
-        """Multiplies two numbers."""
-        return {"product": left * right}
-
-    def weather(city: str) -> str:
-        """Reports the weather in a city."""
-        stations = {"Lisbon": "sunny, 19 C", "Oslo": "snow, -3 C"}
-        if city not in stations:
-            raise LookupError(f"no weather station in {city}")
-        return stations[city]
-
-    return ToolRegistry(Tool.from_function(tool) for tool in (add, multiply, weather))
-
-
 def _demo_model() -> ScriptedModel:
-    """A three-step script: thinking and one tool, then two tools (one fails), then the
+    """A three-step script: thinking and one tool, then two calls (one fails), then the
     answer; each response with the usage a provider with a prompt cache would report."""
-    thinking = ThinkingBlock("Two operations: the sum first, then the product.", "sig-demo-001")
+    thinking = ThinkingBlock("Two operations: the sum first, then the division.", "sig-demo-001")
     add = ToolCall("call-add-001", "add", {"left": 20, "right": 22})
-    multiply = ToolCall("call-multiply-001", "multiply", {"left": 42, "right": 2})
-    weather = ToolCall("call-weather-001", "weather", {"city": "Atlantis"})
-    answer = ["(20 + 22) * 2 = 84. ", "Atlantis has no ", "weather station."]
+    half = ToolCall("call-divide-001", "divide", {"dividend": 42, "divisor": 2})
+    by_zero = ToolCall("call-divide-002", "divide", {"dividend": 42, "divisor": 0})
+    answer = ["(20 + 22) / 2 = 21. ", "42 / 0 has no value: ", "division by zero."]
     return ScriptedModel(
         [
             scripted_response(
@@ -2520,7 +2956,7 @@ def _demo_model() -> ScriptedModel:
                 usage=Usage(412, 58, 0, 1024, 12),
             ),
             scripted_response(
-                "response-002", [multiply, weather], "toolCall", usage=Usage(96, 41, 1024, 0, 0)
+                "response-002", [half, by_zero], "toolCall", usage=Usage(96, 41, 1024, 0, 0)
             ),
             scripted_response(
                 "response-003",
@@ -2533,59 +2969,12 @@ def _demo_model() -> ScriptedModel:
     )
 
 
-def _brief(call: ToolCall) -> str:
-    """A call as the demonstration prints it: name(arguments) [id]."""
-    return f"{call.name}({json.dumps(call.plain_arguments(), separators=(',', ':'))}) [{call.id}]"
-
-
-def _demo_line(event: Event) -> str:
-    """One readable line per event: sequence, type, the essentials of the payload."""
-    payload = event.payload
-    if event.type == "message.accepted":
-        message = payload["message"]
-        detail = f"{message.role} {message.id}: {json.dumps(message.content)}"
-    elif event.type == "model.chunk":
-        chunk = payload["chunk"]
-        if isinstance(chunk, ToolCallChunk):
-            shown = _brief(chunk.tool_call)
-        else:
-            shown = json.dumps(chunk.text if isinstance(chunk, TextDelta) else chunk.thinking)
-        detail = f"{payload['request_id']} {chunk.type} {shown}"
-    elif event.type == "tool.started":
-        detail = f"{payload['request_id']} {_brief(payload['tool_call'])}"
-    elif event.type == "tool.finished":
-        result = payload["tool_result"]
-        outcome = "error" if result.is_error else "ok"
-        detail = f"{payload['request_id']} {result.tool_name} {outcome}: {result.content}"
-    else:
-        result = payload["result"]
-        detail = f"{result.status} after {result.steps} step(s)"
-    return f"{event.sequence:3d}  {event.type:<16}  {detail}"
-
-
-def _demo_result(result: RunResult) -> str:
-    """A result as the demonstration prints it, after the events."""
-    line = f"result: {result.status}, {result.steps} step(s), {len(result.messages)} messages"
-    if result.usage is not None:  # the counts the provider gave, by their JSON keys
-        counts = ", ".join(f"{key} {count}" for key, count in result.usage.to_dict().items())
-        line += f", usage: {counts or 'unknown'}"
-    lines = [line]
-    if result.final_text is not None:
-        lines.append(f"final text: {result.final_text}")
-    if result.max_steps is not None:
-        lines.append(f"the budget of {result.max_steps} step(s) ended the run")
-    open_calls = open_tool_calls(result.messages)
-    if open_calls:
-        lines.append("left without a result: " + ", ".join(call.id for call in open_calls))
-    return "\n".join(lines)
-
-
 def _main(argv: Optional[Sequence[str]] = None) -> int:
-    """The demonstration: a scripted run over three tools, printed one event per line."""
+    """The demonstration: a scripted run over two tools, printed one event per line."""
     parser = argparse.ArgumentParser(
         prog="python agent_loop.py",
-        description="Runs the Agent Loop on a scripted model with three tools (one call "
-        "fails, recoverably) and prints each event on one line, then the result.",
+        description="Runs the Agent Loop on a scripted model with two tools (one call "
+        "fails, recoverably) and prints each event on one line, the result last.",
     )
     parser.add_argument("--json", action="store_true", help="print each event as JSON")
     budget = f"the step budget, 1..{MAX_AGENT_STEPS} (the demo needs 3)"
@@ -2601,22 +2990,31 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
     signal = threading.Event()
 
     def show(event: Event) -> None:
-        print(
-            json.dumps(event.to_dict(), ensure_ascii=False) if options.json else _demo_line(event)
-        )
+        if options.json:
+            print(json.dumps(event.to_dict(), ensure_ascii=False))
+        else:
+            print_event(event)
         if event.sequence == options.cancel_after:
             signal.set()
 
-    run = run_agent_loop(
-        messages=[UserMessage("user-001", "What is (20 + 22) * 2? And the weather in Atlantis?")],
-        model=_demo_model(),
-        tools=_demo_tools(),
-        max_steps=options.max_steps,
-        signal=signal,
+    def add(left: float, right: float) -> object:
+        """Adds two numbers."""
+        return {"sum": left + right}
+
+    def divide(dividend: float, divisor: float) -> object:
+        """Divides one number by another."""
+        return {"quotient": dividend / divisor}  # by 0: an exception, a recoverable result
+
+    settle_run(
+        run_agent_loop(
+            messages=[UserMessage("user-001", "What is (20 + 22) / 2? And 42 / 0?")],
+            model=_demo_model(),
+            tools=ToolRegistry([Tool.from_function(add), Tool.from_function(divide)]),
+            max_steps=options.max_steps,
+            signal=signal,
+        ),
+        on_event=show,
     )
-    _, result = settle_run(run, on_event=show)
-    if not options.json:
-        print(_demo_result(result))
     return 0
 
 

@@ -49,8 +49,8 @@ Rules:
 - Thinking. Anthropic: ``thinking=None`` sends no thinking setting (the model's
   default); a mapping is the API's own (``{"type": "enabled", "budget_tokens": 2048}``),
   sent as it is; ``"adaptive"`` sends ``{"type": "adaptive"}``. A ``thinking`` block
-  streams as ``ThinkingDelta`` chunks (one per ``thinking_delta`` until half the chunk
-  budget is spent: see the pacing below), and the response holds it as
+  streams as ``ThinkingDelta`` chunks (one per ``thinking_delta``, paced as text is: see
+  ``_Pacer``), and the response holds it as
   ``ThinkingBlock(thinking, signature)``, the signature from its ``signature_delta``
   (the last one, if several; None if none); a ``redacted_thinking`` block streams
   nothing and is ``ThinkingBlock("", signature=data, redacted=True)``. OpenAI-compatible
@@ -68,26 +68,12 @@ Rules:
   being each other's boundaries. Its stop reason is ``toolCall`` when it holds calls,
   else ``stop``, whatever the provider said (some servers say ``stop`` for tool calls).
   Empty arguments (``""``, a tool without parameters) mean ``{}``.
-- Long answers fit the loop's limits (``MAX_STEP_CHUNKS`` 1,024 chunks per step, and
-  ``MAX_STEP_TEXT`` 65,536 code points of text and, counted on their own, 65,536 of
-  thinking), by coalescing once half the chunk budget is spent: while fewer than 512
-  chunks of the step were yielded, each text or thinking delta is yielded as it
-  arrives (so the first delta at once, and an answer of up to 512 deltas delta by
-  delta); after that, text and thinking are buffered and yielded once the buffer holds
-  at least 2 code points, a minimum that doubles every 32 chunks (4 once 544 chunks
-  were yielded, 8 once 576, ... 1,024 once 800, 2,048 once 832). Thinking counts as
-  text does (every chunk counts, whichever it is, and it fills the same minimum), and
-  the buffer holds one of them: it is yielded when the other begins, before a tool
-  call, and at the end of the answer. Guarantee: an answer of up to 65,536 code points
-  of text takes at most 832 chunks (65,536 in one-character events take exactly 832),
-  and with up to 65,536 of thinking too, at most 864 (as many of each in
-  one-character events, thinking first, take exactly 864); add at most two chunks per
-  tool call (itself and the buffer it flushes) and one per change between thinking
-  and text. So an answer within the loop's limits fits in 1,024 chunks when its calls
-  cost at most 192 chunks without thinking (96 calls), and when its calls and changes
-  cost at most 160 with the most thinking (80 calls, say). An answer with more text or
-  thinking than ``MAX_STEP_TEXT``, or too many tool calls, still fails the run with
-  ``MODEL_PROTOCOL_ERROR``. The provider's token limit (``options={"max_tokens":
+- Long answers fit the loop's limits (``MAX_STEP_CHUNKS`` chunks per step,
+  ``MAX_STEP_TEXT`` code points of text and, counted on their own, as many of thinking):
+  deltas are yielded as they arrive at first, then coalesced into growing chunks;
+  ``_Pacer`` states when, and how many tool calls fit beside the most text. An answer
+  with more text or thinking than ``MAX_STEP_TEXT``, or too many tool calls, still fails
+  the run with ``MODEL_PROTOCOL_ERROR``. The provider's token limit (``options={"max_tokens":
   ...}``, Anthropic's ``max_tokens``) does not shorten a failing answer into a passing
   one: an answer that reaches it is cut, and fails (see ``accept_truncated``).
 - Usage: the response's ``usage`` is what the provider reported, and None when it
@@ -105,13 +91,13 @@ Rules:
   that is not an int >= 0 (or cached tokens above the prompt's) is a malformed event.
 - Ids are unique in the transcript, whatever the provider sends (some servers send
   ``call_0`` in every response), and deterministic, so a recorded run replays exactly.
-  The response to ``request-NNN`` is ``response-NNN`` (``response-`` + the request id
-  for another request id). A tool call keeps the provider's id when that id is a
-  non-empty string that the transcript and this response do not use yet; otherwise it
-  is ``<response id>-call-<n>``, where n is the call's position among the response's
-  calls (1 for the first, 2 for the second...). Either id takes the first free suffix
-  ``-2``, ``-3``... when it is taken. The transcript's ids are what later requests
-  send back to the provider.
+  The response to ``request-NNN`` (an id the loop makes: ``al.request_number()``) is
+  ``response-NNN``, and to another request id ``response-`` + that id. A tool call
+  keeps the provider's id when that id is a non-empty string that the transcript and
+  this response do not use yet; otherwise it is ``<response id>-call-<n>``, where n is
+  the call's position among the response's calls (1 for the first, 2 for the
+  second...). Either id takes the first free suffix ``-2``, ``-3``... when it is taken.
+  The transcript's ids are what later requests send back to the provider.
 - Completeness is decided by the wire format, not the socket: an answer is complete when
   its end marker arrives, ``data: [DONE]`` (OpenAI) or ``message_stop`` (Anthropic, with
   every content block stopped: a block still open at ``message_stop`` was cut, and is a
@@ -189,14 +175,12 @@ decide an error, ``_retry_after()`` reads the Retry-After headers, and
 from values alone. ``_Pacer`` is the coalescing policy.
 ``_Exchange`` is the one place with a socket, the timeout and the cancellation watch.
 
-Run ``python agent_loop_providers.py --help`` for the command line: an agent with a
-few small tools (add, multiply, weather), against any endpoint, printing the answer
-(and the thinking, apart) as it streams, and what the run cost.
+The command line, an agent with a few small tools against any endpoint, is the
+companion ``agent_loop_cli.py``: ``python agent_loop_cli.py --help``.
 """
 
 from __future__ import annotations
 
-import argparse
 import codecs
 import contextlib
 import datetime
@@ -210,10 +194,8 @@ import math
 import os
 import random
 import selectors
-import signal as os_signal
 import socket
 import ssl
-import sys
 import threading
 import time
 import urllib.parse
@@ -228,9 +210,7 @@ from typing import (
     List,
     Mapping,
     Optional,
-    Sequence,
     Set,
-    TextIO,
     Tuple,
     Type,
     Union,
@@ -495,13 +475,26 @@ def _after_retries(error: ProviderError, retried: int, retries: int) -> Provider
 
 
 class _Pacer:
-    """The coalescing policy of the module docstring: which chunks to yield, and when.
+    """Which chunks to yield, and when, so that long answers fit the loop's limits: the
+    one statement of the pacing rule (the module docstring and the README point here).
 
-    ``yielded`` counts the step's chunks. While it is below _PACED_FROM, each chunk is
-    yielded as it comes; after that, text and thinking are buffered (one kind at a
-    time: the other kind flushes the buffer first) until the buffer holds the minimum,
-    2 code points doubled every _DOUBLING chunks. A tool call flushes the buffer before
+    ``yielded`` counts the step's chunks. While it is below _PACED_FROM (512), each chunk
+    is yielded as it comes: the first delta at once, and an answer of up to 512 deltas
+    delta by delta. After that, text and thinking are buffered (one kind at a time: the
+    other kind flushes the buffer first) and yielded once the buffer holds the minimum,
+    2 code points doubled every _DOUBLING (32) chunks: 4 once 544 chunks were yielded, 8
+    once 576, ... 1,024 once 800, 2,048 once 832. Thinking counts as text does (every
+    chunk counts, and it fills the same minimum). A tool call flushes the buffer before
     it; ``flushed()`` at the end of the answer yields what is left.
+
+    What that guarantees: an answer of up to MAX_STEP_TEXT (65,536) code points of text
+    takes at most 832 chunks (65,536 in one-character events take exactly 832), and with
+    as many of thinking too, at most 864 (as many of each in one-character events,
+    thinking first, take exactly 864); each tool call adds at most two chunks (itself and
+    the buffer it flushes) and each change between thinking and text one. So an answer
+    within the loop's limits fits in MAX_STEP_CHUNKS (1,024) when its calls cost at most
+    192 chunks without thinking (96 calls), and when its calls and changes cost at most
+    160 with the most thinking (80 calls, say).
     """
 
     def __init__(self, request_id: str) -> None:
@@ -1197,9 +1190,9 @@ class _Ids:
                 for block in message.content:
                     if isinstance(block, al.ToolCall):
                         self.call_ids.add(block.id)
-        prefix = "request-"
-        number = request.id[len(prefix) :] if request.id.startswith(prefix) else request.id
-        self.response_id = _free("response-" + number, self._response_taken)
+        number = al.request_number(request.id)
+        base = request.id if number is None else f"{number:03d}"
+        self.response_id = _free("response-" + base, self._response_taken)
         self.calls = 0
 
     def call_id(self, provider_id: object) -> str:
@@ -1213,10 +1206,10 @@ class _Ids:
         return chosen
 
     def _response_taken(self, candidate: str) -> bool:
-        return "message-" + candidate in self.message_ids
+        return al.assistant_message_id(candidate) in self.message_ids
 
     def _call_taken(self, candidate: str) -> bool:
-        return candidate in self.call_ids or "tool-result-" + candidate in self.message_ids
+        return candidate in self.call_ids or al.tool_result_id(candidate) in self.message_ids
 
 
 def _free(base: str, taken: Callable[[str], bool]) -> str:
@@ -1838,305 +1831,3 @@ class _AnthropicAnswer(_Answer):
             count = _count(usage, key, data)
             if count is not None:
                 self.usage[name] = count
-
-
-# --- The command line -----------------------------------------------------------------
-
-
-def _command_line_tools() -> al.ToolRegistry:
-    """The command line's tools; the weather station in Atlantis is missing, on purpose."""
-
-    def add(left: float, right: float) -> Dict[str, float]:
-        """Adds two numbers."""
-        return {"sum": left + right}
-
-    def multiply(left: float, right: float) -> Dict[str, float]:
-        """Multiplies two numbers."""
-        return {"product": left * right}
-
-    def weather(city: str) -> str:
-        """Reports the weather in a city."""
-        stations = {"Lisbon": "sunny, 19 C", "Oslo": "snow, -3 C"}
-        if city not in stations:
-            raise al.ToolError(f"no weather station in {city}")
-        return stations[city]
-
-    return al.ToolRegistry([al.Tool.from_function(fn) for fn in (add, multiply, weather)])
-
-
-class _Printer:
-    """The readable output: text as it streams, thinking apart (each of its lines after
-    "> "), a line per tool call and result, then the result and what the run cost."""
-
-    def __init__(self, out: TextIO) -> None:
-        self.out = out
-        self.in_line = False  # streamed text left the cursor inside a line
-        self.thinking = False  # the streamed line is thinking
-
-    def event(self, event: al.Event) -> None:
-        payload = event.payload
-        if event.type == "model.chunk":
-            chunk = payload["chunk"]
-            if isinstance(chunk, al.TextDelta):
-                if self.thinking:  # the answer's text starts on a line of its own
-                    self.end_line()
-                self.write(chunk.text)
-                return
-            if isinstance(chunk, al.ThinkingDelta):
-                self.think(chunk.thinking)
-                return
-            call = chunk.tool_call
-            arguments = json.dumps(call.plain_arguments(), ensure_ascii=False)
-            self.line(f"-> {call.name}({arguments}) [{call.id}]")
-        elif event.type == "tool.finished":
-            result = payload["tool_result"]
-            outcome = "error" if result.is_error else "ok"
-            self.line(f"<- {result.tool_name} {outcome}: {result.content}")
-        elif event.type == "run.finished":
-            self.result(payload["result"])
-        # message.accepted and tool.started: the text and the calls are already shown.
-
-    def think(self, thinking: str) -> None:
-        """Thinking as it streams, each of its lines after "> "."""
-        if not self.thinking:
-            self.end_line()
-            self.thinking = True
-        for number, piece in enumerate(thinking.split("\n")):
-            if number:
-                self.write("\n")
-            if piece:
-                self.write(piece if self.in_line else "> " + piece)
-
-    def result(self, result: al.RunResult) -> None:
-        cost = _usage_text(result.usage)
-        self.line(
-            f"result: {result.status}, {result.steps} step(s), {len(result.messages)} messages"
-            + (f", usage: {cost}" if cost else "")
-        )
-        if result.max_steps is not None:
-            self.line(f"the budget of {result.max_steps} step(s) ended the run")
-        if result.error is not None:
-            self.line(f"error: {result.error.code}: {result.error.message}")
-
-    def write(self, text: str) -> None:
-        self.out.write(text)
-        self.in_line = not text.endswith("\n")
-        self.out.flush()
-
-    def end_line(self) -> None:
-        """Ends the streamed line, if one is open; what follows is not thinking."""
-        if self.in_line:
-            self.out.write("\n")
-            self.in_line = False
-        self.thinking = False
-
-    def line(self, text: str) -> None:
-        self.end_line()
-        self.out.write(text + "\n")
-        self.out.flush()
-
-
-def _usage_text(usage: Optional[al.Usage]) -> str:
-    """What a run cost, only what the provider said: "120 in, 45 out, 30 cache read"."""
-    if usage is None:
-        return ""
-    counts = (
-        (usage.input_tokens, "in"),
-        (usage.output_tokens, "out"),
-        (usage.cache_read_tokens, "cache read"),
-        (usage.cache_write_tokens, "cache write"),
-        (usage.reasoning_tokens, "reasoning"),
-    )
-    return ", ".join(f"{count} {what}" for count, what in counts if count is not None)
-
-
-def _json_line(event: al.Event) -> None:
-    print(json.dumps(event.to_dict(), ensure_ascii=False), flush=True)
-
-
-def _steps(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if not 1 <= value <= al.MAX_AGENT_STEPS:
-        raise argparse.ArgumentTypeError(f"{value} is not in 1..{al.MAX_AGENT_STEPS}")
-    return value
-
-
-def _at_least(low: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{value} is not >= {low}")
-        return value
-
-    return parse
-
-
-_tokens = _at_least(1)
-_retries = _at_least(0)
-_budget = _at_least(1024)  # the API's least thinking budget
-
-
-def _option(text: str) -> Tuple[str, Any]:
-    key, equals, value = text.partition("=")
-    if not key or not equals:
-        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=JSON")
-    try:
-        return key, json.loads(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"the value of {key} is not JSON: {value!r}") from None
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Runs an agent with the command line's tools against a provider; prints the answer.
-
-    Prints the answer's text as it streams (thinking on lines of its own, each after
-    "> "), a line per tool call and per tool result, then the result with the usage the
-    provider reported (only the counts it gave); ``--json`` prints each event's
-    ``to_dict()`` as one JSON line and nothing else. Returns 0 when the run completed,
-    1 otherwise. Ctrl-C sets the run's signal, so the run ends ``cancelled`` and its
-    result is printed. Retries and accepted cut answers are logged on stderr. Bad
-    options exit with status 2.
-    """
-    parser = argparse.ArgumentParser(
-        prog="python agent_loop_providers.py",
-        description=(
-            "Runs the Agent Loop against a streaming model API, with a few tools (add, "
-            "multiply, weather), and prints the answer as it streams (thinking after '> '), "
-            "a line per tool call and per tool result, then the result and its token "
-            "usage. The API key comes from OPENAI_API_KEY or ANTHROPIC_API_KEY, if set. "
-            "Ctrl-C cancels the run."
-        ),
-    )
-    parser.add_argument("--provider", required=True, choices=("openai", "anthropic"))
-    parser.add_argument(
-        "--base-url",
-        required=True,
-        metavar="URL",
-        help="e.g. http://localhost:11434/v1 (Ollama) or https://api.anthropic.com",
-    )
-    parser.add_argument("--model", required=True, metavar="NAME", help="the provider's model")
-    parser.add_argument("--system", metavar="TEXT", help="the system prompt")
-    parser.add_argument(
-        "--max-steps",
-        type=_steps,
-        default=8,
-        metavar="N",
-        help=f"the step budget, 1..{al.MAX_AGENT_STEPS} (default 8)",
-    )
-    parser.add_argument(
-        "--max-tokens",
-        type=_tokens,
-        metavar="N",
-        help="the answer's token limit (OpenAI: max_tokens in the body; Anthropic: "
-        f"{_MAX_TOKENS} unless given)",
-    )
-    parser.add_argument(
-        "--thinking",
-        type=_budget,
-        metavar="BUDGET",
-        help="Anthropic: extended thinking with this token budget, 1024 or more and below "
-        f"the answer's token limit (--max-tokens, default {_MAX_TOKENS}); shown after '> '",
-    )
-    parser.add_argument(
-        "--option",
-        type=_option,
-        action="append",
-        default=[],
-        metavar="KEY=JSON",
-        help='a field of the request body, e.g. temperature=0 or stop=["\\n"] (repeatable)',
-    )
-    parser.add_argument(
-        "--retries",
-        type=_retries,
-        default=2,
-        metavar="N",
-        help="more attempts after a transient failure before the answer starts (default 2)",
-    )
-    parser.add_argument(
-        "--accept-truncated",
-        action="store_true",
-        help="accept a text answer cut by the token limit (logged) instead of failing",
-    )
-    parser.add_argument(
-        "--json",
-        action="store_true",
-        help="print each event as one JSON line (to_dict form), nothing else",
-    )
-    parser.add_argument("prompt", metavar="PROMPT", help="the user's message")
-    options = parser.parse_args(argv)
-    body = dict(options.option)
-    arguments: Dict[str, Any] = {
-        "base_url": options.base_url,
-        "system": options.system,
-        "retries": options.retries,
-        "accept_truncated": options.accept_truncated,
-    }
-    model_class: Any = OpenAIChatModel
-    if options.provider == "anthropic":
-        model_class = AnthropicMessagesModel
-        if options.max_tokens is not None:
-            arguments["max_tokens"] = options.max_tokens
-        if options.thinking is not None:
-            limit = options.max_tokens or _MAX_TOKENS
-            if options.thinking >= limit:
-                parser.error(
-                    f"--thinking {options.thinking} must be below the token limit, {limit} "
-                    f"(raise it with --max-tokens)"
-                )
-            arguments["thinking"] = {"type": "enabled", "budget_tokens": options.thinking}
-    elif options.thinking is not None:
-        parser.error(
-            "--thinking is for --provider anthropic (OpenAI-compatible servers "
-            "take their own fields: --option KEY=JSON)"
-        )
-    elif options.max_tokens is not None:
-        if "max_tokens" in body:
-            parser.error("give max_tokens once: --max-tokens or --option max_tokens=...")
-        body["max_tokens"] = options.max_tokens
-    try:
-        model = model_class(options.model, options=body, **arguments)
-    except (TypeError, ValueError) as error:
-        parser.error(str(error))
-    signal = threading.Event()
-
-    def interrupt(number: int, frame: object) -> None:
-        signal.set()  # the run ends cancelled
-        # A second Ctrl-C interrupts at once, whatever the run is doing (a tool, say).
-        os_signal.signal(os_signal.SIGINT, previous)
-
-    # Retries and accepted cut answers go to stderr, as warnings; only while main runs.
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("warning: %(message)s"))
-    _logger.addHandler(handler)
-    previous = os_signal.signal(os_signal.SIGINT, interrupt)
-    try:
-        _, result = al.settle_run(
-            al.run_agent_loop(
-                messages=[al.UserMessage("user-001", options.prompt)],
-                model=model,
-                tools=_command_line_tools(),
-                max_steps=options.max_steps,
-                signal=signal,
-            ),
-            on_event=_json_line if options.json else _Printer(sys.stdout).event,
-        )
-    finally:
-        os_signal.signal(os_signal.SIGINT, previous)
-        _logger.removeHandler(handler)
-    return 0 if result.status == "completed" else 1
-
-
-if __name__ == "__main__":
-    try:
-        status = main()
-        sys.stdout.flush()  # here, where a broken pipe can still be caught
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        status = 1
-    sys.exit(status)

@@ -19,6 +19,11 @@ Rules:
   replay does not open that request (``steps`` is one less). A failed run ends
   ``cancelled`` after the same events: the log does not hold what the model sent or what
   the tool raised. An ``INVALID_TRANSCRIPT`` log holds no starting message: a ValueError.
+- A run with ``tool_concurrency`` > 1 replays exactly: calls whose ``tool.started``
+  events came in a row ran together; the tools of no such group replay as sequential.
+  A cancelled group that kept a result after a call still open is a ValueError; a run
+  cancelled by ``before_tool_call`` before its last response's first call started
+  replays without that response.
 - The replayed model compares each request with the transcript that the recording
   implies; with real tools in place of the recorded ones, a tool that now answers
   differently fails the run (``MODEL_STREAM_ERROR``) at the next request, with the
@@ -91,10 +96,6 @@ __all__ = [
     "JournalError",
 ]
 
-# The ids the loop derives, as its README states them: request-001, request-002... and
-# the assistant message of response R is "message-" + R's id.
-_MESSAGE_ID_PREFIX: Final = "message-"
-
 _DRIFT_BEFORE: Final = 160
 """Characters of a drift message's sides shown before their first difference: enough
 for a message's repr up to its content, with call ids as long as providers make them."""
@@ -158,8 +159,18 @@ def replay(events: Iterable[al.Event]) -> ReplayedRun:
     complete = result.status in ("completed", "maxSteps")
     model = _ReplayedModel(steps, None if complete else len(log) - 2)
     names = dict.fromkeys(call.name for step in steps for call in step.calls)
-    tools = al.ToolRegistry(_recorded_tool(model, name) for name in names)
-    return ReplayedRun(messages, model, tools, budget, start)
+    # A run with tool_concurrency > 1 scheduled groups: tool.started events in a row. A
+    # tool whose calls were never in one replays as sequential (a barrier): a call alone
+    # stays alone, and the groups are the recorded ones.
+    groups = [
+        [event.payload["tool_call"].name for event in group]
+        for kind, group in itertools.groupby(log, key=lambda event: event.type)
+        if kind == "tool.started"
+    ]
+    together = {name for group in groups if len(group) > 1 for name in group}
+    tools = al.ToolRegistry(_recorded_tool(model, name, name not in together) for name in names)
+    concurrency = max((len(group) for group in groups), default=1)
+    return ReplayedRun(messages, model, tools, budget, start, concurrency)
 
 
 @dataclass(frozen=True)
@@ -177,6 +188,7 @@ class ReplayedRun:
     tools: al.ToolRegistry
     max_steps: int
     request_sequence_start: int = 0
+    tool_concurrency: int = 1
 
     def run(self) -> Generator[al.Event, None, al.RunResult]:
         """Returns ``run_agent_loop()`` on these fields, with a signal of its own.
@@ -193,6 +205,7 @@ class ReplayedRun:
             max_steps=self.max_steps,
             signal=signal,
             request_sequence_start=self.request_sequence_start,
+            tool_concurrency=self.tool_concurrency,
         )
         if isinstance(self.model, _ReplayedModel) and self.model.stop_after is not None:
             return _cancelled_after(run, signal, self.model.stop_after)
@@ -236,14 +249,14 @@ def _recorded_steps(
     """The steps of a log, from its events after the accepted messages and before
     run.finished, checked against the result's transcript."""
     request_ids = [
-        f"request-{result.request_sequence_start + step:03d}"
-        for step in range(1, result.steps + 1)
+        al.request_id(result.request_sequence_start + step) for step in range(1, result.steps + 1)
     ]
     positions = {request_id: index for index, request_id in enumerate(request_ids)}
     chunks: List[List[al.ModelChunk]] = [[] for _ in request_ids]
     started: List[List[al.ToolCall]] = [[] for _ in request_ids]
     finished: List[List[al.ToolResultMessage]] = [[] for _ in request_ids]
     current = 0
+    previous = ""  # the type of the event before
     for event in body:
         where = f"event {event.sequence} ({event.type})"
         if event.type == "message.accepted" or event.type == "run.finished":
@@ -267,27 +280,35 @@ def _recorded_steps(
                 )
             chunks[index].append(event.payload["chunk"])
         elif event.type == "tool.started":
-            if len(started[index]) != len(finished[index]):
+            # A group's calls start in a row; the next group once they have finished.
+            if len(started[index]) != len(finished[index]) and previous != "tool.started":
                 raise ValueError(f"{where}: a tool call started before the previous one finished")
             started[index].append(event.payload["tool_call"])
         else:
             call = event.payload["tool_call"]
-            if len(started[index]) != len(finished[index]) + 1 or started[index][-1] != call:
-                raise ValueError(f"{where}: tool call {call.id!r} finished without starting")
+            pending = started[index][len(finished[index]) :]
+            if not pending or pending[0] != call:
+                raise ValueError(
+                    f"{where}: tool call {call.id!r} finished without starting, or before a "
+                    "call started earlier (a cancelled batch that kept a result after an "
+                    "interrupted call cannot be replayed: which calls the cancellation "
+                    "interrupted depended on timing)"
+                )
             finished[index].append(event.payload["tool_result"])
+        previous = event.type
 
     # The transcript the run added: each assistant message, then its tool results.
     groups: List[Tuple[al.AssistantMessage, List[al.ToolResultMessage]]] = []
     for message in result.messages[start_length:]:
-        if isinstance(message, al.AssistantMessage) and message.id.startswith(_MESSAGE_ID_PREFIX):
+        if isinstance(message, al.AssistantMessage) and al.response_id_of(message.id) is not None:
             groups.append((message, []))
         elif isinstance(message, al.ToolResultMessage) and groups:
             groups[-1][1].append(message)
         else:
             raise ValueError(
                 f"the result's transcript holds {message.role} message {message.id!r} after "
-                'the starting messages, where a run adds only assistant messages ("message-" '
-                "+ a response id), each followed by its tool results"
+                "the starting messages, where a run adds only assistant messages (whose ids "
+                "agent_loop.assistant_message_id() makes), each followed by its tool results"
             )
     complete = result.status in ("completed", "maxSteps")
     if not (
@@ -317,7 +338,7 @@ def _recorded_steps(
                     f"the tool events of {request_id} do not agree with the result's transcript"
                 )
             response = al.ModelResponse(
-                message.id[len(_MESSAGE_ID_PREFIX) :],
+                cast(str, al.response_id_of(message.id)),  # not None: it is in groups
                 request_id,
                 message.content,
                 "toolCall" if calls else "stop",
@@ -343,61 +364,14 @@ def _recorded_steps(
 def _check_recorded_stream(
     request_id: str, chunks: Sequence[al.ModelChunk], response: al.ModelResponse
 ) -> None:
-    """A step's recorded chunks agree with its response, as in every step the loop
-    recorded: the same blocks once adjacent text and adjacent thinking are joined and
-    empty text and thinking dropped (a thinking block's signature does not stream).
-
-    This is the loop's agreement rule, written again here because a companion file uses
-    only agent_loop's public names: a change to the rule in agent_loop.py is a change
-    here too (the replayed run checks it once more, so a log that slipped through would
-    still fail there, with MODEL_PROTOCOL_ERROR)."""
-    streamed = _normalized(_normalized_item(chunk) for chunk in chunks)
-    terminal = _normalized(_normalized_item(block) for block in response.content)
-    index = _first_difference(streamed, terminal)
-    if index is not None:
+    """A step's recorded chunks agree with its response, as the loop checked them when it
+    recorded the step (the replayed run checks them once more)."""
+    try:
+        al.check_stream_agreement(chunks, response)
+    except ValueError as problem:
         raise ValueError(
-            f"the chunks of {request_id} do not agree with the result's transcript: "
-            f"normalised block {index} differs ({len(streamed)} streamed, "
-            f"{len(terminal)} in the response)"
-        )
-
-
-_Normalized = Union[str, al.ThinkingBlock, al.ToolCall]
-"""A normalised block: text as a str, thinking as a ThinkingBlock of its text alone."""
-
-
-def _normalized_item(
-    item: Union[al.ModelChunk, al.TextBlock, al.ThinkingBlock, al.ToolCall],
-) -> _Normalized:
-    """What a chunk or a terminal block carries, as a normalised block."""
-    if isinstance(item, (al.TextDelta, al.TextBlock)):
-        return item.text
-    if isinstance(item, (al.ThinkingDelta, al.ThinkingBlock)):
-        return al.ThinkingBlock(item.thinking)
-    return item.tool_call if isinstance(item, al.ToolCallChunk) else item
-
-
-def _normalized(items: Iterable[_Normalized]) -> List[_Normalized]:
-    """Adjacent text joined and adjacent thinking joined, text, thinking and tool calls
-    being each other's boundaries; empty text or thinking carries nothing."""
-    normalized: List[_Normalized] = []
-    # Empty text and empty thinking are dropped first, so that they are no boundary
-    # either (a redacted block between two pieces of text). (Comparing each item with a
-    # al.ThinkingBlock("") instead costs 15 times as much.)
-    carrying = (
-        item
-        for item in items
-        if item != "" and not (type(item) is al.ThinkingBlock and item.thinking == "")
-    )
-    for kind, group in itertools.groupby(carrying, key=type):
-        if kind is str:
-            normalized.append("".join(cast("Iterable[str]", group)))
-        elif kind is al.ThinkingBlock:
-            pieces = cast("Iterable[al.ThinkingBlock]", group)
-            normalized.append(al.ThinkingBlock("".join(block.thinking for block in pieces)))
-        else:
-            normalized.extend(group)
-    return normalized
+            f"the chunks of {request_id} do not agree with the result's transcript: {problem}"
+        ) from None
 
 
 def _first_difference(left: Sequence[Any], right: Sequence[Any]) -> Optional[int]:
@@ -420,7 +394,6 @@ class _ReplayedModel:
         self._steps = {step.request_id: step for step in steps}
         self.stop_after = stop_after
         self._active: Optional[_RecordedStep] = None
-        self._next_call = 0
 
     def stream(
         self, request: al.ModelRequest, signal: al.Signal
@@ -440,7 +413,7 @@ class _ReplayedModel:
                 f"{request.id} differs from the recording at message {index}: "
                 f"recorded {recorded}, got {got}"
             )
-        self._active, self._next_call = step, 0
+        self._active = step
         return self._play(step)
 
     @staticmethod
@@ -453,20 +426,20 @@ class _ReplayedModel:
             )
         return step.response
 
-    def answer(self, name: str, arguments: Dict[str, Any]) -> object:
-        """A recorded tool's execute: the recorded result of the active step's next call."""
-        step, index = self._active, self._next_call
-        self._next_call += 1
-        if (
-            step is None
-            or index >= len(step.results)
-            or step.calls[index] != al.ToolCall(step.calls[index].id, name, arguments)
-        ):
+    def answer(self, name: str, signal: al.Signal) -> object:
+        """A recorded tool's execute: the recorded result of the call being executed, in
+        the active step (in any thread). A call the log left open (the run was cancelled
+        while it ran) waits for the replay's cancellation, whose signal discards it."""
+        step, call = self._active, al.current_tool_call()
+        if step is None or call is None or call.name != name or call not in step.calls:
             raise RuntimeError(
-                f"the recording has no call of tool {name!r} with these arguments here, or "
-                "no result for it (the recorded tools answer the replayed model's calls, "
-                "in order)"
+                f"the recording has no call of tool {name!r} with these arguments here "
+                "(the recorded tools answer the replayed model's calls)"
             )
+        index = step.calls.index(call)
+        if index >= len(step.results):  # results end at the first open call, if any
+            signal.wait()
+            return "interrupted in the recording"  # discarded: the signal is set
         return _recorded_answer(step.results[index])
 
 
@@ -478,14 +451,14 @@ def _recorded_answer(result: al.ToolResultMessage) -> object:
     return result.content
 
 
-def _recorded_tool(model: _ReplayedModel, name: str) -> al.Tool:
+def _recorded_tool(model: _ReplayedModel, name: str, sequential: bool) -> al.Tool:
     """A tool that accepts any arguments and answers with the recorded results."""
 
     def execute(arguments: Dict[str, Any], signal: al.Signal) -> object:
-        return model.answer(name, arguments)
+        return model.answer(name, signal)
 
     description = f"Answers as the recorded tool {name!r} did."
-    return al.Tool(name, description, {"type": "object"}, execute)
+    return al.Tool(name, description, {"type": "object"}, execute, sequential=sequential)
 
 
 def _drift_sides(

@@ -36,7 +36,7 @@ Contents, in the module's order
         TestRandomScriptsAgainstAReference [hostile]
     The transcript: TestInvalidStartingTranscript (a wrong field is named),
         TestMalformedThinkingAndUsage, TestDuplicateIdsSayHowTheyWereDerived,
-        TestOnlyTheExactClasses
+        TestDerivedIdsArePublic, TestOnlyTheExactClasses
     Model boundary: TestSignalIsPublic, TestModelStreamCleanup [hostile],
         TestMalformedModelOutput [hostile]
     Events and results, Test helpers: no class of their own; TestEventSequence (here),
@@ -1424,6 +1424,55 @@ class TestStreamAndResponseAgree:
         assert result.messages == (user(),)
         assert executed == []
 
+    @pytest.mark.parametrize(("content", "chunks"), AGREEING)
+    def test_check_stream_agreement_accepts_what_the_loop_accepts(
+        self, content: list[Any], chunks: list[Any]
+    ) -> None:
+        response = al.ModelResponse("response-001", "request-001", content, "stop")
+        al.check_stream_agreement([delta(chunk) for chunk in chunks], response)
+
+    @pytest.mark.parametrize(("content", "chunks", "words"), DISAGREEING)
+    def test_check_stream_agreement_refuses_in_the_loops_words(
+        self, content: list[Any], chunks: list[Any], words: list[str]
+    ) -> None:
+        response = al.ModelResponse("response-001", "request-001", content, "stop")
+        with pytest.raises(ValueError, match=r"normalised block|streamed nothing") as raised:
+            al.check_stream_agreement([delta(chunk) for chunk in chunks], response)
+        assert all(word in str(raised.value) for word in words)
+
+    @pytest.mark.parametrize(
+        ("chunks", "words"),
+        [
+            pytest.param([al.TextDelta("request-001", "a")] * al.MAX_STEP_CHUNKS, None,
+                         id="at-limit"),
+            pytest.param([al.TextDelta("request-001", "a")] * (al.MAX_STEP_CHUNKS + 1),
+                         f"the model streamed more than {al.MAX_STEP_CHUNKS} chunks",
+                         id="over-limit"),
+            pytest.param([al.TextDelta("request-002", "a")],
+                         "'request-002' is not the active request 'request-001'",
+                         id="a-chunk-of-another-request"),
+            pytest.param([al.TextBlock("a")],
+                         "the model streamed a TextBlock, not a TextDelta, ThinkingDelta or "
+                         "ToolCallChunk", id="a-block-for-a-chunk"),
+        ],
+    )  # fmt: skip
+    def test_check_stream_agreement_checks_each_chunk_as_the_loop_does(
+        self, chunks: list[Any], words: str | None
+    ) -> None:
+        """Each chunk keeps the rules of a step's chunks, limits included."""
+        response = al.ModelResponse(
+            "response-001", "request-001", [text("a" * len(chunks))], "stop"
+        )
+        if words is None:
+            al.check_stream_agreement(chunks, response)
+        else:
+            with pytest.raises(ValueError, match=words):
+                al.check_stream_agreement(chunks, response)
+
+    def test_check_stream_agreement_takes_a_model_response(self) -> None:
+        with pytest.raises(TypeError, match="response must be a ModelResponse, got list"):
+            al.check_stream_agreement([], [text("a")])  # type: ignore[arg-type]
+
 
 def usage_step(response_id: str, usage: al.Usage | None, *blocks: Any) -> al.ScriptedResponse:
     """A scripted turn with this usage: a toolCall turn when a block is a call, else stop."""
@@ -2075,6 +2124,61 @@ class TestDuplicateIdsSayHowTheyWereDerived:
         assert executed == ran
         assert len(result.messages) == kept
         assert model.call_count == len(script)
+
+
+class TestDerivedIdsArePublic:
+    """The ids the loop derives are made by public functions, which companions call, and
+    each of the two that a companion reads back has its inverse."""
+
+    def test_a_run_derives_its_ids_with_the_public_functions(self) -> None:
+        assert (al.request_id(1), al.request_id(64)) == ("request-001", "request-064")
+        assert al.assistant_message_id("response-001") == "message-response-001"
+        assert al.tool_result_id("call-add-001") == "tool-result-call-add-001"
+        _, result, model = run(THREE_STEPS, [add_tool(), echo_tool()], request_sequence_start=5)
+        assert [request.id for request in model.requests] == [al.request_id(n) for n in (6, 7, 8)]
+        responses = ["response-001", "response-002", "response-003"]  # THREE_STEPS's ids
+        assert [m.id for m in result.messages if isinstance(m, al.AssistantMessage)] == [
+            al.assistant_message_id(response) for response in responses
+        ]
+        calls = ["call-add-001", "call-echo-001"]
+        assert [m.id for m in result.messages if isinstance(m, al.ToolResultMessage)] == [
+            al.tool_result_id(call) for call in calls
+        ]
+        numbers = range(1, al.MAX_AGENT_STEPS + 1)
+        assert [al.request_number(al.request_id(n)) for n in numbers] == list(numbers)
+
+    @pytest.mark.parametrize(
+        ("request_id", "number"),
+        [
+            ("request-001", 1),
+            pytest.param("request-064", 64, id="at-limit"),
+            pytest.param("request-065", None, id="over-limit"),
+            ("request-000", None),
+            ("request-1", None),
+            ("request-0001", None),
+            ("job-7", None),
+            ("", None),
+        ],
+    )
+    def test_request_number_reads_only_the_ids_a_run_makes(
+        self, request_id: str, number: int | None
+    ) -> None:
+        assert al.request_number(request_id) == number
+
+    @pytest.mark.parametrize(
+        ("message_id", "response_id"),
+        [
+            ("message-response-001", "response-001"),
+            ("message-message-r", "message-r"),
+            ("message-", None),  # response ids are non-empty: no response makes it
+            ("user-001", None),
+            ("tool-result-c1", None),
+        ],
+    )
+    def test_response_id_of_reads_only_the_ids_of_assistant_messages(
+        self, message_id: str, response_id: str | None
+    ) -> None:
+        assert al.response_id_of(message_id) == response_id
 
 
 class SubclassedToolCall(al.ToolCall):

@@ -5,8 +5,8 @@ byte-exact event streams to the parsers, heads to ``_head_error()``. Streams thr
 ``stream()`` and ``run_agent_loop`` read canned bytes from a stand-in for the exchange
 (``Canned``), so the loop's own limit checks judge them. No test here opens a socket or
 starts a process: what needs one (connecting, timeouts, TLS, retries, HTTP failures,
-cancellation, closing, the command line, llmock) is in
-test_agent_loop_providers_connection.py. The builders that both files use (event
+cancellation, closing, llmock) is in test_agent_loop_providers_connection.py, and the
+command line in test_agent_loop_cli.py. The builders that both files use (event
 streams, ``Canned``, ``settle_prompt``...) are in loop_testing.py.
 """
 
@@ -1152,9 +1152,11 @@ class TestIds:
         ids = [block.id for block in response.content if isinstance(block, al.ToolCall)]
         assert ids == [f"response-001-3-call-{number}" for number in range(1, 5)]
 
-    def test_a_request_id_of_another_shape(self) -> None:
-        _, response = stream(canned_openai([OPENAI_TEXT_STREAM]), request(id="job-7"))
-        assert (response.id, response.request_id) == ("response-job-7", "job-7")
+    @pytest.mark.parametrize("request_id", ["job-7", "request-7", "request-065"])
+    def test_a_request_id_the_loop_does_not_make(self, request_id: str) -> None:
+        """Only the loop's own request-NNN (al.request_number) becomes response-NNN."""
+        _, response = stream(canned_openai([OPENAI_TEXT_STREAM]), request(id=request_id))
+        assert (response.id, response.request_id) == (f"response-{request_id}", request_id)
 
     def test_a_recorded_run_replays_exactly(self) -> None:
         model = canned_openai(
@@ -1629,7 +1631,7 @@ def doubling(*levels: int) -> List[int]:
 
 
 class TestLongAnswers:
-    """Any answer the loop's limits allow completes: the pacing of the module docstring.
+    """Any answer the loop's limits allow completes: the pacing that _Pacer states.
 
     Each goes through run_agent_loop, so the loop's own limit checks judge it:
     MAX_STEP_CHUNKS (1,024 chunks) and MAX_STEP_TEXT (65,536 code points) per step.

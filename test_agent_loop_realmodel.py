@@ -6,7 +6,7 @@ starts on 127.0.0.1 with a free port and stops whatever happens. The cases are w
 new user meets first: a long answer (more server-sent events than the loop's chunk
 budget), a cancel from another thread in the middle of an answer, a forced tool call
 whose real arguments reach the tool and whose result goes back in a second request, and
-the command line's ``--json`` log of a real run, replayed exactly.
+the command line's (agent_loop_cli.py) ``--json`` log of a real run, replayed exactly.
 
 Each answer is held by a grammar at temperature 0, so that it is bounded and ends by
 itself: a GBNF grammar in the server's ``grammar`` field, or for a forced tool call the
@@ -426,7 +426,7 @@ class TestRealModel:
         finished = subprocess.run(
             [
                 sys.executable,
-                os.path.join(_HERE, "agent_loop_providers.py"),
+                os.path.join(_HERE, "agent_loop_cli.py"),
                 *("--provider", "openai", "--base-url", llama_server + "/v1"),
                 *("--model", _MODEL_ALIAS, "--json", "--max-tokens", "64"),
                 *("--option", "temperature=0", *arguments),

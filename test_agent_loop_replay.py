@@ -206,8 +206,9 @@ class TestExactReplay:
         assert_replays_exactly(events)
 
     def test_the_replayed_run_is_run_agent_loop_on_its_fields(self) -> None:
-        """A frozen dataclass with messages, model, tools, max_steps and
-        request_sequence_start, whose run() returns run_agent_loop(...) on them."""
+        """A frozen dataclass with messages, model, tools, max_steps,
+        request_sequence_start and tool_concurrency, whose run() returns
+        run_agent_loop(...) on them."""
         events, _ = record_run(three_step_script())
         replayed = alr.replay(iter(events))
         assert [field.name for field in dataclasses.fields(alr.ReplayedRun)] == [
@@ -216,7 +217,9 @@ class TestExactReplay:
             "tools",
             "max_steps",
             "request_sequence_start",
+            "tool_concurrency",
         ]
+        assert replayed.tool_concurrency == 1  # a sequential recording
         with pytest.raises(dataclasses.FrozenInstanceError):
             replayed.max_steps = 4  # type: ignore[misc]
         assert [tool.name for tool in replayed.tools] == [
@@ -546,8 +549,8 @@ def broken_log(how: str) -> list[dict[str, Any]]:
         log[1]["payload"]["chunk"]["requestId"] = "request-002"
     elif how == "chunk-after-a-tool":
         return renumbered(log[:1] + log[2:4] + [log[1]] + log[4:])
-    elif how == "started-twice":
-        return renumbered(log[:4] + log[5:6] + log[4:5] + log[6:])
+    elif how == "started-twice":  # call-1 twice in a row, as a group; call-2 then starts too soon
+        return renumbered(log[:4] + log[3:4] + log[4:])
     elif how == "finished-without-starting":
         return renumbered(log[:3] + log[4:5] + log[3:4] + log[5:])
     elif how == "result-without-the-accepted":
@@ -582,7 +585,7 @@ BROKEN_LOGS = [
         r"event 1 \(model.chunk\): a chunk carries its event's request id",
     ),
     ("chunk-after-a-tool", r"event 3 \(model.chunk\): .* before the request's tool calls"),
-    ("started-twice", r"event 4 \(tool.started\): a tool call started before the previous"),
+    ("started-twice", r"event 6 \(tool.started\): a tool call started before the previous"),
     (
         "finished-without-starting",
         r"event 3 \(tool.finished\): tool call 'call-1' finished without",
@@ -623,8 +626,17 @@ class TestReplayRejectsLogsOfNoSingleRun:
         with pytest.raises(TypeError, match="replay\\(\\) takes Events, got dict at position 0"):
             alr.replay([recording()[0]])  # type: ignore[list-item]
 
-    @pytest.mark.parametrize("how", ["dropped", "doubled"])
-    def test_chunks_that_disagree_with_the_transcript_are_a_value_error(self, how: str) -> None:
+    @pytest.mark.parametrize(
+        ("how", "where"),
+        [
+            ("dropped", "normalised block 0: streamed tool call 'call-2'"),
+            ("doubled", "normalised block 1: streamed tool call 'call-1'"),
+        ],
+    )
+    def test_chunks_that_disagree_with_the_transcript_are_a_value_error(
+        self, how: str, where: str
+    ) -> None:
+        """In the words of the loop's own check (check_stream_agreement)."""
         log = recording()
         chunk = next(i for i, data in enumerate(log) if data["type"] == "model.chunk")
         if how == "dropped":
@@ -633,8 +645,9 @@ class TestReplayRejectsLogsOfNoSingleRun:
             log.insert(chunk, copy.deepcopy(log[chunk]))
         for sequence, data in enumerate(log):
             data["sequence"] = sequence
-        with pytest.raises(ValueError, match="the chunks of request-001 do not agree"):
+        with pytest.raises(ValueError, match="the chunks of request-001 do not agree") as raised:
             alr.replay([al.event_from_dict(data) for data in log])
+        assert f"the terminal response disagree at {where}" in str(raised.value)
 
 
 def random_recorded_text(rng: random.Random) -> str:

@@ -25,6 +25,7 @@ import dataclasses
 import json
 import logging
 import pickle
+import random
 import re
 import sys
 import threading
@@ -43,6 +44,7 @@ from typing import (
     cast,
 )
 
+import jsonschema  # type: ignore[import-untyped]
 import pytest
 
 import agent_loop as al
@@ -108,6 +110,18 @@ ANNOTATED = {"type": "object", "title": "Probe", "description": "The probe's arg
     "properties": {"n": {"type": "integer", "description": "A number.", "title": "N"}},
 }  # fmt: skip
 MANY_CODES = [f"c{n:03d}" for n in range(al.MAX_ARGUMENT_VALUES + 100)]  # fmt: skip
+DEFINED = {"type": "object",
+    "properties": {"v": {"$ref": "#/$defs/Positive", "maximum": 4},
+                   "w": {"$ref": "#/definitions/a~1b~0c"}, "x": {"$ref": "#/properties/w"},
+                   "y": {"$ref": "#/$defs/Choice/anyOf/1"}},
+    "$defs": {"Positive": {"type": "integer", "minimum": 1},
+              "Choice": {"anyOf": [{"type": "null"}, {"type": "boolean"}]}},
+    "definitions": {"a/b~c": {"type": "string"}},
+}  # fmt: skip
+TREE = {"type": "object", "title": "Node",
+    "properties": {"name": {"type": "string"},
+                   "children": {"type": "array", "items": {"$ref": "#"}}},
+    "required": ["name"], "additionalProperties": False}  # fmt: skip
 
 
 def one_property(schema: Mapping[str, Any]) -> dict[str, Any]:
@@ -173,6 +187,140 @@ SCHEMA_CASES = [
     pytest.param(INNER, {"inner": {"n": "one"}}, ("$.inner.n", "integer"), id="nested-type"),
     pytest.param(INNER, {"inner": [1]}, ("$.inner", "object", "array"), id="nested-not-an-object"),
     pytest.param(ANNOTATED, {"n": 1}, None, id="annotations-are-accepted"),
+    # A type list admits each of its types; the error names them all.
+    *[pytest.param(one_property({"type": ["integer", "null"]}), {"v": value}, None,
+                   id=f"type-list-accepts-{value}") for value in (3, None)],
+    pytest.param(one_property({"type": ["integer", "null"]}), {"v": "3"},
+                 ("$.v must be integer or null, got string",), id="type-list-refuses-a-string"),
+    pytest.param(one_property({"type": ["number", "string"]}), {"v": 3}, None,
+                 id="type-list-number-accepts-an-int"),
+    pytest.param(one_property({"const": 3}), {"v": 3}, None, id="const-accepts-itself"),
+    pytest.param(one_property({"enum": []}), {"v": None}, ("$.v must be one of []",),
+                 id="an-empty-enum-admits-nothing"),
+    pytest.param(one_property({"const": 3}), {"v": 4}, ("$.v must be 3",),
+                 id="const-refuses-another"),
+    pytest.param(one_property({"const": [1, {"k": None}]}), {"v": [1, {"k": None}]}, None,
+                 id="const-compares-containers"),
+    pytest.param(one_property({"const": 1}), {"v": True}, ("$.v must be 1",),
+                 id="const-1-is-not-true"),
+    # Numeric bounds, inclusive and exclusive, on each side of the limit; ints and floats.
+    *[pytest.param(one_property({keyword: 5}), {"v": value},
+                   None if passes else (f"$.v must be {words} 5, got {value}",),
+                   id=f"{keyword}-5-given-{value}")
+      for keyword, words, cases in (
+          ("minimum", "at least", ((5, True), (4, False), (4.5, False), (5.5, True))),
+          ("exclusiveMinimum", "more than", ((5, False), (6, True), (5.5, True))),
+          ("maximum", "at most", ((5, True), (6, False), (5.5, False), (4.5, True))),
+          ("exclusiveMaximum", "less than", ((5, False), (4, True), (4.5, True))))
+      for value, passes in cases],
+    pytest.param(one_property({"minimum": 1.5}), {"v": 1}, ("$.v must be at least 1.5, got 1",),
+                 id="a-float-bound-on-an-int"),
+    # Lengths count code points (a character outside the BMP is one), items and properties.
+    *[pytest.param(one_property({keyword: 2}), {"v": value},
+                   None if passes else (f"$.v must have {words} 2 {unit}, got {len(value)}",),
+                   id=f"{keyword}-2-given-{len(value)}")
+      for keyword, words, unit, at_limit, over in (
+          ("minLength", "at least", "characters", "\U0001f600\U0001f600", "\U0001f600"),
+          ("maxLength", "at most", "characters", "\U0001f600\U0001f600", "abc"),
+          ("minItems", "at least", "items", [1, 2], [1]),
+          ("maxItems", "at most", "items", [1, 2], [1, 2, 3]),
+          ("minProperties", "at least", "properties", {"a": 1, "b": 2}, {"a": 1}),
+          ("maxProperties", "at most", "properties", {"a": 1, "b": 2}, {"a": 1, "b": 2, "c": 3}))
+      for value, passes in ((at_limit, True), (over, False))],
+    # A bound applies to its own JSON type only, as in JSON Schema.
+    *[pytest.param(one_property({keyword: 3}), {"v": value}, None, id=f"{keyword}-ignores-{kind}")
+      for keyword, own in (("minimum", ("number", "integer")), ("minLength", ("string",)),
+                           ("minItems", ("array",)), ("minProperties", ("object",)))
+      for kind, value in EXAMPLE_OF_TYPE.items() if kind not in own],
+    # additionalProperties as a schema checks each other property; beside patternProperties
+    # (whose patterns the loop does not match) it is not enforced.
+    pytest.param({**INTEGER_N, "additionalProperties": {"type": "string"}}, {"n": 1, "x": "y"},
+                 None, id="additionalProperties-schema-accepts"),
+    pytest.param({**INTEGER_N, "additionalProperties": {"type": "string"}}, {"n": 1, "x": 2},
+                 ("$.x must be string, got integer",), id="additionalProperties-schema-refuses"),
+    pytest.param({**INTEGER_N, "additionalProperties": False, "patternProperties": {"^x": {}}},
+                 {"n": 1, "y": 2}, None, id="additionalProperties-beside-patternProperties"),
+    # items applies after prefixItems, whose schemas the loop does not enforce; the array
+    # form of items (before 2020-12) is not enforced.
+    pytest.param(one_property({"prefixItems": [{"type": "string"}], "items": {"type": "integer"}}),
+                 {"v": [1.5, 2]}, None, id="items-after-prefixItems"),
+    pytest.param(one_property({"prefixItems": [{"type": "string"}], "items": {"type": "integer"}}),
+                 {"v": ["a", "b"]}, ("$.v[1] must be integer",),
+                 id="items-after-prefixItems-refuses"),
+    pytest.param(one_property({"items": [{"type": "integer"}]}), {"v": ["a"]}, None,
+                 id="items-array-form-not-enforced"),
+    # Boolean schemas: true admits anything, false nothing.
+    pytest.param({**OBJECT, "properties": {"v": True}}, {"v": [None]}, None, id="true-schema"),
+    pytest.param({**OBJECT, "properties": {"v": False}}, {"v": 1},
+                 ("$.v is not allowed (its schema is false)",), id="false-schema"),
+    pytest.param({**OBJECT, "properties": {"v": False}}, {}, None, id="false-schema-absent"),
+    # allOf, anyOf, oneOf and not, with what each says when it refuses.
+    pytest.param(one_property({"allOf": [{"minimum": 1}, {"maximum": 3}]}), {"v": 3}, None,
+                 id="allOf-accepts"),
+    pytest.param(one_property({"allOf": [{"minimum": 1}, {"maximum": 3}]}), {"v": 4},
+                 ("$.v must be at most 3, got 4",), id="allOf-refuses"),
+    *[pytest.param(one_property({"anyOf": [{"type": "integer"}, {"type": "null"}]}), {"v": value},
+                   None, id=f"anyOf-accepts-{value}") for value in (1, None)],
+    pytest.param(one_property({"anyOf": [{"type": "integer"}, {"type": "null"}]}), {"v": "x"},
+                 ("$.v matches no schema of anyOf: $.v must be integer, got string; "
+                  "$.v must be null, got string",), id="anyOf-refuses-naming-each-problem"),
+    *[pytest.param(one_property({"oneOf": [{"type": "integer"}, {"minimum": 0}]}), {"v": value},
+                   None, id=f"oneOf-one-match-{value}") for value in (-1, 0.5, "x")],
+    pytest.param(one_property({"oneOf": [{"type": "integer"}, {"minimum": 0}]}), {"v": 1},
+                 ("$.v matches 2 schemas of oneOf, not exactly one",), id="oneOf-two-matches"),
+    pytest.param(one_property({"oneOf": [{"type": "integer"}, {"type": "string"}]}), {"v": None},
+                 ("$.v matches no schema of oneOf",), id="oneOf-no-match"),
+    pytest.param(one_property({"not": {"type": "null"}}), {"v": 1}, None, id="not-accepts"),
+    pytest.param(one_property({"not": {"type": "null"}}), {"v": None},
+                 ("$.v must not match the schema of not",), id="not-refuses"),
+    # Where a schema holds a keyword the loop does not enforce, a value may match a schema
+    # here that JSON Schema would not match: so that the loop never refuses what JSON Schema
+    # accepts, such a match fails neither not nor oneOf.
+    pytest.param(one_property({"not": {"type": "string", "pattern": "^a"}}), {"v": "xyz"}, None,
+                 id="not-beside-an-unenforced-keyword"),
+    pytest.param(one_property({"oneOf": [{"type": "string"}, {"pattern": "^a"}]}), {"v": "xyz"},
+                 None, id="oneOf-beside-an-unenforced-keyword"),
+    pytest.param({**one_property({"not": {"$ref": "#/default"}}),
+                  "default": {"type": "string", "pattern": "^a"}}, {"v": "xyz"}, None,
+                 id="not-through-a-ref-into-an-annotation"),
+    # Keywords the loop does not enforce are the tool's own business.
+    *[pytest.param(one_property(schema), {"v": value}, None,
+                   id=f"{next(iter(schema))}-not-enforced")
+      for schema, value in (({"pattern": "^a"}, "b"), ({"format": "email"}, "x"),
+                            ({"multipleOf": 2}, 3), ({"uniqueItems": True}, [1, 1]),
+                            ({"contains": {"type": "string"}}, [1]),
+                            ({"if": {"type": "integer"}, "then": False}, 1),
+                            ({"x-vendor": {"type": "null"}}, 1))],
+    # $ref within the schema: to $defs and definitions (names escaped as a JSON pointer), to
+    # the root (recursion), to any schema of the document, beside other keywords.
+    pytest.param(DEFINED, {"v": 1, "w": "a"}, None, id="ref-accepts"),
+    pytest.param(DEFINED, {"v": 0, "w": "a"}, ("$.v must be at least 1, got 0",),
+                 id="ref-to-defs-refuses"),
+    pytest.param(DEFINED, {"v": 1, "w": 2}, ("$.w must be string, got integer",),
+                 id="ref-to-definitions-with-escapes-refuses"),
+    pytest.param(DEFINED, {"v": 5, "w": "a"}, ("$.v must be at most 4, got 5",),
+                 id="ref-beside-another-keyword"),
+    pytest.param(DEFINED, {"v": 1, "w": "a", "x": "b"}, None, id="ref-to-a-property-accepts"),
+    pytest.param(DEFINED, {"v": 1, "w": "a", "x": 2}, ("$.x must be string, got integer",),
+                 id="ref-to-a-property-refuses"),
+    pytest.param(DEFINED, {"v": 1, "w": "a", "y": True}, None, id="ref-through-an-array"),
+    pytest.param(DEFINED, {"v": 1, "w": "a", "y": None}, ("$.y must be boolean, got null",),
+                 id="ref-through-an-array-refuses"),
+    pytest.param(TREE, {"name": "a", "children": [{"name": "b", "children": [{"name": "c"}]}]},
+                 None, id="ref-to-the-root-accepts"),
+    pytest.param(TREE, {"name": "a", "children": [{"name": "b", "children": [{"name": 3}]}]},
+                 ("$.children[0].children[0].name must be string, got integer",),
+                 id="ref-to-the-root-refuses-deep-down"),
+    # A $ref that leads back to itself without descending into the value never ends in JSON
+    # Schema: the call is refused, and the tool does not run.
+    pytest.param({**OBJECT, "$ref": "#"}, {}, ("$ cannot be checked: its schema nests too deep, "
+                                               "or its $refs loop",), id="ref-loop"),
+    # anyOf stops at its first match, as JSON Schema's validators do: the loop after it is
+    # never reached.
+    pytest.param(one_property({"anyOf": [{"type": "integer"}, {"$ref": "#/properties/v"}]}),
+                 {"v": 1}, None, id="anyOf-stops-at-its-first-match"),
+    pytest.param(one_property({"anyOf": [{"type": "integer"}, {"$ref": "#/properties/v"}]}),
+                 {"v": "x"}, ("$ cannot be checked",), id="anyOf-goes-on-to-the-loop"),
 ]  # fmt: skip
 """(parameters, arguments, None if accepted, else the words the error result names)."""
 
@@ -222,6 +370,7 @@ def from_function(source: str, future_annotations: bool = False) -> Callable[[],
 
 
 LONG_TEXT = "x" * (al.MAX_ARGUMENT_TEXT + 1)
+NO_ARRAYS_OF_SCHEMAS: tuple[Any, ...] = ([], {}, "x")
 CANNOT_CALL = "cannot be called as execute(arguments, signal); give it two positional parameters"
 ROOT_NOT_AN_OBJECT = (
     'Tool \'probe\' parameters must have "type": "object": a tool\'s arguments are always a '
@@ -232,57 +381,103 @@ ROOT_NOT_AN_OBJECT = (
 # What Tool, ToolSpec and Tool.from_function refuse when they are built, and the words of the
 # error that tell the row from the others.
 REFUSED_TOOLS: dict[str, tuple[Callable[[], object], type[Exception], str]] = {
-    "minimum": (probe_with({**OBJECT, "minimum": 1}), ValueError,
-                "Tool 'probe' parameters uses ['minimum'], which this loop cannot enforce"),
-    "nested-pattern": (probe_with(one_property({"pattern": "x"})), ValueError,
-                       "parameters.properties.v uses ['pattern']"),
-    "ref-in-items": (probe_with(one_property({"items": {"$ref": "#"}})), ValueError,
-                     "parameters.properties.v.items uses ['$ref']"),
     # The three shapes of a root that is no object schema get one message.
     "root-string": (probe_with({"type": "string"}), ValueError, ROOT_NOT_AN_OBJECT),
     "root-without-type": (probe_with({}), ValueError, ROOT_NOT_AN_OBJECT),
     "root-properties-only": (probe_with({"properties": {}}), ValueError, ROOT_NOT_AN_OBJECT),
+    "root-type-list": (probe_with({"type": ["object", "null"]}), ValueError, ROOT_NOT_AN_OBJECT),
+    "root-true": (probe_with(True), ValueError, ROOT_NOT_AN_OBJECT),
     "parameters-list": (probe_with([]), TypeError,
                         "Tool 'probe' parameters must be a JSON Schema object, got list"),
     "parameters-str": (probe_with("object"), TypeError,
                        "Tool 'probe' parameters must be a JSON Schema object, got str"),
     "parameters-None": (probe_with(None), TypeError,
                         "Tool 'probe' parameters must be a JSON Schema object, got NoneType"),
-    "type-unknown": (probe_with({"type": "float"}), ValueError,
-                     "parameters: type must be one of ('object', 'string', 'number', 'integer', "
-                     "'boolean', 'array', 'null'), got 'float'"),
-    "type-list": (probe_with({"type": ["object", "null"]}), ValueError,
-                  "parameters: type must be one of ('object', 'string', 'number', 'integer', "
-                  "'boolean', 'array', 'null'), got ['object', 'null']"),
-    "required-str": (probe_with({**OBJECT, "required": "left"}), TypeError,
-                     "parameters: required must be a list of property names"),
-    "required-int": (probe_with({**OBJECT, "required": [1]}), TypeError,
-                     "parameters: required must be a list of property names"),
+    # A malformed value of a keyword the loop enforces, named by its path.
+    **{f"type-{value}": (probe_with(one_property({"type": value})), ValueError,
+                         "parameters.properties.v.type must be one of object, string, number, "
+                         "integer, boolean, array, null, or a non-empty array of distinct ones, "
+                         f"got {value!r}")
+       for value in ("float", "Integer", 5, None, [], ["string", "string"], ["float"],
+                     ["integer", None])},
+    "required-str": (probe_with({**OBJECT, "required": "left"}), ValueError,
+                     "parameters.required must be an array of property names, got 'left'"),
+    "required-int": (probe_with({**OBJECT, "required": [1]}), ValueError,
+                     "parameters.required must be an array of property names, got [1]"),
     "additional-str": (probe_with({**OBJECT, "additionalProperties": "no"}), TypeError,
-                       "parameters: additionalProperties must be true or false"),
-    "additional-schema": (probe_with({**OBJECT, "additionalProperties": OBJECT}), TypeError,
-                          "parameters: additionalProperties must be true or false"),
-    "enum-str": (probe_with({**OBJECT, "enum": "a"}), TypeError,
-                 "parameters: enum must be a list of JSON values"),
+                       "parameters.additionalProperties must be a JSON Schema object, got str"),
+    "enum-str": (probe_with({**OBJECT, "enum": "a"}), ValueError,
+                 "parameters.enum must be an array, got 'a'"),
     "enum-nan": (probe_with({**OBJECT, "enum": [float("nan")]}), ValueError,
-                 "parameters: enum member 0 is no value arguments may hold: "
+                 "parameters.enum holds a value no argument may be: "
                  "arguments hold nan, which is not a JSON number"),
     "enum-member-over-the-bounds": (probe_with(one_property({"enum": [LONG_TEXT]})), ValueError,
-                                    "parameters.properties.v: enum member 0 is no value "
-                                    "arguments may hold: arguments hold more than 4096 code "
-                                    "points of text"),
-    "properties-list": (probe_with({**OBJECT, "properties": []}), TypeError,
-                        "parameters: properties must be an object"),
+                                    "parameters.properties.v.enum holds a value no argument may "
+                                    "be: arguments hold more than 4096 code points of text"),
+    "const-over-the-bounds": (probe_with(one_property({"const": LONG_TEXT})), ValueError,
+                              "parameters.properties.v.const holds a value no argument may be: "
+                              "arguments hold more than 4096 code points of text"),
+    "const-set": (probe_with(one_property({"const": {1}})), ValueError,
+                  "parameters.properties.v.const holds a value no argument may be: arguments hold "
+                  "a set, which is not plain JSON"),
+    "properties-list": (probe_with({**OBJECT, "properties": []}), ValueError,
+                        "parameters.properties must be an object of schemas, got []"),
+    "defs-list": (probe_with({**OBJECT, "$defs": []}), ValueError,
+                  "parameters.$defs must be an object of schemas, got []"),
     "property-not-a-schema": (probe_with({**OBJECT, "properties": {"n": "int"}}), TypeError,
                               "parameters.properties.n must be a JSON Schema object, got str"),
     "items-str": (probe_with(one_property({"type": "array", "items": "int"})), TypeError,
                   "parameters.properties.v.items must be a JSON Schema object, got str"),
-    "items-list": (probe_with(one_property({"items": [{"type": "integer"}]})), TypeError,
-                   "parameters.properties.v.items must be a JSON Schema object, got list"),
-    "description": (probe_with({**OBJECT, "description": 5}), TypeError,
-                    "Tool 'probe' parameters: description must be a str"),
-    "title": (probe_with(one_property({"title": None})), TypeError,
-              "parameters.properties.v: title must be a str"),
+    "not-None": (probe_with(one_property({"not": None})), TypeError,
+                 "parameters.properties.v.not must be a JSON Schema object, got NoneType"),
+    **{f"{keyword}-{value!r}": (probe_with(one_property({keyword: value})), ValueError,
+                                f"parameters.properties.v.{keyword} must be a non-empty array "
+                                f"of schemas, got {value!r}")
+       for keyword in ("anyOf", "oneOf", "allOf") for value in NO_ARRAYS_OF_SCHEMAS},
+    "anyOf-member-str": (probe_with(one_property({"anyOf": [{}, "x"]})), TypeError,
+                         "parameters.properties.v.anyOf[1] must be a JSON Schema object, got str"),
+    **{f"{keyword}-{value!r}": (probe_with(one_property({keyword: value})), ValueError,
+                                f"parameters.properties.v.{keyword} must be a number, "
+                                f"got {value!r}")
+       for keyword in ("minimum", "exclusiveMaximum")
+       for value in ("5", True, None, float("nan"), float("inf"), [1])},
+    **{f"{keyword}-{value!r}": (probe_with(one_property({keyword: value})), ValueError,
+                                f"parameters.properties.v.{keyword} must be a non-negative "
+                                f"integer, got {value!r}")
+       for keyword in ("minLength", "maxItems", "minProperties")
+       for value in (-1, 1.0, True, "2")},
+    # A $ref names a schema within the same document, once it is all read.
+    **{f"ref-{ref!r}": (probe_with(one_property({"$ref": ref})), ValueError,
+                        "parameters.properties.v.$ref must be a reference within this schema: "
+                        f"'#' or a JSON pointer '#/...', got {ref!r}")
+       for ref in ("other.json#/$defs/a", "#a", "", "$defs/a", 5, None)},
+    **{f"ref-{ref}-unresolved": (probe_with(one_property({"$ref": ref})), ValueError,
+                                 f"parameters.properties.v.$ref {ref!r} names nothing in this "
+                                 "schema")
+       for ref in ("#/$defs/Missing", "#/properties/w", "#/properties/v/x", "#/required/1",
+                   "#/required/01x")},
+    "ref-escaped-unresolved": (probe_with({**DEFINED, "properties": {"w": {"$ref": "#/$defs/a/b"}},
+                                           "$defs": {"a/b": {}}}), ValueError,
+                               "parameters.properties.w.$ref '#/$defs/a/b' names nothing"),
+    "ref-to-no-schema": (probe_with({**one_property({"$ref": "#/required"})}), TypeError,
+                         "parameters.properties.v.$ref '#/required' must be a JSON Schema "
+                         "object, got tuple"),
+    # A $ref into JSON that no other keyword reads as a schema: what it names is checked.
+    "ref-to-a-malformed-schema": (probe_with({**one_property({"$ref": "#/x-defs/a"}),
+                                              "x-defs": {"a": {"minimum": "1"}}}), ValueError,
+                                  "parameters.properties.v.$ref '#/x-defs/a'.minimum must be a "
+                                  "number, got '1'"),
+    # Every part of a schema is JSON, keys included, whether the loop enforces it or not.
+    "key-int": (probe_with({**OBJECT, 1: "x"}), TypeError,
+                "Tool 'probe' parameters has an int key 1"),
+    "property-key-int": (probe_with({**OBJECT, "properties": {1: {}}}), TypeError,
+                         "Tool 'probe' parameters.properties has an int key 1"),
+    "annotation-set": (probe_with({**OBJECT, "default": {1, 2}}), TypeError,
+                       "Tool 'probe' parameters.default holds {1, 2}, which is not JSON"),
+    "annotation-nan": (probe_with(one_property({"examples": [float("nan")]})), TypeError,
+                       "parameters.properties.v.examples[0] holds nan, which is not JSON"),
+    "annotation-key-int": (probe_with({**OBJECT, "x-vendor": {"a": {2: 3}}}), TypeError,
+                           "parameters.x-vendor.a has an int key 2"),
     "name-empty": (lambda: al.Tool("", "A tool.", OBJECT, ok), TypeError,
                    "Tool name must be a non-empty str, got ''"),
     "name-int": (lambda: untyped.Tool(1, "A tool.", OBJECT, ok), TypeError,
@@ -305,7 +500,9 @@ REFUSED_TOOLS: dict[str, tuple[Callable[[], object], type[Exception], str]] = {
                              CANNOT_CALL),
     # ToolSpec's docstring: "Checked as a Tool is (TypeError or ValueError naming the field)".
     "spec-bogus-type-read-only": (lambda: al.ToolSpec("x", "d", MappingProxyType({"type": "b"})),
-                                  ValueError, "type must be one of"),
+                                  ValueError, "ToolSpec 'x' parameters.type must be one of"),
+    "spec-ref-unresolved": (lambda: al.ToolSpec("x", "d", {**OBJECT, "$ref": "#/a"}),
+                            ValueError, "ToolSpec 'x' parameters.$ref '#/a' names nothing"),
     "spec-root-string": (lambda: al.ToolSpec("x", "d", {"type": "string"}), ValueError,
                          "ToolSpec 'x' parameters must have \"type\""),
     "spec-name-empty": (lambda: al.ToolSpec("", "d", OBJECT), TypeError,
@@ -343,8 +540,9 @@ REFUSED_TOOLS: dict[str, tuple[Callable[[], object], type[Exception], str]] = {
 
 
 class TestToolSchemas:
-    """A tool's parameters are a JSON Schema subset (type, properties, required,
-    additionalProperties, items, enum); bool is no number. Failures are recoverable results."""
+    """A tool's parameters are a JSON Schema, enforced with JSON Schema 2020-12's meaning of
+    the keywords the loop knows; bool is no number, an integer no float. Failures are
+    recoverable results; a malformed schema is refused when the tool is built."""
 
     @pytest.mark.parametrize(("parameters", "arguments", "rejected"), SCHEMA_CASES)
     def test_arguments_are_checked_against_the_schema(
@@ -397,18 +595,36 @@ class TestToolSchemas:
         result = al.execute_tool_call(registry, call("probe", "c1", arguments), threading.Event())
         assert (result.content, received) == ("ok", [arguments])
 
+    @pytest.mark.parametrize("keyword", ["enum", "const"])
     @pytest.mark.parametrize("passes", [AT_LIMIT, OVER_LIMIT])
-    def test_an_enum_member_nests_as_deep_as_arguments_may(self, passes: bool) -> None:
-        """Each enum member is a value some argument may be: 32 nested containers, not 33."""
+    def test_an_enum_member_nests_as_deep_as_arguments_may(
+        self, passes: bool, keyword: str
+    ) -> None:
+        """Each enum member, and a const, is a value some argument may be: 32 nested
+        containers, not 33, wherever it is in the schema."""
         member = nested(32 if passes else 33)
-        schema = {"type": "object", "properties": {"k": {"enum": [member]}}}
+        value = [member] if keyword == "enum" else member
+        schema = {"type": "object", "properties": {"k": {keyword: value}}}
         if not passes:
-            words = "enum member 0 is no value arguments may hold: arguments nest containers "
-            with pytest.raises(ValueError, match=words + "deeper than 32$"):
+            words = " holds a value no argument may be: arguments nest containers deeper than 32"
+            with pytest.raises(ValueError, match=re.escape(f"properties.k.{keyword}{words}")):
                 al.Tool("probe", "A tool.", schema, ok)
             return
         tool = al.Tool("probe", "A tool.", schema, ok)
-        assert plain_copy(tool.parameters["properties"]["k"]["enum"]) == [member]
+        assert plain_copy(tool.parameters["properties"]["k"][keyword]) == value
+
+    @pytest.mark.parametrize("passes", [AT_LIMIT, OVER_LIMIT])
+    def test_an_annotation_nests_as_deep_as_arguments_may(self, passes: bool) -> None:
+        """The JSON of a keyword the loop does not enforce counts with the schema that holds
+        it: at the root, 32 nested containers pass, and 33 are a ValueError."""
+        schema = {"type": "object", "default": nested(32 if passes else 33)}
+        if not passes:
+            with pytest.raises(
+                ValueError, match=r"parameters\.default(\.k\[0\])+ nests deeper than 32 levels$"
+            ):
+                al.Tool("probe", "A tool.", schema, ok)
+            return
+        assert plain_copy(al.Tool("probe", "A tool.", schema, ok).parameters) == schema
 
     def test_a_tool_s_spec_is_its_name_description_and_parameters(self) -> None:
         assert add_tool().spec() == al.ToolSpec("add", "Adds two numbers.", NUMBERS)
@@ -427,6 +643,275 @@ class TestToolSchemas:
             tool.parameters["properties"]["left"] = {}
         _, result, _ = run(one_call("add", {"left": 1, "right": 2, "third": 3}), [tool])
         assert "unexpected property 'third'" in only_tool_result(result).content
+
+
+# --- The schema keywords against jsonschema ----------------------------------------------
+
+TYPE_NAMES = ("object", "string", "number", "integer", "boolean", "array", "null")
+NAMES = ("a", "b", "c")
+# The keywords the README says the loop enforces ($defs and definitions are where the
+# cases keep their schemas).
+ENFORCED = ("type", "properties", "required", "additionalProperties", "items", "enum", "const",
+    "anyOf", "oneOf", "allOf", "not", "$ref", "minimum", "maximum", "exclusiveMinimum",
+    "exclusiveMaximum", "minLength", "maxLength", "minItems", "maxItems", "minProperties",
+    "maxProperties")  # fmt: skip
+UNENFORCED = ("pattern", "format", "multipleOf", "uniqueItems", "prefixItems", "contains",
+    "patternProperties", "propertyNames", "dependentRequired", "dependentSchemas", "if",
+    "unevaluatedProperties", "unevaluatedItems", "x-vendor", "title", "default",
+    "examples")  # fmt: skip
+
+
+def random_value(rng: random.Random, depth: int = 0) -> Any:
+    """A small JSON value. Floats are never integral: JSON Schema calls 1.0 an integer and
+    equal to 1, and the loop deliberately does not (tested apart, on both sides)."""
+    roll = rng.random()
+    if depth >= 3 or roll < 0.5:
+        scalars = [None, True, False, rng.randint(-3, 3), rng.randint(-3, 2) + 0.5,
+                   rng.choice(["", "x", "xy", "\U0001f600", "abc"])]  # fmt: skip
+        return rng.choice(scalars)
+    if roll < 0.75:
+        return [random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    return {name: random_value(rng, depth + 1) for name in rng.sample(NAMES, rng.randint(0, 3))}
+
+
+def random_schema(rng: random.Random, depth: int, refs: list[str], unenforced: bool) -> Any:
+    """A schema of a few random keywords (those the loop enforces, and with unenforced=True
+    others too), nested a few levels. refs are the $refs it may use: each leads to a schema
+    that descends into the value before it refers back (no ref loops in place)."""
+    if depth >= 3 or rng.random() < 0.15:
+        return rng.choice([True, False, {}, {"type": rng.choice(TYPE_NAMES)}])
+    keywords = rng.sample([*ENFORCED, "type"], rng.randint(1, 3))
+    if unenforced and rng.random() < 0.5:  # often, so that not and oneOf meet them
+        keywords.append(rng.choice(UNENFORCED))
+    schema: dict[str, Any] = {}
+    for keyword in keywords:
+
+        def inner(refs: list[str] = refs) -> Any:
+            return random_schema(rng, depth + 1, refs, unenforced)
+
+        deeper = [*refs, "#"]  # within a property or an item, the root may come back
+        if keyword == "type":
+            schema[keyword] = (rng.choice(TYPE_NAMES) if rng.random() < 0.5
+                               else rng.sample(TYPE_NAMES, rng.randint(1, 3)))  # fmt: skip
+        elif keyword in ("properties", "patternProperties", "dependentSchemas"):
+            schema[keyword] = {
+                name: inner(deeper) for name in rng.sample(NAMES, rng.randint(0, 3))
+            }
+        elif keyword in ("required", "dependentRequired"):
+            names = rng.sample(NAMES, rng.randint(0, 2))
+            schema[keyword] = names if keyword == "required" else {"a": names}
+        elif keyword in ("items", "additionalProperties", "contains", "unevaluatedItems",
+                         "unevaluatedProperties", "propertyNames"):  # fmt: skip
+            schema[keyword] = rng.choice([True, False, inner(deeper)])
+        elif keyword in ("allOf", "anyOf", "oneOf", "prefixItems"):
+            schema[keyword] = [inner() for _ in range(rng.randint(1, 3))]
+        elif keyword in ("not", "if"):
+            schema[keyword] = inner()
+        elif keyword in ("enum", "examples"):
+            schema[keyword] = [random_value(rng, 2) for _ in range(rng.randint(1, 3))]
+        elif keyword in ("const", "default", "x-vendor"):
+            schema[keyword] = random_value(rng, 2)
+        elif keyword in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+            schema[keyword] = rng.choice([rng.randint(-3, 3), rng.randint(-3, 2) + 0.5])
+        elif keyword.startswith(("min", "max")):
+            schema[keyword] = rng.randint(0, 3)
+        elif keyword == "$ref" and refs:
+            schema[keyword] = rng.choice(refs)
+        elif keyword in ("pattern", "format", "title"):
+            schema[keyword] = {"pattern": "^x", "format": "email", "title": "T"}[keyword]
+        elif keyword in ("multipleOf", "uniqueItems"):
+            schema[keyword] = 2 if keyword == "multipleOf" else True
+    return schema
+
+
+def random_case(seed: int, unenforced: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Parameters whose property v has a random schema, with a few $defs (each may refer to
+    the later ones), and arguments to check against them."""
+    rng = random.Random(seed)
+    names = [f"D{index}" for index in range(rng.randint(0, 3))]
+    defs = {name: random_schema(rng, 1, [f"#/$defs/{later}" for later in names[index + 1:]],
+                                unenforced)
+            for index, name in enumerate(names)}  # fmt: skip
+    v = random_schema(rng, 1, [f"#/$defs/{name}" for name in names], unenforced)
+    parameters = {"type": "object", "properties": {"v": v}, "required": ["v"], "$defs": defs}
+    return parameters, [{"v": random_value(rng)} for _ in range(6)]
+
+
+def judges(parameters: Mapping[str, Any]) -> tuple[Callable[[Any], bool], Callable[[Any], bool]]:
+    """Whether JSON Schema accepts arguments for these parameters, and whether the loop runs
+    a tool with these parameters for them."""
+    received: list[dict[str, Any]] = []
+    registry = al.ToolRegistry([probe_tool(received, parameters)])
+
+    def loop_accepts(arguments: Any) -> bool:
+        received.clear()
+        result = al.execute_tool_call(registry, call("probe", "c", arguments), threading.Event())
+        assert result.is_error is (received == [])  # a refusal never runs the tool
+        return not result.is_error
+
+    return jsonschema.Draft202012Validator(parameters).is_valid, loop_accepts
+
+
+def loop_accepts(parameters: Mapping[str, Any], arguments: dict[str, Any]) -> bool:
+    return judges(parameters)[1](arguments)
+
+
+def json_schema_accepts(parameters: Mapping[str, Any], arguments: dict[str, Any]) -> bool:
+    return judges(parameters)[0](arguments)
+
+
+# Schemas as pydantic 2 writes them for a function's parameters (the official MCP SDK's
+# FastMCP does so): titles everywhere, defaults, optionals as anyOf with null, nested models
+# in $defs, bounds, enums, arrays of objects; and arguments on each side of each rule.
+ADDRESS = {"properties": {"street": {"title": "Street", "type": "string", "minLength": 1},
+    "zip": {"maxLength": 5, "minLength": 5, "title": "Zip", "type": "string"}},
+    "required": ["street", "zip"], "title": "Address", "type": "object"}  # fmt: skip
+LINE = {"properties": {"sku": {"title": "Sku", "type": "string"},
+    "quantity": {"default": 1, "exclusiveMinimum": 0, "maximum": 100, "title": "Quantity",
+                 "type": "integer"}},
+    "required": ["sku"], "title": "Line", "type": "object"}  # fmt: skip
+ORDER = {"$defs": {"Address": ADDRESS, "Line": LINE},
+    "properties": {
+        "customer": {"title": "Customer", "type": "string", "description": "Who orders."},
+        "note": {"anyOf": [{"type": "string", "maxLength": 20}, {"type": "null"}],
+                 "default": None, "title": "Note"},
+        "priority": {"default": "low", "enum": ["low", "high"], "title": "Priority",
+                     "type": "string"},
+        "ship_to": {"$ref": "#/$defs/Address"},
+        "bill_to": {"anyOf": [{"$ref": "#/$defs/Address"}, {"type": "null"}], "default": None},
+        "lines": {"items": {"$ref": "#/$defs/Line"}, "minItems": 1, "title": "Lines",
+                  "type": "array"},
+        "discount": {"anyOf": [{"type": "number", "minimum": 0, "maximum": 0.5},
+                               {"type": "null"}], "default": None, "title": "Discount"},
+        "tags": {"default": [], "items": {"type": "string"}, "title": "Tags", "type": "array"},
+        "gift": {"default": False, "title": "Gift", "type": "boolean"},
+    },
+    "required": ["customer", "ship_to", "lines"], "title": "place_orderArguments",
+    "type": "object"}  # fmt: skip
+NODE = {"$defs": {"Node": {"properties": {"name": {"title": "Name", "type": "string"},
+    "children": {"default": [], "items": {"$ref": "#/$defs/Node"}, "title": "Children",
+                 "type": "array"}}, "required": ["name"], "title": "Node", "type": "object"}},
+    "properties": {"tree": {"$ref": "#/$defs/Node"}}, "required": ["tree"],
+    "title": "walkArguments", "type": "object"}  # fmt: skip
+HOME = {"street": "1 Main St", "zip": "12345"}
+ONE_LINE = [{"sku": "a"}]
+PYDANTIC_CASES = [
+    # (parameters, arguments, whether both accept them), on each side of each rule.
+    pytest.param(ORDER, {"customer": "Ann", "ship_to": HOME, "lines": ONE_LINE}, True,
+                 id="required-only"),
+    pytest.param(ORDER, {"customer": "Ann", "ship_to": HOME,
+                         "lines": [{"sku": "a", "quantity": 100}], "note": None, "bill_to": None,
+                         "discount": None, "tags": [], "gift": True}, True,
+                 id="optionals-null-and-at-the-limits"),
+    pytest.param(ORDER, {"customer": "Ann", "ship_to": HOME, "lines": ONE_LINE, "note": "x" * 20,
+                         "bill_to": {**HOME}, "discount": 0.5, "priority": "high"}, True,
+                 id="optionals-given-at-the-limits"),
+    pytest.param(ORDER, {"customer": "Ann", "ship_to": HOME, "lines": ONE_LINE, "note": "x" * 21},
+                 False, id="optional-over-maxLength"),
+    pytest.param(ORDER, {"customer": "Ann", "ship_to": HOME, "lines": ONE_LINE, "discount": 0.51},
+                 False, id="optional-over-maximum"),
+    pytest.param(ORDER, {"customer": "Ann", "ship_to": HOME, "lines": ONE_LINE, "discount": -1},
+                 False, id="optional-under-minimum"),
+    pytest.param(ORDER, {"customer": "Ann", "ship_to": HOME,
+                         "lines": [{"sku": "a", "quantity": 0}]}, False,
+                 id="nested-exclusiveMinimum"),
+    pytest.param(ORDER, {"customer": "Ann", "ship_to": HOME,
+                         "lines": [{"sku": "a", "quantity": 101}]}, False, id="nested-maximum"),
+    pytest.param(ORDER, {"customer": "Ann", "ship_to": HOME, "lines": []}, False,
+                 id="minItems"),
+    pytest.param(ORDER, {"customer": "Ann", "ship_to": {"street": "x", "zip": "1234"},
+                         "lines": ONE_LINE}, False, id="ref-minLength"),
+    pytest.param(ORDER, {"customer": "Ann", "ship_to": HOME, "bill_to": {"street": ""},
+                         "lines": ONE_LINE}, False, id="optional-ref-required"),
+    pytest.param(ORDER, {"customer": "Ann", "ship_to": HOME, "lines": ONE_LINE,
+                         "priority": "urgent"}, False, id="enum"),
+    pytest.param(ORDER, {"customer": None, "ship_to": HOME, "lines": ONE_LINE}, False,
+                 id="null-for-a-required-str"),
+    pytest.param(ORDER, {"ship_to": HOME, "lines": ONE_LINE}, False, id="required-missing"),
+    pytest.param(ORDER, {"customer": "Ann", "ship_to": HOME, "lines": ONE_LINE, "tags": ["x", 1]},
+                 False, id="array-items"),
+    pytest.param(NODE, {"tree": {"name": "a", "children": [{"name": "b",
+                                                             "children": [{"name": "c"}]}]}},
+                 True, id="recursive-model"),
+    pytest.param(NODE, {"tree": {"name": "a", "children": [{"name": "b",
+                                                             "children": [{"name": 1}]}]}},
+                 False, id="recursive-model-deep-down"),
+    pytest.param(NODE, {"tree": {"children": []}}, False, id="recursive-model-required"),
+]  # fmt: skip
+
+
+class TestSchemasAgreeWithJsonSchema:
+    """The loop against jsonschema's Draft202012Validator: on a schema of the keywords it
+    enforces (and annotations), it accepts exactly what JSON Schema accepts; on any schema,
+    it never refuses what JSON Schema accepts. Random cases come from a fixed seed."""
+
+    def test_on_the_keywords_it_enforces_it_accepts_exactly_what_json_schema_accepts(
+        self,
+    ) -> None:
+        verdicts = []
+        for seed in range(1000):
+            parameters, arguments = random_case(seed, unenforced=False)
+            json_schema_accepts, loop_accepts = judges(parameters)
+            for each in arguments:
+                verdict = json_schema_accepts(each)
+                assert loop_accepts(each) is verdict, (seed, parameters, each)
+                verdicts.append(verdict)
+        # Both answers are common, so that the comparison says something.
+        assert 0.3 < sum(verdicts) / len(verdicts) < 0.7
+
+    def test_on_any_schema_it_never_refuses_what_json_schema_accepts(self) -> None:
+        verdicts = []
+        for seed in range(1000):
+            parameters, arguments = random_case(seed, unenforced=True)
+            json_schema_accepts, loop_accepts = judges(parameters)
+            for each in arguments:
+                verdict = json_schema_accepts(each), loop_accepts(each)
+                assert verdict != (True, False), (seed, parameters, each)
+                verdicts.append(verdict)
+        # Each answer occurs, and the loop is stricter than nothing: it refuses too.
+        assert {(True, True), (False, False), (False, True)} <= set(verdicts)
+
+    @pytest.mark.parametrize("unenforced", [False, True])
+    def test_the_random_schemas_are_json_schemas(self, unenforced: bool) -> None:
+        """The generator writes schemas that JSON Schema's meta-schema accepts."""
+        for seed in range(0, 1000, 25):
+            jsonschema.Draft202012Validator.check_schema(random_case(seed, unenforced)[0])
+
+    @pytest.mark.parametrize(("parameters", "arguments", "accepted"), PYDANTIC_CASES)
+    def test_schemas_as_pydantic_writes_them(
+        self, parameters: dict[str, Any], arguments: dict[str, Any], accepted: bool
+    ) -> None:
+        """The loop agrees with JSON Schema, and the model gets the schema as it was given."""
+        assert json_schema_accepts(parameters, arguments) is accepted
+        assert loop_accepts(parameters, arguments) is accepted
+        assert probe_tool([], parameters).spec().to_dict()["parameters"] == parameters
+
+    @pytest.mark.parametrize(
+        ("schema", "value"),
+        [
+            pytest.param({"type": "integer"}, 1.0, id="integer-1.0"),
+            pytest.param({"type": "integer"}, -3.0, id="integer--3.0"),
+            pytest.param({"enum": [1, "a"]}, 1.0, id="enum-1.0"),
+            pytest.param({"const": [1]}, [1.0], id="const-1.0-in-an-array"),
+            pytest.param({"const": 1.0}, 1, id="const-1-for-1.0"),
+        ],
+    )
+    def test_the_deliberate_difference_an_integer_is_an_int(self, schema: Any, value: Any) -> None:
+        """The one case left out of the random comparison: JSON Schema takes 1.0 as the
+        integer 1 and equal to it; the loop, as its JSON equality says, does not."""
+        parameters = one_property(schema)
+        assert json_schema_accepts(parameters, {"v": value}) is True
+        assert loop_accepts(parameters, {"v": value}) is False
+
+    @pytest.mark.parametrize(
+        ("schema", "value"),
+        [({"const": 1}, True), ({"enum": [0]}, False), ({"const": [True]}, [1])],
+        ids=["const-1-true", "enum-0-false", "const-in-an-array"],
+    )
+    def test_true_is_not_1_on_both_sides(self, schema: Any, value: Any) -> None:
+        parameters = one_property(schema)
+        assert json_schema_accepts(parameters, {"v": value}) is False
+        assert loop_accepts(parameters, {"v": value}) is False
 
 
 class NoSignature:
@@ -467,8 +952,10 @@ SINCE_3_10 = pytest.mark.skipif(sys.version_info < (3, 10), reason="X | Y needs 
 
 
 STRING = {"type": "string"}
+INTEGER_OR_NULL = {"type": ["integer", "null"]}
 # Parameters, as source, and the schema each gets; both with and without PEP 563. A
-# parameter with a default is not required (and Optional[X] needs the default None).
+# parameter with a default is not required; Optional[X], and any parameter whose default is
+# None, admits null (the function then gets None).
 HINT_SCHEMAS: dict[str, Any] = {
     "x: str": {"type": "string"},
     "x: int": {"type": "integer"},
@@ -482,44 +969,59 @@ HINT_SCHEMAS: dict[str, Any] = {
     "x: dict": {"type": "object"},
     "x: Dict": {"type": "object"},
     "x: Dict[str, Any]": {"type": "object"},
+    "x: Dict[str, int]": {"type": "object", "additionalProperties": {"type": "integer"}},
     'x: Literal["a", "b"]': {"type": "string", "enum": ["a", "b"]},
     "x: Literal[1, 2]": {"type": "integer", "enum": [1, 2]},
     'x: Literal[1, "a"]': {"enum": [1, "a"]},
     'x: Optional[Literal["a"]]': {"enum": ["a", None]},
+    'x: Optional[Literal["a"]] = None': {"enum": ["a", None]},
+    'x: Literal["a", None] = None': {"enum": ["a", None]},
     "x: List[Literal[True]]": {"type": "array", "items": {"type": "boolean", "enum": [True]}},
     "x: int = 3": {"type": "integer"},
-    "x: Optional[int] = None": {"type": "integer"},
-    "x: Union[None, int] = None": {"type": "integer"},
+    "x: Optional[int]": INTEGER_OR_NULL,
+    "x: Optional[int] = None": INTEGER_OR_NULL,
+    "x: Union[None, int] = None": INTEGER_OR_NULL,
+    "x: int = None": INTEGER_OR_NULL,
+    "x: None = None": {"type": "null"},
+    "x: Optional[List[int]] = None": {"type": ["array", "null"], "items": {"type": "integer"}},
+    "x: List[Optional[int]]": {"type": "array", "items": INTEGER_OR_NULL},
+    "x: Optional[Dict[str, bool]] = None": {"type": ["object", "null"],
+                                            "additionalProperties": {"type": "boolean"}},
+    "x: Union[int, str]": {"anyOf": [{"type": "integer"}, STRING]},
+    "x: Union[int, str, None]": {"anyOf": [{"type": "integer"}, STRING, {"type": "null"}]},
+    "x: Union[int, str] = None": {"anyOf": [{"type": "integer"}, STRING, {"type": "null"}]},
+    "x: Union[List[str], Literal['a']]": {"anyOf": [{"type": "array", "items": STRING},
+        {"type": "string", "enum": ["a"]}]},
 }  # fmt: skip
 DEFAULT_OF = {"x: int = 3": 3, "x: Optional[int] = None": None, "x: Union[None, int] = None": None,
-              "x: int | None = None": None}  # fmt: skip
+              "x: int | None = None": None, "x: int = None": None, "x: None = None": None,
+              'x: Optional[Literal["a"]] = None': None, 'x: Literal["a", None] = None': None,
+              "x: Optional[List[int]] = None": None, "x: Union[int, str] = None": None,
+              "x: Optional[Dict[str, bool]] = None": None}  # fmt: skip
 NEWER_HINT_SCHEMAS = [
     pytest.param("x: list[int]", {"type": "array", "items": {"type": "integer"}}, marks=SINCE_3_9),
     pytest.param("x: dict[str, Any]", {"type": "object"}, marks=SINCE_3_9),
-    pytest.param("x: int | None = None", {"type": "integer"}, marks=SINCE_3_10),
+    pytest.param("x: int | None = None", INTEGER_OR_NULL, marks=SINCE_3_10),
+    pytest.param("x: str | int", {"anyOf": [STRING, {"type": "integer"}]}, marks=SINCE_3_10),
 ]
 
 
-# Hints whose schema would need more than the enforced subset, and what the error says.
+# Hints with no JSON Schema here, and what the error says.
 UNEXPRESSIBLE_HINTS = [
-    ("Optional[int]", "give the parameter the default None"),
-    ("Union[int, str]", "a schema here has one type (no anyOf)"),
-    ("Union[int, str, None]", "a schema here has one type (no anyOf)"),
-    ("Union[int, str] = None", "a schema here has one type (no anyOf)"),
-    ("List[Optional[int]]", "a schema here has one type (no anyOf)"),
-    pytest.param("str | int", "a schema here has one type (no anyOf)", marks=SINCE_3_10),
-    ("Dict[str, int]", "use dict or Dict[str, Any]"),
-    ("Tuple[int, int]", "has no schema in the subset this loop enforces"),
-    ("Any", "has no schema in the subset this loop enforces"),
-    ("set", "has no schema in the subset this loop enforces"),
-    ("al.Tool", "has no schema in the subset this loop enforces"),
+    ("Dict[int, str]", "Dict[int, str] has keys that are not str, as no JSON object has"),
+    ("Tuple[int, int]", "has no schema here; use str, int, float, bool, None, list, dict, "
+                        "Literal, or a Union or Optional of them"),
+    ("Any", "has no schema here"),
+    ("set", "has no schema here"),
+    ("Optional[set]", "has no schema here"),
+    ("al.Tool", "has no schema here"),
     ('Literal[b"x"]', "Literal value b'x' is a bytes, not a JSON scalar"),
-]
+]  # fmt: skip
 
 
 class TestToolFromFunction:
     """Tool.from_function: the schema from the type hints, the description from the docstring;
-    what the enforced subset cannot express is a TypeError naming the parameter."""
+    a hint with no JSON Schema is a TypeError naming the parameter."""
 
     def test_a_function_becomes_a_tool_named_and_described_by_it(self) -> None:
         tool = al.Tool.from_function(add)
@@ -538,11 +1040,26 @@ class TestToolFromFunction:
             pytest.param(undocumented, {"text": "as is"}, "as is", False, id="str-verbatim"),
             pytest.param(Stations().weather, {"city": "Atlantis"}, "No station in Atlantis.", True,
                          id="bound-method-raising-a-tool-error"),
-            # None is no value of a parameter whose default is None: the model leaves it out.
+            # Small models send null for an optional argument they leave unset: a parameter
+            # whose default is None gets it; any other is refused, and so is a wrong type.
             pytest.param(search, {"query": "q", "tags": None},
-                         "invalid arguments for tool 'search': $.tags must be array, got null",
-                         True,
+                         '{"query":"q","limit":10,"tags":null,"order":"asc","set":false}', False,
                          id="null-for-a-default-none"),
+            pytest.param(search, {"query": "q", "tags": ["a"]},
+                         '{"query":"q","limit":10,"tags":["a"],"order":"asc","set":false}', False,
+                         id="a-value-for-a-default-none"),
+            pytest.param(search, {"query": "q", "tags": "a"},
+                         "invalid arguments for tool 'search': $.tags must be array or null, got "
+                         "string", True, id="a-wrong-type-for-a-default-none"),
+            pytest.param(search, {"query": "q", "tags": [None]},
+                         "invalid arguments for tool 'search': $.tags[0] must be string, got "
+                         "null", True, id="null-in-a-list-of-str"),
+            pytest.param(search, {"query": "q", "limit": None},
+                         "invalid arguments for tool 'search': $.limit must be integer, got null",
+                         True, id="null-for-a-default-10"),
+            pytest.param(search, {"query": None},
+                         "invalid arguments for tool 'search': $.query must be string, got null",
+                         True, id="null-for-a-required-str"),
         ],
     )  # fmt: skip
     def test_it_runs_and_its_return_value_is_the_result(
@@ -561,7 +1078,7 @@ class TestToolFromFunction:
             "query": {"type": "string"},
             "limit": {"type": "integer"},
             "exact": {"type": "boolean"},
-            "tags": {"type": "array", "items": {"type": "string"}},
+            "tags": {"type": ["array", "null"], "items": {"type": "string"}},
             "order": {"type": "string", "enum": ["asc", "desc"]},
         }
         assert (parameters["required"], parameters["additionalProperties"]) == (["query"], False)
@@ -958,6 +1475,7 @@ class TestPlainJsonArguments:
 
 
 FIRST = al.ToolCall("c", "t", {"a": [1, {"b": None}], "s": "x"})
+INF = float("inf")  # not a JSON number: arguments that hold it are kept as given
 
 
 # Pairs of IR values and whether they are equal (a pair of blocks is also compared inside
@@ -989,6 +1507,20 @@ EQUALITY = [
                                                         {"x": {"y": 0.0}}),
           ("1-string", {"x": 1}, {"x": "1"}), ("array-length", {"x": [1]}, {"x": [1, 1]}),
           ("keys", {"x": 1}, {"y": 1})]],
+    # The same for arguments that are not plain bounded JSON (kept as given): equal as
+    # JSON or not, whatever == says of the dicts.
+    *[pytest.param(untyped.ToolCall("c", "t", left), untyped.ToolCall("c", "t", right), equal,
+                   id=f"not-plain-{name}")
+      for name, left, right, equal in [
+          ("equal", {"x": True, "inf": INF}, {"x": True, "inf": INF}, True),
+          ("key-order", {"inf": INF, "x": [1]}, {"x": (1,), "inf": INF}, True),
+          ("too-deep-equal", nested(33), nested(33), True),
+          ("1-true", {"x": 1, "inf": INF}, {"x": True, "inf": INF}, False),
+          ("1-1.0", {"x": [1], "inf": INF}, {"x": [1.0], "inf": INF}, False),
+          ("nested-object", {"x": {"y": 0}, "inf": INF}, {"x": {"y": False}, "inf": INF}, False),
+          ("int-key-true-key", {1: "a"}, {True: "a"}, False),
+          ("not-json-values", {"s": {1}}, {"s": {True}}, True),  # == of a set, its type
+          ("not-json-types", {"s": {1}}, {"s": frozenset({1})}, False)]],
 ]  # fmt: skip
 
 
@@ -1012,6 +1544,9 @@ class TestToolCallIsFrozen:
     @pytest.mark.parametrize(("left", "right", "equal"), EQUALITY)
     def test_ir_values_compare_by_value(self, left: Any, right: Any, equal: bool) -> None:
         assert (left == right) is equal
+        assert (left != right) is not equal
+        if equal:  # equal values hash alike
+            assert hash(left) == hash(right)
         if isinstance(left, (al.TextBlock, al.ToolCall)):
             messages = [al.AssistantMessage("m", (block,)) for block in (left, right)]
             assert (messages[0] == messages[1]) is equal
