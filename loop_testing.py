@@ -1483,6 +1483,8 @@ def openai_call(index: int, id: Optional[str], name: Optional[str], arguments: s
 
 
 DONE = b"data: [DONE]\n\n"
+STOP = openai_chunk({}, "stop")
+"""The finish of a complete answer: [DONE] alone is not one (require_finish_reason)."""
 
 
 def anthropic_event(type: str, **fields: Any) -> bytes:

@@ -33,6 +33,7 @@ from loop_testing import (
     REASONING_USAGE,
     REQUEST_HISTORY,
     SPECS,
+    STOP,
     AnswerItem,
     Attempt,
     answer_parts,
@@ -622,27 +623,41 @@ class TestRequests:
 class TestOptions:
     """options: a mapping for every request, or a function of each request."""
 
-    def test_a_function_forces_a_tool_on_the_first_request_only(self) -> None:
+    def test_a_function_forces_a_tool_until_the_model_answers_the_user(self) -> None:
+        # The README's rule: force the tool when the request's last message is the user's,
+        # which holds on the first request of a run and of a resumed run alike.
         seen: List[str] = []
+        force = {"tool_choice": {"type": "function", "function": {"name": "add"}}}
 
         def options(model_request: al.ModelRequest) -> Optional[Dict[str, Any]]:
             seen.append(model_request.id)
-            if model_request.id == "request-001":
-                return {"tool_choice": {"type": "function", "function": {"name": "add"}}}
-            return None
+            return force if isinstance(model_request.messages[-1], al.UserMessage) else None
 
-        model = providers.OpenAIChatModel("m", options=options)
+        model = providers.OpenAIChatModel("m", options=options, retries=0)
         exchanges = canned(
             model,
-            [openai_call(0, "c1", "add", '{"left": 2, "right": 3}'), DONE],
-            [openai_chunk({"content": "5"}), DONE],
+            answer_parts("openai", [("c1", "add", {"left": 2, "right": 3})]),
+            answer_parts("openai", ["5"]),
+            answer_parts("openai", [("c2", "add", {"left": 5, "right": 5})]),
+            answer_parts("openai", ["10"]),
         )
-        _, result = settle_prompt(model)
-        bodies = [exchange.body for exchange in exchanges]
-        assert result.status == "completed", result.error
-        assert seen == ["request-001", "request-002"]
-        assert bodies[0]["tool_choice"] == {"type": "function", "function": {"name": "add"}}
-        assert "tool_choice" not in bodies[1]
+        _, first = settle_prompt(model)
+        assert first.status == "completed", first.error
+        _, resumed = al.settle_run(
+            al.run_agent_loop(
+                messages=[*first.messages, al.UserMessage("user-002", "Now add 5 and 5.")],
+                model=model,
+                tools=providers._command_line_tools(),
+                max_steps=2,
+                request_sequence_start=first.next_request_sequence,
+            )
+        )
+        assert resumed.status == "completed", resumed.error
+        assert seen == ["request-001", "request-002", "request-003", "request-004"]
+        forced = [
+            exchange.body.get("tool_choice") == force["tool_choice"] for exchange in exchanges
+        ]
+        assert forced == [True, False, True, False]
         assert model.options is options
 
     def test_a_function_for_anthropic(self) -> None:
@@ -725,9 +740,10 @@ class TestOpenAIStreaming:
         # "stop" for a response that holds tool calls: still a complete toolCall answer.
         assert response.stop_reason == "toolCall"
 
-    def test_ollama_ends_with_a_null_finish_reason_and_done(self) -> None:
+    def test_done_without_a_finish_reason_needs_require_finish_reason_false(self) -> None:
+        # A server that never sends a finish_reason: its [DONE] alone ends the answer.
         parts = [openai_chunk({"content": "Hi"}), openai_call(0, "call_0", "add", "{}"), DONE]
-        chunks, response = stream(canned_openai(parts))
+        chunks, response = stream(canned_openai(parts, require_finish_reason=False))
         assert (len(chunks), response.stop_reason) == (2, "toolCall")
 
     def test_empty_arguments_are_an_empty_object(self) -> None:
@@ -735,6 +751,7 @@ class TestOpenAIStreaming:
         parts = [
             openai_call(0, "a", "now", ""),
             openai_chunk({"tool_calls": [no_arguments]}),
+            openai_chunk({}, "tool_calls"),
             DONE,
         ]
         _, response = stream(canned_openai(parts))
@@ -747,6 +764,7 @@ class TestOpenAIStreaming:
             openai_chunk({"refusal": "I cannot help with that."}),
             openai_chunk({"reasoning_details": [], "content": ""}),
             b'data: {"choices":[{"delta":{"content":"!"}}]}\n\n',
+            STOP,
             DONE,
         ]
         _, response = stream(canned_openai(parts))
@@ -954,7 +972,7 @@ class TestThinking:
         ],
     )
     def test_openai_reasoning_fields(self, delta: Dict[str, Any], thinking: str) -> None:
-        _, response = parsed(new_answer("openai"), openai_chunk(delta), DONE)
+        _, response = parsed(new_answer("openai"), openai_chunk(delta), STOP, DONE)
         assert response.content == (al.ThinkingBlock(thinking),)
 
     def test_openai_thinking_text_and_calls_are_each_others_boundaries(self) -> None:
@@ -1076,6 +1094,7 @@ class TestUsage:
             openai_chunk({"content": "a"})[:-3]
             + b',"usage":{"prompt_tokens":3,"completion_tokens":1}}\n\n',
             openai_chunk({"content": "b"})[:-3] + b',"usage":null}\n\n',
+            STOP,
             openai_usage({"prompt_tokens": 3, "completion_tokens": 2}),
             DONE,
         ]
@@ -1141,6 +1160,7 @@ class TestIds:
                     openai_call(1, None, "add", ""),
                     openai_call(2, "free", "add", ""),
                     openai_call(3, "", "add", ""),
+                    openai_chunk({}, "tool_calls"),
                     DONE,
                 ]
             ),
@@ -1261,18 +1281,22 @@ OPENAI_BROKEN: List[Tuple[str, List[bytes], str]] = [
     ),
     (
         "no-name",
-        [openai_call(0, "a", None, "{}"), DONE],
+        [openai_call(0, "a", None, "{}"), STOP, DONE],
         "malformed event stream: a tool call has no name (None)",
     ),
     (
         "bad-json",
-        [openai_call(0, "a", "add", '{"left": 1,'), DONE],
+        [openai_call(0, "a", "add", '{"left": 1,'), STOP, DONE],
         "tool call 'add' has arguments that are not JSON (",
     ),
-    ("bad-json-quoted", [openai_call(0, "a", "add", '{"left": 1,'), DONE], '): {"left": 1,'),
+    (
+        "bad-json-quoted",
+        [openai_call(0, "a", "add", '{"left": 1,'), STOP, DONE],
+        '): {"left": 1,',
+    ),
     (
         "array",
-        [openai_call(0, "a", "add", "[1]"), DONE],
+        [openai_call(0, "a", "add", "[1]"), STOP, DONE],
         "tool call 'add' has arguments that are not a JSON object: [1]",
     ),
     (

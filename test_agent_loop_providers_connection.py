@@ -64,6 +64,7 @@ from loop_testing import (
     REPOSITORY,
     REQUEST_HISTORY,
     SPECS,
+    STOP,
     AnswerItem,
     Canned,
     answer_parts,
@@ -355,7 +356,7 @@ def retry_logs(caplog: pytest.LogCaptureFixture) -> List[str]:
     ]
 
 
-STREAM = Reply([openai_chunk({"content": "5"}), DONE])
+STREAM = Reply([openai_chunk({"content": "5"}), STOP, DONE])
 BUSY = Reply([b"busy"], status=503)
 LONG = Reply([b"busy"], status=429, headers=(("Retry-After", "61"),))
 REDIRECT = "http://127.0.0.1:9/v1/chat/completions"
@@ -904,7 +905,7 @@ class TestHTTPFailures:
         assert len(result.messages) == 1
 
     def test_pauses_shorter_than_the_timeout_are_fine(self, server: Server) -> None:
-        parts = [openai_chunk({"content": "a"}), openai_chunk({"content": "b"}), DONE]
+        parts = [openai_chunk({"content": "a"}), openai_chunk({"content": "b"}), STOP, DONE]
         server.script(Reply(parts, pause=0.15))
         _, result = settle_prompt(openai(server, timeout=0.5))
         assert result.status == "completed"
@@ -1082,8 +1083,8 @@ class TestCommandLine:
         assert providers.main(_argv(server, "openai", "Hi")) == 1
         assert capsys.readouterr().out == (
             "Half\nresult: failed, 1 step(s), 1 messages\nerror: MODEL_STREAM_ERROR: the model's "
-            "stream raised ProviderError: the stream ended before data: [DONE]: the answer is "
-            "incomplete\n"
+            f"stream raised ProviderError: the stream from {server.url}/v1/chat/completions "
+            "ended before data: [DONE] and without a finish_reason: the answer is incomplete\n"
         )
 
     def test_reasoning_then_the_answer_and_the_usage(
