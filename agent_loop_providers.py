@@ -10,42 +10,44 @@ loop's ``Model`` protocol: ``stream(request, signal)`` returns a generator that 
 returns the terminal ``ModelResponse``, with the provider's token counts as its
 ``usage``. Any failure raises ``ProviderError`` from that generator, which the
 loop turns into a ``failed`` run with ``MODEL_STREAM_ERROR``; ``result.error.exception``
-is that ``ProviderError`` (with ``status`` and ``retry_after``) in the run's own
-result. It is None for the loop's protocol errors (``MODEL_PROTOCOL_ERROR``) and in a
+is that ``ProviderError`` (with ``status``, ``retry_after`` and ``usage``) in the run's
+own result. It is None for the loop's protocol errors (``MODEL_PROTOCOL_ERROR``) and in a
 result read back with ``event_from_dict``: an exception is not part of the JSON.
 
 Rules:
 
 - The transcript is converted exactly, both ways. A user message is a user turn; an
   assistant message is one assistant turn. OpenAI: its text (blocks concatenated) and
-  its tool calls (arguments as JSON); a turn with only tool calls has ``"content": ""``
-  (the spec allows null, but llama.cpp's and llama-cpp-python's servers refuse null and
-  a missing content; every server takes ""); its thinking is not sent (servers differ:
-  DeepSeek refuses ``reasoning_content`` in input, and the others do not need it).
-  Anthropic: its blocks in their order, as the API returned them: each text block as a
-  text block, each thinking block as ``{"type": "thinking", "thinking", "signature"}``
-  (an empty one too), each redacted one as ``{"type": "redacted_thinking", "data"}``
-  (its signature), each tool call as ``tool_use``; the API checks that a turn is resent
-  exactly (a tool_use must follow its thinking). Not sent: an empty text block and a
-  turn left with nothing (the API refuses both), and a thinking block without a
-  signature (thinking from another provider: the API refuses it, and it is not
-  Claude's). A tool result is linked to its call by the call's id as it is in the
-  transcript. OpenAI: one ``tool`` message per result (the format has no error flag:
-  the content says what went wrong). Anthropic: consecutive results are merged into
-  one user turn of ``tool_result`` blocks, each with its ``is_error``.
-  ``request.tools`` become the provider's tool definitions; ``system`` is the system
-  prompt (the transcript has no system role). A message's usage is never sent.
-- ``options`` is merged into the body last: a mapping, the same for every request, or a
-  function of the ``ModelRequest`` that returns that request's mapping (or None), e.g.
-  to force a tool on the first request only. Either way it must be plain JSON and may
-  not set what the adapter owns (model, messages, stream, tools; for Anthropic also
-  system, max_tokens and thinking, which are arguments): a mapping is checked when the
-  model is built, a function's result for each request (a bad one raises TypeError or
-  ValueError from the stream, and the run fails ``MODEL_STREAM_ERROR``). OpenAI: the
-  body asks for usage with ``"stream_options": {"include_usage": true}``; options may
-  replace it, and ``"stream_options": None`` sends none (Mistral's API refuses the
-  field with HTTP 422; the answer's usage is then unknown, unless the server sends it
-  anyway).
+  its tool calls (arguments as JSON); a turn with only tool calls has
+  ``"content": ""`` (the spec allows null, but llama.cpp's and llama-cpp-python's servers
+  refuse null and a missing content; every server takes ""); its thinking is not sent
+  (servers differ: DeepSeek refuses ``reasoning_content`` in input, and the others do
+  not need it). Anthropic: its blocks in their order, as the API returned them: each
+  text block as a text block, each thinking block as
+  ``{"type": "thinking", "thinking", "signature"}`` (also when its thinking is empty),
+  each redacted one as ``{"type": "redacted_thinking", "data"}`` (its signature), each
+  tool call as ``tool_use``; the API checks that a turn is resent exactly (a tool_use
+  must follow its thinking). Not sent: an empty text block and a turn left with nothing (the API
+  refuses both), and a thinking block without a signature, None or "" (thinking from
+  another provider: the API refuses it, and it is not Claude's; the adapter itself
+  reads an empty ``signature_delta`` as none). A tool result is linked to its call by
+  the call's id as it is in the transcript. OpenAI: one ``tool`` message per result
+  (the format has no error flag: the content says what went wrong). Anthropic:
+  consecutive results are merged into one user turn of ``tool_result`` blocks, each
+  with its ``is_error``. ``request.tools`` become the provider's tool definitions;
+  ``system`` is the system prompt (the transcript has no system role). A message's
+  usage is never sent.
+- ``options`` is merged into the body last: a mapping, the same for every request, or
+  a function of the ``ModelRequest`` that returns that request's mapping (or None),
+  e.g. to force a tool while the request's last message is the user's. Either way it
+  must be plain JSON and may not set what the adapter owns (model, messages, stream,
+  tools; for Anthropic also system, max_tokens and thinking, which are arguments): a
+  mapping is checked when the model is built, a function's result for each request (a
+  bad one raises TypeError or ValueError from the stream, and the run fails
+  ``MODEL_STREAM_ERROR``). OpenAI: the body asks for usage with ``"stream_options":
+  {"include_usage": true}``; options may replace it, and ``"stream_options": None``
+  sends none (Mistral's API refuses the field with HTTP 422; the answer's usage is
+  then unknown, unless the server sends it anyway).
 - Thinking. Anthropic: ``thinking=None`` sends no thinking setting (the model's
   default); a mapping is the API's own (``{"type": "enabled", "budget_tokens": 2048}``),
   sent as it is; ``"adaptive"`` sends ``{"type": "adaptive"}``. A ``thinking`` block
@@ -103,6 +105,10 @@ Rules:
   ``completion_tokens`` and ``reasoning_tokens`` is
   ``completion_tokens_details.reasoning_tokens``; nothing reports cache writes. A count
   that is not an int >= 0 (or cached tokens above the prompt's) is a malformed event.
+  An answer that fails after the provider reported usage (cut, refused, broken) carries
+  it as the ``ProviderError``'s ``usage``: an OpenAI answer cut by ``length`` or
+  ``content_filter`` fails at ``[DONE]`` (or the end of the input), once the usage chunk
+  after the finish was read. A retried attempt's usage is not kept anywhere.
 - Ids are unique in the transcript, whatever the provider sends (some servers send
   ``call_0`` in every response), and deterministic, so a recorded run replays exactly.
   The response to ``request-NNN`` is ``response-NNN`` (``response-`` + the request id
@@ -112,13 +118,17 @@ Rules:
   calls (1 for the first, 2 for the second...). Either id takes the first free suffix
   ``-2``, ``-3``... when it is taken. The transcript's ids are what later requests
   send back to the provider.
-- Completeness is decided by the wire format, not the socket: an answer is complete when
-  its end marker arrives, ``data: [DONE]`` (OpenAI) or ``message_stop`` (Anthropic, with
-  every content block stopped: a block still open at ``message_stop`` was cut, and is a
-  malformed event), whatever the finish reason said; Ollama ends complete answers with
-  ``finish_reason: null`` and ``[DONE]``, and that is a complete answer. The end of the
-  input before the marker is an incomplete answer, and ``response()`` refuses an answer
-  without its marker. A ``ProviderError`` names what happened for each of: an HTTP
+- Completeness is decided by the wire format, not the socket. Anthropic: an answer is
+  complete when ``message_stop`` arrives with every content block stopped (a block still
+  open at ``message_stop`` was cut, and is a malformed event). OpenAI: when ``data:
+  [DONE]`` arrives after choice 0's ``finish_reason`` (null and "" are none): a server
+  that interrupts a stream sends ``[DONE]`` without one (llama-cpp-python's does, when
+  another request arrives), so ``[DONE]`` alone is an incomplete answer, unless
+  ``require_finish_reason=False`` (for a server that never sends a finish_reason). The
+  end of the input before the marker is an incomplete answer, and ``response()``
+  refuses an answer without its marker; an incomplete answer is retried like a broken
+  connection, and its error names the marker, the missing finish_reason and the URL.
+  A ``ProviderError`` names what happened for each of: an HTTP
   status >= 400 (the status, the provider's own error text, Retry-After), another status
   outside 200-299 (the status, and the Location of a redirect, which is neither followed
   nor retried), an answer in JSON instead of an event stream, a connection that cannot be
@@ -137,11 +147,14 @@ Rules:
   them), else ``stop``. An answer cut while a tool call was being written, or with no
   text, a refusal, a content filter, or any other cut still fails.
 - Retries: ``retries`` (default 2, as the official SDKs; 0 turns them off) more
-  attempts are made when the request fails before the first chunk of the answer was
+  attempts are made for a transient failure before the first chunk of the answer was
   yielded, and only then (once the loop reported a chunk, a failure fails the run).
-  Retried: a connection that cannot be made, or that breaks or times out before the
-  response's head arrives; HTTP 408, 409, 429 and 500-599 (Anthropic's 529 included);
-  and an Anthropic ``overloaded_error`` event that arrives before any chunk. The wait
+  Transient: a connection that cannot be made, or that breaks or times out (before the
+  response's head or after it); a stream that ends before the answer is complete (no
+  end marker, or OpenAI's ``[DONE]`` without a finish_reason); HTTP 408, 409, 429 and
+  500-599 (Anthropic's 529 included); and an Anthropic ``overloaded_error`` event. Not
+  retried: another status, an answer in JSON, a malformed event, another error event,
+  a cut answer, a certificate that does not verify, a cancellation. The wait
   is what the server says (``retry-after-ms``, else ``retry-after`` in seconds or as
   an HTTP date), else an exponential backoff: 0.5 s, doubling, at most 8 s, each
   shortened by a random jitter of up to a quarter. A Retry-After of more than 60 s is
@@ -174,6 +187,13 @@ Rules:
   ``close()`` included, and the watcher ends with it.
 - ``timeout`` bounds each wait: the name lookup, each connection attempt, the TLS
   handshake, and every wait for a byte of the response.
+- ``max_concurrency=N``: at most N answers of one model object stream at once, across
+  threads and runs (a server with one slot, such as llama-cpp-python's, interrupts a
+  stream when another request arrives). A slot is taken before each attempt connects
+  and given back when its stream ends, fails or is closed (the consumer's ``close()``,
+  a cancelled run); a retry's wait holds none. The wait for a slot looks at the signal
+  every 50 ms: a signal set meanwhile ends the step ``cancelled`` and nothing is sent.
+  None (the default) sets no limit.
 - HTTPS: ``ssl_context=None`` uses ``ssl.create_default_context()``, which verifies
   the server's certificate against the system's CAs and its host name; pass an
   ``ssl.SSLContext`` for a private CA.
@@ -1848,7 +1868,9 @@ class _AnthropicAnswer(_Answer):
                 raise _malformed("message_delta without a delta object", data)
             self._usage(data.get("usage"), data)
             reason = delta.get("stop_reason")
-            if isinstance(reason, str) and reason in _ANTHROPIC_CUT:  # its usage is read
+            if reason is not None and not isinstance(reason, str):
+                raise _malformed("a stop_reason that is not a string", data)
+            if reason in _ANTHROPIC_CUT:  # the usage of this event is read already
                 failure = self._cut("stop_reason", reason, _ANTHROPIC_CUT[reason], out)
                 if failure is not None:
                     raise failure

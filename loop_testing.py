@@ -1785,6 +1785,13 @@ def canned_anthropic(*attempts: Attempt, **arguments: Any) -> providers.Anthropi
     return model
 
 
+def canned_model(provider: str, *attempts: Attempt, **arguments: Any) -> providers._StreamingModel:
+    """The provider's canned model (canned_openai or canned_anthropic)."""
+    if provider == "openai":
+        return canned_openai(*attempts, **arguments)
+    return canned_anthropic(*attempts, **arguments)
+
+
 def posted(model: providers._StreamingModel, model_request: al.ModelRequest) -> Dict[str, Any]:
     """What the model would post for a request: url, headers (lower-case names), body."""
     url, headers, body = model._post(model_request)

@@ -49,6 +49,7 @@ from loop_testing import (
     assert_stream_error,
     canned,
     canned_anthropic,
+    canned_model,
     canned_openai,
     chunk_texts,
     in_pieces,
@@ -99,13 +100,6 @@ MODEL_CLASSES = {
 ADD = {"left": 1, "right": 2}
 TOKEN_LIMIT = {"openai": "length", "anthropic": "max_tokens"}
 """The finish (OpenAI) or stop (Anthropic) reason of an answer cut by the token limit."""
-
-
-def canned_model(provider: str, *attempts: Attempt, **arguments: Any) -> al.Model:
-    """The provider's canned model (canned_openai or canned_anthropic)."""
-    if provider == "openai":
-        return canned_openai(*attempts, **arguments)
-    return canned_anthropic(*attempts, **arguments)
 
 
 # A byte-exact recording, in the shape Anthropic sends it (a ping event too).
@@ -230,6 +224,8 @@ class TestConstruction:
         assert (openai_model.retries, anthropic_model.retries) == (2, 2)
         assert openai_model.ssl_context is None  # the default context, made when needed
         assert not anthropic_model.accept_truncated
+        assert (openai_model.max_concurrency, anthropic_model.max_concurrency) == (None, None)
+        assert openai_model.require_finish_reason is True
 
     def test_a_trailing_slash_is_dropped_and_an_int_timeout_is_seconds(self) -> None:
         model = providers.OpenAIChatModel("m", base_url="http://localhost:11434/v1/", timeout=2)
@@ -276,6 +272,16 @@ class TestConstruction:
             pytest.param(
                 {"accept_truncated": 1}, TypeError, "accept_truncated must be a bool", id="cut"
             ),
+            *[
+                pytest.param({"max_concurrency": value}, error, words, id=f"concurrency-{name}")
+                for name, value, error, words in [
+                    ("bool", True, TypeError, "max_concurrency must be an int or None, got True"),
+                    ("float", 2.0, TypeError, "max_concurrency must be an int or None, got 2.0"),
+                    ("str", "2", TypeError, "max_concurrency must be an int or None, got '2'"),
+                    ("zero", 0, ValueError, r"max_concurrency must be an int >= 1 \(None: no"),
+                    ("negative", -1, ValueError, "max_concurrency must be an int >= 1 .*got -1"),
+                ]
+            ],
         ],
     )
     @pytest.mark.parametrize(
@@ -369,11 +375,26 @@ class TestConstruction:
         model = providers.OpenAIChatModel("m", retries=0, ssl_context=context)
         assert (model.retries, model.ssl_context) == (0, context)
 
-    def test_provider_error_carries_status_and_retry_after(self) -> None:
-        error = providers.ProviderError("busy", status=429, retry_after=1.5)
+    @pytest.mark.parametrize("limit", [1, 64])
+    @PROVIDERS
+    def test_a_positive_max_concurrency_is_kept(self, provider: str, limit: int) -> None:
+        assert MODEL_CLASSES[provider]("m", max_concurrency=limit).max_concurrency == limit
+
+    @pytest.mark.parametrize("value", [1, "yes", None])
+    def test_require_finish_reason_is_a_bool(self, value: Any) -> None:
+        with pytest.raises(TypeError, match="require_finish_reason must be a bool, got "):
+            providers.OpenAIChatModel("m", require_finish_reason=value)
+        assert not providers.OpenAIChatModel(
+            "m", require_finish_reason=False
+        ).require_finish_reason
+
+    def test_provider_error_carries_status_retry_after_and_usage(self) -> None:
+        usage = al.Usage(input_tokens=10, output_tokens=3)
+        error = providers.ProviderError("busy", status=429, retry_after=1.5, usage=usage)
         assert (str(error), error.status, error.retry_after) == ("busy", 429, 1.5)
+        assert error.usage is usage
         plain = providers.ProviderError("broken")
-        assert (plain.status, plain.retry_after) == (None, None)
+        assert (plain.status, plain.retry_after, plain.usage) == (None, None, None)
 
     def test_all_names_the_public_api(self) -> None:
         assert providers.__all__ == ["OpenAIChatModel", "AnthropicMessagesModel", "ProviderError"]
@@ -508,8 +529,9 @@ class TestRequests:
         assert ("stream_options" in body) is (sent is not None)
 
     def test_anthropic_sends_each_turn_back_as_returned(self) -> None:
-        # Every block in its place: thinking with its signature (an empty one too), a
-        # redacted block with its data, each text block on its own, the tool uses.
+        # Every block in its place: thinking with its signature (also when the thinking
+        # is empty), a redacted block with its data, each text block on its own, the
+        # tool uses.
         turn = al.AssistantMessage(
             "message-r1",
             [
@@ -543,12 +565,18 @@ class TestRequests:
 
     def test_thinking_without_a_signature_is_not_sent_to_anthropic(self) -> None:
         # Thinking from another provider has no signature: Anthropic refuses such a
-        # block, and the thinking is not Claude's. A turn left empty is not sent either.
+        # block, and the thinking is not Claude's. An empty signature is none. A turn
+        # left empty is not sent either.
         history = (
             al.UserMessage("user-001", "Hi."),
             al.AssistantMessage(
                 "message-r1",
-                [al.ThinkingBlock("hmm"), al.TextBlock("Hello."), al.ThinkingBlock("")],
+                [
+                    al.ThinkingBlock("hmm"),
+                    al.TextBlock("Hello."),
+                    al.ThinkingBlock(""),
+                    al.ThinkingBlock("signed with nothing", signature=""),
+                ],
             ),
             al.UserMessage("user-002", "And?"),
             al.AssistantMessage("message-r2", [al.ThinkingBlock("only thinking")]),
@@ -1211,6 +1239,33 @@ OPENAI_BROKEN: List[Tuple[str, List[bytes], str]] = [
         "the stream ended before data: [DONE]: the answer is incomplete",
     ),
     (
+        "done-without-finish",
+        [HI, DONE],
+        "the stream ended with data: [DONE] but no finish_reason: the answer is incomplete "
+        "(for a server that never sends one: require_finish_reason=False)",
+    ),
+    (
+        "empty-finish",
+        [HI, openai_chunk({}, ""), DONE],
+        "the stream ended with data: [DONE] but no finish_reason: the answer is incomplete",
+    ),
+    (
+        "end-without-finish",
+        [HI],
+        "the stream ended before data: [DONE] and without a finish_reason: the answer is "
+        "incomplete",
+    ),
+    (
+        "finish-not-str",
+        [sse({"choices": [{"delta": {}, "finish_reason": ["stop"]}]})],
+        "malformed event: a finish_reason that is not a string",
+    ),
+    (
+        "length-then-the-end",
+        [HI, openai_chunk({}, "length")],
+        "the answer was cut: finish_reason 'length' (the token limit)",
+    ),
+    (
         "length",
         [HI, openai_chunk({}, "length"), DONE],
         "the answer was cut: finish_reason 'length' (the token limit)",
@@ -1441,6 +1496,11 @@ ANTHROPIC_BROKEN: List[Tuple[str, List[bytes], str]] = [
         "message-delta",
         [anthropic_event("message_delta", delta=None)],
         "malformed event: message_delta without a delta object",
+    ),
+    (
+        "stop-reason-not-str",
+        [anthropic_event("message_delta", delta={"stop_reason": ["refusal"]})],
+        "malformed event: a stop_reason that is not a string",
     ),
     *[
         (

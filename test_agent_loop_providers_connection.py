@@ -68,6 +68,7 @@ from loop_testing import (
     AnswerItem,
     Canned,
     answer_parts,
+    anthropic_delta,
     anthropic_end,
     anthropic_event,
     anthropic_sent_result,
@@ -75,7 +76,9 @@ from loop_testing import (
     anthropic_thinking,
     anthropic_tool,
     assert_stream_error,
+    canned,
     canned_anthropic,
+    canned_model,
     canned_openai,
     chunk_texts,
     free_port,
@@ -356,6 +359,8 @@ def retry_logs(caplog: pytest.LogCaptureFixture) -> List[str]:
     ]
 
 
+CHUNKED = (("Content-Type", "text/event-stream"), ("Transfer-Encoding", "chunked"))
+"""The head of a chunked stream whose framing a test writes by hand."""
 STREAM = Reply([openai_chunk({"content": "5"}), STOP, DONE])
 BUSY = Reply([b"busy"], status=503)
 LONG = Reply([b"busy"], status=429, headers=(("Retry-After", "61"),))
@@ -364,6 +369,48 @@ OVERLOADED = sse(
     {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}, "error"
 )
 NOT_RETRIED = "busy (Retry-After: 61 s) (not retried: the Retry-After is more than 60 s)"
+ROLE = openai_chunk({"role": "assistant", "content": ""})  # a first chunk with no text
+# Answers that the server did not finish: the parts before the text (none: no chunk), the
+# unfinished end, and what the error says after the URL.
+UNFINISHED = [
+    pytest.param(
+        "openai",
+        [ROLE],
+        [DONE],
+        "ended with data: [DONE] but no finish_reason: the answer is incomplete (for a "
+        "server that never sends one: require_finish_reason=False)",
+        id="openai-end-marker-without-finish",
+    ),
+    pytest.param(
+        "openai",
+        [ROLE],
+        [],
+        "ended before data: [DONE] and without a finish_reason: the answer is incomplete",
+        id="openai-end-of-input-without-finish",
+    ),
+    pytest.param(
+        "openai",
+        [ROLE],
+        [STOP],
+        "ended before data: [DONE]: the answer is incomplete",
+        id="openai-end-of-input-after-the-finish",
+    ),
+    pytest.param(
+        "anthropic",
+        [MESSAGE_START, anthropic_text(0)[0]],
+        [],
+        "ended before message_stop: the answer is incomplete",
+        id="anthropic-end-of-input",
+    ),
+]
+TEXT = {
+    "openai": openai_chunk({"content": "Hal"}),
+    "anthropic": anthropic_delta(0, type="text_delta", text="Hal"),
+}
+CANNED_URL = {
+    "openai": "http://canned/v1/chat/completions",
+    "anthropic": "http://canned/v1/messages",
+}
 
 
 class TestRetries:
@@ -537,6 +584,90 @@ class TestRetries:
         model = quick(canned_anthropic(failed, STREAM.parts, retries=2))
         _, result = settle_prompt(model)
         assert_stream_error(result, "reported an error")
+
+    @pytest.mark.parametrize(("provider", "head", "end", "words"), UNFINISHED)
+    def test_an_unfinished_answer_before_any_chunk_is_retried(
+        self,
+        provider: str,
+        head: List[bytes],
+        end: List[bytes],
+        words: str,
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        # Nothing was yielded: as after a broken connection, the answer is asked for again.
+        model = quick(canned_model(provider, retries=1))
+        exchanges = canned(model, [*head, *end], answer_parts(provider, ["Done."]))
+        with caplog.at_level(logging.WARNING):
+            _, result = settle_prompt(model)
+        assert (result.status, result.final_text) == ("completed", "Done."), result.error
+        (logged,) = retry_logs(caplog)
+        assert f"attempt 1 of 2 failed (the stream from {CANNED_URL[provider]} {words})" in logged
+        assert [bool(exchange.reads) for exchange in exchanges] == [True, True]
+
+    @pytest.mark.parametrize(("provider", "head", "end", "words"), UNFINISHED)
+    def test_an_unfinished_answer_fails_the_run_once_the_retries_are_spent(
+        self, provider: str, head: List[bytes], end: List[bytes], words: str
+    ) -> None:
+        attempts = [Canned([*head, *end]) for _ in range(3)]
+        _, result = settle_prompt(quick(canned_model(provider, *attempts, retries=2)))
+        url = CANNED_URL[provider]
+        assert_stream_error(result, f"the stream from {url} {words} (after 2 retries)")
+        assert [bool(attempt.reads) for attempt in attempts] == [True, True, True]
+        assert len(result.messages) == 1
+
+    @pytest.mark.parametrize(("provider", "head", "end", "words"), UNFINISHED)
+    def test_an_unfinished_answer_after_a_chunk_fails_the_run_at_once(
+        self, provider: str, head: List[bytes], end: List[bytes], words: str
+    ) -> None:
+        # Once a chunk was yielded, the loop has reported it: no retry.
+        unused = Canned(answer_parts(provider, ["Done."]))
+        model = quick(canned_model(provider, [*head, TEXT[provider], *end], unused, retries=2))
+        events, result = settle_prompt(model)
+        error = assert_stream_error(result, f"the stream from {CANNED_URL[provider]} {words}")
+        assert "(after" not in str(error)
+        assert chunk_texts(events) == ["Hal"]
+        assert unused.reads == 0
+
+    def test_without_require_finish_reason_the_end_of_input_is_still_incomplete(self) -> None:
+        model = canned_openai([openai_chunk({"content": "Hal"})], require_finish_reason=False)
+        _, result = settle_prompt(model)
+        assert_stream_error(result, "ended before data: [DONE] and without a finish_reason")
+
+    @pytest.mark.parametrize(
+        "broken",
+        [
+            pytest.param(Reply([b"40\r\ndata: {"], headers=CHUNKED), id="the-connection-breaks"),
+            pytest.param(Reply([ROLE], stall=True), id="no-byte-for-the-timeout"),
+        ],
+    )
+    def test_a_stream_that_breaks_after_the_head_before_any_chunk_is_retried(
+        self, server: Server, broken: Reply
+    ) -> None:
+        server.script(broken, STREAM)
+        _, result = settle_prompt(quick(openai(server, retries=1, timeout=0.3)))
+        assert (result.status, result.final_text) == ("completed", "5"), result.error
+        assert len(server.requests) == 2
+
+    @pytest.mark.parametrize(
+        ("broken", "words"),
+        [
+            pytest.param(
+                Reply([b"40\r\ndata: {"], headers=CHUNKED),
+                "broke: IncompleteRead",
+                id="the-connection-breaks",
+            ),
+            pytest.param(
+                Reply([ROLE], stall=True), "sent nothing for 0.3 s", id="no-byte-for-the-timeout"
+            ),
+        ],
+    )
+    def test_a_stream_that_breaks_before_any_chunk_fails_once_the_retries_are_spent(
+        self, server: Server, broken: Reply, words: str
+    ) -> None:
+        server.script(broken, broken, broken)
+        _, result = settle_prompt(quick(openai(server, retries=2, timeout=0.3)))
+        assert_stream_error(result, words, "(after 2 retries)")
+        assert len(server.requests) == 3
 
     def test_a_cancel_during_the_wait_ends_the_run_at_once(self, server: Server) -> None:
         server.script(Reply([b"busy"], status=503, headers=(("Retry-After", "5"),)), STREAM)
@@ -856,10 +987,6 @@ class TestHTTPS:
         model = providers.OpenAIChatModel("m", base_url=url, retries=0)
         _, result = settle_prompt(model)
         assert_stream_error(result, f"cannot connect to {url}", "the TLS handshake failed")
-
-
-CHUNKED = (("Content-Type", "text/event-stream"), ("Transfer-Encoding", "chunked"))
-"""The head of a chunked stream whose framing a test writes by hand."""
 
 
 class TestHTTPFailures:
