@@ -1672,6 +1672,122 @@ class TestIncompleteAnswers:
         assert answer.response().content == (al.TextBlock("Hello, world"),)
 
 
+def anthropic_message_start(usage: Dict[str, Any]) -> bytes:
+    """message_start with the usage of the answer so far."""
+    return anthropic_event("message_start", message={"id": "m", "content": [], "usage": usage})
+
+
+SEVEN_IN = {"prompt_tokens": 7, "completion_tokens": 2}
+CUT_CALL = openai_call(0, "c1", "add", '{"left": ')
+# Failed answers after the provider reported usage, the words of the failure, and the
+# usage it reported. OpenAI's usage chunk comes after the cut's finish, and is read.
+FAILED_WITH_USAGE = [
+    pytest.param(
+        "openai",
+        [HI, openai_chunk({}, "length"), openai_usage(SEVEN_IN), DONE],
+        "the answer was cut: finish_reason 'length' (the token limit)",
+        al.Usage(7, 2),
+        id="openai-length",
+    ),
+    pytest.param(
+        "openai",
+        [HI, openai_chunk({}, "length"), openai_usage(SEVEN_IN)],
+        "the answer was cut: finish_reason 'length' (the token limit)",
+        al.Usage(7, 2),
+        id="openai-length-then-the-end-of-the-input",
+    ),
+    pytest.param(
+        "openai",
+        [HI, openai_chunk({}, "content_filter"), openai_usage(SEVEN_IN), DONE],
+        "the answer was cut: finish_reason 'content_filter'",
+        al.Usage(7, 2),
+        id="openai-content-filter",
+    ),
+    pytest.param(
+        "openai",
+        [HI, CUT_CALL, openai_chunk({}, "length"), openai_usage(SEVEN_IN), DONE],
+        "the answer was cut: finish_reason 'length' (the token limit) while a tool call",
+        al.Usage(7, 2),
+        id="openai-length-in-a-tool-call",
+    ),
+    pytest.param(
+        "openai",
+        [HI, openai_chunk({}, "length"), DONE],
+        "the answer was cut: finish_reason 'length' (the token limit)",
+        None,
+        id="openai-no-usage-chunk",
+    ),
+    pytest.param(
+        "openai",
+        [HI, openai_chunk({}, "length"), openai_chunk({"content": "more"}), DONE],
+        "the answer was cut: finish_reason 'length' (the token limit)",
+        None,
+        id="openai-nothing-after-the-cut-is-the-answer",
+    ),
+    pytest.param(
+        "anthropic",
+        [
+            anthropic_message_start({"input_tokens": 9, "output_tokens": 1}),
+            *anthropic_text(0, "Hi"),
+            anthropic_end("refusal", {"output_tokens": 5})[0],  # it fails here, at once
+        ],
+        "the answer was cut: stop_reason 'refusal'",
+        al.Usage(9, 5),
+        id="anthropic-refusal",
+    ),
+    pytest.param(
+        "anthropic",
+        [
+            anthropic_message_start({"input_tokens": 9, "output_tokens": 1}),
+            *anthropic_text(0, "Hi")[:2],
+        ],
+        "the stream from http://canned/v1/messages ended before message_stop",
+        al.Usage(9, 1),
+        id="anthropic-broken",
+    ),
+]
+
+
+class TestWhatAFailedAnswerCost:
+    """ProviderError.usage: what the provider reported for an answer that then failed;
+    the run's own usage counts only the responses it appended."""
+
+    @pytest.mark.parametrize(("provider", "parts", "words", "usage"), FAILED_WITH_USAGE)
+    def test_the_error_carries_the_usage_the_provider_reported(
+        self, provider: str, parts: List[bytes], words: str, usage: Optional[al.Usage]
+    ) -> None:
+        model = canned_model(provider)
+        (exchange,) = canned(model, parts)
+        events, result = settle_prompt(model)
+        error = assert_stream_error(result, words)
+        assert error.usage == usage
+        assert chunk_texts(events) == ["Hi"]
+        assert exchange.reads >= len(parts)  # every part read: the usage after a cut too
+        assert result.usage is None  # no response was appended
+
+    def test_a_retried_answer_keeps_the_usage_of_its_last_attempt(self) -> None:
+        attempts = [
+            [anthropic_message_start({"input_tokens": tokens, "output_tokens": 1})]
+            for tokens in (9, 10)
+        ]
+        model = canned_anthropic(*attempts, retries=1)
+        model._backoff_start = 0.001
+        _, result = settle_prompt(model)
+        error = assert_stream_error(result, "ended before message_stop", "(after 1 retry)")
+        assert error.usage == al.Usage(10, 1)
+
+    def test_the_run_sums_the_responses_it_appended_and_not_the_failed_one(self) -> None:
+        model = canned_openai(
+            answer_parts("openai", [("c1", "add", ADD)])[:-1]
+            + [openai_usage({"prompt_tokens": 20, "completion_tokens": 5}), DONE],
+            [HI, openai_chunk({}, "length"), openai_usage(SEVEN_IN), DONE],
+        )
+        _, result = settle_prompt(model)
+        error = assert_stream_error(result, "finish_reason 'length'")
+        assert result.usage == al.Usage(20, 5)
+        assert error.usage == al.Usage(7, 2)
+
+
 # --- Long answers -------------------------------------------------------------------
 
 
@@ -1852,7 +1968,7 @@ class TestLongAnswers:
     ) -> None:
         parts = answer_parts(provider, ["Hel", "lo"])
         first = 1 if provider == "openai" else 3  # Anthropic: message and block starts
-        model = cast(providers._StreamingModel, canned_model(provider))
+        model = canned_model(provider)
         (exchange,) = canned(model, parts)
         generator = model.stream(request(), threading.Event())
         assert next(generator) == al.TextDelta("request-001", "Hel")
