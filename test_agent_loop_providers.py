@@ -1778,8 +1778,11 @@ class TestWhatAFailedAnswerCost:
 
     def test_the_run_sums_the_responses_it_appended_and_not_the_failed_one(self) -> None:
         model = canned_openai(
-            answer_parts("openai", [("c1", "add", ADD)])[:-1]
-            + [openai_usage({"prompt_tokens": 20, "completion_tokens": 5}), DONE],
+            [
+                *answer_parts("openai", [("c1", "add", ADD)])[:-1],
+                openai_usage({"prompt_tokens": 20, "completion_tokens": 5}),
+                DONE,
+            ],
             [HI, openai_chunk({}, "length"), openai_usage(SEVEN_IN), DONE],
         )
         _, result = settle_prompt(model)
