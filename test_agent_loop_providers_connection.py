@@ -112,6 +112,7 @@ class Reply:
     stall: bool = False  # after the parts, keep the connection open until the client leaves
     chunked: bool = False  # HTTP/1.1 chunked framing, as uvicorn sends it
     hang_up: bool = False  # close the connection without any answer
+    held: bool = False  # after the first part, wait for one of the server's go tokens
 
 
 @dataclass
@@ -123,6 +124,11 @@ class Server:
     requests: List[Dict[str, Any]] = field(default_factory=list)
     release: threading.Event = field(default_factory=threading.Event)
     disconnected: threading.Event = field(default_factory=threading.Event)
+    connections: int = 0  # accepted, whether a request came on them or not
+    holding: int = 0  # held replies waiting for a go token now
+    peak: int = 0  # the most held replies at once
+    go: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def script(self, *replies: Reply) -> None:
         self.replies.extend(replies)
@@ -137,6 +143,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # quiet
+
+    def setup(self) -> None:
+        super().setup()
+        with self.server_state.lock:
+            self.server_state.connections += 1
 
     def do_POST(self) -> None:
         state = self.server_state
@@ -180,11 +191,26 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 part = b"%x\r\n%s\r\n" % (len(part), part) if part else b""
             self.wfile.write(part)
             self.wfile.flush()
+            if reply.held and not number:
+                self._hold(state)
         if reply.stall:
             self._wait_for_client(state, _BOUND)
         elif reply.chunked and not any(part == b"" for part in reply.parts):
             self.wfile.write(b"0\r\n\r\n")
         self.close_connection = True
+
+    def _hold(self, state: Server) -> None:
+        """Holds the stream open until the test gives a go token (counted while held).
+
+        It stops counting before it writes the rest, so that a client cannot end its
+        stream, and another begin, while this one still counts.
+        """
+        with state.lock:
+            state.holding += 1
+            state.peak = max(state.peak, state.holding)
+        state.go.acquire(timeout=_BOUND)
+        with state.lock:
+            state.holding -= 1
 
     def _wait_for_client(self, state: Server, seconds: float) -> None:
         """Waits until the client closes its side (recorded), the fixture ends, or seconds."""
@@ -227,6 +253,8 @@ def _serving(context: Optional[ssl.SSLContext] = None) -> Iterator[Server]:
         yield state
     finally:
         state.release.set()
+        for _ in range(64):  # a held reply ends too
+            state.go.release()
         httpd.shutdown()
         httpd.server_close()
         thread.join(_BOUND)
@@ -699,6 +727,122 @@ class TestRetries:
         _, response = stream(model, signal=Recording())
         assert response.content == (al.TextBlock("Hello, world"),)
         assert waits == [waited]
+
+
+# --- A limit on concurrent answers ---------------------------------------------------
+
+
+def settled_within_bound(model: al.Model) -> al.RunResult:
+    """A run of model, cancelled after _BOUND seconds: a slot never given back fails the
+    test instead of hanging it."""
+    signal = threading.Event()
+    timer = threading.Timer(_BOUND, signal.set)
+    timer.start()
+    try:
+        return settle_prompt(model, signal=signal)[1]
+    finally:
+        timer.cancel()
+
+
+def in_threads(model: al.Model, runs: int) -> Tuple[List[threading.Thread], List[al.RunResult]]:
+    """runs runs of model, each in a thread of its own (started) and bounded; their
+    results."""
+    results: List[al.RunResult] = []
+
+    def run() -> None:
+        results.append(settled_within_bound(model))
+
+    threads = [threading.Thread(target=run) for _ in range(runs)]
+    for thread in threads:
+        thread.start()
+    return threads, results
+
+
+class TestMaxConcurrency:
+    """max_concurrency=N: at most N answers of one model object stream at once."""
+
+    @pytest.mark.parametrize(
+        ("provider", "limit", "runs", "streaming"),
+        [
+            pytest.param("openai", None, 4, 4, id="no-limit-all-at-once"),
+            pytest.param("openai", 2, 4, 2, id="two-of-four"),
+            pytest.param("anthropic", 1, 3, 1, id="one-of-three"),
+        ],
+    )
+    def test_at_most_n_answers_stream_at_once_across_threads_and_runs(
+        self, server: Server, provider: str, limit: Optional[int], runs: int, streaming: int
+    ) -> None:
+        parts = answer_parts(provider, ["Hi"])
+        server.script(*[Reply(parts, held=True) for _ in range(runs)])
+        model = served(provider, server, max_concurrency=limit, timeout=_BOUND)
+        threads, results = in_threads(model, runs)
+        try:
+            assert _eventually(lambda: server.holding == streaming)
+            time.sleep(0.2)  # room for a run that would break the limit to connect
+            assert (server.holding, server.connections) == (streaming, streaming)
+        finally:
+            for _ in range(runs):
+                server.go.release()
+            for thread in threads:
+                thread.join(_BOUND)
+        assert [result.final_text for result in results] == ["Hi"] * runs
+        assert (server.peak, server.connections) == (streaming, runs)
+
+    @pytest.mark.parametrize("how", ["fails", "is-closed", "is-cancelled"])
+    def test_a_slot_is_given_back_when_its_stream_ends_otherwise(
+        self, server: Server, how: str
+    ) -> None:
+        model = openai(server, max_concurrency=1, timeout=_BOUND)
+        if how == "fails":
+            server.script(BUSY, STREAM)
+            assert_stream_error(settle_prompt(model)[1], "HTTP 503")
+        elif how == "is-closed":  # a consumer that walks away
+            server.script(Reply(STREAM.parts, held=True), STREAM)
+            holder = model.stream(request(), threading.Event())
+            assert next(holder) == al.TextDelta("request-001", "5")
+            holder.close()
+        else:
+            server.script(Reply(STREAM.parts, held=True), STREAM)
+            assert cancelled_within(model, after=lambda: server.holding == 1) < 0.25
+        result = settled_within_bound(model)
+        assert (result.status, result.final_text) == ("completed", "5"), result.error
+        assert server.connections == 2
+
+    def test_waiting_for_a_slot_is_cancelled_at_once_and_sends_nothing(
+        self, server: Server
+    ) -> None:
+        server.script(Reply(STREAM.parts, held=True))
+        model = openai(server, max_concurrency=1, timeout=_BOUND)
+        holder = model.stream(request(), threading.Event())
+        try:
+            assert next(holder) == al.TextDelta("request-001", "5")
+            assert cancelled_within(model, delay=0.1) < 0.25
+            waiting = threading.Event()
+            waiting.set()
+            with pytest.raises(providers.ProviderError) as caught:
+                stream(model, signal=waiting)
+            assert str(caught.value) == (
+                f"the request to {server.url}/v1/chat/completions was cancelled while it "
+                "waited for a slot (max_concurrency=1)"
+            )
+            assert (server.connections, len(server.requests)) == (1, 1)
+        finally:
+            holder.close()
+
+    def test_a_retrys_wait_holds_no_slot(self, server: Server) -> None:
+        server.script(Reply([b"busy"], status=503, headers=(("Retry-After", "5"),)), STREAM)
+        model = openai(server, max_concurrency=1, retries=1)
+        waiting = threading.Event()  # set at the end: the first run's wait ends at once
+        first = threading.Thread(target=settle_prompt, args=(model,), kwargs={"signal": waiting})
+        first.start()
+        try:
+            assert _eventually(lambda: len(server.requests) == 1)
+            result = settled_within_bound(model)  # while the first run waits 5 s
+            assert (result.status, result.final_text) == ("completed", "5"), result.error
+        finally:
+            waiting.set()
+            first.join(_BOUND)
+        assert len(server.requests) == 2
 
 
 # --- Connecting, watched ----------------------------------------------------------------
