@@ -289,6 +289,17 @@ def settle(
     return al.settle_run(run, on_event)
 
 
+def readme_function(name: str) -> Callable[..., Any]:
+    """The function the README defines under that name: its python block, run."""
+    with open(os.path.join(_HERE, "README.md"), encoding="utf-8") as readme:
+        blocks = re.findall(r"```python\n(.*?)```", readme.read(), re.DOTALL)
+    (block,) = [block for block in blocks if f"\ndef {name}(" in block]
+    namespace: Dict[str, Any] = {}
+    exec(compile(block, f"README.md: the block of {name}", "exec"), namespace)
+    function: Callable[..., Any] = namespace[name]
+    return function
+
+
 def at_once(model: Callable[[], al.Model]) -> List[al.RunResult]:
     """_AGENTS runs of a short answer, each in a thread of its own, started together
     (a barrier), each on the model that model() gives; their results."""
@@ -404,17 +415,19 @@ class TestRealModel:
     def test_ten_runs_sharing_a_model_with_max_concurrency_1_all_complete(
         self, llama_server: str
     ) -> None:
-        """The same ten threads sharing one model object with max_concurrency=1: one
-        answer streams at a time, none is interrupted, and every run completes with its
-        text. The server reports no usage in a stream: each result's usage is a Usage
-        with every field unknown."""
+        """The README's ask_together(): ten threads sharing one model object with
+        max_concurrency=1. One answer streams at a time, none is interrupted, and every
+        run completes with its text. The server reports no usage in a stream: each
+        result's usage is a Usage with every field unknown, as the README says."""
+        ask_together = readme_function("ask_together")
         model = openai(llama_server, options=_SHORT_OPTIONS, max_concurrency=1)
-        results = at_once(lambda: model)
+        results = ask_together(model, ["Say hello."] * _AGENTS)
         assert [result.status for result in results] == ["completed"] * _AGENTS, [
             result.error for result in results
         ]
         for result in results:
             assert re.fullmatch(_SHORT_ANSWER, result.final_text or ""), result.final_text
+            assert result.usage == al.Usage()
             assert result.usage in (None, al.Usage())
 
     def test_a_forced_tool_call_reaches_the_tool_and_the_run_goes_on(
