@@ -62,10 +62,12 @@ messages exactly the IR's classes (a subclass could redefine ``==``); a ``ToolCa
 arguments that are not plain bounded JSON as given, and the run rejects it before any tool
 runs; an ``Exception`` from a tool is a recoverable, logged result; thinking is a kind of
 block of its own, bounded and coalesced as text is; a run's usage is the sum of its
-responses' usage. Not here, as the seed says: concurrent tools, steering queues, context
-transformation, provider retries, persistent sessions. Companion files beside this one
-use only its public names: ``agent_loop_providers.py`` (real models) and
-``agent_loop_replay.py`` (replay).
+responses' usage. Beyond the seed, opt-in: concurrent tools (``tool_concurrency``, events
+and results still in assistant order) and consent (``before_tool_call``). Not here, as
+the seed says: steering queues, context transformation, provider retries, persistent
+sessions. Companion files beside this one use only its public names:
+``agent_loop_providers.py`` (real models), ``agent_loop_cli.py`` (their command line),
+``agent_loop_replay.py`` (replay, durable runs) and ``agent_loop_mcp.py`` (MCP tools).
 
 The file reads top down: the limits, the loop and its phases in the diagram's order,
 then what the loop uses in that order (the transcript and its checks, the model
@@ -78,6 +80,7 @@ from __future__ import annotations
 import argparse
 import collections.abc
 import contextlib
+import contextvars
 import dataclasses
 import inspect
 import itertools
@@ -89,6 +92,7 @@ import reprlib
 import sys
 import threading
 import types
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import (
@@ -108,6 +112,7 @@ from typing import (
     Protocol,
     Sequence,
     Set,
+    TextIO,
     Tuple,
     TypeVar,
     Union,
@@ -128,6 +133,7 @@ __all__ = [  # grouped as the README presents the API
     # Entry point
     "run_agent_loop",
     "settle_run",
+    "print_event",
     "Signal",
     # Message IR
     "JSON",
@@ -156,6 +162,7 @@ __all__ = [  # grouped as the README presents the API
     "ToolRegistry",
     "ToolError",
     "execute_tool_call",
+    "current_tool_call",
     # Events and results
     "Event",
     "RunResult",
@@ -223,6 +230,9 @@ def run_agent_loop(
     max_steps: int,
     signal: Optional[Signal] = None,
     request_sequence_start: int = 0,
+    tool_concurrency: int = 1,
+    # The signal is Any, as in Tool.execute: a function may annotate it threading.Event.
+    before_tool_call: Optional[Callable[[ToolCall, Any], Optional[str]]] = None,
 ) -> Generator[Event, None, RunResult]:
     """Validates the options, snapshots the run, and returns its event generator.
 
@@ -234,15 +244,21 @@ def run_agent_loop(
     Raises TypeError for an option of the wrong kind and ValueError for one out of
     range, now, before anything is iterated. A bad starting transcript is not an
     error here: the run finishes ``failed`` with ``INVALID_TRANSCRIPT``.
+
+    ``tool_concurrency`` > 1 runs consecutive calls of a batch on up to that many threads
+    (a ``sequential`` tool's call alone), with events and results in assistant order
+    whatever the timing; ``before_tool_call(call, signal)`` is asked before each call and
+    a str it returns refuses the call (see the README's "Tools at once, and consent").
     """
     # ValidateOptions. Seed: "Invalid construction throws before an EventStream is returned."
     _check_options(model, tools, max_steps, request_sequence_start)
+    _check_tool_options(tool_concurrency, before_tool_call)
     signal = _checked_signal(signal)
     items = _iterated(messages)
     # SnapshotRun. Reading one past the cap tells "too many" without reading forever.
     start: List[object] = list(itertools.islice(items, MAX_INITIAL_MESSAGES + 1))
-    run = _Run(start, model, ToolRegistry(tools), max_steps, signal, request_sequence_start)
-    return run.drive()
+    options = (max_steps, signal, request_sequence_start, tool_concurrency, before_tool_call)
+    return _Run(start, model, ToolRegistry(tools), *options).drive()
 
 
 class _Run:
@@ -256,6 +272,8 @@ class _Run:
         max_steps: int,
         signal: Signal,
         request_sequence_start: int,
+        tool_concurrency: int,
+        before_tool_call: Optional[Callable[[ToolCall, Any], Optional[str]]],
     ) -> None:
         self.model = model
         self.tools = tools
@@ -263,6 +281,8 @@ class _Run:
         self.max_steps = max_steps
         self.signal = signal
         self.request_sequence_start = request_sequence_start
+        self.tool_concurrency = tool_concurrency
+        self.before_tool_call = before_tool_call
         self.steps = 0
         self.next_sequence = 0
         self.usage: Optional[Usage] = None  # the sum over the responses appended so far
@@ -293,6 +313,9 @@ class _Run:
                 # After every event: the consumer ran, and may have set the signal.
                 self._check_signal()
         except _Cancelled:
+            # The phase that was waiting hears of it there: a batch of tools still yields
+            # the results completed before the signal was seen, then ends.
+            yield from self._told(steps)
             result = self._result("cancelled")
         except _RunFailure as failure:
             error = RunError(failure.code, failure.message, failure.__cause__)
@@ -302,6 +325,16 @@ class _Run:
             # waiting ends too, and with it the model's stream.
             steps.close()
         return (yield from self._finish(result))
+
+    @staticmethod
+    def _told(steps: Generator[Event, None, RunResult]) -> Generator[Event, None, None]:
+        """Any phase --> Cancelled: the events the waiting phase still yields once the
+        cancellation is thrown into it, until it raises it (at once, if it had ended)."""
+        with contextlib.suppress(_Cancelled):
+            event = steps.throw(_Cancelled())
+            while True:
+                yield event
+                event = next(steps)
 
     def _run_steps(self) -> Generator[Event, None, RunResult]:
         """From SnapshotRun to Completed or MaxSteps; the other endings raise."""
@@ -444,26 +477,125 @@ class _Run:
     def _execute_tools(
         self, request: ModelRequest, message: AssistantMessage
     ) -> Generator[Event, None, None]:
-        """ExecuteTools: every call of the message, in assistant order, one at a time."""
-        for call in _tool_calls(message):
-            # Seed: "For each call, it emits tool.started, awaits executeToolCall(),
-            # appends the linked Tool-result message, then emits tool.finished."
-            yield self._event("tool.started", request_id=request.id, tool_call=call)
-            # A result that arrives after cancellation is discarded. An Exception from the
-            # tool is already a recoverable result; what else it raises ends the phase.
-            what = f"tool call {call.id!r}"
-            result = self._call(
-                "TOOL_PHASE_ERROR", what, _execute_checked_call, self.tools, call, self.signal
-            )
-            # Linked by construction: the result is derived from the call, whose
-            # result id was checked free before any tool ran.
-            self.transcript.append(result)
-            yield self._event(
-                "tool.finished", request_id=request.id, tool_call=call, tool_result=result
-            )
+        """ExecuteTools: every call of the message in assistant order, one at a time (with
+        tool_concurrency > 1, group by group)."""
+        if self.tool_concurrency > 1:
+            for group in self._groups(_tool_calls(message)):
+                yield from self._execute_group(request, group)
+        else:
+            for call in _tool_calls(message):
+                # Consent, before the call's tool.started (without a hook, not even a call:
+                # this is the hot path of W1 in benchmarks/bench_agent_loop.py).
+                refusal = None if self.before_tool_call is None else self._refusal(call)
+                # Seed: "For each call, it emits tool.started, awaits executeToolCall(),
+                # appends the linked Tool-result message, then emits tool.finished."
+                yield self._event("tool.started", request_id=request.id, tool_call=call)
+                result = refusal or self._execute(call)
+                self.transcript.append(result)  # linked by construction (see _finished)
+                yield self._event(
+                    "tool.finished", request_id=request.id, tool_call=call, tool_result=result
+                )
         # Seed: "After the complete Tool batch, validateTranscript() proves that every
         # call has one later matching result." Here that holds by construction: each
         # call above got its linked result appended, or the phase ended by raising.
+
+    def _groups(self, calls: List[ToolCall]) -> List[List[ToolCall]]:
+        """ExecuteTools: the calls cut into groups that run together, in order: maximal
+        runs of consecutive calls, a sequential tool's call alone (a barrier)."""
+        groups: List[List[ToolCall]] = []
+        together = False  # whether the last group takes the next call
+        for call in calls:
+            # An unknown tool's call joins its group: it only gets its error result.
+            tool = self.tools.get(call.name)
+            alone = tool is not None and tool.sequential
+            if together and not alone:
+                groups[-1].append(call)
+            else:
+                groups.append([call])
+            together = not alone
+        return groups
+
+    def _refusal(self, call: ToolCall) -> Optional[ToolResultMessage]:
+        """ExecuteTools, consent: the error result before_tool_call refuses a call with,
+        or None to run it. It may block, and set the signal: the call then stays open."""
+        if self.before_tool_call is None:
+            return None
+        what = f"before_tool_call for tool call {call.id!r}"
+        answer = self._call("TOOL_PHASE_ERROR", what, self.before_tool_call, call, self.signal)
+        if answer is not None and not _is_text(answer):
+            raise _RunFailure(
+                "TOOL_PHASE_ERROR",
+                f"{what} returned {_a(type(answer).__name__)}: it must return None "
+                "(run the call) or a str (refuse it, the str being the call's error result)",
+            )
+        return None if answer is None else _tool_result(call, answer, True)
+
+    def _execute(self, call: ToolCall) -> ToolResultMessage:
+        """ExecuteTools: runs one call, in whichever thread, and looks at the signal after."""
+        # A result that arrives after cancellation is discarded. An Exception from the
+        # tool is already a recoverable result; what else it raises ends the phase.
+        what = f"tool call {call.id!r}"
+        return self._call(
+            "TOOL_PHASE_ERROR", what, _execute_checked_call, self.tools, call, self.signal
+        )
+
+    def _execute_group(
+        self, request: ModelRequest, group: List[ToolCall]
+    ) -> Generator[Event, None, None]:
+        """ExecuteTools, one group on up to tool_concurrency threads: each result joins the
+        transcript once it and every call before it have finished. Whatever the way out
+        (an end, a failure, a cancellation, close()), it returns only once every running
+        tool has returned, and no call begins after."""
+        # Consent, for each call of the group before any of them is scheduled.
+        refusals = [self._refusal(call) for call in group]
+        # In a group, tool.started means scheduled: all of them come first, in order.
+        for call in group:
+            yield self._event("tool.started", request_id=request.id, tool_call=call)
+
+        def execute(call: ToolCall) -> ToolResultMessage:  # in a worker thread
+            self._check_signal()  # a call not yet begun never begins once the signal is set
+            return self._execute(call)
+
+        pool = ThreadPoolExecutor(min(self.tool_concurrency, len(group)), "agent_loop-tool")
+        outcomes: List[Union[ToolResultMessage, Future[ToolResultMessage]]] = []
+        kept = 0  # the calls whose results joined the transcript
+        try:
+            for call, refusal in zip(group, refusals):
+                try:
+                    outcomes.append(refusal or pool.submit(execute, call))
+                except Exception as error:  # a thread that cannot start
+                    what = f"starting tool call {call.id!r}"
+                    raise self._failure("TOOL_PHASE_ERROR", what, error) from error
+            for index, (call, outcome) in enumerate(zip(group, outcomes)):
+                # result() raises what ended the call: _Cancelled if the signal came first.
+                result = outcome if isinstance(outcome, ToolResultMessage) else outcome.result()
+                kept = index + 1
+                yield self._finished(request, call, result)
+        except _Cancelled:
+            # ExecuteTools --> Cancelled, once the running tools have returned. The results
+            # completed before the signal was seen are kept, in order, even after a call
+            # still open. Seed: "appends no fabricated result" for the others.
+            _stop(pool, outcomes)
+            for call, outcome in zip(group[kept:], outcomes[kept:]):
+                if isinstance(outcome, Future):
+                    if outcome.cancelled() or outcome.exception() is not None:
+                        continue
+                    outcome = outcome.result()
+                # The driver may tell of the signal again after this event: it is known.
+                with contextlib.suppress(_Cancelled):
+                    yield self._finished(request, call, outcome)
+            raise
+        finally:
+            _stop(pool, outcomes)
+
+    def _finished(self, request: ModelRequest, call: ToolCall, result: ToolResultMessage) -> Event:
+        """ExecuteTools: a call's result joins the transcript; returns its tool.finished."""
+        # Linked by construction: the result is derived from the call, whose
+        # result id was checked free before any tool ran.
+        self.transcript.append(result)
+        return self._event(
+            "tool.finished", request_id=request.id, tool_call=call, tool_result=result
+        )
 
     def _finish(self, result: RunResult) -> Generator[Event, None, RunResult]:
         """Finish: run.finished, always the last event, carries the result the run returns."""
@@ -553,6 +685,30 @@ def _check_options(model: object, tools: object, max_steps: object, start: objec
         raise TypeError(f"model must have a callable stream(), got {type(model).__name__}")
     if not isinstance(tools, ToolRegistry):
         raise TypeError(f"tools must be a ToolRegistry, got {type(tools).__name__}")
+
+
+def _check_tool_options(tool_concurrency: object, before_tool_call: object) -> None:
+    """ValidateOptions for the tool phase. No upper bound on tool_concurrency: a group
+    never uses more threads than it has calls."""
+    if not isinstance(tool_concurrency, int) or isinstance(tool_concurrency, bool):
+        kind = type(tool_concurrency).__name__
+        raise TypeError(f"tool_concurrency must be an int, got {kind}")
+    if tool_concurrency < 1:
+        raise ValueError(f"tool_concurrency must be an int >= 1, got {tool_concurrency}")
+    if before_tool_call is not None and not callable(before_tool_call):
+        raise TypeError(
+            "before_tool_call must be None or a function (call, signal) -> Optional[str], "
+            f"got {type(before_tool_call).__name__}"
+        )
+
+
+def _stop(pool: ThreadPoolExecutor, outcomes: List[Any]) -> None:
+    """ExecuteTools: no call of a group begins any more; returns once the running ones
+    have returned (a refused call's outcome is its result, and has nothing to stop)."""
+    for outcome in outcomes:
+        if isinstance(outcome, Future):
+            outcome.cancel()  # a call not yet begun; one running cannot be cancelled
+    pool.shutdown(wait=True)
 
 
 def _checked_signal(signal: object) -> Signal:
@@ -1242,6 +1398,8 @@ class Tool:
     annotations ``description`` and ``title``; the root is ``{"type": "object", ...}``.
     It is checked and frozen when the Tool is built. ``execute(arguments, signal)``
     gets a fresh plain dict that it may change freely, and the run's signal.
+    ``sequential=True`` (by keyword): with ``tool_concurrency`` > 1, the tool's calls
+    run alone, after the calls before them (a barrier).
 
     Raises TypeError or ValueError, naming the field, for a Tool the loop could not
     run as described.
@@ -1253,11 +1411,16 @@ class Tool:
     # The signal is Any here so that a function annotated with Signal or with
     # threading.Event fits (a Callable's parameters are contravariant).
     execute: Callable[[Dict[str, Any], Any], object]
+    sequential: bool = False  # given by keyword: with tool_concurrency > 1, runs alone
     __hash__ = None  # type: ignore[assignment]  # it holds a mapping
 
     def __post_init__(self) -> None:
         parameters = _checked_tool_fields("Tool", self.name, self.description, self.parameters)
         _check_execute(self.name, self.execute)
+        sequential: object = self.sequential  # typing aside: it comes from the caller
+        if type(sequential) is not bool:
+            kind = type(sequential).__name__
+            raise TypeError(f"Tool {self.name!r}: sequential must be a bool, got {kind}")
         object.__setattr__(self, "parameters", parameters)
 
     def __reduce__(self) -> Tuple[Any, ...]:
@@ -1274,6 +1437,7 @@ class Tool:
         *,
         name: Optional[str] = None,
         description: Optional[str] = None,
+        sequential: bool = False,
     ) -> Tool:
         """Builds a Tool from a function that takes the arguments as keyword parameters.
 
@@ -1284,8 +1448,9 @@ class Tool:
         out). Every parameter without a default is required, and no other property is
         allowed. A parameter named ``signal`` gets the run's signal and is not in the
         schema. The description is the docstring (``inspect.getdoc``; ``""`` without
-        one), the name the function's; ``name`` and ``description`` override. The tool
-        calls ``fn(**arguments)``, and what ``fn`` returns is the result.
+        one), the name the function's; ``name`` and ``description`` override;
+        ``sequential`` is the Tool's. The tool calls ``fn(**arguments)``, and what
+        ``fn`` returns is the result.
 
         Raises TypeError, naming the parameter, for a hint the schema subset cannot say
         exactly, a parameter with no hint, ``*args``, ``**kwargs`` or a positional-only
@@ -1306,6 +1471,7 @@ class Tool:
             (inspect.getdoc(fn) or "") if description is None else description,
             parameters,
             execute,
+            sequential=sequential,
         )
 
 
@@ -1619,6 +1785,7 @@ def _execute_checked_call(
     problem = _schema_problem(call.arguments, tool.parameters, "$")
     if problem is not None:
         return _tool_result(call, f"invalid arguments for tool {call.name!r}: {problem}", True)
+    token = _CURRENT_TOOL_CALL.set(call)  # in this thread's context only
     try:
         value = tool.execute(call.plain_arguments(), signal)
     except ToolError as error:
@@ -1626,6 +1793,8 @@ def _execute_checked_call(
     except Exception as error:
         _logger.warning("tool %r raised; the model gets an error result", call.name, exc_info=True)
         return _tool_result(call, f"tool {call.name!r} raised {_describe(error)}", True)
+    finally:
+        _CURRENT_TOOL_CALL.reset(token)
     if _is_text(value):
         return _tool_result(call, value, False)
     try:
@@ -1636,6 +1805,17 @@ def _execute_checked_call(
             call, f"tool {call.name!r} returned a value that is not JSON: {error}", True
         )
     return _tool_result(call, content, False)
+
+
+_CURRENT_TOOL_CALL: Final[contextvars.ContextVar[Optional[ToolCall]]] = contextvars.ContextVar(
+    "agent_loop.current_tool_call", default=None
+)
+
+
+def current_tool_call() -> Optional[ToolCall]:
+    """Returns the ToolCall whose tool is executing, in the thread (the context) that runs
+    it, or None outside a tool's ``execute``: a tool learns its call's id from it."""
+    return _CURRENT_TOOL_CALL.get()
 
 
 class ToolError(Exception):
@@ -2327,8 +2507,8 @@ def settle_run(
     """Drains a run; returns its events and its RunResult.
 
     ``on_event``, if given, is called with each event as the run yields it, before the
-    run goes on (print it, stream it to a screen, set the signal). If it raises, the
-    run is closed (its model stream too) and the exception propagates.
+    run goes on (``print_event`` prints it; stream it to a screen, set the signal). If
+    it raises, the run is closed (its model stream too) and the exception propagates.
     """
     events: List[Event] = []
     with contextlib.closing(run):
@@ -2340,6 +2520,79 @@ def settle_run(
             events.append(event)
             if on_event is not None:
                 on_event(event)
+
+
+def print_event(event: Event, file: Optional[TextIO] = None) -> None:
+    """Prints one readable line for an event to ``file`` (default: ``sys.stdout``), flushed.
+
+    Use it as ``settle_run(run, on_event=print_event)``. The line is the sequence, the
+    type and what the event says: text as a JSON string, a call as ``name(arguments)
+    [id]``, a tool result as ``name ok: content`` or ``name error: content``; the
+    ``run.finished`` line is the result, with the usage reported (``unknown``: no count),
+    the calls left without a result and the error. An unprintable character (a line
+    break) is written as its escape, so that an event is always one line.
+    """
+    payload = event.payload
+    if event.type == "message.accepted":
+        detail = _message_text(payload["message"])
+    elif event.type == "model.chunk":
+        chunk = payload["chunk"]
+        shown = chunk.tool_call if isinstance(chunk, ToolCallChunk) else chunk
+        detail = f"{payload['request_id']} {_piece_text(shown)}"
+    elif event.type == "tool.started":
+        detail = f"{payload['request_id']} {_call_text(payload['tool_call'])}"
+    elif event.type == "tool.finished":
+        detail = f"{payload['request_id']} {_outcome_text(payload['tool_result'])}"
+    else:
+        detail = _result_text(payload["result"])
+    line = f"{event.sequence:3d}  {event.type:<16}  {detail}"
+    if not line.isprintable():  # a line break, say, in what a model or a tool wrote
+        line = "".join(char if char.isprintable() else ascii(char)[1:-1] for char in line)
+    print(line, file=file, flush=True)
+
+
+def _message_text(message: Message) -> str:
+    """A message as print_event shows it: its role and id, then its content."""
+    if isinstance(message, UserMessage):
+        content = json.dumps(message.content, ensure_ascii=False)
+    elif isinstance(message, AssistantMessage):
+        content = ", ".join(_piece_text(block) for block in message.content)
+    else:
+        content = _outcome_text(message)
+    return f"{message.role} {message.id}: {content}"
+
+
+def _piece_text(piece: Union[TextBlock, ThinkingBlock, ToolCall, TextDelta, ThinkingDelta]) -> str:
+    """A block or a chunk as print_event shows it: its type, then its text or call."""
+    if isinstance(piece, ToolCall):
+        return f"{piece.type} {_call_text(piece)}"
+    text = piece.thinking if isinstance(piece, (ThinkingBlock, ThinkingDelta)) else piece.text
+    return f"{piece.type} {json.dumps(text, ensure_ascii=False)}"
+
+
+def _call_text(call: ToolCall) -> str:
+    """A call as print_event shows it: name(arguments) [id]."""
+    arguments = json.dumps(call.plain_arguments(), ensure_ascii=False, separators=(",", ":"))
+    return f"{call.name}({arguments}) [{call.id}]"
+
+
+def _outcome_text(result: ToolResultMessage) -> str:
+    """A tool result as print_event shows it: name ok: content, or name error: content."""
+    return f"{result.tool_name} {'error' if result.is_error else 'ok'}: {result.content}"
+
+
+def _result_text(result: RunResult) -> str:
+    """A RunResult as print_event shows it, on the run.finished line."""
+    parts = [f"{result.status} after {result.steps} step(s)", f"{len(result.messages)} messages"]
+    if result.usage is not None:  # the counts the model reported, by their JSON keys
+        counts = ", ".join(f"{key} {count}" for key, count in result.usage.to_dict().items())
+        parts.append(f"usage: {counts or 'unknown'}")
+    open_calls = open_tool_calls(result.messages)
+    if open_calls:
+        parts.append("left without a result: " + ", ".join(call.id for call in open_calls))
+    if result.error is not None:
+        parts.append(f"error: {result.error.code}: {result.error.message}")
+    return ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -2466,35 +2719,14 @@ class ScriptedModel:
 # --- The demonstration ------------------------------------------------------------
 
 
-def _demo_tools() -> ToolRegistry:
-    """Three small tools; the weather station in Atlantis is missing, on purpose."""
-
-    def add(left: float, right: float) -> object:
-        """Adds two numbers."""
-        return {"sum": left + right}
-
-    def multiply(left: float, right: float) -> object:
-        """Multiplies two numbers."""
-        return {"product": left * right}
-
-    def weather(city: str) -> str:
-        """Reports the weather in a city."""
-        stations = {"Lisbon": "sunny, 19 C", "Oslo": "snow, -3 C"}
-        if city not in stations:
-            raise LookupError(f"no weather station in {city}")
-        return stations[city]
-
-    return ToolRegistry(Tool.from_function(tool) for tool in (add, multiply, weather))
-
-
 def _demo_model() -> ScriptedModel:
-    """A three-step script: thinking and one tool, then two tools (one fails), then the
+    """A three-step script: thinking and one tool, then two calls (one fails), then the
     answer; each response with the usage a provider with a prompt cache would report."""
-    thinking = ThinkingBlock("Two operations: the sum first, then the product.", "sig-demo-001")
+    thinking = ThinkingBlock("Two operations: the sum first, then the division.", "sig-demo-001")
     add = ToolCall("call-add-001", "add", {"left": 20, "right": 22})
-    multiply = ToolCall("call-multiply-001", "multiply", {"left": 42, "right": 2})
-    weather = ToolCall("call-weather-001", "weather", {"city": "Atlantis"})
-    answer = ["(20 + 22) * 2 = 84. ", "Atlantis has no ", "weather station."]
+    half = ToolCall("call-divide-001", "divide", {"dividend": 42, "divisor": 2})
+    by_zero = ToolCall("call-divide-002", "divide", {"dividend": 42, "divisor": 0})
+    answer = ["(20 + 22) / 2 = 21. ", "42 / 0 has no value: ", "division by zero."]
     return ScriptedModel(
         [
             scripted_response(
@@ -2504,7 +2736,7 @@ def _demo_model() -> ScriptedModel:
                 usage=Usage(412, 58, 0, 1024, 12),
             ),
             scripted_response(
-                "response-002", [multiply, weather], "toolCall", usage=Usage(96, 41, 1024, 0, 0)
+                "response-002", [half, by_zero], "toolCall", usage=Usage(96, 41, 1024, 0, 0)
             ),
             scripted_response(
                 "response-003",
@@ -2517,59 +2749,12 @@ def _demo_model() -> ScriptedModel:
     )
 
 
-def _brief(call: ToolCall) -> str:
-    """A call as the demonstration prints it: name(arguments) [id]."""
-    return f"{call.name}({json.dumps(call.plain_arguments(), separators=(',', ':'))}) [{call.id}]"
-
-
-def _demo_line(event: Event) -> str:
-    """One readable line per event: sequence, type, the essentials of the payload."""
-    payload = event.payload
-    if event.type == "message.accepted":
-        message = payload["message"]
-        detail = f"{message.role} {message.id}: {json.dumps(message.content)}"
-    elif event.type == "model.chunk":
-        chunk = payload["chunk"]
-        if isinstance(chunk, ToolCallChunk):
-            shown = _brief(chunk.tool_call)
-        else:
-            shown = json.dumps(chunk.text if isinstance(chunk, TextDelta) else chunk.thinking)
-        detail = f"{payload['request_id']} {chunk.type} {shown}"
-    elif event.type == "tool.started":
-        detail = f"{payload['request_id']} {_brief(payload['tool_call'])}"
-    elif event.type == "tool.finished":
-        result = payload["tool_result"]
-        outcome = "error" if result.is_error else "ok"
-        detail = f"{payload['request_id']} {result.tool_name} {outcome}: {result.content}"
-    else:
-        result = payload["result"]
-        detail = f"{result.status} after {result.steps} step(s)"
-    return f"{event.sequence:3d}  {event.type:<16}  {detail}"
-
-
-def _demo_result(result: RunResult) -> str:
-    """A result as the demonstration prints it, after the events."""
-    line = f"result: {result.status}, {result.steps} step(s), {len(result.messages)} messages"
-    if result.usage is not None:  # the counts the provider gave, by their JSON keys
-        counts = ", ".join(f"{key} {count}" for key, count in result.usage.to_dict().items())
-        line += f", usage: {counts or 'unknown'}"
-    lines = [line]
-    if result.final_text is not None:
-        lines.append(f"final text: {result.final_text}")
-    if result.max_steps is not None:
-        lines.append(f"the budget of {result.max_steps} step(s) ended the run")
-    open_calls = open_tool_calls(result.messages)
-    if open_calls:
-        lines.append("left without a result: " + ", ".join(call.id for call in open_calls))
-    return "\n".join(lines)
-
-
 def _main(argv: Optional[Sequence[str]] = None) -> int:
-    """The demonstration: a scripted run over three tools, printed one event per line."""
+    """The demonstration: a scripted run over two tools, printed one event per line."""
     parser = argparse.ArgumentParser(
         prog="python agent_loop.py",
-        description="Runs the Agent Loop on a scripted model with three tools (one call "
-        "fails, recoverably) and prints each event on one line, then the result.",
+        description="Runs the Agent Loop on a scripted model with two tools (one call "
+        "fails, recoverably) and prints each event on one line, the result last.",
     )
     parser.add_argument("--json", action="store_true", help="print each event as JSON")
     budget = f"the step budget, 1..{MAX_AGENT_STEPS} (the demo needs 3)"
@@ -2585,22 +2770,31 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
     signal = threading.Event()
 
     def show(event: Event) -> None:
-        print(
-            json.dumps(event.to_dict(), ensure_ascii=False) if options.json else _demo_line(event)
-        )
+        if options.json:
+            print(json.dumps(event.to_dict(), ensure_ascii=False))
+        else:
+            print_event(event)
         if event.sequence == options.cancel_after:
             signal.set()
 
-    run = run_agent_loop(
-        messages=[UserMessage("user-001", "What is (20 + 22) * 2? And the weather in Atlantis?")],
-        model=_demo_model(),
-        tools=_demo_tools(),
-        max_steps=options.max_steps,
-        signal=signal,
+    def add(left: float, right: float) -> object:
+        """Adds two numbers."""
+        return {"sum": left + right}
+
+    def divide(dividend: float, divisor: float) -> object:
+        """Divides one number by another."""
+        return {"quotient": dividend / divisor}  # by 0: an exception, a recoverable result
+
+    settle_run(
+        run_agent_loop(
+            messages=[UserMessage("user-001", "What is (20 + 22) / 2? And 42 / 0?")],
+            model=_demo_model(),
+            tools=ToolRegistry([Tool.from_function(add), Tool.from_function(divide)]),
+            max_steps=options.max_steps,
+            signal=signal,
+        ),
+        on_event=show,
     )
-    _, result = settle_run(run, on_event=show)
-    if not options.json:
-        print(_demo_result(result))
     return 0
 
 

@@ -13,8 +13,11 @@ model, their one driver and its checker from here:
   test_agent_loop.py's random scripts are checked against.
 
 test_agent_loop_providers.py and test_agent_loop_providers_connection.py import the
-providers' builders from its last section: event streams built and recorded, Canned (a
-stand-in for the exchange) and settle_prompt(), their driver.
+providers' builders from its next section: event streams built and recorded, Canned (a
+stand-in for the exchange) and settle_prompt(), their driver (with the command line's
+tools, agent_loop_cli.TOOLS). Its last section is the fixture server (serving()), a
+local http.server that test_agent_loop_providers_connection.py and
+test_agent_loop_cli.py run the adapters against.
 
 It is a plain module rather than a conftest.py: a test file imports from it by name, as
 it imports agent_loop, and mypy checks it like any module; pytest imports a conftest.py
@@ -23,11 +26,17 @@ itself, under a name of its choosing, so importing from one is fragile.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import http.server
 import json
 import random
+import select
 import socket
+import ssl
 import threading
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import (
     Any,
@@ -35,6 +44,7 @@ from typing import (
     Dict,
     Generator,
     Iterable,
+    Iterator,
     List,
     Mapping,
     Optional,
@@ -47,6 +57,7 @@ from typing import (
 import pytest
 
 import agent_loop as al
+import agent_loop_cli as cli
 import agent_loop_providers as providers
 
 # --- Builders, the one fake model, the one driver ---------------------------------------
@@ -478,6 +489,8 @@ def start_run(
     max_steps: int = 4,
     signal: Any = None,
     request_sequence_start: int = 0,
+    tool_concurrency: int = 1,
+    before_tool_call: Any = None,
 ) -> Any:
     """The run generator, not yet started: for tests that step, close or throw into it."""
     return al.run_agent_loop(
@@ -487,6 +500,8 @@ def start_run(
         max_steps=max_steps,
         signal=signal,
         request_sequence_start=request_sequence_start,
+        tool_concurrency=tool_concurrency,
+        before_tool_call=before_tool_call,
     )
 
 
@@ -507,6 +522,8 @@ def run(
     signal: Any = None,
     request_sequence_start: int = 0,
     cancel_at: CancelAt = None,
+    tool_concurrency: int = 1,
+    before_tool_call: Any = None,
 ) -> tuple[list[al.Event], al.RunResult, Any]:
     """The driver: starts a run and settles it (see settle), so that the run's invariants
     are checked. ``script`` is a model (anything with ``stream``) or the steps of a
@@ -521,9 +538,18 @@ def run(
         max_steps=max_steps,
         signal=signal,
         request_sequence_start=request_sequence_start,
+        tool_concurrency=tool_concurrency,
+        before_tool_call=before_tool_call,
     )
     events, result = settle(
-        loop, model, max_steps=max_steps, start=snapshot, signal=signal, cancel_at=cancel_at
+        loop,
+        model,
+        max_steps=max_steps,
+        start=snapshot,
+        signal=signal,
+        cancel_at=cancel_at,
+        tool_concurrency=tool_concurrency,
+        consent=before_tool_call is not None,
     )
     return events, result, model
 
@@ -536,10 +562,14 @@ def settle(
     start: Sequence[al.Message] | None = None,
     signal: Any = None,
     cancel_at: CancelAt = None,
+    tool_concurrency: int = 1,
+    consent: bool = False,
 ) -> tuple[list[al.Event], al.RunResult]:
     """Drains a run to its end, then checks its invariants (check_run; the deeper checks
     when the model records its requests). With ``cancel_at`` the consumer sets ``signal``
-    while it holds that event (see CancelAt). Returns the events and the result."""
+    while it holds that event (see CancelAt). ``tool_concurrency`` and ``consent`` (a
+    before_tool_call was given) are the run's, for check_run. Returns the events and the
+    result."""
     events: list[al.Event] = []
     while True:
         try:
@@ -551,7 +581,15 @@ def settle(
         if cancels(cancel_at, events):
             signal.set()
     recorded = hasattr(model, "requests") and hasattr(model, "call_count")
-    check_run(events, result, model if recorded else None, max_steps=max_steps, start=start)
+    check_run(
+        events,
+        result,
+        model if recorded else None,
+        max_steps=max_steps,
+        start=start,
+        tool_concurrency=tool_concurrency,
+        consent=consent,
+    )
     return events, result
 
 
@@ -654,13 +692,17 @@ def check_run(
     *,
     max_steps: int | None = None,
     start: Sequence[al.Message] | None = None,
+    tool_concurrency: int = 1,
+    consent: bool = False,
 ) -> None:
     """The invariants every run keeps whatever the model, the tools and the caller did,
     checked from the outside: one counter (sequences 0..n-1, no gap), exactly one
     run.finished, last, carrying the returned result; complete messages with unique ids,
     every tool result answering an earlier call. Given the ``model`` (which needs
     ``call_count`` and ``requests``), also how the requests, chunks, tools and the
-    transcript agree; given ``start``, that the starting messages are the prefix."""
+    transcript agree; given ``start``, that the starting messages are the prefix. With
+    ``tool_concurrency`` > 1 a group of calls is scheduled at once; with ``consent`` a
+    run may be cancelled while before_tool_call asks, its last response appended."""
     # One counter: sequences 0, 1, 2, ... and exactly one run.finished, last, carrying the result.
     assert [event.sequence for event in events] == list(range(len(events)))
     kinds = [event.type for event in events]
@@ -784,7 +826,11 @@ def check_run(
             event.type == "tool.started" and event.payload["request_id"] == request_ids[-1]
             for event in events
         )
-        assert len(added_assistants) == result.steps - 1 + int(last_accepted)
+        # Cancelled or failed while before_tool_call asked about the first call (or
+        # group): the response was appended and none of its calls started.
+        stopped = status == "cancelled" or code == "TOOL_PHASE_ERROR"
+        asked = consent and stopped and len(added_assistants) == result.steps
+        assert len(added_assistants) == result.steps - 1 + int(last_accepted or asked)
     for request_id, message in zip(request_ids, added_assistants):
         streamed = [
             chunk_item(event.payload["chunk"])
@@ -801,8 +847,11 @@ def check_run(
         message_calls = [block for block in message.content if isinstance(block, al.ToolCall)]
         assert started == message_calls[: len(started)]
 
-    # Tools: each tool.started is followed at once by its tool.finished, unless the run
-    # ended right there; each tool.finished carries a result that is in the transcript.
+    # Tools: each tool.finished carries a result that is in the transcript. The calls of
+    # a group (one call; with tool_concurrency > 1, consecutive calls run at once) get
+    # their tool.started events in a row, then their tool.finished events in the same
+    # order, at once; a call left without one is open, and only a run that ended right
+    # there leaves one (a cancelled one may keep the results that came after it).
     finished = [event for event in events if event.type == "tool.finished"]
     added_results = [m for m in added if isinstance(m, al.ToolResultMessage)]
     assert len(finished) == len(added_results)
@@ -810,17 +859,36 @@ def check_run(
         assert event.payload["tool_result"] is message
         assert event.payload["tool_call"].id == message.tool_call_id
         assert event.payload["tool_call"].name == message.tool_name
-    for index, event in enumerate(events):
-        if event.type != "tool.started":
+    index = 0
+    while index < len(events):
+        group = []
+        while events[index].type == "tool.started":
+            group.append(events[index])
+            index += 1
+        if not group:
+            index += 1
             continue
-        follower = events[index + 1]
-        if follower.type == "tool.finished":
-            assert follower.payload["tool_call"] is event.payload["tool_call"]
-            assert follower.payload["request_id"] == event.payload["request_id"]
-        else:
-            assert follower.type == "run.finished"
+        assert tool_concurrency > 1 or len(group) == 1
+        assert len({event.payload["request_id"] for event in group}) == 1
+        group_calls = [event.payload["tool_call"] for event in group]
+        last = -1  # the position in the group of the last call that finished
+        unfinished: list[al.ToolCall] = []
+        while events[index].type == "tool.finished":
+            position = group_calls.index(events[index].payload["tool_call"])
+            assert position > last
+            assert events[index].payload["tool_call"] is group_calls[position]
+            assert events[index].payload["request_id"] == group[0].payload["request_id"]
+            unfinished += group_calls[last + 1 : position]
+            last = position
+            index += 1
+        kept_after_open = bool(unfinished)
+        unfinished += group_calls[last + 1 :]
+        if unfinished:
+            assert events[index].type == "run.finished"
             assert status == "cancelled" or code == "TOOL_PHASE_ERROR"
-            assert event.payload["tool_call"].id in open_calls, "no result for an interrupted call"
+            assert not kept_after_open or status == "cancelled"
+            for open_call in unfinished:
+                assert open_call.id in open_calls, "no result for an open call"
 
 
 def assert_failed(
@@ -1024,6 +1092,26 @@ def thinking_script() -> list[al.ScriptedResponse]:
             usage=al.Usage(530, 18, 2048, 0, None),
         ),
     ]
+
+
+class RequestKeyedModel:
+    """A deterministic model in the sense a resumed run needs: its answer depends on the
+    request alone. It plays ``script[request.id]`` as al.ScriptedModel plays a response
+    (al.ScriptedModel answers by its call count, so a run that goes on from its third
+    step would get the first answer). Records ``requests`` and counts ``call_count``; a
+    request the script does not hold raises KeyError (MODEL_STREAM_ERROR)."""
+
+    def __init__(self, script: Mapping[str, al.ScriptedResponse]) -> None:
+        self.script = dict(script)
+        self.requests: list[al.ModelRequest] = []
+        self.call_count = 0
+
+    def stream(
+        self, request: al.ModelRequest, signal: al.Signal
+    ) -> Generator[al.ModelChunk, None, al.ModelResponse]:
+        self.call_count += 1
+        self.requests.append(request)
+        return al.ScriptedModel([self.script[request.id]]).stream(request, signal)
 
 
 def free_port() -> int:
@@ -1811,7 +1899,7 @@ def settle_prompt(
         al.run_agent_loop(
             messages=[al.UserMessage("user-001", prompt)],
             model=model,
-            tools=providers._command_line_tools(),
+            tools=al.ToolRegistry(cli.TOOLS),
             max_steps=max_steps,
             signal=signal,
         )
@@ -1851,7 +1939,7 @@ REQUEST_HISTORY: Tuple[al.Message, ...] = (
     al.AssistantMessage("message-r4", []),
     al.UserMessage("user-003", "Bye."),
 )
-SPECS = tuple(providers._command_line_tools().specs())
+SPECS = tuple(tool.spec() for tool in cli.TOOLS)
 """The command line's tools, as a request sends them."""
 
 
@@ -1859,3 +1947,183 @@ def chunk_texts(events: Sequence[al.Event]) -> List[Union[str, al.ToolCall]]:
     """What the step streamed: each chunk's text, or its tool call."""
     chunks = [event.payload["chunk"] for event in events if event.type == "model.chunk"]
     return [chunk.text if isinstance(chunk, al.TextDelta) else chunk.tool_call for chunk in chunks]
+
+
+# --- The fixture server: a local http.server, for what needs a socket ------------------
+#
+# test_agent_loop_providers_connection.py (the exchange) and test_agent_loop_cli.py (the
+# command line) run the adapters against it: 127.0.0.1, a free port, a thread, started
+# and stopped by serving() whatever happens.
+
+SERVER_BOUND = 10.0
+"""Seconds the fixture server, or a test waiting on it, waits at most: nothing hangs."""
+
+
+@dataclass
+class Reply:
+    """One scripted HTTP answer: a head, body parts written in order, and what follows."""
+
+    parts: Sequence[bytes] = ()
+    status: int = 200
+    headers: Sequence[Tuple[str, str]] = (("Content-Type", "text/event-stream"),)
+    before_head: float = 0.0  # seconds to wait before the status line
+    pause: float = 0.0  # seconds between two parts
+    stall: bool = False  # after the parts, keep the connection open until the client leaves
+    chunked: bool = False  # HTTP/1.1 chunked framing, as uvicorn sends it
+    hang_up: bool = False  # close the connection without any answer
+    held: bool = False  # after the first part, wait for one of the server's go tokens
+
+
+@dataclass
+class Server:
+    """The fixture server's script and records."""
+
+    url: str = ""
+    replies: List[Reply] = field(default_factory=list)
+    requests: List[Dict[str, Any]] = field(default_factory=list)
+    release: threading.Event = field(default_factory=threading.Event)
+    disconnected: threading.Event = field(default_factory=threading.Event)
+    connections: int = 0  # accepted, whether a request came on them or not
+    holding: int = 0  # held replies waiting for a go token now
+    peak: int = 0  # the most held replies at once
+    go: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def script(self, *replies: Reply) -> None:
+        self.replies.extend(replies)
+
+    def body(self, number: int = 0) -> Dict[str, Any]:
+        body: Dict[str, Any] = self.requests[number]["body"]
+        return body
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server_state: Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # quiet
+
+    def setup(self) -> None:
+        super().setup()
+        with self.server_state.lock:
+            self.server_state.connections += 1
+
+    def do_POST(self) -> None:
+        state = self.server_state
+        length = int(self.headers.get("Content-Length", "0"))
+        raw = self.rfile.read(length)
+        state.requests.append(
+            {
+                "path": self.path,
+                "headers": {name.lower(): value for name, value in self.headers.items()},
+                "body": json.loads(raw),
+            }
+        )
+        reply = state.replies.pop(0) if state.replies else Reply(status=500, parts=[b"no reply"])
+        try:
+            self._answer(reply, state)
+        except OSError:
+            state.disconnected.set()  # the client left while we wrote
+
+    def _answer(self, reply: Reply, state: Server) -> None:
+        if reply.before_head:
+            self._wait_for_client(state, reply.before_head)
+            if state.disconnected.is_set():
+                return
+        if reply.hang_up:
+            self.close_connection = True
+            return
+        if reply.chunked:
+            self.protocol_version = "HTTP/1.1"
+        self.send_response(reply.status)
+        for name, value in reply.headers:
+            self.send_header(name, value)
+        if reply.chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.flush()
+        for number, part in enumerate(reply.parts):
+            if number and reply.pause:
+                state.release.wait(reply.pause)
+            if reply.chunked:
+                part = b"%x\r\n%s\r\n" % (len(part), part) if part else b""
+            self.wfile.write(part)
+            self.wfile.flush()
+            if reply.held and not number:
+                self._hold(state)
+        if reply.stall:
+            self._wait_for_client(state, SERVER_BOUND)
+        elif reply.chunked and not any(part == b"" for part in reply.parts):
+            self.wfile.write(b"0\r\n\r\n")
+        self.close_connection = True
+
+    def _hold(self, state: Server) -> None:
+        """Holds the stream open until the test gives a go token (counted while held).
+
+        It stops counting before it writes the rest, so that a client cannot end its
+        stream, and another begin, while this one still counts.
+        """
+        with state.lock:
+            state.holding += 1
+            state.peak = max(state.peak, state.holding)
+        state.go.acquire(timeout=SERVER_BOUND)
+        with state.lock:
+            state.holding -= 1
+
+    def _wait_for_client(self, state: Server, seconds: float) -> None:
+        """Waits until the client closes its side (recorded), the fixture ends, or seconds."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not state.release.is_set():
+            readable, _, _ = select.select([self.connection], [], [], 0.02)
+            if readable and not self.connection.recv(1024):
+                state.disconnected.set()
+                return
+
+
+class _QuietServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    context: Optional[ssl.SSLContext] = None  # set: the server speaks TLS
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        if self.context is None:
+            super().finish_request(request, client_address)
+            return
+        # The handshake in the connection's own thread; the TLS socket is ours to close.
+        with self.context.wrap_socket(request, server_side=True) as tls:
+            super().finish_request(tls, client_address)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that left early, or refused the certificate, is part of the tests
+
+
+@contextlib.contextmanager
+def serving(context: Optional[ssl.SSLContext] = None) -> Iterator[Server]:
+    """A fixture server on 127.0.0.1 and a free port, stopped whatever happens."""
+    state = Server()
+    handler = type("Handler", (_Handler,), {"server_state": state})
+    httpd = _QuietServer(("127.0.0.1", 0), handler)
+    httpd.context = context
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.02})
+    thread.start()
+    scheme = "http" if context is None else "https"
+    state.url = f"{scheme}://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        yield state
+    finally:
+        state.release.set()
+        for _ in range(64):  # a held reply ends too
+            state.go.release()
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(SERVER_BOUND)
+
+
+def eventually(condition: Callable[[], bool], seconds: float = SERVER_BOUND) -> bool:
+    """True once condition() is, False if it is not within seconds."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True

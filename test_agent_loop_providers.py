@@ -5,8 +5,8 @@ byte-exact event streams to the parsers, heads to ``_head_error()``. Streams thr
 ``stream()`` and ``run_agent_loop`` read canned bytes from a stand-in for the exchange
 (``Canned``), so the loop's own limit checks judge them. No test here opens a socket or
 starts a process: what needs one (connecting, timeouts, TLS, retries, HTTP failures,
-cancellation, closing, the command line, llmock) is in
-test_agent_loop_providers_connection.py. The builders that both files use (event
+cancellation, closing, llmock) is in test_agent_loop_providers_connection.py, and the
+command line in test_agent_loop_cli.py. The builders that both files use (event
 streams, ``Canned``, ``settle_prompt``...) are in loop_testing.py.
 """
 
@@ -36,6 +36,7 @@ from loop_testing import (
     STOP,
     AnswerItem,
     Attempt,
+    add_tool,
     answer_parts,
     anthropic_delta,
     anthropic_end,
@@ -675,7 +676,7 @@ class TestOptions:
             al.run_agent_loop(
                 messages=[*first.messages, al.UserMessage("user-002", "Now add 5 and 5.")],
                 model=model,
-                tools=providers._command_line_tools(),
+                tools=al.ToolRegistry([add_tool()]),
                 max_steps=2,
                 request_sequence_start=first.next_request_sequence,
             )

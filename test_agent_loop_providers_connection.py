@@ -1,32 +1,26 @@
-"""Tests of agent_loop_providers.py through a socket or a process: the exchange, the CLI.
+"""Tests of agent_loop_providers.py through a socket or a process: the exchange.
 
 The layer tested here is the thin loop around the wire formats: the socket, the timeout,
-the cancellation watch, retries, and the command line. What needs a socket (connecting,
-timeouts, cancellation, TLS, retries, HTTP failures, closing) runs against a local
-``http.server`` (127.0.0.1, a free port, a thread, started and stopped by a fixture
-whatever happens), plain or TLS with a CA and certificates that the ``openssl`` command
-makes at test time (a missing openssl fails the TLS tests). The retry tests are all
-here, the two that run on canned bytes too; the command line runs ``main()`` against the
-fixture server, and a subprocess for Ctrl-C. Integration tests, marked ``llmock``, run
+the cancellation watch and retries. What needs a socket (connecting, timeouts,
+cancellation, TLS, retries, HTTP failures, closing) runs against loop_testing's fixture
+server (a local ``http.server`` on 127.0.0.1 and a free port, in a thread, started and
+stopped whatever happens), plain or TLS with a CA and certificates that the ``openssl``
+command makes at test time (a missing openssl fails the TLS tests). The retry tests are
+all here, the two that run on canned bytes too. Integration tests, marked ``llmock``, run
 both adapters through ``run_agent_loop`` against an ``llmock serve`` subprocess; they
 skip where llmock is not importable, unless ``AGENT_LOOP_REQUIRE_LLMOCK=1`` (set by
 tox's llmock env) turns the skip into a failure. No test reaches beyond 127.0.0.1. The
 wire formats themselves, from byte strings alone, are tested in
-test_agent_loop_providers.py; the builders both files use are in loop_testing.py.
+test_agent_loop_providers.py, the command line in test_agent_loop_cli.py; the builders
+these files use are in loop_testing.py.
 """
 
 from __future__ import annotations
 
-import contextlib
-import http.server
 import importlib.util
 import json
 import logging
 import os
-import re
-import select
-import shlex
-import signal as os_signal
 import socket
 import ssl
 import subprocess
@@ -34,7 +28,7 @@ import sys
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import (
     Any,
@@ -56,37 +50,33 @@ import agent_loop_providers as providers
 from loop_testing import (
     DONE,
     MESSAGE_START,
-    OPENAI_REASONING_STREAM,
     OPENAI_TEXT_STREAM,
     OPENAI_TOOL_STREAM,
     PROVIDERS,
-    REASONING_USAGE,
-    REPOSITORY,
     REQUEST_HISTORY,
     SPECS,
     STOP,
-    AnswerItem,
     Canned,
+    Reply,
+    Server,
     answer_parts,
     anthropic_delta,
     anthropic_end,
-    anthropic_event,
     anthropic_sent_result,
     anthropic_text,
-    anthropic_thinking,
-    anthropic_tool,
     assert_stream_error,
     canned,
     canned_anthropic,
     canned_model,
     canned_openai,
     chunk_texts,
+    eventually,
     free_port,
     in_pieces,
     openai_chunk,
-    openai_sent_call,
     posted,
     request,
+    serving,
     settle_prompt,
     sse,
     stream,
@@ -97,188 +87,18 @@ _BOUND = 10.0
 """Seconds any wait in a test may last at most: nothing hangs."""
 
 
-# --- The fixture server -------------------------------------------------------------
-
-
-@dataclass
-class Reply:
-    """One scripted HTTP answer: a head, body parts written in order, and what follows."""
-
-    parts: Sequence[bytes] = ()
-    status: int = 200
-    headers: Sequence[Tuple[str, str]] = (("Content-Type", "text/event-stream"),)
-    before_head: float = 0.0  # seconds to wait before the status line
-    pause: float = 0.0  # seconds between two parts
-    stall: bool = False  # after the parts, keep the connection open until the client leaves
-    chunked: bool = False  # HTTP/1.1 chunked framing, as uvicorn sends it
-    hang_up: bool = False  # close the connection without any answer
-    held: bool = False  # after the first part, wait for one of the server's go tokens
-
-
-@dataclass
-class Server:
-    """The fixture server's script and records."""
-
-    url: str = ""
-    replies: List[Reply] = field(default_factory=list)
-    requests: List[Dict[str, Any]] = field(default_factory=list)
-    release: threading.Event = field(default_factory=threading.Event)
-    disconnected: threading.Event = field(default_factory=threading.Event)
-    connections: int = 0  # accepted, whether a request came on them or not
-    holding: int = 0  # held replies waiting for a go token now
-    peak: int = 0  # the most held replies at once
-    go: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def script(self, *replies: Reply) -> None:
-        self.replies.extend(replies)
-
-    def body(self, number: int = 0) -> Dict[str, Any]:
-        body: Dict[str, Any] = self.requests[number]["body"]
-        return body
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    server_state: Server
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # quiet
-
-    def setup(self) -> None:
-        super().setup()
-        with self.server_state.lock:
-            self.server_state.connections += 1
-
-    def do_POST(self) -> None:
-        state = self.server_state
-        length = int(self.headers.get("Content-Length", "0"))
-        raw = self.rfile.read(length)
-        state.requests.append(
-            {
-                "path": self.path,
-                "headers": {name.lower(): value for name, value in self.headers.items()},
-                "body": json.loads(raw),
-            }
-        )
-        reply = state.replies.pop(0) if state.replies else Reply(status=500, parts=[b"no reply"])
-        try:
-            self._answer(reply, state)
-        except OSError:
-            state.disconnected.set()  # the client left while we wrote
-
-    def _answer(self, reply: Reply, state: Server) -> None:
-        if reply.before_head:
-            self._wait_for_client(state, reply.before_head)
-            if state.disconnected.is_set():
-                return
-        if reply.hang_up:
-            self.close_connection = True
-            return
-        if reply.chunked:
-            self.protocol_version = "HTTP/1.1"
-        self.send_response(reply.status)
-        for name, value in reply.headers:
-            self.send_header(name, value)
-        if reply.chunked:
-            self.send_header("Transfer-Encoding", "chunked")
-            self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.flush()
-        for number, part in enumerate(reply.parts):
-            if number and reply.pause:
-                state.release.wait(reply.pause)
-            if reply.chunked:
-                part = b"%x\r\n%s\r\n" % (len(part), part) if part else b""
-            self.wfile.write(part)
-            self.wfile.flush()
-            if reply.held and not number:
-                self._hold(state)
-        if reply.stall:
-            self._wait_for_client(state, _BOUND)
-        elif reply.chunked and not any(part == b"" for part in reply.parts):
-            self.wfile.write(b"0\r\n\r\n")
-        self.close_connection = True
-
-    def _hold(self, state: Server) -> None:
-        """Holds the stream open until the test gives a go token (counted while held).
-
-        It stops counting before it writes the rest, so that a client cannot end its
-        stream, and another begin, while this one still counts.
-        """
-        with state.lock:
-            state.holding += 1
-            state.peak = max(state.peak, state.holding)
-        state.go.acquire(timeout=_BOUND)
-        with state.lock:
-            state.holding -= 1
-
-    def _wait_for_client(self, state: Server, seconds: float) -> None:
-        """Waits until the client closes its side (recorded), the fixture ends, or seconds."""
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline and not state.release.is_set():
-            readable, _, _ = select.select([self.connection], [], [], 0.02)
-            if readable and not self.connection.recv(1024):
-                state.disconnected.set()
-                return
-
-
-class _QuietServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    context: Optional[ssl.SSLContext] = None  # set: the server speaks TLS
-
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        if self.context is None:
-            super().finish_request(request, client_address)
-            return
-        # The handshake in the connection's own thread; the TLS socket is ours to close.
-        with self.context.wrap_socket(request, server_side=True) as tls:
-            super().finish_request(tls, client_address)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        pass  # a client that left early, or refused the certificate, is part of the tests
-
-
-@contextlib.contextmanager
-def _serving(context: Optional[ssl.SSLContext] = None) -> Iterator[Server]:
-    """A fixture server on 127.0.0.1 and a free port, stopped whatever happens."""
-    state = Server()
-    handler = type("Handler", (_Handler,), {"server_state": state})
-    httpd = _QuietServer(("127.0.0.1", 0), handler)
-    httpd.context = context
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.02})
-    thread.start()
-    scheme = "http" if context is None else "https"
-    state.url = f"{scheme}://127.0.0.1:{httpd.server_address[1]}"
-    try:
-        yield state
-    finally:
-        state.release.set()
-        for _ in range(64):  # a held reply ends too
-            state.go.release()
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(_BOUND)
+# --- The fixture server (loop_testing.serving) -----------------------------------------
 
 
 @pytest.fixture
 def server() -> Iterator[Server]:
-    with _serving() as state:
+    with serving() as state:
         yield state
-
-
-def _eventually(condition: Callable[[], bool], seconds: float = _BOUND) -> bool:
-    """True once condition() is, False if it is not within seconds."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def _watchers_end() -> bool:
     """True once no watcher thread is left (each ends within 50 ms of its stream)."""
-    return _eventually(
+    return eventually(
         lambda: not any(thread.name == _WATCHER for thread in threading.enumerate()), 1.0
     )
 
@@ -322,7 +142,7 @@ def cancelled_within(
     set_at: List[float] = []
 
     def cancel() -> None:
-        assert _eventually(after)
+        assert eventually(after)
         time.sleep(delay)
         set_at.append(time.monotonic())
         signal.set()
@@ -777,7 +597,7 @@ class TestMaxConcurrency:
         model = served(provider, server, max_concurrency=limit, timeout=_BOUND)
         threads, results = in_threads(model, runs)
         try:
-            assert _eventually(lambda: server.holding == streaming)
+            assert eventually(lambda: server.holding == streaming)
             time.sleep(0.2)  # room for a run that would break the limit to connect
             assert (server.holding, server.connections) == (streaming, streaming)
         finally:
@@ -836,7 +656,7 @@ class TestMaxConcurrency:
         first = threading.Thread(target=settle_prompt, args=(model,), kwargs={"signal": waiting})
         first.start()
         try:
-            assert _eventually(lambda: len(server.requests) == 1)
+            assert eventually(lambda: len(server.requests) == 1)
             result = settled_within_bound(model)  # while the first run waits 5 s
             assert (result.status, result.final_text) == ("completed", "5"), result.error
         finally:
@@ -1081,7 +901,7 @@ def certificates(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
 def _tls_server(pair: Tuple[Path, Path]) -> ContextManager[Server]:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(str(pair[0]), str(pair[1]))
-    return _serving(context)
+    return serving(context)
 
 
 def trusting(certificates: Certificates) -> ssl.SSLContext:
@@ -1248,348 +1068,6 @@ class TestCancellation:
         stream(openai(server))
         failure(openai(server))
         assert _watchers_end()
-
-
-# --- The command line ---------------------------------------------------------------
-
-
-def _argv(server: Server, provider: str = "openai", *more: str) -> List[str]:
-    url = server.url + "/v1" if provider == "openai" else server.url
-    return ["--provider", provider, "--base-url", url, "--model", "m", "--retries", "0", *more]
-
-
-class TestCommandLine:
-    """python agent_loop_providers.py --provider ... runs an agent with its own tools."""
-
-    def test_the_answer_streams_with_a_line_per_call_and_result(
-        self, server: Server, capsys: pytest.CaptureFixture[str]
-    ) -> None:
-        calls: List[Tuple[str, str, Dict[str, Any]]] = [
-            ("c1", "add", {"left": 2, "right": 3}),
-            ("c2", "weather", {"city": "Atlantis"}),
-        ]
-        server.script(
-            Reply(answer_parts("openai", ["Adding", " now.", *calls])),
-            Reply(answer_parts("openai", ["5, and", " no."])),
-        )
-        assert providers.main(_argv(server, "openai", "--system", "S", "2+3?")) == 0
-        assert capsys.readouterr().out == (
-            'Adding now.\n-> add({"left": 2, "right": 3}) [c1]\n'
-            '-> weather({"city": "Atlantis"}) [c2]\n<- add ok: {"sum":5}\n'
-            "<- weather error: no weather station in Atlantis\n"
-            "5, and no.\nresult: completed, 2 step(s), 5 messages\n"
-        )
-        assert server.body()["messages"][0] == {"role": "system", "content": "S"}
-        tools = [tool["function"]["name"] for tool in server.body()["tools"]]
-        assert tools == ["add", "multiply", "weather"]
-        sent = [openai_sent_call(id, name, json.dumps(arguments)) for id, name, arguments in calls]
-        assert server.body(1)["messages"][2] == {
-            "role": "assistant",
-            "content": "Adding now.",
-            "tool_calls": sent,
-        }
-
-    def test_the_command_line_tools(self) -> None:
-        tools = providers._command_line_tools()
-        add = tools.specs()[0]
-        assert add.name == "add"
-        assert add.parameters["properties"] == {
-            "left": {"type": "number"},
-            "right": {"type": "number"},
-        }
-        calls: List[Tuple[str, Dict[str, Any], str]] = [
-            ("add", {"left": 2, "right": 0.5}, '{"sum":2.5}'),
-            ("multiply", {"left": 6, "right": 7}, '{"product":42}'),
-            ("weather", {"city": "Oslo"}, "snow, -3 C"),
-            ("weather", {"city": "Atlantis"}, "no weather station in Atlantis"),
-        ]
-        for name, arguments, content in calls:
-            call = al.ToolCall("c", name, arguments)
-            assert al.execute_tool_call(tools, call, threading.Event()).content == content
-
-    @pytest.mark.parametrize(
-        ("more", "items", "status", "out"),
-        [
-            pytest.param(
-                [],
-                ["Done.\n"],
-                0,
-                "Done.\nresult: completed, 1 step(s), 2 messages\n",
-                id="text-that-ends-a-line-gets-no-extra-one",
-            ),
-            pytest.param(
-                ["--max-steps", "1"],
-                [("c1", "add", {"left": 2, "right": 3})],
-                1,
-                '-> add({"left": 2, "right": 3}) [c1]\n<- add ok: {"sum":5}\n'
-                "result: maxSteps, 1 step(s), 3 messages\nthe budget of 1 step(s) ended the run\n",
-                id="the-step-budget-is-said",
-            ),
-            pytest.param(
-                [],
-                [al.ThinkingBlock("One.\n\nTwo"), al.ThinkingBlock(" and three.\n"), "Done."],
-                0,
-                "> One.\n\n> Two and three.\nDone.\nresult: completed, 1 step(s), 2 messages\n",
-                id="thinking-that-ends-its-line-and-a-blank-line-in-it",
-            ),
-        ],
-    )
-    def test_what_it_prints(
-        self,
-        server: Server,
-        capsys: pytest.CaptureFixture[str],
-        more: List[str],
-        items: List[AnswerItem],
-        status: int,
-        out: str,
-    ) -> None:
-        server.script(Reply(answer_parts("openai", items)))
-        assert providers.main(_argv(server, "openai", *more, "Hi")) == status
-        assert capsys.readouterr().out == out
-
-    def test_a_failed_run_prints_its_error(
-        self, server: Server, capsys: pytest.CaptureFixture[str]
-    ) -> None:
-        server.script(Reply([openai_chunk({"content": "Half"})]))
-        assert providers.main(_argv(server, "openai", "Hi")) == 1
-        assert capsys.readouterr().out == (
-            "Half\nresult: failed, 1 step(s), 1 messages\nerror: MODEL_STREAM_ERROR: the model's "
-            f"stream raised ProviderError: the stream from {server.url}/v1/chat/completions "
-            "ended before data: [DONE] and without a finish_reason: the answer is incomplete\n"
-        )
-
-    def test_reasoning_then_the_answer_and_the_usage(
-        self, server: Server, capsys: pytest.CaptureFixture[str]
-    ) -> None:
-        server.script(Reply([OPENAI_REASONING_STREAM]))
-        assert providers.main(_argv(server, "openai", "27 * 453?")) == 0
-        assert capsys.readouterr().out == (
-            "> 27 * 453: 10,800 + 1,431.\n12,231\nresult: completed, 1 step(s), 2 messages, "
-            "usage: 4 in, 45 out, 16 cache read, 41 reasoning\n"
-        )
-
-    def test_anthropic_json_and_a_failed_run(
-        self, server: Server, capsys: pytest.CaptureFixture[str]
-    ) -> None:
-        server.script(Reply([b"{}"], status=500))
-        status = providers.main(_argv(server, "anthropic", "--json", "--max-steps", "1", "Hi"))
-        lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-        assert status == 1
-        assert [line["type"] for line in lines] == ["message.accepted", "run.finished"]
-        assert lines[-1]["payload"]["result"]["error"]["code"] == "MODEL_STREAM_ERROR"
-
-    def test_json_lines_replay_as_events(
-        self, server: Server, capsys: pytest.CaptureFixture[str]
-    ) -> None:
-        server.script(Reply([OPENAI_REASONING_STREAM]))
-        assert providers.main(_argv(server, "openai", "--json", "27 * 453?")) == 0
-        lines = capsys.readouterr().out.splitlines()
-        assert not any(line.startswith(">") for line in lines)
-        events = [al.event_from_dict(json.loads(line)) for line in lines]
-        assert [event.sequence for event in events] == list(range(len(lines)))
-        assert [json.dumps(event.to_dict(), ensure_ascii=False) for event in events] == lines
-        assert events[1].payload["chunk"] == al.ThinkingDelta("request-001", "27 * 453: ")
-        result = events[-1].payload["result"]
-        assert (result.final_text, result.usage) == ("12,231", REASONING_USAGE)
-        usage = json.loads(lines[-1])["payload"]["result"]["usage"]
-        assert usage == {"input": 4, "output": 45, "cacheRead": 16, "reasoning": 41}
-
-    def test_thinking_streams_apart_and_the_result_says_the_usage(
-        self, server: Server, capsys: pytest.CaptureFixture[str]
-    ) -> None:
-        def message_start(input_tokens: int) -> bytes:
-            usage = {"input_tokens": input_tokens, "cache_read_input_tokens": 30}
-            return anthropic_event("message_start", message={"id": "m", "usage": usage})
-
-        server.script(
-            Reply(
-                [
-                    message_start(100),
-                    *anthropic_thinking(0, "Add:\n", "2 + 3", signature="sig-add"),
-                    *anthropic_tool(1, "toolu_01", "add", '{"left": 2, "right": 3}'),
-                    *anthropic_end("tool_use", {"output_tokens": 20}),
-                ]
-            ),
-            Reply(
-                [
-                    message_start(120),
-                    *anthropic_thinking(0, "Say it.", signature="sig-say"),
-                    *anthropic_text(1, "5."),
-                    *anthropic_end("end_turn", {"output_tokens": 4}),
-                ]
-            ),
-        )
-        assert providers.main(_argv(server, "anthropic", "--thinking", "2048", "2+3?")) == 0
-        assert capsys.readouterr().out == (
-            '> Add:\n> 2 + 3\n-> add({"left": 2, "right": 3}) [toolu_01]\n'
-            '<- add ok: {"sum":5}\n> Say it.\n5.\n'
-            "result: completed, 2 step(s), 4 messages, usage: 220 in, 24 out, 60 cache read\n"
-        )
-        thought = {"type": "thinking", "thinking": "Add:\n2 + 3", "signature": "sig-add"}
-        assert server.body(1)["messages"][1]["content"][0] == thought
-
-    @pytest.mark.parametrize(
-        ("provider", "more", "sent"),
-        [
-            pytest.param(
-                "openai",
-                '--max-tokens 7 --option temperature=0 --option stop=[\\"\\\\n\\"]',
-                {"max_tokens": 7, "temperature": 0, "stop": ["\n"]},
-                id="openai-max-tokens-and-options",
-            ),
-            pytest.param("anthropic", "--max-tokens 9", {"max_tokens": 9}, id="max-tokens"),
-            pytest.param(
-                "anthropic", "--option top_k=3", {"max_tokens": 4096, "top_k": 3}, id="default"
-            ),
-            *[
-                pytest.param(
-                    "anthropic",
-                    more,
-                    {"thinking": {"type": "enabled", "budget_tokens": budget}},
-                    id=name,
-                )
-                for name, more, budget in [
-                    ("thinking-the-least", "--thinking 1024", 1024),
-                    ("thinking-below-the-default-limit", "--thinking 4095", 4095),
-                    ("thinking-below-limit", "--thinking 2048 --max-tokens 2049", 2048),
-                ]
-            ],
-        ],
-    )
-    def test_the_arguments_reach_the_body(
-        self, server: Server, provider: str, more: str, sent: Dict[str, Any]
-    ) -> None:
-        server.script(Reply(answer_parts(provider, ["Hi"])))
-        assert providers.main(_argv(server, provider, *shlex.split(more), "Hi")) == 0
-        assert {key: server.body()[key] for key in sent} == sent
-
-    @pytest.mark.parametrize(
-        ("usage", "text"),
-        [
-            pytest.param(None, "", id="no-response"),
-            pytest.param(al.Usage(), "", id="nothing-known"),
-            pytest.param(al.Usage(output_tokens=0), "0 out", id="zero-is-known"),
-            pytest.param(
-                al.Usage(1, 2, 3, 4, 5),
-                "1 in, 2 out, 3 cache read, 4 cache write, 5 reasoning",
-                id="everything",
-            ),
-        ],
-    )
-    def test_the_usage_says_only_what_is_known(self, usage: Optional[al.Usage], text: str) -> None:
-        assert providers._usage_text(usage) == text
-
-    def test_accept_truncated_and_its_warning_on_stderr(
-        self, server: Server, capsys: pytest.CaptureFixture[str]
-    ) -> None:
-        server.script(Reply(answer_parts("openai", ["Once upon"], end="length")))
-        status = providers.main(_argv(server, "openai", "--accept-truncated", "Tell"))
-        captured = capsys.readouterr()
-        assert status == 0
-        assert captured.out == "Once upon\nresult: completed, 1 step(s), 2 messages\n"
-        assert captured.err == (
-            "warning: request-001: the answer was cut by the token limit (finish_reason "
-            "'length'); accepted as the model's answer (accept_truncated=True)\n"
-        )
-        handlers = logging.getLogger("agent_loop.providers").handlers
-        assert not any(isinstance(handler, logging.StreamHandler) for handler in handlers)
-
-    @pytest.mark.parametrize(
-        ("provider", "more"),
-        [
-            pytest.param("", "", id="nothing"),
-            *[
-                pytest.param(provider, more, id=name)
-                for provider, name, more in [
-                    ("x", "provider", ""),
-                    ("openai", "url", "--base-url ftp://h"),
-                    ("openai", "model", "--model ''"),
-                    ("openai", "steps-low", "--max-steps 0"),
-                    ("openai", "steps-text", "--max-steps x"),
-                    ("openai", "tokens-low", "--max-tokens 0"),
-                    ("openai", "tokens-text", "--max-tokens x"),
-                    ("openai", "retries-low", "--retries -1"),
-                    ("openai", "retries-text", "--retries x"),
-                    ("openai", "option-no-equals", "--option temperature"),
-                    ("openai", "option-no-key", "--option =1"),
-                    ("openai", "option-not-json", "--option temperature=warm"),
-                    ("openai", "option-nan", "--option temperature=NaN"),
-                    ("openai", "option-owned", "--option stream=false"),
-                    ("openai", "tokens-twice", "--max-tokens 5 --option max_tokens=6"),
-                    ("openai", "thinking-for-openai", "--thinking 2048"),
-                    ("anthropic", "thinking-below-1024", "--thinking 1023"),
-                    ("anthropic", "thinking-text", "--thinking lots"),
-                    ("anthropic", "thinking-at-the-default-limit", "--thinking 4096"),
-                    ("anthropic", "thinking-at-the-limit", "--thinking 2048 --max-tokens 2048"),
-                    ("anthropic", "thinking-owned", '--option \'thinking={"type": "adaptive"}\''),
-                    ("anthropic", "anthropic-owned", "--option max_tokens=6"),
-                ]
-            ],
-        ],
-    )
-    def test_bad_options_exit_2_with_usage(
-        self, provider: str, more: str, capsys: pytest.CaptureFixture[str]
-    ) -> None:
-        # Each row: a good command line but for one argument (the later one wins).
-        good = ["--provider", provider, "--base-url", "http://h", "--model", "m"]
-        argv = [*good, *shlex.split(more), "p"] if provider else []
-        with pytest.raises(SystemExit) as exited:
-            providers.main(argv)
-        assert exited.value.code == 2
-        assert "usage: python agent_loop_providers.py" in capsys.readouterr().err
-
-    def test_sigint_sets_the_signal(
-        self, server: Server, capsys: pytest.CaptureFixture[str]
-    ) -> None:
-        server.script(Reply([openai_chunk({"content": "Thinking"})], stall=True))
-
-        def interrupt() -> None:
-            # Once the request arrived, main() has installed its handler: the server
-            # holds the stream open, so main() is still running when SIGINT comes.
-            if _eventually(lambda: bool(server.requests)):
-                time.sleep(0.1)
-                os.kill(os.getpid(), os_signal.SIGINT)
-
-        before = os_signal.getsignal(os_signal.SIGINT)
-        interrupter = threading.Thread(target=interrupt)
-        interrupter.start()
-        try:
-            status = providers.main(_argv(server, "openai", "Hi"))
-        finally:
-            interrupter.join(_BOUND)
-        assert status == 1
-        assert capsys.readouterr().out == ("Thinking\nresult: cancelled, 1 step(s), 1 messages\n")
-        assert os_signal.getsignal(os_signal.SIGINT) is before  # restored
-
-    def test_ctrl_c_cancels_and_prints_the_result(self, server: Server) -> None:
-        server.script(Reply([openai_chunk({"content": "Thinking"})], stall=True))
-        process = subprocess.Popen(
-            [sys.executable, "agent_loop_providers.py", *_argv(server, "openai", "Hi")],
-            cwd=REPOSITORY,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            # The request arrives once main() has installed its handler; the server then
-            # holds the stream open, so the run is waiting on the network.
-            assert _eventually(lambda: bool(server.requests))
-            time.sleep(0.2)
-            process.send_signal(os_signal.SIGINT)
-            out, err = process.communicate(timeout=_BOUND)
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.communicate()
-        assert process.returncode == 1
-        assert out == "Thinking\nresult: cancelled, 1 step(s), 1 messages\n"
-        assert err == ""
-        assert server.disconnected.wait(_BOUND)
-
-    def test_the_module_uses_only_public_names_of_agent_loop(self) -> None:
-        with open(REPOSITORY / "agent_loop_providers.py", encoding="utf-8") as file:
-            source = file.read()
-        assert re.findall(r"\bal\._\w+", source) == []
 
 
 # --- Integration: llmock ------------------------------------------------------------

@@ -6,10 +6,11 @@ starts on 127.0.0.1 with a free port and stops whatever happens. The cases are w
 new user meets first: a long answer (more server-sent events than the loop's chunk
 budget), a cancel from another thread in the middle of an answer, a forced tool call
 whose real arguments reach the tool and whose result goes back in a second request, the
-command line's ``--json`` log of a real run, replayed exactly, and ten runs from ten
-threads at once: without a limit (the server interrupts a stream when another request
-arrives: no run may complete with an answer it did not finish), and sharing one model
-object with ``max_concurrency=1`` through the README's ``ask_together()`` (all complete).
+command line's (agent_loop_cli.py) ``--json`` log of a real run, replayed exactly, and
+ten runs from ten threads at once: without a limit (the server interrupts a stream when
+another request arrives: no run may complete with an answer it did not finish), and
+sharing one model object with ``max_concurrency=1`` through the README's
+``ask_together()`` (all complete).
 
 Each answer is held by a grammar at temperature 0, so that it is bounded and ends by
 itself: a GBNF grammar in the server's ``grammar`` field, or for a forced tool call the
@@ -511,7 +512,7 @@ class TestRealModel:
         finished = subprocess.run(
             [
                 sys.executable,
-                os.path.join(_HERE, "agent_loop_providers.py"),
+                os.path.join(_HERE, "agent_loop_cli.py"),
                 *("--provider", "openai", "--base-url", llama_server + "/v1"),
                 *("--model", _MODEL_ALIAS, "--json", "--max-tokens", "64"),
                 *("--option", "temperature=0", *arguments),

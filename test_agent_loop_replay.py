@@ -15,15 +15,18 @@ Contents
     TestRandomRecordedRunsReplayExactly: random recorded runs
     TestResumedRunsReplayExactly: a cancel-resume chain, each run replayed
     TestThinkingAndUsageReplayExactly: thinking blocks, deltas and usage, replayed exactly
+    TestJsonLines: dump_events() and load_events(), and the line load_events() cannot read
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import io
 import json
 import random
 import threading
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -203,8 +206,9 @@ class TestExactReplay:
         assert_replays_exactly(events)
 
     def test_the_replayed_run_is_run_agent_loop_on_its_fields(self) -> None:
-        """A frozen dataclass with messages, model, tools, max_steps and
-        request_sequence_start, whose run() returns run_agent_loop(...) on them."""
+        """A frozen dataclass with messages, model, tools, max_steps,
+        request_sequence_start and tool_concurrency, whose run() returns
+        run_agent_loop(...) on them."""
         events, _ = record_run(three_step_script())
         replayed = alr.replay(iter(events))
         assert [field.name for field in dataclasses.fields(alr.ReplayedRun)] == [
@@ -213,7 +217,9 @@ class TestExactReplay:
             "tools",
             "max_steps",
             "request_sequence_start",
+            "tool_concurrency",
         ]
+        assert replayed.tool_concurrency == 1  # a sequential recording
         with pytest.raises(dataclasses.FrozenInstanceError):
             replayed.max_steps = 4  # type: ignore[misc]
         assert [tool.name for tool in replayed.tools] == [
@@ -543,8 +549,8 @@ def broken_log(how: str) -> list[dict[str, Any]]:
         log[1]["payload"]["chunk"]["requestId"] = "request-002"
     elif how == "chunk-after-a-tool":
         return renumbered(log[:1] + log[2:4] + [log[1]] + log[4:])
-    elif how == "started-twice":
-        return renumbered(log[:4] + log[5:6] + log[4:5] + log[6:])
+    elif how == "started-twice":  # call-1 twice in a row, as a group; call-2 then starts too soon
+        return renumbered(log[:4] + log[3:4] + log[4:])
     elif how == "finished-without-starting":
         return renumbered(log[:3] + log[4:5] + log[3:4] + log[5:])
     elif how == "result-without-the-accepted":
@@ -579,7 +585,7 @@ BROKEN_LOGS = [
         r"event 1 \(model.chunk\): a chunk carries its event's request id",
     ),
     ("chunk-after-a-tool", r"event 3 \(model.chunk\): .* before the request's tool calls"),
-    ("started-twice", r"event 4 \(tool.started\): a tool call started before the previous"),
+    ("started-twice", r"event 6 \(tool.started\): a tool call started before the previous"),
     (
         "finished-without-starting",
         r"event 3 \(tool.finished\): tool call 'call-1' finished without",
@@ -824,3 +830,64 @@ class TestThinkingAndUsageReplayExactly:
             data["sequence"] = sequence
         with pytest.raises(ValueError, match="the chunks of request-001 do not agree"):
             alr.replay([al.event_from_dict(data) for data in log])
+
+
+class TestJsonLines:
+    """dump_events() writes one compact to_dict() JSON line per event; load_events() reads
+    the lines back, and a line it cannot read is a ValueError naming its number."""
+
+    def test_the_events_of_a_run_go_to_a_file_and_back(self, tmp_path: Path) -> None:
+        events, _ = record_run(thinking_script(), tools=[add_tool()])
+        path = tmp_path / "run.jsonl"
+        with open(path, "w", encoding="utf-8") as file:
+            alr.dump_events(events, file)
+        assert path.read_text(encoding="utf-8") == "".join(
+            json.dumps(event.to_dict(), separators=(",", ":"), ensure_ascii=False) + "\n"
+            for event in events
+        )
+        with open(path, encoding="utf-8") as file:
+            loaded = alr.load_events(file)
+        assert loaded == events
+        assert dicts_of(loaded) == dicts_of(events)
+        assert_replays_exactly(loaded)
+
+    def test_text_where_other_readers_split_lines_stays_on_its_line(self) -> None:
+        """JSON leaves U+2028 and U+0085 as they are, and str.splitlines() splits there."""
+        events, _ = record_run([stop("response-001", "One\u2028two\x85three\r\nfour \u00e9")])
+        written = io.StringIO()
+        alr.dump_events(events, written)
+        assert written.getvalue().count("\n") == len(events)
+        assert len(written.getvalue().splitlines()) > len(events)
+        assert alr.load_events(io.StringIO(written.getvalue())) == events
+
+    def test_an_item_that_is_not_an_event_is_a_type_error_after_the_lines_before_it(
+        self,
+    ) -> None:
+        events, _ = record_run([stop("response-001")])
+        written = io.StringIO()
+        with pytest.raises(TypeError) as refused:
+            alr.dump_events([events[0], events[1].to_dict()], written)  # type: ignore[list-item]
+        assert str(refused.value) == "dump_events() takes Events, got dict at position 1"
+        assert alr.load_events(io.StringIO(written.getvalue())) == events[:1]
+
+    @pytest.mark.parametrize(
+        ("line", "message"),
+        [
+            ("not json\n", "line 2: not JSON (Expecting value: line 1 column 1 (char 0))"),
+            ("\n", "line 2: not JSON (Expecting value: line 1 column 1 (char 0))"),
+            ('{"sequence": 1\n', "line 2: not JSON (Expecting ',' delimiter: "),
+            ("[1, 2]\n", "line 2: event must be an object, got list"),
+            ('{"sequence": 1, "type": "model.chunk"}\n', "line 2: event.payload is missing"),
+        ],
+        ids=["not JSON", "blank", "torn", "an array", "no payload"],
+    )
+    def test_a_line_that_holds_no_event_is_a_value_error_naming_it(
+        self, line: str, message: str
+    ) -> None:
+        events, _ = record_run([stop("response-001")])
+        written = io.StringIO()
+        alr.dump_events(events, written)
+        lines = written.getvalue().splitlines(keepends=True)
+        with pytest.raises(ValueError, match=r"^line 2: ") as refused:
+            alr.load_events([lines[0], line, *lines[1:]])
+        assert str(refused.value).startswith(message)

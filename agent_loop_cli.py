@@ -1,0 +1,264 @@
+# agent_loop_cli.py 1.0.0: the command line of agent_loop.py, an agent against a real model.
+# One file, standard library only; copy it next to agent_loop.py and agent_loop_providers.py.
+# Home: the agent_loop repository.
+"""An agent on the command line: the Agent Loop, a real model and a few small tools.
+
+``python agent_loop_cli.py --provider openai --base-url URL --model NAME PROMPT`` runs
+``run_agent_loop()`` on one user message against ``OpenAIChatModel`` (or, with
+``--provider anthropic``, ``AnthropicMessagesModel``) with the tools of ``TOOLS``, and
+prints each event on one line as ``agent_loop.print_event`` does (``--json``: its
+``to_dict()``, one JSON line per event). ``python agent_loop_cli.py --help`` lists every
+option. It uses only the public names of ``agent_loop`` and ``agent_loop_providers``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import logging
+import os
+import signal as os_signal
+import sys
+import threading
+from typing import Any, Callable, Dict, Final, Optional, Sequence, Tuple
+
+import agent_loop as al
+import agent_loop_providers as providers
+
+__version__ = "1.0.0"
+
+__all__ = ["TOOLS", "main"]
+
+
+# --- The tools ----------------------------------------------------------------------
+
+
+def add(left: float, right: float) -> Dict[str, float]:
+    """Adds two numbers."""
+    return {"sum": left + right}
+
+
+def multiply(left: float, right: float) -> Dict[str, float]:
+    """Multiplies two numbers."""
+    return {"product": left * right}
+
+
+def weather(city: str) -> str:
+    """Reports the weather in a city."""
+    stations = {"Lisbon": "sunny, 19 C", "Oslo": "snow, -3 C"}
+    if city not in stations:
+        raise al.ToolError(f"no weather station in {city}")  # the model reads this
+    return stations[city]
+
+
+TOOLS: Final = tuple(al.Tool.from_function(function) for function in (add, multiply, weather))
+"""The command line's tools, add, multiply and weather: small, so that any model that
+calls tools can use them, and with a weather station missing (Atlantis) on purpose."""
+
+
+# --- The command line ---------------------------------------------------------------
+
+_ANTHROPIC_MAX_TOKENS: Final[int] = (
+    inspect.signature(providers.AnthropicMessagesModel).parameters["max_tokens"].default
+)
+"""The adapter's own default token limit, which --thinking must stay below."""
+
+
+def _integer(low: int, high: Optional[int] = None) -> Callable[[str], int]:
+    """An option's type: an int in low..high (no upper bound when high is None)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if high is not None and not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not in {low}..{high}")
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is not >= {low}")
+        return value
+
+    return parse
+
+
+def _option(text: str) -> Tuple[str, Any]:
+    """An option's type: KEY=JSON, a field of the request body."""
+    key, equals, value = text.partition("=")
+    if not key or not equals:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=JSON")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"the value of {key} is not JSON: {value!r}") from None
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The options, in three groups: the model, the run, the output."""
+    parser = argparse.ArgumentParser(
+        prog="python agent_loop_cli.py",
+        description=(
+            "Runs the Agent Loop against a streaming model API, with a few tools (add, "
+            "multiply, weather), and prints each event on one line as it comes: the "
+            "model's text and thinking, each tool call and result, then the result with "
+            "its token usage. The API key comes from OPENAI_API_KEY or ANTHROPIC_API_KEY, "
+            "if set. Ctrl-C cancels the run."
+        ),
+    )
+    parser.add_argument("prompt", metavar="PROMPT", help="the user's message")
+    model = parser.add_argument_group("the model")
+    model.add_argument("--provider", required=True, choices=("openai", "anthropic"))
+    model.add_argument(
+        "--base-url",
+        required=True,
+        metavar="URL",
+        help="e.g. http://localhost:11434/v1 (Ollama) or https://api.anthropic.com",
+    )
+    model.add_argument("--model", required=True, metavar="NAME", help="the provider's model")
+    model.add_argument("--system", metavar="TEXT", help="the system prompt")
+    model.add_argument(
+        "--max-tokens",
+        type=_integer(1),
+        metavar="N",
+        help="the answer's token limit (OpenAI: max_tokens in the body; Anthropic: "
+        f"{_ANTHROPIC_MAX_TOKENS} unless given)",
+    )
+    model.add_argument(
+        "--thinking",
+        type=_integer(1024),  # the API's least thinking budget
+        metavar="BUDGET",
+        help="Anthropic: extended thinking with this token budget, 1024 or more and below "
+        f"the answer's token limit (--max-tokens, default {_ANTHROPIC_MAX_TOKENS})",
+    )
+    model.add_argument(
+        "--option",
+        type=_option,
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help='a field of the request body, e.g. temperature=0 or stop=["\\n"] (repeatable)',
+    )
+    model.add_argument(
+        "--retries",
+        type=_integer(0),
+        default=2,
+        metavar="N",
+        help="more attempts after a transient failure before the answer starts (default 2)",
+    )
+    model.add_argument(
+        "--accept-truncated",
+        action="store_true",
+        help="accept a text answer cut by the token limit (logged) instead of failing",
+    )
+    run = parser.add_argument_group("the run")
+    run.add_argument(
+        "--max-steps",
+        type=_integer(1, al.MAX_AGENT_STEPS),
+        default=8,
+        metavar="N",
+        help=f"the step budget, 1..{al.MAX_AGENT_STEPS} (default 8)",
+    )
+    output = parser.add_argument_group("the output")
+    output.add_argument(
+        "--json",
+        action="store_true",
+        help="print each event as one JSON line (to_dict form), nothing else",
+    )
+    return parser
+
+
+def _model(parser: argparse.ArgumentParser, options: argparse.Namespace) -> al.Model:
+    """The model the options describe; a bad combination is a usage error (exit status 2)."""
+    body = dict(options.option)
+    arguments: Dict[str, Any] = {
+        "base_url": options.base_url,
+        "system": options.system,
+        "retries": options.retries,
+        "accept_truncated": options.accept_truncated,
+    }
+    model_class: Any = providers.OpenAIChatModel
+    if options.provider == "anthropic":
+        model_class = providers.AnthropicMessagesModel
+        if options.max_tokens is not None:
+            arguments["max_tokens"] = options.max_tokens
+        if options.thinking is not None:
+            limit = options.max_tokens or _ANTHROPIC_MAX_TOKENS
+            if options.thinking >= limit:
+                parser.error(
+                    f"--thinking {options.thinking} must be below the token limit, {limit} "
+                    f"(raise it with --max-tokens)"
+                )
+            arguments["thinking"] = {"type": "enabled", "budget_tokens": options.thinking}
+    elif options.thinking is not None:
+        parser.error(
+            "--thinking is for --provider anthropic (OpenAI-compatible servers "
+            "take their own fields: --option KEY=JSON)"
+        )
+    elif options.max_tokens is not None:
+        if "max_tokens" in body:
+            parser.error("give max_tokens once: --max-tokens or --option max_tokens=...")
+        body["max_tokens"] = options.max_tokens
+    try:
+        model: al.Model = model_class(options.model, options=body, **arguments)
+    except (TypeError, ValueError) as error:
+        parser.error(str(error))
+    return model
+
+
+def _json_line(event: al.Event) -> None:
+    print(json.dumps(event.to_dict(), ensure_ascii=False), flush=True)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Runs an agent with ``TOOLS`` against a provider and prints its events.
+
+    Prints each event on one line (``agent_loop.print_event``), the result last;
+    ``--json`` prints each event's ``to_dict()`` as one JSON line and nothing else.
+    Returns 0 when the run completed, 1 otherwise. Ctrl-C sets the run's signal, so the
+    run ends ``cancelled`` and its result is printed; a second Ctrl-C interrupts at
+    once. Retries and accepted cut answers are logged on stderr. Bad options exit with
+    status 2.
+    """
+    parser = _parser()
+    options = parser.parse_args(argv)
+    model = _model(parser, options)
+    signal = threading.Event()
+
+    def interrupt(number: int, frame: object) -> None:
+        signal.set()  # the run ends cancelled
+        # A second Ctrl-C interrupts at once, whatever the run is doing (a tool, say).
+        os_signal.signal(os_signal.SIGINT, previous)
+
+    # Retries and accepted cut answers go to stderr, as warnings; only while main runs.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("warning: %(message)s"))
+    logger = logging.getLogger("agent_loop.providers")
+    logger.addHandler(handler)
+    previous = os_signal.signal(os_signal.SIGINT, interrupt)
+    try:
+        _, result = al.settle_run(
+            al.run_agent_loop(
+                messages=[al.UserMessage("user-001", options.prompt)],
+                model=model,
+                tools=al.ToolRegistry(TOOLS),
+                max_steps=options.max_steps,
+                signal=signal,
+            ),
+            on_event=_json_line if options.json else al.print_event,
+        )
+    finally:
+        os_signal.signal(os_signal.SIGINT, previous)
+        logger.removeHandler(handler)
+    return 0 if result.status == "completed" else 1
+
+
+if __name__ == "__main__":
+    try:
+        status = main()
+        sys.stdout.flush()  # here, where a broken pipe can still be caught
+    except BrokenPipeError:
+        # The reader left early (`--json | head`): stop quietly, and keep Python from
+        # reporting the same broken pipe again when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        status = 1
+    sys.exit(status)

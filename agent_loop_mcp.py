@@ -1,0 +1,1129 @@
+# agent_loop_mcp.py 1.0.0: tools from MCP servers for agent_loop.py.
+# One file, standard library only; copy it next to agent_loop.py. Home: the agent_loop repository.
+"""Tools from MCP servers (the Model Context Protocol) for the Agent Loop.
+
+``StdioServer(command)`` starts a server process and speaks MCP over its standard input
+and output; ``HttpServer(url)`` speaks MCP's Streamable HTTP transport. Both are context
+managers; ``.tools()`` returns the server's tools as agent_loop ``Tool`` objects, whose
+``execute`` calls the server's ``tools/call``, and ``.close()`` ends the session::
+
+    with StdioServer(["python", "server.py"]) as server:
+        tools = agent_loop.ToolRegistry(server.tools())
+        result = agent_loop.settle_run(agent_loop.run_agent_loop(..., tools=tools))
+
+Rules (the specification's words are quoted at the checks, ``# MCP: "..."``):
+
+- The session opens at ``with`` (or at the first ``tools()``): the ``initialize`` request
+  offers the newest protocol version this client speaks, ``PROTOCOL_VERSIONS[0]``
+  (2025-11-25); the server answers with the version it will speak, which must be one of
+  ``PROTOCOL_VERSIONS`` (2025-11-25, 2025-06-18, 2025-03-26, 2024-11-05), else the
+  session ends with ``McpError``. Then ``notifications/initialized``. The 2026-07-28
+  revision's stateless requests (no handshake) are not spoken: servers that speak both
+  eras (the official SDKs' servers do) answer the handshake.
+- ``tools()`` sends ``tools/list`` and follows ``nextCursor`` (at most ``MAX_TOOL_PAGES``
+  pages and ``MAX_TOOLS`` tools). Each tool becomes ``Tool(name, description,
+  inputSchema, execute)``, the schema as the server gave it; a tool that agent_loop
+  refuses to build is an ``McpError`` naming it. ``StdioServer`` keeps the list until the
+  server sends ``notifications/tools/list_changed``; ``HttpServer`` lists again at every
+  call, since it does not open the optional GET stream on which a server may announce a
+  change. A run keeps the registry it started with.
+- A call's result: its text blocks are the content, joined by newlines; other blocks are
+  one bracketed line each (``render_tool_result``); ``structuredContent`` is the content
+  (as compact JSON) when there are no blocks; a content longer than
+  ``MAX_RESULT_TEXT`` code points is cut there, and a note says how much was cut.
+  ``isError: true`` is an ``is_error=True`` result with that text (``ToolError``). A
+  JSON-RPC error, a malformed answer, a timeout, a server that exits or closes the
+  connection: an ``is_error=True`` result naming it. ``execute`` raises nothing but
+  ``ToolError``, so the run never fails for a server.
+- Time: each request waits at most ``timeout`` seconds for its answer; a
+  ``notifications/progress`` for it (each call sends a ``progressToken``) starts the wait
+  again, up to ``MAX_PROGRESS_TIMEOUTS`` times ``timeout`` in all. A request that runs
+  out of time, or whose run's signal is set, is cancelled: ``notifications/cancelled``
+  with its id and the reason is sent, the answer (if one comes) is ignored, and the
+  session goes on. A waiting call looks at the signal every ``POLL_SECONDS`` (0.05 s).
+- Messages are bounded: a message (a stdio line, a JSON body, an event's data) longer
+  than ``MAX_MESSAGE_BYTES`` is read in pieces and dropped, never held, and fails the
+  requests it may have answered. A server's standard error is always read (so its pipe
+  never fills); its last ``STDERR_TAIL_BYTES`` are kept and named in errors.
+- ``close()`` ends the session: ``StdioServer`` closes the server's input, waits
+  ``CLOSE_GRACE_SECONDS``, sends SIGTERM, waits again, then SIGKILL, to the server's
+  whole process group (the server is started in a session of its own, so that what it
+  started ends with it); ``HttpServer`` sends the session's DELETE. Calls in flight end
+  with an error result. A server object that is dropped without ``close()`` is closed
+  when it is garbage-collected, and at interpreter exit.
+- Many threads may call tools of one server at once: requests are numbered by one
+  counter, and one reader thread (stdio) or each request's own HTTP exchange hands every
+  answer to its caller by id. A server's requests to the client: ``ping`` is answered,
+  anything else is refused with JSON-RPC error -32601 (this client declares no
+  capabilities).
+
+``render_tool_result(result)`` is the one sans-IO piece: a ``tools/call`` result (a
+decoded JSON object) in, the content and the error flag out. The rest is the socket and
+pipe loop around it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import itertools
+import json
+import logging
+import math
+import os
+import queue
+import signal as signals
+import socket
+import ssl
+import subprocess
+import threading
+import time
+import urllib.parse
+import weakref
+from typing import (
+    IO,
+    Any,
+    Callable,
+    Dict,
+    Final,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+    Union,
+)
+
+import agent_loop
+
+__version__ = "1.0.0"
+
+__all__ = [
+    "StdioServer",
+    "HttpServer",
+    "McpError",
+    "render_tool_result",
+    "PROTOCOL_VERSIONS",
+    "MAX_MESSAGE_BYTES",
+    "MAX_RESULT_TEXT",
+    "MAX_TOOLS",
+    "MAX_TOOL_PAGES",
+    "MAX_PROGRESS_TIMEOUTS",
+    "STDERR_TAIL_BYTES",
+    "CLOSE_GRACE_SECONDS",
+    "POLL_SECONDS",
+]
+
+_logger = logging.getLogger("agent_loop.mcp")
+_logger.addHandler(logging.NullHandler())
+
+# --- Limits -----------------------------------------------------------------------------
+
+# The handshake's versions, newest first: the first is offered, any is accepted.
+PROTOCOL_VERSIONS: Final = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
+# One message from a server, in bytes: room for an image of a few megabytes in base64.
+MAX_MESSAGE_BYTES: Final = 8 * 1024 * 1024
+# Code points of one tool result's content, as the model gets it.
+MAX_RESULT_TEXT: Final = 65_536
+# Tools of one server, and tools/list pages: a server that pages forever is refused.
+MAX_TOOLS: Final = 1024
+MAX_TOOL_PAGES: Final = 64
+# MCP: "implementations SHOULD always enforce a maximum timeout, regardless of progress
+# notifications": a request that reports progress still ends after this many timeouts.
+MAX_PROGRESS_TIMEOUTS: Final = 10
+# The end of a server's standard error that errors quote.
+STDERR_TAIL_BYTES: Final = 4096
+# Each wait of close(): for the server to exit once its input is closed, then after SIGTERM.
+CLOSE_GRACE_SECONDS: Final = 2.0
+# How often a waiting call looks at the run's signal: a cancel ends it this soon.
+POLL_SECONDS: Final = 0.05
+
+_CLIENT_INFO: Final = {"name": "agent_loop_mcp", "version": __version__}
+_METHOD_NOT_FOUND: Final = -32601
+_ERROR_EXCERPT: Final = 1000  # characters of a server's text that an error quotes
+
+
+class McpError(Exception):
+    """A server that cannot be used: it did not start, the handshake or ``tools/list``
+    failed, one of its tools cannot be built, or the session is closed."""
+
+
+class _Failure(Exception):
+    """One request failed; the public boundary makes it an McpError or a ToolError."""
+
+
+class _Pending:
+    """A request waiting for its answer, with the deadline that progress moves."""
+
+    def __init__(self, request_id: int, method: str, timeout: float) -> None:
+        self.id = request_id
+        self.method = method
+        self.done = threading.Event()
+        self.result: Optional[Dict[str, Any]] = None
+        self.failure: Optional[str] = None
+        self.started = time.monotonic()
+        self.deadline = self.started + timeout
+        self.connection: Optional[http.client.HTTPConnection] = None
+
+
+# --- What both transports share ---------------------------------------------------------
+
+
+_S = TypeVar("_S", bound="_Session")
+
+
+class _Session:
+    """An MCP client session: the handshake, requests by id, tools, and their results.
+
+    A transport subclass starts the connection (``_connect``), sends one message
+    (``_send``), hands every message it reads to ``_receive``, and ends (``_disconnect``).
+    """
+
+    _caches_tools: bool = True
+
+    def __init__(self, where: str, timeout: float) -> None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
+        if not (math.isfinite(timeout) and timeout > 0):
+            raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+        self.where = where
+        self.timeout = float(timeout)
+        self.protocol_version: Optional[str] = None
+        self._lock = threading.Lock()  # the pending table, the counter, the flags
+        self._open_lock = threading.Lock()  # one handshake, one tools/list at a time
+        self._close_lock = threading.Lock()  # a second close() waits for the first
+        self._pending: Dict[int, _Pending] = {}
+        self._ids = itertools.count(1)
+        self._opened = False
+        self._closed = False
+        self._lost: Optional[str] = None  # why the connection is gone, once it is
+        self._unread: Optional[str] = None  # the last message that could not be read
+        self._tools: Optional[List[agent_loop.Tool]] = None  # kept until the list changes
+        self._changes = 0  # list_changed notifications so far
+
+    # Public surface ----------------------------------------------------------------------
+
+    def __enter__(self: _S) -> _S:
+        try:
+            self._open()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def tools(self) -> List[agent_loop.Tool]:
+        """Returns the server's tools as agent_loop Tools (a new list each time).
+
+        Opens the session first if it is not open. Raises McpError when the server cannot
+        be reached or started, the handshake fails, ``tools/list`` fails or pages past
+        the limits, or a tool cannot be built (the message names it).
+        """
+        with self._open_lock:
+            self._open_locked()
+            with self._lock:
+                cached = self._tools if self._caches_tools else None
+                changes = self._changes
+            if cached is None:
+                cached = self._list_tools()
+                with self._lock:
+                    # A change announced while the list was read: the next call lists again.
+                    if self._changes == changes:
+                        self._tools = cached
+            return list(cached)
+
+    def close(self) -> None:
+        """Ends the session: calls in flight end with an error result, and the server's
+        process (stdio) ends or its session is deleted (HTTP). Safe to call again, from
+        any thread: it returns once the session has ended."""
+        with self._close_lock:
+            with self._lock:
+                self._closed = True
+                self._lost = self._lost or "the MCP session was closed"
+            self._fail_all("did not finish: the session was closed", abandon=True)
+            self._disconnect()
+
+    # The session -------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        with self._open_lock:
+            self._open_locked()
+
+    def _open_locked(self) -> None:
+        """Starts the connection and makes the handshake, once."""
+        if self._closed:
+            raise McpError(f"{self.where}: the MCP session is closed")
+        if self._opened:
+            return
+        try:
+            self._connect()
+            # MCP: "The initialization phase MUST be the first interaction between client
+            # and server."
+            answer = self._request(
+                "initialize",
+                {
+                    "protocolVersion": PROTOCOL_VERSIONS[0],
+                    "capabilities": {},
+                    "clientInfo": dict(_CLIENT_INFO),
+                },
+                None,
+            )
+            version = answer.get("protocolVersion")
+            # MCP: "If the client does not support the version in the server's response,
+            # it SHOULD disconnect."
+            if version not in PROTOCOL_VERSIONS:
+                raise _Failure(
+                    f"the server answered initialize with protocol version {version!r}; "
+                    f"this client speaks {', '.join(PROTOCOL_VERSIONS)}"
+                )
+            self.protocol_version = version
+            # MCP: "After successful initialization, the client MUST send an initialized
+            # notification to indicate it is ready to begin normal operations"
+            self._notify("notifications/initialized", None)
+        except _Failure as failure:
+            self.close()
+            raise McpError(f"{self.where}: {failure}") from None
+        self._opened = True
+
+    def _list_tools(self) -> List[agent_loop.Tool]:
+        """tools/list, page after page, each tool built as an agent_loop Tool."""
+        listed: List[Dict[str, Any]] = []
+        cursor: Optional[str] = None
+        for _ in range(MAX_TOOL_PAGES):
+            try:
+                page = self._request("tools/list", None if cursor is None else {"cursor": cursor})
+            except _Failure as failure:
+                raise McpError(f"{self.where}: {failure}") from None
+            tools = page.get("tools")
+            if not isinstance(tools, list):
+                raise McpError(f"{self.where}: tools/list answered without a list of tools")
+            listed.extend(tools)
+            if len(listed) > MAX_TOOLS:
+                raise McpError(f"{self.where}: the server lists more than {MAX_TOOLS} tools")
+            cursor = page.get("nextCursor")
+            # MCP: "Treat a missing nextCursor as the end of results"
+            if cursor is None:
+                return [self._tool(description) for description in listed]
+            if not isinstance(cursor, str):
+                raise McpError(f"{self.where}: tools/list gave a nextCursor that is not a str")
+        raise McpError(f"{self.where}: tools/list goes on for more than {MAX_TOOL_PAGES} pages")
+
+    def _tool(self, description: object) -> agent_loop.Tool:
+        """One listed tool as an agent_loop Tool whose execute calls tools/call."""
+        if not isinstance(description, dict) or not isinstance(description.get("name"), str):
+            raise McpError(
+                f"{self.where}: tools/list holds a tool without a name: {_excerpt(description)}"
+            )
+        name: str = description["name"]
+
+        # The tool holds the server: a registry in use keeps its server (and process) alive.
+        def execute(arguments: Dict[str, Any], signal: agent_loop.Signal) -> str:
+            return self._call_tool(name, arguments, signal)
+
+        try:
+            return agent_loop.Tool(
+                name,
+                description.get("description") or "",
+                description.get("inputSchema"),  # type: ignore[arg-type]  # Tool checks it
+                execute,
+            )
+        except (TypeError, ValueError) as error:
+            raise McpError(f"{self.where}: tool {name!r} cannot be used: {error}") from None
+
+    def _call_tool(self, name: str, arguments: Dict[str, Any], signal: agent_loop.Signal) -> str:
+        """tools/call for one tool call: its content, or ToolError for any failure."""
+        try:
+            self._open()
+            answer = self._request("tools/call", {"name": name, "arguments": arguments}, signal)
+            content, is_error = render_tool_result(answer)
+        except (McpError, _Failure) as failure:
+            raise agent_loop.ToolError(f"MCP tool {name!r}: {failure}") from None
+        except ValueError as malformed:
+            raise agent_loop.ToolError(
+                f"MCP tool {name!r}: the server's result is malformed: {malformed}"
+            ) from None
+        # MCP: "Clients SHOULD provide tool execution errors to language models to enable
+        # self-correction."
+        if is_error:
+            raise agent_loop.ToolError(content or f"MCP tool {name!r} failed and said nothing")
+        return content
+
+    # Requests ----------------------------------------------------------------------------
+
+    def _request(
+        self,
+        method: str,
+        params: Optional[Dict[str, Any]],
+        signal: Optional[agent_loop.Signal] = None,
+    ) -> Dict[str, Any]:
+        """Sends one request and waits for its result; raises _Failure naming what failed."""
+        with self._lock:
+            if self._lost is not None:
+                raise _Failure(self._lost)
+            pending = _Pending(next(self._ids), method, self.timeout)
+            self._pending[pending.id] = pending
+        message: Dict[str, Any] = {"jsonrpc": "2.0", "id": pending.id, "method": method}
+        if method == "tools/call":
+            assert params is not None
+            # MCP: "When a party wants to receive progress updates for a request, it
+            # includes a progressToken in the request metadata." The id is unique among
+            # the requests in flight, as a token must be.
+            params = {**params, "_meta": {"progressToken": pending.id}}
+        if params is not None:
+            message["params"] = params
+        self._send(message, pending)
+        self._wait(pending, signal)
+        if pending.failure is not None:
+            raise _Failure(pending.failure)
+        assert pending.result is not None
+        return pending.result
+
+    def _wait(self, pending: _Pending, signal: Optional[agent_loop.Signal]) -> None:
+        """Waits for an answer, watching the signal and the deadline that progress moves."""
+        while True:
+            remaining = pending.deadline - time.monotonic()
+            if remaining <= 0:
+                # MCP: "When the request has not received a success or error response
+                # within the timeout period, the sender SHOULD issue a cancellation
+                # notification for that request and stop waiting for a response."
+                waited = time.monotonic() - pending.started
+                why = f"got no answer within {waited:.3g} s, and was cancelled"
+                with self._lock:
+                    if self._unread is not None:
+                        why += f" (the server sent {self._unread})"
+                self._cancel(pending, "timed out", why)
+                return
+            if pending.done.wait(min(POLL_SECONDS, remaining)):
+                return
+            if signal is not None and signal.is_set():
+                self._cancel(pending, "the run was cancelled", "was cancelled with the run")
+                return
+
+    def _cancel(self, pending: _Pending, reason: str, why: str) -> None:
+        """Stops waiting for a request and tells the server to stop working on it."""
+        with self._lock:
+            self._pending.pop(pending.id, None)
+        if not self._settle(pending, failure=f"{pending.method} {why}"):
+            return  # the answer came first
+        self._abandon(pending)
+        # MCP: "The `initialize` request MUST NOT be cancelled by clients"
+        if pending.method != "initialize":
+            self._notify(
+                "notifications/cancelled",
+                {"requestId": pending.id, "reason": reason},
+                background=True,
+            )
+
+    def _settle(
+        self,
+        pending: _Pending,
+        result: Optional[Dict[str, Any]] = None,
+        failure: Optional[str] = None,
+    ) -> bool:
+        """Gives a request its answer once; returns False when it had one already."""
+        with self._lock:
+            if pending.done.is_set():
+                return False
+            pending.result = result
+            pending.failure = failure
+            pending.done.set()
+        return True
+
+    def _notify(
+        self, method: str, params: Optional[Dict[str, Any]], background: bool = False
+    ) -> None:
+        message: Dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+        if params is not None:
+            message["params"] = params
+        self._send(message, None, background)
+
+    # What the transport reads --------------------------------------------------------------
+
+    def _receive(self, data: bytes, origin: Optional[_Pending] = None) -> None:
+        """One message as read (a line, a body, an event's data), checked and dispatched."""
+        try:
+            message = json.loads(data, parse_constant=_refuse_constant)
+        except (ValueError, RecursionError) as error:
+            self._unreadable(f"a message that is not JSON ({error}): {_excerpt(data)}", origin)
+            return
+        if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+            self._unreadable(f"a message that is not JSON-RPC 2.0: {_excerpt(data)}", origin)
+            return
+        if "method" in message:
+            self._on_server_message(message)
+            return
+        request_id = message.get("id")
+        with self._lock:
+            # Our ids are ints; a bool is not one (True would be request 1).
+            pending = self._pending.pop(request_id, None) if type(request_id) is int else None
+        if pending is None:
+            # MCP: "The sender of the cancellation notification SHOULD ignore any response
+            # to the request that arrives afterward"
+            return
+        result, failure = message.get("result"), message.get("error")
+        if isinstance(result, dict):
+            self._settle(pending, result=result)
+        elif isinstance(failure, dict):
+            self._settle(pending, failure=f"{pending.method} failed: {_error_text(failure)}")
+        else:
+            self._settle(
+                pending,
+                failure=f"{pending.method}: the server's answer is malformed: {_excerpt(data)}",
+            )
+
+    def _on_server_message(self, message: Dict[str, Any]) -> None:
+        method = message["method"]
+        params = message.get("params")
+        if "id" in message:  # a request from the server
+            if method == "ping":
+                # MCP: "The receiver MUST respond promptly with an empty response"
+                self._send({"jsonrpc": "2.0", "id": message["id"], "result": {}}, None, True)
+            else:
+                self._send(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": message["id"],
+                        "error": {
+                            "code": _METHOD_NOT_FOUND,
+                            "message": f"Method not found: {method}",
+                        },
+                    },
+                    None,
+                    True,
+                )
+        elif method == "notifications/progress" and isinstance(params, dict):
+            token = params.get("progressToken")
+            with self._lock:
+                pending = self._pending.get(token) if type(token) is int else None
+                if pending is not None:
+                    # MCP: "Implementations MAY choose to reset the timeout clock when
+                    # receiving a progress notification corresponding to the request"
+                    pending.deadline = min(
+                        time.monotonic() + self.timeout,
+                        pending.started + MAX_PROGRESS_TIMEOUTS * self.timeout,
+                    )
+        elif method == "notifications/tools/list_changed":
+            with self._lock:
+                self._tools = None
+                self._changes += 1
+
+    def _unreadable(self, what: str, origin: Optional[_Pending]) -> None:
+        """A message that cannot be read. On HTTP it fails the request whose answer it was;
+        on stdio it is dropped (servers print banners), and a timeout names it."""
+        _logger.warning("%s: dropped %s", self.where, what)
+        with self._lock:
+            self._unread = what
+            suspect = origin is not None and self._pending.pop(origin.id, None) is not None
+        if suspect:
+            assert origin is not None
+            self._settle(origin, failure=f"{origin.method}: the server sent {what}")
+
+    def _fail_all(self, why: str, abandon: bool = False) -> None:
+        """Every request in flight fails: any of them may have been answered by what was lost."""
+        with self._lock:
+            waiting = list(self._pending.values())
+            self._pending.clear()
+        for pending in waiting:
+            self._settle(pending, failure=f"{pending.method} {why}")
+            if abandon:
+                self._abandon(pending)
+
+    def _lose(self, reason: str) -> None:
+        """The connection is gone: every request in flight fails, and so will the next."""
+        with self._lock:
+            self._lost = self._lost or reason
+        self._fail_all(f"did not finish: {reason}")
+
+    # Transport hooks ---------------------------------------------------------------------
+
+    def _connect(self) -> None:
+        """Starts the connection (stdio: the process)."""
+
+    def _send(
+        self, message: Dict[str, Any], pending: Optional[_Pending], background: bool = False
+    ) -> None:
+        """Sends one message; a request's answer goes to ``_receive``."""
+
+    def _abandon(self, pending: _Pending) -> None:
+        """Stops whatever still reads a request's answer (HTTP: its connection)."""
+
+    def _disconnect(self) -> None:
+        """Ends the connection (stdio: the process; HTTP: the session)."""
+
+
+def _refuse_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _excerpt(value: object) -> str:
+    """A bounded quote of a server's words, for an error message."""
+    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else repr(value)
+    if len(text) > _ERROR_EXCERPT:
+        return f"{text[:_ERROR_EXCERPT]}... ({len(text) - _ERROR_EXCERPT} more characters)"
+    return text
+
+
+def _error_text(error: Dict[str, Any]) -> str:
+    """A JSON-RPC error object as one line: its code and message (data quoted when given)."""
+    text = f"JSON-RPC error {error.get('code')!r}: {error.get('message')!r}"
+    if "data" in error:
+        text += f" ({_excerpt(error['data'])})"
+    return text
+
+
+# --- Results ----------------------------------------------------------------------------
+
+
+def render_tool_result(result: object) -> Tuple[str, bool]:
+    """Returns the content the model gets for a ``tools/call`` result, and its error flag.
+
+    Text blocks are the text. Every other block is one line in brackets: ``[image:
+    image/png, 5120 bytes, not shown]`` (audio the same), ``[resource link: URI (name,
+    mimeType): description]`` (the parts the block has), an embedded text resource as
+    ``[resource: URI]`` then its text, a binary one as ``[resource: URI, mimeType, N
+    bytes, not shown]``, and a block of another type as ``[TYPE content, not shown]``.
+    Blocks are joined by newlines. With no blocks, ``structuredContent`` (when given) is
+    the content, as compact JSON. The content is at most ``MAX_RESULT_TEXT`` code points,
+    then a note: ``[agent_loop_mcp: N more characters of this result were cut]``.
+
+    Raises ValueError, naming the field, for a result that is not an object, content
+    that is not a list, a block that is not an object, or a field of the wrong type.
+    """
+    if not isinstance(result, dict):
+        raise ValueError(f"a tools/call result must be an object, got {_excerpt(result)}")
+    blocks = result.get("content", [])
+    is_error = result.get("isError", False)
+    if not isinstance(blocks, list):
+        raise ValueError("content must be a list of content blocks")
+    if not isinstance(is_error, bool):
+        raise ValueError("isError must be true or false")
+    text = _BoundedText(MAX_RESULT_TEXT)
+    for index, block in enumerate(blocks):
+        if index:
+            text.add("\n")
+        text.add(_rendered_block(block, index))
+    if not blocks and "structuredContent" in result:
+        text.add(
+            json.dumps(result["structuredContent"], separators=(",", ":"), ensure_ascii=False)
+        )
+    return text.value(), is_error
+
+
+def _rendered_block(block: object, index: int) -> str:
+    """One content block as the model reads it."""
+    if not isinstance(block, dict):
+        raise ValueError(f"content[{index}] must be an object")
+    where = f"content[{index}]"
+    kind = _field(block, "type", where)
+    if kind == "text":
+        return _field(block, "text", where)
+    if kind in ("image", "audio"):
+        mime = _field(block, "mimeType", where)
+        return f"[{kind}: {mime}, {_size(block, 'data', where)}, not shown]"
+    if kind == "resource_link":
+        uri = _field(block, "uri", where)
+        about = [_field(block, key, where, "") for key in ("name", "mimeType")]
+        about = [part for part in about if part]
+        description = _field(block, "description", where, "")
+        return (
+            f"[resource link: {uri}"
+            + (f" ({', '.join(about)})" if about else "")
+            + (f": {description}" if description else "")
+            + "]"
+        )
+    if kind == "resource":
+        resource = block.get("resource")
+        if not isinstance(resource, dict):
+            raise ValueError(f"{where}.resource must be an object")
+        where += ".resource"
+        uri = _field(resource, "uri", where)
+        if "text" in resource:
+            return f"[resource: {uri}]\n{_field(resource, 'text', where)}"
+        mime = _field(resource, "mimeType", where, "")
+        named = f"{uri}, {mime}" if mime else uri
+        return f"[resource: {named}, {_size(resource, 'blob', where)}, not shown]"
+    return f"[{kind} content, not shown]"
+
+
+def _field(block: Dict[str, Any], key: str, where: str, default: Optional[str] = None) -> str:
+    """A str field of a block; a missing one is the default, or a ValueError without one."""
+    value = block.get(key, default)
+    if not isinstance(value, str):
+        raise ValueError(f"{where}.{key} must be a str, got {_excerpt(value)}")
+    return value
+
+
+def _size(block: Dict[str, Any], key: str, where: str) -> str:
+    """How many bytes a base64 field decodes to, without decoding it."""
+    data = _field(block, key, where)
+    return f"{len(data) * 3 // 4 - data[-2:].count('=')} bytes"
+
+
+class _BoundedText:
+    """Text gathered up to a limit; what does not fit is counted, not kept."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.parts: List[str] = []
+        self.length = 0
+        self.cut = 0
+
+    def add(self, text: str) -> None:
+        room = self.limit - self.length
+        if len(text) > room:
+            self.cut += len(text) - room
+            text = text[:room]
+        self.parts.append(text)
+        self.length += len(text)
+
+    def value(self) -> str:
+        text = "".join(self.parts)
+        if self.cut:
+            text += f"\n[agent_loop_mcp: {self.cut} more characters of this result were cut]"
+        return text
+
+
+# --- stdio ------------------------------------------------------------------------------
+
+
+class StdioServer(_Session):
+    """An MCP server run as a process, spoken to over its standard input and output.
+
+    ``command`` is the server's argv, a sequence of str (no shell: ``shlex.split(line)``
+    makes one from a command line); ``env`` and ``cwd`` are ``subprocess.Popen``'s (None
+    inherits this process's). ``timeout`` is the seconds each request waits for its
+    answer. The process starts at ``with`` or at the first ``tools()``.
+
+    Raises TypeError or ValueError for a command, env, cwd or timeout of the wrong kind.
+    """
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        *,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[Union[str, os.PathLike[str]]] = None,
+        timeout: float = 30.0,
+    ) -> None:
+        if isinstance(command, (str, bytes)) or not isinstance(command, Sequence):
+            raise TypeError(
+                "command must be the server's argv, a sequence of str (no shell is used), "
+                f"got {type(command).__name__}; e.g. ['python', 'server.py'] or shlex.split(line)"
+            )
+        argv = tuple(command)
+        if not argv or not all(isinstance(part, str) for part in argv):
+            raise TypeError(f"command must be a non-empty sequence of str, got {argv!r}")
+        if env is not None and not (
+            isinstance(env, Mapping)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+        ):
+            raise TypeError("env must be a mapping of str to str, or None")
+        if cwd is not None and not isinstance(cwd, (str, os.PathLike)):
+            raise TypeError(f"cwd must be a path, or None, got {type(cwd).__name__}")
+        super().__init__(f"MCP server {argv[0]!r}", timeout)
+        self.command = argv
+        self.env = None if env is None else dict(env)
+        self.cwd = cwd
+        self._process: Optional[subprocess.Popen[bytes]] = None
+        self._outbox: queue.Queue[Optional[bytes]] = queue.Queue()
+        self._stderr_tail = bytearray()
+        self._stderr_reader: Optional[threading.Thread] = None
+        # The threads hold a weak reference to the server, and the finalizer none, so that a
+        # server dropped without close() is collected, and its process ended, all the same.
+        self._holder: List[Optional[subprocess.Popen[bytes]]] = [None]
+        self._ending = weakref.finalize(self, _end_process, self._holder, self._outbox)
+
+    def _connect(self) -> None:
+        try:
+            process = subprocess.Popen(
+                self.command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=self.env,
+                cwd=self.cwd,
+                # Its own process group, so that close() ends what the server started too.
+                start_new_session=True,
+            )
+        except (OSError, ValueError) as error:
+            raise _Failure(f"could not start {list(self.command)}: {error}") from None
+        self._process = self._holder[0] = process
+        assert process.stdin
+        assert process.stdout
+        assert process.stderr
+        self._stderr_reader = _start(_drain_errors, process.stderr, self._stderr_tail, self._lock)
+        _start(_write_input, process.stdin, self._outbox)
+        _start(_read_output, process.stdout, weakref.ref(self))
+
+    def _send(
+        self, message: Dict[str, Any], pending: Optional[_Pending], background: bool = False
+    ) -> None:
+        # MCP: "Messages are delimited by newlines, and MUST NOT contain embedded
+        # newlines." json.dumps escapes every newline inside strings.
+        line = json.dumps(message, separators=(",", ":"), ensure_ascii=False) + "\n"
+        # A writer thread writes: a server that does not read its input never blocks a caller.
+        self._outbox.put(line.encode("utf-8"))
+
+    def _exit_reason(self) -> str:
+        """Why the output ended: the exit status if the server exits, and its last stderr."""
+        assert self._process is not None
+        assert self._stderr_reader is not None
+        try:
+            status = self._process.wait(CLOSE_GRACE_SECONDS)
+            reason = f"the server exited with status {status}"
+        except subprocess.TimeoutExpired:
+            reason = "the server closed its output"
+        self._stderr_reader.join(CLOSE_GRACE_SECONDS)  # its tail is complete
+        with self._lock:
+            tail = self._stderr_tail.decode("utf-8", "replace").strip()
+        if tail:
+            reason += f"; its standard error ends with: {tail[-_ERROR_EXCERPT:]}"
+        return reason
+
+    def _disconnect(self) -> None:
+        self._ending()
+
+
+def _start(target: Callable[..., None], *args: object) -> threading.Thread:
+    thread = threading.Thread(target=target, args=args, daemon=True)
+    thread.start()
+    return thread
+
+
+def _read_output(stream: IO[bytes], server: weakref.ref[StdioServer]) -> None:
+    """The reader thread: every line the server writes, each bounded, to the session."""
+    with stream:
+        for line in _bounded_lines(stream, MAX_MESSAGE_BYTES):
+            session = server()
+            if session is None:
+                return  # collected: its finalizer ends the process
+            if line is None:
+                session._fail_all(
+                    f"failed: the server sent a message of more than {MAX_MESSAGE_BYTES} "
+                    "bytes, which was dropped"
+                )
+            elif line.strip():
+                session._receive(line)
+            del session  # no strong reference while the next line is awaited
+        session = server()
+        if session is not None:
+            session._lose(session._exit_reason())
+
+
+def _drain_errors(stream: IO[bytes], tail: bytearray, lock: threading.Lock) -> None:
+    """Reads the server's standard error to its end, so its pipe never fills; keeps the tail."""
+    with stream:
+        for data in iter(lambda: stream.read1(65536), b""):  # type: ignore[attr-defined]
+            with lock:
+                tail += data
+                del tail[:-STDERR_TAIL_BYTES]
+
+
+def _write_input(stream: IO[bytes], outbox: queue.Queue[Optional[bytes]]) -> None:
+    """The writer thread: one message after the other, until None or a broken pipe."""
+    try:
+        for data in iter(outbox.get, None):
+            stream.write(data)
+            stream.flush()
+    except OSError:
+        pass  # the process is gone: the reader sees the end of its output
+    finally:
+        with contextlib.suppress(OSError):
+            stream.close()
+
+
+def _bounded_lines(stream: IO[bytes], limit: int) -> Iterator[Optional[bytes]]:
+    """Lines of at most ``limit`` bytes (without the newline); None for a longer line,
+    which is read to its end in pieces and not kept."""
+    while True:
+        line = stream.readline(limit + 1)
+        if not line:
+            return
+        if line.endswith(b"\n"):
+            yield line[:-1]
+            continue
+        if len(line) <= limit:
+            yield line  # the last line, without its newline
+            return
+        while line and not line.endswith(b"\n"):
+            line = stream.readline(65536)
+        yield None
+
+
+def _end_process(
+    holder: List[Optional[subprocess.Popen[bytes]]], outbox: queue.Queue[Optional[bytes]]
+) -> None:
+    """Ends a server process and what it started.
+
+    MCP: "the client SHOULD initiate shutdown by: 1. First, closing the input stream to
+    the child process (the server) 2. Waiting for the server to exit, or sending SIGTERM
+    if the server does not exit within a reasonable time 3. Sending SIGKILL if the server
+    does not exit within a reasonable time after SIGTERM"
+    """
+    outbox.put(None)  # the writer closes the server's input once what was sent is written
+    process = holder[0]
+    if process is None:
+        return
+    for stop in (signals.SIGTERM, signals.SIGKILL):
+        try:
+            process.wait(CLOSE_GRACE_SECONDS)
+            break
+        except subprocess.TimeoutExpired:
+            _signal_group(process, stop)
+    # What the server started and left behind goes too: its group outlives it otherwise.
+    _signal_group(process, signals.SIGKILL)
+    process.wait()
+
+
+def _signal_group(process: subprocess.Popen[bytes], number: int) -> None:
+    """Sends a signal to the server's process group (it leads one: start_new_session)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone
+        os.killpg(process.pid, number)
+
+
+# --- Streamable HTTP ----------------------------------------------------------------------
+
+
+_OWNED_HEADERS: Final = (
+    "accept",
+    "content-type",
+    "mcp-session-id",
+    "mcp-protocol-version",
+    "content-length",
+    "host",
+)
+
+
+class HttpServer(_Session):
+    """An MCP server at a Streamable HTTP endpoint (``https://host/mcp``).
+
+    Each message is one POST; an answer is JSON or an event stream. The session id the
+    server gives at initialize (``Mcp-Session-Id``) is sent with every later request,
+    with ``MCP-Protocol-Version``; ``close()`` sends DELETE to end the session.
+    ``headers`` are sent with every request (``Authorization``...); ``ssl_context`` is
+    for HTTPS (None: ``ssl.create_default_context()``). ``timeout`` bounds each request:
+    the connection, and the wait for its answer.
+
+    Raises TypeError or ValueError for a url, headers, ssl_context or timeout of the
+    wrong kind.
+    """
+
+    _caches_tools = False
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        headers: Optional[Mapping[str, str]] = None,
+        timeout: float = 30.0,
+        ssl_context: Optional[ssl.SSLContext] = None,
+    ) -> None:
+        if not isinstance(url, str):
+            raise TypeError(f"url must be a str, got {type(url).__name__}")
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"url must be an http:// or https:// URL with a host, got {url!r}")
+        if headers is not None and not (
+            isinstance(headers, Mapping)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
+        ):
+            raise TypeError("headers must be a mapping of str to str, or None")
+        owned = [name for name in headers or {} if name.lower() in _OWNED_HEADERS]
+        if owned:
+            raise ValueError(f"headers may not set {owned}: the client sets them")
+        if ssl_context is not None and not isinstance(ssl_context, ssl.SSLContext):
+            raise TypeError(
+                f"ssl_context must be an ssl.SSLContext, got {type(ssl_context).__name__}"
+            )
+        super().__init__(f"MCP server {url}", timeout)
+        self.url = url
+        self.headers = dict(headers or {})
+        self._parts = parts
+        self._path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        self._ssl_context = ssl_context
+        self._session_id: Optional[str] = None
+
+    def _connect(self) -> None:
+        pass  # every message is a request of its own
+
+    def _connection(self) -> http.client.HTTPConnection:
+        port = self._parts.port
+        if self._parts.scheme == "https":
+            context = self._ssl_context or ssl.create_default_context()
+            return http.client.HTTPSConnection(
+                self._parts.hostname or "", port, timeout=self.timeout, context=context
+            )
+        return http.client.HTTPConnection(self._parts.hostname or "", port, timeout=self.timeout)
+
+    def _request_headers(self) -> Dict[str, str]:
+        # MCP: "The client MUST include an Accept header, listing both application/json
+        # and text/event-stream as supported content types."
+        headers = {
+            **self.headers,
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+        }
+        if self._session_id is not None:
+            # MCP: "clients using the Streamable HTTP transport MUST include it in the
+            # MCP-Session-Id header on all of their subsequent HTTP requests."
+            headers["Mcp-Session-Id"] = self._session_id
+        if self.protocol_version is not None:
+            # MCP: "the client MUST include the MCP-Protocol-Version: <protocol-version>
+            # HTTP header on all subsequent requests to the MCP server"
+            headers["MCP-Protocol-Version"] = self.protocol_version
+        return headers
+
+    def _send(
+        self, message: Dict[str, Any], pending: Optional[_Pending], background: bool = False
+    ) -> None:
+        # MCP: "Every JSON-RPC message sent from the client MUST be a new HTTP POST request
+        # to the MCP endpoint."
+        body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        if pending is None and not background:  # initialized: it must arrive before the next
+            problem = self._post(body, None)
+            if problem is not None:
+                raise _Failure(problem)
+            return
+        thread = threading.Thread(target=self._post, args=(body, pending), daemon=True)
+        thread.start()
+
+    def _post(self, body: bytes, pending: Optional[_Pending]) -> Optional[str]:
+        """One POST and its answer: a request's failure settles it; a notification's is
+        returned."""
+        connection = self._connection()
+        if pending is not None:
+            pending.connection = connection
+        try:
+            connection.request("POST", self._path, body, self._request_headers())
+            response = connection.getresponse()
+            problem = self._answer(response, pending)
+        except (OSError, http.client.HTTPException) as error:
+            problem = f"the HTTP exchange failed: {type(error).__name__}: {error}"
+        finally:
+            connection.close()
+        if problem is not None and pending is not None:
+            with self._lock:
+                self._pending.pop(pending.id, None)
+            self._settle(pending, failure=f"{pending.method}: {problem}")
+        return problem
+
+    def _answer(
+        self, response: http.client.HTTPResponse, pending: Optional[_Pending]
+    ) -> Optional[str]:
+        """Reads one POST's answer; returns what went wrong, or None."""
+        status = response.status
+        if pending is None:
+            # MCP: "If the server accepts the input, the server MUST return HTTP status
+            # code 202 Accepted with no body."
+            return (
+                None
+                if status == 202
+                else f"HTTP {status} for a notification: {_body_excerpt(response)}"
+            )
+        if status == 404 and self._session_id is not None:
+            # MCP: "When a client receives HTTP 404 in response to a request containing an
+            # MCP-Session-Id, it MUST start a new session"
+            self._expire_session()
+            return "the server ended the session (HTTP 404); the next request opens a new one"
+        if status != 200:
+            return f"HTTP {status}: {_body_excerpt(response)}"
+        if pending.method == "initialize":
+            session_id = response.getheader("Mcp-Session-Id")
+            if session_id is not None:
+                # MCP: "The session ID MUST only contain visible ASCII characters (ranging
+                # from 0x21 to 0x7E)."
+                if not session_id or not all(0x21 <= ord(c) <= 0x7E for c in session_id):
+                    return (
+                        f"the server gave a session id that is not visible ASCII: {session_id!r}"
+                    )
+                self._session_id = session_id
+        kind = (response.getheader("Content-Type") or "").split(";")[0].strip().lower()
+        # MCP: "the server MUST either return Content-Type: text/event-stream, to initiate an
+        # SSE stream, or Content-Type: application/json, to return one JSON object. The
+        # client MUST support both these cases."
+        if kind == "application/json":
+            length = response.getheader("Content-Length")
+            if length is not None and length.isdigit() and int(length) > MAX_MESSAGE_BYTES:
+                return f"the answer has {length} bytes, more than {MAX_MESSAGE_BYTES}"
+            data = response.read(MAX_MESSAGE_BYTES + 1)
+            if len(data) > MAX_MESSAGE_BYTES:
+                return f"the answer has more than {MAX_MESSAGE_BYTES} bytes"
+            self._receive(data, pending)
+        elif kind == "text/event-stream":
+            for event in _event_data(response, MAX_MESSAGE_BYTES):
+                if event is None:
+                    return (
+                        f"the answer's stream sent an event of more than {MAX_MESSAGE_BYTES} bytes"
+                    )
+                self._receive(event, pending)
+                # MCP: "After the JSON-RPC response has been sent, the server SHOULD terminate
+                # the SSE stream." Whatever comes after it is not read.
+                if pending.done.is_set():
+                    return None
+        else:
+            return f"the answer's Content-Type is {kind or 'missing'}, not JSON or an event stream"
+        if not pending.done.is_set():
+            return "the answer ended before the response (resuming a stream is not supported)"
+        return None
+
+    def _expire_session(self) -> None:
+        with self._lock:
+            self._session_id = None
+            self._opened = False
+            self.protocol_version = None
+            self._tools = None
+
+    def _abandon(self, pending: _Pending) -> None:
+        connection = pending.connection
+        if connection is not None and connection.sock is not None:
+            with contextlib.suppress(OSError):
+                connection.sock.shutdown(socket.SHUT_RDWR)  # the blocked read returns now
+
+    def _disconnect(self) -> None:
+        if self._session_id is None:
+            return
+        # MCP: "Clients that no longer need a particular session ... SHOULD send an HTTP
+        # DELETE to the MCP endpoint with the MCP-Session-Id header"
+        connection = self._connection()
+        try:
+            connection.request("DELETE", self._path, headers=self._request_headers())
+            connection.getresponse().read(_ERROR_EXCERPT)
+        except (OSError, http.client.HTTPException):
+            pass  # the server is gone: so is the session
+        finally:
+            connection.close()
+            self._session_id = None
+
+
+def _body_excerpt(response: http.client.HTTPResponse) -> str:
+    return _excerpt(response.read(_ERROR_EXCERPT + 1)) or "(no body)"
+
+
+def _event_data(stream: IO[bytes], limit: int) -> Iterator[Optional[bytes]]:
+    """The data of each server-sent event, at most ``limit`` bytes (None for a larger
+    one, which ends the stream); an event with empty data is not one (the priming event)."""
+    data: List[bytes] = []
+    size = 0
+    for line in _bounded_lines(stream, limit + len(b"data: ")):
+        if line is None:
+            yield None
+            return
+        line = line.rstrip(b"\r")
+        if line.startswith(b"data:"):
+            value = line[5:]
+            value = value[1:] if value.startswith(b" ") else value
+            size += len(value) + bool(data)
+            if size > limit:
+                yield None
+                return
+            data.append(value)
+        elif not line:  # the end of an event
+            if size:
+                yield b"\n".join(data)
+            data, size = [], 0
+    if size:
+        yield b"\n".join(data)  # the stream ended after the event's last line

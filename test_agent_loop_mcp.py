@@ -1,0 +1,1339 @@
+"""Tests of agent_loop_mcp.py against canned servers, without the MCP SDK.
+
+The stdio server is mcp_fake_server.py, copied into tmp_path and run with sys.executable;
+it logs every line it receives, so the client's wire format is asserted from bytes. The
+HTTP server is the same Fake behind an http.server on 127.0.0.1 and a free port. The
+tests against servers built with the official SDK are in test_agent_loop_mcp_sdk.py.
+"""
+
+from __future__ import annotations
+
+import gc
+import http.server
+import io
+import json
+import os
+import queue
+import re
+import ssl
+import sys
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import pytest
+
+import agent_loop as al
+import agent_loop_mcp as mcp
+from loop_testing import REPOSITORY, run
+from mcp_fake_server import Fake
+
+FAKE_SOURCE = (REPOSITORY / "mcp_fake_server.py").read_text(encoding="utf-8")
+CANCEL_BOUND = 0.25  # seconds from the signal to the run's end, as the README promises
+
+
+# --- Helpers --------------------------------------------------------------------------
+
+
+class Canned:
+    """A canned stdio server's command, and what it received."""
+
+    def __init__(self, tmp_path: Path, **config: Any) -> None:
+        self.script = tmp_path / "server.py"
+        self.script.write_text(FAKE_SOURCE, encoding="utf-8")
+        self.log = tmp_path / "received.jsonl"
+        self.pid_file = tmp_path / "server.pid"
+        self.config = {"log": str(self.log), "pid": str(self.pid_file), **config}
+
+    @property
+    def command(self) -> List[str]:
+        return [sys.executable, str(self.script), json.dumps(self.config)]
+
+    def server(self, timeout: Optional[float] = None) -> mcp.StdioServer:
+        """The server; with ``timeout``, its session is open and its requests from now on
+        wait that long (the handshake waits 10 s, however slow the machine)."""
+        server: mcp.StdioServer = shortened(mcp.StdioServer(self.command, timeout=10.0), timeout)
+        return server
+
+    def lines(self) -> List[bytes]:
+        return self.log.read_bytes().splitlines() if self.log.exists() else []
+
+    def received(self) -> List[Dict[str, Any]]:
+        return [json.loads(line) for line in self.lines()]
+
+    def pid(self) -> int:
+        return int(self.pid_file.read_text())
+
+
+def shortened(server: Any, timeout: Optional[float]) -> Any:
+    if timeout is not None:
+        server.__enter__()
+        server.timeout = timeout
+    return server
+
+
+def alive(pid: int) -> bool:
+    """Whether a process exists (a zombie of another parent counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/stat")
+    return not (status.exists() and status.read_text().split()[2] == "Z")
+
+
+def wait_for(condition: Any, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return bool(condition())
+
+
+def registry(server: Any) -> al.ToolRegistry:
+    return al.ToolRegistry(server.tools())
+
+
+def call(
+    server: Any, name: str, arguments: Optional[Dict[str, Any]] = None, signal: Any = None
+) -> al.ToolResultMessage:
+    """One tools/call, as the loop makes it."""
+    tool_call = al.ToolCall("call-1", name, arguments or {})
+    return al.execute_tool_call(registry(server), tool_call, signal or threading.Event())
+
+
+def ok(content: str) -> Tuple[str, bool]:
+    return content, False
+
+
+@pytest.fixture
+def canned(tmp_path: Path) -> Canned:
+    return Canned(tmp_path)
+
+
+# --- Arguments ------------------------------------------------------------------------
+
+
+class TestArguments:
+    """Call-time misuse raises TypeError or ValueError naming the parameter."""
+
+    @pytest.mark.parametrize(
+        ("command", "words"),
+        [
+            pytest.param("python server.py", "no shell", id="str"),
+            pytest.param(b"python", "no shell", id="bytes"),
+            pytest.param(42, "sequence of str", id="int"),
+            pytest.param([], "non-empty", id="empty"),
+            pytest.param(["python", 3], "non-empty sequence of str", id="not-str"),
+        ],
+    )
+    def test_command_is_an_argv(self, command: Any, words: str) -> None:
+        with pytest.raises(TypeError, match=words):
+            mcp.StdioServer(command)
+
+    def test_env_and_cwd(self) -> None:
+        with pytest.raises(TypeError, match="env must be a mapping"):
+            mcp.StdioServer(["x"], env={"A": 1})  # type: ignore[dict-item]
+        with pytest.raises(TypeError, match="env must be a mapping"):
+            mcp.StdioServer(["x"], env=["A"])  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="cwd must be a path"):
+            mcp.StdioServer(["x"], cwd=3)  # type: ignore[arg-type]
+
+    @pytest.mark.parametrize(
+        ("timeout", "error"),
+        [
+            pytest.param(True, TypeError, id="bool"),
+            pytest.param("1", TypeError, id="str"),
+            pytest.param(0, ValueError, id="zero"),
+            pytest.param(float("inf"), ValueError, id="infinite"),
+            pytest.param(float("nan"), ValueError, id="nan"),
+        ],
+    )
+    def test_timeout_is_a_positive_number(self, timeout: Any, error: type) -> None:
+        with pytest.raises(error, match="timeout"):
+            mcp.StdioServer(["x"], timeout=timeout)
+        with pytest.raises(error, match="timeout"):
+            mcp.HttpServer("http://127.0.0.1/mcp", timeout=timeout)
+
+    @pytest.mark.parametrize(
+        ("kwargs", "error", "words"),
+        [
+            pytest.param({"url": 3}, TypeError, "url must be a str", id="url-not-str"),
+            pytest.param({"url": "ftp://h/mcp"}, ValueError, "http:// or https://", id="scheme"),
+            pytest.param({"url": "http:///mcp"}, ValueError, "with a host", id="no-host"),
+            pytest.param({"headers": {"A": 1}}, TypeError, "headers must be", id="header-value"),
+            pytest.param({"headers": ["A"]}, TypeError, "headers must be", id="headers-list"),
+            pytest.param({"headers": {"Accept": "x"}}, ValueError, "may not set", id="owned"),
+            pytest.param(
+                {"headers": {"mcp-session-id": "x"}}, ValueError, "may not set", id="owned-case"
+            ),
+            pytest.param({"ssl_context": "yes"}, TypeError, "ssl.SSLContext", id="ssl"),
+        ],
+    )
+    def test_http_arguments(self, kwargs: Dict[str, Any], error: type, words: str) -> None:
+        arguments = {"url": "http://127.0.0.1:1/mcp", **kwargs}
+        with pytest.raises(error, match=words):
+            mcp.HttpServer(**arguments)
+
+    def test_env_and_cwd_are_the_processes(self, canned: Canned, tmp_path: Path) -> None:
+        env = {**os.environ, "FAKE_GREETING": "hello"}
+        with mcp.StdioServer(canned.command, env=env, cwd=tmp_path) as server:
+            assert server.env == env
+            assert server.cwd == tmp_path
+            pid = canned.pid()
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            assert b"FAKE_GREETING=hello" in environ
+            assert Path(f"/proc/{pid}/cwd").resolve() == tmp_path.resolve()
+
+    def test_the_process_starts_at_with_not_when_built(self, canned: Canned) -> None:
+        server = canned.server()
+        assert not canned.pid_file.exists()
+        with server:
+            assert wait_for(canned.pid_file.exists)
+        assert not alive(canned.pid())
+
+
+# --- The handshake --------------------------------------------------------------------
+
+
+class TestHandshake:
+    """initialize offers the newest version, accepts those it speaks, then initialized."""
+
+    def test_the_wire_format_from_bytes(self, canned: Canned) -> None:
+        with canned.server() as server:
+            assert server.protocol_version == "2025-11-25"
+            assert call(server, "echo", {"text": "hi\nthere"}) == al.ToolResultMessage(
+                "tool-result-call-1", "call-1", "echo", "hi\nthere", False
+            )
+        lines = canned.lines()
+        version = mcp.__version__
+        assert lines[:3] == [
+            b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":'
+            b'"2025-11-25","capabilities":{},"clientInfo":{"name":"agent_loop_mcp","version":"'
+            + version.encode()
+            + b'"}}}',
+            b'{"jsonrpc":"2.0","method":"notifications/initialized"}',
+            b'{"jsonrpc":"2.0","id":2,"method":"tools/list"}',
+        ]
+        # One line per message: the newline in the argument is escaped.
+        assert lines[3:] == [
+            b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"echo",'
+            b'"arguments":{"text":"hi\\nthere"},"_meta":{"progressToken":3}}}'
+        ]
+
+    @pytest.mark.parametrize("version", mcp.PROTOCOL_VERSIONS)
+    def test_every_version_it_speaks_is_accepted(self, tmp_path: Path, version: str) -> None:
+        with Canned(tmp_path, version=version).server() as server:
+            assert server.protocol_version == version
+            assert [tool.name for tool in server.tools()][:2] == ["echo", "slow"]
+
+    @pytest.mark.parametrize(
+        ("version", "words"),
+        [
+            pytest.param("2026-07-28", "'2026-07-28'; this client speaks 2025-11-25", id="newer"),
+            pytest.param("1.0", "protocol version '1.0'", id="unknown"),
+            pytest.param("error", "JSON-RPC error -32602: 'Unsupported protocol", id="refused"),
+        ],
+    )
+    def test_another_version_ends_the_session(
+        self, tmp_path: Path, version: str, words: str
+    ) -> None:
+        canned = Canned(tmp_path, version=version)
+        server = canned.server()
+        with pytest.raises(mcp.McpError, match=words):
+            server.tools()
+        assert wait_for(lambda: not alive(canned.pid()))
+        with pytest.raises(mcp.McpError, match="the MCP session is closed"):
+            server.tools()
+
+    def test_a_server_that_cannot_start(self, tmp_path: Path) -> None:
+        missing = str(tmp_path / "no-such-server")
+        with pytest.raises(mcp.McpError, match=r"could not start .*no-such-server"):
+            mcp.StdioServer([missing]).__enter__()
+
+    def test_a_banner_on_stdout_is_dropped(self, tmp_path: Path) -> None:
+        with Canned(tmp_path, banner=True).server() as server:
+            assert call(server, "echo", {"text": "ok"}).content == "ok"
+
+    def test_a_server_that_never_answers_initialize(self, tmp_path: Path) -> None:
+        script = tmp_path / "mute.py"
+        script.write_text("import sys, time\nsys.stdin.read()\ntime.sleep(60)\n")
+        server = mcp.StdioServer([sys.executable, str(script)], timeout=0.2)
+        with pytest.raises(mcp.McpError, match=r"initialize got no answer within 0\.2"):
+            server.tools()
+
+    def test_a_server_that_exits_at_once(self, tmp_path: Path) -> None:
+        script = tmp_path / "exits.py"
+        script.write_text("import sys\nsys.stderr.write('missing API key')\nsys.exit(2)\n")
+        server = mcp.StdioServer([sys.executable, str(script)])
+        with pytest.raises(
+            mcp.McpError,
+            match="exited with status 2; its standard error ends with: missing API key",
+        ):
+            server.tools()
+
+
+# --- Tools ----------------------------------------------------------------------------
+
+
+class TestToolsList:
+    """tools/list follows nextCursor, within bounds; each tool is an agent_loop Tool."""
+
+    def test_each_tool_is_the_servers(self, canned: Canned) -> None:
+        with canned.server() as server:
+            echo = server.tools()[0]
+        assert (echo.name, echo.description) == ("echo", "Says its text back.")
+        assert echo.spec().to_dict()["parameters"] == {
+            "type": "object",
+            "properties": {"text": {"type": "string"}},
+            "required": ["text"],
+        }
+
+    def test_pages_are_followed(self, tmp_path: Path) -> None:
+        canned = Canned(tmp_path, page_size=2)
+        with canned.server() as server:
+            names = [tool.name for tool in server.tools()]
+        assert names == [tool["name"] for tool in Fake({}).tools]
+        cursors = [m.get("params") for m in canned.received() if m.get("method") == "tools/list"]
+        assert cursors == [None, *({"cursor": str(n)} for n in range(2, len(names), 2))]
+
+    @pytest.mark.parametrize(
+        ("tools", "fails"),
+        [
+            pytest.param(mcp.MAX_TOOLS, False, id="at-limit"),
+            pytest.param(mcp.MAX_TOOLS + 1, True, id="over-limit"),
+        ],
+    )
+    def test_at_most_max_tools(self, tmp_path: Path, tools: int, fails: bool) -> None:
+        extra = [
+            {"name": f"t{n}", "inputSchema": {"type": "object"}}
+            for n in range(tools - len(Fake({}).tools))
+        ]
+        with Canned(tmp_path, extra_tools=extra, page_size=100).server() as server:
+            if fails:
+                with pytest.raises(mcp.McpError, match=f"more than {mcp.MAX_TOOLS} tools"):
+                    server.tools()
+            else:
+                assert len(server.tools()) == tools
+                assert server.tools()[-1].description == ""
+
+    @pytest.mark.parametrize(
+        ("pages", "fails"),
+        [
+            pytest.param(mcp.MAX_TOOL_PAGES, False, id="at-limit"),
+            pytest.param(mcp.MAX_TOOL_PAGES + 1, True, id="over-limit"),
+        ],
+    )
+    def test_at_most_max_tool_pages(self, tmp_path: Path, pages: int, fails: bool) -> None:
+        extra = [
+            {"name": f"t{n}", "inputSchema": {"type": "object"}}
+            for n in range(pages - len(Fake({}).tools))
+        ]
+        with Canned(tmp_path, extra_tools=extra, page_size=1).server() as server:
+            if fails:
+                with pytest.raises(mcp.McpError, match=f"more than {mcp.MAX_TOOL_PAGES} pages"):
+                    server.tools()
+            else:
+                assert len(server.tools()) == pages
+
+    @pytest.mark.parametrize(
+        ("config", "words"),
+        [
+            pytest.param(
+                {"list_extra": {"tools": "none"}}, "without a list of tools", id="not-a-list"
+            ),
+            pytest.param({"list_extra": {"nextCursor": 2}}, "not a str", id="cursor"),
+            pytest.param(
+                {"extra_tools": [{"description": "x"}]}, "a tool without a name", id="nameless"
+            ),
+            pytest.param(
+                {"extra_tools": [{"name": "bad", "inputSchema": {"type": "array"}}]},
+                'tool \'bad\' cannot be used: .*"type": "object"',
+                id="schema",
+            ),
+            pytest.param(
+                {"extra_tools": [{"name": "none"}]}, "tool 'none' cannot be used", id="no-schema"
+            ),
+        ],
+    )
+    def test_a_list_that_cannot_be_used(
+        self, tmp_path: Path, config: Dict[str, Any], words: str
+    ) -> None:
+        with Canned(tmp_path, **config).server() as server, pytest.raises(
+            mcp.McpError, match=words
+        ):
+            server.tools()
+
+    def test_a_jsonrpc_error_to_tools_list(self, tmp_path: Path) -> None:
+        script = tmp_path / "no_tools.py"
+        script.write_text(
+            "import json, sys\n"
+            "for line in sys.stdin:\n"
+            "    m = json.loads(line)\n"
+            "    if m.get('method') == 'initialize':\n"
+            "        r = {'protocolVersion': '2025-11-25', 'capabilities': {}}\n"
+            "        a = {'jsonrpc': '2.0', 'id': m['id'], 'result': r}\n"
+            "        print(json.dumps(a), flush=True)\n"
+            "    elif 'id' in m:\n"
+            "        e = {'code': -32601, 'message': 'Method not found', 'data': 'tools/list'}\n"
+            "        a = {'jsonrpc': '2.0', 'id': m['id'], 'error': e}\n"
+            "        print(json.dumps(a), flush=True)\n"
+        )
+        with mcp.StdioServer([sys.executable, str(script)]) as server, pytest.raises(
+            mcp.McpError,
+            match=r"tools/list failed: JSON-RPC error -32601: 'Method not found' \('tools/list'\)",
+        ):
+            server.tools()
+
+    def test_list_changed_makes_the_next_tools_list_again(self, canned: Canned) -> None:
+        with canned.server() as server:
+            before = server.tools()
+            assert [tool.name for tool in server.tools()] == [tool.name for tool in before]
+
+            def lists() -> int:
+                return sum(m.get("method") == "tools/list" for m in canned.received())
+
+            assert lists() == 1  # the second call used the list it had
+            tools = al.ToolRegistry(before)
+            assert call(server, "change").content == "changed"
+            assert wait_for(lambda: server._tools is None)
+            after = [tool.name for tool in server.tools()]
+            assert after == [*(tool.name for tool in before), "added"]
+            assert lists() == 2  # listed again after the change, once
+            assert "added" not in tools  # a registry keeps the tools it was built with
+
+    def test_a_change_while_listing_is_not_lost(self, canned: Canned) -> None:
+        with canned.server() as server:
+            server.tools()
+            server._tools = None
+            listed = server._list_tools
+
+            def changing() -> List[al.Tool]:
+                tools = listed()
+                server._on_server_message({"method": "notifications/tools/list_changed"})
+                return tools
+
+            server._list_tools = changing  # type: ignore[method-assign]
+            server.tools()
+            assert server._tools is None  # what was read during the change is not kept
+
+
+# --- Results --------------------------------------------------------------------------
+
+
+BLOCKS = [
+    pytest.param({"content": []}, ok(""), id="no-content"),
+    pytest.param({}, ok(""), id="no-content-key"),
+    pytest.param(
+        {"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        ok("a\nb"),
+        id="texts-joined-by-newlines",
+    ),
+    pytest.param(
+        {"content": [{"type": "image", "data": "aGVsbG8=", "mimeType": "image/png"}]},
+        ok("[image: image/png, 5 bytes, not shown]"),
+        id="image",
+    ),
+    pytest.param(
+        {"content": [{"type": "audio", "data": "aGk=", "mimeType": "audio/wav"}]},
+        ok("[audio: audio/wav, 2 bytes, not shown]"),
+        id="audio",
+    ),
+    pytest.param(
+        {"content": [{"type": "audio", "data": "", "mimeType": "audio/wav"}]},
+        ok("[audio: audio/wav, 0 bytes, not shown]"),
+        id="audio-empty",
+    ),
+    pytest.param(
+        {
+            "content": [
+                {
+                    "type": "resource_link",
+                    "uri": "file:///src/main.rs",
+                    "name": "main.rs",
+                    "description": "Primary entry point",
+                    "mimeType": "text/x-rust",
+                }
+            ]
+        },
+        ok("[resource link: file:///src/main.rs (main.rs, text/x-rust): Primary entry point]"),
+        id="resource-link",
+    ),
+    pytest.param(
+        {"content": [{"type": "resource_link", "uri": "file:///a"}]},
+        ok("[resource link: file:///a]"),
+        id="resource-link-bare",
+    ),
+    pytest.param(
+        {"content": [{"type": "resource", "resource": {"uri": "file:///a", "text": "fn main"}}]},
+        ok("[resource: file:///a]\nfn main"),
+        id="resource-text",
+    ),
+    pytest.param(
+        {
+            "content": [
+                {
+                    "type": "resource",
+                    "resource": {"uri": "file:///b", "blob": "AAAA", "mimeType": "a/b"},
+                }
+            ]
+        },
+        ok("[resource: file:///b, a/b, 3 bytes, not shown]"),
+        id="resource-blob",
+    ),
+    pytest.param(
+        {"content": [{"type": "resource", "resource": {"uri": "file:///c", "blob": "AA=="}}]},
+        ok("[resource: file:///c, 1 bytes, not shown]"),
+        id="resource-blob-no-type",
+    ),
+    pytest.param(
+        {"content": [{"type": "hologram", "data": "x"}]},
+        ok("[hologram content, not shown]"),
+        id="unknown-type",
+    ),
+    pytest.param(
+        {"content": [], "structuredContent": {"temperature": 22.5, "city": "Zürich"}},
+        ok('{"temperature":22.5,"city":"Zürich"}'),
+        id="structured-alone",
+    ),
+    pytest.param(
+        {
+            "content": [{"type": "text", "text": '{"t": 1}'}],
+            "structuredContent": {"t": 1},
+        },
+        ok('{"t": 1}'),
+        id="structured-with-its-text",
+    ),
+    pytest.param(
+        {"content": [{"type": "text", "text": "no such city"}], "isError": True},
+        ("no such city", True),
+        id="is-error",
+    ),
+]
+
+
+MALFORMED = [
+    pytest.param([], "must be an object", id="not-an-object"),
+    pytest.param({"content": "text"}, "content must be a list", id="content-not-list"),
+    pytest.param({"content": [], "isError": "yes"}, "isError must be true", id="is-error"),
+    pytest.param({"content": ["a"]}, r"content\[0\] must be an object", id="block"),
+    pytest.param({"content": [{"text": "a"}]}, r"content\[0\]\.type must be a str", id="type"),
+    pytest.param(
+        {"content": [{"type": "text", "text": 3}]}, r"content\[0\]\.text must be a str", id="text"
+    ),
+    pytest.param(
+        {"content": [{"type": "image", "data": "x"}]},
+        r"content\[0\]\.mimeType must be a str",
+        id="image-type",
+    ),
+    pytest.param(
+        {"content": [{"type": "resource"}]},
+        r"content\[0\]\.resource must be an object",
+        id="resource",
+    ),
+    pytest.param(
+        {"content": [{"type": "resource", "resource": {"uri": "u"}}]},
+        r"content\[0\]\.resource\.blob must be a str",
+        id="resource-neither",
+    ),
+    pytest.param(
+        {"content": [{"type": "resource_link", "uri": "u", "name": 3}]},
+        r"content\[0\]\.name must be a str",
+        id="link-name",
+    ),
+]
+
+
+class TestResults:
+    """A tools/call result as the model reads it: rendered, bounded, errors flagged."""
+
+    @pytest.mark.parametrize(("result", "expected"), BLOCKS)
+    def test_render_tool_result(self, result: Dict[str, Any], expected: Tuple[str, bool]) -> None:
+        assert mcp.render_tool_result(result) == expected
+
+    @pytest.mark.parametrize(("result", "words"), MALFORMED)
+    def test_a_malformed_result_is_a_value_error(self, result: Any, words: str) -> None:
+        with pytest.raises(ValueError, match=words):
+            mcp.render_tool_result(result)
+
+    @pytest.mark.parametrize(
+        ("size", "cut"),
+        [
+            pytest.param(mcp.MAX_RESULT_TEXT, 0, id="at-limit"),
+            pytest.param(mcp.MAX_RESULT_TEXT + 1, 1, id="over-limit"),
+        ],
+    )
+    def test_the_content_is_cut_at_max_result_text(self, size: int, cut: int) -> None:
+        content, _ = mcp.render_tool_result({"content": [{"type": "text", "text": "é" * size}]})
+        note = f"\n[agent_loop_mcp: {cut} more characters of this result were cut]"
+        assert content == "é" * mcp.MAX_RESULT_TEXT + (note if cut else "")
+
+    def test_blocks_past_the_limit_are_counted_not_kept(self) -> None:
+        blocks = [{"type": "text", "text": "x" * 40_000}] * 3
+        content, _ = mcp.render_tool_result({"content": blocks})
+        assert content.startswith("x" * 40_000 + "\n" + "x" * 25_535 + "\n[agent_loop_mcp: ")
+        assert content.endswith(
+            f"{120_002 - mcp.MAX_RESULT_TEXT} more characters of this result were cut]"
+        )
+
+    def test_through_a_server(self, canned: Canned) -> None:
+        size = mcp.MAX_RESULT_TEXT + 10
+        blocks = [{"type": "text", "text": "a"}, {"type": "image", "data": "", "mimeType": "i/p"}]
+        with canned.server() as server:
+            assert call(server, "big", {"size": size}).content.endswith(
+                "10 more characters of this result were cut]"
+            )
+            assert call(server, "result", {"result": {"content": blocks}}).content == (
+                "a\n[image: i/p, 0 bytes, not shown]"
+            )
+            failed = call(server, "fail")
+            assert (failed.content, failed.is_error) == ("the city is unknown", True)
+            silent = call(server, "result", {"result": {"content": [], "isError": True}})
+            assert (silent.content, silent.is_error) == (
+                "MCP tool 'result' failed and said nothing",
+                True,
+            )
+            malformed = call(server, "result", {"result": {"content": "x"}})
+            assert malformed.content == (
+                "MCP tool 'result': the server's result is malformed: "
+                "content must be a list of content blocks"
+            )
+            assert call(server, "echo", {"text": "still here"}).content == "still here"
+
+    @pytest.mark.parametrize(
+        ("message", "words"),
+        [
+            pytest.param(
+                {"jsonrpc": "2.0", "id": 3, "error": {"code": -32000, "message": "disk full"}},
+                "MCP tool 'raw': tools/call failed: JSON-RPC error -32000: 'disk full'",
+                id="jsonrpc-error",
+            ),
+            pytest.param(
+                {"jsonrpc": "2.0", "id": 3},
+                "MCP tool 'raw': tools/call: the server's answer is malformed: ",
+                id="neither-result-nor-error",
+            ),
+            pytest.param(
+                {"jsonrpc": "2.0", "id": 3, "result": []},
+                "MCP tool 'raw': tools/call: the server's answer is malformed: ",
+                id="result-not-object",
+            ),
+        ],
+    )
+    def test_an_answer_that_is_no_result(
+        self, canned: Canned, message: Dict[str, Any], words: str
+    ) -> None:
+        with canned.server() as server:
+            server.tools()  # ids 1 and 2: the call is id 3
+            result = al.execute_tool_call(
+                registry_of(server),
+                al.ToolCall("c", "raw", {"message": message}),
+                threading.Event(),
+            )
+            assert result.is_error
+            assert result.content.startswith(words)
+
+
+def registry_of(server: Any) -> al.ToolRegistry:
+    """The registry of a server's cached tools (no tools/list sent)."""
+    return al.ToolRegistry(server.tools())
+
+
+# --- Time and cancellation --------------------------------------------------------------
+
+
+def cancelled_from(cancels: List[Dict[str, Any]], request_id: int) -> bool:
+    return any(
+        m.get("method") == "notifications/cancelled" and m["params"]["requestId"] == request_id
+        for m in cancels
+    )
+
+
+class TestTimeAndCancellation:
+    """A request waits at most timeout (progress restarts it); a cancel reaches the server."""
+
+    def test_a_timed_out_call_is_cancelled_and_the_server_goes_on(self, canned: Canned) -> None:
+        with canned.server(timeout=0.3) as server:
+            server.tools()
+            result = call(server, "slow")
+            assert result.is_error
+            assert re.fullmatch(
+                r"MCP tool 'slow': tools/call got no answer within 0\.3\d* s, and was cancelled",
+                result.content,
+            )
+            assert wait_for(lambda: cancelled_from(canned.received(), 3))
+            assert canned.received()[-1] == {
+                "jsonrpc": "2.0",
+                "method": "notifications/cancelled",
+                "params": {"requestId": 3, "reason": "timed out"},
+            }
+            assert call(server, "echo", {"text": "next"}).content == "next"
+
+    def test_an_answer_after_the_cancel_is_ignored(self, tmp_path: Path) -> None:
+        canned = Canned(tmp_path, answer_after_cancel=True)
+        with canned.server(timeout=0.2) as server:
+            assert call(server, "slow").is_error
+            assert call(server, "echo", {"text": "next"}).content == "next"
+            assert wait_for(lambda: cancelled_from(canned.received(), 3))
+
+    def test_progress_restarts_the_wait(self, canned: Canned) -> None:
+        # 8 steps of 0.1 s: 0.8 s in all, with a timeout of 0.5 s.
+        with canned.server(timeout=0.5) as server:
+            result = call(server, "progress", {"steps": 8, "interval": 0.1})
+            assert result.content == "done"
+
+    def test_progress_does_not_extend_a_call_past_max_progress_timeouts(
+        self, canned: Canned
+    ) -> None:
+        with canned.server(timeout=0.1) as server:
+            steps = 10 * mcp.MAX_PROGRESS_TIMEOUTS
+            result = call(server, "progress", {"steps": steps, "interval": 0.05})
+            assert result.is_error
+            waited = float(re.findall(r"within (\S+) s", result.content)[0])
+            assert waited >= mcp.MAX_PROGRESS_TIMEOUTS * 0.1
+
+    def test_progress_for_no_request_in_flight_is_ignored(self, canned: Canned) -> None:
+        with canned.server() as server:
+            for token in (99, True, "3", None):
+                server._on_server_message(
+                    {"method": "notifications/progress", "params": {"progressToken": token}}
+                )
+            server._on_server_message({"method": "notifications/progress", "params": 3})
+            assert call(server, "echo", {"text": "x"}).content == "x"
+
+    def test_the_signal_cancels_a_call_within_the_bound(self, canned: Canned) -> None:
+        signal = threading.Event()
+        with canned.server() as server:
+            tools = server.tools()
+            model = al.ScriptedModel(
+                [
+                    al.scripted_response("r1", [al.ToolCall("c1", "slow", {})], "toolCall"),
+                    al.scripted_response(
+                        "r2", [al.ToolCall("c2", "echo", {"text": "a"})], "toolCall"
+                    ),
+                    al.scripted_response("r3", [al.TextBlock("done")], "stop"),
+                ]
+            )
+            fired: List[float] = []
+
+            def cancel() -> None:
+                fired.append(time.monotonic())
+                signal.set()
+
+            timer = threading.Timer(0.3, cancel)
+            timer.start()
+            _, result, _ = run(model, tools, signal=signal)
+            ended = time.monotonic()
+            timer.join()
+            assert result.status == "cancelled"
+            assert ended - fired[0] < CANCEL_BOUND
+            assert wait_for(lambda: cancelled_from(canned.received(), 3))
+            assert canned.received()[-1]["params"] == {
+                "requestId": 3,
+                "reason": "the run was cancelled",
+            }
+            # The server goes on: the next run calls it.
+            _, again, _ = run(
+                al.ScriptedModel(
+                    [
+                        al.scripted_response(
+                            "r1", [al.ToolCall("c", "echo", {"text": "a"})], "toolCall"
+                        ),
+                        al.scripted_response("r2", [al.TextBlock("done")], "stop"),
+                    ]
+                ),
+                tools,
+            )
+            assert again.status == "completed"
+            assert again.messages[2].content == "a"
+
+
+# --- Messages ---------------------------------------------------------------------------
+
+
+class TestMessages:
+    """What a server sends that is no answer: dropped, bounded, named."""
+
+    def test_a_line_that_is_not_json_is_named_by_the_timeout(self, canned: Canned) -> None:
+        with canned.server(timeout=0.3) as server:
+            result = call(server, "garbage")
+            assert result.is_error
+            assert (
+                "and was cancelled (the server sent a message that is not JSON" in result.content
+            )
+            assert "this is not JSON" in result.content
+
+    @pytest.mark.parametrize(
+        ("size", "dropped"),
+        [
+            pytest.param(mcp.MAX_MESSAGE_BYTES - len(b'{"padding": ""}'), False, id="at-limit"),
+            pytest.param(
+                mcp.MAX_MESSAGE_BYTES - len(b'{"padding": ""}') + 1, True, id="over-limit"
+            ),
+        ],
+    )
+    def test_a_message_over_max_message_bytes_fails_the_calls_in_flight(
+        self, canned: Canned, size: int, dropped: bool
+    ) -> None:
+        with canned.server() as server:
+            result = call(server, "oversized", {"size": size})
+            if dropped:
+                assert result.content == (
+                    "MCP tool 'oversized': tools/call failed: the server sent a message of more "
+                    f"than {mcp.MAX_MESSAGE_BYTES} bytes, which was dropped"
+                )
+            else:  # read, and dropped as no JSON-RPC message: the answer follows
+                assert result.content == "after the oversized line"
+            assert call(server, "echo", {"text": "next"}).content == "next"
+
+    def test_requests_from_the_server(self, canned: Canned) -> None:
+        with canned.server() as server:
+            assert call(server, "ask").content == "asked"
+            assert wait_for(lambda: len([m for m in canned.received() if "method" not in m]) == 2)
+        answers = [m for m in canned.received() if "method" not in m]
+        assert answers == [
+            {"jsonrpc": "2.0", "id": "server-1", "result": {}},
+            {
+                "jsonrpc": "2.0",
+                "id": "server-2",
+                "error": {"code": -32601, "message": "Method not found: sampling/createMessage"},
+            },
+        ]
+
+    @pytest.mark.parametrize(
+        "data",
+        [
+            pytest.param(b"[1, 2]", id="not-an-object"),
+            pytest.param(b'{"jsonrpc": "1.0", "id": 1, "result": {}}', id="not-2.0"),
+            pytest.param(b'{"jsonrpc": "2.0", "id": 1, "result": NaN}', id="nan"),
+            pytest.param(b"[" * 100_000, id="deep"),
+            pytest.param(b'{"jsonrpc": "2.0", "id": [1], "result": {}}', id="id-unhashable"),
+            pytest.param(b'{"jsonrpc": "2.0", "id": true, "result": {}}', id="id-bool"),
+        ],
+    )
+    def test_unreadable_messages_change_nothing(self, canned: Canned, data: bytes) -> None:
+        with canned.server() as server:
+            server.tools()
+            server._receive(data)
+            assert call(server, "echo", {"text": "x"}).content == "x"
+
+
+# --- Processes --------------------------------------------------------------------------
+
+
+class TestProcess:
+    """close() ends the server and what it started; nothing outlives the session."""
+
+    def test_close_ends_the_server_and_its_children(self, tmp_path: Path) -> None:
+        child = tmp_path / "child.pid"
+        canned = Canned(tmp_path, child=str(child))
+        with canned.server() as server:
+            tools = server.tools()
+            assert wait_for(child.exists)
+            pids = (canned.pid(), int(child.read_text()))
+            assert all(alive(pid) for pid in pids)
+        # The server has exited; what it started was sent SIGKILL, which takes a moment.
+        assert not alive(pids[0])
+        assert wait_for(lambda: not alive(pids[1]))
+        with pytest.raises(mcp.McpError, match="closed"):
+            server.tools()
+        closed = echo_through(tools)
+        assert closed.content == f"MCP tool 'echo': {server.where}: the MCP session is closed"
+
+    @pytest.mark.parametrize(
+        "config",
+        [
+            pytest.param({"linger": True}, id="stays-after-its-input-closes"),
+            pytest.param({"linger": True, "ignore_term": True}, id="ignores-sigterm"),
+        ],
+    )
+    def test_a_server_that_will_not_exit_is_killed(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: Dict[str, Any]
+    ) -> None:
+        monkeypatch.setattr(mcp, "CLOSE_GRACE_SECONDS", 0.2)
+        canned = Canned(tmp_path, **config)
+        with canned.server() as server:
+            server.tools()
+        assert not alive(canned.pid())
+
+    def test_close_during_a_call_ends_it_with_an_error(self, canned: Canned) -> None:
+        with canned.server() as server:
+            tools = al.ToolRegistry(server.tools())
+            threading.Timer(0.2, server.close).start()
+            result = al.execute_tool_call(tools, al.ToolCall("c", "slow", {}), threading.Event())
+            assert result.content == (
+                "MCP tool 'slow': tools/call did not finish: the session was closed"
+            )
+        assert not alive(canned.pid())
+        server.close()  # again: nothing happens
+
+    def test_a_server_that_crashes_mid_call(self, canned: Canned) -> None:
+        with canned.server() as server:
+            tools = server.tools()
+            result = call(server, "crash")
+            assert result.is_error
+            assert result.content == (
+                "MCP tool 'crash': tools/call did not finish: the server exited with status 3; "
+                "its standard error ends with: boom: the server crashed"
+            )
+            again = echo_through(tools)
+            assert again.content.startswith("MCP tool 'echo': the server exited with status 3")
+
+    def test_a_server_that_closes_its_output(
+        self, canned: Canned, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(mcp, "CLOSE_GRACE_SECONDS", 0.2)
+        with canned.server() as server:
+            result = call(server, "close_output")
+            assert result.content == (
+                "MCP tool 'close_output': tools/call did not finish: the server closed its output"
+            )
+
+    def test_stderr_never_fills_its_pipe(self, tmp_path: Path) -> None:
+        # Ten times a pipe's buffer: a server whose stderr were not read would block.
+        canned = Canned(tmp_path, stderr=10 * 65536)
+        with canned.server() as server:
+            assert call(server, "echo", {"text": "x"}).content == "x"
+            assert wait_for(lambda: len(server._stderr_tail) == mcp.STDERR_TAIL_BYTES)
+
+    def test_a_dropped_server_is_ended_when_collected(self, canned: Canned) -> None:
+        server = canned.server()
+        server.tools()
+        pid = canned.pid()
+        collected = weakref.ref(server)
+        del server
+        gc.collect()
+        assert collected() is None
+        assert wait_for(lambda: not alive(pid))
+
+    @pytest.mark.parametrize("output", [b"", b'{"jsonrpc": "2.0"}\n'], ids=["end", "line"])
+    def test_a_reader_whose_server_was_collected_stops(self, output: bytes) -> None:
+        class Gone:
+            pass
+
+        gone = Gone()
+        reference = weakref.ref(gone)
+        del gone
+        stream = io.BytesIO(output)
+        mcp._read_output(stream, reference)  # type: ignore[arg-type]
+        assert stream.closed
+
+    def test_a_server_leaving_no_group(
+        self, canned: Canned, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        def gone(pid: int, number: int) -> None:
+            raise ProcessLookupError
+
+        with canned.server() as server:
+            server.tools()
+            monkeypatch.setattr(os, "killpg", gone)
+        assert not alive(canned.pid())
+
+    def test_a_server_whose_input_is_broken(self, canned: Canned) -> None:
+        with canned.server() as server:
+            tools = server.tools()
+            os.kill(canned.pid(), 9)
+            for _ in range(3):  # the writer meets a broken pipe, the reader the end
+                assert echo_through(tools).is_error
+
+
+def test_the_writer_stops_at_a_broken_pipe() -> None:
+    class Broken:
+        closed = False
+
+        def write(self, data: bytes) -> None:
+            raise BrokenPipeError
+
+        def close(self) -> None:
+            self.closed = True
+            raise OSError("already broken")
+
+    stream, outbox = Broken(), queue.Queue()  # type: ignore[var-annotated]
+    outbox.put(b"x")
+    mcp._write_input(stream, outbox)  # type: ignore[arg-type]
+    assert stream.closed
+
+
+def echo_through(tools: List[al.Tool]) -> al.ToolResultMessage:
+    """An echo call through tools a server gave before (nothing is listed now)."""
+    return al.execute_tool_call(
+        al.ToolRegistry(tools), al.ToolCall("c", "echo", {"text": "x"}), threading.Event()
+    )
+
+
+# --- Threads ------------------------------------------------------------------------------
+
+
+class TestThreads:
+    """Many calls from several threads on one connection: each gets its own answer."""
+
+    def test_many_calls_from_threads(self, canned: Canned) -> None:
+        with canned.server() as server:
+            tools = al.ToolRegistry(server.tools())
+            results: Dict[int, str] = {}
+
+            def worker(number: int) -> None:
+                for index in range(10):
+                    text = f"{number}-{index}"
+                    call_ = al.ToolCall(f"c{text}", "echo", {"text": text})
+                    results[number * 100 + index] = al.execute_tool_call(
+                        tools, call_, threading.Event()
+                    ).content
+
+            threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        assert results == {n * 100 + i: f"{n}-{i}" for n in range(8) for i in range(10)}
+
+
+# --- Streamable HTTP ------------------------------------------------------------------------
+
+
+class HttpFake:
+    """The Fake behind an http.server on 127.0.0.1 and a free port: JSON or SSE answers."""
+
+    def __init__(self, mode: str = "sse", **config: Any) -> None:
+        self.fake = Fake(config)
+        self.mode = mode
+        self.config = config
+        self.requests: List[Tuple[str, Dict[str, str], bytes]] = []
+        self.stopping = threading.Event()
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                owner.requests.append(("POST", dict(self.headers), body))
+                owner.post(self, body)
+
+            def do_DELETE(self) -> None:
+                owner.requests.append(("DELETE", dict(self.headers), b""))
+                self.send_response(owner.config.get("delete_status", 200))
+                self.end_headers()
+
+        self.http = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.http.daemon_threads = True
+        self.thread = threading.Thread(target=self.http.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http.server_address[1]}/mcp?key=1"
+
+    def __enter__(self) -> HttpFake:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stopping.set()
+        self.http.shutdown()
+        self.http.server_close()
+
+    def posted(self) -> List[Dict[str, Any]]:
+        return [json.loads(body) for method, _, body in self.requests if method == "POST"]
+
+    def post(self, handler: http.server.BaseHTTPRequestHandler, body: bytes) -> None:
+        message = json.loads(body)
+        method = message.get("method")
+        override = self.config.get("status", {}).get(method)
+        if override is not None:
+            status, kind, data = override
+            handler.send_response(status)
+            if kind:
+                handler.send_header("Content-Type", kind)
+            if status == 200 and kind == "application/json" and data is None:
+                handler.send_header("Content-Length", str(mcp.MAX_MESSAGE_BYTES + 1))
+                data = b""
+            handler.end_headers()
+            handler.wfile.write(data or b"")
+            return
+        answers: queue.Queue[Any] = queue.Queue()
+        self.fake.handle(body, answers.put)
+        if "id" not in message or method is None:
+            handler.send_response(202)
+            handler.end_headers()
+            return
+        handler.send_response(200)
+        if method == "initialize" and "session_id" in self.config:
+            if self.config["session_id"] is not None:
+                handler.send_header("Mcp-Session-Id", self.config["session_id"])
+        elif method == "initialize":
+            handler.send_header("Mcp-Session-Id", "session-1")
+        if self.mode == "json":
+            response = self.next_answer(answers, message["id"])
+            data = response if isinstance(response, bytes) else json.dumps(response).encode()
+            handler.send_header("Content-Type", "application/json")
+            handler.end_headers()
+            handler.wfile.write(data)
+            return
+        handler.send_header("Content-Type", "text/event-stream")
+        handler.end_headers()
+        handler.wfile.write(b": a comment\r\nid: 0\r\ndata:\r\n\r\n")  # the priming event
+        while True:
+            item = self.next_answer(answers, None)
+            if item is None:
+                return  # the stream ends without the answer
+            if isinstance(item, bytes):
+                handler.wfile.write(b"event: message\ndata: " + item.strip() + b"\n\n")
+                continue
+            lines = json.dumps(item, indent=1).encode().split(b"\n")  # data over many lines
+            handler.wfile.write(
+                b"event: message\n" + b"".join(b"data:" + line + b"\n" for line in lines) + b"\n"
+            )
+            handler.wfile.flush()
+            if item.get("id") == message["id"] and "method" not in item:
+                return
+
+    def next_answer(self, answers: queue.Queue[Any], request_id: Any) -> Any:
+        while not self.stopping.is_set():
+            try:
+                item = answers.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if item == "end":
+                return None
+            if request_id is None or (isinstance(item, dict) and item.get("id") == request_id):
+                return item
+        return None
+
+
+@pytest.fixture(params=["sse", "json"])
+def http_fake(request: pytest.FixtureRequest) -> Iterator[HttpFake]:
+    with HttpFake(request.param) as fake:
+        yield fake
+
+
+class TestHttp:
+    """Streamable HTTP: POSTs, JSON or SSE answers, the session and version headers."""
+
+    def test_a_session_from_the_wire(self, http_fake: HttpFake) -> None:
+        with mcp.HttpServer(http_fake.url, headers={"Authorization": "Bearer t"}) as server:
+            assert call(server, "echo", {"text": "hé"}).content == "hé"
+        methods = [
+            (m, h.get("Mcp-Session-Id"), h.get("MCP-Protocol-Version"))
+            for m, h, _ in http_fake.requests
+        ]
+        assert methods == [
+            ("POST", None, None),
+            ("POST", "session-1", "2025-11-25"),
+            ("POST", "session-1", "2025-11-25"),
+            ("POST", "session-1", "2025-11-25"),
+            ("DELETE", "session-1", "2025-11-25"),
+        ]
+        for _, headers, _ in http_fake.requests[:4]:
+            assert headers["Accept"] == "application/json, text/event-stream"
+            assert headers["Content-Type"] == "application/json"
+            assert headers["Authorization"] == "Bearer t"
+        assert [m.get("method") for m in http_fake.posted()] == [
+            "initialize",
+            "notifications/initialized",
+            "tools/list",
+            "tools/call",
+        ]
+        assert http_fake.requests[3][2] == (
+            b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"echo",'
+            b'"arguments":{"text":"h\xc3\xa9"},"_meta":{"progressToken":3}}}'
+        )
+
+    def test_tools_lists_again_each_time(self, http_fake: HttpFake) -> None:
+        with mcp.HttpServer(http_fake.url) as server:
+            server.tools()
+            assert call(server, "change").content == "changed"
+            assert "added" in [tool.name for tool in server.tools()]
+        assert [m.get("method") for m in http_fake.posted()].count("tools/list") == 3
+
+    def test_errors_and_results(self, http_fake: HttpFake) -> None:
+        with mcp.HttpServer(http_fake.url) as server:
+            assert call(server, "fail").content == "the city is unknown"
+            # Over HTTP, each tools() lists: the call after it is request 5.
+            error: Dict[str, Any] = {
+                "jsonrpc": "2.0",
+                "id": 5,
+                "error": {"code": 1, "message": "no"},
+            }
+            tools = al.ToolRegistry(server.tools())
+            result = al.execute_tool_call(
+                tools, al.ToolCall("c", "raw", {"message": error}), threading.Event()
+            )
+            assert result.content == "MCP tool 'raw': tools/call failed: JSON-RPC error 1: 'no'"
+
+    def test_no_session_id(self) -> None:
+        with HttpFake("json", session_id=None) as fake:
+            with mcp.HttpServer(fake.url) as server:
+                assert call(server, "echo", {"text": "x"}).content == "x"
+            assert [m for m, _, _ in fake.requests][-1] == "POST"  # no DELETE without a session
+
+    def test_a_session_id_that_is_not_visible_ascii(self) -> None:
+        with HttpFake("json", session_id="a b") as fake, pytest.raises(
+            mcp.McpError, match="session id that is not visible ASCII: 'a b'"
+        ):
+            mcp.HttpServer(fake.url).tools()
+
+    def test_an_expired_session_is_opened_again(self, http_fake: HttpFake) -> None:
+        with mcp.HttpServer(http_fake.url) as server:
+            server.tools()
+            http_fake.config["status"] = {"tools/list": (404, "text/plain", b"Session not found")}
+            with pytest.raises(mcp.McpError, match=r"ended the session \(HTTP 404\)"):
+                server.tools()
+            del http_fake.config["status"]
+            assert len(server.tools()) == len(Fake({}).tools)
+        assert [m.get("method") for m in http_fake.posted()].count("initialize") == 2
+
+    @pytest.mark.parametrize(
+        ("status", "words"),
+        [
+            pytest.param((500, "text/plain", b"it broke"), "HTTP 500: it broke", id="500"),
+            pytest.param((404, None, b""), "HTTP 404: ", id="404-before-a-session"),
+            pytest.param((200, "text/html", b"<html>"), "Content-Type is text/html", id="html"),
+            pytest.param((200, None, b""), "Content-Type is missing", id="no-type"),
+            pytest.param((200, "application/json", None), "more than 8388608", id="length"),
+            pytest.param((200, "application/json", b"{oops"), "not JSON", id="not-json"),
+            pytest.param(
+                (200, "text/event-stream", b"data: {oops\n\n"), "not JSON", id="sse-not-json"
+            ),
+            pytest.param(
+                (200, "text/event-stream", b"data: \n\n"),
+                "ended before the response",
+                id="sse-cut",
+            ),
+            pytest.param(
+                (200, "application/json", b'{"jsonrpc": "2.0", "id": 99, "result": {}}'),
+                "ended before the response",
+                id="other-id",
+            ),
+        ],
+    )
+    def test_an_answer_that_fails_initialize(self, status: Any, words: str) -> None:
+        with HttpFake("json", status={"initialize": status}) as fake, pytest.raises(
+            mcp.McpError, match=words
+        ):
+            mcp.HttpServer(fake.url).tools()
+
+    def test_a_notification_that_is_refused(self) -> None:
+        status = {"notifications/initialized": (400, "text/plain", b"bad")}
+        with HttpFake("json", status=status) as fake, pytest.raises(
+            mcp.McpError, match="HTTP 400 for a notification: bad"
+        ):
+            mcp.HttpServer(fake.url).tools()
+
+    def test_nobody_listening(self) -> None:
+        with HttpFake() as fake:
+            url = fake.url
+        with pytest.raises(mcp.McpError, match="the HTTP exchange failed: ConnectionRefusedError"):
+            mcp.HttpServer(url).tools()
+
+    @pytest.mark.parametrize("context", [None, ssl.create_default_context()])
+    def test_https_speaks_tls(self, context: Any) -> None:
+        with HttpFake() as fake, pytest.raises(mcp.McpError, match="SSL"):
+            mcp.HttpServer(
+                fake.url.replace("http:", "https:"), ssl_context=context, timeout=2
+            ).tools()
+
+    @pytest.mark.parametrize(
+        ("size", "fails"),
+        [
+            pytest.param(mcp.MAX_MESSAGE_BYTES, False, id="at-limit"),
+            pytest.param(mcp.MAX_MESSAGE_BYTES + 1, True, id="over-limit"),
+        ],
+    )
+    def test_a_body_over_max_message_bytes(self, size: int, fails: bool) -> None:
+        result = b'{"jsonrpc": "2.0", "id": 1, "result": {"protocolVersion": "2025-11-25", "p": "'
+        body = result + b"x" * (size - len(result) - 3) + b'"}}'
+        assert len(body) == size
+        for kind in ("application/json", "text/event-stream"):
+            data = body if kind == "application/json" else b"data: " + body + b"\n\n"
+            with HttpFake("json", status={"initialize": (200, kind, data)}) as fake:
+                server = mcp.HttpServer(fake.url)
+                if fails:
+                    with pytest.raises(mcp.McpError, match=f"more than {mcp.MAX_MESSAGE_BYTES}"):
+                        server.tools()
+                else:
+                    assert len(server.tools()) == len(Fake({}).tools)
+
+    def test_progress_over_the_stream(self) -> None:
+        with HttpFake("sse") as fake, shortened(mcp.HttpServer(fake.url), 0.5) as server:
+            assert call(server, "progress", {"steps": 8, "interval": 0.1}).content == "done"
+
+    def test_the_signal_cancels_a_call_within_the_bound(self, http_fake: HttpFake) -> None:
+        with mcp.HttpServer(http_fake.url) as server:
+            signal = threading.Event()
+            tools = al.ToolRegistry(server.tools())
+            threading.Timer(0.3, signal.set).start()
+            result = al.execute_tool_call(tools, al.ToolCall("c", "slow", {}), signal)
+            assert signal.is_set()
+            assert result.content == "MCP tool 'slow': tools/call was cancelled with the run"
+            assert wait_for(lambda: cancelled_from(http_fake.posted(), 3))
+            assert call(server, "echo", {"text": "next"}).content == "next"
+
+    def test_a_timed_out_call(self, http_fake: HttpFake) -> None:
+        with shortened(mcp.HttpServer(http_fake.url), 0.3) as server:
+            assert "and was cancelled" in call(server, "slow").content
+            assert wait_for(lambda: cancelled_from(http_fake.posted(), 3))
+
+    def test_requests_from_the_server_are_answered_by_post(self) -> None:
+        with HttpFake("sse") as fake, mcp.HttpServer(fake.url) as server:
+            assert call(server, "ask").content == "asked"
+            assert wait_for(lambda: len([m for m in fake.posted() if "method" not in m]) == 2)
+
+    def test_delete_refused_or_unreachable(self, http_fake: HttpFake) -> None:
+        http_fake.config["delete_status"] = 405
+        with mcp.HttpServer(http_fake.url) as server:
+            server.tools()
+        server = mcp.HttpServer(http_fake.url)
+        server.tools()
+        http_fake.http.shutdown()
+        http_fake.http.server_close()
+        server.close()  # the DELETE fails: the session is gone with the server
+
+    def test_a_cancel_after_the_answer_sends_nothing(self) -> None:
+        server = mcp.HttpServer("http://127.0.0.1:1/mcp")
+        pending = mcp._Pending(7, "tools/call", 1.0)
+        server._settle(pending, result={})
+        server._cancel(pending, "timed out", "got no answer")
+        assert pending.result == {}  # nothing was sent: there is no server to send it to
+
+    def test_abandon_before_a_connection(self) -> None:
+        server = mcp.HttpServer("http://127.0.0.1:1/mcp")
+        server._abandon(mcp._Pending(1, "tools/call", 1.0))
+
+
+EVENTS = [
+    pytest.param(b"data: a\n\n", [b"a"], id="one"),
+    pytest.param(b"data:a\r\ndata: b\r\n\r\n", [b"a\nb"], id="lines-crlf"),
+    pytest.param(b": c\nevent: x\nid: 1\nretry: 5\ndata: a\n\n", [b"a"], id="fields"),
+    pytest.param(b"data: \n\ndata: b\n\n", [b"", b"b"][1:], id="empty-skipped"),
+    pytest.param(b"data: a", [b"a"], id="unterminated"),
+    pytest.param(b"data: a\n", [b"a"], id="unterminated-line"),
+]
+
+
+@pytest.mark.parametrize(("stream", "expected"), EVENTS)
+def test_event_data(stream: bytes, expected: List[bytes]) -> None:
+    assert list(mcp._event_data(io.BytesIO(stream), 10)) == expected
+
+
+@pytest.mark.parametrize(
+    ("stream", "expected"),
+    [
+        pytest.param(b"data: " + b"x" * 10 + b"\n\n", [b"x" * 10], id="at-limit"),
+        pytest.param(b"data: " + b"x" * 11 + b"\n\n", [None], id="over-limit"),
+        pytest.param(
+            b"data: " + b"x" * 6 + b"\ndata: " + b"x" * 3 + b"\n\n",
+            [b"x" * 6 + b"\n" + b"x" * 3],
+            id="lines-at-limit",
+        ),
+        pytest.param(
+            b"data: " + b"x" * 6 + b"\ndata: " + b"x" * 4 + b"\n\n", [None], id="lines-over-limit"
+        ),
+        pytest.param(b"data: " + b"x" * 100 + b"\n\n", [None], id="line-over-limit"),
+    ],
+)
+def test_event_data_is_bounded(stream: bytes, expected: List[Optional[bytes]]) -> None:
+    assert list(mcp._event_data(io.BytesIO(stream), 10)) == expected
