@@ -27,16 +27,16 @@ Rules:
   ``{"type": "thinking", "thinking", "signature"}`` (also when its thinking is empty),
   each redacted one as ``{"type": "redacted_thinking", "data"}`` (its signature), each
   tool call as ``tool_use``; the API checks that a turn is resent exactly (a tool_use
-  must follow its thinking). Not sent: an empty text block and a turn left with nothing (the API
-  refuses both), and a thinking block without a signature, None or "" (thinking from
-  another provider: the API refuses it, and it is not Claude's; the adapter itself
-  reads an empty ``signature_delta`` as none). A tool result is linked to its call by
-  the call's id as it is in the transcript. OpenAI: one ``tool`` message per result
-  (the format has no error flag: the content says what went wrong). Anthropic:
-  consecutive results are merged into one user turn of ``tool_result`` blocks, each
-  with its ``is_error``. ``request.tools`` become the provider's tool definitions;
-  ``system`` is the system prompt (the transcript has no system role). A message's
-  usage is never sent.
+  must follow its thinking). Not sent: an empty text block and a turn left with nothing
+  (the API refuses both), and a thinking block without a signature, None or ""
+  (thinking from another provider: the API refuses it, and it is not Claude's; the
+  adapter itself reads an empty ``signature_delta`` as none). A tool result is linked
+  to its call by the call's id as it is in the transcript. OpenAI: one ``tool``
+  message per result (the format has no error flag: the content says what went wrong).
+  Anthropic: consecutive results are merged into one user turn of ``tool_result``
+  blocks, each with its ``is_error``. ``request.tools`` become the provider's tool
+  definitions; ``system`` is the system prompt (the transcript has no system role). A
+  message's usage is never sent.
 - ``options`` is merged into the body last: a mapping, the same for every request, or
   a function of the ``ModelRequest`` that returns that request's mapping (or None),
   e.g. to force a tool while the request's last message is the user's. Either way it
