@@ -9,10 +9,10 @@ each file can be read as one.
 The suite imports ``agent_loop`` once, as ``al``: point it at another copy of the module
 by putting that copy first on sys.path. Its builders, its one fake model (FakeModel, for
 what al.ScriptedModel cannot do), its one driver (run(), which checks the run's
-invariants with check_run() every time) and the reference model that random scripts are
-checked against come from loop_testing.py; a helper that one class alone uses sits just
-above that class. replay() has its own file (test_agent_loop_replay.py), the README and
-the demonstration theirs (test_docs_and_demo.py).
+invariants with loop_invariants.check_run() every time) come from loop_testing.py, the
+reference model that random scripts are checked against from loop_reference.py; a helper
+that one class alone uses sits just above that class. replay() has its own file
+(test_agent_loop_replay.py), the README and the demonstration theirs (test_docs_and_demo.py).
 
 One canonical test per rule of the seed, named in the rule's words and quoting it
 (``Seed: "..."``); more cases of the same rule are rows of its table. Every limit is
@@ -70,10 +70,11 @@ from typing import (
 import pytest
 
 import agent_loop as al
+from loop_invariants import EVENT_TYPES, check_run
+from loop_reference import assert_predicted, predict, random_script, run_plans
 from loop_testing import (
     ADD_ROUND,
     AT_LIMIT,
-    EVENT_TYPES,
     HISTORY,
     HOSTILE,
     OVER_LIMIT,
@@ -87,12 +88,10 @@ from loop_testing import (
     add_tool,
     assert_failed,
     assert_no_tool_ran,
-    assert_predicted,
     assert_tool_received,
     assistant,
     call,
     cancelled_signal,
-    check_run,
     chunk_event_count,
     copy_echo,
     cyclic_array,
@@ -105,15 +104,12 @@ from loop_testing import (
     only_tool_result,
     opaque,
     open_call_ids,
-    predict,
     raise_error,
     raising,
-    random_script,
     recording_tools,
     respond,
     returns,
     run,
-    run_plans,
     run_probe_call,
     scripted_step,
     settle,
@@ -1794,10 +1790,10 @@ SCRIPTS_PER_SEED = 10
 
 @pytest.mark.hostile
 class TestRandomScriptsAgainstAReference:
-    """Seeded random scripts (loop_testing.random_script) mixing text, tool calls, bad
+    """Seeded random scripts (loop_reference.random_script) mixing text, tool calls, bad
     arguments, raising tools, random chunk splits, protocol violations, budgets and
     cancellation. Each run keeps every invariant and ends as the reference model
-    (loop_testing.predict) says: status, failure code, steps, events, transcript and
+    (loop_reference.predict) says: status, failure code, steps, events, transcript and
     tool effects."""
 
     @pytest.mark.parametrize("seed", range(RANDOM_SEEDS))

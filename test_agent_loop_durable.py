@@ -33,16 +33,7 @@ import pytest
 
 import agent_loop as al
 import agent_loop_replay as alr
-from loop_testing import (
-    Fatal,
-    RequestKeyedModel,
-    add_tool,
-    call,
-    dicts_of,
-    settle,
-    text,
-    user,
-)
+from loop_testing import Fatal, RequestKeyedModel, add_tool, call, dicts_of, settle, text, user
 
 # --- The script, its tools, and the runs of it ------------------------------------------
 

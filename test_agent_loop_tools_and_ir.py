@@ -48,12 +48,12 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 
 import agent_loop as al
+from loop_invariants import USAGE_FIELDS
 from loop_testing import (
     AT_LIMIT,
     NOT_PLAIN_JSON,
     NUMBERS,
     OVER_LIMIT,
-    USAGE_FIELDS,
     Custom,
     FakeModel,
     add_call,
