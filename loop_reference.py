@@ -1,10 +1,13 @@
 """Tests only (not collected by pytest, not installed): the reference model, an oracle.
 
-What the seed says a run does, for random scripts: a script is a list of StepPlans;
-predict() says from the seed's rules alone what the run must do; run_plans() runs the
-script with the driver of loop_testing.py (which checks the run's invariants too) and
-assert_predicted() compares; random_script() makes the seeded scripts of
-test_agent_loop.py's TestRandomScriptsAgainstAReference.
+What the seed says a run does, for random scripts. A test oracle, as
+loop_invariants.check_run() is: a script is a list of StepPlans (what each model step
+streams and returns, and what its tool calls do); predict() says, from the seed's rules
+alone, which events, status, steps, transcript and tool effects the run must have;
+run_plans() runs the script with the driver of loop_testing.py (which checks the run's
+invariants too) and assert_predicted() compares. The random script generator
+(random_script) makes the seeded scripts that test_agent_loop.py's
+TestRandomScriptsAgainstAReference runs against it.
 """
 
 from __future__ import annotations
@@ -29,14 +32,6 @@ from loop_testing import (
     untyped,
     user,
 )
-
-# --- The reference model: what the seed says a run does, for random scripts ------------
-#
-# A test oracle, as check_run() is: a script is a list of StepPlans (what each model step
-# streams and returns, and what its tool calls do); predict() says, from the seed's rules
-# alone, which events, status, steps, transcript and tool effects the run must have;
-# run_plans() runs the script with the driver and assert_predicted() compares. The random
-# script generator (random_script) makes the scripts test_agent_loop.py runs against it.
 
 
 @dataclasses.dataclass
