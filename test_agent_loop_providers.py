@@ -529,10 +529,10 @@ class TestRequests:
         assert body.get("stream_options") == sent
         assert ("stream_options" in body) is (sent is not None)
 
-    def test_anthropic_sends_each_turn_back_as_returned(self) -> None:
-        # Every block in its place: thinking with its signature (also when the thinking
-        # is empty), a redacted block with its data, each text block on its own, the
-        # tool uses.
+    def test_an_anthropic_thinking_block_is_sent_back_verbatim_before_tool_use(self) -> None:
+        """An Anthropic thinking block is sent back verbatim before tool_use: every block
+        of the turn in its place, thinking with its signature (also when the thinking is
+        empty), a redacted block with its data, each text block on its own, the tool uses."""
         turn = al.AssistantMessage(
             "message-r1",
             [
