@@ -320,11 +320,10 @@ class TestLimits:
 
 
 class TestGoldenFragments:
-    def test_appends_one_tool_call_and_its_matching_result_before_the_second_model_request(
-        self,
-    ) -> None:
+    def test_seed_fragment_the_first_continuation_boundary(self) -> None:
         """Seed: "The second request contains the assistant Tool call before its result,
-        and both share call-add-001." (the seed's first fragment, translated exactly)"""
+        and both share call-add-001." (the seed's first fragment, which "shows the first
+        continuation boundary", translated exactly)"""
         add_call_001 = call("add", "call-add-001", {"left": 20, "right": 22})
         model = al.ScriptedModel(
             [tool_turn("response-tool-001", add_call_001), stop("response-tool-002")]
@@ -360,12 +359,13 @@ class TestGoldenFragments:
             pytest.param(2, "completed", "must not run", id="two-steps-run-the-continuation"),
         ],
     )
-    def test_a_one_step_budget_completes_the_tool_batch_and_opens_no_continuation(
+    def test_seed_fragment_the_failure_experiment(
         self, max_steps: int, status: str, final_text: str | None
     ) -> None:
         """Seed: "All three calls execute in order, model.callCount remains 1, and the
         result is maxSteps." and "Change only maxSteps to 2; the queued continuation may
-        run and complete." (the seed's second fragment, translated exactly)"""
+        run and complete." (the seed's second fragment, its "Failure experiment",
+        translated exactly; the rule's canonical test is TestStepBudget's)"""
         executed: list[str] = []
         calls = [echo_call(f"call-echo-00{n}") for n in (1, 2, 3)]
         model = al.ScriptedModel(
@@ -381,6 +381,7 @@ class TestGoldenFragments:
         assert model.call_count == max_steps
         assert (result.status, result.final_text) == (status, final_text)
         assert result.max_steps == (1 if status == "maxSteps" else None)
+        assert (events[-1].type, events[-1].sequence) == ("run.finished", len(events) - 1)
         assert events[-1].payload["result"] is result
 
 
@@ -1119,32 +1120,72 @@ class TestCancellation:
 
 
 class TestStepBudget:
-    @pytest.mark.parametrize("max_steps", [1, 2, 64])
-    @pytest.mark.parametrize("stops", [False, True], ids=["tool-steps-only", "then-a-stop"])
-    def test_tool_steps_up_to_the_budget_end_max_steps_without_a_continuation(
-        self, max_steps: int, stops: bool
+    @pytest.mark.parametrize(
+        "max_steps",
+        [
+            pytest.param(1, id="max_steps-1"),
+            pytest.param(2, id="max_steps-2"),
+            pytest.param(64, id="max_steps-at-limit-64"),
+        ],
+    )
+    def test_with_max_steps_the_tool_batch_completes_and_no_continuation_request_opens(
+        self, max_steps: int
     ) -> None:
-        """Seed: "If the current step equals maxSteps, the loop emits run.finished with
-        status maxSteps and does not open another model request." A stop response on the
-        last allowed step completes."""
-        tool_steps = max_steps - 1 if stops else max_steps
+        """Seed: "With maxSteps: 1, the current Tool batch completes, no continuation
+        request opens, and the terminal result is maxSteps." At every budget: Seed: "If
+        the current step equals maxSteps, the loop emits run.finished with status maxSteps
+        and does not open another model request." Each step calls echo three times; the
+        stop continuation queued after them is never requested."""
         executed: list[str] = []
-        script = [
-            tool_turn(f"response-{step:03d}", echo_call(f"call-echo-{step:03d}"))
-            for step in range(1, tool_steps + 1)
+        batches = [
+            [echo_call(f"call-echo-{step:03d}-{n}") for n in (1, 2, 3)]
+            for step in range(1, max_steps + 1)
         ]
-        _, result, model = run(
-            [*script, stop(f"response-{tool_steps + 1:03d}")],
+        script = [
+            tool_turn(f"response-{step:03d}", *batch) for step, batch in enumerate(batches, 1)
+        ]
+        events, result, model = run(
+            [*script, stop("response-continuation", "must not run")],
             tools=[echo_tool(executed)],
             max_steps=max_steps,
         )
 
-        assert result.status == ("completed" if stops else "maxSteps")
-        assert result.max_steps == (None if stops else max_steps)
-        assert result.steps == model.call_count == max_steps
+        # Every call of every batch ran, in order, and its result was appended after
+        # its assistant message.
+        assert executed == [tool_call.id for batch in batches for tool_call in batch]
+        transcript: list[al.Message] = [user()]
+        for step, batch in enumerate(batches, 1):
+            transcript.append(assistant(f"response-{step:03d}", *batch))
+            transcript += [echo_result(tool_call.id) for tool_call in batch]
+        assert result.messages == tuple(transcript)
+        # No continuation request: one request per step, the last one the budget's.
+        assert model.call_count == result.steps == max_steps
         assert model.requests[-1].id == f"request-{max_steps:03d}"
-        assert executed == [f"call-echo-{step:03d}" for step in range(1, tool_steps + 1)]
-        assert result.final_text == ("The sum is 42." if stops else None)
+        assert (result.status, result.max_steps) == ("maxSteps", max_steps)
+        assert result.final_text is None
+        assert types_of(events)[-2:] == ["tool.finished", "run.finished"]
+        assert events[-1].sequence == len(events) - 1
+        assert events[-1].payload["result"] is result
+
+    @pytest.mark.parametrize("max_steps", [1, 2, 64])
+    def test_a_stop_response_on_the_last_allowed_step_completes(self, max_steps: int) -> None:
+        """The budget ends a run after a tool step only: a stop response on the step that
+        equals maxSteps completes the run (AppendAssistant --> Completed)."""
+        executed: list[str] = []
+        script = [
+            tool_turn(f"response-{step:03d}", echo_call(f"call-echo-{step:03d}"))
+            for step in range(1, max_steps)
+        ]
+        _, result, model = run(
+            [*script, stop(f"response-{max_steps:03d}", "Done within the budget.")],
+            tools=[echo_tool(executed)],
+            max_steps=max_steps,
+        )
+
+        assert executed == [f"call-echo-{step:03d}" for step in range(1, max_steps)]
+        assert result.steps == model.call_count == max_steps
+        assert (result.status, result.max_steps) == ("completed", None)
+        assert result.final_text == "Done within the budget."
 
     def test_the_budget_counts_model_turns_not_tool_calls(self) -> None:
         """Seed: "the budget counts model turns, not individual Tool calls." """
