@@ -301,12 +301,14 @@ class TestLimits:
                          "4096", id="text-adds-up-across-strings-over-limit"),
         ],
     )  # fmt: skip
-    def test_tool_arguments_must_be_plain_bounded_json(
+    def test_tool_arguments_are_bounded_in_depth_values_slots_and_text(
         self, make: Callable[[], Any], passes: bool, limit: str
     ) -> None:
-        """Seed: "Tool arguments must be plain bounded JSON with depth 32, at most 257 values
-        including the root, 256 object fields plus array slots, and 4096 Unicode code
-        points across keys/string values. These checks occur before a Tool effect." """
+        """Seed: "... plain bounded JSON with depth 32, at most 257 values including the
+        root, 256 object fields plus array slots, and 4096 Unicode code points across
+        keys/string values." Over a bound, no tool runs. (What is plain JSON, and that it
+        is checked before a Tool effect: test_agent_loop_tools_and_ir.py's
+        TestPlainJsonArguments.)"""
         arguments = make()
         events, result, model, received = run_probe_call(arguments)
         if passes:
@@ -482,7 +484,10 @@ class TestConstructionRejectsInvalidOptions:
         self, overrides: dict[str, Any], error: type[Exception], words: str
     ) -> None:
         """Seed: "Invalid construction throws before an EventStream is returned." The
-        call itself raises (nothing is iterated), naming the option; the model never runs."""
+        call itself raises (nothing is iterated), naming the option; the model never runs.
+        The rows: "maxSteps must be a positive safe integer no greater than
+        MAX_AGENT_STEPS." "Optional requestSequenceStart must keep the requested range
+        within the same ceiling." and the boundary shapes of model, tools and signal."""
         model = al.ScriptedModel([stop("response-001")])
         with pytest.raises(error) as raised:
             al.run_agent_loop(**options(model, overrides))
@@ -753,7 +758,8 @@ class TestAssistantMessagesPrecedeToolResults:
     def test_calls_execute_and_results_append_in_assistant_order(self) -> None:
         """Seed: "Multiple calls execute sequentially in this workshop." and "For each call,
         it emits tool.started, awaits executeToolCall(), appends the linked Tool-result
-        message, then emits tool.finished." """
+        message, then emits tool.finished." and "After the complete Tool batch,
+        validateTranscript() proves that every call has one later matching result." """
         executed: list[str] = []
         events, result, model = run(
             [
@@ -875,8 +881,9 @@ class TestEventSequence:
         self, status: str, steps: int, options: dict[str, Any]
     ) -> None:
         """Seed: "Event sequence values increase by one across message, model, Tool, and
-        terminal events; run.finished is last." and "It first emits one message.accepted
-        event for every starting message." """
+        terminal events; run.finished is last." and "Each event receives the next integer
+        sequence; no component owns a separate counter." and "It first emits one
+        message.accepted event for every starting message." """
         script = [tool_turn("response-001", add_call()), stop("response-002")][:steps]
         signal = threading.Event() if "cancel_at" in options else None
         events, result, _ = run(
@@ -890,6 +897,33 @@ class TestEventSequence:
         assert [event.sequence for event in events] == list(range(len(events)))
         assert types_of(events).count("run.finished") == 1
         assert dict(events[-1].payload) == {"result": result}
+
+    def test_the_loop_drains_the_stream_before_awaiting_the_terminal_response(self) -> None:
+        """Seed: "The loop calls model.stream() and drains its event channel before
+        awaiting the terminal response." Each chunk is the consumer's event before the
+        model is asked for the next one, and the response is taken after the last."""
+        log: list[str] = []
+
+        def streaming(
+            model: FakeModel, request: al.ModelRequest, signal: Any
+        ) -> Generator[object, None, object]:
+            for piece in ("Hel", "lo"):
+                log.append(f"streamed {piece!r}")
+                yield al.TextDelta(request.id, piece)
+            log.append("returned the response")
+            return al.ModelResponse("response-001", request.id, (text("Hello"),), "stop")
+
+        model = FakeModel(streaming)
+        run_ = start_run(model)
+        events = until(run_, "model.chunk")
+        assert log == ["streamed 'Hel'"]
+        events += until(run_, "model.chunk")
+        assert log == ["streamed 'Hel'", "streamed 'lo'"]
+        more, result = al.settle_run(run_)
+        assert log == ["streamed 'Hel'", "streamed 'lo'", "returned the response"]
+        check_run(events + more, result, model, max_steps=4, start=[user()])
+        assert types_of(more) == ["run.finished"]
+        assert result.final_text == "Hello"
 
 
 CANCEL_START = (user("Add 20 and 22.", "user-001"), user("Then echo it.", "user-002"))
@@ -1891,6 +1925,8 @@ INVALID_STARTS = [
                  id="message-dict-is-pointed-at-message-from-dict"),
     pytest.param([SubclassedUserMessage("user-001", "Hi.")],
                  ["a SubclassedUserMessage is not a message"], id="message-subclass"),
+    # Seed: "every call has one later matching result": a result without its call, before
+    # it, for another tool or twice, and a call left without one, are invalid.
     pytest.param([user(), add_result()],
                  ["tool result 'tool-result-call-add-001' answers no open tool call"],
                  id="result-without-call"),
@@ -2168,6 +2204,9 @@ class TestDerivedIdsArePublic:
     each of the two that a companion reads back has its inverse."""
 
     def test_a_run_derives_its_ids_with_the_public_functions(self) -> None:
+        """Seed: "requestSnapshot() ... creates request-001, request-002, and so on"; the
+        assistant message of response R is "message-" + R's id, the result of call C
+        "tool-result-" + C's id."""
         assert (al.request_id(1), al.request_id(64)) == ("request-001", "request-064")
         assert al.assistant_message_id("response-001") == "message-response-001"
         assert al.tool_result_id("call-add-001") == "tool-result-call-add-001"
@@ -2378,7 +2417,8 @@ class TestModelStreamCleanup:
 
     @pytest.mark.parametrize("how", ["well-behaved", "cleanup-raises", "ignores-exit"])
     def test_endless_stream_is_stopped_by_the_chunk_limit(self, how: str) -> None:
-        """Seed: "The loop caps one step at 1024 chunks", however the stream behaves closed."""
+        """The chunk cap (TestLimits) stops an endless stream, and the loop closes it
+        however the stream behaves when closed."""
         pulled: list[int] = []
         model = FakeModel(self._endless(how, pulled))
         events, result, _ = run(model)

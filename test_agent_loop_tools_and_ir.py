@@ -1314,8 +1314,9 @@ class TestRecoverableExceptionsAreLogged:
 
 @pytest.mark.hostile
 class TestMisbehavingTools:
-    """Seed: "A recoverable Tool error is still appended and sent to the next model
-    request; it does not end the run by itself.\""""
+    """Tools that misbehave in ways a row of test_agent_loop.py's TestRecoverableToolErrors
+    (the rule's canonical table) cannot write: a huge return value, a tool that drives its
+    own run."""
 
     def test_returning_a_huge_string_is_kept_verbatim(self) -> None:
         huge = "y" * 5_000_000
@@ -2316,8 +2317,9 @@ class TestResumeAfterCancellation:
                 untyped.resolve_open_tool_calls([user()], content)
 
     def test_an_unresolved_transcript_cannot_start_a_new_run(self) -> None:
-        """Seed: "An invalid starting transcript produces one run.finished event with a
-        failed INVALID_TRANSCRIPT result and never invokes the model." """
+        """A cancelled run's transcript, its call still open, is an invalid start until
+        resolve_open_tool_calls() answers the call (the rule's canonical test is
+        test_agent_loop.py's TestInvalidStartingTranscript)."""
         events, result, model = run([stop("response-003", "No.")], messages=CANCELLED)
         assert_failed(events, result, "INVALID_TRANSCRIPT", "call-slow-001")
         assert model.call_count == 0
