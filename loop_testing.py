@@ -134,8 +134,8 @@ def assistant(response_id: str, *blocks: al.TextBlock | al.ToolCall) -> al.Assis
     return al.AssistantMessage("message-" + response_id, blocks)
 
 
-def stop(response_id: str, final: str = "The sum is 42.") -> Any:
-    """A scripted stop response holding one text block."""
+def stop(response_id: str, final: str) -> Any:
+    """A scripted stop response holding one text block, ``final`` (the run's final text)."""
     return al.scripted_response(response_id, [text(final)], "stop")
 
 
@@ -690,9 +690,10 @@ def until(run_: Any, event_type: str, occurrence: int = 1) -> list[al.Event]:
             return events
 
 
-def counter_tool(start: int = 41) -> al.Tool:
-    """A tool that answers differently each time: a recording must not run it again."""
-    count = [start]
+def counter_tool(first: int) -> al.Tool:
+    """A tool that answers differently each time (``first``, then one more at each call):
+    a recording must not run it again."""
+    count = [first - 1]
 
     def counter(arguments: dict[str, Any], signal: al.Signal) -> object:
         count[0] += 1
@@ -710,10 +711,11 @@ def raise_lookup_error(arguments: dict[str, Any], signal: al.Signal) -> object:
 
 
 def every_kind_of_tool(executed: list[str] | None = None) -> list[al.Tool]:
-    """echo, counter, refuse (ToolError) and boom (raises): every kind of result."""
+    """echo, counter (answering "42", then "43", ...), refuse (ToolError "No, and that is
+    final.") and boom (raises LookupError "nothing here"): every kind of result."""
     return [
         echo_tool(executed),
-        counter_tool(),
+        counter_tool(42),
         al.Tool("refuse", "Refuses.", {"type": "object"}, refuse_with_tool_error),
         al.Tool("boom", "Raises.", {"type": "object"}, raise_lookup_error),
     ]

@@ -233,7 +233,7 @@ class TestLimits:
         """Seed: "Initial messages are capped at 4096"; over it, one failed run.finished."""
         count = 4096 if passes else 4097
         start = [al.UserMessage(f"user-{index:04d}", "hi") for index in range(count)]
-        events, result, model = run([stop("response-001")], messages=start)
+        events, result, model = run([stop("response-001", "The sum is 42.")], messages=start)
         if passes:
             assert result.status == "completed"
             assert model.requests[0].messages == tuple(start)
@@ -328,7 +328,10 @@ class TestGoldenFragments:
         continuation boundary", translated exactly)"""
         add_call_001 = call("add", "call-add-001", {"left": 20, "right": 22})
         model = al.ScriptedModel(
-            [tool_turn("response-tool-001", add_call_001), stop("response-tool-002")]
+            [
+                tool_turn("response-tool-001", add_call_001),
+                stop("response-tool-002", "The sum is 42."),
+            ]
         )
 
         events, result, _ = run(model, [add_tool()], max_steps=2, signal=threading.Event())
@@ -488,7 +491,7 @@ class TestConstructionRejectsInvalidOptions:
         The rows: "maxSteps must be a positive safe integer no greater than
         MAX_AGENT_STEPS." "Optional requestSequenceStart must keep the requested range
         within the same ceiling." and the boundary shapes of model, tools and signal."""
-        model = al.ScriptedModel([stop("response-001")])
+        model = al.ScriptedModel([stop("response-001", "The sum is 42.")])
         with pytest.raises(error) as raised:
             al.run_agent_loop(**options(model, overrides))
         assert words in str(raised.value)
@@ -508,7 +511,7 @@ class TestConstructionRejectsInvalidOptions:
     def test_a_valid_option_returns_a_generator_that_has_not_called_the_model(
         self, overrides: dict[str, Any]
     ) -> None:
-        model = al.ScriptedModel([stop("response-001")])
+        model = al.ScriptedModel([stop("response-001", "The sum is 42.")])
         loop = al.run_agent_loop(**options(model, overrides))
         assert isinstance(loop, collections.abc.Generator)
         assert inspect.getgeneratorstate(loop) == "GEN_CREATED"
@@ -550,7 +553,10 @@ def mutable_paths(root: object) -> list[str]:
     return found
 
 
-ADDING = (tool_turn("response-001", text("Adding."), add_call()), stop("response-002"))
+ADDING = (
+    tool_turn("response-001", text("Adding."), add_call()),
+    stop("response-002", "The sum is 42."),
+)
 
 
 class TestRunOwnsSnapshots:
@@ -602,7 +608,7 @@ class TestRunOwnsSnapshots:
                 yield message
 
         messages = start()
-        model = al.ScriptedModel([stop("response-001")])
+        model = al.ScriptedModel([stop("response-001", "The sum is 42.")])
         loop = start_run(model, messages=messages, max_steps=1)
         assert read == ["user-001", "user-002"]
         assert next(messages, None) is None  # consumed once, by the call
@@ -635,7 +641,7 @@ class TestRunOwnsSnapshots:
             [
                 tool_turn("response-001", first),
                 tool_turn("response-002", echo_call("call-echo-001", "late")),
-                stop("response-003"),
+                stop("response-003", "The sum is 42."),
             ]
         )
         loop = al.run_agent_loop(messages=[user()], model=model, tools=registry, max_steps=3)
@@ -689,7 +695,7 @@ ROUND_ONE = (assistant("response-001", add_call()), add_result())
 THREE_STEPS = (
     tool_turn("response-001", add_call()),
     tool_turn("response-002", echo_call("call-echo-001")),
-    stop("response-003"),
+    stop("response-003", "The sum is 42."),
 )
 
 
@@ -765,7 +771,7 @@ class TestAssistantMessagesPrecedeToolResults:
             [
                 tool_turn("response-001", *BATCH),
                 tool_turn("response-002", echo_call("call-echo-003")),
-                stop("response-003"),
+                stop("response-003", "The sum is 42."),
             ],
             tools=recording_tools(executed),
         )
@@ -884,7 +890,8 @@ class TestEventSequence:
         terminal events; run.finished is last." and "Each event receives the next integer
         sequence; no component owns a separate counter." and "It first emits one
         message.accepted event for every starting message." """
-        script = [tool_turn("response-001", add_call()), stop("response-002")][:steps]
+        script = [tool_turn("response-001", add_call()), stop("response-002", "The sum is 42.")]
+        script = script[:steps]
         signal = threading.Event() if "cancel_at" in options else None
         events, result, _ = run(
             script, [add_tool()], messages=PRIOR_ROUND, signal=signal, **options
@@ -933,7 +940,7 @@ def cancel_script() -> list[Any]:
     """Step 1: text, add, echo (three chunks, two tools); step 2: the answer."""
     return [
         tool_turn("response-001", text("Adding."), add_call(), echo_call("call-echo-001")),
-        stop("response-002"),
+        stop("response-002", "The sum is 42."),
     ]
 
 
@@ -1075,7 +1082,7 @@ class TestCancellation:
         ran: list[str] = []
         calls = (text("Waiting."), call("wait", "call-wait-001", {}), echo_call("call-echo-001"))
         events, result, model = run(
-            [tool_turn("response-001", *calls), stop("response-002")],
+            [tool_turn("response-001", *calls), stop("response-002", "The sum is 42.")],
             tools=[no_arguments_tool("wait", interrupted), echo_tool(ran)],
             signal=signal,
             cancel_at=("tool.started", 1) if who == "consumer" else None,
@@ -1226,7 +1233,7 @@ class TestStepBudget:
         calls = [echo_call(f"call-echo-{n:03d}") for n in range(1, 6)]
         executed: list[str] = []
         _, result, _ = run(
-            [tool_turn("response-001", *calls), stop("response-002")],
+            [tool_turn("response-001", *calls), stop("response-002", "The sum is 42.")],
             tools=[echo_tool(executed)],
             max_steps=2,
         )
@@ -1348,7 +1355,7 @@ class TestFailureCodes:
         executed: list[str] = []
         calls = (call("fatal", "call-fatal-001", {}), echo_call("call-echo-001"))
         events, result, model = run(
-            [tool_turn("response-001", *calls), stop("response-002")],
+            [tool_turn("response-001", *calls), stop("response-002", "The sum is 42.")],
             tools=[no_arguments_tool("fatal", raising(error)), echo_tool(executed)],
             signal=threading.Event(),
         )
@@ -1459,7 +1466,7 @@ def agreement_run(content: list[Any], chunks: list[Any], executed: list[str]) ->
     response = al.scripted_response(
         "response-001", content, "toolCall" if calls else "stop", chunks=chunks
     )
-    return run([response, stop("response-002")], recording_tools(executed))
+    return run([response, stop("response-002", "The sum is 42.")], recording_tools(executed))
 
 
 class TestStreamAndResponseAgree:
@@ -1999,7 +2006,9 @@ class TestInvalidStartingTranscript:
         """Seed: "An invalid starting transcript produces one run.finished event with a
         failed INVALID_TRANSCRIPT result and never invokes the model." Its message says
         what is wrong: a field of the wrong type is named, with the type it must be."""
-        events, result, model = run([stop("response-001")], messages=messages, tools=[add_tool()])
+        events, result, model = run(
+            [stop("response-001", "The sum is 42.")], messages=messages, tools=[add_tool()]
+        )
         assert_failed(events, result, "INVALID_TRANSCRIPT", *words)
         assert types_of(events) == ["run.finished"]
         assert (model.call_count, result.messages, result.steps) == (0, (), 0)
@@ -2007,7 +2016,9 @@ class TestInvalidStartingTranscript:
     def test_an_invalid_start_is_reported_even_when_the_signal_is_already_set(self) -> None:
         """Documented choice: the inputs decide before the signal is looked at."""
         events, result, model = run(
-            [stop("response-001")], messages=[user(), user()], signal=cancelled_signal()
+            [stop("response-001", "The sum is 42.")],
+            messages=[user(), user()],
+            signal=cancelled_signal(),
         )
         assert_failed(events, result, "INVALID_TRANSCRIPT")
         assert model.call_count == 0
@@ -2022,14 +2033,14 @@ class TestInvalidStartingTranscript:
                 read.append(n)
                 yield al.UserMessage(f"user-{n}", "Hi.")
 
-        events, result, model = run([stop("response-001")], messages=endless())
+        events, result, model = run([stop("response-001", "The sum is 42.")], messages=endless())
         assert_failed(events, result, "INVALID_TRANSCRIPT")
         assert len(read) == al.MAX_INITIAL_MESSAGES + 1
         assert model.call_count == 0
 
     def test_an_empty_start_is_a_complete_transcript(self) -> None:
         """Documented choice: an empty starting transcript is complete, hence valid."""
-        events, result, model = run([stop("response-001")], messages=[])
+        events, result, model = run([stop("response-001", "The sum is 42.")], messages=[])
         assert result.status == "completed"
         assert model.requests[0].messages == ()
         assert types_of(events) == ["model.chunk", "run.finished"]
@@ -2178,7 +2189,7 @@ class TestDuplicateIdsSayHowTheyWereDerived:
                                     tool_turn("response-002", echo_call("call-1", "second"))],
                          ["first"], 3, CALL_ID_TWICE.format("call-1"),
                          id="call-id-of-an-earlier-step"),
-            pytest.param([user()], [tool_turn("resp", echo_call("c1", "first")), stop("resp")],
+            pytest.param([user()], [tool_turn("resp", echo_call("c1", "first")), stop("resp", "The sum is 42.")],
                          ["first"], 3, MESSAGE_ID_TWICE.format("message-resp"),
                          id="response-id-of-an-earlier-step"),
         ],
