@@ -1253,7 +1253,7 @@ class TestFailureCodes:
                          "a toolCall response holds no tool call", id="toolCall-without-a-call"),
         ],
     )  # fmt: skip
-    def test_model_protocol_error(
+    def test_tool_calls_are_forbidden_in_a_stop_response(
         self,
         earlier: int,
         blocks: list[al.TextBlock | al.ToolCall],
@@ -2189,7 +2189,8 @@ class TestDuplicateIdsSayHowTheyWereDerived:
                                     tool_turn("response-002", echo_call("call-1", "second"))],
                          ["first"], 3, CALL_ID_TWICE.format("call-1"),
                          id="call-id-of-an-earlier-step"),
-            pytest.param([user()], [tool_turn("resp", echo_call("c1", "first")), stop("resp", "The sum is 42.")],
+            pytest.param([user()], [tool_turn("resp", echo_call("c1", "first")),
+                                    stop("resp", "The sum is 42.")],
                          ["first"], 3, MESSAGE_ID_TWICE.format("message-resp"),
                          id="response-id-of-an-earlier-step"),
         ],

@@ -1457,8 +1457,11 @@ class TestPlainJsonArguments:
                          "arguments must be a JSON object, got NoneType", id="None"),
         ],
     )  # fmt: skip
-    def test_they_fail_where_they_enter_and_no_tool_runs(self, make: Any, problem: str) -> None:
-        """From the model, in the start or given to execute_tool_call: it fails, never raises."""
+    def test_not_plain_arguments_fail_where_they_enter_naming_the_problem(
+        self, make: Any, problem: str
+    ) -> None:
+        """From the model, in the start or given to execute_tool_call: it fails, never
+        raises, and no tool runs."""
         ran: List[str] = []
         tool = no_arguments_tool("t", lambda a, s: ran.append("ran"))
         tool_call = make()
