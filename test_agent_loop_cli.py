@@ -1,6 +1,6 @@
 """Tests of agent_loop_cli.py: the command line, run as a user runs it.
 
-``main(argv)`` runs in this process against loop_testing's fixture server (a local
+``main(argv)`` runs in this process against loop_testing_providers' fixture server (a local
 ``http.server`` on 127.0.0.1 and a free port, started and stopped by a fixture whatever
 happens), and a subprocess runs the file itself for Ctrl-C and a reader that leaves
 early. What it prints is ``agent_loop.print_event``'s lines (tested line by line in
@@ -27,10 +27,10 @@ import pytest
 
 import agent_loop as al
 import agent_loop_cli as cli
-from loop_testing import (
+from loop_testing import REPOSITORY
+from loop_testing_providers import (
     OPENAI_REASONING_STREAM,
     REASONING_USAGE,
-    REPOSITORY,
     SERVER_BOUND,
     AnswerItem,
     Reply,

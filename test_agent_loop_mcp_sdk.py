@@ -24,7 +24,8 @@ import pytest
 
 import agent_loop as al
 import agent_loop_mcp as mcp
-from loop_testing import free_port, run
+from loop_testing import run
+from loop_testing_providers import free_port
 
 _REQUIRED = os.environ.get("AGENT_LOOP_REQUIRE_MCP") == "1"
 _HAS_SDK = (

@@ -7,7 +7,7 @@ byte-exact event streams to the parsers, heads to ``_head_error()``. Streams thr
 starts a process: what needs one (connecting, timeouts, TLS, retries, HTTP failures,
 cancellation, closing, llmock) is in test_agent_loop_providers_connection.py, and the
 command line in test_agent_loop_cli.py. The builders that both files use (event
-streams, ``Canned``, ``settle_prompt``...) are in loop_testing.py.
+streams, ``Canned``, ``settle_prompt``...) are in loop_testing_providers.py.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import pytest
 
 import agent_loop as al
 import agent_loop_providers as providers
-from loop_testing import (
+from loop_testing import add_tool
+from loop_testing_providers import (
     DONE,
     MESSAGE_START,
     OPENAI_REASONING_STREAM,
@@ -36,7 +37,6 @@ from loop_testing import (
     STOP,
     AnswerItem,
     Attempt,
-    add_tool,
     answer_parts,
     anthropic_delta,
     anthropic_end,
@@ -529,10 +529,10 @@ class TestRequests:
         assert body.get("stream_options") == sent
         assert ("stream_options" in body) is (sent is not None)
 
-    def test_anthropic_sends_each_turn_back_as_returned(self) -> None:
-        # Every block in its place: thinking with its signature (also when the thinking
-        # is empty), a redacted block with its data, each text block on its own, the
-        # tool uses.
+    def test_an_anthropic_thinking_block_is_sent_back_verbatim_before_tool_use(self) -> None:
+        """An Anthropic thinking block is sent back verbatim before tool_use: every block
+        of the turn in its place, thinking with its signature (also when the thinking is
+        empty), a redacted block with its data, each text block on its own, the tool uses."""
         turn = al.AssistantMessage(
             "message-r1",
             [

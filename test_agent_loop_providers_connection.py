@@ -2,8 +2,8 @@
 
 The layer tested here is the thin loop around the wire formats: the socket, the timeout,
 the cancellation watch and retries. What needs a socket (connecting, timeouts,
-cancellation, TLS, retries, HTTP failures, closing) runs against loop_testing's fixture
-server (a local ``http.server`` on 127.0.0.1 and a free port, in a thread, started and
+cancellation, TLS, retries, HTTP failures, closing) runs against loop_testing_providers'
+fixture server (a local ``http.server`` on 127.0.0.1 and a free port, in a thread, started and
 stopped whatever happens), plain or TLS with a CA and certificates that the ``openssl``
 command makes at test time (a missing openssl fails the TLS tests). The retry tests are
 all here, the two that run on canned bytes too. Integration tests, marked ``llmock``, run
@@ -12,7 +12,7 @@ skip where llmock is not importable, unless ``AGENT_LOOP_REQUIRE_LLMOCK=1`` (set
 tox's llmock env) turns the skip into a failure. No test reaches beyond 127.0.0.1. The
 wire formats themselves, from byte strings alone, are tested in
 test_agent_loop_providers.py, the command line in test_agent_loop_cli.py; the builders
-these files use are in loop_testing.py.
+these files use are in loop_testing_providers.py.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ import pytest
 
 import agent_loop as al
 import agent_loop_providers as providers
-from loop_testing import (
+from loop_testing_providers import (
     DONE,
     MESSAGE_START,
     OPENAI_TEXT_STREAM,
@@ -87,7 +87,7 @@ _BOUND = 10.0
 """Seconds any wait in a test may last at most: nothing hangs."""
 
 
-# --- The fixture server (loop_testing.serving) -----------------------------------------
+# --- The fixture server (loop_testing_providers.serving) -------------------------------
 
 
 @pytest.fixture

@@ -45,7 +45,7 @@ import pytest
 import agent_loop as al
 import agent_loop_providers as providers
 from agent_loop_replay import replay
-from loop_testing import free_port
+from loop_testing_providers import free_port
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _REQUIRED = os.environ.get("AGENT_LOOP_REQUIRE_REALMODEL") == "1"

@@ -48,12 +48,12 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 
 import agent_loop as al
+from loop_invariants import USAGE_FIELDS
 from loop_testing import (
     AT_LIMIT,
     NOT_PLAIN_JSON,
     NUMBERS,
     OVER_LIMIT,
-    USAGE_FIELDS,
     Custom,
     FakeModel,
     add_call,
@@ -1314,8 +1314,9 @@ class TestRecoverableExceptionsAreLogged:
 
 @pytest.mark.hostile
 class TestMisbehavingTools:
-    """Seed: "A recoverable Tool error is still appended and sent to the next model
-    request; it does not end the run by itself.\""""
+    """Tools that misbehave in ways a row of test_agent_loop.py's TestRecoverableToolErrors
+    (the rule's canonical table) cannot write: a huge return value, a tool that drives its
+    own run."""
 
     def test_returning_a_huge_string_is_kept_verbatim(self) -> None:
         huge = "y" * 5_000_000
@@ -1375,7 +1376,9 @@ class TestPlainJsonArguments:
         good = al.ToolCall("call-probe-001", "probe", {"n": 1})
         bad = al.ToolCall("call-probe-002", "probe", make())  # construction never raises
         assert (bad.id, bad.name) == ("call-probe-002", "probe")
-        model = FakeModel(tool_turn("response-001", good, bad), stop("response-002"))
+        model = FakeModel(
+            tool_turn("response-001", good, bad), stop("response-002", "The sum is 42.")
+        )
         events, result, _ = run(model, tools=[probe_tool(received)])
         assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "call-probe-002")
         assert_no_tool_ran(events, result, model, received)
@@ -1454,8 +1457,11 @@ class TestPlainJsonArguments:
                          "arguments must be a JSON object, got NoneType", id="None"),
         ],
     )  # fmt: skip
-    def test_they_fail_where_they_enter_and_no_tool_runs(self, make: Any, problem: str) -> None:
-        """From the model, in the start or given to execute_tool_call: it fails, never raises."""
+    def test_not_plain_arguments_fail_where_they_enter_naming_the_problem(
+        self, make: Any, problem: str
+    ) -> None:
+        """From the model, in the start or given to execute_tool_call: it fails, never
+        raises, and no tool runs."""
         ran: List[str] = []
         tool = no_arguments_tool("t", lambda a, s: ran.append("ran"))
         tool_call = make()
@@ -1598,7 +1604,7 @@ class TestToolCallIsFrozen:
 
         calls = [call("probe", "call-001", original), call("probe", "call-002", original)]
         tools = [no_arguments_tool("probe", execute)]
-        events, _, model = run([tool_turn("r1", *calls), stop("r2")], tools)
+        events, _, model = run([tool_turn("r1", *calls), stop("r2", "The sum is 42.")], tools)
         assert received == [original, original]
         assert model.requests[1].messages[1] == assistant("r1", *calls)
         chunks = [e.payload["chunk"] for e in events if e.type == "model.chunk"]
@@ -1652,7 +1658,7 @@ class TestCopyingAndHashing:
         ],
     )
     def test_results_events_requests_and_tools_copy_equal(self, duplicate: Any) -> None:
-        script = [tool_turn("r1", text("Adding."), add_call()), stop("r2")]
+        script = [tool_turn("r1", text("Adding."), add_call()), stop("r2", "The sum is 42.")]
         tool = al.Tool("add", "Adds two numbers.", NUMBERS, copy_echo)
         events, result, model = run(script, tools=[add_tool()])
         assert duplicate(result) == result
@@ -1761,13 +1767,19 @@ class TestThinkingBlocksAndUsage:
 # --- Interop and resumption -------------------------------------------------------------
 
 
+# Each value beside its JSON, both written out here.
+ADD_CALL = al.ToolCall("call-add-001", "add", {"left": 20, "right": 22})
 ADD_JSON = {"type": "toolCall", "id": "call-add-001", "name": "add",
     "arguments": {"left": 20, "right": 22}}  # fmt: skip
+USER = al.UserMessage("user-001", "Add 20 and 22.")
 USER_JSON = {"id": "user-001", "role": "user", "content": "Add 20 and 22."}
 DELTA_JSON = {"type": "text", "requestId": "request-001", "text": "Hi"}
 USAGE_JSON = {"input": 1, "output": 2}
 ADD_SPEC_JSON = {"name": "add", "description": "Adds two numbers.", "parameters": NUMBERS}
-ON_REQUEST = {"request_id": "request-001", "tool_call": add_call()}
+ON_REQUEST = {"request_id": "request-001", "tool_call": ADD_CALL}
+ADD_RESULT = al.ToolResultMessage(
+    "tool-result-call-add-001", "call-add-001", "add", '{"sum":42}', False
+)
 # Seed: {id: "tool-result-call-add-001", role: "toolResult", toolCallId: "call-add-001",
 # toolName: "add", content: '{"sum":42}', isError: false}
 RESULT_JSON = {"id": "tool-result-call-add-001", "role": "toolResult",
@@ -1779,13 +1791,13 @@ RESULT_JSON = {"id": "tool-result-call-add-001", "role": "toolResult",
 # seed's keys (Pi's for thinking and usage), optional keys absent when None or False.
 JSON_SHAPES: dict[str, tuple[Any, Dict[str, Any]]] = {
     "text-block": (al.TextBlock("hi"), {"type": "text", "text": "hi"}),
-    "tool-call": (add_call(), ADD_JSON),
-    "user": (user(), USER_JSON),
-    "assistant": (assistant("r", text("Adding."), add_call()),
+    "tool-call": (ADD_CALL, ADD_JSON),
+    "user": (USER, USER_JSON),
+    "assistant": (assistant("r", text("Adding."), ADD_CALL),
                   {"id": "message-r", "role": "assistant", "content": [{"type": "text",
                                                                         "text": "Adding."},
                                                                        ADD_JSON]}),
-    "tool-result": (add_result(), RESULT_JSON),
+    "tool-result": (ADD_RESULT, RESULT_JSON),
     "thinking": (al.ThinkingBlock("hmm"), {"type": "thinking", "thinking": "hmm"}),
     "thinking-signed": (SIGNED,
                         {"type": "thinking", "thinking": SIGNED.thinking,
@@ -1802,20 +1814,20 @@ JSON_SHAPES: dict[str, tuple[Any, Dict[str, Any]]] = {
     "text-delta": (al.TextDelta("request-001", "Hi"), DELTA_JSON),
     "thinking-delta": (al.ThinkingDelta("request-001", "Hm"),
                        {"type": "thinking", "requestId": "request-001", "thinking": "Hm"}),
-    "tool-call-chunk": (al.ToolCallChunk("request-001", add_call()),
+    "tool-call-chunk": (al.ToolCallChunk("request-001", ADD_CALL),
                         {"type": "toolCall", "requestId": "request-001", "toolCall": ADD_JSON}),
-    "response": (al.ModelResponse("r", "request-001", (add_call(),), "toolCall"),
+    "response": (al.ModelResponse("r", "request-001", (ADD_CALL,), "toolCall"),
                  {"id": "r", "requestId": "request-001", "content": [ADD_JSON],
                   "stopReason": "toolCall"}),
     "response-with-usage": (al.ModelResponse("r", "request-001", (), "stop", al.Usage(1, 2)),
                             {"id": "r", "requestId": "request-001", "content": [],
                              "stopReason": "stop",
                              "usage": USAGE_JSON}),
-    "request": (al.ModelRequest("request-001", (user(),), (add_tool().spec(),)),
+    "request": (al.ModelRequest("request-001", (USER,), (add_tool().spec(),)),
                 {"id": "request-001", "messages": [USER_JSON], "tools": [ADD_SPEC_JSON]}),
     "run-error": (al.RunError("MODEL_STREAM_ERROR", "boom"),
                   {"code": "MODEL_STREAM_ERROR", "message": "boom"}),
-    "completed": (al.RunResult("completed", (user(),), 1, final_text="Done."),
+    "completed": (al.RunResult("completed", (USER,), 1, final_text="Done."),
                   {"status": "completed", "messages": [USER_JSON], "steps": 1,
                    "finalText": "Done."}),
     "completed-empty-text-and-usage": (al.RunResult("completed", (), 1, final_text="",
@@ -1831,7 +1843,7 @@ JSON_SHAPES: dict[str, tuple[Any, Dict[str, Any]]] = {
     "cancelled-offset-3": (al.RunResult("cancelled", (), 2, request_sequence_start=3),
                            {"status": "cancelled", "messages": [], "steps": 2,
                             "requestSequenceStart": 3}),
-    "message.accepted": (al.Event(0, "message.accepted", {"message": user()}),
+    "message.accepted": (al.Event(0, "message.accepted", {"message": USER}),
                          {"sequence": 0, "type": "message.accepted",
                           "payload": {"message": USER_JSON}}),
     "model.chunk": (al.Event(1, "model.chunk", {"request_id": "request-001",
@@ -1841,7 +1853,7 @@ JSON_SHAPES: dict[str, tuple[Any, Dict[str, Any]]] = {
     "tool.started": (al.Event(2, "tool.started", ON_REQUEST),
                      {"sequence": 2, "type": "tool.started",
                       "payload": {"requestId": "request-001", "toolCall": ADD_JSON}}),
-    "tool.finished": (al.Event(3, "tool.finished", {**ON_REQUEST, "tool_result": add_result()}),
+    "tool.finished": (al.Event(3, "tool.finished", {**ON_REQUEST, "tool_result": ADD_RESULT}),
                       {"sequence": 3, "type": "tool.finished",
                        "payload": {"requestId": "request-001", "toolCall": ADD_JSON,
                                    "toolResult": RESULT_JSON}}),
@@ -1906,7 +1918,7 @@ RUNS_OF_EVERY_STATUS: dict[str, Callable[[], tuple[list[al.Event], al.RunResult,
     "failed": lambda: run([al.scripted_response("r1", [text("Hi")], "stop",
                                                 request_id="request-9")]),
     "maxSteps": lambda: run([tool_turn("r1", add_call())], [add_tool()], max_steps=1),
-    "request-ids-offset-3": lambda: run([stop("r1")], request_sequence_start=3),
+    "request-ids-offset-3": lambda: run([stop("r1", "The sum is 42.")], request_sequence_start=3),
 }  # fmt: skip
 
 
@@ -2316,8 +2328,9 @@ class TestResumeAfterCancellation:
                 untyped.resolve_open_tool_calls([user()], content)
 
     def test_an_unresolved_transcript_cannot_start_a_new_run(self) -> None:
-        """Seed: "An invalid starting transcript produces one run.finished event with a
-        failed INVALID_TRANSCRIPT result and never invokes the model." """
+        """A cancelled run's transcript, its call still open, is an invalid start until
+        resolve_open_tool_calls() answers the call (the rule's canonical test is
+        test_agent_loop.py's TestInvalidStartingTranscript)."""
         events, result, model = run([stop("response-003", "No.")], messages=CANCELLED)
         assert_failed(events, result, "INVALID_TRANSCRIPT", "call-slow-001")
         assert model.call_count == 0
