@@ -98,8 +98,9 @@ Rules:
 - Ids are unique in the transcript, whatever the provider sends (some servers send
   ``call_0`` in every response), and deterministic, so a recorded run replays exactly.
   The response to ``request-NNN`` (an id the loop makes: ``al.request_number()``) is
-  ``response-NNN``, and to another request id ``response-`` + that id. A tool call keeps the provider's id when that id is a
-  non-empty string that the transcript and this response do not use yet; otherwise it
+  ``response-NNN``, and to another request id ``response-`` + that id. A tool call
+  keeps the provider's id when that id is a non-empty string that the transcript and
+  this response do not use yet; otherwise it
   is ``<response id>-call-<n>``, where n is the call's position among the response's
   calls (1 for the first, 2 for the second...). Either id takes the first free suffix
   ``-2``, ``-3``... when it is taken. The transcript's ids are what later requests
