@@ -221,13 +221,17 @@ class _Session:
 
         Opens the session first if it is not open. Raises McpError when the server cannot
         be reached or started, the handshake fails, ``tools/list`` fails or pages past
-        the limits, or a tool cannot be built (the message names it).
+        the limits, a tool cannot be built (the message names it), or the session is
+        lost (the server exited).
         """
         with self._open_lock:
             self._open_locked()
             with self._lock:
+                lost = self._lost
                 cached = self._tools if self._caches_tools else None
                 changes = self._changes
+            if lost is not None:  # a kept list would name tools that can no longer run
+                raise McpError(f"{self.where}: {lost}")
             if cached is None:
                 cached = self._list_tools()
                 with self._lock:
@@ -1067,7 +1071,12 @@ class HttpServer(_Session):
         else:
             return f"the answer's Content-Type is {kind or 'missing'}, not JSON or an event stream"
         if not pending.done.is_set():
-            return "the answer ended before the response (resuming a stream is not supported)"
+            # A server that exits mid-stream looks the same to http.client as one that ends
+            # its stream early (it reads a cut chunked body as its end): name both.
+            return (
+                "the answer ended before the response: the server closed the stream or went "
+                "away (resuming a stream is not supported)"
+            )
         return None
 
     def _expire_session(self) -> None:

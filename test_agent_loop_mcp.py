@@ -881,6 +881,8 @@ class TestProcess:
             )
             again = echo_through(tools)
             assert again.content.startswith("MCP tool 'echo': the server exited with status 3")
+            with pytest.raises(mcp.McpError, match="the server exited with status 3"):
+                server.tools()  # the kept list is not given: its tools cannot run
 
     def test_a_server_that_closes_its_output(
         self, canned: Canned, monkeypatch: pytest.MonkeyPatch
