@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shlex
 import subprocess
 import sys
 import threading
@@ -28,8 +29,19 @@ from typing import Any, Callable, Dict, Iterator, List, Tuple
 import pytest
 
 import agent_loop as al
+import agent_loop_cli as cli
 import agent_loop_mcp as mcp
-from loop_testing import AT_LIMIT, OVER_LIMIT, eventually, free_port, plain_copy, run
+from loop_testing import (
+    AT_LIMIT,
+    OVER_LIMIT,
+    Reply,
+    answer_parts,
+    eventually,
+    free_port,
+    plain_copy,
+    run,
+    serving,
+)
 from test_agent_loop_mcp import CANCEL_BOUND, alive
 
 _REQUIRED = os.environ.get("AGENT_LOOP_REQUIRE_MCP") == "1"
@@ -537,3 +549,37 @@ class TestEnds:
         assert not alive(server_pid)
         # What the server started was sent SIGKILL, which takes a moment.
         assert eventually(lambda: not alive(child_pid))
+
+
+class TestCommandLine:
+    """``python agent_loop_cli.py --mcp "COMMAND ARGS"`` with the SDK's server."""
+
+    def test_the_model_gets_the_servers_typed_tools(
+        self, sdk: Sdk, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        sdk.reset()
+        command = shlex.join([sys.executable, str(sdk.script), "stdio", str(sdk.effects)])
+        calls = [
+            ("c1", "forecast", {"city": "Oslo", "days": 2}),
+            ("c2", "forecast", {"city": "Oslo", "days": 8}),
+        ]
+        with serving() as model:
+            model.script(
+                Reply(answer_parts("openai", calls)), Reply(answer_parts("openai", ["Rain."]))
+            )
+            more = ["--model", "m", "--retries", "0", "--mcp", command, "Oslo?"]
+            status = cli.main(["--provider", "openai", "--base-url", model.url + "/v1", *more])
+            sent = {tool["function"]["name"]: tool["function"] for tool in model.body()["tools"]}
+        lines = capsys.readouterr().out.splitlines()
+        assert status == 0
+        assert lines[3:5] == [
+            '  3  tool.started      request-001 forecast({"city":"Oslo","days":2}) [c1]',
+            "  4  tool.finished     request-001 forecast ok: Oslo: 2 day(s) in celsius",
+        ]
+        assert lines[6].startswith(
+            "  6  tool.finished     request-001 forecast error: invalid arguments for tool "
+            "'forecast': "
+        )
+        assert sdk.ran() == ["forecast"]
+        assert {"add", "multiply", "weather", "forecast", "ship"} <= set(sent)
+        assert sent["forecast"]["parameters"]["properties"]["days"]["maximum"] == 7
