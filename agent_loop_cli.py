@@ -1,5 +1,6 @@
 # agent_loop_cli.py 1.0.0: the command line of agent_loop.py, an agent against a real model.
-# One file, standard library only; copy it next to agent_loop.py and agent_loop_providers.py.
+# One file, standard library only; copy it next to agent_loop.py and its companions
+# agent_loop_providers.py, agent_loop_replay.py and agent_loop_mcp.py.
 # Home: the agent_loop repository.
 """An agent on the command line: the Agent Loop, a real model and a few small tools.
 
