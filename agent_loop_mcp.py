@@ -997,7 +997,7 @@ class HttpServer(_Session):
 
     def _post(self, body: bytes, pending: Optional[_Pending]) -> Optional[str]:
         """One POST and its answer: a request's failure settles it; a notification's is
-        returned."""
+        returned. A request whose read times out is left to its wait (``_wait``)."""
         connection = self._connection()
         if pending is not None:
             pending.connection = connection
@@ -1007,6 +1007,11 @@ class HttpServer(_Session):
             problem = self._answer(response, pending)
         except (OSError, http.client.HTTPException) as error:
             problem = f"the HTTP exchange failed: {type(error).__name__}: {error}"
+            if pending is not None and isinstance(error, socket.timeout):
+                # The request's wait ends by then too (its deadline is no later than the
+                # socket's), as a timeout that tells the server to stop: settled here, the
+                # request would fail without the notifications/cancelled it must send.
+                problem = None
         finally:
             connection.close()
         if problem is not None and pending is not None:

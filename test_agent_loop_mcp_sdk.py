@@ -408,12 +408,12 @@ class TestTypedTools:
             )
 
     def test_progress_restarts_the_wait(self, server: Any) -> None:
-        """A call of 2 s whose server reports progress every 0.1 s ends well with a timeout
-        of 1 s: each notification starts the wait again."""
+        """A call of 2 s whose server reports progress every 0.05 s ends well with a
+        timeout of 1.5 s: each notification starts the wait again."""
         before = server.timeout
-        server.timeout = 1.0
+        server.timeout = 1.5
         try:
-            result = call(server, "progress", {"steps": 20, "interval": 0.1})
+            result = call(server, "progress", {"steps": 40, "interval": 0.05})
         finally:
             server.timeout = before
         assert (result.content, result.is_error) == ("done", False)
