@@ -1,4 +1,4 @@
-# agent_loop_providers.py 1.2.0: streaming provider adapters for agent_loop.py.
+# agent_loop_providers.py 1.3.0: streaming provider adapters for agent_loop.py.
 # One file, standard library only; copy it next to agent_loop.py. Home: the agent_loop repository.
 """Real models for the Agent Loop: OpenAI-compatible and Anthropic streaming APIs.
 
@@ -10,42 +10,44 @@ loop's ``Model`` protocol: ``stream(request, signal)`` returns a generator that 
 returns the terminal ``ModelResponse``, with the provider's token counts as its
 ``usage``. Any failure raises ``ProviderError`` from that generator, which the
 loop turns into a ``failed`` run with ``MODEL_STREAM_ERROR``; ``result.error.exception``
-is that ``ProviderError`` (with ``status`` and ``retry_after``) in the run's own
-result. It is None for the loop's protocol errors (``MODEL_PROTOCOL_ERROR``) and in a
+is that ``ProviderError`` (with ``status``, ``retry_after`` and ``usage``) in the run's
+own result. It is None for the loop's protocol errors (``MODEL_PROTOCOL_ERROR``) and in a
 result read back with ``event_from_dict``: an exception is not part of the JSON.
 
 Rules:
 
 - The transcript is converted exactly, both ways. A user message is a user turn; an
   assistant message is one assistant turn. OpenAI: its text (blocks concatenated) and
-  its tool calls (arguments as JSON); a turn with only tool calls has ``"content": ""``
-  (the spec allows null, but llama.cpp's and llama-cpp-python's servers refuse null and
-  a missing content; every server takes ""); its thinking is not sent (servers differ:
-  DeepSeek refuses ``reasoning_content`` in input, and the others do not need it).
-  Anthropic: its blocks in their order, as the API returned them: each text block as a
-  text block, each thinking block as ``{"type": "thinking", "thinking", "signature"}``
-  (an empty one too), each redacted one as ``{"type": "redacted_thinking", "data"}``
-  (its signature), each tool call as ``tool_use``; the API checks that a turn is resent
-  exactly (a tool_use must follow its thinking). Not sent: an empty text block and a
-  turn left with nothing (the API refuses both), and a thinking block without a
-  signature (thinking from another provider: the API refuses it, and it is not
-  Claude's). A tool result is linked to its call by the call's id as it is in the
-  transcript. OpenAI: one ``tool`` message per result (the format has no error flag:
-  the content says what went wrong). Anthropic: consecutive results are merged into
-  one user turn of ``tool_result`` blocks, each with its ``is_error``.
-  ``request.tools`` become the provider's tool definitions; ``system`` is the system
-  prompt (the transcript has no system role). A message's usage is never sent.
-- ``options`` is merged into the body last: a mapping, the same for every request, or a
-  function of the ``ModelRequest`` that returns that request's mapping (or None), e.g.
-  to force a tool on the first request only. Either way it must be plain JSON and may
-  not set what the adapter owns (model, messages, stream, tools; for Anthropic also
-  system, max_tokens and thinking, which are arguments): a mapping is checked when the
-  model is built, a function's result for each request (a bad one raises TypeError or
-  ValueError from the stream, and the run fails ``MODEL_STREAM_ERROR``). OpenAI: the
-  body asks for usage with ``"stream_options": {"include_usage": true}``; options may
-  replace it, and ``"stream_options": None`` sends none (Mistral's API refuses the
-  field with HTTP 422; the answer's usage is then unknown, unless the server sends it
-  anyway).
+  its tool calls (arguments as JSON); a turn with only tool calls has
+  ``"content": ""`` (the spec allows null, but llama.cpp's and llama-cpp-python's servers
+  refuse null and a missing content; every server takes ""); its thinking is not sent
+  (servers differ: DeepSeek refuses ``reasoning_content`` in input, and the others do
+  not need it). Anthropic: its blocks in their order, as the API returned them: each
+  text block as a text block, each thinking block as
+  ``{"type": "thinking", "thinking", "signature"}`` (also when its thinking is empty),
+  each redacted one as ``{"type": "redacted_thinking", "data"}`` (its signature), each
+  tool call as ``tool_use``; the API checks that a turn is resent exactly (a tool_use
+  must follow its thinking). Not sent: an empty text block and a turn left with nothing
+  (the API refuses both), and a thinking block without a signature, None or ""
+  (thinking from another provider: the API refuses it, and it is not Claude's; the
+  adapter itself reads an empty ``signature_delta`` as none). A tool result is linked
+  to its call by the call's id as it is in the transcript. OpenAI: one ``tool``
+  message per result (the format has no error flag: the content says what went wrong).
+  Anthropic: consecutive results are merged into one user turn of ``tool_result``
+  blocks, each with its ``is_error``. ``request.tools`` become the provider's tool
+  definitions; ``system`` is the system prompt (the transcript has no system role). A
+  message's usage is never sent.
+- ``options`` is merged into the body last: a mapping, the same for every request, or
+  a function of the ``ModelRequest`` that returns that request's mapping (or None),
+  e.g. to force a tool while the request's last message is the user's. Either way it
+  must be plain JSON and may not set what the adapter owns (model, messages, stream,
+  tools; for Anthropic also system, max_tokens and thinking, which are arguments): a
+  mapping is checked when the model is built, a function's result for each request (a
+  bad one raises TypeError or ValueError from the stream, and the run fails
+  ``MODEL_STREAM_ERROR``). OpenAI: the body asks for usage with ``"stream_options":
+  {"include_usage": true}``; options may replace it, and ``"stream_options": None``
+  sends none (Mistral's API refuses the field with HTTP 422; the answer's usage is
+  then unknown, unless the server sends it anyway).
 - Thinking. Anthropic: ``thinking=None`` sends no thinking setting (the model's
   default); a mapping is the API's own (``{"type": "enabled", "budget_tokens": 2048}``),
   sent as it is; ``"adaptive"`` sends ``{"type": "adaptive"}``. A ``thinking`` block
@@ -89,22 +91,30 @@ Rules:
   ``completion_tokens`` and ``reasoning_tokens`` is
   ``completion_tokens_details.reasoning_tokens``; nothing reports cache writes. A count
   that is not an int >= 0 (or cached tokens above the prompt's) is a malformed event.
+  An answer that fails after the provider reported usage (cut, refused, broken) carries
+  it as the ``ProviderError``'s ``usage``: an OpenAI answer cut by ``length`` or
+  ``content_filter`` fails at ``[DONE]`` (or the end of the input), once the usage chunk
+  after the finish was read. A retried attempt's usage is not kept anywhere.
 - Ids are unique in the transcript, whatever the provider sends (some servers send
   ``call_0`` in every response), and deterministic, so a recorded run replays exactly.
   The response to ``request-NNN`` (an id the loop makes: ``al.request_number()``) is
-  ``response-NNN``, and to another request id ``response-`` + that id. A tool call
-  keeps the provider's id when that id is a non-empty string that the transcript and
-  this response do not use yet; otherwise it is ``<response id>-call-<n>``, where n is
-  the call's position among the response's calls (1 for the first, 2 for the
-  second...). Either id takes the first free suffix ``-2``, ``-3``... when it is taken.
-  The transcript's ids are what later requests send back to the provider.
-- Completeness is decided by the wire format, not the socket: an answer is complete when
-  its end marker arrives, ``data: [DONE]`` (OpenAI) or ``message_stop`` (Anthropic, with
-  every content block stopped: a block still open at ``message_stop`` was cut, and is a
-  malformed event), whatever the finish reason said; Ollama ends complete answers with
-  ``finish_reason: null`` and ``[DONE]``, and that is a complete answer. The end of the
-  input before the marker is an incomplete answer, and ``response()`` refuses an answer
-  without its marker. A ``ProviderError`` names what happened for each of: an HTTP
+  ``response-NNN``, and to another request id ``response-`` + that id. A tool call keeps the provider's id when that id is a
+  non-empty string that the transcript and this response do not use yet; otherwise it
+  is ``<response id>-call-<n>``, where n is the call's position among the response's
+  calls (1 for the first, 2 for the second...). Either id takes the first free suffix
+  ``-2``, ``-3``... when it is taken. The transcript's ids are what later requests
+  send back to the provider.
+- Completeness is decided by the wire format, not the socket. Anthropic: an answer is
+  complete when ``message_stop`` arrives with every content block stopped (a block still
+  open at ``message_stop`` was cut, and is a malformed event). OpenAI: when ``data:
+  [DONE]`` arrives after choice 0's ``finish_reason`` (null and "" are none): a server
+  that interrupts a stream sends ``[DONE]`` without one (llama-cpp-python's does, when
+  another request arrives), so ``[DONE]`` alone is an incomplete answer, unless
+  ``require_finish_reason=False`` (for a server that never sends a finish_reason). The
+  end of the input before the marker is an incomplete answer, and ``response()``
+  refuses an answer without its marker; an incomplete answer is retried like a broken
+  connection, and its error names the marker, the missing finish_reason and the URL.
+  A ``ProviderError`` names what happened for each of: an HTTP
   status >= 400 (the status, the provider's own error text, Retry-After), another status
   outside 200-299 (the status, and the Location of a redirect, which is neither followed
   nor retried), an answer in JSON instead of an event stream, a connection that cannot be
@@ -123,11 +133,14 @@ Rules:
   them), else ``stop``. An answer cut while a tool call was being written, or with no
   text, a refusal, a content filter, or any other cut still fails.
 - Retries: ``retries`` (default 2, as the official SDKs; 0 turns them off) more
-  attempts are made when the request fails before the first chunk of the answer was
+  attempts are made for a transient failure before the first chunk of the answer was
   yielded, and only then (once the loop reported a chunk, a failure fails the run).
-  Retried: a connection that cannot be made, or that breaks or times out before the
-  response's head arrives; HTTP 408, 409, 429 and 500-599 (Anthropic's 529 included);
-  and an Anthropic ``overloaded_error`` event that arrives before any chunk. The wait
+  Transient: a connection that cannot be made, or that breaks or times out (before the
+  response's head or after it); a stream that ends before the answer is complete (no
+  end marker, or OpenAI's ``[DONE]`` without a finish_reason); HTTP 408, 409, 429 and
+  500-599 (Anthropic's 529 included); and an Anthropic ``overloaded_error`` event. Not
+  retried: another status, an answer in JSON, a malformed event, another error event,
+  a cut answer, a certificate that does not verify, a cancellation. The wait
   is what the server says (``retry-after-ms``, else ``retry-after`` in seconds or as
   an HTTP date), else an exponential backoff: 0.5 s, doubling, at most 8 s, each
   shortened by a random jitter of up to a quarter. A Retry-After of more than 60 s is
@@ -160,6 +173,13 @@ Rules:
   ``close()`` included, and the watcher ends with it.
 - ``timeout`` bounds each wait: the name lookup, each connection attempt, the TLS
   handshake, and every wait for a byte of the response.
+- ``max_concurrency=N``: at most N answers of one model object stream at once, across
+  threads and runs (a server with one slot, such as llama-cpp-python's, interrupts a
+  stream when another request arrives). A slot is taken before each attempt connects
+  and given back when its stream ends, fails or is closed (the consumer's ``close()``,
+  a cancelled run); a retry's wait holds none. The wait for a slot looks at the signal
+  every 50 ms: a signal set meanwhile ends the step ``cancelled`` and nothing is sent.
+  None (the default) sets no limit.
 - HTTPS: ``ssl_context=None`` uses ``ssl.create_default_context()``, which verifies
   the server's certificate against the system's CAs and its host name; pass an
   ``ssl.SSLContext`` for a private CA.
@@ -207,6 +227,7 @@ from typing import (
     Dict,
     Final,
     Generator,
+    Iterator,
     List,
     Mapping,
     Optional,
@@ -219,7 +240,7 @@ from typing import (
 
 import agent_loop as al
 
-__version__ = "1.2.0"
+__version__ = "1.3.0"
 
 __all__ = ["OpenAIChatModel", "AnthropicMessagesModel", "ProviderError"]
 
@@ -296,18 +317,27 @@ class ProviderError(Exception):
     ``status`` is the HTTP status when the provider answered with one outside 200-299
     (>= 400, or a redirect...), else None.
     ``retry_after`` is the provider's Retry-After in seconds, when it sent one, else None.
+    ``usage`` is the ``Usage`` the provider reported for the answer that then failed (it
+    may bill a cut, broken or refused answer), else None; ``RunResult.usage`` counts
+    only the responses a run appended, so a failed answer's cost is here alone.
     """
 
-    # Whether a retry may help (a connection failure, a retried status, an overload):
-    # set where the error is made, read by stream() only.
+    # Whether a retry may help (a connection failure, a retried status, an overload, a
+    # stream that ended too soon): set where the error is made, read by stream() only.
     _transient = False
 
     def __init__(
-        self, message: str, *, status: Optional[int] = None, retry_after: Optional[float] = None
+        self,
+        message: str,
+        *,
+        status: Optional[int] = None,
+        retry_after: Optional[float] = None,
+        usage: Optional[al.Usage] = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.retry_after = retry_after
+        self.usage = usage
 
 
 _Block = Union[al.TextBlock, al.ThinkingBlock, al.ToolCall]
@@ -337,6 +367,7 @@ class _StreamingModel:
         retries: int,
         ssl_context: Optional[ssl.SSLContext],
         accept_truncated: bool,
+        max_concurrency: Optional[int],
     ) -> None:
         if not isinstance(model, str):
             raise TypeError(f"model must be a str, got {type(model).__name__}")
@@ -373,6 +404,17 @@ class _StreamingModel:
                 f"accept_truncated must be a bool, got {type(accept_truncated).__name__}"
             )
         self.accept_truncated = accept_truncated
+        if max_concurrency is not None and (
+            not isinstance(max_concurrency, int) or isinstance(max_concurrency, bool)
+        ):
+            raise TypeError(f"max_concurrency must be an int or None, got {max_concurrency!r}")
+        if max_concurrency is not None and max_concurrency < 1:
+            raise ValueError(
+                f"max_concurrency must be an int >= 1 (None: no limit), got {max_concurrency!r}"
+            )
+        self.max_concurrency = max_concurrency
+        # The model object's slots, shared by every thread and run that streams from it.
+        self._slots = None if max_concurrency is None else threading.Semaphore(max_concurrency)
         # Tests shorten the backoff through these; nothing else should set them.
         self._backoff_start = _BACKOFF_START
         self._jitter: Callable[[], float] = random.random
@@ -387,23 +429,26 @@ class _StreamingModel:
         url, headers, body = self._post(request)
         retried = 0
         while True:
-            answer = self._answer(request)
-            pacer = _Pacer(request.id)
-            exchange = self._exchange(url, headers, body, signal)
-            try:
-                exchange.open()
-                while not answer.done:
-                    for chunk in answer.feed(exchange.read()):
-                        yield from pacer.paced(chunk)
-                yield from pacer.flushed()
-                return answer.response()
-            except ProviderError as error:
-                delay = self._retry_delay(error, retried, pacer.yielded)
-                if delay is None:
-                    raise _after_retries(error, retried, self.retries) from None
-                failure = error  # the except clause unbinds its name
-            finally:
-                exchange.close()
+            # A slot for each attempt: a retry's wait holds none.
+            with self._slot(signal, url):
+                answer = self._answer(request, url)
+                pacer = _Pacer(request.id)
+                exchange = self._exchange(url, headers, body, signal)
+                try:
+                    exchange.open()
+                    while not answer.done:
+                        for chunk in answer.feed(exchange.read()):
+                            yield from pacer.paced(chunk)
+                    yield from pacer.flushed()
+                    return answer.response()
+                except ProviderError as error:
+                    error.usage = answer.reported_usage()  # what the failed answer cost
+                    delay = self._retry_delay(error, retried, pacer.yielded)
+                    if delay is None:
+                        raise _after_retries(error, retried, self.retries) from None
+                    failure = error  # the except clause unbinds its name
+                finally:
+                    exchange.close()
             retried += 1
             _logger.warning(
                 "%s: attempt %d of %d failed (%s); retrying in %.3g s",
@@ -415,6 +460,27 @@ class _StreamingModel:
             )
             if signal.wait(delay):
                 raise ProviderError(f"the request to {url} was cancelled during a retry's wait")
+
+    @contextlib.contextmanager
+    def _slot(self, signal: al.Signal, url: str) -> Iterator[None]:
+        """One of the max_concurrency slots, held while the block runs (no limit: none).
+
+        The wait looks at the signal every _WATCH_INTERVAL: a cancelled wait raises, and
+        nothing was sent.
+        """
+        if self._slots is None:
+            yield
+            return
+        while not self._slots.acquire(timeout=_WATCH_INTERVAL):
+            if signal.is_set():
+                raise ProviderError(
+                    f"the request to {url} was cancelled while it waited for a slot "
+                    f"(max_concurrency={self.max_concurrency})"
+                )
+        try:
+            yield
+        finally:
+            self._slots.release()
 
     def _retry_delay(self, error: ProviderError, retried: int, yielded: int) -> Optional[float]:
         """Seconds to wait before the next attempt, or None: the error fails the run."""
@@ -442,7 +508,7 @@ class _StreamingModel:
         key = self.api_key if self.api_key is not None else os.environ.get(self._key_variable)
         return key or None
 
-    def _answer(self, request: al.ModelRequest) -> _Answer:
+    def _answer(self, request: al.ModelRequest, url: str) -> _Answer:
         raise NotImplementedError  # pragma: no cover (both subclasses define it)
 
     def _post(self, request: al.ModelRequest) -> Tuple[str, Dict[str, str], bytes]:
@@ -468,7 +534,7 @@ def _after_retries(error: ProviderError, retried: int, retries: int) -> Provider
     else:
         return error
     wrapped = ProviderError(
-        f"{error} ({note})", status=error.status, retry_after=error.retry_after
+        f"{error} ({note})", status=error.status, retry_after=error.retry_after, usage=error.usage
     )
     wrapped._transient = error._transient
     return wrapped
@@ -553,6 +619,11 @@ class OpenAIChatModel(_StreamingModel):
     in seconds. ``retries`` more attempts are made for a transient failure before the
     first chunk; ``ssl_context`` verifies HTTPS (None: the system's CAs);
     ``accept_truncated=True`` accepts an answer cut by the token limit that ends in text.
+    ``max_concurrency=N`` lets at most N answers of this model object stream at once,
+    across threads and runs (None: no limit). ``require_finish_reason=False`` accepts
+    an answer that ends with ``[DONE]`` but no ``finish_reason``, for a server that
+    never sends one; by default such an answer is incomplete (a server that interrupts
+    a stream ends it so).
 
     Raises TypeError or ValueError, naming the parameter, for an argument it cannot use.
     """
@@ -572,6 +643,8 @@ class OpenAIChatModel(_StreamingModel):
         retries: int = 2,
         ssl_context: Optional[ssl.SSLContext] = None,
         accept_truncated: bool = False,
+        max_concurrency: Optional[int] = None,
+        require_finish_reason: bool = True,
     ) -> None:
         super().__init__(
             model,
@@ -583,10 +656,16 @@ class OpenAIChatModel(_StreamingModel):
             retries,
             ssl_context,
             accept_truncated,
+            max_concurrency,
         )
+        if not isinstance(require_finish_reason, bool):
+            raise TypeError(
+                f"require_finish_reason must be a bool, got {type(require_finish_reason).__name__}"
+            )
+        self.require_finish_reason = require_finish_reason
 
-    def _answer(self, request: al.ModelRequest) -> _Answer:
-        return _OpenAIAnswer(request, self.accept_truncated)
+    def _answer(self, request: al.ModelRequest, url: str) -> _Answer:
+        return _OpenAIAnswer(request, self.accept_truncated, url, self.require_finish_reason)
 
     def _post(self, request: al.ModelRequest) -> Tuple[str, Dict[str, str], bytes]:
         headers = {
@@ -615,7 +694,8 @@ class AnthropicMessagesModel(_StreamingModel):
     chunks, and every assistant turn is sent back as the API returned it, signatures
     and redacted data included. ``options`` (temperature, tool_choice...) is merged
     into the body: a mapping, or a function of the request that returns one.
-    ``timeout``, ``retries`` and ``ssl_context`` as for ``OpenAIChatModel``.
+    ``timeout``, ``retries``, ``ssl_context`` and ``max_concurrency`` as for
+    ``OpenAIChatModel``.
 
     Raises TypeError or ValueError, naming the parameter, for an argument it cannot use.
     """
@@ -637,6 +717,7 @@ class AnthropicMessagesModel(_StreamingModel):
         retries: int = 2,
         ssl_context: Optional[ssl.SSLContext] = None,
         accept_truncated: bool = False,
+        max_concurrency: Optional[int] = None,
     ) -> None:
         super().__init__(
             model,
@@ -648,6 +729,7 @@ class AnthropicMessagesModel(_StreamingModel):
             retries,
             ssl_context,
             accept_truncated,
+            max_concurrency,
         )
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
             raise TypeError(f"max_tokens must be an int, got {type(max_tokens).__name__}")
@@ -656,8 +738,8 @@ class AnthropicMessagesModel(_StreamingModel):
         self.max_tokens = max_tokens
         self.thinking = _checked_thinking(thinking)
 
-    def _answer(self, request: al.ModelRequest) -> _Answer:
-        return _AnthropicAnswer(request, self.accept_truncated)
+    def _answer(self, request: al.ModelRequest, url: str) -> _Answer:
+        return _AnthropicAnswer(request, self.accept_truncated, url)
 
     def _post(self, request: al.ModelRequest) -> Tuple[str, Dict[str, str], bytes]:
         headers = {
@@ -837,11 +919,10 @@ class _Exchange:
         try:
             data = response.read1(_READ_SIZE)
         except socket.timeout:
-            raise self._failure(f"{self.url} sent nothing for {self.timeout:g} s", False) from None
+            raise self._failure(f"{self.url} sent nothing for {self.timeout:g} s") from None
         except (OSError, http.client.HTTPException) as error:
-            raise self._failure(
-                f"the connection to {self.url} broke: {_described(error)}", False
-            ) from None
+            broke = f"the connection to {self.url} broke: {_described(error)}"
+            raise self._failure(broke) from None
         if not data and self.signal.is_set():  # the end the watcher's shutdown made
             raise self._cancelled()
         return data
@@ -981,12 +1062,12 @@ class _Exchange:
         error._transient = True
         return error
 
-    def _failure(self, message: str, transient: bool = True) -> ProviderError:
-        """A network failure, or the cancellation that caused it."""
+    def _failure(self, message: str) -> ProviderError:
+        """A network failure (worth a retry), or the cancellation that caused it."""
         if self.signal.is_set():
             return self._cancelled()
         error = ProviderError(message)
-        error._transient = transient
+        error._transient = True
         return error
 
     def _cancelled(self) -> ProviderError:
@@ -1228,14 +1309,19 @@ class _Answer:
     ThinkingDelta per non-empty delta, a ToolCallChunk per complete call); ``feed(b"")``
     is the end of the input, and raises unless the end marker came. ``done`` is True
     once it came. ``response()`` is the terminal response, refused without the marker.
+    ``reported_usage()`` is the usage reported so far, also of an answer that failed.
     JSON nested too deeply for the json module (a RecursionError) is a malformed event.
+    ``url``, when given, names where the answer came from in the incomplete-answer error.
     """
 
     end_marker = ""
 
-    def __init__(self, request: al.ModelRequest, accept_truncated: bool = False) -> None:
+    def __init__(
+        self, request: al.ModelRequest, accept_truncated: bool = False, url: str = ""
+    ) -> None:
         self.request = request
         self.accept_truncated = accept_truncated
+        self.source = f" from {url}" if url else ""  # for the incomplete-answer error
         self.ids = _Ids(request)
         self.events = _ServerEvents()
         self.chunks: List[al.ModelChunk] = []  # every chunk fed so far, in order
@@ -1273,8 +1359,12 @@ class _Answer:
             self.request.id,
             content,
             "toolCall" if has_calls else "stop",
-            al.Usage(**self.usage) if self.usage else None,
+            self.reported_usage(),
         )
+
+    def reported_usage(self) -> Optional[al.Usage]:
+        """The usage the provider reported so far, or None when it reported none."""
+        return al.Usage(**self.usage) if self.usage else None
 
     def _content(self) -> List[_Block]:
         raise NotImplementedError  # pragma: no cover (both subclasses define it)
@@ -1283,15 +1373,17 @@ class _Answer:
         raise NotImplementedError  # pragma: no cover (both subclasses define it)
 
     def _incomplete(self) -> ProviderError:
-        return ProviderError(
-            f"the stream ended before {self.end_marker}: the answer is incomplete"
-        )
+        """The input ended before the end marker: a broken stream, worth a retry."""
+        return _incomplete(f"the stream{self.source} ended before {self.end_marker}")
 
-    def _cut(self, field: str, reason: str, meaning: str, out: List[al.ModelChunk]) -> None:
-        """The provider says the answer was cut: fail, or accept a text answer so far.
+    def _cut(
+        self, field: str, reason: str, meaning: str, out: List[al.ModelChunk]
+    ) -> Optional[ProviderError]:
+        """The provider says the answer was cut: the error, or None for a text answer
+        accepted as it is.
 
         With accept_truncated, an answer whose last chunk is text, cut by the token
-        limit, is the model's answer; it is logged. Anything else raises.
+        limit, is the model's answer; it is logged. Anything else is an error.
         """
         last = out[-1] if out else self.chunks[-1] if self.chunks else None
         if self.accept_truncated and reason in _TOKEN_LIMITS and type(last) is al.TextDelta:
@@ -1303,8 +1395,8 @@ class _Answer:
                 field,
                 reason,
             )
-            return
-        raise ProviderError(f"the answer was cut: {field} {reason!r} ({meaning})")
+            return None
+        return ProviderError(f"the answer was cut: {field} {reason!r} ({meaning})")
 
     def _call(self, provider_id: object, name: object, arguments: str) -> al.ToolCall:
         """A complete tool call: its name checked, its arguments a JSON object ('' is {})."""
@@ -1357,6 +1449,13 @@ def _json_object(data: str) -> Dict[str, Any]:
     if not isinstance(value, dict):
         raise ProviderError(f"malformed event: its data is not a JSON object: {_excerpt(data)}")
     return value
+
+
+def _incomplete(what: str, hint: str = "") -> ProviderError:
+    """An answer the server did not finish: as a broken connection, worth a retry."""
+    error = ProviderError(f"{what}: the answer is incomplete{hint}")
+    error._transient = True
+    return error
 
 
 def _malformed(what: str, data: Mapping[str, Any]) -> ProviderError:
@@ -1438,15 +1537,30 @@ def _openai_body(
 
 class _OpenAIAnswer(_Answer):
     """Chat Completions chunks: ``choices[0].delta`` text, thinking and tool-call
-    fragments, and the usage chunk."""
+    fragments, its ``finish_reason``, and the usage chunk.
+
+    The answer is complete at ``[DONE]`` after a finish_reason (any but the cuts);
+    without ``require_finish_reason``, at ``[DONE]`` alone. A cut (``length``,
+    ``content_filter``) fails at ``[DONE]``, or at the end of the input, once the usage
+    chunk that follows the finish was read: the failed answer's usage is known.
+    """
 
     end_marker = "data: [DONE]"
 
-    def __init__(self, request: al.ModelRequest, accept_truncated: bool = False) -> None:
-        super().__init__(request, accept_truncated)
+    def __init__(
+        self,
+        request: al.ModelRequest,
+        accept_truncated: bool = False,
+        url: str = "",
+        require_finish_reason: bool = True,
+    ) -> None:
+        super().__init__(request, accept_truncated, url)
+        self.require_finish_reason = require_finish_reason
         # Tool calls being streamed, by index: [provider id, name, argument fragments].
         self.open_calls: Dict[int, List[Any]] = {}
         self.closed_indexes: Set[int] = set()
+        self.finish: Optional[str] = None  # choice 0's finish_reason, once it came
+        self.failure: Optional[ProviderError] = None  # a cut, raised at the end
 
     def _content(self) -> List[_Block]:
         """The chunks as blocks: adjacent text joined, adjacent thinking joined."""
@@ -1463,6 +1577,15 @@ class _OpenAIAnswer(_Answer):
 
     def _event(self, event: _ServerEvent, out: List[al.ModelChunk]) -> None:
         if event.data == "[DONE]":
+            if self.failure is not None:
+                raise self.failure
+            if self.finish is None and self.require_finish_reason:
+                # llama-cpp-python's server ends a stream it interrupts (another request
+                # came) with [DONE] right after the last chunk it sent, and no finish.
+                raise _incomplete(
+                    f"the stream{self.source} ended with {self.end_marker} but no finish_reason",
+                    " (for a server that never sends one: require_finish_reason=False)",
+                )
             self._close_calls(out)
             self.done = True
             return
@@ -1475,7 +1598,7 @@ class _OpenAIAnswer(_Answer):
         for choice in choices:
             if not isinstance(choice, dict) or not isinstance(choice.get("delta", {}), dict):
                 raise _malformed("a choice that is not an object with a delta object", data)
-            if choice.get("index", 0) == 0:
+            if choice.get("index", 0) == 0 and self.failure is None:  # a cut answer ended
                 self._choice(choice, data, out)
         usage = data.get("usage")
         if usage is not None:  # the usage chunk; other chunks have none, or null
@@ -1502,15 +1625,33 @@ class _OpenAIAnswer(_Answer):
             for position, fragment in enumerate(fragments):
                 self._fragment(position, fragment, data, out)
         finish = choice.get("finish_reason")
-        if finish is not None:
-            if finish in _OPENAI_CUT:
-                if self.open_calls:  # a call being written when the answer was cut
-                    raise ProviderError(
-                        f"the answer was cut: finish_reason {finish!r} "
-                        f"({_OPENAI_CUT[finish]}) while a tool call was streamed"
-                    )
-                self._cut("finish_reason", finish, _OPENAI_CUT[finish], out)
-            self._close_calls(out)
+        if finish is None or finish == "":  # "" says nothing, as null does
+            return
+        if not isinstance(finish, str):
+            raise _malformed("a finish_reason that is not a string", data)
+        self.finish = finish
+        if finish in _OPENAI_CUT:
+            if self.open_calls:  # a call being written when the answer was cut
+                self.failure = ProviderError(
+                    f"the answer was cut: finish_reason {finish!r} "
+                    f"({_OPENAI_CUT[finish]}) while a tool call was streamed"
+                )
+                return
+            self.failure = self._cut("finish_reason", finish, _OPENAI_CUT[finish], out)
+            if self.failure is not None:
+                return
+        self._close_calls(out)
+
+    def _incomplete(self) -> ProviderError:
+        """The input ended before [DONE]: the cut, if one came, else a broken stream."""
+        if self.failure is not None:
+            return self.failure
+        if self.finish is None:
+            return _incomplete(
+                f"the stream{self.source} ended before {self.end_marker} and without a "
+                f"finish_reason"
+            )
+        return super()._incomplete()
 
     def _piece(
         self,
@@ -1687,8 +1828,10 @@ class _AnthropicAnswer(_Answer):
 
     end_marker = "message_stop"
 
-    def __init__(self, request: al.ModelRequest, accept_truncated: bool = False) -> None:
-        super().__init__(request, accept_truncated)
+    def __init__(
+        self, request: al.ModelRequest, accept_truncated: bool = False, url: str = ""
+    ) -> None:
+        super().__init__(request, accept_truncated, url)
         self.open_blocks: Dict[int, _OpenBlock] = {}
         # The stopped blocks by index (None: nothing kept), so that content keeps the
         # provider's order.
@@ -1718,8 +1861,12 @@ class _AnthropicAnswer(_Answer):
                 raise _malformed("message_delta without a delta object", data)
             self._usage(data.get("usage"), data)
             reason = delta.get("stop_reason")
-            if reason in _ANTHROPIC_CUT:
-                self._cut("stop_reason", reason, _ANTHROPIC_CUT[reason], out)
+            if reason is not None and not isinstance(reason, str):
+                raise _malformed("a stop_reason that is not a string", data)
+            if reason in _ANTHROPIC_CUT:  # the usage of this event is read already
+                failure = self._cut("stop_reason", reason, _ANTHROPIC_CUT[reason], out)
+                if failure is not None:
+                    raise failure
         elif kind == "message_stop":
             if self.open_blocks:  # a block without its stop was cut: it is no answer
                 raise _malformed(

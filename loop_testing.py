@@ -1571,6 +1571,8 @@ def openai_call(index: int, id: Optional[str], name: Optional[str], arguments: s
 
 
 DONE = b"data: [DONE]\n\n"
+STOP = openai_chunk({}, "stop")
+"""The finish of a complete answer: [DONE] alone is not one (require_finish_reason)."""
 
 
 def anthropic_event(type: str, **fields: Any) -> bytes:
@@ -1871,6 +1873,13 @@ def canned_anthropic(*attempts: Attempt, **arguments: Any) -> providers.Anthropi
     return model
 
 
+def canned_model(provider: str, *attempts: Attempt, **arguments: Any) -> providers._StreamingModel:
+    """The provider's canned model (canned_openai or canned_anthropic)."""
+    if provider == "openai":
+        return canned_openai(*attempts, **arguments)
+    return canned_anthropic(*attempts, **arguments)
+
+
 def posted(model: providers._StreamingModel, model_request: al.ModelRequest) -> Dict[str, Any]:
     """What the model would post for a request: url, headers (lower-case names), body."""
     url, headers, body = model._post(model_request)
@@ -1962,6 +1971,7 @@ class Reply:
     stall: bool = False  # after the parts, keep the connection open until the client leaves
     chunked: bool = False  # HTTP/1.1 chunked framing, as uvicorn sends it
     hang_up: bool = False  # close the connection without any answer
+    held: bool = False  # after the first part, wait for one of the server's go tokens
 
 
 @dataclass
@@ -1973,6 +1983,11 @@ class Server:
     requests: List[Dict[str, Any]] = field(default_factory=list)
     release: threading.Event = field(default_factory=threading.Event)
     disconnected: threading.Event = field(default_factory=threading.Event)
+    connections: int = 0  # accepted, whether a request came on them or not
+    holding: int = 0  # held replies waiting for a go token now
+    peak: int = 0  # the most held replies at once
+    go: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def script(self, *replies: Reply) -> None:
         self.replies.extend(replies)
@@ -1987,6 +2002,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # quiet
+
+    def setup(self) -> None:
+        super().setup()
+        with self.server_state.lock:
+            self.server_state.connections += 1
 
     def do_POST(self) -> None:
         state = self.server_state
@@ -2030,11 +2050,26 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 part = b"%x\r\n%s\r\n" % (len(part), part) if part else b""
             self.wfile.write(part)
             self.wfile.flush()
+            if reply.held and not number:
+                self._hold(state)
         if reply.stall:
             self._wait_for_client(state, SERVER_BOUND)
         elif reply.chunked and not any(part == b"" for part in reply.parts):
             self.wfile.write(b"0\r\n\r\n")
         self.close_connection = True
+
+    def _hold(self, state: Server) -> None:
+        """Holds the stream open until the test gives a go token (counted while held).
+
+        It stops counting before it writes the rest, so that a client cannot end its
+        stream, and another begin, while this one still counts.
+        """
+        with state.lock:
+            state.holding += 1
+            state.peak = max(state.peak, state.holding)
+        state.go.acquire(timeout=SERVER_BOUND)
+        with state.lock:
+            state.holding -= 1
 
     def _wait_for_client(self, state: Server, seconds: float) -> None:
         """Waits until the client closes its side (recorded), the fixture ends, or seconds."""
@@ -2077,6 +2112,8 @@ def serving(context: Optional[ssl.SSLContext] = None) -> Iterator[Server]:
         yield state
     finally:
         state.release.set()
+        for _ in range(64):  # a held reply ends too
+            state.go.release()
         httpd.shutdown()
         httpd.server_close()
         thread.join(SERVER_BOUND)

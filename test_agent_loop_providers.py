@@ -33,8 +33,10 @@ from loop_testing import (
     REASONING_USAGE,
     REQUEST_HISTORY,
     SPECS,
+    STOP,
     AnswerItem,
     Attempt,
+    add_tool,
     answer_parts,
     anthropic_delta,
     anthropic_end,
@@ -48,6 +50,7 @@ from loop_testing import (
     assert_stream_error,
     canned,
     canned_anthropic,
+    canned_model,
     canned_openai,
     chunk_texts,
     in_pieces,
@@ -98,13 +101,6 @@ MODEL_CLASSES = {
 ADD = {"left": 1, "right": 2}
 TOKEN_LIMIT = {"openai": "length", "anthropic": "max_tokens"}
 """The finish (OpenAI) or stop (Anthropic) reason of an answer cut by the token limit."""
-
-
-def canned_model(provider: str, *attempts: Attempt, **arguments: Any) -> al.Model:
-    """The provider's canned model (canned_openai or canned_anthropic)."""
-    if provider == "openai":
-        return canned_openai(*attempts, **arguments)
-    return canned_anthropic(*attempts, **arguments)
 
 
 # A byte-exact recording, in the shape Anthropic sends it (a ping event too).
@@ -229,6 +225,8 @@ class TestConstruction:
         assert (openai_model.retries, anthropic_model.retries) == (2, 2)
         assert openai_model.ssl_context is None  # the default context, made when needed
         assert not anthropic_model.accept_truncated
+        assert (openai_model.max_concurrency, anthropic_model.max_concurrency) == (None, None)
+        assert openai_model.require_finish_reason is True
 
     def test_a_trailing_slash_is_dropped_and_an_int_timeout_is_seconds(self) -> None:
         model = providers.OpenAIChatModel("m", base_url="http://localhost:11434/v1/", timeout=2)
@@ -275,6 +273,16 @@ class TestConstruction:
             pytest.param(
                 {"accept_truncated": 1}, TypeError, "accept_truncated must be a bool", id="cut"
             ),
+            *[
+                pytest.param({"max_concurrency": value}, error, words, id=f"concurrency-{name}")
+                for name, value, error, words in [
+                    ("bool", True, TypeError, "max_concurrency must be an int or None, got True"),
+                    ("float", 2.0, TypeError, "max_concurrency must be an int or None, got 2.0"),
+                    ("str", "2", TypeError, "max_concurrency must be an int or None, got '2'"),
+                    ("zero", 0, ValueError, r"max_concurrency must be an int >= 1 \(None: no"),
+                    ("negative", -1, ValueError, "max_concurrency must be an int >= 1 .*got -1"),
+                ]
+            ],
         ],
     )
     @pytest.mark.parametrize(
@@ -368,11 +376,26 @@ class TestConstruction:
         model = providers.OpenAIChatModel("m", retries=0, ssl_context=context)
         assert (model.retries, model.ssl_context) == (0, context)
 
-    def test_provider_error_carries_status_and_retry_after(self) -> None:
-        error = providers.ProviderError("busy", status=429, retry_after=1.5)
+    @pytest.mark.parametrize("limit", [1, 64])
+    @PROVIDERS
+    def test_a_positive_max_concurrency_is_kept(self, provider: str, limit: int) -> None:
+        assert MODEL_CLASSES[provider]("m", max_concurrency=limit).max_concurrency == limit
+
+    @pytest.mark.parametrize("value", [1, "yes", None])
+    def test_require_finish_reason_is_a_bool(self, value: Any) -> None:
+        with pytest.raises(TypeError, match="require_finish_reason must be a bool, got "):
+            providers.OpenAIChatModel("m", require_finish_reason=value)
+        assert not providers.OpenAIChatModel(
+            "m", require_finish_reason=False
+        ).require_finish_reason
+
+    def test_provider_error_carries_status_retry_after_and_usage(self) -> None:
+        usage = al.Usage(input_tokens=10, output_tokens=3)
+        error = providers.ProviderError("busy", status=429, retry_after=1.5, usage=usage)
         assert (str(error), error.status, error.retry_after) == ("busy", 429, 1.5)
+        assert error.usage is usage
         plain = providers.ProviderError("broken")
-        assert (plain.status, plain.retry_after) == (None, None)
+        assert (plain.status, plain.retry_after, plain.usage) == (None, None, None)
 
     def test_all_names_the_public_api(self) -> None:
         assert providers.__all__ == ["OpenAIChatModel", "AnthropicMessagesModel", "ProviderError"]
@@ -390,7 +413,7 @@ class TestRequests:
         assert sent["headers"]["content-type"] == "application/json"
         assert sent["headers"]["accept"] == "text/event-stream"
         assert sent["headers"]["user-agent"] == f"agent_loop_providers/{providers.__version__}"
-        assert providers.__version__ == "1.2.0"
+        assert providers.__version__ == "1.3.0"
         assert sent["body"] == {
             "model": "test-model",
             "stream": True,
@@ -507,8 +530,9 @@ class TestRequests:
         assert ("stream_options" in body) is (sent is not None)
 
     def test_anthropic_sends_each_turn_back_as_returned(self) -> None:
-        # Every block in its place: thinking with its signature (an empty one too), a
-        # redacted block with its data, each text block on its own, the tool uses.
+        # Every block in its place: thinking with its signature (also when the thinking
+        # is empty), a redacted block with its data, each text block on its own, the
+        # tool uses.
         turn = al.AssistantMessage(
             "message-r1",
             [
@@ -542,12 +566,18 @@ class TestRequests:
 
     def test_thinking_without_a_signature_is_not_sent_to_anthropic(self) -> None:
         # Thinking from another provider has no signature: Anthropic refuses such a
-        # block, and the thinking is not Claude's. A turn left empty is not sent either.
+        # block, and the thinking is not Claude's. An empty signature is none. A turn
+        # left empty is not sent either.
         history = (
             al.UserMessage("user-001", "Hi."),
             al.AssistantMessage(
                 "message-r1",
-                [al.ThinkingBlock("hmm"), al.TextBlock("Hello."), al.ThinkingBlock("")],
+                [
+                    al.ThinkingBlock("hmm"),
+                    al.TextBlock("Hello."),
+                    al.ThinkingBlock(""),
+                    al.ThinkingBlock("signed with nothing", signature=""),
+                ],
             ),
             al.UserMessage("user-002", "And?"),
             al.AssistantMessage("message-r2", [al.ThinkingBlock("only thinking")]),
@@ -622,27 +652,41 @@ class TestRequests:
 class TestOptions:
     """options: a mapping for every request, or a function of each request."""
 
-    def test_a_function_forces_a_tool_on_the_first_request_only(self) -> None:
+    def test_a_function_forces_a_tool_until_the_model_answers_the_user(self) -> None:
+        # The README's rule: force the tool when the request's last message is the user's,
+        # which holds on the first request of a run and of a resumed run alike.
         seen: List[str] = []
+        force = {"tool_choice": {"type": "function", "function": {"name": "add"}}}
 
         def options(model_request: al.ModelRequest) -> Optional[Dict[str, Any]]:
             seen.append(model_request.id)
-            if model_request.id == "request-001":
-                return {"tool_choice": {"type": "function", "function": {"name": "add"}}}
-            return None
+            return force if isinstance(model_request.messages[-1], al.UserMessage) else None
 
-        model = providers.OpenAIChatModel("m", options=options)
+        model = providers.OpenAIChatModel("m", options=options, retries=0)
         exchanges = canned(
             model,
-            [openai_call(0, "c1", "add", '{"left": 2, "right": 3}'), DONE],
-            [openai_chunk({"content": "5"}), DONE],
+            answer_parts("openai", [("c1", "add", {"left": 2, "right": 3})]),
+            answer_parts("openai", ["5"]),
+            answer_parts("openai", [("c2", "add", {"left": 5, "right": 5})]),
+            answer_parts("openai", ["10"]),
         )
-        _, result = settle_prompt(model)
-        bodies = [exchange.body for exchange in exchanges]
-        assert result.status == "completed", result.error
-        assert seen == ["request-001", "request-002"]
-        assert bodies[0]["tool_choice"] == {"type": "function", "function": {"name": "add"}}
-        assert "tool_choice" not in bodies[1]
+        _, first = settle_prompt(model)
+        assert first.status == "completed", first.error
+        _, resumed = al.settle_run(
+            al.run_agent_loop(
+                messages=[*first.messages, al.UserMessage("user-002", "Now add 5 and 5.")],
+                model=model,
+                tools=al.ToolRegistry([add_tool()]),
+                max_steps=2,
+                request_sequence_start=first.next_request_sequence,
+            )
+        )
+        assert resumed.status == "completed", resumed.error
+        assert seen == ["request-001", "request-002", "request-003", "request-004"]
+        forced = [
+            exchange.body.get("tool_choice") == force["tool_choice"] for exchange in exchanges
+        ]
+        assert forced == [True, False, True, False]
         assert model.options is options
 
     def test_a_function_for_anthropic(self) -> None:
@@ -725,9 +769,10 @@ class TestOpenAIStreaming:
         # "stop" for a response that holds tool calls: still a complete toolCall answer.
         assert response.stop_reason == "toolCall"
 
-    def test_ollama_ends_with_a_null_finish_reason_and_done(self) -> None:
+    def test_done_without_a_finish_reason_needs_require_finish_reason_false(self) -> None:
+        # A server that never sends a finish_reason: its [DONE] alone ends the answer.
         parts = [openai_chunk({"content": "Hi"}), openai_call(0, "call_0", "add", "{}"), DONE]
-        chunks, response = stream(canned_openai(parts))
+        chunks, response = stream(canned_openai(parts, require_finish_reason=False))
         assert (len(chunks), response.stop_reason) == (2, "toolCall")
 
     def test_empty_arguments_are_an_empty_object(self) -> None:
@@ -735,6 +780,7 @@ class TestOpenAIStreaming:
         parts = [
             openai_call(0, "a", "now", ""),
             openai_chunk({"tool_calls": [no_arguments]}),
+            openai_chunk({}, "tool_calls"),
             DONE,
         ]
         _, response = stream(canned_openai(parts))
@@ -747,6 +793,7 @@ class TestOpenAIStreaming:
             openai_chunk({"refusal": "I cannot help with that."}),
             openai_chunk({"reasoning_details": [], "content": ""}),
             b'data: {"choices":[{"delta":{"content":"!"}}]}\n\n',
+            STOP,
             DONE,
         ]
         _, response = stream(canned_openai(parts))
@@ -954,7 +1001,7 @@ class TestThinking:
         ],
     )
     def test_openai_reasoning_fields(self, delta: Dict[str, Any], thinking: str) -> None:
-        _, response = parsed(new_answer("openai"), openai_chunk(delta), DONE)
+        _, response = parsed(new_answer("openai"), openai_chunk(delta), STOP, DONE)
         assert response.content == (al.ThinkingBlock(thinking),)
 
     def test_openai_thinking_text_and_calls_are_each_others_boundaries(self) -> None:
@@ -1076,6 +1123,7 @@ class TestUsage:
             openai_chunk({"content": "a"})[:-3]
             + b',"usage":{"prompt_tokens":3,"completion_tokens":1}}\n\n',
             openai_chunk({"content": "b"})[:-3] + b',"usage":null}\n\n',
+            STOP,
             openai_usage({"prompt_tokens": 3, "completion_tokens": 2}),
             DONE,
         ]
@@ -1141,6 +1189,7 @@ class TestIds:
                     openai_call(1, None, "add", ""),
                     openai_call(2, "free", "add", ""),
                     openai_call(3, "", "add", ""),
+                    openai_chunk({}, "tool_calls"),
                     DONE,
                 ]
             ),
@@ -1191,6 +1240,33 @@ OPENAI_BROKEN: List[Tuple[str, List[bytes], str]] = [
         "no-done",
         [HI, openai_chunk({}, "stop")],
         "the stream ended before data: [DONE]: the answer is incomplete",
+    ),
+    (
+        "done-without-finish",
+        [HI, DONE],
+        "the stream ended with data: [DONE] but no finish_reason: the answer is incomplete "
+        "(for a server that never sends one: require_finish_reason=False)",
+    ),
+    (
+        "empty-finish",
+        [HI, openai_chunk({}, ""), DONE],
+        "the stream ended with data: [DONE] but no finish_reason: the answer is incomplete",
+    ),
+    (
+        "end-without-finish",
+        [HI],
+        "the stream ended before data: [DONE] and without a finish_reason: the answer is "
+        "incomplete",
+    ),
+    (
+        "finish-not-str",
+        [sse({"choices": [{"delta": {}, "finish_reason": ["stop"]}]})],
+        "malformed event: a finish_reason that is not a string",
+    ),
+    (
+        "length-then-the-end",
+        [HI, openai_chunk({}, "length")],
+        "the answer was cut: finish_reason 'length' (the token limit)",
     ),
     (
         "length",
@@ -1263,18 +1339,22 @@ OPENAI_BROKEN: List[Tuple[str, List[bytes], str]] = [
     ),
     (
         "no-name",
-        [openai_call(0, "a", None, "{}"), DONE],
+        [openai_call(0, "a", None, "{}"), STOP, DONE],
         "malformed event stream: a tool call has no name (None)",
     ),
     (
         "bad-json",
-        [openai_call(0, "a", "add", '{"left": 1,'), DONE],
+        [openai_call(0, "a", "add", '{"left": 1,'), STOP, DONE],
         "tool call 'add' has arguments that are not JSON (",
     ),
-    ("bad-json-quoted", [openai_call(0, "a", "add", '{"left": 1,'), DONE], '): {"left": 1,'),
+    (
+        "bad-json-quoted",
+        [openai_call(0, "a", "add", '{"left": 1,'), STOP, DONE],
+        '): {"left": 1,',
+    ),
     (
         "array",
-        [openai_call(0, "a", "add", "[1]"), DONE],
+        [openai_call(0, "a", "add", "[1]"), STOP, DONE],
         "tool call 'add' has arguments that are not a JSON object: [1]",
     ),
     (
@@ -1419,6 +1499,11 @@ ANTHROPIC_BROKEN: List[Tuple[str, List[bytes], str]] = [
         "message-delta",
         [anthropic_event("message_delta", delta=None)],
         "malformed event: message_delta without a delta object",
+    ),
+    (
+        "stop-reason-not-str",
+        [anthropic_event("message_delta", delta={"stop_reason": ["refusal"]})],
+        "malformed event: a stop_reason that is not a string",
     ),
     *[
         (
@@ -1588,6 +1673,125 @@ class TestIncompleteAnswers:
         ]
         assert answer.feed(b"") == []
         assert answer.response().content == (al.TextBlock("Hello, world"),)
+
+
+def anthropic_message_start(usage: Dict[str, Any]) -> bytes:
+    """message_start with the usage of the answer so far."""
+    return anthropic_event("message_start", message={"id": "m", "content": [], "usage": usage})
+
+
+SEVEN_IN = {"prompt_tokens": 7, "completion_tokens": 2}
+CUT_CALL = openai_call(0, "c1", "add", '{"left": ')
+# Failed answers after the provider reported usage, the words of the failure, and the
+# usage it reported. OpenAI's usage chunk comes after the cut's finish, and is read.
+FAILED_WITH_USAGE = [
+    pytest.param(
+        "openai",
+        [HI, openai_chunk({}, "length"), openai_usage(SEVEN_IN), DONE],
+        "the answer was cut: finish_reason 'length' (the token limit)",
+        al.Usage(7, 2),
+        id="openai-length",
+    ),
+    pytest.param(
+        "openai",
+        [HI, openai_chunk({}, "length"), openai_usage(SEVEN_IN)],
+        "the answer was cut: finish_reason 'length' (the token limit)",
+        al.Usage(7, 2),
+        id="openai-length-then-the-end-of-the-input",
+    ),
+    pytest.param(
+        "openai",
+        [HI, openai_chunk({}, "content_filter"), openai_usage(SEVEN_IN), DONE],
+        "the answer was cut: finish_reason 'content_filter'",
+        al.Usage(7, 2),
+        id="openai-content-filter",
+    ),
+    pytest.param(
+        "openai",
+        [HI, CUT_CALL, openai_chunk({}, "length"), openai_usage(SEVEN_IN), DONE],
+        "the answer was cut: finish_reason 'length' (the token limit) while a tool call",
+        al.Usage(7, 2),
+        id="openai-length-in-a-tool-call",
+    ),
+    pytest.param(
+        "openai",
+        [HI, openai_chunk({}, "length"), DONE],
+        "the answer was cut: finish_reason 'length' (the token limit)",
+        None,
+        id="openai-no-usage-chunk",
+    ),
+    pytest.param(
+        "openai",
+        [HI, openai_chunk({}, "length"), openai_chunk({"content": "more"}), DONE],
+        "the answer was cut: finish_reason 'length' (the token limit)",
+        None,
+        id="openai-nothing-after-the-cut-is-the-answer",
+    ),
+    pytest.param(
+        "anthropic",
+        [
+            anthropic_message_start({"input_tokens": 9, "output_tokens": 1}),
+            *anthropic_text(0, "Hi"),
+            anthropic_end("refusal", {"output_tokens": 5})[0],  # it fails here, at once
+        ],
+        "the answer was cut: stop_reason 'refusal'",
+        al.Usage(9, 5),
+        id="anthropic-refusal",
+    ),
+    pytest.param(
+        "anthropic",
+        [
+            anthropic_message_start({"input_tokens": 9, "output_tokens": 1}),
+            *anthropic_text(0, "Hi")[:2],
+        ],
+        "the stream from http://canned/v1/messages ended before message_stop",
+        al.Usage(9, 1),
+        id="anthropic-broken",
+    ),
+]
+
+
+class TestWhatAFailedAnswerCost:
+    """ProviderError.usage: what the provider reported for an answer that then failed;
+    the run's own usage counts only the responses it appended."""
+
+    @pytest.mark.parametrize(("provider", "parts", "words", "usage"), FAILED_WITH_USAGE)
+    def test_the_error_carries_the_usage_the_provider_reported(
+        self, provider: str, parts: List[bytes], words: str, usage: Optional[al.Usage]
+    ) -> None:
+        model = canned_model(provider)
+        (exchange,) = canned(model, parts)
+        events, result = settle_prompt(model)
+        error = assert_stream_error(result, words)
+        assert error.usage == usage
+        assert chunk_texts(events) == ["Hi"]
+        assert exchange.reads >= len(parts)  # every part read: the usage after a cut too
+        assert result.usage is None  # no response was appended
+
+    def test_a_retried_answer_keeps_the_usage_of_its_last_attempt(self) -> None:
+        attempts = [
+            [anthropic_message_start({"input_tokens": tokens, "output_tokens": 1})]
+            for tokens in (9, 10)
+        ]
+        model = canned_anthropic(*attempts, retries=1)
+        model._backoff_start = 0.001
+        _, result = settle_prompt(model)
+        error = assert_stream_error(result, "ended before message_stop", "(after 1 retry)")
+        assert error.usage == al.Usage(10, 1)
+
+    def test_the_run_sums_the_responses_it_appended_and_not_the_failed_one(self) -> None:
+        model = canned_openai(
+            [
+                *answer_parts("openai", [("c1", "add", ADD)])[:-1],
+                openai_usage({"prompt_tokens": 20, "completion_tokens": 5}),
+                DONE,
+            ],
+            [HI, openai_chunk({}, "length"), openai_usage(SEVEN_IN), DONE],
+        )
+        _, result = settle_prompt(model)
+        error = assert_stream_error(result, "finish_reason 'length'")
+        assert result.usage == al.Usage(20, 5)
+        assert error.usage == al.Usage(7, 2)
 
 
 # --- Long answers -------------------------------------------------------------------
@@ -1770,7 +1974,7 @@ class TestLongAnswers:
     ) -> None:
         parts = answer_parts(provider, ["Hel", "lo"])
         first = 1 if provider == "openai" else 3  # Anthropic: message and block starts
-        model = cast(providers._StreamingModel, canned_model(provider))
+        model = canned_model(provider)
         (exchange,) = canned(model, parts)
         generator = model.stream(request(), threading.Event())
         assert next(generator) == al.TextDelta("request-001", "Hel")

@@ -55,15 +55,19 @@ from loop_testing import (
     PROVIDERS,
     REQUEST_HISTORY,
     SPECS,
+    STOP,
     Canned,
     Reply,
     Server,
     answer_parts,
+    anthropic_delta,
     anthropic_end,
     anthropic_sent_result,
     anthropic_text,
     assert_stream_error,
+    canned,
     canned_anthropic,
+    canned_model,
     canned_openai,
     chunk_texts,
     eventually,
@@ -203,7 +207,9 @@ def retry_logs(caplog: pytest.LogCaptureFixture) -> List[str]:
     ]
 
 
-STREAM = Reply([openai_chunk({"content": "5"}), DONE])
+CHUNKED = (("Content-Type", "text/event-stream"), ("Transfer-Encoding", "chunked"))
+"""The head of a chunked stream whose framing a test writes by hand."""
+STREAM = Reply([openai_chunk({"content": "5"}), STOP, DONE])
 BUSY = Reply([b"busy"], status=503)
 LONG = Reply([b"busy"], status=429, headers=(("Retry-After", "61"),))
 REDIRECT = "http://127.0.0.1:9/v1/chat/completions"
@@ -211,6 +217,48 @@ OVERLOADED = sse(
     {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}, "error"
 )
 NOT_RETRIED = "busy (Retry-After: 61 s) (not retried: the Retry-After is more than 60 s)"
+ROLE = openai_chunk({"role": "assistant", "content": ""})  # a first chunk with no text
+# Answers that the server did not finish: the parts before the text (none: no chunk), the
+# unfinished end, and what the error says after the URL.
+UNFINISHED = [
+    pytest.param(
+        "openai",
+        [ROLE],
+        [DONE],
+        "ended with data: [DONE] but no finish_reason: the answer is incomplete (for a "
+        "server that never sends one: require_finish_reason=False)",
+        id="openai-end-marker-without-finish",
+    ),
+    pytest.param(
+        "openai",
+        [ROLE],
+        [],
+        "ended before data: [DONE] and without a finish_reason: the answer is incomplete",
+        id="openai-end-of-input-without-finish",
+    ),
+    pytest.param(
+        "openai",
+        [ROLE],
+        [STOP],
+        "ended before data: [DONE]: the answer is incomplete",
+        id="openai-end-of-input-after-the-finish",
+    ),
+    pytest.param(
+        "anthropic",
+        [MESSAGE_START, anthropic_text(0)[0]],
+        [],
+        "ended before message_stop: the answer is incomplete",
+        id="anthropic-end-of-input",
+    ),
+]
+TEXT = {
+    "openai": openai_chunk({"content": "Hal"}),
+    "anthropic": anthropic_delta(0, type="text_delta", text="Hal"),
+}
+CANNED_URL = {
+    "openai": "http://canned/v1/chat/completions",
+    "anthropic": "http://canned/v1/messages",
+}
 
 
 class TestRetries:
@@ -385,6 +433,90 @@ class TestRetries:
         _, result = settle_prompt(model)
         assert_stream_error(result, "reported an error")
 
+    @pytest.mark.parametrize(("provider", "head", "end", "words"), UNFINISHED)
+    def test_an_unfinished_answer_before_any_chunk_is_retried(
+        self,
+        provider: str,
+        head: List[bytes],
+        end: List[bytes],
+        words: str,
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        # Nothing was yielded: as after a broken connection, the answer is asked for again.
+        model = quick(canned_model(provider, retries=1))
+        exchanges = canned(model, [*head, *end], answer_parts(provider, ["Done."]))
+        with caplog.at_level(logging.WARNING):
+            _, result = settle_prompt(model)
+        assert (result.status, result.final_text) == ("completed", "Done."), result.error
+        (logged,) = retry_logs(caplog)
+        assert f"attempt 1 of 2 failed (the stream from {CANNED_URL[provider]} {words})" in logged
+        assert [bool(exchange.reads) for exchange in exchanges] == [True, True]
+
+    @pytest.mark.parametrize(("provider", "head", "end", "words"), UNFINISHED)
+    def test_an_unfinished_answer_fails_the_run_once_the_retries_are_spent(
+        self, provider: str, head: List[bytes], end: List[bytes], words: str
+    ) -> None:
+        attempts = [Canned([*head, *end]) for _ in range(3)]
+        _, result = settle_prompt(quick(canned_model(provider, *attempts, retries=2)))
+        url = CANNED_URL[provider]
+        assert_stream_error(result, f"the stream from {url} {words} (after 2 retries)")
+        assert [bool(attempt.reads) for attempt in attempts] == [True, True, True]
+        assert len(result.messages) == 1
+
+    @pytest.mark.parametrize(("provider", "head", "end", "words"), UNFINISHED)
+    def test_an_unfinished_answer_after_a_chunk_fails_the_run_at_once(
+        self, provider: str, head: List[bytes], end: List[bytes], words: str
+    ) -> None:
+        # Once a chunk was yielded, the loop has reported it: no retry.
+        unused = Canned(answer_parts(provider, ["Done."]))
+        model = quick(canned_model(provider, [*head, TEXT[provider], *end], unused, retries=2))
+        events, result = settle_prompt(model)
+        error = assert_stream_error(result, f"the stream from {CANNED_URL[provider]} {words}")
+        assert "(after" not in str(error)
+        assert chunk_texts(events) == ["Hal"]
+        assert unused.reads == 0
+
+    def test_without_require_finish_reason_the_end_of_input_is_still_incomplete(self) -> None:
+        model = canned_openai([openai_chunk({"content": "Hal"})], require_finish_reason=False)
+        _, result = settle_prompt(model)
+        assert_stream_error(result, "ended before data: [DONE] and without a finish_reason")
+
+    @pytest.mark.parametrize(
+        "broken",
+        [
+            pytest.param(Reply([b"40\r\ndata: {"], headers=CHUNKED), id="the-connection-breaks"),
+            pytest.param(Reply([ROLE], stall=True), id="no-byte-for-the-timeout"),
+        ],
+    )
+    def test_a_stream_that_breaks_after_the_head_before_any_chunk_is_retried(
+        self, server: Server, broken: Reply
+    ) -> None:
+        server.script(broken, STREAM)
+        _, result = settle_prompt(quick(openai(server, retries=1, timeout=0.3)))
+        assert (result.status, result.final_text) == ("completed", "5"), result.error
+        assert len(server.requests) == 2
+
+    @pytest.mark.parametrize(
+        ("broken", "words"),
+        [
+            pytest.param(
+                Reply([b"40\r\ndata: {"], headers=CHUNKED),
+                "broke: IncompleteRead",
+                id="the-connection-breaks",
+            ),
+            pytest.param(
+                Reply([ROLE], stall=True), "sent nothing for 0.3 s", id="no-byte-for-the-timeout"
+            ),
+        ],
+    )
+    def test_a_stream_that_breaks_before_any_chunk_fails_once_the_retries_are_spent(
+        self, server: Server, broken: Reply, words: str
+    ) -> None:
+        server.script(broken, broken, broken)
+        _, result = settle_prompt(quick(openai(server, retries=2, timeout=0.3)))
+        assert_stream_error(result, words, "(after 2 retries)")
+        assert len(server.requests) == 3
+
     def test_a_cancel_during_the_wait_ends_the_run_at_once(self, server: Server) -> None:
         server.script(Reply([b"busy"], status=503, headers=(("Retry-After", "5"),)), STREAM)
         model = openai(server, retries=2)
@@ -415,6 +547,122 @@ class TestRetries:
         _, response = stream(model, signal=Recording())
         assert response.content == (al.TextBlock("Hello, world"),)
         assert waits == [waited]
+
+
+# --- A limit on concurrent answers ---------------------------------------------------
+
+
+def settled_within_bound(model: al.Model) -> al.RunResult:
+    """A run of model, cancelled after _BOUND seconds: a slot never given back fails the
+    test instead of hanging it."""
+    signal = threading.Event()
+    timer = threading.Timer(_BOUND, signal.set)
+    timer.start()
+    try:
+        return settle_prompt(model, signal=signal)[1]
+    finally:
+        timer.cancel()
+
+
+def in_threads(model: al.Model, runs: int) -> Tuple[List[threading.Thread], List[al.RunResult]]:
+    """runs runs of model, each in a thread of its own (started) and bounded; their
+    results."""
+    results: List[al.RunResult] = []
+
+    def run() -> None:
+        results.append(settled_within_bound(model))
+
+    threads = [threading.Thread(target=run) for _ in range(runs)]
+    for thread in threads:
+        thread.start()
+    return threads, results
+
+
+class TestMaxConcurrency:
+    """max_concurrency=N: at most N answers of one model object stream at once."""
+
+    @pytest.mark.parametrize(
+        ("provider", "limit", "runs", "streaming"),
+        [
+            pytest.param("openai", None, 4, 4, id="no-limit-all-at-once"),
+            pytest.param("openai", 2, 4, 2, id="two-of-four"),
+            pytest.param("anthropic", 1, 3, 1, id="one-of-three"),
+        ],
+    )
+    def test_at_most_n_answers_stream_at_once_across_threads_and_runs(
+        self, server: Server, provider: str, limit: Optional[int], runs: int, streaming: int
+    ) -> None:
+        parts = answer_parts(provider, ["Hi"])
+        server.script(*[Reply(parts, held=True) for _ in range(runs)])
+        model = served(provider, server, max_concurrency=limit, timeout=_BOUND)
+        threads, results = in_threads(model, runs)
+        try:
+            assert eventually(lambda: server.holding == streaming)
+            time.sleep(0.2)  # room for a run that would break the limit to connect
+            assert (server.holding, server.connections) == (streaming, streaming)
+        finally:
+            for _ in range(runs):
+                server.go.release()
+            for thread in threads:
+                thread.join(_BOUND)
+        assert [result.final_text for result in results] == ["Hi"] * runs
+        assert (server.peak, server.connections) == (streaming, runs)
+
+    @pytest.mark.parametrize("how", ["fails", "is-closed", "is-cancelled"])
+    def test_a_slot_is_given_back_when_its_stream_ends_otherwise(
+        self, server: Server, how: str
+    ) -> None:
+        model = openai(server, max_concurrency=1, timeout=_BOUND)
+        if how == "fails":
+            server.script(BUSY, STREAM)
+            assert_stream_error(settle_prompt(model)[1], "HTTP 503")
+        elif how == "is-closed":  # a consumer that walks away
+            server.script(Reply(STREAM.parts, held=True), STREAM)
+            holder = model.stream(request(), threading.Event())
+            assert next(holder) == al.TextDelta("request-001", "5")
+            holder.close()
+        else:
+            server.script(Reply(STREAM.parts, held=True), STREAM)
+            assert cancelled_within(model, after=lambda: server.holding == 1) < 0.25
+        result = settled_within_bound(model)
+        assert (result.status, result.final_text) == ("completed", "5"), result.error
+        assert server.connections == 2
+
+    def test_waiting_for_a_slot_is_cancelled_at_once_and_sends_nothing(
+        self, server: Server
+    ) -> None:
+        server.script(Reply(STREAM.parts, held=True))
+        model = openai(server, max_concurrency=1, timeout=_BOUND)
+        holder = model.stream(request(), threading.Event())
+        try:
+            assert next(holder) == al.TextDelta("request-001", "5")
+            assert cancelled_within(model, delay=0.1) < 0.25
+            waiting = threading.Event()
+            waiting.set()
+            with pytest.raises(providers.ProviderError) as caught:
+                stream(model, signal=waiting)
+            assert str(caught.value) == (
+                f"the request to {server.url}/v1/chat/completions was cancelled while it "
+                "waited for a slot (max_concurrency=1)"
+            )
+            assert (server.connections, len(server.requests)) == (1, 1)
+        finally:
+            holder.close()
+
+    def test_a_retrys_wait_holds_no_slot(self, server: Server) -> None:
+        server.script(Reply([b"busy"], status=503, headers=(("Retry-After", "5"),)), STREAM)
+        model = openai(server, max_concurrency=1, retries=1)
+        waiting = threading.Event()  # set at the end: the first run's wait ends at once
+        first = threading.Thread(target=settle_prompt, args=(model,), kwargs={"signal": waiting})
+        first.start()
+        try:
+            assert eventually(lambda: len(server.requests) == 1)
+            result = settled_within_bound(model)  # while the first run waits 5 s
+            assert (result.status, result.final_text) == ("completed", "5"), result.error
+        finally:
+            waiting.set()
+            first.join(_BOUND)
+        assert len(server.requests) == 2
 
 
 # --- Connecting, watched ----------------------------------------------------------------
@@ -705,10 +953,6 @@ class TestHTTPS:
         assert_stream_error(result, f"cannot connect to {url}", "the TLS handshake failed")
 
 
-CHUNKED = (("Content-Type", "text/event-stream"), ("Transfer-Encoding", "chunked"))
-"""The head of a chunked stream whose framing a test writes by hand."""
-
-
 class TestHTTPFailures:
     """Status, connection and timeout failures name the status, the address, the wait."""
 
@@ -752,7 +996,7 @@ class TestHTTPFailures:
         assert len(result.messages) == 1
 
     def test_pauses_shorter_than_the_timeout_are_fine(self, server: Server) -> None:
-        parts = [openai_chunk({"content": "a"}), openai_chunk({"content": "b"}), DONE]
+        parts = [openai_chunk({"content": "a"}), openai_chunk({"content": "b"}), STOP, DONE]
         server.script(Reply(parts, pause=0.15))
         _, result = settle_prompt(openai(server, timeout=0.5))
         assert result.status == "completed"

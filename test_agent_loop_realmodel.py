@@ -5,8 +5,12 @@ served by llama-cpp-python 0.3.36's OpenAI-compatible server, which a session fi
 starts on 127.0.0.1 with a free port and stops whatever happens. The cases are what a
 new user meets first: a long answer (more server-sent events than the loop's chunk
 budget), a cancel from another thread in the middle of an answer, a forced tool call
-whose real arguments reach the tool and whose result goes back in a second request, and
-the command line's (agent_loop_cli.py) ``--json`` log of a real run, replayed exactly.
+whose real arguments reach the tool and whose result goes back in a second request, the
+command line's (agent_loop_cli.py) ``--json`` log of a real run, replayed exactly, and
+ten runs from ten threads at once: without a limit (the server interrupts a stream when
+another request arrives: no run may complete with an answer it did not finish), and
+sharing one model object with ``max_concurrency=1`` through the README's
+``ask_together()`` (all complete).
 
 Each answer is held by a grammar at temperature 0, so that it is bounded and ends by
 itself: a GBNF grammar in the server's ``grammar`` field, or for a forced tool call the
@@ -34,7 +38,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -67,9 +71,13 @@ _LONG_GRAMMAR = (
 )
 # A short answer the model writes itself: a few lowercase words, at most 56 tokens.
 _SHORT_GRAMMAR = 'root ::= "Hello" (" " [a-z]{1,8}){2,6} "."\n'
+_SHORT_ANSWER = r"Hello( [a-z]{1,8}){2,6}\."
+_SHORT_OPTIONS = {"grammar": _SHORT_GRAMMAR, "temperature": 0, "max_tokens": 64}
 # After the tool's result: the answer's shape is fixed, its digits are the model's.
 _SUM_GRAMMAR = 'root ::= "The sum is " [0-9]{1,6} "."\n'
 _FORCE_ADD = {"type": "function", "function": {"name": "add"}}
+_AGENTS = 10
+"""Runs at once from as many threads against the one server (which has one slot)."""
 
 
 # --- The server -----------------------------------------------------------------------
@@ -227,8 +235,8 @@ def relay(llama_server: str) -> Iterator[Relay]:
         relay.close()
 
 
-def streamed_deltas(answer: bytes) -> List[str]:
-    """The text of each server-sent event of an OpenAI stream, as the server sent it.
+def streamed_chunks(answer: bytes) -> List[Dict[str, Any]]:
+    """The JSON chunks of an OpenAI stream, as the server sent them ([DONE] left out).
 
     ``answer`` is the raw HTTP response: its head, then its body in HTTP/1.1 chunked
     framing (uvicorn's) or plain.
@@ -244,13 +252,20 @@ def streamed_deltas(answer: bytes) -> List[str]:
             plain += rest[:size]
             body = rest[size + 2 :]  # the chunk's data, then its CRLF
         body = bytes(plain)
-    deltas = []
-    for line in body.decode("utf-8").split("\n"):
-        if line.startswith("data: {"):
-            choices = json.loads(line[len("data: ") :])["choices"]
-            if choices and choices[0]["delta"].get("content"):
-                deltas.append(choices[0]["delta"]["content"])
-    return deltas
+    lines = body.decode("utf-8").split("\n")
+    return [json.loads(line[len("data: ") :]) for line in lines if line.startswith("data: {")]
+
+
+def streamed_deltas(answer: bytes) -> List[str]:
+    """The text of each server-sent event of an OpenAI stream, as the server sent it."""
+    choices = [chunk["choices"][0] for chunk in streamed_chunks(answer) if chunk["choices"]]
+    return [choice["delta"]["content"] for choice in choices if choice["delta"].get("content")]
+
+
+def finished(answer: bytes) -> bool:
+    """Whether the server finished this answer: a chunk of it says its finish_reason."""
+    chunks = streamed_chunks(answer)
+    return any(choice.get("finish_reason") for chunk in chunks for choice in chunk["choices"])
 
 
 # --- Helpers --------------------------------------------------------------------------
@@ -276,6 +291,37 @@ def settle(
         signal=signal,
     )
     return al.settle_run(run, on_event)
+
+
+def readme_function(name: str) -> Callable[..., Any]:
+    """The function the README defines under that name: its python block, run."""
+    with open(os.path.join(_HERE, "README.md"), encoding="utf-8") as readme:
+        blocks = re.findall(r"```python\n(.*?)```", readme.read(), re.DOTALL)
+    (block,) = [block for block in blocks if f"\ndef {name}(" in block]
+    namespace: Dict[str, Any] = {}
+    exec(compile(block, f"README.md: the block of {name}", "exec"), namespace)
+    function: Callable[..., Any] = namespace[name]
+    return function
+
+
+def at_once(model: Callable[[], al.Model]) -> List[al.RunResult]:
+    """_AGENTS runs of a short answer, each in a thread of its own, started together
+    (a barrier), each on the model that model() gives; their results."""
+    barrier = threading.Barrier(_AGENTS)
+    results: List[al.RunResult] = []
+
+    def run() -> None:
+        agent = model()
+        barrier.wait(_BOUND)
+        results.append(settle(agent, "Say hello.")[1])
+
+    threads = [threading.Thread(target=run) for _ in range(_AGENTS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(_ANSWER_BOUND)
+    assert len(results) == _AGENTS, "a run did not end"
+    return results
 
 
 def chunks(events: List[al.Event]) -> List[al.ModelChunk]:
@@ -347,6 +393,60 @@ class TestRealModel:
         assert [message.role for message in result.messages] == ["user"]
         assert result.final_text is None
         assert [event.type for event in events].count("message.accepted") == 1
+
+    def test_ten_runs_at_once_without_a_limit_complete_only_finished_answers(
+        self, relay: Relay
+    ) -> None:
+        """Ten threads, one model object each, no limit: the server interrupts a stream
+        when another request arrives, ending it with [DONE] and no finish_reason. No run
+        completes with an answer the server did not finish: each completes with the
+        grammar's whole text, or fails MODEL_STREAM_ERROR (an unfinished answer that had
+        streamed, or whose retries were spent)."""
+        results = at_once(lambda: openai(relay.url, options=_SHORT_OPTIONS))
+        for result in results:
+            if result.status == "completed":
+                assert re.fullmatch(_SHORT_ANSWER, result.final_text or ""), result.final_text
+            else:
+                assert result.error is not None, result.status
+                assert result.error.code == "MODEL_STREAM_ERROR", result.error
+                assert "the answer is incomplete" in result.error.message, result.error
+        completed = [result for result in results if result.status == "completed"]
+        # Each completed run read one answer that the server finished; the others were
+        # interrupted (the premise of this test: at least one was).
+        assert len(completed) <= sum(finished(bytes(answer)) for answer in relay.answers)
+        assert any(not finished(bytes(answer)) for answer in relay.answers)
+
+    def test_ten_runs_sharing_a_model_with_max_concurrency_1_all_complete(
+        self, llama_server: str
+    ) -> None:
+        """The README's ask_together(): ten threads sharing one model object with
+        max_concurrency=1. One answer streams at a time, none is interrupted, and every
+        run completes with its text. The server reports no usage in a stream: each
+        result's usage is a Usage with every field unknown, as the README says."""
+        ask_together = readme_function("ask_together")
+        model = openai(llama_server, options=_SHORT_OPTIONS, max_concurrency=1)
+        results = ask_together(model, ["Say hello."] * _AGENTS)
+        assert [result.status for result in results] == ["completed"] * _AGENTS, [
+            result.error for result in results
+        ]
+        for result in results:
+            assert re.fullmatch(_SHORT_ANSWER, result.final_text or ""), result.final_text
+            assert result.usage == al.Usage()
+            assert result.usage in (None, al.Usage())
+
+    def test_the_readmes_local_model_in_ten_lines_runs(
+        self, llama_server: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """The README's ask_local(), as a newcomer runs it (no grammar, no options), against
+        this server: the run completes with the model's text, and print_event printed one
+        line per event, the last the result."""
+        ask_local = readme_function("ask_local")
+        result = ask_local("Say hello.", base_url=llama_server + "/v1")
+        assert result.status == "completed", result.error
+        assert (result.final_text or "").strip()
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0].split()[:2] == ["0", "message.accepted"]
+        assert lines[-1].split()[:3] == [str(len(lines) - 1), "run.finished", "completed"]
 
     def test_a_forced_tool_call_reaches_the_tool_and_the_run_goes_on(
         self, llama_server: str

@@ -827,6 +827,7 @@ class TestReadmeBlocksRunAlone:
             *REPOSITORY.glob("*.toml"),
             *REPOSITORY.glob("*.ini"),
             *REPOSITORY.glob("benchmarks/*.py"),
+            *REPOSITORY.glob("examples/*.py"),
             *REPOSITORY.glob("benchmarks/pi/*.*"),
         ]
         assert len(paths) >= 10
