@@ -126,10 +126,8 @@ __all__ = [  # grouped as the README presents the API
     "open_tool_calls", "resolve_open_tool_calls",
 ]  # fmt: skip
 
-# The library logs the exceptions that become tool results, and prints nothing unless
-# the application configures logging.
-_logger = logging.getLogger("agent_loop")
-_logger.addHandler(logging.NullHandler())
+_logger = logging.getLogger("agent_loop")  # the exceptions that become tool results
+_logger.addHandler(logging.NullHandler())  # silent unless the application configures logging
 
 # --- Limits -----------------------------------------------------------------------
 # Every number of the seed, once. Each limit is inclusive: the limit passes, one more fails.
@@ -227,16 +225,14 @@ class _Run:
                 # After every event: the consumer ran, and may have set the signal.
                 self._check_signal()
         except _Cancelled:
-            # The phase that was waiting hears of it there: a batch of tools still yields
-            # the results completed before the signal was seen, then ends.
+            # The waiting phase hears of it: a batch yields the results it completed, then ends.
             yield from self._told(steps)
             result = self._result("cancelled")
         except _RunFailure as failure:
             error = RunError(failure.code, failure.message, failure.__cause__)
             result = self._result("failed", error=error)
         finally:
-            # Cancelled after an event, or closed by the consumer: the phase that was
-            # waiting ends too, and with it the model's stream.
+            # Cancelled, or closed by the consumer: the waiting phase ends, and its stream.
             steps.close()
         return (yield from self._finish(result))
 
@@ -252,8 +248,7 @@ class _Run:
     def _run_steps(self) -> Generator[Event, None, RunResult]:
         """From SnapshotRun to Completed or MaxSteps; the other endings raise."""
         if self.invalid_start is not None:
-            # SnapshotRun --> Failed: invalid transcript. Reported even with the signal
-            # already set: the inputs decide before the signal is looked at.
+            # SnapshotRun --> Failed: invalid transcript (the inputs decide before the signal).
             raise self.invalid_start
         self._check_signal()  # SnapshotRun --> Cancelled
         yield from self._emit_accepted()  # SnapshotRun --> EmitAccepted --> OpenModel
@@ -392,8 +387,7 @@ class _Run:
                     "tool.finished", request_id=request.id, tool_call=call, tool_result=result
                 )
         # Seed: "After the complete Tool batch, validateTranscript() proves that every
-        # call has one later matching result." Here that holds by construction: each
-        # call above got its linked result appended, or the phase ended by raising.
+        # call has one later matching result." By construction: each got one, or it raised.
 
     def _groups(self, calls: List[ToolCall]) -> List[List[ToolCall]]:
         """ExecuteTools: maximal runs of consecutive calls; a sequential tool's call alone."""
@@ -426,8 +420,7 @@ class _Run:
 
     def _execute(self, call: ToolCall) -> ToolResultMessage:
         """ExecuteTools: runs one call, in whichever thread, and looks at the signal after."""
-        # A result that arrives after cancellation is discarded. An Exception from the
-        # tool is already a recoverable result; what else it raises ends the phase.
+        # An Exception from the tool is a recoverable result; anything else ends the phase.
         what = f"tool call {call.id!r}"
         return self._call(
             "TOOL_PHASE_ERROR", what, _execute_checked_call, self.tools, call, self.signal
@@ -465,9 +458,8 @@ class _Run:
                 kept = index + 1
                 yield self._finished(request, call, result)
         except _Cancelled:
-            # ExecuteTools --> Cancelled, once the running tools have returned. The results
-            # completed before the signal was seen are kept, in order, even after a call
-            # still open. Seed: "appends no fabricated result" for the others.
+            # ExecuteTools --> Cancelled, once the running tools have returned, keeping the
+            # results completed before. Seed: "appends no fabricated result" for the others.
             _stop(pool, outcomes)
             for call, outcome in zip(group[kept:], outcomes[kept:]):
                 if isinstance(outcome, Future):
@@ -483,8 +475,7 @@ class _Run:
 
     def _finished(self, request: ModelRequest, call: ToolCall, result: ToolResultMessage) -> Event:
         """ExecuteTools: a call's result joins the transcript; returns its tool.finished."""
-        # Linked by construction: the result is derived from the call, whose
-        # result id was checked free before any tool ran.
+        # Linked by construction: derived from the call, whose result id was checked free.
         self.transcript.append(result)
         return self._event(
             "tool.finished", request_id=request.id, tool_call=call, tool_result=result
@@ -606,8 +597,7 @@ def _checked_signal(signal: object) -> Signal:
     accepted = "a threading.Event, or an object with is_set() and wait(timeout)"
     if not (callable(getattr(signal, "is_set", None)) and callable(getattr(signal, "wait", None))):
         raise TypeError(f"signal must be {accepted}, got {type(signal).__name__}")
-    # asyncio.Event has both methods, but its wait() is a coroutine: a tool that
-    # waited on it would get a coroutine object back, never a wait.
+    # asyncio.Event has both, but a tool that waited on it would get a coroutine back.
     if inspect.iscoroutinefunction(signal.wait):  # type: ignore[attr-defined]
         raise TypeError(
             f"signal must be {accepted}; {type(signal).__name__}.wait() is a coroutine "
@@ -626,10 +616,9 @@ def _iterated(messages: Iterable[object]) -> Iterator[object]:
         ) from None
 
 
-# The ids the loop derives, public so that a companion derives and reads them as the loop
-# does. Seed: "requestSnapshot() ... creates request-001, request-002, and so on"; its
-# test: the assistant message of response R is "message-" + R's id, the result of call C
-# is "tool-result-" + C's id.
+# The ids the loop derives, public so that a companion derives them as the loop does. Seed:
+# "requestSnapshot() ... creates request-001, request-002, and so on"; its test derives the
+# others: response R's message is "message-" + R's id, call C's result "tool-result-" + C's.
 
 
 def request_id(number: int) -> str:
@@ -675,8 +664,7 @@ def _is_id(value: object) -> bool:
     return _is_text(value) and value != ""
 
 
-# The checks below ask for the exact IR classes, as _is_text asks for exactly str: a
-# subclass could redefine == (and so agree with anything) or unfreeze its fields.
+# The checks ask for exactly the IR's classes: a subclass could redefine == or unfreeze.
 
 
 def _check_block(block: object) -> None:
@@ -722,8 +710,7 @@ def _checked_thinking(block: ThinkingBlock) -> ThinkingBlock:
 
 
 _QUOTE: Final = reprlib.Repr()
-# A rejected value is quoted in the run's error, which a log keeps: long enough to be
-# recognised (a dataclass's repr, a provider's id), never a megabyte.
+# A rejected value quoted in an error (which a log keeps): recognisable, never a megabyte.
 _QUOTE.maxstring = _QUOTE.maxother = 160
 
 
@@ -903,10 +890,9 @@ class _StreamedBlocks:
 
     def add(self, chunk: object) -> None:
         """Checks one streamed chunk and keeps its text, its thinking or its tool call."""
-        # Seed: "The loop caps one step at 1024 chunks, 65,536 Unicode code points
-        # of text, and 1024 assistant blocks." (blocks: see _checked_response) Every
-        # chunk counts, thinking too; thinking is bounded by the same number as text,
-        # counted apart, so that the seed's text limit is unchanged.
+        # Seed: "The loop caps one step at 1024 chunks, 65,536 Unicode code points of text,
+        # and 1024 assistant blocks." (blocks: _checked_response) Every chunk counts;
+        # thinking is counted apart from text, against the same number.
         if len(self.items) == MAX_STEP_CHUNKS:
             raise _Problem(f"the model streamed more than {MAX_STEP_CHUNKS} chunks")
         item: _Normalized
@@ -999,9 +985,8 @@ def _normalized(items: Iterable[_Normalized]) -> List[_Normalized]:
     # Seed: "the loop coalesces adjacent streamed text deltas and adjacent terminal
     # text blocks, using Tool calls as boundaries." Thinking is coalesced as text is.
     normalized: List[_Normalized] = []
-    # Empty text and empty thinking are dropped first, so that they are no boundary
-    # either (a redacted block between two pieces of text). (Comparing each item with a
-    # ThinkingBlock("") instead costs 15 times as much.)
+    # Empty text and thinking carry nothing, and are no boundary either (a redacted block
+    # between two texts). Comparing each item with ThinkingBlock("") costs 15 times this.
     carrying = (
         item
         for item in items
@@ -1243,9 +1228,8 @@ class Model(Protocol):
 # --- Tools ------------------------------------------------------------------------
 
 _SCHEMA_TYPES: Final = ("object", "string", "number", "integer", "boolean", "array", "null")
-# The keywords of JSON Schema 2020-12 that the loop enforces, and what the value of each must
-# be. Any other keyword holds any JSON: the model gets it as given and the loop ignores it,
-# as JSON Schema ignores keywords it does not know.
+# The keywords of JSON Schema 2020-12 that the loop enforces, and what each value must be.
+# Any other keyword holds any JSON, ignored as JSON Schema ignores the keywords it does not know.
 _SCHEMA_KEYWORDS: Final = {
     "type": f"one of {', '.join(_SCHEMA_TYPES)}, or a non-empty array of distinct ones",
     "required": "an array of property names",
@@ -1331,8 +1315,7 @@ class Tool:
     name: str
     description: str
     parameters: Mapping[str, Any]
-    # The signal is Any here so that a function annotated with Signal or with
-    # threading.Event fits (a Callable's parameters are contravariant).
+    # The signal is Any: a function that annotates it threading.Event fits (contravariance).
     execute: Callable[[Dict[str, Any], Any], object]
     sequential: bool = False  # given by keyword: with tool_concurrency > 1, runs alone
     __hash__ = None  # type: ignore[assignment]  # it holds a mapping
@@ -1574,8 +1557,7 @@ def _frozen_schema(
     ):
         raise ValueError(f"{where} must be {must}, got {_quoted(value)}")
     if must in ("an array", "a JSON value"):  # enum, const
-        # Each is a value some argument may be, within the bounds on its own; how many an
-        # enum lists is the schema's business.
+        # Each is bounded as an argument is; how many an enum lists is the schema's business.
         members = array if must == "an array" else [value]
         try:
             values = tuple(_frozen_json(member, 0, _ArgumentBudget()) for member in members)
@@ -1588,8 +1570,7 @@ def _frozen_schema(
         return value
     if type(value) is float and math.isfinite(value):
         return value
-    # A schema nested deeper than arguments may be would describe values no call can have:
-    # each schema counts, and each container of the JSON it holds.
+    # Deeper than arguments may be, it would describe no call: schemas and containers count.
     if depth > MAX_ARGUMENT_DEPTH:
         raise ValueError(f"{where} nests deeper than {MAX_ARGUMENT_DEPTH} levels")
     if isinstance(value, Mapping):
@@ -1638,10 +1619,8 @@ def _value_problem(
     value: object, schema: Any, path: str, root: Mapping[str, Any]
 ) -> Optional[str]:
     """Why a frozen JSON value fails a schema of the document root, or None."""
-    # This runs for every call's arguments. A frozen schema is a MappingProxyType, whose
-    # get() costs three times an `in` and a subscript, where a schema node may be looked at
-    # per property; isinstance() with MappingProxyType costs a tenth of isinstance(value,
-    # typing.Mapping).
+    # This runs for every call: a MappingProxyType's get() costs three times `in` and a
+    # subscript, and isinstance(value, typing.Mapping) ten times isinstance(MappingProxyType).
     if schema is True:
         return None
     if schema is False:
@@ -1662,8 +1641,7 @@ def _value_problem(
         for name in schema.get("required", ()):
             if name not in value:
                 return f"{path} is missing the required property {name!r}"
-        # additionalProperties spares the names patternProperties matches, which the loop
-        # does not match: beside patternProperties, it is not enforced.
+        # Beside patternProperties (not enforced), additionalProperties is not enforced.
         others = True
         if "additionalProperties" in schema and "patternProperties" not in schema:
             others = schema["additionalProperties"]
@@ -1713,9 +1691,8 @@ def _in_place_problem(
                 break  # one match is enough, and its siblings may be costly
         if problems and None not in problems:
             return f"{path} matches no schema of {keyword}: {'; '.join(cast(List[str], problems))}"
-    # problems are oneOf's now. A schema that the loop enforces in part admits more here than
-    # in JSON Schema: only in a document it enforces in full may a second match fail oneOf,
-    # or a match fail not.
+    # problems are oneOf's now. Only in a document the loop enforces in full may a second
+    # match fail oneOf, or a match fail not: in part, it admits more than JSON Schema.
     matches = problems.count(None)
     if matches > 1 and _exact(root, root, set()):
         return f"{path} matches {matches} schemas of oneOf, not exactly one"
@@ -1880,8 +1857,7 @@ class _ArgumentBudget:
         self.mutable_containers: Set[int] = set()
 
     def spend_text(self, text: str) -> None:
-        # Seed: "4096 Unicode code points across keys/string values". len() of a str
-        # counts code points, and costs nothing even for a 10 MB string.
+        # Seed: "4096 Unicode code points across keys/string values": len() of a str.
         self.text += len(text)
         if self.text > MAX_ARGUMENT_TEXT:
             raise _Problem(f"arguments hold more than {MAX_ARGUMENT_TEXT} code points of text")
@@ -1940,9 +1916,8 @@ def _frozen_json(value: object, depth: int, budget: _ArgumentBudget) -> JSON:
     # Seed: "depth 32". Checked before descending, so depth 100,000 costs 33 frames.
     if depth == MAX_ARGUMENT_DEPTH:
         raise _Problem(f"arguments nest containers deeper than {MAX_ARGUMENT_DEPTH}")
-    # "No object reachable twice" guards against aliasing and cycles, which only a dict
-    # or a list can make: frozen tuples and mappings may be shared (CPython shares the
-    # empty tuple), and a cycle through them still meets a dict or the depth limit.
+    # No dict or list reachable twice: no aliasing, no cycle. Frozen tuples and mappings
+    # may be shared (CPython shares the empty tuple); a cycle through them meets a dict.
     if type(value) is dict or type(value) is list:
         if id(value) in budget.mutable_containers:
             raise _Problem("arguments reach the same dict or list twice (shared or cyclic)")
@@ -2113,10 +2088,8 @@ class ToolCall:
     id: str
     name: str
     arguments: Mapping[str, JSON]
-    # The proof that the arguments are plain bounded JSON: __post_init__ sets it True
-    # only when it froze them, which it does only when they pass every bound. The run
-    # trusts this flag (_check_arguments), never the type of the arguments. It is not
-    # a constructor argument, and is neither compared nor shown.
+    # True only when __post_init__ froze the arguments, which it does only when they keep
+    # every bound: the run trusts this flag (_check_arguments), never their type.
     _plain_json: bool = field(init=False, repr=False, compare=False)
     type: ClassVar[Literal["toolCall"]] = "toolCall"
 
@@ -2420,8 +2393,7 @@ class Event:
     __hash__ = None  # type: ignore[assignment]  # it holds a mapping
 
     def __post_init__(self) -> None:
-        # A read-only mapping is kept as given: the loop builds each event's payload as a
-        # new mapping, read-only, and copying it again would cost every event of a run.
+        # The loop builds each payload read-only: copying it again would cost every event.
         if type(self.payload) is not MappingProxyType:
             object.__setattr__(self, "payload", MappingProxyType(dict(self.payload)))
 
@@ -2783,8 +2755,8 @@ if __name__ == "__main__":
         status = _main()
         sys.stdout.flush()  # here, where a broken pipe can still be caught
     except BrokenPipeError:
-        # The reader left early (`--json | head`): stop quietly, as other tools do, and
-        # keep Python from reporting the same broken pipe again when it flushes stdout.
+        # The reader left early (`--json | head`): stop quietly, and keep Python from
+        # reporting the broken pipe again when it flushes stdout.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         status = 1
     sys.exit(status)
