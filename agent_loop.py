@@ -375,17 +375,11 @@ class _Run:
                 yield from self._execute_group(request, group)
         else:
             for call in _tool_calls(message):
-                # Consent, before the call's tool.started (without a hook, not even a call:
-                # this is the hot path of W1 in benchmarks/bench_agent_loop.py).
-                refusal = None if self.before_tool_call is None else self._refusal(call)
+                refusal = self._refusal(call)  # consent, before the call's tool.started
                 # Seed: "For each call, it emits tool.started, awaits executeToolCall(),
                 # appends the linked Tool-result message, then emits tool.finished."
                 yield self._event("tool.started", request_id=request.id, tool_call=call)
-                result = refusal or self._execute(call)
-                self.transcript.append(result)  # linked by construction (see _finished)
-                yield self._event(
-                    "tool.finished", request_id=request.id, tool_call=call, tool_result=result
-                )
+                yield self._finished(request, call, refusal or self._execute(call))
         # Seed: "After the complete Tool batch, validateTranscript() proves that every
         # call has one later matching result." By construction: each got one, or it raised.
 
@@ -734,10 +728,10 @@ def _checked_message(message: object) -> Message:
     """Returns a message that keeps the IR's rules on its own (linkage aside), or _Problem."""
     if type(message) is UserMessage:
         if not _is_text(message.content):
-            raise _Problem(_wrong_field(message, "content"))
+            raise _Problem(_wrong_field(message, "content", "a str"))
     elif type(message) is AssistantMessage:
         if message.usage is not None and type(message.usage) is not Usage:
-            raise _Problem(_wrong_field(message, "usage"))
+            raise _Problem(_wrong_field(message, "usage", "None or a Usage"))
         for block in message.content:
             try:
                 _check_block(block)
@@ -745,38 +739,25 @@ def _checked_message(message: object) -> Message:
                 raise _Problem(f"message {message.id!r}: {problem}") from None
     elif type(message) is ToolResultMessage:
         if not _is_id(message.tool_call_id):
-            raise _Problem(_wrong_field(message, "tool_call_id"))
+            raise _Problem(_wrong_field(message, "tool_call_id", "a non-empty str"))
         if not _is_id(message.tool_name):
-            raise _Problem(_wrong_field(message, "tool_name"))
+            raise _Problem(_wrong_field(message, "tool_name", "a non-empty str"))
         if not _is_text(message.content):
-            raise _Problem(_wrong_field(message, "content"))
+            raise _Problem(_wrong_field(message, "content", "a str"))
         if type(message.is_error) is not bool:
-            raise _Problem(_wrong_field(message, "is_error"))
+            raise _Problem(_wrong_field(message, "is_error", "a bool"))
     else:
         hint = " (read a dict with message_from_dict())" if isinstance(message, dict) else ""
         raise _Problem(f"{_a(type(message).__name__)} is not a message{hint}")
     if not _is_id(message.id):
-        raise _Problem(_wrong_field(message, "id"))
+        raise _Problem(_wrong_field(message, "id", "a non-empty str"))
     return message
 
 
-# What _wrong_field says each checked field must be.
-_FIELD_TYPES: Final = {
-    "id": "a non-empty str",
-    "tool_call_id": "a non-empty str",
-    "tool_name": "a non-empty str",
-    "content": "a str",
-    "is_error": "a bool",
-    "usage": "None or a Usage",
-}
-
-
-def _wrong_field(message: Message, name: str) -> str:
+def _wrong_field(message: Message, name: str, expected: str) -> str:
     """Says which field of a message has the wrong type: expected and given."""
-    value = getattr(message, name)
     where = f"{_a(message.role)} message" if name == "id" else f"message {message.id!r}"
-    given = f"{_quoted(value)} ({type(value).__name__})"
-    return f"{where}: field {name!r} must be {_FIELD_TYPES[name]}, got {given}"
+    return _wrong_block_field(where, name, expected, getattr(message, name))
 
 
 class _Transcript:
@@ -934,7 +915,9 @@ class _StreamedBlocks:
                 "returns (a TextDelta per text, a ThinkingDelta per thinking, a "
                 "ToolCallChunk per tool call)"
             )
-        index = cast(int, _first_difference(streamed, terminal))  # they differ
+        # They differ: at a pair of blocks, or where the shorter one ends.
+        pairs = enumerate(zip(streamed, terminal))
+        index = next((i for i, (s, t) in pairs if s != t), min(len(streamed), len(terminal)))
         raise _Problem(
             "the streamed chunks and the terminal response disagree at normalised block "
             f"{index}: streamed {_shortened(streamed, index)}, "
@@ -1001,14 +984,6 @@ def _normalized(items: Iterable[_Normalized]) -> List[_Normalized]:
         else:
             normalized.extend(run)
     return normalized
-
-
-def _first_difference(left: Sequence[Any], right: Sequence[Any]) -> Optional[int]:
-    """The first index at which two sequences differ (one may end first), or None."""
-    for index, (left_item, right_item) in enumerate(zip(left, right)):
-        if left_item != right_item:
-            return index
-    return None if len(left) == len(right) else min(len(left), len(right))
 
 
 def _shortened(blocks: List[_Normalized], index: int) -> str:
@@ -1094,7 +1069,7 @@ ModelChunk = Union[TextDelta, ThinkingDelta, ToolCallChunk]
 
 def _chunk_from_dict(data: object, where: str) -> ModelChunk:
     """Reads a chunk from its to_dict() form; ValueError naming the field if malformed."""
-    chunk = _object(data, where)
+    chunk = _typed(data, dict, where)
     request_id = _read(chunk, "requestId", str, where)
     kind = _read_choice(chunk, "type", ("text", "thinking", "toolCall"), where)
     if kind == "text":
@@ -1169,7 +1144,7 @@ def _usage_from_dict(data: Dict[str, Any], where: str) -> Optional[Usage]:
     """Reads the optional ``usage`` key of an object that may hold one."""
     if data.get("usage") is None:
         return None
-    usage = _object(data["usage"], f"{where}.usage")
+    usage = _typed(data["usage"], dict, f"{where}.usage")
     counts = [_read_optional(usage, key, int, f"{where}.usage") for _, key in _USAGE_KEYS]
     for (_, key), count in zip(_USAGE_KEYS, counts):
         if count is not None and count < 0:
@@ -1521,7 +1496,7 @@ def _literal_schema(values: Tuple[object, ...], where: str) -> Dict[str, Any]:
                 f"{where}: Literal value {value!r} is a {type(value).__name__}, "
                 "not a JSON scalar (str, int, float, bool or None)"
             )
-        kinds.add(_json_type(value))
+        kinds.add(_JSON_TYPES[type(value)])
     if len(kinds) == 1:
         return {"type": kinds.pop(), "enum": list(values)}
     return {"enum": list(values)}
@@ -1625,7 +1600,7 @@ def _value_problem(
         return None
     if schema is False:
         return f"{path} is not allowed (its schema is false)"
-    kind = _json_type(value)
+    kind = _JSON_TYPES[type(value)]
     if "type" in schema and schema["type"] != kind:  # a name or a tuple of names
         names = (schema["type"],) if type(schema["type"]) is str else schema["type"]
         # A JSON integer is also a JSON number; bool is neither (it is not an int here).
@@ -1954,7 +1929,8 @@ def _same_json(left: object, right: object) -> bool:
         return True
     # Not isinstance(value, typing.Mapping), which costs ten times as much.
     if isinstance(left, (dict, MappingProxyType)) and isinstance(right, (dict, MappingProxyType)):
-        return _typed_keys(left) == _typed_keys(right) and all(
+        typed_keys = {(type(key), key) for key in left}  # so that True and 1 are two keys
+        return typed_keys == {(type(key), key) for key in right} and all(
             _same_json(left[key], right[key]) for key in left
         )
     if isinstance(left, (list, tuple)) and isinstance(right, (list, tuple)):
@@ -1962,57 +1938,29 @@ def _same_json(left: object, right: object) -> bool:
     return type(left) is type(right) and left == right
 
 
-def _typed_keys(mapping: Mapping[Any, object]) -> Set[Tuple[type, object]]:
-    """A mapping's keys with their types, so that True and 1 are different keys."""
-    return {(type(key), key) for key in mapping}
-
-
-def _json_type(value: object) -> str:
-    """Names the JSON type of a frozen JSON value."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, tuple):
-        return "array"
-    return "object"
+# The JSON type of each Python type that plain or frozen JSON holds.
+_JSON_TYPES: Final = {
+    type(None): "null", bool: "boolean", int: "integer", float: "number", str: "string",
+    list: "array", tuple: "array", dict: "object", MappingProxyType: "object",
+}  # fmt: skip
 
 
 # Reading JSON back (the *_from_dict readers beside each class): each takes a value as
 # json.loads gives it and the path that names it, and raises ValueError naming the field.
 
-_JSON_TYPE_NAMES: Final = {
-    str: "a string",
-    int: "an integer",
-    bool: "a boolean",
-    list: "an array",
-    dict: "an object",
-}
 
-
-def _object(data: object, where: str) -> Dict[str, Any]:
-    """Returns data if it is a JSON object (a dict); a ValueError names the field if not."""
-    if type(data) is not dict:
-        raise ValueError(f"{where} must be an object, got {type(data).__name__}")
-    return data
+def _typed(value: Any, kind: type, where: str) -> Any:
+    """Returns value if it has exactly the JSON type ``kind``; a ValueError names it if not."""
+    if type(value) is not kind:
+        raise ValueError(f"{where} must be {_a(_JSON_TYPES[kind])}, got {type(value).__name__}")
+    return value
 
 
 def _read(data: Dict[str, Any], key: str, kind: type, where: str) -> Any:
     """Returns data[key] if it has the JSON type ``kind``; a ValueError names the field if not."""
     if key not in data:
         raise ValueError(f"{where}.{key} is missing")
-    value = data[key]
-    if type(value) is not kind:
-        raise ValueError(
-            f"{where}.{key} must be {_JSON_TYPE_NAMES[kind]}, got {type(value).__name__}"
-        )
-    return value
+    return _typed(data[key], kind, f"{where}.{key}")
 
 
 def _read_optional(data: Dict[str, Any], key: str, kind: type, where: str) -> Any:
@@ -2029,9 +1977,7 @@ def _read_choice(data: Dict[str, Any], key: str, choices: Tuple[str, ...], where
 
 
 def _string_from_dict(data: object, where: str) -> str:
-    if type(data) is not str:
-        raise ValueError(f"{where} must be a string, got {type(data).__name__}")
-    return data
+    return cast(str, _typed(data, str, where))
 
 
 # --- Message IR, and its JSON codec -----------------------------------------------
@@ -2137,7 +2083,7 @@ class ToolCall:
 
 def _block_from_dict(data: object, where: str) -> Union[TextBlock, ThinkingBlock, ToolCall]:
     """Reads a TextBlock, ThinkingBlock or ToolCall from its to_dict() form."""
-    block = _object(data, where)
+    block = _typed(data, dict, where)
     kind = _read_choice(block, "type", ("text", "thinking", "toolCall"), where)
     if kind == "text":
         return TextBlock(_read(block, "text", str, where))
@@ -2237,7 +2183,7 @@ def message_from_dict(data: Dict[str, Any]) -> Message:
 
 
 def _message_from_dict(data: object, where: str) -> Message:
-    message = _object(data, where)
+    message = _typed(data, dict, where)
     role = _read_choice(message, "role", ("user", "assistant", "toolResult"), where)
     message_id = _read(message, "id", str, where)
     if role == "user":
@@ -2352,10 +2298,10 @@ class RunResult:
 
 
 def _result_from_dict(data: object, where: str) -> RunResult:
-    result = _object(data, where)
+    result = _typed(data, dict, where)
     error = None
     if result.get("error") is not None:
-        error_data = _object(result["error"], f"{where}.error")
+        error_data = _typed(result["error"], dict, f"{where}.error")
         error = RunError(
             _read_choice(error_data, "code", _FAILURE_CODES, f"{where}.error"),
             _read(error_data, "message", str, f"{where}.error"),
@@ -2428,7 +2374,7 @@ _PAYLOAD_READERS: Final[Dict[str, Tuple[Tuple[str, Callable[[object, str], objec
 
 def event_from_dict(data: Dict[str, Any]) -> Event:
     """Reads an event from its ``to_dict()`` form; ValueError names a bad field."""
-    event = _object(data, "event")
+    event = _typed(data, dict, "event")
     event_type = _read_choice(event, "type", _EVENT_TYPES, "event")
     payload_data = _read(event, "payload", dict, "event")
     payload = {}
