@@ -1067,21 +1067,6 @@ class ToolCallChunk:
 ModelChunk = Union[TextDelta, ThinkingDelta, ToolCallChunk]
 
 
-def _chunk_from_dict(data: object, where: str) -> ModelChunk:
-    """Reads a chunk from its to_dict() form; ValueError naming the field if malformed."""
-    chunk = _typed(data, dict, where)
-    request_id = _read(chunk, "requestId", str, where)
-    kind = _read_choice(chunk, "type", ("text", "thinking", "toolCall"), where)
-    if kind == "text":
-        return TextDelta(request_id, _read(chunk, "text", str, where))
-    if kind == "thinking":
-        return ThinkingDelta(request_id, _read(chunk, "thinking", str, where))
-    return ToolCallChunk(
-        request_id,
-        _tool_call_from_dict(_read(chunk, "toolCall", dict, where), f"{where}.toolCall"),
-    )
-
-
 StopReason = Literal["stop", "toolCall"]
 """Why a model stopped: ``stop`` (its answer is complete) or ``toolCall`` (run the calls)."""
 _STOP_REASONS: Final = get_args(StopReason)
@@ -1138,18 +1123,6 @@ _USAGE_KEYS: Final = (
 )
 _UNKNOWN_USAGE: Final = Usage()
 """A sum with an unknown part: every field unknown."""
-
-
-def _usage_from_dict(data: Dict[str, Any], where: str) -> Optional[Usage]:
-    """Reads the optional ``usage`` key of an object that may hold one."""
-    if data.get("usage") is None:
-        return None
-    usage = _typed(data["usage"], dict, f"{where}.usage")
-    counts = [_read_optional(usage, key, int, f"{where}.usage") for _, key in _USAGE_KEYS]
-    for (_, key), count in zip(_USAGE_KEYS, counts):
-        if count is not None and count < 0:
-            raise ValueError(f"{where}.usage.{key} must be >= 0, got {count}")
-    return Usage(*counts)
 
 
 @dataclass(frozen=True)
@@ -1945,42 +1918,7 @@ _JSON_TYPES: Final = {
 }  # fmt: skip
 
 
-# Reading JSON back (the *_from_dict readers beside each class): each takes a value as
-# json.loads gives it and the path that names it, and raises ValueError naming the field.
-
-
-def _typed(value: Any, kind: type, where: str) -> Any:
-    """Returns value if it has exactly the JSON type ``kind``; a ValueError names it if not."""
-    if type(value) is not kind:
-        raise ValueError(f"{where} must be {_a(_JSON_TYPES[kind])}, got {type(value).__name__}")
-    return value
-
-
-def _read(data: Dict[str, Any], key: str, kind: type, where: str) -> Any:
-    """Returns data[key] if it has the JSON type ``kind``; a ValueError names the field if not."""
-    if key not in data:
-        raise ValueError(f"{where}.{key} is missing")
-    return _typed(data[key], kind, f"{where}.{key}")
-
-
-def _read_optional(data: Dict[str, Any], key: str, kind: type, where: str) -> Any:
-    """Like _read, for a key that may be absent or null."""
-    return None if data.get(key) is None else _read(data, key, kind, where)
-
-
-def _read_choice(data: Dict[str, Any], key: str, choices: Tuple[str, ...], where: str) -> Any:
-    """Returns data[key] if it is one of the protocol values ``choices``."""
-    value = _read(data, key, str, where)
-    if value not in choices:
-        raise ValueError(f"{where}.{key}: unknown value {value!r} (expected one of {choices})")
-    return value
-
-
-def _string_from_dict(data: object, where: str) -> str:
-    return cast(str, _typed(data, str, where))
-
-
-# --- Message IR, and its JSON codec -----------------------------------------------
+# --- Message IR -------------------------------------------------------------------
 
 JSON: TypeAlias = Union[bool, int, float, str, Sequence["JSON"], Mapping[str, "JSON"], None]
 """A JSON value. Frozen JSON (as a ToolCall holds it) uses read-only mappings and tuples."""
@@ -2081,37 +2019,6 @@ class ToolCall:
         }
 
 
-def _block_from_dict(data: object, where: str) -> Union[TextBlock, ThinkingBlock, ToolCall]:
-    """Reads a TextBlock, ThinkingBlock or ToolCall from its to_dict() form."""
-    block = _typed(data, dict, where)
-    kind = _read_choice(block, "type", ("text", "thinking", "toolCall"), where)
-    if kind == "text":
-        return TextBlock(_read(block, "text", str, where))
-    if kind == "thinking":
-        thinking = ThinkingBlock(
-            _read(block, "thinking", str, where),
-            _read_optional(block, "thinkingSignature", str, where),
-            _read_optional(block, "redacted", bool, where) is True,
-        )
-        try:
-            return _checked_thinking(thinking)
-        except _Problem as problem:
-            raise ValueError(f"{where}: {problem}") from None
-    arguments = _read(block, "arguments", dict, where)
-    try:
-        _frozen_arguments(arguments)
-    except _Problem as problem:
-        raise ValueError(f"{where}.arguments: {problem}") from None
-    return ToolCall(_read(block, "id", str, where), _read(block, "name", str, where), arguments)
-
-
-def _tool_call_from_dict(data: object, where: str) -> ToolCall:
-    block = _block_from_dict(data, where)
-    if not isinstance(block, ToolCall):
-        raise ValueError(f"{where} must be a toolCall block")
-    return block
-
-
 @dataclass(frozen=True)
 class UserMessage:
     """A message from the user."""
@@ -2175,40 +2082,6 @@ class ToolResultMessage:
 
 
 Message = Union[UserMessage, AssistantMessage, ToolResultMessage]
-
-
-def message_from_dict(data: Dict[str, Any]) -> Message:
-    """Reads a message from its ``to_dict()`` form; ValueError names a bad field."""
-    return _message_from_dict(data, "message")
-
-
-def _message_from_dict(data: object, where: str) -> Message:
-    message = _typed(data, dict, where)
-    role = _read_choice(message, "role", ("user", "assistant", "toolResult"), where)
-    message_id = _read(message, "id", str, where)
-    if role == "user":
-        return UserMessage(message_id, _read(message, "content", str, where))
-    if role == "assistant":
-        blocks = _read(message, "content", list, where)
-        return AssistantMessage(
-            message_id,
-            tuple(_block_from_dict(b, f"{where}.content[{i}]") for i, b in enumerate(blocks)),
-            _usage_from_dict(message, where),
-        )
-    return ToolResultMessage(
-        message_id,
-        _read(message, "toolCallId", str, where),
-        _read(message, "toolName", str, where),
-        _read(message, "content", str, where),
-        _read(message, "isError", bool, where),
-    )
-
-
-def _tool_result_from_dict(data: object, where: str) -> ToolResultMessage:
-    message = _message_from_dict(data, where)
-    if not isinstance(message, ToolResultMessage):
-        raise ValueError(f"{where} must be a toolResult message")
-    return message
 
 
 def text_from_assistant(message: AssistantMessage) -> str:
@@ -2297,28 +2170,6 @@ class RunResult:
         return data
 
 
-def _result_from_dict(data: object, where: str) -> RunResult:
-    result = _typed(data, dict, where)
-    error = None
-    if result.get("error") is not None:
-        error_data = _typed(result["error"], dict, f"{where}.error")
-        error = RunError(
-            _read_choice(error_data, "code", _FAILURE_CODES, f"{where}.error"),
-            _read(error_data, "message", str, f"{where}.error"),
-        )
-    messages = _read(result, "messages", list, where)
-    return RunResult(
-        _read_choice(result, "status", _RUN_STATUSES, where),
-        tuple(_message_from_dict(m, f"{where}.messages[{i}]") for i, m in enumerate(messages)),
-        _read(result, "steps", int, where),
-        final_text=_read_optional(result, "finalText", str, where),
-        max_steps=_read_optional(result, "maxSteps", int, where),
-        error=error,
-        request_sequence_start=_read_optional(result, "requestSequenceStart", int, where) or 0,
-        usage=_usage_from_dict(result, where),
-    )
-
-
 _PAYLOAD_JSON_KEYS: Final = {
     "message": "message",
     "request_id": "requestId",
@@ -2358,18 +2209,14 @@ class Event:
         }
 
 
-# For each event type: its payload keys (as in Python) and how to read each from JSON.
-_PAYLOAD_READERS: Final[Dict[str, Tuple[Tuple[str, Callable[[object, str], object]], ...]]] = {
-    "message.accepted": (("message", _message_from_dict),),
-    "model.chunk": (("request_id", _string_from_dict), ("chunk", _chunk_from_dict)),
-    "tool.started": (("request_id", _string_from_dict), ("tool_call", _tool_call_from_dict)),
-    "tool.finished": (
-        ("request_id", _string_from_dict),
-        ("tool_call", _tool_call_from_dict),
-        ("tool_result", _tool_result_from_dict),
-    ),
-    "run.finished": (("result", _result_from_dict),),
-}
+# --- Reading JSON back ------------------------------------------------------------
+# Each reader takes a value as json.loads gives it and the path that names it, and raises
+# ValueError naming the field.
+
+
+def message_from_dict(data: Dict[str, Any]) -> Message:
+    """Reads a message from its ``to_dict()`` form; ValueError names a bad field."""
+    return _message_from_dict(data, "message")
 
 
 def event_from_dict(data: Dict[str, Any]) -> Event:
@@ -2384,6 +2231,160 @@ def event_from_dict(data: Dict[str, Any]) -> Event:
             raise ValueError(f"event.payload.{json_key} is missing")
         payload[key] = reader(payload_data[json_key], f"event.payload.{json_key}")
     return Event(_read(event, "sequence", int, "event"), event_type, MappingProxyType(payload))
+
+
+def _typed(value: Any, kind: type, where: str) -> Any:
+    """Returns value if it has exactly the JSON type ``kind``; a ValueError names it if not."""
+    if type(value) is not kind:
+        raise ValueError(f"{where} must be {_a(_JSON_TYPES[kind])}, got {type(value).__name__}")
+    return value
+
+
+def _read(data: Dict[str, Any], key: str, kind: type, where: str) -> Any:
+    """Returns data[key] if it has the JSON type ``kind``; a ValueError names the field if not."""
+    if key not in data:
+        raise ValueError(f"{where}.{key} is missing")
+    return _typed(data[key], kind, f"{where}.{key}")
+
+
+def _read_optional(data: Dict[str, Any], key: str, kind: type, where: str) -> Any:
+    """Like _read, for a key that may be absent or null."""
+    return None if data.get(key) is None else _read(data, key, kind, where)
+
+
+def _read_choice(data: Dict[str, Any], key: str, choices: Tuple[str, ...], where: str) -> Any:
+    """Returns data[key] if it is one of the protocol values ``choices``."""
+    value = _read(data, key, str, where)
+    if value not in choices:
+        raise ValueError(f"{where}.{key}: unknown value {value!r} (expected one of {choices})")
+    return value
+
+
+def _string_from_dict(data: object, where: str) -> str:
+    return cast(str, _typed(data, str, where))
+
+
+def _usage_from_dict(data: Dict[str, Any], where: str) -> Optional[Usage]:
+    """Reads the optional ``usage`` key of an object that may hold one."""
+    if data.get("usage") is None:
+        return None
+    usage = _typed(data["usage"], dict, f"{where}.usage")
+    counts = [_read_optional(usage, key, int, f"{where}.usage") for _, key in _USAGE_KEYS]
+    for (_, key), count in zip(_USAGE_KEYS, counts):
+        if count is not None and count < 0:
+            raise ValueError(f"{where}.usage.{key} must be >= 0, got {count}")
+    return Usage(*counts)
+
+
+def _block_from_dict(data: object, where: str) -> Union[TextBlock, ThinkingBlock, ToolCall]:
+    """Reads a TextBlock, ThinkingBlock or ToolCall from its to_dict() form."""
+    block = _typed(data, dict, where)
+    kind = _read_choice(block, "type", ("text", "thinking", "toolCall"), where)
+    if kind == "text":
+        return TextBlock(_read(block, "text", str, where))
+    if kind == "thinking":
+        thinking = ThinkingBlock(
+            _read(block, "thinking", str, where),
+            _read_optional(block, "thinkingSignature", str, where),
+            _read_optional(block, "redacted", bool, where) is True,
+        )
+        try:
+            return _checked_thinking(thinking)
+        except _Problem as problem:
+            raise ValueError(f"{where}: {problem}") from None
+    arguments = _read(block, "arguments", dict, where)
+    try:
+        _frozen_arguments(arguments)
+    except _Problem as problem:
+        raise ValueError(f"{where}.arguments: {problem}") from None
+    return ToolCall(_read(block, "id", str, where), _read(block, "name", str, where), arguments)
+
+
+def _tool_call_from_dict(data: object, where: str) -> ToolCall:
+    block = _block_from_dict(data, where)
+    if not isinstance(block, ToolCall):
+        raise ValueError(f"{where} must be a toolCall block")
+    return block
+
+
+def _chunk_from_dict(data: object, where: str) -> ModelChunk:
+    """Reads a chunk from its to_dict() form; ValueError naming the field if malformed."""
+    chunk = _typed(data, dict, where)
+    request_id = _read(chunk, "requestId", str, where)
+    kind = _read_choice(chunk, "type", ("text", "thinking", "toolCall"), where)
+    if kind == "text":
+        return TextDelta(request_id, _read(chunk, "text", str, where))
+    if kind == "thinking":
+        return ThinkingDelta(request_id, _read(chunk, "thinking", str, where))
+    return ToolCallChunk(
+        request_id,
+        _tool_call_from_dict(_read(chunk, "toolCall", dict, where), f"{where}.toolCall"),
+    )
+
+
+def _message_from_dict(data: object, where: str) -> Message:
+    message = _typed(data, dict, where)
+    role = _read_choice(message, "role", ("user", "assistant", "toolResult"), where)
+    message_id = _read(message, "id", str, where)
+    if role == "user":
+        return UserMessage(message_id, _read(message, "content", str, where))
+    if role == "assistant":
+        blocks = _read(message, "content", list, where)
+        return AssistantMessage(
+            message_id,
+            tuple(_block_from_dict(b, f"{where}.content[{i}]") for i, b in enumerate(blocks)),
+            _usage_from_dict(message, where),
+        )
+    return ToolResultMessage(
+        message_id,
+        _read(message, "toolCallId", str, where),
+        _read(message, "toolName", str, where),
+        _read(message, "content", str, where),
+        _read(message, "isError", bool, where),
+    )
+
+
+def _tool_result_from_dict(data: object, where: str) -> ToolResultMessage:
+    message = _message_from_dict(data, where)
+    if not isinstance(message, ToolResultMessage):
+        raise ValueError(f"{where} must be a toolResult message")
+    return message
+
+
+def _result_from_dict(data: object, where: str) -> RunResult:
+    result = _typed(data, dict, where)
+    error = None
+    if result.get("error") is not None:
+        error_data = _typed(result["error"], dict, f"{where}.error")
+        error = RunError(
+            _read_choice(error_data, "code", _FAILURE_CODES, f"{where}.error"),
+            _read(error_data, "message", str, f"{where}.error"),
+        )
+    messages = _read(result, "messages", list, where)
+    return RunResult(
+        _read_choice(result, "status", _RUN_STATUSES, where),
+        tuple(_message_from_dict(m, f"{where}.messages[{i}]") for i, m in enumerate(messages)),
+        _read(result, "steps", int, where),
+        final_text=_read_optional(result, "finalText", str, where),
+        max_steps=_read_optional(result, "maxSteps", int, where),
+        error=error,
+        request_sequence_start=_read_optional(result, "requestSequenceStart", int, where) or 0,
+        usage=_usage_from_dict(result, where),
+    )
+
+
+# For each event type: its payload keys (as in Python) and how to read each from JSON.
+_PAYLOAD_READERS: Final[Dict[str, Tuple[Tuple[str, Callable[[object, str], object]], ...]]] = {
+    "message.accepted": (("message", _message_from_dict),),
+    "model.chunk": (("request_id", _string_from_dict), ("chunk", _chunk_from_dict)),
+    "tool.started": (("request_id", _string_from_dict), ("tool_call", _tool_call_from_dict)),
+    "tool.finished": (
+        ("request_id", _string_from_dict),
+        ("tool_call", _tool_call_from_dict),
+        ("tool_result", _tool_result_from_dict),
+    ),
+    "run.finished": (("result", _result_from_dict),),
+}
 
 
 # --- Resumption -------------------------------------------------------------------
