@@ -2547,14 +2547,8 @@ def scripted_response(
     request, then the model returns ``ModelResponse(id, request_id or the active request's
     id, content, stop_reason, usage)``.
     """
-    return ScriptedResponse(
-        id,
-        tuple(content),
-        stop_reason,
-        chunks=None if chunks is None else tuple(chunks),
-        request_id=request_id,
-        usage=usage,
-    )
+    streamed = None if chunks is None else tuple(chunks)
+    return ScriptedResponse(id, tuple(content), stop_reason, streamed, request_id, usage)
 
 
 class ScriptedModel:
