@@ -53,6 +53,7 @@ import collections.abc
 import contextlib
 import contextvars
 import dataclasses
+import importlib
 import inspect
 import itertools
 import json
@@ -63,7 +64,6 @@ import os
 import reprlib
 import sys
 import threading
-import types
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -90,8 +90,6 @@ from typing import (
     Union,
     cast,
     get_args,
-    get_origin,
-    get_type_hints,
 )
 
 if TYPE_CHECKING:  # annotations only: the module needs nothing at run time
@@ -1299,24 +1297,19 @@ class Tool:
         from the function, unless given (see the README, "Tools from functions"); a parameter
         named ``signal`` gets the run's signal. Raises TypeError, naming the parameter, for a
         hint or a parameter it cannot describe, for what is not a plain function or method, for
-        a lambda without ``name``, and as ``Tool()`` does.
+        a lambda without ``name``, and as ``Tool()`` does; ImportError without the companion
+        file that makes the schemas, agent_loop_functions.py.
         """
-        parameters, wants_signal = _function_parameters(fn)
-        if name is None and fn.__name__ == "<lambda>":
-            raise TypeError("Tool.from_function: a lambda has no name of its own; give it name=")
-
-        def execute(arguments: Dict[str, Any], signal: Signal) -> object:
-            if wants_signal:
-                return fn(**arguments, signal=signal)
-            return fn(**arguments)
-
-        return cls(
-            fn.__name__ if name is None else name,
-            (inspect.getdoc(fn) or "") if description is None else description,
-            parameters,
-            execute,
-            sequential=sequential,
-        )
+        try:  # by name, so that a copy of this file alone still type-checks
+            functions = importlib.import_module("agent_loop_functions")
+        except ModuleNotFoundError as missing:
+            if missing.name != "agent_loop_functions":
+                raise  # the companion is there, and something it imports is not
+            raise ImportError(
+                "Tool.from_function needs agent_loop_functions.py beside agent_loop.py"
+            ) from None
+        name, description, parameters, execute = functions.tool_fields(fn, name, description)
+        return cls(name, description, parameters, execute, sequential=sequential)
 
 
 def _checked_tool_fields(
@@ -1363,116 +1356,6 @@ def _check_execute(name: str, execute: object) -> None:
             f"Tool {name!r}: execute{signature} cannot be called as execute(arguments, "
             "signal); give it two positional parameters, e.g. def execute(arguments, signal)"
         ) from None
-
-
-def _function_parameters(fn: object) -> Tuple[Dict[str, Any], bool]:
-    """Tool.from_function: the schema of fn's parameters, and whether it takes the signal."""
-    if not (inspect.isfunction(fn) or inspect.ismethod(fn)):
-        raise TypeError(
-            f"Tool.from_function takes a function or a method, got {type(fn).__name__}"
-        )
-    if inspect.iscoroutinefunction(fn):  # its result would be a coroutine, never awaited
-        raise TypeError(
-            f"Tool.from_function: {fn.__qualname__} is an async function, and the loop "
-            "calls tools synchronously; give it a plain def"
-        )
-    try:
-        hints = get_type_hints(fn)
-    except Exception as error:  # a name the annotation string uses is not defined, say
-        raise TypeError(
-            f"Tool.from_function: cannot resolve the type hints of {fn.__qualname__}: "
-            f"{_describe(error)}"
-        ) from None
-    properties: Dict[str, Any] = {}
-    required: List[str] = []
-    wants_signal = False
-    for parameter in inspect.signature(fn).parameters.values():
-        where = f"Tool.from_function({fn.__qualname__}): parameter {parameter.name!r}"
-        if parameter.kind not in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY):
-            raise TypeError(
-                f"{where} is {parameter.kind.description}: the tool calls fn(**arguments), "
-                "so each parameter must be one that can be passed by name"
-            )
-        if parameter.name == "signal":
-            wants_signal = True
-            continue
-        if parameter.name not in hints:
-            raise TypeError(f"{where} has no type hint: the schema is made from the hints")
-        nullable = parameter.default is None
-        properties[parameter.name] = _hint_schema(hints[parameter.name], where, nullable)
-        if parameter.default is parameter.empty:
-            required.append(parameter.name)
-    schema = {
-        "type": "object",
-        "properties": properties,
-        "required": required,
-        "additionalProperties": False,
-    }
-    return schema, wants_signal
-
-
-_HINT_TYPES: Final = (
-    (str, "string"),
-    (bool, "boolean"),
-    (int, "integer"),
-    (float, "number"),
-    (type(None), "null"),
-)
-"""Hints that are a JSON type, as pairs: a hint may be unhashable, so is compared by identity."""
-
-
-def _hint_schema(hint: Any, where: str, nullable: bool) -> Dict[str, Any]:
-    """Tool.from_function: the schema of a hint's JSON values, and of null too if nullable."""
-    origin = get_origin(hint)
-    arguments = get_args(hint)
-    # Union[X, None] has the origin typing.Union, and X | None (3.10+) types.UnionType.
-    if origin is Union or origin is getattr(types, "UnionType", Union):
-        others = [argument for argument in arguments if argument is not type(None)]
-        if len(others) == 1:  # Optional[X]
-            return _hint_schema(others[0], where, True)
-        members = [_hint_schema(other, where, False) for other in others]
-        nullable = nullable or len(others) < len(arguments)
-        return {"anyOf": [*members, {"type": "null"}] if nullable else members}
-    if origin is Literal:
-        if nullable and not any(value is None for value in arguments):
-            arguments = (*arguments, None)
-        return _literal_schema(arguments, where)
-    json_type = next((name for kind, name in _HINT_TYPES if hint is kind), None)
-    if json_type is not None:
-        schema: Dict[str, Any] = {"type": json_type}
-    elif hint is list or origin is list:
-        schema = {"type": "array"}
-        if arguments:
-            schema["items"] = _hint_schema(arguments[0], where, False)
-    elif hint is dict or origin is dict:
-        schema = {"type": "object"}
-        if arguments and arguments[0] is not str:
-            raise TypeError(f"{where}: {hint} has keys that are not str, as no JSON object has")
-        if arguments and arguments[1] is not Any:
-            schema["additionalProperties"] = _hint_schema(arguments[1], where, False)
-    else:
-        raise TypeError(
-            f"{where}: {hint!r} has no schema here; use str, int, float, bool, None, list, "
-            "dict, Literal, or a Union or Optional of them"
-        )
-    if nullable and json_type != "null":
-        schema["type"] = [schema["type"], "null"]
-    return schema
-
-
-def _literal_schema(values: Tuple[object, ...], where: str) -> Dict[str, Any]:
-    """Tool.from_function: the enum of a Literal, typed when its values share a JSON type."""
-    kinds = set()
-    for value in values:
-        if not any(type(value) is python_type for python_type, _ in _HINT_TYPES):
-            raise TypeError(
-                f"{where}: Literal value {value!r} is a {type(value).__name__}, "
-                "not a JSON scalar (str, int, float, bool or None)"
-            )
-        kinds.add(_JSON_TYPES[type(value)])
-    if len(kinds) == 1:
-        return {"type": kinds.pop(), "enum": list(values)}
-    return {"enum": list(values)}
 
 
 def _frozen_schema(
@@ -2670,19 +2553,23 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
         if event.sequence == options.cancel_after:
             signal.set()
 
-    def add(left: float, right: float) -> object:
-        """Adds two numbers."""
-        return {"sum": left + right}
+    def numbers(*names: str) -> Dict[str, Any]:  # the schema of these numbers, required
+        properties = {name: {"type": "number"} for name in names}
+        return {"type": "object", "properties": properties, "required": list(names)}
 
-    def divide(dividend: float, divisor: float) -> object:
-        """Divides one number by another."""
-        return {"quotient": dividend / divisor}  # by 0: an exception, a recoverable result
+    def add(arguments: Dict[str, Any], signal: Signal) -> object:
+        return {"sum": arguments["left"] + arguments["right"]}
 
+    def divide(arguments: Dict[str, Any], signal: Signal) -> object:
+        return {"quotient": arguments["dividend"] / arguments["divisor"]}  # by 0: an error result
+
+    add_tool = Tool("add", "Adds two numbers.", numbers("left", "right"), add)
+    divide_tool = Tool("divide", "Divides a number.", numbers("dividend", "divisor"), divide)
     settle_run(
         run_agent_loop(
             messages=[UserMessage("user-001", "What is (20 + 22) / 2? And 42 / 0?")],
             model=_demo_model(),
-            tools=ToolRegistry([Tool.from_function(add), Tool.from_function(divide)]),
+            tools=ToolRegistry([add_tool, divide_tool]),
             max_steps=options.max_steps,
             signal=signal,
         ),
