@@ -784,14 +784,10 @@ class _Transcript:
             raise _Problem(f"tool calls without a result: {list(transcript._open_calls)}")
         return transcript
 
-    def check(self, message: object) -> Message:
-        """Returns the message if well formed and linked to what is here; else _Problem."""
-        checked = _checked_message(message)
-        self._check_linkage(checked)
-        return checked
-
-    def _check_linkage(self, message: Message) -> None:
-        """Raises _Problem unless its ids are free and a result answers an open call."""
+    def check(self, unchecked: object) -> Message:
+        """Returns the message if well formed, its ids free and a result answering an open call
+        (linkage); else raises _Problem."""
+        message = _checked_message(unchecked)
         if message.id in self._message_ids:
             raise _Problem(
                 f"message id {message.id!r} is used twice (an assistant message's id is "
@@ -827,6 +823,7 @@ class _Transcript:
                     f"tool result {message.id!r} names tool {message.tool_name!r}, "
                     f"but its call names {answered.name!r}"
                 )
+        return message
 
     def append(self, message: Message) -> None:
         """Adds a message that keeps linkage, and indexes its ids and open calls."""
@@ -834,7 +831,7 @@ class _Transcript:
         self._message_ids.add(message.id)
         if isinstance(message, AssistantMessage):
             for call in message.content:
-                if isinstance(call, ToolCall):  # as in _check_linkage, no list built
+                if isinstance(call, ToolCall):  # as in check(), no list built
                     self._call_ids.add(call.id)
                     self._open_calls[call.id] = call
         elif isinstance(message, ToolResultMessage):
@@ -1293,12 +1290,9 @@ class Tool:
     ) -> Tool:
         """Builds a Tool from a function that takes the arguments as keyword parameters.
 
-        The schema comes from the type hints, the description from the docstring and the name
-        from the function, unless given (see the README, "Tools from functions"); a parameter
-        named ``signal`` gets the run's signal. Raises TypeError, naming the parameter, for a
-        hint or a parameter it cannot describe, for what is not a plain function or method, for
-        a lambda without ``name``, and as ``Tool()`` does; ImportError without the companion
-        file that makes the schemas, agent_loop_functions.py.
+        The schema comes from the type hints (see the README, "Tools from functions"), made by
+        the companion file agent_loop_functions.py: ImportError without it. Raises TypeError,
+        naming the parameter, for what it cannot describe, and as ``Tool()`` does.
         """
         try:  # by name, so that a copy of this file alone still type-checks
             functions = importlib.import_module("agent_loop_functions")
