@@ -688,12 +688,14 @@ class TestTimeAndCancellation:
     def test_progress_does_not_extend_a_call_past_max_progress_timeouts(
         self, canned: Canned
     ) -> None:
-        with canned.server(timeout=0.1) as server:
-            steps = 10 * mcp.MAX_PROGRESS_TIMEOUTS
+        # Progress every 0.05 s, for twice as long as the cap: a timeout of 0.3 s leaves
+        # room for a busy machine's gaps, so that only the cap can end the call.
+        with canned.server(timeout=0.3) as server:
+            steps = 2 * mcp.MAX_PROGRESS_TIMEOUTS * 6
             result = call(server, "progress", {"steps": steps, "interval": 0.05})
             assert result.is_error
             waited = float(re.findall(r"within (\S+) s", result.content)[0])
-            assert waited >= mcp.MAX_PROGRESS_TIMEOUTS * 0.1
+            assert waited >= mcp.MAX_PROGRESS_TIMEOUTS * 0.3
 
     def test_progress_for_no_request_in_flight_is_ignored(self, canned: Canned) -> None:
         with canned.server() as server:
