@@ -504,6 +504,12 @@ class TestConcurrentGroups:
         default, _, _ = run(one_batch(*calls), every_kind_of_tool())
         one, _, _ = run(one_batch(*calls), every_kind_of_tool(), tool_concurrency=1)
         assert dicts_of(one) == dicts_of(default)
+        # The seed's order: each call started, executed, appended and finished in turn.
+        assert events_of_tools(default) == [
+            (kind, f"call-{number}")
+            for number in range(1, 6)
+            for kind in ("tool.started", "tool.finished")
+        ]
         barriers = [
             al.Tool(t.name, t.description, t.parameters, t.execute, sequential=True)
             for t in every_kind_of_tool()
@@ -831,7 +837,7 @@ class TestCancellationInAConcurrentBatch:
         """close() at c1's tool.finished: c2 and c3 are running, c4 waits for a thread. It
         returns once c2 and c3 have returned, and c4 never begins."""
         gate = threading.Event()
-        began = {"c2": threading.Event(), "c3": threading.Event()}
+        began = {"c2": threading.Event(), "c3": threading.Event(), "c4": threading.Event()}
         returned: List[str] = []
 
         def gated(arguments: Dict[str, Any], signal: al.Signal) -> object:
@@ -856,7 +862,8 @@ class TestCancellationInAConcurrentBatch:
         opener = threading.Timer(0.1, gate.set)
         opener.start()
         loop.close()
-        assert sorted(returned) == ["c2", "c3"]  # close() returned after them, c4 never began
+        assert sorted(returned) == ["c2", "c3"]  # close() returned after them
+        assert not began["c4"].is_set()  # and c4 never began
         assert tool_threads() == []
 
 
