@@ -858,7 +858,8 @@ class TestCancellationInAConcurrentBatch:
         assert events_of_tools(until(loop, "tool.finished"))[-1] == ("tool.finished", "c1")
         # Both running (a thread that took c2 off the queue may not have begun it yet
         # when c3 begins: close() would then rightly cancel c2); c4 waits for a thread.
-        assert began["c2"].wait(WAIT) and began["c3"].wait(WAIT)
+        assert began["c2"].wait(WAIT)
+        assert began["c3"].wait(WAIT)
         opener = threading.Timer(0.1, gate.set)
         opener.start()
         loop.close()
