@@ -38,7 +38,6 @@ from loop_testing import (
     SPECS,
     check_run,
     json_lines,
-    posted,
     read_json_lines,
     request,
     run,
@@ -767,11 +766,12 @@ class TestReadme:
             al.AssistantMessage("message-response-001", [thought, call], al.Usage(472, 89)),
             al.ToolResultMessage("tool-result-toolu_01", "toolu_01", "add", '{"sum":5}', False),
         )
-        model = providers.AnthropicMessagesModel(
-            "m", thinking={"type": "enabled", "budget_tokens": 1}
+        sent = providers.anthropic_request_body(
+            request(history, SPECS, id="request-002"),
+            "m",
+            thinking={"type": "enabled", "budget_tokens": 1},
         )
-        sent = posted(model, request(history, SPECS, id="request-002"))["body"]
-        assert json.loads(shown) == sent["messages"]
+        assert json.loads(shown) == json.loads(sent)["messages"]
 
     def test_it_states_the_id_rules(self) -> None:
         """How a duplicate id's message says the ids are derived, the README says too."""
