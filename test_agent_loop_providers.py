@@ -22,6 +22,7 @@ import re
 import ssl
 import threading
 import time
+from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type, Union, cast
 
 import pytest
@@ -603,6 +604,11 @@ class TestConstruction:
             "AnthropicAnswer",
         ]
         assert all(hasattr(providers, name) for name in providers.__all__)
+
+    def test_the_readme_documents_each_public_name(self) -> None:
+        readme = (Path(__file__).parent / "README.md").read_text(encoding="utf-8")
+        for name in providers.__all__:
+            assert re.search(rf"`{name}\b", readme), name
 
 
 class TestRequests:
@@ -2648,6 +2654,15 @@ class TestWhatIsRetried:
                 True,
                 providers.ProviderError,
                 id="an-overloaded-error-event",
+            ),
+            pytest.param(
+                "anthropic",
+                Canned(
+                    [MESSAGE_START, sse({"type": "error", "error": {"type": "overloaded_error"}})]
+                ),
+                True,
+                providers.ProviderError,
+                id="an-overloaded-error-event-without-a-message",
             ),
             pytest.param(
                 "anthropic",
