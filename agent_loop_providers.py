@@ -1610,7 +1610,8 @@ class OpenAIAnswer(_Answer):
     is complete when something else begins); ``feed(b"")`` ends the input. ``done`` is
     True at ``data: [DONE]`` after a ``finish_reason`` (at ``[DONE]`` alone with
     ``require_finish_reason=False``); then ``response()`` is the ModelResponse, with the
-    usage chunk's counts. ``reported_usage()`` and ``truncated`` as the README says.
+    usage chunk's counts. ``reported_usage()`` is the usage reported so far, also of a
+    failed answer; ``truncated`` says what cut an answer that was accepted, else None.
     ``accept_truncated=True`` accepts an answer cut by the token limit that ends in text;
     ``url`` names the stream in the incomplete-answer error.
 
@@ -1924,9 +1925,10 @@ class AnthropicAnswer(_Answer):
     ``feed(b"")`` ends the input. ``done`` is True at ``message_stop`` (every block
     stopped before it); then ``response()`` is the ModelResponse, each block in the
     provider's order, with the usage of ``message_start`` and ``message_delta``.
-    ``reported_usage()`` and ``truncated`` as the README says. ``accept_truncated=True``
-    accepts an answer cut by the token limit that ends in text; ``url`` names the stream
-    in the incomplete-answer error.
+    ``reported_usage()`` is the usage reported so far, also of a failed answer;
+    ``truncated`` says what cut an answer that was accepted, else None.
+    ``accept_truncated=True`` accepts an answer cut by the token limit that ends in
+    text; ``url`` names the stream in the incomplete-answer error.
 
     ``feed()`` raises ProviderProtocolError for malformed or incomplete bytes, and
     ProviderError for an error event and for a cut answer (``max_tokens``, ``refusal``,

@@ -14,6 +14,7 @@ the transport seam's builders are here, and the connection tests import them.
 
 from __future__ import annotations
 
+import copy
 import email.utils
 import http
 import json
@@ -2473,7 +2474,6 @@ class TestHead:
 # --- The transport seam, and the one rule of retries ------------------------------------
 
 
-BUSY_STATUS = Canned([b"busy"], status=503)
 OVERLOADED_EVENT = sse(
     {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}, "error"
 )
@@ -2704,6 +2704,7 @@ class TestWhatIsRetried:
     def test_which_failures_are_retried(
         self, provider: str, first: Canned, retried: bool, kind: type
     ) -> None:
+        first = copy.deepcopy(first)  # a parameter is made once: each run reads its own
         result, model = retried_once(first, provider)
         assert (result.status == "completed") is retried, result.error
         assert cast(CannedTransport, model.transport).opened == 1 + retried
