@@ -375,20 +375,20 @@ class _StreamingModel:
             with self._slot(signal, url):
                 answer = self._answer(request, url)
                 pacer = _Pacer(request.id)
-                exchange: Optional[Exchange] = None
                 try:
-                    exchange = opened = self._open(url, headers, body, signal)
-                    check_response_head(
-                        url,
-                        opened.status,
-                        opened.reason,
-                        opened.headers,
-                        functools.partial(_error_body, opened),
-                    )
-                    while not answer.done:
-                        for chunk in answer.feed(opened.read()):
-                            yield from pacer.paced(chunk)
-                    yield from pacer.flushed()
+                    # Closed whichever way the attempt ends, the consumer's close() included.
+                    with contextlib.closing(self._open(url, headers, body, signal)) as exchange:
+                        check_response_head(
+                            url,
+                            exchange.status,
+                            exchange.reason,
+                            exchange.headers,
+                            functools.partial(_error_body, exchange),
+                        )
+                        while not answer.done:
+                            for chunk in answer.feed(exchange.read()):
+                                yield from pacer.paced(chunk)
+                        yield from pacer.flushed()
                     if answer.truncated is not None:
                         _logger.warning(
                             "%s: the answer was cut by %s; accepted as the model's answer "
@@ -403,9 +403,6 @@ class _StreamingModel:
                     if delay is None:
                         raise _after_retries(error, retried, self.retries) from None
                     failure = error  # the except clause unbinds its name
-                finally:
-                    if exchange is not None:
-                        exchange.close()
             retried += 1
             _logger.warning(
                 "%s: attempt %d of %d failed (%s); retrying in %.3g s",
