@@ -1,16 +1,11 @@
-# agent_loop.py 1.2.1: the reference Python implementation of the iterative Agent Loop.
+# agent_loop.py 1.3.0: the reference Python implementation of the iterative Agent Loop.
 # One file, standard library only; copy it into your project. Home: the agent_loop repository.
 """The iterative Agent Loop of checkpoint 07 ("Run the iterative Agent Loop"), in Python.
 
-``run_agent_loop()`` owns a snapshot of the transcript, opens one model request per
-step, appends the complete assistant response, executes every requested tool in
-assistant order, appends the linked tool results, and continues until the model
-stops or the run reaches another terminal condition. It returns a plain generator:
-iterating it yields sequenced ``Event``s, and its return value (``StopIteration.value``)
-is the ``RunResult``, which is always ``completed``, ``cancelled``, ``maxSteps`` or
-``failed``.
-
-The loop reads in the order of the seed's state diagram::
+``run_agent_loop()`` returns a generator that yields a run's sequenced ``Event``s and
+returns its ``RunResult``: ``completed``, ``cancelled``, ``maxSteps`` or ``failed``. Each
+step opens one model request, appends the complete assistant response, runs the tools it
+asks for in assistant order and appends their linked results. The seed's state diagram::
 
     stateDiagram-v2
       [*] --> ValidateOptions
@@ -39,40 +34,16 @@ The loop reads in the order of the seed's state diagram::
       Cancelled --> Finish
       Finish --> [*]
 
-Invariants:
+Invariants: one counter numbers every event, and ``run.finished`` is the last; the
+transcript holds complete messages only (no unfinished response, no fabricated tool
+result); options are checked and the run snapshotted when ``run_agent_loop()`` is called;
+a value from outside is checked once, where it enters; cancellation wins over an error
+that arrives after the signal was set. Not here, as the seed says: steering queues,
+context transformation, provider retries, persistent sessions.
 
-- One counter numbers every event of a run; ``run.finished`` is always the last event
-  and carries the returned ``RunResult``.
-- The transcript holds complete messages only: an unfinished assistant message is never
-  appended, and an interrupted tool call never gets a fabricated result.
-- Options are validated, and the messages and the registry snapshotted, when
-  ``run_agent_loop()`` is *called*, not when iteration starts.
-- Values are frozen dataclasses; a ``ToolCall`` freezes a copy of its arguments.
-- A value from outside (the caller's messages, a model's chunks and response, a tool's
-  schema) is checked once, where it enters: a check raises one neutral ``_Problem``, and
-  the phase that runs it says which failure code that is. A step costs what it adds,
-  whatever the length of the transcript.
-- The signal (a ``threading.Event``, or any ``Signal``) is looked at before the first
-  event, after every event, and whenever the model, its stream or a tool returns or
-  raises; cancellation wins over an error that arrives after it was set.
-
-Where the seed is silent, the README lists the choices made; the main ones: JSON equality
-is strict (``True`` is not ``1``); ids, names and text are exactly ``str`` and blocks and
-messages exactly the IR's classes (a subclass could redefine ``==``); a ``ToolCall`` keeps
-arguments that are not plain bounded JSON as given, and the run rejects it before any tool
-runs; an ``Exception`` from a tool is a recoverable, logged result; thinking is a kind of
-block of its own, bounded and coalesced as text is; a run's usage is the sum of its
-responses' usage. Beyond the seed, opt-in: concurrent tools (``tool_concurrency``, events
-and results still in assistant order) and consent (``before_tool_call``). Not here, as
-the seed says: steering queues, context transformation, provider retries, persistent
-sessions. Companion files beside this one use only its public names:
-``agent_loop_providers.py`` (real models), ``agent_loop_cli.py`` (their command line),
-``agent_loop_replay.py`` (replay, durable runs) and ``agent_loop_mcp.py`` (MCP tools).
-
-The file reads top down: the limits, the loop and its phases in the diagram's order,
-then what the loop uses in that order (the transcript and its checks, the model
-boundary, tools, bounded plain JSON, the Message IR with its JSON codec, events and
-results), the test helpers, and the demonstration: ``python agent_loop.py --help``.
+The README is the reference: the API, the choices where the seed is silent, the companion
+files (which use only this file's public names). This file reads top down: the limits,
+the loop, then what it uses in that order; ``python agent_loop.py --help`` runs the demo.
 """
 
 from __future__ import annotations
@@ -82,6 +53,7 @@ import collections.abc
 import contextlib
 import contextvars
 import dataclasses
+import importlib
 import inspect
 import itertools
 import json
@@ -92,7 +64,6 @@ import os
 import reprlib
 import sys
 import threading
-import types
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -119,8 +90,6 @@ from typing import (
     Union,
     cast,
     get_args,
-    get_origin,
-    get_type_hints,
 )
 
 if TYPE_CHECKING:  # annotations only: the module needs nothing at run time
@@ -128,103 +97,48 @@ if TYPE_CHECKING:  # annotations only: the module needs nothing at run time
 
 _T = TypeVar("_T")
 
-__version__ = "1.2.1"
+__version__ = "1.3.0"
 
 __all__ = [  # grouped as the README presents the API
     # Entry point
-    "run_agent_loop",
-    "settle_run",
-    "print_event",
-    "Signal",
+    "run_agent_loop", "settle_run", "print_event", "Signal",
     # Message IR
-    "JSON",
-    "TextBlock",
-    "ThinkingBlock",
-    "ToolCall",
-    "UserMessage",
-    "AssistantMessage",
-    "ToolResultMessage",
-    "Message",
-    "text_from_assistant",
-    "message_from_dict",
+    "JSON", "TextBlock", "ThinkingBlock", "ToolCall", "UserMessage", "AssistantMessage",
+    "ToolResultMessage", "Message", "text_from_assistant", "message_from_dict",
     # Model boundary
-    "Model",
-    "ModelRequest",
-    "TextDelta",
-    "ThinkingDelta",
-    "ToolCallChunk",
-    "ModelChunk",
-    "ModelResponse",
-    "Usage",
-    "StopReason",
-    "check_stream_agreement",
+    "Model", "ModelRequest", "TextDelta", "ThinkingDelta", "ToolCallChunk", "ModelChunk",
+    "ModelResponse", "Usage", "StopReason", "check_stream_agreement",
     # Tools
-    "Tool",
-    "ToolSpec",
-    "ToolRegistry",
-    "ToolError",
-    "execute_tool_call",
-    "current_tool_call",
+    "Tool", "ToolSpec", "ToolRegistry", "ToolError", "execute_tool_call", "current_tool_call",
     # Events and results
-    "Event",
-    "RunResult",
-    "RunError",
-    "RunStatus",
-    "FailureCode",
-    "EventType",
-    "event_from_dict",
+    "Event", "RunResult", "RunError", "RunStatus", "FailureCode", "EventType", "event_from_dict",
     # Ids
-    "request_id",
-    "request_number",
-    "assistant_message_id",
-    "response_id_of",
-    "tool_result_id",
+    "request_id", "request_number", "assistant_message_id", "response_id_of", "tool_result_id",
     # Limits
-    "MAX_AGENT_STEPS",
-    "MAX_INITIAL_MESSAGES",
-    "MAX_STEP_CHUNKS",
-    "MAX_STEP_TEXT",
-    "MAX_ASSISTANT_BLOCKS",
-    "MAX_ARGUMENT_DEPTH",
-    "MAX_ARGUMENT_VALUES",
-    "MAX_ARGUMENT_SLOTS",
+    "MAX_AGENT_STEPS", "MAX_INITIAL_MESSAGES", "MAX_STEP_CHUNKS", "MAX_STEP_TEXT",
+    "MAX_ASSISTANT_BLOCKS", "MAX_ARGUMENT_DEPTH", "MAX_ARGUMENT_VALUES", "MAX_ARGUMENT_SLOTS",
     "MAX_ARGUMENT_TEXT",
     # Test helpers
-    "ScriptedModel",
-    "ScriptedResponse",
-    "scripted_response",
+    "ScriptedModel", "ScriptedResponse", "scripted_response",
     # Interop and resumption
-    "open_tool_calls",
-    "resolve_open_tool_calls",
-]
+    "open_tool_calls", "resolve_open_tool_calls",
+]  # fmt: skip
 
-# The library logs the exceptions that become tool results, and prints nothing unless
-# the application configures logging.
-_logger = logging.getLogger("agent_loop")
-_logger.addHandler(logging.NullHandler())
+_logger = logging.getLogger("agent_loop")  # the exceptions that become tool results
+_logger.addHandler(logging.NullHandler())  # silent unless the application configures logging
 
 # --- Limits -----------------------------------------------------------------------
 # Every number of the seed, once. Each limit is inclusive: the limit passes, one more fails.
 
-MAX_AGENT_STEPS: Final = 64
-"""Model requests in one run, request_sequence_start included: a workshop ceiling."""
-MAX_INITIAL_MESSAGES: Final = 4096
-"""Starting messages; more is INVALID_TRANSCRIPT."""
-MAX_STEP_CHUNKS: Final = 1024
-"""Chunks in one step, of every kind (thinking deltas too): stops a stream that never ends."""
-MAX_STEP_TEXT: Final = 65_536
-"""Unicode code points of streamed text in one step (a non-BMP character is one); streamed
-thinking is counted apart, against the same number."""
-MAX_ASSISTANT_BLOCKS: Final = 1024
-"""Blocks in one terminal response, thinking blocks too, as returned (before coalescing)."""
-MAX_ARGUMENT_DEPTH: Final = 32
-"""Containers nested in one call's arguments: ``{}`` has depth 1, a scalar 0."""
-MAX_ARGUMENT_VALUES: Final = 257
-"""Values in one call's arguments, the root included: ``{"a": [1]}`` has 3."""
-MAX_ARGUMENT_SLOTS: Final = 256
-"""Object fields plus array slots in one call's arguments: ``{"a": [1]}`` has 2."""
-MAX_ARGUMENT_TEXT: Final = 4096
-"""Unicode code points across all keys and string values of one call's arguments."""
+MAX_AGENT_STEPS: Final = 64  # model requests in one run, request_sequence_start included
+MAX_INITIAL_MESSAGES: Final = 4096  # starting messages
+MAX_STEP_CHUNKS: Final = 1024  # chunks in one step, of every kind (thinking deltas too)
+MAX_STEP_TEXT: Final = 65_536  # code points of streamed text in one step; of thinking, apart
+MAX_ASSISTANT_BLOCKS: Final = 1024  # blocks in one terminal response, as returned
+MAX_ARGUMENT_DEPTH: Final = 32  # containers nested in one call's arguments: {} has depth 1
+MAX_ARGUMENT_VALUES: Final = 257  # values in one call's arguments, the root included
+MAX_ARGUMENT_SLOTS: Final = 256  # object fields plus array slots in one call's arguments
+MAX_ARGUMENT_TEXT: Final = 4096  # code points across the keys and strings of one call's arguments
 
 
 # --- The loop ---------------------------------------------------------------------
@@ -244,19 +158,11 @@ def run_agent_loop(
 ) -> Generator[Event, None, RunResult]:
     """Validates the options, snapshots the run, and returns its event generator.
 
-    Iterating the generator yields the run's events; its return value is the
-    ``RunResult`` (``result = yield from run``, or ``settle_run(run)``). The starting
-    messages (at most ``MAX_INITIAL_MESSAGES + 1`` items are read) and the registry's
-    membership are snapshotted now: later changes to either do not reach the run.
-
-    Raises TypeError for an option of the wrong kind and ValueError for one out of
-    range, now, before anything is iterated. A bad starting transcript is not an
-    error here: the run finishes ``failed`` with ``INVALID_TRANSCRIPT``.
-
-    ``tool_concurrency`` > 1 runs consecutive calls of a batch on up to that many threads
-    (a ``sequential`` tool's call alone), with events and results in assistant order
-    whatever the timing; ``before_tool_call(call, signal)`` is asked before each call and
-    a str it returns refuses the call (see the README's "Tools at once, and consent").
+    The generator yields the run's events and returns its ``RunResult`` (``result = yield
+    from run``, or ``settle_run(run)``); at most ``MAX_INITIAL_MESSAGES + 1`` messages are
+    read, now. Raises TypeError or ValueError for a bad option, now; a bad starting transcript
+    is a ``failed`` run (INVALID_TRANSCRIPT). For ``tool_concurrency`` and
+    ``before_tool_call``, see the README, "Tools at once, and consent".
     """
     # ValidateOptions. Seed: "Invalid construction throws before an EventStream is returned."
     _check_options(model, tools, max_steps, request_sequence_start)
@@ -303,12 +209,8 @@ class _Run:
             self.invalid_start = _RunFailure("INVALID_TRANSCRIPT", str(problem))
 
     def drive(self) -> Generator[Event, None, RunResult]:
-        """The state diagram, from SnapshotRun to Finish, and the one place where events
-        leave the run: the phases yield them here, and this hands each to the consumer.
-
-        Each ``--> Failed`` edge raises _RunFailure and each ``--> Cancelled`` edge
-        raises _Cancelled; both become the result here, and nowhere else.
-        """
+        """The diagram from SnapshotRun to Finish: the one place where events leave the run, and
+        where _RunFailure (--> Failed) and _Cancelled (--> Cancelled) become the result."""
         steps = self._run_steps()
         try:
             while True:
@@ -321,23 +223,20 @@ class _Run:
                 # After every event: the consumer ran, and may have set the signal.
                 self._check_signal()
         except _Cancelled:
-            # The phase that was waiting hears of it there: a batch of tools still yields
-            # the results completed before the signal was seen, then ends.
+            # The waiting phase hears of it: a batch yields the results it completed, then ends.
             yield from self._told(steps)
             result = self._result("cancelled")
         except _RunFailure as failure:
             error = RunError(failure.code, failure.message, failure.__cause__)
             result = self._result("failed", error=error)
         finally:
-            # Cancelled after an event, or closed by the consumer: the phase that was
-            # waiting ends too, and with it the model's stream.
+            # Cancelled, or closed by the consumer: the waiting phase ends, and its stream.
             steps.close()
         return (yield from self._finish(result))
 
     @staticmethod
     def _told(steps: Generator[Event, None, RunResult]) -> Generator[Event, None, None]:
-        """Any phase --> Cancelled: the events the waiting phase still yields once the
-        cancellation is thrown into it, until it raises it (at once, if it had ended)."""
+        """Any phase --> Cancelled: what the waiting phase still yields once told (if it runs)."""
         with contextlib.suppress(_Cancelled):
             event = steps.throw(_Cancelled())
             while True:
@@ -347,8 +246,7 @@ class _Run:
     def _run_steps(self) -> Generator[Event, None, RunResult]:
         """From SnapshotRun to Completed or MaxSteps; the other endings raise."""
         if self.invalid_start is not None:
-            # SnapshotRun --> Failed: invalid transcript. Reported even with the signal
-            # already set: the inputs decide before the signal is looked at.
+            # SnapshotRun --> Failed: invalid transcript (the inputs decide before the signal).
             raise self.invalid_start
         self._check_signal()  # SnapshotRun --> Cancelled
         yield from self._emit_accepted()  # SnapshotRun --> EmitAccepted --> OpenModel
@@ -392,14 +290,7 @@ class _Run:
     def _read_chunks(
         self, request: ModelRequest, stream: Generator[ModelChunk, None, Any]
     ) -> Generator[Event, None, Tuple[ModelResponse, AssistantMessage]]:
-        """ReadChunks: one model.chunk per valid chunk, then the checked terminal response.
-
-        Returns the response and its assistant message. The signal is looked at after
-        each chunk, after the end of the stream (a response that arrives after the
-        signal is not taken) and after its error (cancellation wins); any other
-        exception from the stream fails the run with MODEL_STREAM_ERROR. The model's
-        stream is closed whichever way this ends.
-        """
+        """ReadChunks: a model.chunk per valid chunk; returns the checked response and message."""
         # Seed: "The loop calls model.stream() and drains its event channel before
         # awaiting the terminal response." The generator returns the response.
         streamed = _StreamedBlocks(request.id)
@@ -464,8 +355,7 @@ class _Run:
         return response, message
 
     def _append_assistant(self, message: AssistantMessage) -> None:
-        """AppendAssistant: the complete assistant message joins the transcript, and its
-        usage the run's (a response without usage makes every field of the sum unknown)."""
+        """AppendAssistant: the message joins the transcript, and its usage the run's sum."""
         self.transcript.append(message)
         if message.usage is None:
             self.usage = _UNKNOWN_USAGE  # whatever the sum was, and without building a Usage
@@ -477,31 +367,22 @@ class _Run:
     def _execute_tools(
         self, request: ModelRequest, message: AssistantMessage
     ) -> Generator[Event, None, None]:
-        """ExecuteTools: every call of the message in assistant order, one at a time (with
-        tool_concurrency > 1, group by group)."""
+        """ExecuteTools: every call in assistant order, one at a time or group by group."""
         if self.tool_concurrency > 1:
             for group in self._groups(_tool_calls(message)):
                 yield from self._execute_group(request, group)
         else:
             for call in _tool_calls(message):
-                # Consent, before the call's tool.started (without a hook, not even a call:
-                # this is the hot path of W1 in benchmarks/bench_agent_loop.py).
-                refusal = None if self.before_tool_call is None else self._refusal(call)
+                refusal = self._refusal(call)  # consent, before the call's tool.started
                 # Seed: "For each call, it emits tool.started, awaits executeToolCall(),
                 # appends the linked Tool-result message, then emits tool.finished."
                 yield self._event("tool.started", request_id=request.id, tool_call=call)
-                result = refusal or self._execute(call)
-                self.transcript.append(result)  # linked by construction (see _finished)
-                yield self._event(
-                    "tool.finished", request_id=request.id, tool_call=call, tool_result=result
-                )
+                yield self._finished(request, call, refusal or self._execute(call))
         # Seed: "After the complete Tool batch, validateTranscript() proves that every
-        # call has one later matching result." Here that holds by construction: each
-        # call above got its linked result appended, or the phase ended by raising.
+        # call has one later matching result." By construction: each got one, or it raised.
 
     def _groups(self, calls: List[ToolCall]) -> List[List[ToolCall]]:
-        """ExecuteTools: the calls cut into groups that run together, in order: maximal
-        runs of consecutive calls, a sequential tool's call alone (a barrier)."""
+        """ExecuteTools: maximal runs of consecutive calls; a sequential tool's call alone."""
         groups: List[List[ToolCall]] = []
         together = False  # whether the last group takes the next call
         for call in calls:
@@ -516,8 +397,7 @@ class _Run:
         return groups
 
     def _refusal(self, call: ToolCall) -> Optional[ToolResultMessage]:
-        """ExecuteTools, consent: the error result before_tool_call refuses a call with,
-        or None to run it. It may block, and set the signal: the call then stays open."""
+        """ExecuteTools, consent: the error result that refuses a call, or None to run it."""
         if self.before_tool_call is None:
             return None
         what = f"before_tool_call for tool call {call.id!r}"
@@ -532,8 +412,7 @@ class _Run:
 
     def _execute(self, call: ToolCall) -> ToolResultMessage:
         """ExecuteTools: runs one call, in whichever thread, and looks at the signal after."""
-        # A result that arrives after cancellation is discarded. An Exception from the
-        # tool is already a recoverable result; what else it raises ends the phase.
+        # An Exception from the tool is a recoverable result; anything else ends the phase.
         what = f"tool call {call.id!r}"
         return self._call(
             "TOOL_PHASE_ERROR", what, _execute_checked_call, self.tools, call, self.signal
@@ -542,10 +421,8 @@ class _Run:
     def _execute_group(
         self, request: ModelRequest, group: List[ToolCall]
     ) -> Generator[Event, None, None]:
-        """ExecuteTools, one group on up to tool_concurrency threads: each result joins the
-        transcript once it and every call before it have finished. Whatever the way out
-        (an end, a failure, a cancellation, close()), it returns only once every running
-        tool has returned, and no call begins after."""
+        """ExecuteTools, one group on threads: results join in assistant order; whichever way it
+        ends, it returns only once every running tool has returned, and no call begins after."""
         # Consent, for each call of the group before any of them is scheduled.
         refusals = [self._refusal(call) for call in group]
         # In a group, tool.started means scheduled: all of them come first, in order.
@@ -573,9 +450,8 @@ class _Run:
                 kept = index + 1
                 yield self._finished(request, call, result)
         except _Cancelled:
-            # ExecuteTools --> Cancelled, once the running tools have returned. The results
-            # completed before the signal was seen are kept, in order, even after a call
-            # still open. Seed: "appends no fabricated result" for the others.
+            # ExecuteTools --> Cancelled, once the running tools have returned, keeping the
+            # results completed before. Seed: "appends no fabricated result" for the others.
             _stop(pool, outcomes)
             for call, outcome in zip(group[kept:], outcomes[kept:]):
                 if isinstance(outcome, Future):
@@ -591,8 +467,7 @@ class _Run:
 
     def _finished(self, request: ModelRequest, call: ToolCall, result: ToolResultMessage) -> Event:
         """ExecuteTools: a call's result joins the transcript; returns its tool.finished."""
-        # Linked by construction: the result is derived from the call, whose
-        # result id was checked free before any tool ran.
+        # Linked by construction: derived from the call, whose result id was checked free.
         self.transcript.append(result)
         return self._event(
             "tool.finished", request_id=request.id, tool_call=call, tool_result=result
@@ -614,9 +489,7 @@ class _Run:
     def _call(
         self, code: FailureCode, what: str, function: Callable[..., _T], *arguments: Any
     ) -> _T:
-        """Calls code the loop does not own (model.stream(), a tool) and looks at the
-        signal when it returns or raises: cancellation wins over either. An exception
-        fails the run with ``code``; KeyboardInterrupt and SystemExit propagate."""
+        """Calls code the loop does not own; cancellation wins over what it returns or raises."""
         try:
             value = function(*arguments)
         except (KeyboardInterrupt, SystemExit):
@@ -654,8 +527,7 @@ class _RunFailure(Exception):
 
 
 def _failure(code: FailureCode, what: str, error: BaseException) -> _RunFailure:
-    """The failure ``code`` that an exception from code the loop does not own becomes,
-    naming what raised it (the caller looks at the signal first: cancellation wins)."""
+    """The failure that an exception from code the loop does not own becomes."""
     return _RunFailure(code, f"{what} raised {_describe(error)}")
 
 
@@ -664,8 +536,7 @@ class _Cancelled(Exception):
 
 
 class _Problem(Exception):
-    """What a check found wrong, as a message and nothing else: the phase that ran the
-    check decides what it becomes (a failure code, a ValueError, an error result)."""
+    """What a check found wrong; the phase that ran the check decides what it becomes."""
 
 
 def _check_options(model: object, tools: object, max_steps: object, start: object) -> None:
@@ -690,8 +561,7 @@ def _check_options(model: object, tools: object, max_steps: object, start: objec
 
 
 def _check_tool_options(tool_concurrency: object, before_tool_call: object) -> None:
-    """ValidateOptions for the tool phase. No upper bound on tool_concurrency: a group
-    never uses more threads than it has calls."""
+    """ValidateOptions for the tool phase (a group never uses more threads than calls)."""
     if not isinstance(tool_concurrency, int) or isinstance(tool_concurrency, bool):
         kind = type(tool_concurrency).__name__
         raise TypeError(f"tool_concurrency must be an int, got {kind}")
@@ -705,8 +575,7 @@ def _check_tool_options(tool_concurrency: object, before_tool_call: object) -> N
 
 
 def _stop(pool: ThreadPoolExecutor, outcomes: List[Any]) -> None:
-    """ExecuteTools: no call of a group begins any more; returns once the running ones
-    have returned (a refused call's outcome is its result, and has nothing to stop)."""
+    """ExecuteTools: no call of the group begins any more; returns once the running ones have."""
     for outcome in outcomes:
         if isinstance(outcome, Future):
             outcome.cancel()  # a call not yet begun; one running cannot be cancelled
@@ -720,8 +589,7 @@ def _checked_signal(signal: object) -> Signal:
     accepted = "a threading.Event, or an object with is_set() and wait(timeout)"
     if not (callable(getattr(signal, "is_set", None)) and callable(getattr(signal, "wait", None))):
         raise TypeError(f"signal must be {accepted}, got {type(signal).__name__}")
-    # asyncio.Event has both methods, but its wait() is a coroutine: a tool that
-    # waited on it would get a coroutine object back, never a wait.
+    # asyncio.Event has both, but a tool that waited on it would get a coroutine back.
     if inspect.iscoroutinefunction(signal.wait):  # type: ignore[attr-defined]
         raise TypeError(
             f"signal must be {accepted}; {type(signal).__name__}.wait() is a coroutine "
@@ -740,26 +608,22 @@ def _iterated(messages: Iterable[object]) -> Iterator[object]:
         ) from None
 
 
-# The ids the loop derives, public so that a companion derives and reads them as the loop
-# does. Seed: "requestSnapshot() ... creates request-001, request-002, and so on"; its
-# test: the assistant message of response R is "message-" + R's id, the result of call C
-# is "tool-result-" + C's id.
+# The ids the loop derives, public so that a companion derives them as the loop does. Seed:
+# "requestSnapshot() ... creates request-001, request-002, and so on"; its test derives the
+# others: response R's message is "message-" + R's id, call C's result "tool-result-" + C's.
 
 
 def request_id(number: int) -> str:
-    """Returns the id of a run's request number ``number`` (``request_sequence_start +
-    step``): ``request_id(1) == "request-001"``."""
+    """Returns the id of request number ``number``: ``request_id(1) == "request-001"``."""
     return f"request-{number:03d}"
 
 
 def request_number(id: str) -> Optional[int]:
-    """Returns the number ``n`` (1 to ``MAX_AGENT_STEPS``) whose ``request_id(n)`` is
-    ``id``, or None for any other id: ``request_number("request-001") == 1``."""
+    """Returns the ``n`` in 1..MAX_AGENT_STEPS whose ``request_id(n)`` is ``id``, else None."""
     return _REQUEST_NUMBERS.get(id)
 
 
 _REQUEST_NUMBERS: Final = {request_id(number): number for number in range(1, MAX_AGENT_STEPS + 1)}
-"""The id of each request a run can open, and its number."""
 
 
 def assistant_message_id(response_id: str) -> str:
@@ -768,8 +632,7 @@ def assistant_message_id(response_id: str) -> str:
 
 
 def response_id_of(message_id: str) -> Optional[str]:
-    """Returns the response id that ``assistant_message_id()`` makes ``message_id``
-    from, or None for an id it does not make (response ids are non-empty)."""
+    """Returns the response id that ``assistant_message_id()`` made ``message_id`` of, or None."""
     if message_id.startswith("message-") and message_id != "message-":
         return message_id[len("message-") :]
     return None
@@ -793,8 +656,7 @@ def _is_id(value: object) -> bool:
     return _is_text(value) and value != ""
 
 
-# The checks below ask for the exact IR classes, as _is_text asks for exactly str: a
-# subclass could redefine == (and so agree with anything) or unfreeze its fields.
+# The checks ask for exactly the IR's classes: a subclass could redefine == or unfreeze.
 
 
 def _check_block(block: object) -> None:
@@ -840,8 +702,7 @@ def _checked_thinking(block: ThinkingBlock) -> ThinkingBlock:
 
 
 _QUOTE: Final = reprlib.Repr()
-# A rejected value is quoted in the run's error, which a log keeps: long enough to be
-# recognised (a dataclass's repr, a provider's id), never a megabyte.
+# A rejected value quoted in an error (which a log keeps): recognisable, never a megabyte.
 _QUOTE.maxstring = _QUOTE.maxother = 160
 
 
@@ -862,14 +723,13 @@ def _wrong_block_field(kind: str, name: str, expected: str, value: object) -> st
 
 
 def _checked_message(message: object) -> Message:
-    """Returns a message that keeps the IR's rules on its own (linkage aside), or raises
-    _Problem naming the field."""
+    """Returns a message that keeps the IR's rules on its own (linkage aside), or _Problem."""
     if type(message) is UserMessage:
         if not _is_text(message.content):
-            raise _Problem(_wrong_field(message, "content"))
+            raise _Problem(_wrong_field(message, "content", "a str"))
     elif type(message) is AssistantMessage:
         if message.usage is not None and type(message.usage) is not Usage:
-            raise _Problem(_wrong_field(message, "usage"))
+            raise _Problem(_wrong_field(message, "usage", "None or a Usage"))
         for block in message.content:
             try:
                 _check_block(block)
@@ -877,47 +737,32 @@ def _checked_message(message: object) -> Message:
                 raise _Problem(f"message {message.id!r}: {problem}") from None
     elif type(message) is ToolResultMessage:
         if not _is_id(message.tool_call_id):
-            raise _Problem(_wrong_field(message, "tool_call_id"))
+            raise _Problem(_wrong_field(message, "tool_call_id", "a non-empty str"))
         if not _is_id(message.tool_name):
-            raise _Problem(_wrong_field(message, "tool_name"))
+            raise _Problem(_wrong_field(message, "tool_name", "a non-empty str"))
         if not _is_text(message.content):
-            raise _Problem(_wrong_field(message, "content"))
+            raise _Problem(_wrong_field(message, "content", "a str"))
         if type(message.is_error) is not bool:
-            raise _Problem(_wrong_field(message, "is_error"))
+            raise _Problem(_wrong_field(message, "is_error", "a bool"))
     else:
         hint = " (read a dict with message_from_dict())" if isinstance(message, dict) else ""
         raise _Problem(f"{_a(type(message).__name__)} is not a message{hint}")
     if not _is_id(message.id):
-        raise _Problem(_wrong_field(message, "id"))
+        raise _Problem(_wrong_field(message, "id", "a non-empty str"))
     return message
 
 
-# What _wrong_field says each checked field must be.
-_FIELD_TYPES: Final = {
-    "id": "a non-empty str",
-    "tool_call_id": "a non-empty str",
-    "tool_name": "a non-empty str",
-    "content": "a str",
-    "is_error": "a bool",
-    "usage": "None or a Usage",
-}
-
-
-def _wrong_field(message: Message, name: str) -> str:
+def _wrong_field(message: Message, name: str, expected: str) -> str:
     """Says which field of a message has the wrong type: expected and given."""
-    value = getattr(message, name)
     where = f"{_a(message.role)} message" if name == "id" else f"message {message.id!r}"
-    given = f"{_quoted(value)} ({type(value).__name__})"
-    return f"{where}: field {name!r} must be {_FIELD_TYPES[name]}, got {given}"
+    return _wrong_block_field(where, name, expected, getattr(message, name))
 
 
 class _Transcript:
-    """The run's private transcript, with the indexes that make checking a message cost
-    what the message holds, whatever the length of the transcript.
+    """The run's transcript, indexed so that a check costs what the message holds.
 
-    A valid transcript: unique message ids and tool-call ids, every tool result answers
-    an open call of an earlier assistant message with the same tool name, once. It is
-    complete when no call is left open.
+    Valid: unique message and tool-call ids, each result answering an open call of an earlier
+    assistant message, with the same tool name, once. Complete: no call left open.
     """
 
     def __init__(self) -> None:
@@ -928,8 +773,7 @@ class _Transcript:
 
     @classmethod
     def from_start(cls, start: List[object]) -> _Transcript:
-        """SnapshotRun: the starting messages as a transcript; raises _Problem if they
-        are not a complete one."""
+        """SnapshotRun: the starting messages as a transcript; _Problem unless complete."""
         # Seed: "Initial messages are capped at 4096 ... and validated as a complete transcript."
         if len(start) > MAX_INITIAL_MESSAGES:
             raise _Problem(f"more than {MAX_INITIAL_MESSAGES} starting messages")
@@ -940,15 +784,10 @@ class _Transcript:
             raise _Problem(f"tool calls without a result: {list(transcript._open_calls)}")
         return transcript
 
-    def check(self, message: object) -> Message:
-        """Returns the message if it is well formed and keeps linkage with what is
-        already here, else raises _Problem."""
-        checked = _checked_message(message)
-        self._check_linkage(checked)
-        return checked
-
-    def _check_linkage(self, message: Message) -> None:
-        """Raises _Problem unless its ids are free and a result answers an open call."""
+    def check(self, unchecked: object) -> Message:
+        """Returns the message if well formed, its ids free and a result answering an open call
+        (linkage); else raises _Problem."""
+        message = _checked_message(unchecked)
         if message.id in self._message_ids:
             raise _Problem(
                 f"message id {message.id!r} is used twice (an assistant message's id is "
@@ -984,6 +823,7 @@ class _Transcript:
                     f"tool result {message.id!r} names tool {message.tool_name!r}, "
                     f"but its call names {answered.name!r}"
                 )
+        return message
 
     def append(self, message: Message) -> None:
         """Adds a message that keeps linkage, and indexes its ids and open calls."""
@@ -991,7 +831,7 @@ class _Transcript:
         self._message_ids.add(message.id)
         if isinstance(message, AssistantMessage):
             for call in message.content:
-                if isinstance(call, ToolCall):  # as in _check_linkage, no list built
+                if isinstance(call, ToolCall):  # as in check(), no list built
                     self._call_ids.add(call.id)
                     self._open_calls[call.id] = call
         elif isinstance(message, ToolResultMessage):
@@ -1026,10 +866,9 @@ class _StreamedBlocks:
 
     def add(self, chunk: object) -> None:
         """Checks one streamed chunk and keeps its text, its thinking or its tool call."""
-        # Seed: "The loop caps one step at 1024 chunks, 65,536 Unicode code points
-        # of text, and 1024 assistant blocks." (blocks: see _checked_response) Every
-        # chunk counts, thinking too; thinking is bounded by the same number as text,
-        # counted apart, so that the seed's text limit is unchanged.
+        # Seed: "The loop caps one step at 1024 chunks, 65,536 Unicode code points of text,
+        # and 1024 assistant blocks." (blocks: _checked_response) Every chunk counts;
+        # thinking is counted apart from text, against the same number.
         if len(self.items) == MAX_STEP_CHUNKS:
             raise _Problem(f"the model streamed more than {MAX_STEP_CHUNKS} chunks")
         item: _Normalized
@@ -1057,8 +896,7 @@ class _StreamedBlocks:
     def require_agreement(
         self, content: Sequence[Union[TextBlock, ThinkingBlock, ToolCall]]
     ) -> None:
-        """Raises _Problem unless the terminal content agrees with the stream (usage
-        is not part of it)."""
+        """Raises _Problem unless the terminal content agrees with the stream."""
         # Seed: "The resulting normalized block sequences must agree in content and
         # order; raw text-chunk segmentation may differ."
         terminal = _normalized(_normalized_item(block) for block in content)
@@ -1072,7 +910,9 @@ class _StreamedBlocks:
                 "returns (a TextDelta per text, a ThinkingDelta per thinking, a "
                 "ToolCallChunk per tool call)"
             )
-        index = cast(int, _first_difference(streamed, terminal))  # they differ
+        # They differ: at a pair of blocks, or where the shorter one ends.
+        pairs = enumerate(zip(streamed, terminal))
+        index = next((i for i, (s, t) in pairs if s != t), min(len(streamed), len(terminal)))
         raise _Problem(
             "the streamed chunks and the terminal response disagree at normalised block "
             f"{index}: streamed {_shortened(streamed, index)}, "
@@ -1083,15 +923,10 @@ class _StreamedBlocks:
 def check_stream_agreement(chunks: Iterable[ModelChunk], response: ModelResponse) -> None:
     """Checks a step's chunks against its terminal response as the loop does.
 
-    Each chunk must be a ``TextDelta``, ``ThinkingDelta`` or ``ToolCallChunk`` of the
-    response's ``request_id``, within the step's limits, and the chunks must agree with
-    the response's content: the same blocks in the same order once adjacent text and
-    adjacent thinking are joined and empty ones dropped, text, thinking and tool calls
-    being each other's boundaries (a thinking block's signature and the usage do not
-    stream). The response's own fields are not checked here.
-
-    Raises TypeError if ``response`` is not a ModelResponse, and ValueError, saying
-    which chunk or block is wrong, if the chunks break a rule.
+    The chunks must carry the response's ``request_id``, keep the step's limits, and agree
+    with its content once normalised (see the README, "Choices where the seed is silent");
+    the response's own fields are not checked. Raises TypeError if ``response`` is not a
+    ModelResponse, and ValueError naming the chunk or block that breaks a rule.
     """
     if type(response) is not ModelResponse:
         raise TypeError(f"response must be a ModelResponse, got {type(response).__name__}")
@@ -1105,8 +940,7 @@ def check_stream_agreement(chunks: Iterable[ModelChunk], response: ModelResponse
 
 
 def _streamed_length(text: object, kind: str, so_far: int) -> int:
-    """The code points of a text or thinking chunk, if the step's total stays within
-    MAX_STEP_TEXT; raises _Problem if not, or if it is not a str."""
+    """A text or thinking chunk's code points, if the step keeps within MAX_STEP_TEXT."""
     if not _is_text(text):
         raise _Problem(f"a {kind} chunk's {kind} must be a str, got {type(text).__name__}")
     length = len(text)
@@ -1125,14 +959,12 @@ def _normalized_item(block: Union[TextBlock, ThinkingBlock, ToolCall]) -> _Norma
 
 
 def _normalized(items: Iterable[_Normalized]) -> List[_Normalized]:
-    """Coalesces adjacent text and adjacent thinking; text, thinking and tool calls are
-    each other's boundaries, and empty text or thinking carries nothing."""
+    """Coalesces adjacent text and adjacent thinking; each kind bounds the others."""
     # Seed: "the loop coalesces adjacent streamed text deltas and adjacent terminal
     # text blocks, using Tool calls as boundaries." Thinking is coalesced as text is.
     normalized: List[_Normalized] = []
-    # Empty text and empty thinking are dropped first, so that they are no boundary
-    # either (a redacted block between two pieces of text). (Comparing each item with a
-    # ThinkingBlock("") instead costs 15 times as much.)
+    # Empty text and thinking carry nothing, and are no boundary either (a redacted block
+    # between two texts). Comparing each item with ThinkingBlock("") costs 15 times this.
     carrying = (
         item
         for item in items
@@ -1149,17 +981,8 @@ def _normalized(items: Iterable[_Normalized]) -> List[_Normalized]:
     return normalized
 
 
-def _first_difference(left: Sequence[Any], right: Sequence[Any]) -> Optional[int]:
-    """The first index at which two sequences differ (one may end first), or None."""
-    for index, (left_item, right_item) in enumerate(zip(left, right)):
-        if left_item != right_item:
-            return index
-    return None if len(left) == len(right) else min(len(left), len(right))
-
-
 def _shortened(blocks: List[_Normalized], index: int) -> str:
-    """One normalised block as a disagreement shows it, shortened: text as its repr,
-    ``thinking '...'``, ``tool call 'id' to 'name' with {...}``; "nothing" past the end."""
+    """One normalised block as a disagreement quotes it; "nothing" past the end."""
     if index == len(blocks):
         return "nothing"
     block = blocks[index]
@@ -1208,8 +1031,7 @@ class TextDelta:
 
 @dataclass(frozen=True)
 class ThinkingDelta:
-    """A streamed piece of the model's thinking (its signature, if any, arrives only in
-    the terminal response's ThinkingBlock)."""
+    """A streamed piece of the model's thinking (a signature comes only in the response)."""
 
     request_id: str
     thinking: str
@@ -1240,21 +1062,6 @@ class ToolCallChunk:
 ModelChunk = Union[TextDelta, ThinkingDelta, ToolCallChunk]
 
 
-def _chunk_from_dict(data: object, where: str) -> ModelChunk:
-    """Reads a chunk from its to_dict() form; ValueError naming the field if malformed."""
-    chunk = _object(data, where)
-    request_id = _read(chunk, "requestId", str, where)
-    kind = _read_choice(chunk, "type", ("text", "thinking", "toolCall"), where)
-    if kind == "text":
-        return TextDelta(request_id, _read(chunk, "text", str, where))
-    if kind == "thinking":
-        return ThinkingDelta(request_id, _read(chunk, "thinking", str, where))
-    return ToolCallChunk(
-        request_id,
-        _tool_call_from_dict(_read(chunk, "toolCall", dict, where), f"{where}.toolCall"),
-    )
-
-
 StopReason = Literal["stop", "toolCall"]
 """Why a model stopped: ``stop`` (its answer is complete) or ``toolCall`` (run the calls)."""
 _STOP_REASONS: Final = get_args(StopReason)
@@ -1264,16 +1071,9 @@ _STOP_REASONS: Final = get_args(StopReason)
 class Usage:
     """The tokens one response (or, summed, one run) cost, as the provider reported them.
 
-    Each field is None when the provider did not say (never 0 for unknown), else an int
-    >= 0. ``input_tokens`` counts the input tokens neither read from nor written to a
-    prompt cache: the whole input is ``input_tokens + cache_read_tokens +
-    cache_write_tokens``, as Anthropic counts it. ``output_tokens`` counts all output
-    tokens, reasoning included; ``reasoning_tokens`` is the part of them spent on
-    reasoning, when the provider says. ``a + b`` sums field by field, and a field that
-    is None on either side is None in the sum: a sum with an unknown part is unknown.
-
-    Raises TypeError for a field that is not None or an int (a bool is not one), and
-    ValueError for a negative one.
+    Each field is an int >= 0, or None when the provider did not say. ``a + b`` sums field by
+    field, None on either side giving None (see the README, "What a run cost"). Raises
+    TypeError for a field that is not None or an int, ValueError for a negative one.
     """
 
     input_tokens: Optional[int] = None
@@ -1320,18 +1120,6 @@ _UNKNOWN_USAGE: Final = Usage()
 """A sum with an unknown part: every field unknown."""
 
 
-def _usage_from_dict(data: Dict[str, Any], where: str) -> Optional[Usage]:
-    """Reads the optional ``usage`` key of an object that may hold one."""
-    if data.get("usage") is None:
-        return None
-    usage = _object(data["usage"], f"{where}.usage")
-    counts = [_read_optional(usage, key, int, f"{where}.usage") for _, key in _USAGE_KEYS]
-    for (_, key), count in zip(_USAGE_KEYS, counts):
-        if count is not None and count < 0:
-            raise ValueError(f"{where}.usage.{key} must be >= 0, got {count}")
-    return Usage(*counts)
-
-
 @dataclass(frozen=True)
 class ModelResponse:
     """A model's terminal response to one request, and what it cost (None: unknown)."""
@@ -1361,9 +1149,7 @@ class ModelResponse:
 class Signal(Protocol):
     """What the loop needs of a cancellation signal: threading.Event's reading side.
 
-    ``threading.Event`` is one; so is any object with these two methods whose
-    ``wait`` blocks (not a coroutine). Annotate a model's or a tool's ``signal``
-    parameter with ``Signal`` or ``threading.Event``.
+    Any object with these two methods fits, if its ``wait`` blocks (is not a coroutine).
     """
 
     def is_set(self) -> bool:
@@ -1374,11 +1160,7 @@ class Signal(Protocol):
 
 
 class Model(Protocol):
-    """A model: ``stream()`` returns a generator that yields chunks and returns its response.
-
-    ``signal`` is the run's signal, as the caller gave it; it is typed ``Any`` here, as a
-    tool's is, so that an implementation may annotate it ``Signal`` or ``threading.Event``.
-    """
+    """A model: ``stream()`` returns a generator that yields chunks and returns its response."""
 
     def stream(
         self, request: ModelRequest, signal: Any
@@ -1389,9 +1171,8 @@ class Model(Protocol):
 # --- Tools ------------------------------------------------------------------------
 
 _SCHEMA_TYPES: Final = ("object", "string", "number", "integer", "boolean", "array", "null")
-# The keywords of JSON Schema 2020-12 that the loop enforces, and what the value of each must
-# be. Any other keyword holds any JSON: the model gets it as given and the loop ignores it,
-# as JSON Schema ignores keywords it does not know.
+# The keywords of JSON Schema 2020-12 that the loop enforces, and what each value must be.
+# Any other keyword holds any JSON, ignored as JSON Schema ignores the keywords it does not know.
 _SCHEMA_KEYWORDS: Final = {
     "type": f"one of {', '.join(_SCHEMA_TYPES)}, or a non-empty array of distinct ones",
     "required": "an array of property names",
@@ -1437,8 +1218,8 @@ _BOUNDS: Final = {
 class ToolSpec:
     """What a model is told about a tool: its name, description and parameter schema.
 
-    Checked as a ``Tool`` is (TypeError or ValueError naming the field), and its
-    parameters are frozen.
+    Checked as a Tool is (TypeError or ValueError naming the field), and its parameters are
+    frozen.
     """
 
     name: str
@@ -1466,28 +1247,18 @@ class ToolSpec:
 class Tool:
     """A named effect the model may request, with a JSON Schema for its arguments.
 
-    ``parameters`` is a JSON Schema whose root is ``{"type": "object", ...}``, checked and
-    frozen when the Tool is built. Before the tool runs, the loop checks the arguments of
-    each call against it (failing ones get an ``is_error=True`` result naming the problem)
-    with JSON Schema 2020-12's meaning of ``type``, ``properties``, ``required``,
-    ``additionalProperties``, ``items``, ``enum``, ``const``, ``anyOf``, ``oneOf``,
-    ``allOf``, ``not``, ``$ref`` within the schema, and the bounds ``minimum`` to
-    ``maxProperties``; but an ``integer`` is an int, and ``enum`` and ``const`` compare
-    as strict JSON (``1`` is not ``1.0``). Other keywords go to the model as given and
-    are not enforced (the tool checks them itself). ``execute(arguments, signal)`` gets a
-    fresh plain dict that it may change freely, and the run's signal.
-    ``sequential=True`` (by keyword): with ``tool_concurrency`` > 1, the tool's calls
-    run alone, after the calls before them (a barrier).
+    ``parameters`` (a root ``{"type": "object", ...}``) is checked and frozen when the Tool is
+    built, and each call's arguments are checked against it before the tool runs (see the
+    README, "Tool schemas"). ``execute(arguments, signal)`` gets a fresh plain dict and the
+    run's signal. ``sequential=True``: with ``tool_concurrency`` > 1, its calls run alone.
 
-    Raises TypeError or ValueError, naming the field, for a Tool the loop could not
-    run as described.
+    Raises TypeError or ValueError, naming the field, for a Tool the loop could not run.
     """
 
     name: str
     description: str
     parameters: Mapping[str, Any]
-    # The signal is Any here so that a function annotated with Signal or with
-    # threading.Event fits (a Callable's parameters are contravariant).
+    # The signal is Any: a function that annotates it threading.Event fits (contravariance).
     execute: Callable[[Dict[str, Any], Any], object]
     sequential: bool = False  # given by keyword: with tool_concurrency > 1, runs alone
     __hash__ = None  # type: ignore[assignment]  # it holds a mapping
@@ -1519,41 +1290,20 @@ class Tool:
     ) -> Tool:
         """Builds a Tool from a function that takes the arguments as keyword parameters.
 
-        The schema comes from the type hints (``typing.get_type_hints``): ``str``,
-        ``int``, ``float`` (an int is accepted too), ``bool``, ``None``, ``list`` and
-        ``List[X]``, ``dict`` and ``Dict[str, X]``, ``Literal[...]`` of JSON scalars, and
-        ``Union[X, Y]`` (``anyOf``). ``Optional[X]``, and the hint of a parameter whose
-        default is None, admits null too (``{"type": ["integer", "null"]}``): small models
-        send null for an optional argument they leave unset, and ``fn`` gets None. Every
-        parameter without a default is required, and no other property is allowed. A
-        parameter named ``signal`` gets the run's signal and is not in the schema. The
-        description is the docstring (``inspect.getdoc``; ``""`` without one), the name
-        the function's; ``name`` and ``description`` override;
-        ``sequential`` is the Tool's. The tool calls
-        ``fn(**arguments)``, and what ``fn`` returns is the result.
-
-        Raises TypeError, naming the parameter, for a hint with no schema here (``Any``,
-        ``Tuple``, a class...), a parameter with no hint, ``*args``, ``**kwargs`` or a
-        positional-only parameter; for an async function or anything but a function or a
-        method; for a lambda without ``name``; and as ``Tool()`` does for the name or
-        description.
+        The schema comes from the type hints (see the README, "Tools from functions"), made by
+        the companion file agent_loop_functions.py: ImportError without it. Raises TypeError,
+        naming the parameter, for what it cannot describe, and as ``Tool()`` does.
         """
-        parameters, wants_signal = _function_parameters(fn)
-        if name is None and fn.__name__ == "<lambda>":
-            raise TypeError("Tool.from_function: a lambda has no name of its own; give it name=")
-
-        def execute(arguments: Dict[str, Any], signal: Signal) -> object:
-            if wants_signal:
-                return fn(**arguments, signal=signal)
-            return fn(**arguments)
-
-        return cls(
-            fn.__name__ if name is None else name,
-            (inspect.getdoc(fn) or "") if description is None else description,
-            parameters,
-            execute,
-            sequential=sequential,
-        )
+        try:  # by name, so that a copy of this file alone still type-checks
+            functions = importlib.import_module("agent_loop_functions")
+        except ModuleNotFoundError as missing:
+            if missing.name != "agent_loop_functions":
+                raise  # the companion is there, and something it imports is not
+            raise ImportError(
+                "Tool.from_function needs agent_loop_functions.py beside agent_loop.py"
+            ) from None
+        name, description, parameters, execute = functions.tool_fields(fn, name, description)
+        return cls(name, description, parameters, execute, sequential=sequential)
 
 
 def _checked_tool_fields(
@@ -1602,119 +1352,6 @@ def _check_execute(name: str, execute: object) -> None:
         ) from None
 
 
-def _function_parameters(fn: object) -> Tuple[Dict[str, Any], bool]:
-    """Tool.from_function: the schema of fn's keyword parameters, and whether it takes
-    the signal."""
-    if not (inspect.isfunction(fn) or inspect.ismethod(fn)):
-        raise TypeError(
-            f"Tool.from_function takes a function or a method, got {type(fn).__name__}"
-        )
-    if inspect.iscoroutinefunction(fn):  # its result would be a coroutine, never awaited
-        raise TypeError(
-            f"Tool.from_function: {fn.__qualname__} is an async function, and the loop "
-            "calls tools synchronously; give it a plain def"
-        )
-    try:
-        hints = get_type_hints(fn)
-    except Exception as error:  # a name the annotation string uses is not defined, say
-        raise TypeError(
-            f"Tool.from_function: cannot resolve the type hints of {fn.__qualname__}: "
-            f"{_describe(error)}"
-        ) from None
-    properties: Dict[str, Any] = {}
-    required: List[str] = []
-    wants_signal = False
-    for parameter in inspect.signature(fn).parameters.values():
-        where = f"Tool.from_function({fn.__qualname__}): parameter {parameter.name!r}"
-        if parameter.kind not in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY):
-            raise TypeError(
-                f"{where} is {parameter.kind.description}: the tool calls fn(**arguments), "
-                "so each parameter must be one that can be passed by name"
-            )
-        if parameter.name == "signal":
-            wants_signal = True
-            continue
-        if parameter.name not in hints:
-            raise TypeError(f"{where} has no type hint: the schema is made from the hints")
-        nullable = parameter.default is None
-        properties[parameter.name] = _hint_schema(hints[parameter.name], where, nullable)
-        if parameter.default is parameter.empty:
-            required.append(parameter.name)
-    schema = {
-        "type": "object",
-        "properties": properties,
-        "required": required,
-        "additionalProperties": False,
-    }
-    return schema, wants_signal
-
-
-_HINT_TYPES: Final = (
-    (str, "string"),
-    (bool, "boolean"),
-    (int, "integer"),
-    (float, "number"),
-    (type(None), "null"),
-)
-"""The hints Tool.from_function turns into a schema type, as pairs: Literal values and
-others may be unhashable, so they are compared by identity, not looked up."""
-
-
-def _hint_schema(hint: Any, where: str, nullable: bool) -> Dict[str, Any]:
-    """Tool.from_function: the schema that admits exactly the JSON values of a hint, and
-    null too when nullable (for Optional[X], or a parameter whose default is None)."""
-    origin = get_origin(hint)
-    arguments = get_args(hint)
-    # Union[X, None] has the origin typing.Union, and X | None (3.10+) types.UnionType.
-    if origin is Union or origin is getattr(types, "UnionType", Union):
-        others = [argument for argument in arguments if argument is not type(None)]
-        if len(others) == 1:  # Optional[X]
-            return _hint_schema(others[0], where, True)
-        members = [_hint_schema(other, where, False) for other in others]
-        nullable = nullable or len(others) < len(arguments)
-        return {"anyOf": [*members, {"type": "null"}] if nullable else members}
-    if origin is Literal:
-        if nullable and not any(value is None for value in arguments):
-            arguments = (*arguments, None)
-        return _literal_schema(arguments, where)
-    json_type = next((name for kind, name in _HINT_TYPES if hint is kind), None)
-    if json_type is not None:
-        schema: Dict[str, Any] = {"type": json_type}
-    elif hint is list or origin is list:
-        schema = {"type": "array"}
-        if arguments:
-            schema["items"] = _hint_schema(arguments[0], where, False)
-    elif hint is dict or origin is dict:
-        schema = {"type": "object"}
-        if arguments and arguments[0] is not str:
-            raise TypeError(f"{where}: {hint} has keys that are not str, as no JSON object has")
-        if arguments and arguments[1] is not Any:
-            schema["additionalProperties"] = _hint_schema(arguments[1], where, False)
-    else:
-        raise TypeError(
-            f"{where}: {hint!r} has no schema here; use str, int, float, bool, None, list, "
-            "dict, Literal, or a Union or Optional of them"
-        )
-    if nullable and json_type != "null":
-        schema["type"] = [schema["type"], "null"]
-    return schema
-
-
-def _literal_schema(values: Tuple[object, ...], where: str) -> Dict[str, Any]:
-    """Tool.from_function: the enum of a Literal, typed when its values share a JSON type."""
-    kinds = set()
-    for value in values:
-        if not any(type(value) is python_type for python_type, _ in _HINT_TYPES):
-            raise TypeError(
-                f"{where}: Literal value {value!r} is a {type(value).__name__}, "
-                "not a JSON scalar (str, int, float, bool or None)"
-            )
-        kinds.add(_json_type(value))
-    if len(kinds) == 1:
-        return {"type": kinds.pop(), "enum": list(values)}
-    return {"enum": list(values)}
-
-
 def _frozen_schema(
     value: object,
     where: str,
@@ -1722,9 +1359,8 @@ def _frozen_schema(
     refs: List[Tuple[str, str]],
     must: Optional[str] = "a schema",
 ) -> Any:
-    """Checks a schema, or the value of one of its keywords (``must`` is what the loop needs
-    it to be; None for any JSON), and returns it frozen. Each $ref goes to refs with where
-    it is, to be resolved once the whole document is frozen."""
+    """Checks a schema, or a keyword's value (``must``: what it must be; None: any JSON), and
+    returns it frozen; each $ref goes to refs, resolved once the document is frozen."""
     if must == "a schema" and not isinstance(value, (bool, Mapping)):
         raise TypeError(f"{where} must be a JSON Schema object, got {type(value).__name__}")
     array: Sequence[Any] = value if isinstance(value, (list, tuple)) else ()
@@ -1746,8 +1382,7 @@ def _frozen_schema(
     ):
         raise ValueError(f"{where} must be {must}, got {_quoted(value)}")
     if must in ("an array", "a JSON value"):  # enum, const
-        # Each is a value some argument may be, within the bounds on its own; how many an
-        # enum lists is the schema's business.
+        # Each is bounded as an argument is; how many an enum lists is the schema's business.
         members = array if must == "an array" else [value]
         try:
             values = tuple(_frozen_json(member, 0, _ArgumentBudget()) for member in members)
@@ -1760,8 +1395,7 @@ def _frozen_schema(
         return value
     if type(value) is float and math.isfinite(value):
         return value
-    # A schema nested deeper than arguments may be would describe values no call can have:
-    # each schema counts, and each container of the JSON it holds.
+    # Deeper than arguments may be, it would describe no call: schemas and containers count.
     if depth > MAX_ARGUMENT_DEPTH:
         raise ValueError(f"{where} nests deeper than {MAX_ARGUMENT_DEPTH} levels")
     if isinstance(value, Mapping):
@@ -1785,8 +1419,7 @@ def _frozen_schema(
 
 
 def _ref_target(root: Mapping[str, Any], ref: str) -> object:
-    """What a $ref names in its schema: "#" the root, "#/..." a JSON pointer (in a name,
-    "~1" stands for "/" and "~0" for "~"); None when it names nothing."""
+    """What a $ref ("#" or a JSON pointer "#/...") names in its schema, or None."""
     target: object = root
     for token in ref.split("/")[1:]:
         token = token.replace("~1", "/").replace("~0", "~")
@@ -1810,17 +1443,14 @@ def _schema_problem(value: object, schema: Mapping[str, Any], path: str) -> Opti
 def _value_problem(
     value: object, schema: Any, path: str, root: Mapping[str, Any]
 ) -> Optional[str]:
-    """Returns why a frozen JSON value fails a schema of the document root, or None when it
-    passes: the keywords the loop enforces, with the meaning JSON Schema 2020-12 gives them."""
-    # This runs for every call's arguments. A frozen schema is a MappingProxyType, whose
-    # get() costs three times an `in` and a subscript, where a schema node may be looked at
-    # per property; isinstance() with MappingProxyType costs a tenth of isinstance(value,
-    # typing.Mapping).
+    """Why a frozen JSON value fails a schema of the document root, or None."""
+    # This runs for every call: a MappingProxyType's get() costs three times `in` and a
+    # subscript, and isinstance(value, typing.Mapping) ten times isinstance(MappingProxyType).
     if schema is True:
         return None
     if schema is False:
         return f"{path} is not allowed (its schema is false)"
-    kind = _json_type(value)
+    kind = _JSON_TYPES[type(value)]
     if "type" in schema and schema["type"] != kind:  # a name or a tuple of names
         names = (schema["type"],) if type(schema["type"]) is str else schema["type"]
         # A JSON integer is also a JSON number; bool is neither (it is not an int here).
@@ -1836,8 +1466,7 @@ def _value_problem(
         for name in schema.get("required", ()):
             if name not in value:
                 return f"{path} is missing the required property {name!r}"
-        # additionalProperties spares the names patternProperties matches, which the loop
-        # does not match: beside patternProperties, it is not enforced.
+        # Beside patternProperties (not enforced), additionalProperties is not enforced.
         others = True
         if "additionalProperties" in schema and "patternProperties" not in schema:
             others = schema["additionalProperties"]
@@ -1863,8 +1492,7 @@ def _value_problem(
 def _in_place_problem(
     value: Any, kind: str, schema: Mapping[str, Any], path: str, root: Mapping[str, Any]
 ) -> Optional[str]:
-    """_value_problem() for the keywords that apply to the value itself (not to its
-    properties or items): enum, const, the bounds, $ref, allOf, anyOf, oneOf and not."""
+    """_value_problem() for the keywords that apply to the value itself, not its parts."""
     if "enum" in schema and not any(_same_json(value, option) for option in schema["enum"]):
         return f"{path} must be one of {json.dumps(_thawed(schema['enum']))}"
     if "const" in schema and not _same_json(value, schema["const"]):
@@ -1888,9 +1516,8 @@ def _in_place_problem(
                 break  # one match is enough, and its siblings may be costly
         if problems and None not in problems:
             return f"{path} matches no schema of {keyword}: {'; '.join(cast(List[str], problems))}"
-    # problems are oneOf's now. A schema that the loop enforces in part admits more here than
-    # in JSON Schema: only in a document it enforces in full may a second match fail oneOf,
-    # or a match fail not.
+    # problems are oneOf's now. Only in a document the loop enforces in full may a second
+    # match fail oneOf, or a match fail not: in part, it admits more than JSON Schema.
     matches = problems.count(None)
     if matches > 1 and _exact(root, root, set()):
         return f"{path} matches {matches} schemas of oneOf, not exactly one"
@@ -1901,8 +1528,7 @@ def _in_place_problem(
 
 
 def _exact(schema: object, root: Mapping[str, Any], seen: Set[int]) -> bool:
-    """Whether a frozen schema holds, at any depth, only the keywords the loop enforces and
-    annotations: then the loop refuses what JSON Schema refuses."""
+    """Whether a schema holds only the keywords the loop enforces, and annotations."""
     if type(schema) is not MappingProxyType or id(schema) in seen:
         return True
     seen.add(id(schema))  # a schema that refers to itself is looked at once
@@ -1921,11 +1547,7 @@ def _exact(schema: object, root: Mapping[str, Any], seen: Set[int]) -> bool:
 
 
 class ToolRegistry:
-    """The tools a run may execute, by unique name.
-
-    Raises, as ``register()`` does, TypeError for an item that is not a Tool and
-    ValueError for a name that is taken.
-    """
+    """The tools a run may execute, by unique name; raises as ``register()`` does."""
 
     def __init__(self, tools: Iterable[Tool] = ()) -> None:
         self._tools: Dict[str, Tool] = {}
@@ -1961,17 +1583,10 @@ class ToolRegistry:
 def execute_tool_call(registry: ToolRegistry, call: ToolCall, signal: Signal) -> ToolResultMessage:
     """Runs one tool call and returns its linked result message.
 
-    An unknown tool, arguments that are not bounded plain JSON or fail the tool's
-    schema, an exception from the tool, or a return value that is not JSON become a
-    *recoverable* result: ``is_error=True`` and content that says what went wrong, so
-    the model can correct itself on the next step. A ``str`` return value is the
-    content verbatim; any other JSON value (a str subclass included) is encoded
-    compactly. A ``ToolError`` gives its message as the content, as the tool wrote it.
-    Only BaseExceptions that are not Exceptions (KeyboardInterrupt, SystemExit...)
-    propagate.
-
-    Raises TypeError for a call whose id or name is not a non-empty str: no result
-    message can be linked to it.
+    What goes wrong with the call (an unknown tool, bad arguments, an exception, a value that
+    is not JSON) becomes an ``is_error=True`` result saying what; only BaseExceptions that are
+    not Exceptions propagate. A ``str`` is the content verbatim, other JSON is encoded. Raises
+    TypeError for a call whose id or name is not a non-empty str.
     """
     if not (_is_id(call.id) and _is_id(call.name)):
         raise TypeError(
@@ -2024,17 +1639,14 @@ _CURRENT_TOOL_CALL: Final[contextvars.ContextVar[Optional[ToolCall]]] = contextv
 
 
 def current_tool_call() -> Optional[ToolCall]:
-    """Returns the ToolCall whose tool is executing, in the thread (the context) that runs
-    it, or None outside a tool's ``execute``: a tool learns its call's id from it."""
+    """Returns the ToolCall whose tool is executing in this thread (context), or None."""
     return _CURRENT_TOOL_CALL.get()
 
 
 class ToolError(Exception):
     """Raised by a tool to tell the model what went wrong, in its own words.
 
-    The call's result is ``is_error=True`` with content exactly ``message``, with no
-    prefix (any other exception's result names the tool and the exception). It is
-    not logged: it is an answer, not a bug.
+    The call's result is is_error=True with content exactly ``message``; it is not logged.
     """
 
     def __init__(self, message: str) -> None:
@@ -2070,8 +1682,7 @@ class _ArgumentBudget:
         self.mutable_containers: Set[int] = set()
 
     def spend_text(self, text: str) -> None:
-        # Seed: "4096 Unicode code points across keys/string values". len() of a str
-        # counts code points, and costs nothing even for a 10 MB string.
+        # Seed: "4096 Unicode code points across keys/string values": len() of a str.
         self.text += len(text)
         if self.text > MAX_ARGUMENT_TEXT:
             raise _Problem(f"arguments hold more than {MAX_ARGUMENT_TEXT} code points of text")
@@ -2130,9 +1741,8 @@ def _frozen_json(value: object, depth: int, budget: _ArgumentBudget) -> JSON:
     # Seed: "depth 32". Checked before descending, so depth 100,000 costs 33 frames.
     if depth == MAX_ARGUMENT_DEPTH:
         raise _Problem(f"arguments nest containers deeper than {MAX_ARGUMENT_DEPTH}")
-    # "No object reachable twice" guards against aliasing and cycles, which only a dict
-    # or a list can make: frozen tuples and mappings may be shared (CPython shares the
-    # empty tuple), and a cycle through them still meets a dict or the depth limit.
+    # No dict or list reachable twice: no aliasing, no cycle. Frozen tuples and mappings
+    # may be shared (CPython shares the empty tuple); a cycle through them meets a dict.
     if type(value) is dict or type(value) is list:
         if id(value) in budget.mutable_containers:
             raise _Problem("arguments reach the same dict or list twice (shared or cyclic)")
@@ -2149,8 +1759,7 @@ def _frozen_json(value: object, depth: int, budget: _ArgumentBudget) -> JSON:
 
 
 def _reduce_to_plain_fields(value: Any) -> Tuple[Any, ...]:
-    """``__reduce__`` of a value that holds read-only mappings, which pickle and copy
-    cannot copy: the value is rebuilt from a plain copy of each of its fields."""
+    """``__reduce__`` of a value with read-only mappings: rebuilt from plain copies."""
     fields = dataclasses.fields(value)
     return (type(value), tuple(_thawed(getattr(value, item.name)) for item in fields if item.init))
 
@@ -2165,15 +1774,13 @@ def _thawed(value: object) -> Any:
 
 
 def _same_json(left: object, right: object) -> bool:
-    """JSON equality at any depth: unlike ==, True is not 1 and 1 is not 1.0, in keys too.
-    An object is a dict or a read-only mapping and an array a list or a tuple, frozen or
-    not (as json.dumps writes them); any other value equals only a value of its own type
-    that == calls equal."""
+    """JSON equality at any depth: unlike ==, True is not 1 and 1 is not 1.0, in keys too."""
     if left is right:
         return True
     # Not isinstance(value, typing.Mapping), which costs ten times as much.
     if isinstance(left, (dict, MappingProxyType)) and isinstance(right, (dict, MappingProxyType)):
-        return _typed_keys(left) == _typed_keys(right) and all(
+        typed_keys = {(type(key), key) for key in left}  # so that True and 1 are two keys
+        return typed_keys == {(type(key), key) for key in right} and all(
             _same_json(left[key], right[key]) for key in left
         )
     if isinstance(left, (list, tuple)) and isinstance(right, (list, tuple)):
@@ -2181,79 +1788,14 @@ def _same_json(left: object, right: object) -> bool:
     return type(left) is type(right) and left == right
 
 
-def _typed_keys(mapping: Mapping[Any, object]) -> Set[Tuple[type, object]]:
-    """A mapping's keys with their types, so that True and 1 are different keys."""
-    return {(type(key), key) for key in mapping}
+# The JSON type of each Python type that plain or frozen JSON holds.
+_JSON_TYPES: Final = {
+    type(None): "null", bool: "boolean", int: "integer", float: "number", str: "string",
+    list: "array", tuple: "array", dict: "object", MappingProxyType: "object",
+}  # fmt: skip
 
 
-def _json_type(value: object) -> str:
-    """Names the JSON type of a frozen JSON value."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, tuple):
-        return "array"
-    return "object"
-
-
-# Reading JSON back (the *_from_dict readers beside each class): each takes a value as
-# json.loads gives it and the path that names it, and raises ValueError naming the field.
-
-_JSON_TYPE_NAMES: Final = {
-    str: "a string",
-    int: "an integer",
-    bool: "a boolean",
-    list: "an array",
-    dict: "an object",
-}
-
-
-def _object(data: object, where: str) -> Dict[str, Any]:
-    """Returns data if it is a JSON object (a dict); a ValueError names the field if not."""
-    if type(data) is not dict:
-        raise ValueError(f"{where} must be an object, got {type(data).__name__}")
-    return data
-
-
-def _read(data: Dict[str, Any], key: str, kind: type, where: str) -> Any:
-    """Returns data[key] if it has the JSON type ``kind``; a ValueError names the field if not."""
-    if key not in data:
-        raise ValueError(f"{where}.{key} is missing")
-    value = data[key]
-    if type(value) is not kind:
-        raise ValueError(
-            f"{where}.{key} must be {_JSON_TYPE_NAMES[kind]}, got {type(value).__name__}"
-        )
-    return value
-
-
-def _read_optional(data: Dict[str, Any], key: str, kind: type, where: str) -> Any:
-    """Like _read, for a key that may be absent or null."""
-    return None if data.get(key) is None else _read(data, key, kind, where)
-
-
-def _read_choice(data: Dict[str, Any], key: str, choices: Tuple[str, ...], where: str) -> Any:
-    """Returns data[key] if it is one of the protocol values ``choices``."""
-    value = _read(data, key, str, where)
-    if value not in choices:
-        raise ValueError(f"{where}.{key}: unknown value {value!r} (expected one of {choices})")
-    return value
-
-
-def _string_from_dict(data: object, where: str) -> str:
-    if type(data) is not str:
-        raise ValueError(f"{where} must be a string, got {type(data).__name__}")
-    return data
-
-
-# --- Message IR, and its JSON codec -----------------------------------------------
+# --- Message IR -------------------------------------------------------------------
 
 JSON: TypeAlias = Union[bool, int, float, str, Sequence["JSON"], Mapping[str, "JSON"], None]
 """A JSON value. Frozen JSON (as a ToolCall holds it) uses read-only mappings and tuples."""
@@ -2275,10 +1817,8 @@ class TextBlock:
 class ThinkingBlock:
     """The model's thinking, kept in the transcript so that it can be sent back exactly.
 
-    ``signature`` is the provider's proof of the thinking, when it gives one. A
-    redacted block (``redacted=True``) holds the provider's opaque data as its
-    ``signature`` (a non-empty str), and its ``thinking`` is ``""``. The loop rejects a
-    block that breaks these rules where it enters, like any malformed block.
+    ``signature`` is the provider's proof, if any; a redacted block holds its opaque data as a
+    non-empty ``signature``, and its ``thinking`` is ``""``.
     """
 
     thinking: str
@@ -2287,8 +1827,7 @@ class ThinkingBlock:
     type: ClassVar[Literal["thinking"]] = "thinking"
 
     def to_dict(self) -> Dict[str, Any]:
-        """Returns the JSON shape of this object, as Pi writes it: ``thinkingSignature``
-        only when there is one, ``redacted`` only when true."""
+        """Returns the JSON shape, as Pi writes it: optional keys only when set."""
         data: Dict[str, Any] = {"type": self.type, "thinking": self.thinking}
         if self.signature is not None:
             data["thinkingSignature"] = self.signature
@@ -2301,23 +1840,17 @@ class ThinkingBlock:
 class ToolCall:
     """A request from the model to run one tool.
 
-    ``arguments`` is a frozen copy made when the call is built: objects become
-    read-only mappings and arrays become tuples, so the caller's dict can change
-    afterwards without touching the call. The constructor rejects no arguments it can
-    read: arguments that are not plain bounded JSON are kept as given (a read-only
-    mapping as a plain dict copy of it), and the run that receives such a call fails
-    with MODEL_PROTOCOL_ERROR before any tool runs (``execute_tool_call`` makes it an
-    error result). Two calls are equal when their id, name and arguments are equal as
-    JSON (``True`` is not ``1``), arguments kept as given included.
+    ``arguments`` is frozen when the call is built (read-only mappings, tuples). Arguments
+    that are not plain bounded JSON are kept as given, and the run fails with
+    MODEL_PROTOCOL_ERROR before any tool runs. Calls are equal when their id, name and
+    arguments are, as JSON (``True`` is not ``1``).
     """
 
     id: str
     name: str
     arguments: Mapping[str, JSON]
-    # The proof that the arguments are plain bounded JSON: __post_init__ sets it True
-    # only when it froze them, which it does only when they pass every bound. The run
-    # trusts this flag (_check_arguments), never the type of the arguments. It is not
-    # a constructor argument, and is neither compared nor shown.
+    # True only when __post_init__ froze the arguments, which it does only when they keep
+    # every bound: the run trusts this flag (_check_arguments), never their type.
     _plain_json: bool = field(init=False, repr=False, compare=False)
     type: ClassVar[Literal["toolCall"]] = "toolCall"
 
@@ -2363,37 +1896,6 @@ class ToolCall:
         }
 
 
-def _block_from_dict(data: object, where: str) -> Union[TextBlock, ThinkingBlock, ToolCall]:
-    """Reads a TextBlock, ThinkingBlock or ToolCall from its to_dict() form."""
-    block = _object(data, where)
-    kind = _read_choice(block, "type", ("text", "thinking", "toolCall"), where)
-    if kind == "text":
-        return TextBlock(_read(block, "text", str, where))
-    if kind == "thinking":
-        thinking = ThinkingBlock(
-            _read(block, "thinking", str, where),
-            _read_optional(block, "thinkingSignature", str, where),
-            _read_optional(block, "redacted", bool, where) is True,
-        )
-        try:
-            return _checked_thinking(thinking)
-        except _Problem as problem:
-            raise ValueError(f"{where}: {problem}") from None
-    arguments = _read(block, "arguments", dict, where)
-    try:
-        _frozen_arguments(arguments)
-    except _Problem as problem:
-        raise ValueError(f"{where}.arguments: {problem}") from None
-    return ToolCall(_read(block, "id", str, where), _read(block, "name", str, where), arguments)
-
-
-def _tool_call_from_dict(data: object, where: str) -> ToolCall:
-    block = _block_from_dict(data, where)
-    if not isinstance(block, ToolCall):
-        raise ValueError(f"{where} must be a toolCall block")
-    return block
-
-
 @dataclass(frozen=True)
 class UserMessage:
     """A message from the user."""
@@ -2409,11 +1911,8 @@ class UserMessage:
 
 @dataclass(frozen=True)
 class AssistantMessage:
-    """A complete assistant response: text, thinking and tool-call blocks, in the model's
-    order, and the usage of the response it came from (None: unknown).
-
-    The usage is the message's own record of what it cost, so that a saved transcript
-    carries it: it is not part of what a model is sent back.
+    """A complete assistant response: its blocks in the model's order, and the usage of the
+    response it came from (None: unknown), which is not sent back to a model.
     """
 
     id: str
@@ -2462,44 +1961,8 @@ class ToolResultMessage:
 Message = Union[UserMessage, AssistantMessage, ToolResultMessage]
 
 
-def message_from_dict(data: Dict[str, Any]) -> Message:
-    """Reads a message from its ``to_dict()`` form (plain dicts and lists, as json.loads
-    gives). Raises ValueError naming the field that is missing or malformed."""
-    return _message_from_dict(data, "message")
-
-
-def _message_from_dict(data: object, where: str) -> Message:
-    message = _object(data, where)
-    role = _read_choice(message, "role", ("user", "assistant", "toolResult"), where)
-    message_id = _read(message, "id", str, where)
-    if role == "user":
-        return UserMessage(message_id, _read(message, "content", str, where))
-    if role == "assistant":
-        blocks = _read(message, "content", list, where)
-        return AssistantMessage(
-            message_id,
-            tuple(_block_from_dict(b, f"{where}.content[{i}]") for i, b in enumerate(blocks)),
-            _usage_from_dict(message, where),
-        )
-    return ToolResultMessage(
-        message_id,
-        _read(message, "toolCallId", str, where),
-        _read(message, "toolName", str, where),
-        _read(message, "content", str, where),
-        _read(message, "isError", bool, where),
-    )
-
-
-def _tool_result_from_dict(data: object, where: str) -> ToolResultMessage:
-    message = _message_from_dict(data, where)
-    if not isinstance(message, ToolResultMessage):
-        raise ValueError(f"{where} must be a toolResult message")
-    return message
-
-
 def text_from_assistant(message: AssistantMessage) -> str:
-    """Returns the text blocks of an assistant message, concatenated with no separator
-    (thinking is left out)."""
+    """Returns the text blocks of an assistant message, concatenated (no thinking)."""
     return "".join(block.text for block in message.content if isinstance(block, TextBlock))
 
 
@@ -2527,11 +1990,10 @@ _EVENT_TYPES: Final = get_args(EventType)
 
 @dataclass(frozen=True)
 class RunError:
-    """Why a run failed: one of the seed's failure codes and a readable message.
+    """Why a run failed: a failure code and a readable message.
 
-    ``exception`` is the exception that failed the run (a model's stream or a tool
-    phase raised it), or None. It is for the caller (a provider's ``retry_after``,
-    say), so it is not part of ``to_dict()`` or of equality.
+    ``exception`` is what raised, if anything did, for the caller: it is not part of
+    ``to_dict()`` or of equality.
     """
 
     code: FailureCode
@@ -2547,11 +2009,8 @@ class RunError:
 class RunResult:
     """How a run ended, and the transcript it ended with (complete messages only).
 
-    ``request_sequence_start`` is the run's option of that name, so that
-    ``next_request_sequence`` can say where a resumed run's request ids go on.
-    ``usage`` is the sum (``Usage.__add__``) of the usage of the responses this run
-    appended: None when it appended none, and every field None if one of them had no
-    usage. A failed or cancelled run sums the responses it did append.
+    ``usage`` sums the usage of the responses this run appended (see the README, "What a run
+    cost").
     """
 
     status: RunStatus
@@ -2565,16 +2024,11 @@ class RunResult:
 
     @property
     def next_request_sequence(self) -> int:
-        """``request_sequence_start + steps``: pass it as the next run's
-        ``request_sequence_start``, and its first request id follows this run's last."""
+        """``request_sequence_start + steps``: the next run's ``request_sequence_start``."""
         return self.request_sequence_start + self.steps
 
     def to_dict(self) -> Dict[str, Any]:
-        """Returns the seed's JSON shape of this result; optional keys only when set.
-
-        ``requestSequenceStart`` is written only when it is not 0, and ``usage`` only
-        when it is not None.
-        """
+        """Returns the seed's JSON shape of this result; optional keys only when set."""
         data: Dict[str, Any] = {
             "status": self.status,
             "messages": [message.to_dict() for message in self.messages],
@@ -2593,28 +2047,6 @@ class RunResult:
         return data
 
 
-def _result_from_dict(data: object, where: str) -> RunResult:
-    result = _object(data, where)
-    error = None
-    if result.get("error") is not None:
-        error_data = _object(result["error"], f"{where}.error")
-        error = RunError(
-            _read_choice(error_data, "code", _FAILURE_CODES, f"{where}.error"),
-            _read(error_data, "message", str, f"{where}.error"),
-        )
-    messages = _read(result, "messages", list, where)
-    return RunResult(
-        _read_choice(result, "status", _RUN_STATUSES, where),
-        tuple(_message_from_dict(m, f"{where}.messages[{i}]") for i, m in enumerate(messages)),
-        _read(result, "steps", int, where),
-        final_text=_read_optional(result, "finalText", str, where),
-        max_steps=_read_optional(result, "maxSteps", int, where),
-        error=error,
-        request_sequence_start=_read_optional(result, "requestSequenceStart", int, where) or 0,
-        usage=_usage_from_dict(result, where),
-    )
-
-
 _PAYLOAD_JSON_KEYS: Final = {
     "message": "message",
     "request_id": "requestId",
@@ -2627,11 +2059,7 @@ _PAYLOAD_JSON_KEYS: Final = {
 
 @dataclass(frozen=True)
 class Event:
-    """One observable step of a run, numbered by the run's single counter.
-
-    ``payload`` is read-only: a read-only mapping (``MappingProxyType``) is kept as
-    given, and any other mapping is copied into one.
-    """
+    """One observable step of a run, numbered by the run's one counter; payload is read-only."""
 
     sequence: int
     type: EventType
@@ -2639,8 +2067,7 @@ class Event:
     __hash__ = None  # type: ignore[assignment]  # it holds a mapping
 
     def __post_init__(self) -> None:
-        # A read-only mapping is kept as given: the loop builds each event's payload as a
-        # new mapping, read-only, and copying it again would cost every event of a run.
+        # The loop builds each payload read-only: copying it again would cost every event.
         if type(self.payload) is not MappingProxyType:
             object.__setattr__(self, "payload", MappingProxyType(dict(self.payload)))
 
@@ -2659,6 +2086,170 @@ class Event:
         }
 
 
+# --- Reading JSON back ------------------------------------------------------------
+# Each reader takes a value as json.loads gives it and the path that names it, and raises
+# ValueError naming the field.
+
+
+def message_from_dict(data: Dict[str, Any]) -> Message:
+    """Reads a message from its ``to_dict()`` form; ValueError names a bad field."""
+    return _message_from_dict(data, "message")
+
+
+def event_from_dict(data: Dict[str, Any]) -> Event:
+    """Reads an event from its ``to_dict()`` form; ValueError names a bad field."""
+    event = _typed(data, dict, "event")
+    event_type = _read_choice(event, "type", _EVENT_TYPES, "event")
+    payload_data = _read(event, "payload", dict, "event")
+    payload = {}
+    for key, reader in _PAYLOAD_READERS[event_type]:
+        json_key = _PAYLOAD_JSON_KEYS[key]
+        if json_key not in payload_data:
+            raise ValueError(f"event.payload.{json_key} is missing")
+        payload[key] = reader(payload_data[json_key], f"event.payload.{json_key}")
+    return Event(_read(event, "sequence", int, "event"), event_type, MappingProxyType(payload))
+
+
+def _typed(value: Any, kind: type, where: str) -> Any:
+    """Returns value if it has exactly the JSON type ``kind``; a ValueError names it if not."""
+    if type(value) is not kind:
+        raise ValueError(f"{where} must be {_a(_JSON_TYPES[kind])}, got {type(value).__name__}")
+    return value
+
+
+def _read(data: Dict[str, Any], key: str, kind: type, where: str) -> Any:
+    """Returns data[key] if it has the JSON type ``kind``; a ValueError names the field if not."""
+    if key not in data:
+        raise ValueError(f"{where}.{key} is missing")
+    return _typed(data[key], kind, f"{where}.{key}")
+
+
+def _read_optional(data: Dict[str, Any], key: str, kind: type, where: str) -> Any:
+    """Like _read, for a key that may be absent or null."""
+    return None if data.get(key) is None else _read(data, key, kind, where)
+
+
+def _read_choice(data: Dict[str, Any], key: str, choices: Tuple[str, ...], where: str) -> Any:
+    """Returns data[key] if it is one of the protocol values ``choices``."""
+    value = _read(data, key, str, where)
+    if value not in choices:
+        raise ValueError(f"{where}.{key}: unknown value {value!r} (expected one of {choices})")
+    return value
+
+
+def _string_from_dict(data: object, where: str) -> str:
+    return cast(str, _typed(data, str, where))
+
+
+def _usage_from_dict(data: Dict[str, Any], where: str) -> Optional[Usage]:
+    """Reads the optional ``usage`` key of an object that may hold one."""
+    if data.get("usage") is None:
+        return None
+    usage = _typed(data["usage"], dict, f"{where}.usage")
+    counts = [_read_optional(usage, key, int, f"{where}.usage") for _, key in _USAGE_KEYS]
+    for (_, key), count in zip(_USAGE_KEYS, counts):
+        if count is not None and count < 0:
+            raise ValueError(f"{where}.usage.{key} must be >= 0, got {count}")
+    return Usage(*counts)
+
+
+def _block_from_dict(data: object, where: str) -> Union[TextBlock, ThinkingBlock, ToolCall]:
+    """Reads a TextBlock, ThinkingBlock or ToolCall from its to_dict() form."""
+    block = _typed(data, dict, where)
+    kind = _read_choice(block, "type", ("text", "thinking", "toolCall"), where)
+    if kind == "text":
+        return TextBlock(_read(block, "text", str, where))
+    if kind == "thinking":
+        thinking = ThinkingBlock(
+            _read(block, "thinking", str, where),
+            _read_optional(block, "thinkingSignature", str, where),
+            _read_optional(block, "redacted", bool, where) is True,
+        )
+        try:
+            return _checked_thinking(thinking)
+        except _Problem as problem:
+            raise ValueError(f"{where}: {problem}") from None
+    arguments = _read(block, "arguments", dict, where)
+    try:
+        _frozen_arguments(arguments)
+    except _Problem as problem:
+        raise ValueError(f"{where}.arguments: {problem}") from None
+    return ToolCall(_read(block, "id", str, where), _read(block, "name", str, where), arguments)
+
+
+def _tool_call_from_dict(data: object, where: str) -> ToolCall:
+    block = _block_from_dict(data, where)
+    if not isinstance(block, ToolCall):
+        raise ValueError(f"{where} must be a toolCall block")
+    return block
+
+
+def _chunk_from_dict(data: object, where: str) -> ModelChunk:
+    """Reads a chunk from its to_dict() form; ValueError naming the field if malformed."""
+    chunk = _typed(data, dict, where)
+    request_id = _read(chunk, "requestId", str, where)
+    kind = _read_choice(chunk, "type", ("text", "thinking", "toolCall"), where)
+    if kind == "text":
+        return TextDelta(request_id, _read(chunk, "text", str, where))
+    if kind == "thinking":
+        return ThinkingDelta(request_id, _read(chunk, "thinking", str, where))
+    return ToolCallChunk(
+        request_id,
+        _tool_call_from_dict(_read(chunk, "toolCall", dict, where), f"{where}.toolCall"),
+    )
+
+
+def _message_from_dict(data: object, where: str) -> Message:
+    message = _typed(data, dict, where)
+    role = _read_choice(message, "role", ("user", "assistant", "toolResult"), where)
+    message_id = _read(message, "id", str, where)
+    if role == "user":
+        return UserMessage(message_id, _read(message, "content", str, where))
+    if role == "assistant":
+        blocks = _read(message, "content", list, where)
+        return AssistantMessage(
+            message_id,
+            tuple(_block_from_dict(b, f"{where}.content[{i}]") for i, b in enumerate(blocks)),
+            _usage_from_dict(message, where),
+        )
+    return ToolResultMessage(
+        message_id,
+        _read(message, "toolCallId", str, where),
+        _read(message, "toolName", str, where),
+        _read(message, "content", str, where),
+        _read(message, "isError", bool, where),
+    )
+
+
+def _tool_result_from_dict(data: object, where: str) -> ToolResultMessage:
+    message = _message_from_dict(data, where)
+    if not isinstance(message, ToolResultMessage):
+        raise ValueError(f"{where} must be a toolResult message")
+    return message
+
+
+def _result_from_dict(data: object, where: str) -> RunResult:
+    result = _typed(data, dict, where)
+    error = None
+    if result.get("error") is not None:
+        error_data = _typed(result["error"], dict, f"{where}.error")
+        error = RunError(
+            _read_choice(error_data, "code", _FAILURE_CODES, f"{where}.error"),
+            _read(error_data, "message", str, f"{where}.error"),
+        )
+    messages = _read(result, "messages", list, where)
+    return RunResult(
+        _read_choice(result, "status", _RUN_STATUSES, where),
+        tuple(_message_from_dict(m, f"{where}.messages[{i}]") for i, m in enumerate(messages)),
+        _read(result, "steps", int, where),
+        final_text=_read_optional(result, "finalText", str, where),
+        max_steps=_read_optional(result, "maxSteps", int, where),
+        error=error,
+        request_sequence_start=_read_optional(result, "requestSequenceStart", int, where) or 0,
+        usage=_usage_from_dict(result, where),
+    )
+
+
 # For each event type: its payload keys (as in Python) and how to read each from JSON.
 _PAYLOAD_READERS: Final[Dict[str, Tuple[Tuple[str, Callable[[object, str], object]], ...]]] = {
     "message.accepted": (("message", _message_from_dict),),
@@ -2671,21 +2262,6 @@ _PAYLOAD_READERS: Final[Dict[str, Tuple[Tuple[str, Callable[[object, str], objec
     ),
     "run.finished": (("result", _result_from_dict),),
 }
-
-
-def event_from_dict(data: Dict[str, Any]) -> Event:
-    """Reads an event from its ``to_dict()`` form (plain dicts and lists, as json.loads
-    gives). Raises ValueError naming the field that is missing or malformed."""
-    event = _object(data, "event")
-    event_type = _read_choice(event, "type", _EVENT_TYPES, "event")
-    payload_data = _read(event, "payload", dict, "event")
-    payload = {}
-    for key, reader in _PAYLOAD_READERS[event_type]:
-        json_key = _PAYLOAD_JSON_KEYS[key]
-        if json_key not in payload_data:
-            raise ValueError(f"event.payload.{json_key} is missing")
-        payload[key] = reader(payload_data[json_key], f"event.payload.{json_key}")
-    return Event(_read(event, "sequence", int, "event"), event_type, MappingProxyType(payload))
 
 
 # --- Resumption -------------------------------------------------------------------
@@ -2703,11 +2279,10 @@ def open_tool_calls(messages: Iterable[Message]) -> Tuple[ToolCall, ...]:
 
 
 def resolve_open_tool_calls(messages: Iterable[Message], content: str) -> Tuple[Message, ...]:
-    """Returns the transcript with an ``is_error=True`` result carrying ``content`` for
-    each open tool call, so that a cancelled run's transcript can start a new run.
+    """Returns the transcript with an is_error=True result of ``content`` for each open call.
 
-    The loop never writes such a result itself: whether an interrupted call failed is
-    the caller's decision. Raises TypeError if content is not a str.
+    The loop never writes such a result: whether an interrupted call failed is the caller's
+    decision. Raises TypeError if content is not a str.
     """
     if not _is_text(content):
         raise TypeError(f"content must be a str, got {type(content).__name__}")
@@ -2726,9 +2301,8 @@ def settle_run(
 ) -> Tuple[List[Event], RunResult]:
     """Drains a run; returns its events and its RunResult.
 
-    ``on_event``, if given, is called with each event as the run yields it, before the
-    run goes on (``print_event`` prints it; stream it to a screen, set the signal). If
-    it raises, the run is closed (its model stream too) and the exception propagates.
+    ``on_event`` is called with each event before the run goes on; if it raises, the run is
+    closed and the exception propagates.
     """
     events: List[Event] = []
     with contextlib.closing(run):
@@ -2745,12 +2319,8 @@ def settle_run(
 def print_event(event: Event, file: Optional[TextIO] = None) -> None:
     """Prints one readable line for an event to ``file`` (default: ``sys.stdout``), flushed.
 
-    Use it as ``settle_run(run, on_event=print_event)``. The line is the sequence, the
-    type and what the event says: text as a JSON string, a call as ``name(arguments)
-    [id]``, a tool result as ``name ok: content`` or ``name error: content``; the
-    ``run.finished`` line is the result, with the usage reported (``unknown``: no count),
-    the calls left without a result and the error. An unprintable character (a line
-    break) is written as its escape, so that an event is always one line.
+    ``settle_run(run, on_event=print_event)`` prints a run as the README's demonstration
+    shows; unprintable characters are escaped, so that an event is one line.
     """
     payload = event.payload
     if event.type == "message.accepted":
@@ -2817,10 +2387,7 @@ def _result_text(result: RunResult) -> str:
 
 @dataclass(frozen=True)
 class ScriptedResponse:
-    """One turn of a ScriptedModel: the response it returns and the chunks it streams.
-
-    Build it with ``scripted_response()``, which says what each field does.
-    """
+    """One turn of a ScriptedModel; build it with ``scripted_response()``."""
 
     id: str
     content: Sequence[Union[TextBlock, ThinkingBlock, ToolCall]]  # stored as a tuple
@@ -2853,28 +2420,19 @@ def scripted_response(
 ) -> ScriptedResponse:
     """One scripted model turn.
 
-    The model streams each block of ``chunks`` (default: ``content``) as one chunk
-    with the active request id (a TextBlock as a TextDelta of its text, a ThinkingBlock
-    as a ThinkingDelta of its thinking, a ToolCall as a ToolCallChunk), then returns
-    ``ModelResponse(id, request_id or the active request id, content, stop_reason,
-    usage)``.
+    Each block of ``chunks`` (default: ``content``) streams as one chunk of the active
+    request, then the model returns ``ModelResponse(id, request_id or the active request's
+    id, content, stop_reason, usage)``.
     """
-    return ScriptedResponse(
-        id,
-        tuple(content),
-        stop_reason,
-        chunks=None if chunks is None else tuple(chunks),
-        request_id=request_id,
-        usage=usage,
-    )
+    streamed = None if chunks is None else tuple(chunks)
+    return ScriptedResponse(id, tuple(content), stop_reason, streamed, request_id, usage)
 
 
 class ScriptedModel:
     """A deterministic model that replays scripted responses in order, for tests and demos.
 
-    ``requests`` records every ModelRequest and ``call_count`` counts ``stream()``
-    calls. A call with no response left raises RuntimeError (after being counted and
-    recorded), so a run that asks for one turn too many fails with MODEL_STREAM_ERROR.
+    ``requests`` records each ModelRequest and ``call_count`` counts ``stream()`` calls; a call
+    with no response left raises RuntimeError, so that the run fails.
     """
 
     def __init__(self, responses: Iterable[ScriptedResponse]) -> None:
@@ -2884,12 +2442,7 @@ class ScriptedModel:
 
     @classmethod
     def from_transcript(cls, messages: Iterable[Message]) -> ScriptedModel:
-        """A model that replays the assistant messages of a recorded transcript, in order.
-
-        It streams one chunk per block, returns each message's usage with its response,
-        and leaves the tools to the caller, who runs them again.
-        (``agent_loop_replay.replay()`` of the run's event log replays it exactly.)
-        """
+        """A model that replays a transcript's assistant messages in order (tools run again)."""
         responses = []
         for message in messages:
             if isinstance(message, AssistantMessage):
@@ -2906,10 +2459,7 @@ class ScriptedModel:
     def stream(
         self, request: ModelRequest, signal: Signal
     ) -> Generator[ModelChunk, None, ModelResponse]:
-        """Records the request and streams the next scripted turn for it.
-
-        Raises RuntimeError when no scripted turn is left.
-        """
+        """Records the request and streams its scripted turn; RuntimeError if none is left."""
         self.call_count += 1
         self.requests.append(request)
         if self.call_count > len(self._responses):
@@ -2941,8 +2491,7 @@ class ScriptedModel:
 
 
 def _demo_model() -> ScriptedModel:
-    """A three-step script: thinking and one tool, then two calls (one fails), then the
-    answer; each response with the usage a provider with a prompt cache would report."""
+    """The script: thinking and one call, two calls (one fails), then the answer."""
     thinking = ThinkingBlock("Two operations: the sum first, then the division.", "sig-demo-001")
     add = ToolCall("call-add-001", "add", {"left": 20, "right": 22})
     half = ToolCall("call-divide-001", "divide", {"dividend": 42, "divisor": 2})
@@ -2998,19 +2547,23 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
         if event.sequence == options.cancel_after:
             signal.set()
 
-    def add(left: float, right: float) -> object:
-        """Adds two numbers."""
-        return {"sum": left + right}
+    def numbers(*names: str) -> Dict[str, Any]:  # the schema of these numbers, required
+        properties = {name: {"type": "number"} for name in names}
+        return {"type": "object", "properties": properties, "required": list(names)}
 
-    def divide(dividend: float, divisor: float) -> object:
-        """Divides one number by another."""
-        return {"quotient": dividend / divisor}  # by 0: an exception, a recoverable result
+    def add(arguments: Dict[str, Any], signal: Signal) -> object:
+        return {"sum": arguments["left"] + arguments["right"]}
 
+    def divide(arguments: Dict[str, Any], signal: Signal) -> object:
+        return {"quotient": arguments["dividend"] / arguments["divisor"]}  # by 0: an error result
+
+    add_tool = Tool("add", "Adds two numbers.", numbers("left", "right"), add)
+    divide_tool = Tool("divide", "Divides a number.", numbers("dividend", "divisor"), divide)
     settle_run(
         run_agent_loop(
             messages=[UserMessage("user-001", "What is (20 + 22) / 2? And 42 / 0?")],
             model=_demo_model(),
-            tools=ToolRegistry([Tool.from_function(add), Tool.from_function(divide)]),
+            tools=ToolRegistry([add_tool, divide_tool]),
             max_steps=options.max_steps,
             signal=signal,
         ),
@@ -3024,8 +2577,8 @@ if __name__ == "__main__":
         status = _main()
         sys.stdout.flush()  # here, where a broken pipe can still be caught
     except BrokenPipeError:
-        # The reader left early (`--json | head`): stop quietly, as other tools do, and
-        # keep Python from reporting the same broken pipe again when it flushes stdout.
+        # The reader left early (`--json | head`): stop quietly, and keep Python from
+        # reporting the broken pipe again when it flushes stdout.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         status = 1
     sys.exit(status)

@@ -1,30 +1,38 @@
 # agent_loop_cli.py 1.0.0: the command line of agent_loop.py, an agent against a real model.
-# One file, standard library only; copy it next to agent_loop.py and agent_loop_providers.py.
+# One file, standard library only; copy it next to agent_loop.py and its companions
+# agent_loop_providers.py, agent_loop_replay.py and agent_loop_mcp.py.
 # Home: the agent_loop repository.
 """An agent on the command line: the Agent Loop, a real model and a few small tools.
 
 ``python agent_loop_cli.py --provider openai --base-url URL --model NAME PROMPT`` runs
 ``run_agent_loop()`` on one user message against ``OpenAIChatModel`` (or, with
-``--provider anthropic``, ``AnthropicMessagesModel``) with the tools of ``TOOLS``, and
-prints each event on one line as ``agent_loop.print_event`` does (``--json``: its
-``to_dict()``, one JSON line per event). ``python agent_loop_cli.py --help`` lists every
-option. It uses only the public names of ``agent_loop`` and ``agent_loop_providers``.
+``--provider anthropic``, ``AnthropicMessagesModel``) with the tools of ``TOOLS`` and
+those of the MCP servers that ``--mcp "COMMAND ARGS"`` starts, and prints each event on
+one line as ``agent_loop.print_event`` does (``--json``: JSON lines, as
+``agent_loop_replay.dump_events`` writes them). ``--tool-concurrency N`` runs the calls of
+one response on up to N threads; ``--confirm`` asks on the terminal before each call.
+``python agent_loop_cli.py --help`` lists every option. It uses only the public names of
+``agent_loop``, ``agent_loop_providers``, ``agent_loop_replay`` and ``agent_loop_mcp``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import logging
 import os
+import shlex
 import signal as os_signal
 import sys
 import threading
-from typing import Any, Callable, Dict, Final, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Final, List, Optional, Sequence, TextIO, Tuple
 
 import agent_loop as al
+import agent_loop_mcp as mcp
 import agent_loop_providers as providers
+import agent_loop_replay as replay
 
 __version__ = "1.0.0"
 
@@ -93,6 +101,17 @@ def _option(text: str) -> Tuple[str, Any]:
         raise argparse.ArgumentTypeError(f"the value of {key} is not JSON: {value!r}") from None
 
 
+def _command(text: str) -> List[str]:
+    """An option's type: a command line, split as a POSIX shell would (no shell runs it)."""
+    try:
+        argv = shlex.split(text)
+    except ValueError as error:  # an unclosed quote
+        raise argparse.ArgumentTypeError(f"{text!r} is not a command line: {error}") from None
+    if not argv:
+        raise argparse.ArgumentTypeError("the command is empty")
+    return argv
+
+
 def _parser() -> argparse.ArgumentParser:
     """The options, in three groups: the model, the run, the output."""
     parser = argparse.ArgumentParser(
@@ -158,11 +177,35 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help=f"the step budget, 1..{al.MAX_AGENT_STEPS} (default 8)",
     )
+    run.add_argument(
+        "--tool-concurrency",
+        type=_integer(1),
+        default=1,
+        metavar="N",
+        help="run the tool calls of one response on up to N threads, events and results "
+        "still in the model's order (default 1: one after the other)",
+    )
+    run.add_argument(
+        "--confirm",
+        action="store_true",
+        help="ask y/n on the terminal (stderr, then a line of stdin) before each tool call: "
+        "y runs it; anything else, or the end of input, refuses it",
+    )
+    run.add_argument(
+        "--mcp",
+        type=_command,
+        action="append",
+        default=[],
+        metavar='"COMMAND ARGS"',
+        help="start an MCP server on stdio and give the model its tools too (repeatable); "
+        "the servers end with the run",
+    )
     output = parser.add_argument_group("the output")
     output.add_argument(
         "--json",
         action="store_true",
-        help="print each event as one JSON line (to_dict form), nothing else",
+        help="print each event as one JSON line (to_dict form, as "
+        "agent_loop_replay.dump_events writes), nothing else",
     )
     return parser
 
@@ -205,23 +248,99 @@ def _model(parser: argparse.ArgumentParser, options: argparse.Namespace) -> al.M
     return model
 
 
+def _tools(
+    parser: argparse.ArgumentParser, options: argparse.Namespace, servers: contextlib.ExitStack
+) -> al.ToolRegistry:
+    """TOOLS and the tools of each --mcp server, whose session ``servers`` ends; a server
+    that cannot be used, or a tool name given twice, is a usage error (exit status 2)."""
+    registry = al.ToolRegistry(TOOLS)
+    whose = {tool.name: "the command line's own tools" for tool in TOOLS}
+    for argv in options.mcp:
+        where = f"--mcp {shlex.join(argv)!r}"
+        try:
+            tools = servers.enter_context(mcp.StdioServer(argv)).tools()
+        except mcp.McpError as error:
+            parser.error(f"{where}: {error}")
+        for tool in tools:
+            if tool.name in whose:
+                # The model calls a tool by its name: two tools of one name cannot both be
+                # given to it, and the command line does not rename a server's tools.
+                parser.error(
+                    f"two tools are named {tool.name!r}: one of {whose[tool.name]} and one "
+                    f"of {where}"
+                )
+            whose[tool.name] = where
+            registry.register(tool)
+    return registry
+
+
+_REFUSAL: Final = "the user refused to run this tool call"
+"""The error result of a call whose --confirm question was not answered y."""
+
+_ANSWER_POLL_SECONDS: Final = 0.05
+"""How often a --confirm question looks at the run's signal: Ctrl-C ends it this soon."""
+
+
+def _confirm(stdin: TextIO, stderr: TextIO) -> Callable[[al.ToolCall, al.Signal], Optional[str]]:
+    """--confirm's before_tool_call: the question on stderr, the answer a line of stdin."""
+
+    def before_tool_call(call: al.ToolCall, signal: al.Signal) -> Optional[str]:
+        arguments = json.dumps(call.plain_arguments(), ensure_ascii=False, separators=(",", ":"))
+        print(f"run {call.name}({arguments}) [{call.id}]? [y/N] ", end="", file=stderr, flush=True)
+        answers: List[str] = []
+        answered = threading.Event()
+
+        def read() -> None:
+            try:
+                answers.append(stdin.readline())
+            except Exception:  # a closed or missing stdin: no answer, as at its end (a
+                # reader that died with its exception would leave the question unanswered)
+                answers.append("")
+            answered.set()
+
+        # The line is read in a thread of its own, so that Ctrl-C (the signal) ends the
+        # wait; the run then ends cancelled, and the reader is left to the process's exit.
+        threading.Thread(target=read, daemon=True).start()
+        while not answered.wait(_ANSWER_POLL_SECONDS):
+            if signal.is_set():
+                print(file=stderr)  # ends the question's line
+                return _REFUSAL  # not used: the loop sees the signal and leaves the call open
+        answer = answers[0]
+        if not answer.endswith("\n"):
+            print(file=stderr)  # the end of input: the question's line ends here
+        return None if answer.strip().lower() in ("y", "yes") else _REFUSAL
+
+    return before_tool_call
+
+
 def _json_line(event: al.Event) -> None:
-    print(json.dumps(event.to_dict(), ensure_ascii=False), flush=True)
+    replay.dump_events([event], sys.stdout)
+    sys.stdout.flush()  # each event as it comes: the reader may be a pipe
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Runs an agent with ``TOOLS`` against a provider and prints its events.
+    """Runs an agent with ``TOOLS`` and the ``--mcp`` servers' tools against a provider
+    and prints its events.
 
     Prints each event on one line (``agent_loop.print_event``), the result last;
-    ``--json`` prints each event's ``to_dict()`` as one JSON line and nothing else.
-    Returns 0 when the run completed, 1 otherwise. Ctrl-C sets the run's signal, so the
-    run ends ``cancelled`` and its result is printed; a second Ctrl-C interrupts at
-    once. Retries and accepted cut answers are logged on stderr. Bad options exit with
+    ``--json`` writes each event as one JSON line (``agent_loop_replay.dump_events``) and
+    nothing else. ``--confirm`` writes its question to stderr and reads the answer from
+    stdin. The ``--mcp`` servers start before the run and are closed when it ends,
+    whatever way. Returns 0 when the run completed, 1 otherwise. Ctrl-C sets the run's
+    signal, so the run ends ``cancelled`` and its result is printed; a second Ctrl-C
+    interrupts at once. Retries and accepted cut answers are logged on stderr. Bad
+    options, an MCP server that cannot be used, and two tools of one name exit with
     status 2.
     """
     parser = _parser()
     options = parser.parse_args(argv)
     model = _model(parser, options)
+    with contextlib.ExitStack() as servers:  # the servers end whatever happens
+        return _run(options, model, _tools(parser, options, servers))
+
+
+def _run(options: argparse.Namespace, model: al.Model, tools: al.ToolRegistry) -> int:
+    """Runs the agent and prints its events; 0 when the run completed, else 1."""
     signal = threading.Event()
 
     def interrupt(number: int, frame: object) -> None:
@@ -240,9 +359,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             al.run_agent_loop(
                 messages=[al.UserMessage("user-001", options.prompt)],
                 model=model,
-                tools=al.ToolRegistry(TOOLS),
+                tools=tools,
                 max_steps=options.max_steps,
                 signal=signal,
+                tool_concurrency=options.tool_concurrency,
+                before_tool_call=_confirm(sys.stdin, sys.stderr) if options.confirm else None,
             ),
             on_event=_json_line if options.json else al.print_event,
         )

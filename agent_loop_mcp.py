@@ -221,13 +221,17 @@ class _Session:
 
         Opens the session first if it is not open. Raises McpError when the server cannot
         be reached or started, the handshake fails, ``tools/list`` fails or pages past
-        the limits, or a tool cannot be built (the message names it).
+        the limits, a tool cannot be built (the message names it), or the session is
+        lost (the server exited).
         """
         with self._open_lock:
             self._open_locked()
             with self._lock:
+                lost = self._lost
                 cached = self._tools if self._caches_tools else None
                 changes = self._changes
+            if lost is not None:  # a kept list would name tools that can no longer run
+                raise McpError(f"{self.where}: {lost}")
             if cached is None:
                 cached = self._list_tools()
                 with self._lock:
@@ -993,7 +997,7 @@ class HttpServer(_Session):
 
     def _post(self, body: bytes, pending: Optional[_Pending]) -> Optional[str]:
         """One POST and its answer: a request's failure settles it; a notification's is
-        returned."""
+        returned. A request whose read times out is left to its wait (``_wait``)."""
         connection = self._connection()
         if pending is not None:
             pending.connection = connection
@@ -1003,6 +1007,11 @@ class HttpServer(_Session):
             problem = self._answer(response, pending)
         except (OSError, http.client.HTTPException) as error:
             problem = f"the HTTP exchange failed: {type(error).__name__}: {error}"
+            if pending is not None and isinstance(error, socket.timeout):
+                # The request's wait ends by then too (its deadline is no later than the
+                # socket's), as a timeout that tells the server to stop: settled here, the
+                # request would fail without the notifications/cancelled it must send.
+                problem = None
         finally:
             connection.close()
         if problem is not None and pending is not None:
@@ -1067,7 +1076,12 @@ class HttpServer(_Session):
         else:
             return f"the answer's Content-Type is {kind or 'missing'}, not JSON or an event stream"
         if not pending.done.is_set():
-            return "the answer ended before the response (resuming a stream is not supported)"
+            # A server that exits mid-stream looks the same to http.client as one that ends
+            # its stream early (it reads a cut chunked body as its end): name both.
+            return (
+                "the answer ended before the response: the server closed the stream or went "
+                "away (resuming a stream is not supported)"
+            )
         return None
 
     def _expire_session(self) -> None:

@@ -63,7 +63,9 @@ class Fake:
 
     def __init__(self, config: Dict[str, Any]) -> None:
         self.config = config
-        self.tools = [dict(tool) for tool in TOOLS] + list(config.get("extra_tools", []))
+        only = config.get("only")  # the names of the tools above it lists, if not all
+        listed = [dict(tool) for tool in TOOLS if only is None or tool["name"] in only]
+        self.tools = listed + list(config.get("extra_tools", []))
         self.cancelled: Dict[Any, threading.Event] = {}
         self.lock = threading.Lock()
 

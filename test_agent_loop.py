@@ -9,10 +9,10 @@ each file can be read as one.
 The suite imports ``agent_loop`` once, as ``al``: point it at another copy of the module
 by putting that copy first on sys.path. Its builders, its one fake model (FakeModel, for
 what al.ScriptedModel cannot do), its one driver (run(), which checks the run's
-invariants with check_run() every time) and the reference model that random scripts are
-checked against come from loop_testing.py; a helper that one class alone uses sits just
-above that class. replay() has its own file (test_agent_loop_replay.py), the README and
-the demonstration theirs (test_docs_and_demo.py).
+invariants with loop_invariants.check_run() every time) come from loop_testing.py, the
+reference model that random scripts are checked against from loop_reference.py; a helper
+that one class alone uses sits just above that class. replay() has its own file
+(test_agent_loop_replay.py), the README and the demonstration theirs (test_docs_and_demo.py).
 
 One canonical test per rule of the seed, named in the rule's words and quoting it
 (``Seed: "..."``); more cases of the same rule are rows of its table. Every limit is
@@ -70,10 +70,11 @@ from typing import (
 import pytest
 
 import agent_loop as al
+from loop_invariants import EVENT_TYPES, check_run
+from loop_reference import assert_predicted, predict, random_script, run_plans
 from loop_testing import (
     ADD_ROUND,
     AT_LIMIT,
-    EVENT_TYPES,
     HISTORY,
     HOSTILE,
     OVER_LIMIT,
@@ -87,12 +88,10 @@ from loop_testing import (
     add_tool,
     assert_failed,
     assert_no_tool_ran,
-    assert_predicted,
     assert_tool_received,
     assistant,
     call,
     cancelled_signal,
-    check_run,
     chunk_event_count,
     copy_echo,
     cyclic_array,
@@ -105,15 +104,12 @@ from loop_testing import (
     only_tool_result,
     opaque,
     open_call_ids,
-    predict,
     raise_error,
     raising,
-    random_script,
     recording_tools,
     respond,
     returns,
     run,
-    run_plans,
     run_probe_call,
     scripted_step,
     settle,
@@ -237,7 +233,7 @@ class TestLimits:
         """Seed: "Initial messages are capped at 4096"; over it, one failed run.finished."""
         count = 4096 if passes else 4097
         start = [al.UserMessage(f"user-{index:04d}", "hi") for index in range(count)]
-        events, result, model = run([stop("response-001")], messages=start)
+        events, result, model = run([stop("response-001", "The sum is 42.")], messages=start)
         if passes:
             assert result.status == "completed"
             assert model.requests[0].messages == tuple(start)
@@ -305,12 +301,14 @@ class TestLimits:
                          "4096", id="text-adds-up-across-strings-over-limit"),
         ],
     )  # fmt: skip
-    def test_tool_arguments_must_be_plain_bounded_json(
+    def test_tool_arguments_are_bounded_in_depth_values_slots_and_text(
         self, make: Callable[[], Any], passes: bool, limit: str
     ) -> None:
-        """Seed: "Tool arguments must be plain bounded JSON with depth 32, at most 257 values
-        including the root, 256 object fields plus array slots, and 4096 Unicode code
-        points across keys/string values. These checks occur before a Tool effect." """
+        """Seed: "... plain bounded JSON with depth 32, at most 257 values including the
+        root, 256 object fields plus array slots, and 4096 Unicode code points across
+        keys/string values." Over a bound, no tool runs. (What is plain JSON, and that it
+        is checked before a Tool effect: test_agent_loop_tools_and_ir.py's
+        TestPlainJsonArguments.)"""
         arguments = make()
         events, result, model, received = run_probe_call(arguments)
         if passes:
@@ -324,14 +322,16 @@ class TestLimits:
 
 
 class TestGoldenFragments:
-    def test_appends_one_tool_call_and_its_matching_result_before_the_second_model_request(
-        self,
-    ) -> None:
+    def test_seed_fragment_the_first_continuation_boundary(self) -> None:
         """Seed: "The second request contains the assistant Tool call before its result,
-        and both share call-add-001." (the seed's first fragment, translated exactly)"""
+        and both share call-add-001." (the seed's first fragment, which "shows the first
+        continuation boundary", translated exactly)"""
         add_call_001 = call("add", "call-add-001", {"left": 20, "right": 22})
         model = al.ScriptedModel(
-            [tool_turn("response-tool-001", add_call_001), stop("response-tool-002")]
+            [
+                tool_turn("response-tool-001", add_call_001),
+                stop("response-tool-002", "The sum is 42."),
+            ]
         )
 
         events, result, _ = run(model, [add_tool()], max_steps=2, signal=threading.Event())
@@ -364,12 +364,13 @@ class TestGoldenFragments:
             pytest.param(2, "completed", "must not run", id="two-steps-run-the-continuation"),
         ],
     )
-    def test_a_one_step_budget_completes_the_tool_batch_and_opens_no_continuation(
+    def test_seed_fragment_the_failure_experiment(
         self, max_steps: int, status: str, final_text: str | None
     ) -> None:
         """Seed: "All three calls execute in order, model.callCount remains 1, and the
         result is maxSteps." and "Change only maxSteps to 2; the queued continuation may
-        run and complete." (the seed's second fragment, translated exactly)"""
+        run and complete." (the seed's second fragment, its "Failure experiment",
+        translated exactly; the rule's canonical test is TestStepBudget's)"""
         executed: list[str] = []
         calls = [echo_call(f"call-echo-00{n}") for n in (1, 2, 3)]
         model = al.ScriptedModel(
@@ -385,6 +386,7 @@ class TestGoldenFragments:
         assert model.call_count == max_steps
         assert (result.status, result.final_text) == (status, final_text)
         assert result.max_steps == (1 if status == "maxSteps" else None)
+        assert (events[-1].type, events[-1].sequence) == ("run.finished", len(events) - 1)
         assert events[-1].payload["result"] is result
 
 
@@ -485,8 +487,11 @@ class TestConstructionRejectsInvalidOptions:
         self, overrides: dict[str, Any], error: type[Exception], words: str
     ) -> None:
         """Seed: "Invalid construction throws before an EventStream is returned." The
-        call itself raises (nothing is iterated), naming the option; the model never runs."""
-        model = al.ScriptedModel([stop("response-001")])
+        call itself raises (nothing is iterated), naming the option; the model never runs.
+        The rows: "maxSteps must be a positive safe integer no greater than
+        MAX_AGENT_STEPS." "Optional requestSequenceStart must keep the requested range
+        within the same ceiling." and the boundary shapes of model, tools and signal."""
+        model = al.ScriptedModel([stop("response-001", "The sum is 42.")])
         with pytest.raises(error) as raised:
             al.run_agent_loop(**options(model, overrides))
         assert words in str(raised.value)
@@ -506,7 +511,7 @@ class TestConstructionRejectsInvalidOptions:
     def test_a_valid_option_returns_a_generator_that_has_not_called_the_model(
         self, overrides: dict[str, Any]
     ) -> None:
-        model = al.ScriptedModel([stop("response-001")])
+        model = al.ScriptedModel([stop("response-001", "The sum is 42.")])
         loop = al.run_agent_loop(**options(model, overrides))
         assert isinstance(loop, collections.abc.Generator)
         assert inspect.getgeneratorstate(loop) == "GEN_CREATED"
@@ -548,7 +553,10 @@ def mutable_paths(root: object) -> list[str]:
     return found
 
 
-ADDING = (tool_turn("response-001", text("Adding."), add_call()), stop("response-002"))
+ADDING = (
+    tool_turn("response-001", text("Adding."), add_call()),
+    stop("response-002", "The sum is 42."),
+)
 
 
 class TestRunOwnsSnapshots:
@@ -600,7 +608,7 @@ class TestRunOwnsSnapshots:
                 yield message
 
         messages = start()
-        model = al.ScriptedModel([stop("response-001")])
+        model = al.ScriptedModel([stop("response-001", "The sum is 42.")])
         loop = start_run(model, messages=messages, max_steps=1)
         assert read == ["user-001", "user-002"]
         assert next(messages, None) is None  # consumed once, by the call
@@ -633,7 +641,7 @@ class TestRunOwnsSnapshots:
             [
                 tool_turn("response-001", first),
                 tool_turn("response-002", echo_call("call-echo-001", "late")),
-                stop("response-003"),
+                stop("response-003", "The sum is 42."),
             ]
         )
         loop = al.run_agent_loop(messages=[user()], model=model, tools=registry, max_steps=3)
@@ -687,7 +695,7 @@ ROUND_ONE = (assistant("response-001", add_call()), add_result())
 THREE_STEPS = (
     tool_turn("response-001", add_call()),
     tool_turn("response-002", echo_call("call-echo-001")),
-    stop("response-003"),
+    stop("response-003", "The sum is 42."),
 )
 
 
@@ -756,13 +764,14 @@ class TestAssistantMessagesPrecedeToolResults:
     def test_calls_execute_and_results_append_in_assistant_order(self) -> None:
         """Seed: "Multiple calls execute sequentially in this workshop." and "For each call,
         it emits tool.started, awaits executeToolCall(), appends the linked Tool-result
-        message, then emits tool.finished." """
+        message, then emits tool.finished." and "After the complete Tool batch,
+        validateTranscript() proves that every call has one later matching result." """
         executed: list[str] = []
         events, result, model = run(
             [
                 tool_turn("response-001", *BATCH),
                 tool_turn("response-002", echo_call("call-echo-003")),
-                stop("response-003"),
+                stop("response-003", "The sum is 42."),
             ],
             tools=recording_tools(executed),
         )
@@ -878,9 +887,11 @@ class TestEventSequence:
         self, status: str, steps: int, options: dict[str, Any]
     ) -> None:
         """Seed: "Event sequence values increase by one across message, model, Tool, and
-        terminal events; run.finished is last." and "It first emits one message.accepted
-        event for every starting message." """
-        script = [tool_turn("response-001", add_call()), stop("response-002")][:steps]
+        terminal events; run.finished is last." and "Each event receives the next integer
+        sequence; no component owns a separate counter." and "It first emits one
+        message.accepted event for every starting message." """
+        script = [tool_turn("response-001", add_call()), stop("response-002", "The sum is 42.")]
+        script = script[:steps]
         signal = threading.Event() if "cancel_at" in options else None
         events, result, _ = run(
             script, [add_tool()], messages=PRIOR_ROUND, signal=signal, **options
@@ -894,6 +905,33 @@ class TestEventSequence:
         assert types_of(events).count("run.finished") == 1
         assert dict(events[-1].payload) == {"result": result}
 
+    def test_the_loop_drains_the_stream_before_awaiting_the_terminal_response(self) -> None:
+        """Seed: "The loop calls model.stream() and drains its event channel before
+        awaiting the terminal response." Each chunk is the consumer's event before the
+        model is asked for the next one, and the response is taken after the last."""
+        log: list[str] = []
+
+        def streaming(
+            model: FakeModel, request: al.ModelRequest, signal: Any
+        ) -> Generator[object, None, object]:
+            for piece in ("Hel", "lo"):
+                log.append(f"streamed {piece!r}")
+                yield al.TextDelta(request.id, piece)
+            log.append("returned the response")
+            return al.ModelResponse("response-001", request.id, (text("Hello"),), "stop")
+
+        model = FakeModel(streaming)
+        run_ = start_run(model)
+        events = until(run_, "model.chunk")
+        assert log == ["streamed 'Hel'"]
+        events += until(run_, "model.chunk")
+        assert log == ["streamed 'Hel'", "streamed 'lo'"]
+        more, result = al.settle_run(run_)
+        assert log == ["streamed 'Hel'", "streamed 'lo'", "returned the response"]
+        check_run(events + more, result, model, max_steps=4, start=[user()])
+        assert types_of(more) == ["run.finished"]
+        assert result.final_text == "Hello"
+
 
 CANCEL_START = (user("Add 20 and 22.", "user-001"), user("Then echo it.", "user-002"))
 
@@ -902,7 +940,7 @@ def cancel_script() -> list[Any]:
     """Step 1: text, add, echo (three chunks, two tools); step 2: the answer."""
     return [
         tool_turn("response-001", text("Adding."), add_call(), echo_call("call-echo-001")),
-        stop("response-002"),
+        stop("response-002", "The sum is 42."),
     ]
 
 
@@ -1044,7 +1082,7 @@ class TestCancellation:
         ran: list[str] = []
         calls = (text("Waiting."), call("wait", "call-wait-001", {}), echo_call("call-echo-001"))
         events, result, model = run(
-            [tool_turn("response-001", *calls), stop("response-002")],
+            [tool_turn("response-001", *calls), stop("response-002", "The sum is 42.")],
             tools=[no_arguments_tool("wait", interrupted), echo_tool(ran)],
             signal=signal,
             cancel_at=("tool.started", 1) if who == "consumer" else None,
@@ -1123,39 +1161,79 @@ class TestCancellation:
 
 
 class TestStepBudget:
-    @pytest.mark.parametrize("max_steps", [1, 2, 64])
-    @pytest.mark.parametrize("stops", [False, True], ids=["tool-steps-only", "then-a-stop"])
-    def test_tool_steps_up_to_the_budget_end_max_steps_without_a_continuation(
-        self, max_steps: int, stops: bool
+    @pytest.mark.parametrize(
+        "max_steps",
+        [
+            pytest.param(1, id="max_steps-1"),
+            pytest.param(2, id="max_steps-2"),
+            pytest.param(64, id="max_steps-at-limit-64"),
+        ],
+    )
+    def test_with_max_steps_the_tool_batch_completes_and_no_continuation_request_opens(
+        self, max_steps: int
     ) -> None:
-        """Seed: "If the current step equals maxSteps, the loop emits run.finished with
-        status maxSteps and does not open another model request." A stop response on the
-        last allowed step completes."""
-        tool_steps = max_steps - 1 if stops else max_steps
+        """Seed: "With maxSteps: 1, the current Tool batch completes, no continuation
+        request opens, and the terminal result is maxSteps." At every budget: Seed: "If
+        the current step equals maxSteps, the loop emits run.finished with status maxSteps
+        and does not open another model request." Each step calls echo three times; the
+        stop continuation queued after them is never requested."""
         executed: list[str] = []
-        script = [
-            tool_turn(f"response-{step:03d}", echo_call(f"call-echo-{step:03d}"))
-            for step in range(1, tool_steps + 1)
+        batches = [
+            [echo_call(f"call-echo-{step:03d}-{n}") for n in (1, 2, 3)]
+            for step in range(1, max_steps + 1)
         ]
-        _, result, model = run(
-            [*script, stop(f"response-{tool_steps + 1:03d}")],
+        script = [
+            tool_turn(f"response-{step:03d}", *batch) for step, batch in enumerate(batches, 1)
+        ]
+        events, result, model = run(
+            [*script, stop("response-continuation", "must not run")],
             tools=[echo_tool(executed)],
             max_steps=max_steps,
         )
 
-        assert result.status == ("completed" if stops else "maxSteps")
-        assert result.max_steps == (None if stops else max_steps)
-        assert result.steps == model.call_count == max_steps
+        # Every call of every batch ran, in order, and its result was appended after
+        # its assistant message.
+        assert executed == [tool_call.id for batch in batches for tool_call in batch]
+        transcript: list[al.Message] = [user()]
+        for step, batch in enumerate(batches, 1):
+            transcript.append(assistant(f"response-{step:03d}", *batch))
+            transcript += [echo_result(tool_call.id) for tool_call in batch]
+        assert result.messages == tuple(transcript)
+        # No continuation request: one request per step, the last one the budget's.
+        assert model.call_count == result.steps == max_steps
         assert model.requests[-1].id == f"request-{max_steps:03d}"
-        assert executed == [f"call-echo-{step:03d}" for step in range(1, tool_steps + 1)]
-        assert result.final_text == ("The sum is 42." if stops else None)
+        assert (result.status, result.max_steps) == ("maxSteps", max_steps)
+        assert result.final_text is None
+        assert types_of(events)[-2:] == ["tool.finished", "run.finished"]
+        assert events[-1].sequence == len(events) - 1
+        assert events[-1].payload["result"] is result
+
+    @pytest.mark.parametrize("max_steps", [1, 2, 64])
+    def test_a_stop_response_on_the_last_allowed_step_completes(self, max_steps: int) -> None:
+        """The budget ends a run after a tool step only: a stop response on the step that
+        equals maxSteps completes the run (AppendAssistant --> Completed)."""
+        executed: list[str] = []
+        script = [
+            tool_turn(f"response-{step:03d}", echo_call(f"call-echo-{step:03d}"))
+            for step in range(1, max_steps)
+        ]
+        _, result, model = run(
+            [*script, stop(f"response-{max_steps:03d}", "Done within the budget.")],
+            tools=[echo_tool(executed)],
+            max_steps=max_steps,
+        )
+
+        assert executed == [f"call-echo-{step:03d}" for step in range(1, max_steps)]
+        assert result.steps == model.call_count == max_steps
+        assert (result.status, result.max_steps) == ("completed", None)
+        assert result.final_text == "Done within the budget."
 
     def test_the_budget_counts_model_turns_not_tool_calls(self) -> None:
         """Seed: "the budget counts model turns, not individual Tool calls." """
         calls = [echo_call(f"call-echo-{n:03d}") for n in range(1, 6)]
         executed: list[str] = []
         _, result, _ = run(
-            [tool_turn("response-001", *calls), stop("response-002")],
+            [tool_turn("response-001", *calls), stop("response-002", "The sum is 42.")],
             tools=[echo_tool(executed)],
             max_steps=2,
         )
@@ -1175,7 +1253,7 @@ class TestFailureCodes:
                          "a toolCall response holds no tool call", id="toolCall-without-a-call"),
         ],
     )  # fmt: skip
-    def test_model_protocol_error(
+    def test_tool_calls_are_forbidden_in_a_stop_response(
         self,
         earlier: int,
         blocks: list[al.TextBlock | al.ToolCall],
@@ -1277,7 +1355,7 @@ class TestFailureCodes:
         executed: list[str] = []
         calls = (call("fatal", "call-fatal-001", {}), echo_call("call-echo-001"))
         events, result, model = run(
-            [tool_turn("response-001", *calls), stop("response-002")],
+            [tool_turn("response-001", *calls), stop("response-002", "The sum is 42.")],
             tools=[no_arguments_tool("fatal", raising(error)), echo_tool(executed)],
             signal=threading.Event(),
         )
@@ -1388,7 +1466,7 @@ def agreement_run(content: list[Any], chunks: list[Any], executed: list[str]) ->
     response = al.scripted_response(
         "response-001", content, "toolCall" if calls else "stop", chunks=chunks
     )
-    return run([response, stop("response-002")], recording_tools(executed))
+    return run([response, stop("response-002", "The sum is 42.")], recording_tools(executed))
 
 
 class TestStreamAndResponseAgree:
@@ -1794,10 +1872,10 @@ SCRIPTS_PER_SEED = 10
 
 @pytest.mark.hostile
 class TestRandomScriptsAgainstAReference:
-    """Seeded random scripts (loop_testing.random_script) mixing text, tool calls, bad
+    """Seeded random scripts (loop_reference.random_script) mixing text, tool calls, bad
     arguments, raising tools, random chunk splits, protocol violations, budgets and
     cancellation. Each run keeps every invariant and ends as the reference model
-    (loop_testing.predict) says: status, failure code, steps, events, transcript and
+    (loop_reference.predict) says: status, failure code, steps, events, transcript and
     tool effects."""
 
     @pytest.mark.parametrize("seed", range(RANDOM_SEEDS))
@@ -1854,6 +1932,8 @@ INVALID_STARTS = [
                  id="message-dict-is-pointed-at-message-from-dict"),
     pytest.param([SubclassedUserMessage("user-001", "Hi.")],
                  ["a SubclassedUserMessage is not a message"], id="message-subclass"),
+    # Seed: "every call has one later matching result": a result without its call, before
+    # it, for another tool or twice, and a call left without one, are invalid.
     pytest.param([user(), add_result()],
                  ["tool result 'tool-result-call-add-001' answers no open tool call"],
                  id="result-without-call"),
@@ -1926,7 +2006,9 @@ class TestInvalidStartingTranscript:
         """Seed: "An invalid starting transcript produces one run.finished event with a
         failed INVALID_TRANSCRIPT result and never invokes the model." Its message says
         what is wrong: a field of the wrong type is named, with the type it must be."""
-        events, result, model = run([stop("response-001")], messages=messages, tools=[add_tool()])
+        events, result, model = run(
+            [stop("response-001", "The sum is 42.")], messages=messages, tools=[add_tool()]
+        )
         assert_failed(events, result, "INVALID_TRANSCRIPT", *words)
         assert types_of(events) == ["run.finished"]
         assert (model.call_count, result.messages, result.steps) == (0, (), 0)
@@ -1934,7 +2016,9 @@ class TestInvalidStartingTranscript:
     def test_an_invalid_start_is_reported_even_when_the_signal_is_already_set(self) -> None:
         """Documented choice: the inputs decide before the signal is looked at."""
         events, result, model = run(
-            [stop("response-001")], messages=[user(), user()], signal=cancelled_signal()
+            [stop("response-001", "The sum is 42.")],
+            messages=[user(), user()],
+            signal=cancelled_signal(),
         )
         assert_failed(events, result, "INVALID_TRANSCRIPT")
         assert model.call_count == 0
@@ -1949,14 +2033,14 @@ class TestInvalidStartingTranscript:
                 read.append(n)
                 yield al.UserMessage(f"user-{n}", "Hi.")
 
-        events, result, model = run([stop("response-001")], messages=endless())
+        events, result, model = run([stop("response-001", "The sum is 42.")], messages=endless())
         assert_failed(events, result, "INVALID_TRANSCRIPT")
         assert len(read) == al.MAX_INITIAL_MESSAGES + 1
         assert model.call_count == 0
 
     def test_an_empty_start_is_a_complete_transcript(self) -> None:
         """Documented choice: an empty starting transcript is complete, hence valid."""
-        events, result, model = run([stop("response-001")], messages=[])
+        events, result, model = run([stop("response-001", "The sum is 42.")], messages=[])
         assert result.status == "completed"
         assert model.requests[0].messages == ()
         assert types_of(events) == ["model.chunk", "run.finished"]
@@ -2105,7 +2189,8 @@ class TestDuplicateIdsSayHowTheyWereDerived:
                                     tool_turn("response-002", echo_call("call-1", "second"))],
                          ["first"], 3, CALL_ID_TWICE.format("call-1"),
                          id="call-id-of-an-earlier-step"),
-            pytest.param([user()], [tool_turn("resp", echo_call("c1", "first")), stop("resp")],
+            pytest.param([user()], [tool_turn("resp", echo_call("c1", "first")),
+                                    stop("resp", "The sum is 42.")],
                          ["first"], 3, MESSAGE_ID_TWICE.format("message-resp"),
                          id="response-id-of-an-earlier-step"),
         ],
@@ -2131,6 +2216,9 @@ class TestDerivedIdsArePublic:
     each of the two that a companion reads back has its inverse."""
 
     def test_a_run_derives_its_ids_with_the_public_functions(self) -> None:
+        """Seed: "requestSnapshot() ... creates request-001, request-002, and so on"; the
+        assistant message of response R is "message-" + R's id, the result of call C
+        "tool-result-" + C's id."""
         assert (al.request_id(1), al.request_id(64)) == ("request-001", "request-064")
         assert al.assistant_message_id("response-001") == "message-response-001"
         assert al.tool_result_id("call-add-001") == "tool-result-call-add-001"
@@ -2341,7 +2429,8 @@ class TestModelStreamCleanup:
 
     @pytest.mark.parametrize("how", ["well-behaved", "cleanup-raises", "ignores-exit"])
     def test_endless_stream_is_stopped_by_the_chunk_limit(self, how: str) -> None:
-        """Seed: "The loop caps one step at 1024 chunks", however the stream behaves closed."""
+        """The chunk cap (TestLimits) stops an endless stream, and the loop closes it
+        however the stream behaves when closed."""
         pulled: list[int] = []
         model = FakeModel(self._endless(how, pulled))
         events, result, _ = run(model)

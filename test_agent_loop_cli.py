@@ -1,16 +1,18 @@
 """Tests of agent_loop_cli.py: the command line, run as a user runs it.
 
-``main(argv)`` runs in this process against loop_testing's fixture server (a local
+``main(argv)`` runs in this process against loop_testing_providers' fixture server (a local
 ``http.server`` on 127.0.0.1 and a free port, started and stopped by a fixture whatever
 happens), and a subprocess runs the file itself for Ctrl-C and a reader that leaves
 early. What it prints is ``agent_loop.print_event``'s lines (tested line by line in
-test_docs_and_demo.py) or, with ``--json``, one ``to_dict()`` line per event. No test
-reaches beyond 127.0.0.1, and none names a private name of agent_loop_cli or of the
-modules it uses.
+test_docs_and_demo.py) or, with ``--json``, ``agent_loop_replay.dump_events``'s lines.
+``--mcp`` starts the canned MCP server of mcp_fake_server.py (as test_agent_loop_mcp.py
+does); ``--confirm`` reads a fake stdin. No test reaches beyond 127.0.0.1, and none
+names a private name of agent_loop_cli or of the modules it uses.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -21,16 +23,18 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 
 import agent_loop as al
 import agent_loop_cli as cli
-from loop_testing import (
+import agent_loop_replay as replay
+from loop_testing import REPOSITORY
+from loop_testing_providers import (
     OPENAI_REASONING_STREAM,
     REASONING_USAGE,
-    REPOSITORY,
     SERVER_BOUND,
     AnswerItem,
     Reply,
@@ -46,6 +50,7 @@ from loop_testing import (
     openai_sent_call,
     serving,
 )
+from test_agent_loop_mcp import Canned, alive
 
 
 @pytest.fixture
@@ -266,14 +271,16 @@ class TestWhatItPrints:
     ) -> None:
         server.script(Reply([OPENAI_REASONING_STREAM]))
         assert cli.main(argv(server, "openai", "--json", "27 * 453?")) == 0
-        lines = capsys.readouterr().out.splitlines()
-        events = [al.event_from_dict(json.loads(line)) for line in lines]
-        assert [event.sequence for event in events] == list(range(len(lines)))
-        assert [json.dumps(event.to_dict(), ensure_ascii=False) for event in events] == lines
+        out = capsys.readouterr().out
+        events = replay.load_events(io.StringIO(out))
+        assert [event.sequence for event in events] == list(range(len(out.splitlines())))
+        written = io.StringIO()
+        replay.dump_events(events, written)
+        assert written.getvalue() == out  # dump_events' lines, byte for byte
         assert events[1].payload["chunk"] == al.ThinkingDelta("request-001", "27 * 453: ")
         result = events[-1].payload["result"]
         assert (result.final_text, result.usage) == ("12,231", REASONING_USAGE)
-        usage = json.loads(lines[-1])["payload"]["result"]["usage"]
+        usage = json.loads(out.splitlines()[-1])["payload"]["result"]["usage"]
         assert usage == {"input": 4, "output": 45, "cacheRead": 16, "reasoning": 41}
 
     def test_accept_truncated_and_its_warning_on_stderr(
@@ -345,6 +352,10 @@ class TestOptions:
                     ("openai", "steps-low", "--max-steps 0", "0 is not in 1..64"),
                     ("openai", "steps-high", "--max-steps 65", "65 is not in 1..64"),
                     ("openai", "steps-text", "--max-steps x", "'x' is not an integer"),
+                    ("openai", "concurrency-low", "--tool-concurrency 0", "0 is not >= 1"),
+                    ("openai", "concurrency-text", "--tool-concurrency x", "'x' is not an"),
+                    ("openai", "mcp-empty", "--mcp ''", "the command is empty"),
+                    ("openai", "mcp-quote", "--mcp '\"server'", "is not a command line"),
                     ("openai", "tokens-low", "--max-tokens 0", "0 is not >= 1"),
                     ("openai", "tokens-text", "--max-tokens x", "'x' is not an integer"),
                     ("openai", "retries-low", "--retries -1", "-1 is not >= 0"),
@@ -400,8 +411,287 @@ class TestOptions:
             "--retries",
             "--accept-truncated",
             "--max-steps",
+            "--tool-concurrency",
+            "--confirm",
+            "--mcp",
             "--json",
         ]
+
+
+ADD_AND_WEATHER: List[AnswerItem] = [
+    ("c1", "add", {"left": 2, "right": 3}),
+    ("c2", "weather", {"city": "Oslo"}),
+]
+
+ONE_BY_ONE = [
+    '  3  tool.started      request-001 add({"left":2,"right":3}) [c1]',
+    '  4  tool.finished     request-001 add ok: {"sum":5}',
+    '  5  tool.started      request-001 weather({"city":"Oslo"}) [c2]',
+    "  6  tool.finished     request-001 weather ok: snow, -3 C",
+]
+
+QUESTIONS = 'run add({"left":2,"right":3}) [c1]? [y/N] run weather({"city":"Oslo"}) [c2]? [y/N] '
+
+REFUSED = "the user refused to run this tool call"
+
+
+class TestToolsAtOnceAndConsent:
+    """--tool-concurrency N reaches the run; --confirm asks before each call, on stderr,
+    and reads the answer from stdin: y runs the call, anything else refuses it."""
+
+    @pytest.mark.parametrize(
+        ("more", "tool_lines"),
+        [
+            pytest.param([], ONE_BY_ONE, id="default-one-by-one"),
+            pytest.param(["--tool-concurrency", "1"], ONE_BY_ONE, id="the-least"),
+            pytest.param(
+                ["--tool-concurrency", "2"],
+                [
+                    '  3  tool.started      request-001 add({"left":2,"right":3}) [c1]',
+                    '  4  tool.started      request-001 weather({"city":"Oslo"}) [c2]',
+                    '  5  tool.finished     request-001 add ok: {"sum":5}',
+                    "  6  tool.finished     request-001 weather ok: snow, -3 C",
+                ],
+                id="at-once-started-first",
+            ),
+        ],
+    )
+    def test_tool_concurrency(
+        self,
+        server: Server,
+        capsys: pytest.CaptureFixture[str],
+        more: List[str],
+        tool_lines: List[str],
+    ) -> None:
+        server.script(
+            Reply(answer_parts("openai", ADD_AND_WEATHER)),
+            Reply(answer_parts("openai", ["5; snow."])),
+        )
+        assert cli.main(argv(server, "openai", *more, "2+3? Oslo?")) == 0
+        assert capsys.readouterr().out.splitlines()[3:7] == tool_lines
+
+    @pytest.mark.parametrize(
+        ("answers", "runs"),
+        [
+            pytest.param("y\nn\n", (True, False), id="y-runs-n-refuses"),
+            pytest.param("Yes\n  y  \n", (True, True), id="yes-and-spaces"),
+            pytest.param("\nyy\n", (False, False), id="empty-and-other-words-refuse"),
+            pytest.param("no\n", (False, False), id="the-end-of-input-refuses"),
+        ],
+    )
+    def test_confirm(
+        self,
+        server: Server,
+        capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch,
+        answers: str,
+        runs: Tuple[bool, bool],
+    ) -> None:
+        monkeypatch.setattr(sys, "stdin", io.StringIO(answers))
+        server.script(
+            Reply(answer_parts("openai", ADD_AND_WEATHER)),
+            Reply(answer_parts("openai", ["Done."])),
+        )
+        assert cli.main(argv(server, "openai", "--confirm", "2+3? Oslo?")) == 0
+        captured = capsys.readouterr()
+        refused = [
+            f"  4  tool.finished     request-001 add error: {REFUSED}",
+            f"  6  tool.finished     request-001 weather error: {REFUSED}",
+        ]
+        outcomes = [
+            ONE_BY_ONE[1] if runs[0] else refused[0],
+            ONE_BY_ONE[3] if runs[1] else refused[1],
+        ]
+        assert captured.out.splitlines()[3:7] == [
+            ONE_BY_ONE[0],
+            outcomes[0],
+            ONE_BY_ONE[2],
+            outcomes[1],
+        ]
+        # The questions on stderr; past the end of input, a line break ends the question.
+        assert captured.err == QUESTIONS + ("\n" if answers.count("\n") < 2 else "")
+        # The model reads the refusal as the call's error result.
+        sent = [message.get("content") for message in server.body(1)["messages"][2:4]]
+        assert sent == [
+            '{"sum":5}' if runs[0] else REFUSED,
+            "snow, -3 C" if runs[1] else REFUSED,
+        ]
+
+    def test_an_unreadable_stdin_refuses(
+        self, server: Server, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        closed = io.StringIO("y\n")
+        closed.close()  # readline raises ValueError
+        monkeypatch.setattr(sys, "stdin", closed)
+        server.script(
+            Reply(answer_parts("openai", ADD_AND_WEATHER[:1])),
+            Reply(answer_parts("openai", ["Done."])),
+        )
+        assert cli.main(argv(server, "openai", "--confirm", "2+3?")) == 0
+        captured = capsys.readouterr()
+        assert captured.out.splitlines()[3] == (
+            f"  3  tool.finished     request-001 add error: {REFUSED}"
+        )
+        assert captured.err == 'run add({"left":2,"right":3}) [c1]? [y/N] \n'
+
+    def test_questions_come_before_a_group_is_scheduled(
+        self, server: Server, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(sys, "stdin", io.StringIO("n\ny\n"))
+        server.script(
+            Reply(answer_parts("openai", ADD_AND_WEATHER)),
+            Reply(answer_parts("openai", ["Done."])),
+        )
+        more = ["--confirm", "--tool-concurrency", "2", "2+3? Oslo?"]
+        assert cli.main(argv(server, "openai", *more)) == 0
+        captured = capsys.readouterr()
+        assert captured.out.splitlines()[3:7] == [
+            ONE_BY_ONE[0],
+            '  4  tool.started      request-001 weather({"city":"Oslo"}) [c2]',
+            f"  5  tool.finished     request-001 add error: {REFUSED}",
+            "  6  tool.finished     request-001 weather ok: snow, -3 C",
+        ]
+        assert captured.err == QUESTIONS
+
+    def test_ctrl_c_at_the_question_cancels_the_run(
+        self, server: Server, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The question does not hold the run: the call stays open, no tool runs."""
+
+        class Waiting:
+            """A terminal nobody answers, until the test ends."""
+
+            asked = threading.Event()
+            released = threading.Event()
+
+            def readline(self) -> str:
+                self.asked.set()
+                self.released.wait(SERVER_BOUND)
+                return "y\n"
+
+        stdin = Waiting()
+        monkeypatch.setattr(sys, "stdin", stdin)
+        server.script(Reply(answer_parts("openai", ADD_AND_WEATHER[:1])))
+
+        def interrupt() -> None:
+            if stdin.asked.wait(SERVER_BOUND):
+                time.sleep(0.2)  # a person thinks it over
+                os.kill(os.getpid(), os_signal.SIGINT)
+
+        interrupter = threading.Thread(target=interrupt)
+        interrupter.start()
+        try:
+            status = cli.main(argv(server, "openai", "--confirm", "2+3?"))
+        finally:
+            stdin.released.set()
+            interrupter.join(SERVER_BOUND)
+        captured = capsys.readouterr()
+        assert status == 1
+        assert captured.out.splitlines()[2:] == [
+            "  2  run.finished      cancelled after 1 step(s), 2 messages, usage: unknown, "
+            "left without a result: c1",
+        ]
+        assert captured.err == 'run add({"left":2,"right":3}) [c1]? [y/N] \n'
+
+
+def mcp_option(canned: Canned) -> List[str]:
+    return ["--mcp", shlex.join(canned.command)]
+
+
+def canned_in(folder: Path, **config: Any) -> Canned:
+    folder.mkdir()
+    return Canned(folder, **config)
+
+
+class TestMcp:
+    """--mcp "COMMAND ARGS": a server's tools join TOOLS; the servers end with the run."""
+
+    def test_a_servers_tools_join_the_command_lines(
+        self, server: Server, capsys: pytest.CaptureFixture[str], tmp_path: Path
+    ) -> None:
+        canned = Canned(tmp_path)
+        server.script(
+            Reply(
+                answer_parts(
+                    "openai",
+                    [("c1", "echo", {"text": "hi"}), ("c2", "add", {"left": 2, "right": 3})],
+                )
+            ),
+            Reply(answer_parts("openai", ["hi, 5"])),
+        )
+        assert cli.main(argv(server, "openai", *mcp_option(canned), "Echo hi, add")) == 0
+        assert capsys.readouterr().out.splitlines()[3:7] == [
+            '  3  tool.started      request-001 echo({"text":"hi"}) [c1]',
+            "  4  tool.finished     request-001 echo ok: hi",
+            '  5  tool.started      request-001 add({"left":2,"right":3}) [c2]',
+            '  6  tool.finished     request-001 add ok: {"sum":5}',
+        ]
+        names = [tool["function"]["name"] for tool in server.body()["tools"]]
+        assert names[:4] == ["add", "multiply", "weather", "echo"]
+        assert "slow" in names
+        calls = [m for m in canned.received() if m.get("method") == "tools/call"]
+        assert [m["params"]["name"] for m in calls] == ["echo"]
+        assert not alive(canned.pid())  # ended with the run
+
+    def test_many_servers(
+        self, server: Server, capsys: pytest.CaptureFixture[str], tmp_path: Path
+    ) -> None:
+        first = canned_in(tmp_path / "first", only=["echo"])
+        second = canned_in(tmp_path / "second", only=["big"])
+        server.script(
+            Reply(
+                answer_parts(
+                    "openai", [("c1", "echo", {"text": "hi"}), ("c2", "big", {"size": 3})]
+                )
+            ),
+            Reply(answer_parts("openai", ["hi, xxx"])),
+        )
+        more = ["--tool-concurrency", "2", *mcp_option(first), *mcp_option(second), "Hi"]
+        assert cli.main(argv(server, "openai", *more)) == 0
+        assert capsys.readouterr().out.splitlines()[5:7] == [
+            "  5  tool.finished     request-001 echo ok: hi",
+            "  6  tool.finished     request-001 big ok: xxx",
+        ]
+        names = [tool["function"]["name"] for tool in server.body()["tools"]]
+        assert names == ["add", "multiply", "weather", "echo", "big"]
+        assert not any(alive(canned.pid()) for canned in (first, second))
+
+    @pytest.mark.parametrize("clash", ["add", "echo"])
+    def test_a_tool_name_given_twice_is_a_usage_error(
+        self, capsys: pytest.CaptureFixture[str], tmp_path: Path, clash: str
+    ) -> None:
+        extra = [{"name": "add", "description": "Adds.", "inputSchema": {"type": "object"}}]
+        first = canned_in(tmp_path / "first", extra_tools=extra if clash == "add" else [])
+        second = canned_in(tmp_path / "second")
+        more = [*mcp_option(first), *([] if clash == "add" else mcp_option(second))]
+        good = ["--provider", "openai", "--base-url", "http://h", "--model", "m"]
+        with pytest.raises(SystemExit) as exited:
+            cli.main([*good, *more, "p"])
+        assert exited.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("usage: python agent_loop_cli.py")
+        where = f"--mcp {shlex.join(first.command)!r}"
+        if clash == "add":
+            tools = "the command line's own tools"
+            assert f"two tools are named 'add': one of {tools} and one of {where}" in err
+        else:
+            other = f"--mcp {shlex.join(second.command)!r}"
+            assert f"two tools are named 'echo': one of {where} and one of {other}" in err
+        # Every server started is closed, whatever happened.
+        pids = [canned.pid() for canned in (first, second) if canned.pid_file.exists()]
+        assert len(pids) == (1 if clash == "add" else 2)
+        assert not any(alive(pid) for pid in pids)
+
+    def test_a_server_that_cannot_be_used_is_a_usage_error(
+        self, capsys: pytest.CaptureFixture[str], tmp_path: Path
+    ) -> None:
+        missing = tmp_path / "no-such-server"
+        good = ["--provider", "openai", "--base-url", "http://h", "--model", "m"]
+        with pytest.raises(SystemExit) as exited:
+            cli.main([*good, "--mcp", f"{missing} --flag", "p"])
+        assert exited.value.code == 2
+        err = capsys.readouterr().err
+        assert f"error: --mcp '{missing} --flag': MCP server '{missing}': could not start" in err
 
 
 class TestCancellation:
@@ -480,18 +770,22 @@ class TestTheFile:
 
     def test_it_uses_only_public_names_of_the_modules_it_imports(self) -> None:
         source = (REPOSITORY / "agent_loop_cli.py").read_text(encoding="utf-8")
-        assert re.findall(r"\b(?:al|providers)\._\w+", source) == []
+        assert re.findall(r"\b(?:al|providers|replay|mcp)\._\w+", source) == []
         assert re.findall(r"^import (\w+)", source, flags=re.MULTILINE) == [
             "argparse",
+            "contextlib",
             "inspect",
             "json",
             "logging",
             "os",
+            "shlex",
             "signal",
             "sys",
             "threading",
             "agent_loop",
+            "agent_loop_mcp",
             "agent_loop_providers",
+            "agent_loop_replay",
         ]
 
     def test_the_header_names_the_file_and_its_version(self) -> None:

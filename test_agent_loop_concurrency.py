@@ -504,6 +504,12 @@ class TestConcurrentGroups:
         default, _, _ = run(one_batch(*calls), every_kind_of_tool())
         one, _, _ = run(one_batch(*calls), every_kind_of_tool(), tool_concurrency=1)
         assert dicts_of(one) == dicts_of(default)
+        # The seed's order: each call started, executed, appended and finished in turn.
+        assert events_of_tools(default) == [
+            (kind, f"call-{number}")
+            for number in range(1, 6)
+            for kind in ("tool.started", "tool.finished")
+        ]
         barriers = [
             al.Tool(t.name, t.description, t.parameters, t.execute, sequential=True)
             for t in every_kind_of_tool()
@@ -831,7 +837,7 @@ class TestCancellationInAConcurrentBatch:
         """close() at c1's tool.finished: c2 and c3 are running, c4 waits for a thread. It
         returns once c2 and c3 have returned, and c4 never begins."""
         gate = threading.Event()
-        third_began = threading.Event()
+        began = {"c2": threading.Event(), "c3": threading.Event(), "c4": threading.Event()}
         returned: List[str] = []
 
         def gated(arguments: Dict[str, Any], signal: al.Signal) -> object:
@@ -839,8 +845,7 @@ class TestCancellationInAConcurrentBatch:
             assert current is not None
             if current.id == "c1":
                 return "first"
-            if current.id == "c3":
-                third_began.set()
+            began[current.id].set()
             assert gate.wait(WAIT)
             returned.append(current.id)
             return "gated"
@@ -851,11 +856,14 @@ class TestCancellationInAConcurrentBatch:
             tool_concurrency=2,
         )
         assert events_of_tools(until(loop, "tool.finished"))[-1] == ("tool.finished", "c1")
-        assert third_began.wait(WAIT)  # c1's thread took c3; c4 waits for a thread
+        # Both running (a thread that took c2 off the queue may not have begun it yet
+        # when c3 begins: close() would then rightly cancel c2); c4 waits for a thread.
+        assert began["c2"].wait(WAIT) and began["c3"].wait(WAIT)
         opener = threading.Timer(0.1, gate.set)
         opener.start()
         loop.close()
-        assert sorted(returned) == ["c2", "c3"]  # close() returned after them, c4 never began
+        assert sorted(returned) == ["c2", "c3"]  # close() returned after them
+        assert not began["c4"].is_set()  # and c4 never began
         assert tool_threads() == []
 
 

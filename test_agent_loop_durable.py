@@ -33,16 +33,7 @@ import pytest
 
 import agent_loop as al
 import agent_loop_replay as alr
-from loop_testing import (
-    Fatal,
-    RequestKeyedModel,
-    add_tool,
-    call,
-    dicts_of,
-    settle,
-    text,
-    user,
-)
+from loop_testing import Fatal, RequestKeyedModel, add_tool, call, dicts_of, settle, text, user
 
 # --- The script, its tools, and the runs of it ------------------------------------------
 
@@ -88,6 +79,9 @@ def script() -> Dict[str, al.ScriptedResponse]:
         ),
     }
 
+
+START = al.UserMessage("user-001", "Add 20 and 22.")
+"""The script's starting message, unless a test gives others (the journal tests quote it)."""
 
 REQUESTS = ("request-001", "request-002", "request-003")
 EXECUTED_CALLS = ("call-1", "call-2", "call-3", "call-5")
@@ -147,7 +141,7 @@ class Process:
     def durable_run(
         self, journal: Path, **options: Any
     ) -> Generator[al.Event, None, al.RunResult]:
-        options.setdefault("messages", [user()])
+        options.setdefault("messages", [START])
         options.setdefault("max_steps", 8)
         tools = al.ToolRegistry(self.effects.tools())
         return alr.durable_run(journal, model=self.model, tools=tools, **options)
@@ -158,7 +152,7 @@ class Process:
         """A run that is live at least in part: through the driver, which checks it."""
         signal = threading.Event()
         run = self.durable_run(journal, signal=signal, **options)
-        start = list(options.get("messages", [user()]))
+        start = list(options.get("messages", [START]))
         return settle(run, signal=signal, cancel_at=cancel_at, start=start)
 
     def given_again(self, journal: Path, **options: Any) -> Tuple[List[al.Event], al.RunResult]:
@@ -171,7 +165,7 @@ class Process:
 
 def reference(cancel_at: Any = None, **options: Any) -> Tuple[List[al.Event], al.RunResult]:
     """run_agent_loop() on the script, uninterrupted: what a durable run must give."""
-    options.setdefault("messages", [user()])
+    options.setdefault("messages", [START])
     options.setdefault("max_steps", 8)
     model, signal = RequestKeyedModel(script()), threading.Event()
     run = al.run_agent_loop(

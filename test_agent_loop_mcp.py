@@ -688,12 +688,14 @@ class TestTimeAndCancellation:
     def test_progress_does_not_extend_a_call_past_max_progress_timeouts(
         self, canned: Canned
     ) -> None:
-        with canned.server(timeout=0.1) as server:
-            steps = 10 * mcp.MAX_PROGRESS_TIMEOUTS
+        # Progress every 0.05 s, for twice as long as the cap: a timeout of 0.3 s leaves
+        # room for a busy machine's gaps, so that only the cap can end the call.
+        with canned.server(timeout=0.3) as server:
+            steps = 2 * mcp.MAX_PROGRESS_TIMEOUTS * 6
             result = call(server, "progress", {"steps": steps, "interval": 0.05})
             assert result.is_error
             waited = float(re.findall(r"within (\S+) s", result.content)[0])
-            assert waited >= mcp.MAX_PROGRESS_TIMEOUTS * 0.1
+            assert waited >= mcp.MAX_PROGRESS_TIMEOUTS * 0.3
 
     def test_progress_for_no_request_in_flight_is_ignored(self, canned: Canned) -> None:
         with canned.server() as server:
@@ -881,6 +883,8 @@ class TestProcess:
             )
             again = echo_through(tools)
             assert again.content.startswith("MCP tool 'echo': the server exited with status 3")
+            with pytest.raises(mcp.McpError, match="the server exited with status 3"):
+                server.tools()  # the kept list is not given: its tools cannot run
 
     def test_a_server_that_closes_its_output(
         self, canned: Canned, monkeypatch: pytest.MonkeyPatch
@@ -1276,6 +1280,20 @@ class TestHttp:
         with shortened(mcp.HttpServer(http_fake.url), 0.3) as server:
             assert "and was cancelled" in call(server, "slow").content
             assert wait_for(lambda: cancelled_from(http_fake.posted(), 3))
+
+    def test_a_read_that_times_out_leaves_the_request_to_its_wait(
+        self, http_fake: HttpFake
+    ) -> None:
+        """The socket's timeout and the request's deadline are the same length: whichever
+        comes first, the request ends as a timeout whose cancellation is sent."""
+        with shortened(mcp.HttpServer(http_fake.url), 0.3) as server:
+            pending = mcp._Pending(99, "tools/call", 10.0)  # no wait: only the POST
+            message = {"name": "slow", "arguments": {}}
+            body = json.dumps(
+                {"jsonrpc": "2.0", "id": 99, "method": "tools/call", "params": message}
+            )
+            assert server._post(body.encode(), pending) is None  # the read timed out
+            assert not pending.done.is_set()
 
     def test_requests_from_the_server_are_answered_by_post(self) -> None:
         with HttpFake("sse") as fake, mcp.HttpServer(fake.url) as server:

@@ -1,30 +1,39 @@
 """agent_loop_mcp.py against servers built with the official MCP SDK (``tox -e mcp``).
 
-The server (SDK_SERVER, written into tmp_path) is an ``MCPServer`` (the SDK's FastMCP) with
-typed tools: optionals, defaults, enums, nested models and bounds. It runs over stdio, and
-over Streamable HTTP on 127.0.0.1 and a free port. Every tool that runs appends its name to
-a file, so a test sees that an invalid call never ran the effect. Real runs go through
-run_agent_loop with a ScriptedModel that calls the server's tools. The tests skip where the
-SDK is not importable, unless ``AGENT_LOOP_REQUIRE_MCP=1`` (set by tox's mcp env) turns
-the skip into a failure.
+SDK_SERVER is an ``MCPServer`` (the SDK's FastMCP) with typed tools: optionals, defaults,
+enums, nested models and bounds. It runs over stdio, and over Streamable HTTP on
+127.0.0.1 and a free port. Each tool writes what it does to an effects file, one line
+each, and a middleware writes each ``notifications/cancelled`` the server receives, so a
+test sees that an invalid call never ran the effect and that a cancel reached the server.
+
+The SDK takes a second or more to import, so one server per transport serves the module
+and each test starts from an empty effects file; the tests that end a server (a crash,
+``close()``) start their own. Real runs go through run_agent_loop with a ScriptedModel
+that calls the server's tools. The tests skip where the SDK is not importable, unless
+``AGENT_LOOP_REQUIRE_MCP=1`` (set by tox's mcp env) turns the skip into a failure.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import shlex
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List
+from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 import pytest
 
 import agent_loop as al
+import agent_loop_cli as cli
 import agent_loop_mcp as mcp
-from loop_testing import free_port, run
+from loop_testing import AT_LIMIT, OVER_LIMIT, plain_copy, run
+from loop_testing_providers import Reply, answer_parts, eventually, free_port, serving
+from test_agent_loop_mcp import CANCEL_BOUND, alive
 
 _REQUIRED = os.environ.get("AGENT_LOOP_REQUIRE_MCP") == "1"
 _HAS_SDK = (
@@ -33,20 +42,30 @@ _HAS_SDK = (
 )
 
 SDK_SERVER = '''
-import enum, os, sys
+import enum, os, subprocess, sys
 from typing import List, Optional
 
 import anyio
 from pydantic import BaseModel, Field
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 
-server = MCPServer("typed")
 effects = sys.argv[2]
 
 
-def effect(name: str) -> None:
+def effect(what: str) -> None:
     with open(effects, "a") as log:
-        log.write(name + "\\n")
+        log.write(what + "\\n")
+
+
+async def told(ctx, call_next):
+    """Writes each notifications/cancelled the client sends, as the server received it."""
+    if ctx.method == "notifications/cancelled":
+        effect(f"told: cancelled {ctx.params['requestId']}: {ctx.params.get('reason')}")
+    return await call_next(ctx)
+
+
+server = MCPServer("typed", middleware=[told])
 
 
 class Unit(str, enum.Enum):
@@ -80,21 +99,34 @@ def ship(to: Address, parcels: List[Address] = []) -> dict:
 
 @server.tool()
 def fail(city: str) -> str:
+    """An anticipated failure: the SDK sends its text to the client."""
     effect("fail")
-    raise ValueError(f"the city {city} is unknown")
+    raise ToolError(f"the city {city} is unknown")
 
 
 @server.tool()
-async def slow(ctx: Context) -> str:
+def broken(city: str) -> str:
+    """An unexpected exception: the SDK keeps its text on the server."""
+    effect("broken")
+    raise ValueError(f"a secret about {city}")
+
+
+@server.tool()
+async def slow() -> str:
     effect("slow")
-    await anyio.sleep(60)
+    try:
+        await anyio.sleep(60)
+    except anyio.get_cancelled_exc_class():
+        effect("slow: cancelled")
+        raise
+    effect("slow: finished")
     return "too late"
 
 
 @server.tool()
-async def progress(ctx: Context, steps: int) -> str:
+async def progress(ctx: Context, steps: int, interval: float) -> str:
     for step in range(steps):
-        await anyio.sleep(0.1)
+        await anyio.sleep(interval)
         await ctx.report_progress(step + 1, steps)
     return "done"
 
@@ -109,15 +141,19 @@ def big(size: int) -> str:
     return "x" * size
 
 
-def added() -> str:
-    return "new"
+@server.tool()
+async def change(ctx: Context, name: str) -> str:
+    """Adds a tool of that name, and says the list changed."""
+    server.add_tool(lambda: "new", name=name)
+    await ctx.session.send_tool_list_changed()
+    return "changed"
 
 
 @server.tool()
-async def change(ctx: Context) -> str:
-    server.add_tool(added)
-    await ctx.session.send_tool_list_changed()
-    return "changed"
+def spawn() -> str:
+    """Starts a process that outlives this call; answers the server's pid and its own."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    return f"{os.getpid()} {child.pid}"
 
 
 if sys.argv[1] == "stdio":
@@ -126,8 +162,26 @@ else:
     server.run(transport="streamable-http", host="127.0.0.1", port=int(sys.argv[1]))
 '''
 
+TRANSPORTS = ("stdio", "http")
 
-@pytest.fixture(autouse=True)
+
+class Sdk:
+    """The server's script and its effects file, in a folder of their own."""
+
+    def __init__(self, folder: Path) -> None:
+        self.script = folder / "sdk_server.py"
+        self.script.write_text(SDK_SERVER, encoding="utf-8")
+        self.effects = folder / "effects.txt"
+
+    def ran(self) -> List[str]:
+        """What the server did (and was told) since the last reset, in order."""
+        return self.effects.read_text().splitlines() if self.effects.exists() else []
+
+    def reset(self) -> None:
+        self.effects.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
 def _sdk() -> None:
     if not _HAS_SDK:
         if _REQUIRED:
@@ -135,61 +189,95 @@ def _sdk() -> None:
         pytest.skip("the mcp SDK (Python >= 3.10) is not installed: run `tox -e mcp`")
 
 
-class Sdk:
-    def __init__(self, tmp_path: Path) -> None:
-        self.script = tmp_path / "sdk_server.py"
-        self.script.write_text(SDK_SERVER, encoding="utf-8")
-        self.effects = tmp_path / "effects.txt"
-
-    def ran(self) -> List[str]:
-        return self.effects.read_text().split() if self.effects.exists() else []
+@pytest.fixture(scope="module")
+def sdk(tmp_path_factory: pytest.TempPathFactory) -> Sdk:
+    return Sdk(tmp_path_factory.mktemp("sdk"))
 
 
-@pytest.fixture(params=["stdio", "http"])
-def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    sdk = Sdk(tmp_path)
-    if request.param == "stdio":
-        with mcp.StdioServer([sys.executable, str(sdk.script), "stdio", str(sdk.effects)]) as s:
-            s.sdk = sdk  # type: ignore[attr-defined]
-            yield s
-        return
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, str(sdk.script), str(port), str(sdk.effects)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
+@pytest.fixture(scope="module")
+def http_endpoint(_sdk: None, sdk: Sdk) -> Iterator[Callable[[], str]]:
+    """Starts SDK servers over HTTP (each on a free port), and stops each whatever happens."""
+    processes: List[subprocess.Popen[bytes]] = []
+
+    def start() -> str:
+        port = free_port()
+        process = subprocess.Popen(
+            [sys.executable, str(sdk.script), str(port), str(sdk.effects)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        processes.append(process)
         url = f"http://127.0.0.1:{port}/mcp"
         deadline = time.monotonic() + 30
-        while True:
+        while True:  # until it answers
             try:
                 with mcp.HttpServer(url, timeout=2) as probe:
                     probe.tools()
-                break
+                return url
             except mcp.McpError:
                 if time.monotonic() > deadline or process.poll() is not None:
                     raise
                 time.sleep(0.1)
-        with mcp.HttpServer(url) as s:
-            s.sdk = sdk  # type: ignore[attr-defined]
-            yield s
+
+    try:
+        yield start
     finally:
-        process.terminate()
-        try:
-            process.wait(5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        for process in processes:
+            process.terminate()
+            try:
+                process.wait(5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def connect(transport: str, sdk: Sdk, http_endpoint: Callable[[], str]) -> Any:
+    """A new server of that transport (for a with block, which opens its session)."""
+    if transport == "stdio":
+        return mcp.StdioServer([sys.executable, str(sdk.script), "stdio", str(sdk.effects)])
+    return mcp.HttpServer(http_endpoint())
+
+
+@pytest.fixture(scope="module", params=TRANSPORTS)
+def shared(
+    request: pytest.FixtureRequest, _sdk: None, sdk: Sdk, http_endpoint: Callable[[], str]
+) -> Iterator[Any]:
+    """The module's server of each transport."""
+    with connect(request.param, sdk, http_endpoint) as server:
+        yield server
+
+
+@pytest.fixture
+def server(shared: Any, sdk: Sdk) -> Any:
+    """The module's server, its effects file empty."""
+    sdk.reset()
+    return shared
+
+
+@pytest.fixture(params=TRANSPORTS)
+def own_server(
+    request: pytest.FixtureRequest, _sdk: None, sdk: Sdk, http_endpoint: Callable[[], str]
+) -> Iterator[Any]:
+    """A server of its own, for a test that ends it."""
+    sdk.reset()
+    with connect(request.param, sdk, http_endpoint) as server:
+        yield server
 
 
 def call(
     server: Any, name: str, arguments: Dict[str, Any], signal: Any = None
 ) -> al.ToolResultMessage:
+    """One call as the loop makes it: the arguments checked, then the tool executed."""
     tools = al.ToolRegistry(server.tools())
     return al.execute_tool_call(
         tools, al.ToolCall("c", name, arguments), signal or threading.Event()
     )
+
+
+def sdk_tool(server: Any, name: str) -> al.Tool:
+    tool = al.ToolRegistry(server.tools()).get(name)
+    assert tool is not None
+    return tool
 
 
 VALID = [
@@ -198,7 +286,10 @@ VALID = [
         "forecast",
         {"city": "Oslo", "days": 7, "unit": "fahrenheit", "note": "windy"},
         "Oslo: 7 day(s) in fahrenheit (windy)",
-        id="all-given",
+        id="all-given-maximum",
+    ),
+    pytest.param(
+        "forecast", {"city": "Oslo", "days": 1}, "Oslo: 1 day(s) in celsius", id="minimum"
     ),
     pytest.param(
         "forecast", {"city": "Oslo", "note": None}, "Oslo: 1 day(s) in celsius", id="null"
@@ -209,7 +300,7 @@ VALID = [
             "to": {"street": "Main", "zip_code": "12345"},
             "parcels": [{"street": "A", "zip_code": "00000"}],
         },
-        '{"street": "Main", "parcels": 1}',
+        {"street": "Main", "parcels": 1},
         id="nested",
     ),
 ]
@@ -221,6 +312,7 @@ INVALID = [
     pytest.param("forecast", {"city": "Oslo", "unit": "kelvin"}, id="not-in-enum"),
     pytest.param("forecast", {"city": 3}, id="wrong-type"),
     pytest.param("ship", {"to": {"street": "Main", "zip_code": "123"}}, id="nested-min-length"),
+    pytest.param("ship", {"to": {"street": "M", "zip_code": "123456"}}, id="nested-max-length"),
     pytest.param("ship", {"to": {"street": "Main"}}, id="nested-missing"),
     pytest.param("ship", {"to": {"street": "M", "zip_code": "12345"}, "parcels": [3]}, id="items"),
 ]
@@ -230,73 +322,126 @@ class TestTypedTools:
     """Every tool of a typed server can be built; invalid arguments never run the effect."""
 
     def test_every_tool_is_usable(self, server: Any) -> None:
-        names = {tool.name for tool in server.tools()}
-        assert {"forecast", "ship", "fail", "slow", "progress", "crash", "big", "change"} <= names
+        tools = {tool.name: tool for tool in server.tools()}
+        assert {"forecast", "ship", "fail", "broken", "slow", "crash", "big"} <= set(tools)
+        # The schemas are the server's, as pydantic wrote them.
+        forecast = plain_copy(tools["forecast"].parameters)
+        assert forecast["required"] == ["city"]
+        assert forecast["properties"]["days"] == {
+            "default": 1,
+            "maximum": 7,
+            "minimum": 1,
+            "title": "Days",
+            "type": "integer",
+        }
+        assert "$defs" in forecast
+        assert "$ref" in json.dumps(forecast["properties"]["unit"])
 
     @pytest.mark.parametrize(("name", "arguments", "content"), VALID)
     def test_valid_arguments(
-        self, server: Any, name: str, arguments: Dict[str, Any], content: str
+        self, server: Any, sdk: Sdk, name: str, arguments: Dict[str, Any], content: Any
     ) -> None:
         result = call(server, name, arguments)
         assert not result.is_error, result.content
-        assert result.content.replace(" ", "") == content.replace(" ", "")
-        assert server.sdk.ran() == [name]
+        if isinstance(content, dict):
+            # A dict result: the SDK's text block is its JSON, indented; the model reads it.
+            assert json.loads(result.content) == content
+        else:
+            assert result.content == content
+        assert sdk.ran() == [name]
 
     @pytest.mark.parametrize(("name", "arguments"), INVALID)
     def test_invalid_arguments_are_an_error_result(
-        self, server: Any, name: str, arguments: Dict[str, Any]
+        self, server: Any, sdk: Sdk, name: str, arguments: Dict[str, Any]
     ) -> None:
         result = call(server, name, arguments)
         assert result.is_error
-        assert server.sdk.ran() == []
+        assert result.content.startswith(f"invalid arguments for tool {name!r}: ")
+        assert sdk.ran() == []
 
-    def test_a_tool_error(self, server: Any) -> None:
-        result = call(server, "fail", {"city": "Atlantis"})
-        assert result.is_error
-        assert "the city Atlantis is unknown" in result.content
+    @pytest.mark.parametrize(("name", "arguments"), INVALID)
+    def test_the_server_refuses_them_too(
+        self, server: Any, sdk: Sdk, name: str, arguments: Dict[str, Any]
+    ) -> None:
+        """Past the loop's check (execute called directly), the SDK validates: the model
+        gets its words as an error, and the effect does not run either."""
+        with pytest.raises(al.ToolError, match=f"^Error executing tool {name}: .*validation"):
+            sdk_tool(server, name).execute(arguments, threading.Event())
+        assert sdk.ran() == []
 
-    def test_a_large_result_is_cut(self, server: Any) -> None:
-        result = call(server, "big", {"size": 100_000})
-        assert result.content.startswith("x" * mcp.MAX_RESULT_TEXT)
-        assert result.content.endswith(
-            f"{100_000 - mcp.MAX_RESULT_TEXT} more characters of this result were cut]"
-        )
+    @pytest.mark.parametrize(
+        ("name", "content"),
+        [
+            pytest.param(
+                "fail", "Error executing tool fail: the city Atlantis is unknown", id="ToolError"
+            ),
+            # The SDK sends no word of an unexpected exception, by design: its text (and
+            # traceback) stay on the server's stderr, which the client reads and drops.
+            pytest.param("broken", "Error executing tool broken", id="unexpected"),
+        ],
+    )
+    def test_a_tool_error(self, server: Any, sdk: Sdk, name: str, content: str) -> None:
+        result = call(server, name, {"city": "Atlantis"})
+        assert (result.content, result.is_error) == (content, True)
+        assert sdk.ran() == [name]
 
-    def test_progress(self, server: Any) -> None:
-        assert call(server, "progress", {"steps": 3}).content == "done"
+    @pytest.mark.parametrize("fits", [AT_LIMIT, OVER_LIMIT])
+    def test_a_large_result_is_cut(self, server: Any, fits: bool) -> None:
+        size = mcp.MAX_RESULT_TEXT if fits else 100_000
+        result = call(server, "big", {"size": size})
+        assert not result.is_error
+        if fits:
+            assert result.content == "x" * size
+        else:
+            assert result.content == "x" * mcp.MAX_RESULT_TEXT + (
+                f"\n[agent_loop_mcp: {size - mcp.MAX_RESULT_TEXT} more characters of this "
+                "result were cut]"
+            )
+
+    def test_progress_restarts_the_wait(self, server: Any) -> None:
+        """A call of 2 s whose server reports progress every 0.05 s ends well with a
+        timeout of 1.5 s: each notification starts the wait again."""
+        before = server.timeout
+        server.timeout = 1.5
+        try:
+            result = call(server, "progress", {"steps": 40, "interval": 0.05})
+        finally:
+            server.timeout = before
+        assert (result.content, result.is_error) == ("done", False)
 
     def test_the_tool_list_changes(self, server: Any) -> None:
-        assert "added" not in {tool.name for tool in server.tools()}
-        assert call(server, "change", {}).content == "changed"
-        deadline = time.monotonic() + 5
-        while "added" not in {tool.name for tool in server.tools()}:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        assert call(server, "added", {}).content == "new"
+        name = f"added_{type(server).__name__}"
+        assert name not in {tool.name for tool in server.tools()}
+        assert call(server, "change", {"name": name}).content == "changed"
+        # stdio: the notification came before the answer; HTTP lists at every call.
+        assert name in {tool.name for tool in server.tools()}
+        assert call(server, name, {}).content == "new"
 
-    def test_many_calls_from_threads(self, server: Any) -> None:
+    def test_many_calls_from_threads(self, server: Any, sdk: Sdk) -> None:
         tools = al.ToolRegistry(server.tools())
-        results: Dict[str, str] = {}
+        results: Dict[str, Tuple[str, bool]] = {}
 
         def worker(number: int) -> None:
-            for index in range(5):
+            for index in range(10):
                 city = f"c{number}-{index}"
                 tool_call = al.ToolCall(city, "forecast", {"city": city})
-                results[city] = al.execute_tool_call(tools, tool_call, threading.Event()).content
+                result = al.execute_tool_call(tools, tool_call, threading.Event())
+                results[city] = (result.content, result.is_error)
 
-        threads = [threading.Thread(target=worker, args=(n,)) for n in range(6)]
+        threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
-        assert results == {city: f"{city}: 1 day(s) in celsius" for city in results}
-        assert len(results) == 30
+        assert len(results) == 80
+        assert results == {city: (f"{city}: 1 day(s) in celsius", False) for city in results}
+        assert sdk.ran() == ["forecast"] * 80
 
 
 class TestRuns:
     """Real runs: run_agent_loop with a ScriptedModel that calls the server's tools."""
 
-    def test_a_run_calls_the_tools(self, server: Any) -> None:
+    def test_a_run_calls_the_tools(self, server: Any, sdk: Sdk) -> None:
         model = al.ScriptedModel(
             [
                 al.scripted_response(
@@ -304,22 +449,27 @@ class TestRuns:
                     [
                         al.ToolCall("c1", "forecast", {"city": "Oslo", "days": 2}),
                         al.ToolCall("c2", "forecast", {"city": "Oslo", "days": 99}),
+                        al.ToolCall("c3", "fail", {"city": "Atlantis"}),
                     ],
                     "toolCall",
                 ),
                 al.scripted_response("r2", [al.TextBlock("Rain.")], "stop"),
             ]
         )
-        _, result, _ = run(model, server.tools())
-        assert result.status == "completed"
-        first, second = result.messages[2], result.messages[3]
-        assert isinstance(first, al.ToolResultMessage)
-        assert isinstance(second, al.ToolResultMessage)
-        assert (first.content, first.is_error) == ("Oslo: 2 day(s) in celsius", False)
-        assert second.is_error
-        assert server.sdk.ran() == ["forecast"]
+        _, result, _ = run(model, server.tools(), tool_concurrency=3)
+        assert (result.status, result.final_text) == ("completed", "Rain.")
+        results = [
+            (m.content, m.is_error) for m in result.messages if isinstance(m, al.ToolResultMessage)
+        ]
+        assert results[0] == ("Oslo: 2 day(s) in celsius", False)
+        assert results[1][1]
+        assert results[1][0].startswith("invalid arguments for tool 'forecast': ")
+        assert results[2] == ("Error executing tool fail: the city Atlantis is unknown", True)
+        assert sorted(sdk.ran()) == ["fail", "forecast"]
 
-    def test_a_slow_tool_cancelled_mid_call(self, server: Any) -> None:
+    def test_a_slow_tool_cancelled_mid_call(self, server: Any, sdk: Sdk) -> None:
+        """The run ends cancelled within the bound, the server is told and stops the tool,
+        and the next call works."""
         signal = threading.Event()
         model = al.ScriptedModel(
             [
@@ -331,22 +481,96 @@ class TestRuns:
         fired: List[float] = []
 
         def cancel() -> None:
-            fired.append(time.monotonic())
-            signal.set()
+            # Once the tool runs on the server, the run is waiting for its answer.
+            if eventually(lambda: "slow" in sdk.ran()):
+                fired.append(time.monotonic())
+                signal.set()
 
-        timer = threading.Timer(0.5, cancel)
-        timer.start()
+        canceller = threading.Thread(target=cancel)
+        canceller.start()
         _, result, _ = run(model, tools, signal=signal)
         ended = time.monotonic()
-        timer.join()
+        canceller.join()
         assert result.status == "cancelled"
-        assert ended - fired[0] < 0.25
+        assert al.open_tool_calls(result.messages) == (al.ToolCall("c1", "slow", {}),)
+        assert ended - fired[0] < CANCEL_BOUND
+        assert eventually(lambda: "slow: cancelled" in sdk.ran())
+        told = [line for line in sdk.ran() if line.startswith("told: cancelled ")]
+        assert len(told) == 1
+        assert told[0].endswith(": the run was cancelled")
         assert call(server, "forecast", {"city": "Oslo"}).content == "Oslo: 1 day(s) in celsius"
+        assert "slow: finished" not in sdk.ran()
 
-    def test_a_server_that_crashes_mid_call(self, server: Any) -> None:
-        result = call(server, "crash", {})
+
+class TestEnds:
+    """A server that crashes, and a server closed with work in flight: each its own."""
+
+    def test_a_server_that_crashes_mid_call(self, own_server: Any) -> None:
+        result = call(own_server, "crash", {})
         assert result.is_error
-        if isinstance(server, mcp.StdioServer):
-            assert "the server exited with status 3" in result.content
-        else:  # the process behind the endpoint is gone with the connection
-            assert "the HTTP exchange failed" in result.content
+        if isinstance(own_server, mcp.StdioServer):
+            assert result.content == (
+                "MCP tool 'crash': tools/call did not finish: the server exited with status 3"
+            )
+        else:  # the process behind the endpoint is gone with the answer's stream
+            assert result.content == (
+                "MCP tool 'crash': tools/call: the answer ended before the response: the "
+                "server closed the stream or went away (resuming a stream is not supported)"
+            )
+        with pytest.raises(mcp.McpError):
+            own_server.tools()  # stdio: the session is lost; HTTP: nobody listens
+
+    @pytest.mark.parametrize("own_server", ["stdio"], indirect=True)
+    def test_no_process_outlives_close(self, own_server: Any, sdk: Sdk) -> None:
+        """close() with a call in flight: the call ends with an error result, and the
+        server and the process it started are gone."""
+        pids = [int(pid) for pid in call(own_server, "spawn", {}).content.split()]
+        assert all(alive(pid) for pid in pids)
+        results: List[al.ToolResultMessage] = []
+        caller = threading.Thread(target=lambda: results.append(call(own_server, "slow", {})))
+        caller.start()
+        assert eventually(lambda: "slow" in sdk.ran())
+        own_server.close()
+        caller.join()
+        assert results[0].is_error
+        assert results[0].content == (
+            "MCP tool 'slow': tools/call did not finish: the session was closed"
+        )
+        server_pid, child_pid = pids
+        assert not alive(server_pid)
+        # What the server started was sent SIGKILL, which takes a moment.
+        assert eventually(lambda: not alive(child_pid))
+
+
+class TestCommandLine:
+    """``python agent_loop_cli.py --mcp "COMMAND ARGS"`` with the SDK's server."""
+
+    def test_the_model_gets_the_servers_typed_tools(
+        self, sdk: Sdk, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        sdk.reset()
+        command = shlex.join([sys.executable, str(sdk.script), "stdio", str(sdk.effects)])
+        calls = [
+            ("c1", "forecast", {"city": "Oslo", "days": 2}),
+            ("c2", "forecast", {"city": "Oslo", "days": 8}),
+        ]
+        with serving() as model:
+            model.script(
+                Reply(answer_parts("openai", calls)), Reply(answer_parts("openai", ["Rain."]))
+            )
+            more = ["--model", "m", "--retries", "0", "--mcp", command, "Oslo?"]
+            status = cli.main(["--provider", "openai", "--base-url", model.url + "/v1", *more])
+            sent = {tool["function"]["name"]: tool["function"] for tool in model.body()["tools"]}
+        lines = capsys.readouterr().out.splitlines()
+        assert status == 0
+        assert lines[3:5] == [
+            '  3  tool.started      request-001 forecast({"city":"Oslo","days":2}) [c1]',
+            "  4  tool.finished     request-001 forecast ok: Oslo: 2 day(s) in celsius",
+        ]
+        assert lines[6].startswith(
+            "  6  tool.finished     request-001 forecast error: invalid arguments for tool "
+            "'forecast': "
+        )
+        assert sdk.ran() == ["forecast"]
+        assert {"add", "multiply", "weather", "forecast", "ship"} <= set(sent)
+        assert sent["forecast"]["parameters"]["properties"]["days"]["maximum"] == 7

@@ -8,15 +8,15 @@ read canned bytes through the models' public seam, ``transport=`` (``CannedTrans
 below), so the loop's own limit checks judge them. No test here opens a socket or starts
 a process: what needs one (connecting, timeouts, TLS, the default transport's failures,
 cancellation, closing, llmock) is in test_agent_loop_providers_connection.py, and the
-command line in test_agent_loop_cli.py. The event-stream builders are in loop_testing.py;
-the transport seam's builders are here, and the connection tests import them.
+command line in test_agent_loop_cli.py. The builders that both files use (event streams,
+the transport seam's ``Canned`` exchanges, ``settle_prompt``...) are in
+loop_testing_providers.py.
 """
 
 from __future__ import annotations
 
 import copy
 import email.utils
-import http
 import json
 import logging
 import re
@@ -24,13 +24,14 @@ import ssl
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type, Union, cast
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union, cast
 
 import pytest
 
 import agent_loop as al
 import agent_loop_providers as providers
-from loop_testing import (
+from loop_testing import add_tool
+from loop_testing_providers import (
     DONE,
     MESSAGE_START,
     OPENAI_REASONING_STREAM,
@@ -39,10 +40,15 @@ from loop_testing import (
     PROVIDERS,
     REASONING_USAGE,
     REQUEST_HISTORY,
+    ROLE,
     SPECS,
     STOP,
     AnswerItem,
-    add_tool,
+    AnyModel,
+    Attempt,
+    Canned,
+    CannedTransport,
+    Hurried,
     answer_parts,
     anthropic_delta,
     anthropic_end,
@@ -53,180 +59,24 @@ from loop_testing import (
     anthropic_text,
     anthropic_thinking,
     anthropic_tool,
+    assert_stream_error,
+    backoff_bounds,
+    canned_anthropic,
+    canned_model,
+    canned_openai,
     chunk_texts,
+    exchanges,
     in_pieces,
     openai_call,
     openai_chunk,
     openai_sent_call,
+    posted,
     request,
+    retry_logs,
     settle_prompt,
     sse,
     stream,
 )
-
-# --- The transport seam: canned exchanges, no socket ---------------------------------
-
-
-class Canned:
-    """A canned exchange: a head and scripted reads, no socket; what a Transport returns.
-
-    It records the request it answered (``url``, ``request_headers`` by lower-case name,
-    ``body`` as JSON), counts its reads and closes. Its transport raises ``failure``
-    instead of returning it, when there is one. Each ``read()`` returns the next part (or
-    raises it, when it is an error), then b"" (the end of the input).
-    """
-
-    def __init__(
-        self,
-        parts: Sequence[Union[bytes, providers.ProviderError]] = (),
-        *,
-        status: int = 200,
-        headers: Optional[Mapping[str, str]] = None,
-        failure: Optional[providers.ProviderError] = None,
-    ) -> None:
-        self.parts = list(parts)
-        self.status = status
-        self.reason = next((s.phrase for s in http.HTTPStatus if s.value == status), "")
-        given = {"Content-Type": "text/event-stream"} if headers is None else headers
-        self.headers = {name.lower(): value for name, value in given.items()}
-        self.failure = failure
-        self.reads = 0
-        self.closes = 0
-        self.url = ""
-        self.request_headers: Dict[str, str] = {}
-        self.body: Dict[str, Any] = {}
-
-    def read(self) -> bytes:
-        self.reads += 1
-        part = self.parts.pop(0) if self.parts else b""
-        if isinstance(part, providers.ProviderError):
-            raise part
-        return part
-
-    def close(self) -> None:
-        self.closes += 1
-
-    @property
-    def closed(self) -> bool:
-        return self.closes > 0
-
-
-Attempt = Union[Sequence[bytes], Canned]
-"""One attempt of a CannedTransport: the parts of a 200 event stream, or a Canned."""
-
-
-class CannedTransport:
-    """A Transport that answers each attempt with the next Canned exchange, in order."""
-
-    def __init__(self, *attempts: Attempt) -> None:
-        self.exchanges = [
-            attempt if isinstance(attempt, Canned) else Canned(attempt) for attempt in attempts
-        ]
-        self.opened = 0
-
-    def __call__(
-        self, url: str, headers: Mapping[str, str], body: bytes, signal: al.Signal
-    ) -> Canned:
-        exchange = self.exchanges[self.opened]
-        self.opened += 1
-        exchange.url = url
-        exchange.request_headers = {name.lower(): value for name, value in headers.items()}
-        exchange.body = json.loads(body)
-        if exchange.failure is not None:
-            raise exchange.failure
-        return exchange
-
-
-AnyModel = Union[providers.OpenAIChatModel, providers.AnthropicMessagesModel]
-
-
-def canned_openai(
-    *attempts: Attempt, model: str = "test-model", **arguments: Any
-) -> providers.OpenAIChatModel:
-    """An OpenAIChatModel on a CannedTransport of attempts (retries 0 unless given)."""
-    arguments.setdefault("retries", 0)
-    arguments.setdefault("base_url", "http://canned/v1")
-    return providers.OpenAIChatModel(model, transport=CannedTransport(*attempts), **arguments)
-
-
-def canned_anthropic(
-    *attempts: Attempt, model: str = "test-model", **arguments: Any
-) -> providers.AnthropicMessagesModel:
-    """An AnthropicMessagesModel on a CannedTransport of attempts (retries 0 unless given)."""
-    arguments.setdefault("retries", 0)
-    arguments.setdefault("base_url", "http://canned")
-    return providers.AnthropicMessagesModel(
-        model, transport=CannedTransport(*attempts), **arguments
-    )
-
-
-def canned_model(provider: str, *attempts: Attempt, **arguments: Any) -> AnyModel:
-    """The provider's canned model (canned_openai or canned_anthropic)."""
-    if provider == "openai":
-        return canned_openai(*attempts, **arguments)
-    return canned_anthropic(*attempts, **arguments)
-
-
-def exchanges(model: AnyModel) -> List[Canned]:
-    """The canned exchanges of a model on a CannedTransport, the ones not opened too."""
-    return cast(CannedTransport, model.transport).exchanges
-
-
-def posted(model: AnyModel, model_request: al.ModelRequest) -> Dict[str, Any]:
-    """What the model sends for a request, through its CannedTransport (which answers
-    it): url, headers (by lower-case name), body."""
-    provider = "openai" if isinstance(model, providers.OpenAIChatModel) else "anthropic"
-    exchanges(model).append(Canned(answer_parts(provider, ["Hi."])))
-    stream(model, model_request)
-    sent = exchanges(model)[-1]
-    return {"url": sent.url, "headers": sent.request_headers, "body": sent.body}
-
-
-def assert_stream_error(
-    result: al.RunResult,
-    *words: str,
-    kind: Type[providers.ProviderError] = providers.ProviderError,
-) -> providers.ProviderError:
-    """The run failed MODEL_STREAM_ERROR with a kind (a ProviderError, or a subclass) whose
-    message says words; the loop's message names the error's class."""
-    assert result.status == "failed"
-    assert result.error is not None
-    assert result.error.code == "MODEL_STREAM_ERROR"
-    error = result.error.exception
-    assert isinstance(error, kind), error
-    prefix = f"the model's stream raised {type(error).__name__}: "
-    assert result.error.message.startswith(prefix), result.error.message
-    for word in words:
-        assert word in result.error.message
-    return error
-
-
-class Hurried(threading.Event):
-    """A run's signal whose waits last at most 10 ms, each one recorded in ``waits``: the
-    retry tests wait for no backoff, and see the waits asked for."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.waits: List[Optional[float]] = []
-
-    def wait(self, timeout: Optional[float] = None) -> bool:
-        self.waits.append(timeout)
-        return super().wait(None if timeout is None else min(timeout, 0.01))
-
-
-def backoff_bounds(retried: int) -> Tuple[float, float]:
-    """The rule's bounds on the wait before retry number retried + 1 when the server says
-    none: 0.5 s doubled per retry, at most 8 s, shortened by a jitter of up to a quarter."""
-    full = min(0.5 * 2.0**retried, 8.0)
-    return 0.75 * full, full
-
-
-def logged_delay(line: str) -> float:
-    """The seconds a retry's log line says it waits."""
-    found = re.search(r"; retrying in (\S+) s$", line)
-    assert found is not None, line
-    return float(found.group(1))
-
 
 # --- Builders -----------------------------------------------------------------------
 
@@ -739,10 +589,10 @@ class TestRequests:
         assert body.get("stream_options") == sent
         assert ("stream_options" in body) is (sent is not None)
 
-    def test_anthropic_sends_each_turn_back_as_returned(self) -> None:
-        # Every block in its place: thinking with its signature (also when the thinking
-        # is empty), a redacted block with its data, each text block on its own, the
-        # tool uses.
+    def test_an_anthropic_thinking_block_is_sent_back_verbatim_before_tool_use(self) -> None:
+        """An Anthropic thinking block is sent back verbatim before tool_use: every block
+        of the turn in its place, thinking with its signature (also when the thinking is
+        empty), a redacted block with its data, each text block on its own, the tool uses."""
         turn = al.AssistantMessage(
             "message-r1",
             [
@@ -2554,17 +2404,6 @@ class TestTheTransportSeam:
         _, result = settle_prompt(canned_openai(Broken(status=401)))
         assert_stream_error(result, "answered HTTP 401 Unauthorized: (no body)")
 
-
-def retry_logs(caplog: pytest.LogCaptureFixture) -> List[str]:
-    """The retries the socket loop logged."""
-    return [
-        record.getMessage()
-        for record in caplog.records
-        if record.name == "agent_loop.providers" and record.levelno == logging.WARNING
-    ]
-
-
-ROLE = openai_chunk({"role": "assistant", "content": ""})  # a first chunk with no text
 
 # Answers that the server did not finish: the parts before the text (none: no chunk), the
 # unfinished end, and what the error says after the URL.

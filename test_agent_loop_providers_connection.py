@@ -3,16 +3,16 @@
 The layer tested here is the default transport (``transport=None``: the socket, the
 timeout, the cancellation watch) under the socket loop's retries. What needs a socket
 (connecting, timeouts, cancellation, TLS, retries over the network, HTTP failures,
-closing) runs against loop_testing's fixture server (a local ``http.server`` on 127.0.0.1
+closing) runs against loop_testing_providers' fixture server (a local ``http.server`` on 127.0.0.1
 and a free port, in a thread, started and stopped whatever happens), plain or TLS with a
 CA and certificates that the ``openssl`` command makes at test time (a missing openssl
 fails the TLS tests). Integration tests, marked ``llmock``, run both adapters through
 ``run_agent_loop`` against an ``llmock serve`` subprocess; they skip where llmock is not
 importable, unless ``AGENT_LOOP_REQUIRE_LLMOCK=1`` (set by tox's llmock env) turns the
 skip into a failure. No test reaches beyond 127.0.0.1. The wire formats themselves, and
-the retry rule on canned exchanges, are tested in test_agent_loop_providers.py (whose
-transport-seam builders this file imports), the command line in test_agent_loop_cli.py;
-the event-stream builders and the fixture server are in loop_testing.py.
+the retry rule on canned exchanges, are tested in test_agent_loop_providers.py, the
+command line in test_agent_loop_cli.py; the builders these files use, and the fixture
+server, are in loop_testing_providers.py.
 """
 
 from __future__ import annotations
@@ -47,42 +47,40 @@ import pytest
 
 import agent_loop as al
 import agent_loop_providers as providers
-from loop_testing import (
+from loop_testing_providers import (
     DONE,
     MESSAGE_START,
     OPENAI_TEXT_STREAM,
     OPENAI_TOOL_STREAM,
     PROVIDERS,
     REQUEST_HISTORY,
+    ROLE,
     SPECS,
     STOP,
+    AnyModel,
+    Hurried,
     Reply,
     Server,
     answer_parts,
     anthropic_end,
     anthropic_sent_result,
     anthropic_text,
+    assert_stream_error,
+    backoff_bounds,
+    canned_openai,
     chunk_texts,
     eventually,
     free_port,
     in_pieces,
+    logged_delay,
     openai_chunk,
+    posted,
     request,
+    retry_logs,
     serving,
     settle_prompt,
     sse,
     stream,
-)
-from test_agent_loop_providers import (
-    ROLE,
-    AnyModel,
-    Hurried,
-    assert_stream_error,
-    backoff_bounds,
-    canned_openai,
-    logged_delay,
-    posted,
-    retry_logs,
 )
 
 _WATCHER = "agent_loop_providers watch"
@@ -90,7 +88,7 @@ _BOUND = 10.0
 """Seconds any wait in a test may last at most: nothing hangs."""
 
 
-# --- The fixture server (loop_testing.serving) -----------------------------------------
+# --- The fixture server (loop_testing_providers.serving) -------------------------------
 
 
 @pytest.fixture

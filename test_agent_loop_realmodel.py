@@ -45,7 +45,7 @@ import pytest
 import agent_loop as al
 import agent_loop_providers as providers
 from agent_loop_replay import replay
-from loop_testing import free_port
+from loop_testing_providers import free_port
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _REQUIRED = os.environ.get("AGENT_LOOP_REQUIRE_REALMODEL") == "1"
@@ -433,6 +433,20 @@ class TestRealModel:
             assert re.fullmatch(_SHORT_ANSWER, result.final_text or ""), result.final_text
             assert result.usage == al.Usage()
             assert result.usage in (None, al.Usage())
+
+    def test_the_readmes_local_model_in_ten_lines_runs(
+        self, llama_server: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """The README's ask_local(), as a newcomer runs it (no grammar, no options), against
+        this server: the run completes with the model's text, and print_event printed one
+        line per event, the last the result."""
+        ask_local = readme_function("ask_local")
+        result = ask_local("Say hello.", base_url=llama_server + "/v1")
+        assert result.status == "completed", result.error
+        assert (result.final_text or "").strip()
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0].split()[:2] == ["0", "message.accepted"]
+        assert lines[-1].split()[:3] == [str(len(lines) - 1), "run.finished", "completed"]
 
     def test_a_forced_tool_call_reaches_the_tool_and_the_run_goes_on(
         self, llama_server: str

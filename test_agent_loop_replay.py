@@ -37,6 +37,7 @@ from loop_testing import (
     FakeModel,
     add_tool,
     call,
+    counter_tool,
     dicts_of,
     every_kind_of_tool,
     json_lines,
@@ -158,7 +159,7 @@ class TestExactReplay:
 
     def test_a_non_deterministic_tool_answers_as_recorded(self) -> None:
         script = [tool_turn("response-001", call("counter", "call-1", {})), stop("r2", "Done.")]
-        events, result = record_run(script)
+        events, result = record_run(script, tools=[counter_tool(42)])
         assert result.messages[2].content == "42"
         for _ in range(3):  # a ReplayedRun runs again and again, one run at a time
             assert_replays_exactly(events)
@@ -873,7 +874,7 @@ class TestJsonLines:
     def test_an_item_that_is_not_an_event_is_a_type_error_after_the_lines_before_it(
         self,
     ) -> None:
-        events, _ = record_run([stop("response-001")])
+        events, _ = record_run([stop("response-001", "The sum is 42.")])
         written = io.StringIO()
         with pytest.raises(TypeError) as refused:
             alr.dump_events([events[0], events[1].to_dict()], written)  # type: ignore[list-item]
@@ -894,7 +895,7 @@ class TestJsonLines:
     def test_a_line_that_holds_no_event_is_a_value_error_naming_it(
         self, line: str, message: str
     ) -> None:
-        events, _ = record_run([stop("response-001")])
+        events, _ = record_run([stop("response-001", "The sum is 42.")])
         written = io.StringIO()
         alr.dump_events(events, written)
         lines = written.getvalue().splitlines(keepends=True)

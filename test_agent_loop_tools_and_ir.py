@@ -1,17 +1,16 @@
 """Tests for agent_loop, the core, part two: what the loop uses after the model boundary,
-in the module's order. Tools (schemas, Tool.from_function, the registry,
+in the module's order. Tools (schemas, Tool.from_function's companion, the registry,
 execute_tool_call), the bounded plain JSON of a call's arguments, the message IR (frozen
 calls, copying and hashing, thinking and usage), its JSON codec (to_dict shapes, round
 trips, malformed dicts), and resumption (ScriptedModel.from_transcript, a run resumed after
 cancellation). Part one, test_agent_loop.py, tests the loop, the transcript and the model
 boundary; its docstring says how the suite is built (one ``al``, the builders and the one
-driver from loop_testing.py, one canonical test per rule, the ``hostile`` mark). This file
-uses ``from __future__ import annotations`` on purpose: Tool.from_function must read the
-string annotations that PEP 563 gives a user's module.
+driver from loop_testing.py, one canonical test per rule, the ``hostile`` mark).
+Tool.from_function's own tests are with its companion's, in test_agent_loop_functions.py.
 
 Contents, in the module's order
-    Tools: TestToolSchemas, TestToolFromFunction, TestToolRegistry, TestExecuteToolCall,
-        TestRecoverableExceptionsAreLogged, TestMisbehavingTools [hostile]
+    Tools: TestToolSchemas, TestToolFromFunctionNeedsItsCompanion, TestToolRegistry,
+        TestExecuteToolCall, TestRecoverableExceptionsAreLogged, TestMisbehavingTools [hostile]
     Bounded plain JSON: TestPlainJsonArguments
     Message IR: TestToolCallIsFrozen, TestCopyingAndHashing, TestThinkingBlocksAndUsage
     Interop and resumption: TestJsonShapes, TestRoundTrips, TestMalformedDicts,
@@ -22,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib.abc
 import json
 import logging
 import pickle
@@ -37,9 +37,7 @@ from typing import (
     Dict,
     Iterator,
     List,
-    Literal,
     Mapping,
-    Optional,
     Sequence,
     cast,
 )
@@ -48,12 +46,12 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 
 import agent_loop as al
+from loop_invariants import USAGE_FIELDS
 from loop_testing import (
     AT_LIMIT,
     NOT_PLAIN_JSON,
     NUMBERS,
     OVER_LIMIT,
-    USAGE_FIELDS,
     Custom,
     FakeModel,
     add_call,
@@ -334,39 +332,12 @@ def probe_with(parameters: Any) -> Callable[[], object]:
     return lambda: al.Tool("probe", "A tool.", parameters, ok)
 
 
-def add(left: float, right: float) -> float:
-    """Adds two numbers.
-
-    Both may be integers."""
-    return left + right
-
-
-async def fetch(url: str) -> str:
-    return url
-
-
-def from_source(source: str, future_annotations: bool = False) -> Callable[..., object]:
-    """The function ``f`` of a module made of this source, compiled with or without
-    PEP 563 (``from __future__ import annotations``), as a user's module would be."""
-    header = "from __future__ import annotations\n" if future_annotations else ""
-    namespace: Dict[str, Any] = {}
-    source = header + "from typing import *\nimport agent_loop as al\n" + source
-    exec(compile(source, "<user module>", "exec", dont_inherit=True), namespace)  # no PEP 563 here
-    function: Callable[..., object] = namespace["f"]
-    return function
-
-
 class Executor:
     def method(self, arguments: Dict[str, Any], signal: al.Signal) -> object:
         return "method"
 
     def __call__(self, arguments: Dict[str, Any], signal: al.Signal) -> object:
         return "callable object"
-
-
-def from_function(source: str, future_annotations: bool = False) -> Callable[[], object]:
-    """Builds a Tool from the function ``f`` of this source (see from_source)."""
-    return lambda: al.Tool.from_function(from_source(source, future_annotations))
 
 
 LONG_TEXT = "x" * (al.MAX_ARGUMENT_TEXT + 1)
@@ -378,7 +349,7 @@ ROOT_NOT_AN_OBJECT = (
 )
 
 
-# What Tool, ToolSpec and Tool.from_function refuse when they are built, and the words of the
+# What Tool and ToolSpec refuse when they are built, and the words of the
 # error that tell the row from the others.
 REFUSED_TOOLS: dict[str, tuple[Callable[[], object], type[Exception], str]] = {
     # The three shapes of a root that is no object schema get one message.
@@ -511,31 +482,6 @@ REFUSED_TOOLS: dict[str, tuple[Callable[[], object], type[Exception], str]] = {
                       "ToolSpec name must be a non-empty str, got 1"),
     "spec-description-None": (lambda: untyped.ToolSpec("x", None, OBJECT), TypeError,
                               "ToolSpec 'x': description must be a str, got NoneType"),
-    # Tool.from_function: a parameter it cannot pass by name, a hint it cannot resolve,
-    # anything but a plain function or method.
-    "no-hint": (from_function("def f(x): pass"), TypeError, "(f): parameter 'x' has no type hint"),
-    "*args": (from_function("def f(ok: int, *x: int): pass"), TypeError,
-              "parameter 'x' is variadic positional"),
-    "**kwargs": (from_function("def f(ok: int, **x: int): pass"), TypeError,
-                 "parameter 'x' is variadic keyword"),
-    "positional-only": (from_function("def f(x: int, /): pass"), TypeError,
-                        "parameter 'x' is positional-only"),
-    "positional-only-signal": (from_function("def f(signal, /): pass"), TypeError,
-                               "Tool.from_function(f): parameter 'signal' is positional-only"),
-    "unresolvable-hint": (from_function("def f(x: Undefined): pass", future_annotations=True),
-                          TypeError, "Tool.from_function: cannot resolve the type hints of f: "
-                          "NameError: name 'Undefined' is not defined"),
-    "builtin": (lambda: al.Tool.from_function(len), TypeError, "takes a function or a method, "),
-    "class": (lambda: al.Tool.from_function(int), TypeError, "takes a function or a method, got "),
-    "object": (lambda: al.Tool.from_function(Executor()), TypeError, "takes a function or a "),
-    # Its result would be a coroutine that nobody awaits: an error result each time.
-    "async": (lambda: al.Tool.from_function(fetch), TypeError,
-              "fetch is an async function, and the loop calls tools synchronously; give it a "
-              "plain def"),
-    "lambda-without-a-name": (lambda: al.Tool.from_function(lambda: "ok"), TypeError,
-                              "a lambda has no name of its own; give it name="),
-    "empty-name": (lambda: al.Tool.from_function(add, name=""), TypeError,
-                   "Tool name must be a non-empty str"),
 }  # fmt: skip
 
 
@@ -928,187 +874,37 @@ def undocumented(text: str) -> str:
     return text
 
 
-class Stations:
-    def weather(self, city: str) -> str:
-        """Reports the weather in a city."""
-        raise al.ToolError(f"No station in {city}.")
+class TestToolFromFunctionNeedsItsCompanion:
+    """Tool.from_function makes its tools with agent_loop_functions.py (whose tests are in
+    test_agent_loop_functions.py): without that file, an ImportError that says so; with a
+    companion that cannot import what it needs, that error as it is."""
 
+    def test_without_the_companion(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setitem(sys.modules, "agent_loop_functions", None)
+        with pytest.raises(ImportError) as raised:
+            al.Tool.from_function(undocumented)
+        assert str(raised.value) == (
+            "Tool.from_function needs agent_loop_functions.py beside agent_loop.py"
+        )
 
-def search(
-    query: str,
-    limit: int = 10,
-    exact: bool = False,
-    tags: Optional[List[str]] = None,
-    *,
-    order: Literal["asc", "desc"] = "asc",
-    signal: al.Signal,
-) -> Dict[str, Any]:
-    """Searches the notes."""
-    return {"query": query, "limit": limit, "tags": tags, "order": order, "set": signal.is_set()}
-
-
-SINCE_3_9 = pytest.mark.skipif(sys.version_info < (3, 9), reason="list[int] needs Python 3.9")
-SINCE_3_10 = pytest.mark.skipif(sys.version_info < (3, 10), reason="X | Y needs Python 3.10")
-
-
-STRING = {"type": "string"}
-INTEGER_OR_NULL = {"type": ["integer", "null"]}
-# Parameters, as source, and the schema each gets; both with and without PEP 563. A
-# parameter with a default is not required; Optional[X], and any parameter whose default is
-# None, admits null (the function then gets None).
-HINT_SCHEMAS: dict[str, Any] = {
-    "x: str": {"type": "string"},
-    "x: int": {"type": "integer"},
-    "x: float": {"type": "number"},
-    "x: bool": {"type": "boolean"},
-    "x: None": {"type": "null"},
-    "x: list": {"type": "array"},
-    "x: List": {"type": "array"},
-    "x: List[int]": {"type": "array", "items": {"type": "integer"}},
-    "x: List[List[str]]": {"type": "array", "items": {"type": "array", "items": STRING}},
-    "x: dict": {"type": "object"},
-    "x: Dict": {"type": "object"},
-    "x: Dict[str, Any]": {"type": "object"},
-    "x: Dict[str, int]": {"type": "object", "additionalProperties": {"type": "integer"}},
-    'x: Literal["a", "b"]': {"type": "string", "enum": ["a", "b"]},
-    "x: Literal[1, 2]": {"type": "integer", "enum": [1, 2]},
-    'x: Literal[1, "a"]': {"enum": [1, "a"]},
-    'x: Optional[Literal["a"]]': {"enum": ["a", None]},
-    'x: Optional[Literal["a"]] = None': {"enum": ["a", None]},
-    'x: Literal["a", None] = None': {"enum": ["a", None]},
-    "x: List[Literal[True]]": {"type": "array", "items": {"type": "boolean", "enum": [True]}},
-    "x: int = 3": {"type": "integer"},
-    "x: Optional[int]": INTEGER_OR_NULL,
-    "x: Optional[int] = None": INTEGER_OR_NULL,
-    "x: Union[None, int] = None": INTEGER_OR_NULL,
-    "x: int = None": INTEGER_OR_NULL,
-    "x: None = None": {"type": "null"},
-    "x: Optional[List[int]] = None": {"type": ["array", "null"], "items": {"type": "integer"}},
-    "x: List[Optional[int]]": {"type": "array", "items": INTEGER_OR_NULL},
-    "x: Optional[Dict[str, bool]] = None": {"type": ["object", "null"],
-                                            "additionalProperties": {"type": "boolean"}},
-    "x: Union[int, str]": {"anyOf": [{"type": "integer"}, STRING]},
-    "x: Union[int, str, None]": {"anyOf": [{"type": "integer"}, STRING, {"type": "null"}]},
-    "x: Union[int, str] = None": {"anyOf": [{"type": "integer"}, STRING, {"type": "null"}]},
-    "x: Union[List[str], Literal['a']]": {"anyOf": [{"type": "array", "items": STRING},
-        {"type": "string", "enum": ["a"]}]},
-}  # fmt: skip
-DEFAULT_OF = {"x: int = 3": 3, "x: Optional[int] = None": None, "x: Union[None, int] = None": None,
-              "x: int | None = None": None, "x: int = None": None, "x: None = None": None,
-              'x: Optional[Literal["a"]] = None': None, 'x: Literal["a", None] = None': None,
-              "x: Optional[List[int]] = None": None, "x: Union[int, str] = None": None,
-              "x: Optional[Dict[str, bool]] = None": None}  # fmt: skip
-NEWER_HINT_SCHEMAS = [
-    pytest.param("x: list[int]", {"type": "array", "items": {"type": "integer"}}, marks=SINCE_3_9),
-    pytest.param("x: dict[str, Any]", {"type": "object"}, marks=SINCE_3_9),
-    pytest.param("x: int | None = None", INTEGER_OR_NULL, marks=SINCE_3_10),
-    pytest.param("x: str | int", {"anyOf": [STRING, {"type": "integer"}]}, marks=SINCE_3_10),
-]
-
-
-# Hints with no JSON Schema here, and what the error says.
-UNEXPRESSIBLE_HINTS = [
-    ("Dict[int, str]", "Dict[int, str] has keys that are not str, as no JSON object has"),
-    ("Tuple[int, int]", "has no schema here; use str, int, float, bool, None, list, dict, "
-                        "Literal, or a Union or Optional of them"),
-    ("Any", "has no schema here"),
-    ("set", "has no schema here"),
-    ("Optional[set]", "has no schema here"),
-    ("al.Tool", "has no schema here"),
-    ('Literal[b"x"]', "Literal value b'x' is a bytes, not a JSON scalar"),
-]  # fmt: skip
-
-
-class TestToolFromFunction:
-    """Tool.from_function: the schema from the type hints, the description from the docstring;
-    a hint with no JSON Schema is a TypeError naming the parameter."""
-
-    def test_a_function_becomes_a_tool_named_and_described_by_it(self) -> None:
-        tool = al.Tool.from_function(add)
-        assert tool.description == "Adds two numbers.\n\nBoth may be integers."
-        assert tool.spec().to_dict()["parameters"] == NUMBERS
-        assert al.Tool.from_function(undocumented).description == ""
-        plus = al.Tool.from_function(add, name="plus", description="Sums.")
-        assert (plus.name, plus.description) == ("plus", "Sums.")
-        assert al.Tool.from_function(lambda: "ok", name="ok").name == "ok"
-
-    @pytest.mark.parametrize(
-        ("function", "arguments", "content", "is_error"),
-        [
-            # float means JSON number (an int argument is accepted); the result is JSON.
-            pytest.param(add, {"left": 20, "right": 22.5}, "42.5", False, id="function"),
-            pytest.param(undocumented, {"text": "as is"}, "as is", False, id="str-verbatim"),
-            pytest.param(Stations().weather, {"city": "Atlantis"}, "No station in Atlantis.", True,
-                         id="bound-method-raising-a-tool-error"),
-            # Small models send null for an optional argument they leave unset: a parameter
-            # whose default is None gets it; any other is refused, and so is a wrong type.
-            pytest.param(search, {"query": "q", "tags": None},
-                         '{"query":"q","limit":10,"tags":null,"order":"asc","set":false}', False,
-                         id="null-for-a-default-none"),
-            pytest.param(search, {"query": "q", "tags": ["a"]},
-                         '{"query":"q","limit":10,"tags":["a"],"order":"asc","set":false}', False,
-                         id="a-value-for-a-default-none"),
-            pytest.param(search, {"query": "q", "tags": "a"},
-                         "invalid arguments for tool 'search': $.tags must be array or null, got "
-                         "string", True, id="a-wrong-type-for-a-default-none"),
-            pytest.param(search, {"query": "q", "tags": [None]},
-                         "invalid arguments for tool 'search': $.tags[0] must be string, got "
-                         "null", True, id="null-in-a-list-of-str"),
-            pytest.param(search, {"query": "q", "limit": None},
-                         "invalid arguments for tool 'search': $.limit must be integer, got null",
-                         True, id="null-for-a-default-10"),
-            pytest.param(search, {"query": None},
-                         "invalid arguments for tool 'search': $.query must be string, got null",
-                         True, id="null-for-a-required-str"),
-        ],
-    )  # fmt: skip
-    def test_it_runs_and_its_return_value_is_the_result(
-        self, function: Any, arguments: Any, content: str, is_error: bool
+    def test_a_companion_that_cannot_import_what_it_needs(
+        self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        tool = al.Tool.from_function(function)
-        _, result, _ = run(one_call(tool.name, arguments), tools=[tool])
-        tool_result = only_tool_result(result)
-        assert (tool_result.content, tool_result.is_error) == (content, is_error)
+        class Broken(importlib.abc.MetaPathFinder):  # finds a companion that fails to import
+            def find_spec(self, name: str, *_: object) -> None:
+                if name == "agent_loop_functions":
+                    raise ModuleNotFoundError("No module named 'elsewhere'", name="elsewhere")
 
-    def test_defaults_keyword_only_and_signal(self) -> None:
-        """signal gets the run's signal and is not in the schema; defaults are not required."""
-        tool = al.Tool.from_function(search)
-        parameters = tool.spec().to_dict()["parameters"]
-        assert parameters["properties"] == {
-            "query": {"type": "string"},
-            "limit": {"type": "integer"},
-            "exact": {"type": "boolean"},
-            "tags": {"type": ["array", "null"], "items": {"type": "string"}},
-            "order": {"type": "string", "enum": ["asc", "desc"]},
-        }
-        assert (parameters["required"], parameters["additionalProperties"]) == (["query"], False)
-        returned = tool.execute({"query": "q", "order": "desc"}, threading.Event())
-        assert returned == {"query": "q", "limit": 10, "tags": None, "order": "desc", "set": False}
+        monkeypatch.setattr(sys, "meta_path", [Broken(), *sys.meta_path])
+        monkeypatch.delitem(sys.modules, "agent_loop_functions", raising=False)
+        with pytest.raises(ModuleNotFoundError) as raised:
+            al.Tool.from_function(undocumented)
+        assert raised.value.name == "elsewhere"
 
-    @pytest.mark.parametrize("future_annotations", [False, True], ids=["hints", "pep563"])
-    @pytest.mark.parametrize(
-        ("parameter", "schema"), [*HINT_SCHEMAS.items(), *NEWER_HINT_SCHEMAS], ids=lambda v: str(v)
-    )
-    def test_each_hint_and_its_schema(
-        self, parameter: str, schema: Any, future_annotations: bool
-    ) -> None:
-        function = from_source(f"def f({parameter}): return x", future_annotations)
-        tool = al.Tool.from_function(function)
-        assert plain_copy(tool.parameters["properties"]) == {"x": schema}
-        assert list(tool.parameters["required"]) == ([] if parameter in DEFAULT_OF else ["x"])
-        if parameter in DEFAULT_OF:
-            assert tool.execute({}, threading.Event()) == DEFAULT_OF[parameter]
-
-    @pytest.mark.parametrize("future_annotations", [False, True], ids=["hints", "pep563"])
-    @pytest.mark.parametrize(("hint", "says"), UNEXPRESSIBLE_HINTS)
-    def test_an_unexpressible_hint_is_a_type_error_naming_the_parameter(
-        self, hint: str, says: str, future_annotations: bool
-    ) -> None:
-        function = from_source(f"def f(ok: str, x: {hint}): pass", future_annotations)
-        with pytest.raises(TypeError) as raised:
-            al.Tool.from_function(function)
-        assert str(raised.value).startswith("Tool.from_function(f): parameter 'x': ")
-        assert says in str(raised.value)
+    def test_with_the_companion(self) -> None:
+        tool = al.Tool.from_function(undocumented, sequential=True)
+        assert (tool.name, tool.description, tool.sequential) == ("undocumented", "", True)
+        assert tool.execute({"text": "as is"}, threading.Event()) == "as is"
 
 
 def named_tool(name: str) -> al.Tool:
@@ -1314,8 +1110,9 @@ class TestRecoverableExceptionsAreLogged:
 
 @pytest.mark.hostile
 class TestMisbehavingTools:
-    """Seed: "A recoverable Tool error is still appended and sent to the next model
-    request; it does not end the run by itself.\""""
+    """Tools that misbehave in ways a row of test_agent_loop.py's TestRecoverableToolErrors
+    (the rule's canonical table) cannot write: a huge return value, a tool that drives its
+    own run."""
 
     def test_returning_a_huge_string_is_kept_verbatim(self) -> None:
         huge = "y" * 5_000_000
@@ -1375,7 +1172,9 @@ class TestPlainJsonArguments:
         good = al.ToolCall("call-probe-001", "probe", {"n": 1})
         bad = al.ToolCall("call-probe-002", "probe", make())  # construction never raises
         assert (bad.id, bad.name) == ("call-probe-002", "probe")
-        model = FakeModel(tool_turn("response-001", good, bad), stop("response-002"))
+        model = FakeModel(
+            tool_turn("response-001", good, bad), stop("response-002", "The sum is 42.")
+        )
         events, result, _ = run(model, tools=[probe_tool(received)])
         assert_failed(events, result, "MODEL_PROTOCOL_ERROR", "call-probe-002")
         assert_no_tool_ran(events, result, model, received)
@@ -1454,8 +1253,11 @@ class TestPlainJsonArguments:
                          "arguments must be a JSON object, got NoneType", id="None"),
         ],
     )  # fmt: skip
-    def test_they_fail_where_they_enter_and_no_tool_runs(self, make: Any, problem: str) -> None:
-        """From the model, in the start or given to execute_tool_call: it fails, never raises."""
+    def test_not_plain_arguments_fail_where_they_enter_naming_the_problem(
+        self, make: Any, problem: str
+    ) -> None:
+        """From the model, in the start or given to execute_tool_call: it fails, never
+        raises, and no tool runs."""
         ran: List[str] = []
         tool = no_arguments_tool("t", lambda a, s: ran.append("ran"))
         tool_call = make()
@@ -1598,7 +1400,7 @@ class TestToolCallIsFrozen:
 
         calls = [call("probe", "call-001", original), call("probe", "call-002", original)]
         tools = [no_arguments_tool("probe", execute)]
-        events, _, model = run([tool_turn("r1", *calls), stop("r2")], tools)
+        events, _, model = run([tool_turn("r1", *calls), stop("r2", "The sum is 42.")], tools)
         assert received == [original, original]
         assert model.requests[1].messages[1] == assistant("r1", *calls)
         chunks = [e.payload["chunk"] for e in events if e.type == "model.chunk"]
@@ -1652,7 +1454,7 @@ class TestCopyingAndHashing:
         ],
     )
     def test_results_events_requests_and_tools_copy_equal(self, duplicate: Any) -> None:
-        script = [tool_turn("r1", text("Adding."), add_call()), stop("r2")]
+        script = [tool_turn("r1", text("Adding."), add_call()), stop("r2", "The sum is 42.")]
         tool = al.Tool("add", "Adds two numbers.", NUMBERS, copy_echo)
         events, result, model = run(script, tools=[add_tool()])
         assert duplicate(result) == result
@@ -1761,13 +1563,19 @@ class TestThinkingBlocksAndUsage:
 # --- Interop and resumption -------------------------------------------------------------
 
 
+# Each value beside its JSON, both written out here.
+ADD_CALL = al.ToolCall("call-add-001", "add", {"left": 20, "right": 22})
 ADD_JSON = {"type": "toolCall", "id": "call-add-001", "name": "add",
     "arguments": {"left": 20, "right": 22}}  # fmt: skip
+USER = al.UserMessage("user-001", "Add 20 and 22.")
 USER_JSON = {"id": "user-001", "role": "user", "content": "Add 20 and 22."}
 DELTA_JSON = {"type": "text", "requestId": "request-001", "text": "Hi"}
 USAGE_JSON = {"input": 1, "output": 2}
 ADD_SPEC_JSON = {"name": "add", "description": "Adds two numbers.", "parameters": NUMBERS}
-ON_REQUEST = {"request_id": "request-001", "tool_call": add_call()}
+ON_REQUEST = {"request_id": "request-001", "tool_call": ADD_CALL}
+ADD_RESULT = al.ToolResultMessage(
+    "tool-result-call-add-001", "call-add-001", "add", '{"sum":42}', False
+)
 # Seed: {id: "tool-result-call-add-001", role: "toolResult", toolCallId: "call-add-001",
 # toolName: "add", content: '{"sum":42}', isError: false}
 RESULT_JSON = {"id": "tool-result-call-add-001", "role": "toolResult",
@@ -1779,13 +1587,13 @@ RESULT_JSON = {"id": "tool-result-call-add-001", "role": "toolResult",
 # seed's keys (Pi's for thinking and usage), optional keys absent when None or False.
 JSON_SHAPES: dict[str, tuple[Any, Dict[str, Any]]] = {
     "text-block": (al.TextBlock("hi"), {"type": "text", "text": "hi"}),
-    "tool-call": (add_call(), ADD_JSON),
-    "user": (user(), USER_JSON),
-    "assistant": (assistant("r", text("Adding."), add_call()),
+    "tool-call": (ADD_CALL, ADD_JSON),
+    "user": (USER, USER_JSON),
+    "assistant": (assistant("r", text("Adding."), ADD_CALL),
                   {"id": "message-r", "role": "assistant", "content": [{"type": "text",
                                                                         "text": "Adding."},
                                                                        ADD_JSON]}),
-    "tool-result": (add_result(), RESULT_JSON),
+    "tool-result": (ADD_RESULT, RESULT_JSON),
     "thinking": (al.ThinkingBlock("hmm"), {"type": "thinking", "thinking": "hmm"}),
     "thinking-signed": (SIGNED,
                         {"type": "thinking", "thinking": SIGNED.thinking,
@@ -1802,20 +1610,20 @@ JSON_SHAPES: dict[str, tuple[Any, Dict[str, Any]]] = {
     "text-delta": (al.TextDelta("request-001", "Hi"), DELTA_JSON),
     "thinking-delta": (al.ThinkingDelta("request-001", "Hm"),
                        {"type": "thinking", "requestId": "request-001", "thinking": "Hm"}),
-    "tool-call-chunk": (al.ToolCallChunk("request-001", add_call()),
+    "tool-call-chunk": (al.ToolCallChunk("request-001", ADD_CALL),
                         {"type": "toolCall", "requestId": "request-001", "toolCall": ADD_JSON}),
-    "response": (al.ModelResponse("r", "request-001", (add_call(),), "toolCall"),
+    "response": (al.ModelResponse("r", "request-001", (ADD_CALL,), "toolCall"),
                  {"id": "r", "requestId": "request-001", "content": [ADD_JSON],
                   "stopReason": "toolCall"}),
     "response-with-usage": (al.ModelResponse("r", "request-001", (), "stop", al.Usage(1, 2)),
                             {"id": "r", "requestId": "request-001", "content": [],
                              "stopReason": "stop",
                              "usage": USAGE_JSON}),
-    "request": (al.ModelRequest("request-001", (user(),), (add_tool().spec(),)),
+    "request": (al.ModelRequest("request-001", (USER,), (add_tool().spec(),)),
                 {"id": "request-001", "messages": [USER_JSON], "tools": [ADD_SPEC_JSON]}),
     "run-error": (al.RunError("MODEL_STREAM_ERROR", "boom"),
                   {"code": "MODEL_STREAM_ERROR", "message": "boom"}),
-    "completed": (al.RunResult("completed", (user(),), 1, final_text="Done."),
+    "completed": (al.RunResult("completed", (USER,), 1, final_text="Done."),
                   {"status": "completed", "messages": [USER_JSON], "steps": 1,
                    "finalText": "Done."}),
     "completed-empty-text-and-usage": (al.RunResult("completed", (), 1, final_text="",
@@ -1831,7 +1639,7 @@ JSON_SHAPES: dict[str, tuple[Any, Dict[str, Any]]] = {
     "cancelled-offset-3": (al.RunResult("cancelled", (), 2, request_sequence_start=3),
                            {"status": "cancelled", "messages": [], "steps": 2,
                             "requestSequenceStart": 3}),
-    "message.accepted": (al.Event(0, "message.accepted", {"message": user()}),
+    "message.accepted": (al.Event(0, "message.accepted", {"message": USER}),
                          {"sequence": 0, "type": "message.accepted",
                           "payload": {"message": USER_JSON}}),
     "model.chunk": (al.Event(1, "model.chunk", {"request_id": "request-001",
@@ -1841,7 +1649,7 @@ JSON_SHAPES: dict[str, tuple[Any, Dict[str, Any]]] = {
     "tool.started": (al.Event(2, "tool.started", ON_REQUEST),
                      {"sequence": 2, "type": "tool.started",
                       "payload": {"requestId": "request-001", "toolCall": ADD_JSON}}),
-    "tool.finished": (al.Event(3, "tool.finished", {**ON_REQUEST, "tool_result": add_result()}),
+    "tool.finished": (al.Event(3, "tool.finished", {**ON_REQUEST, "tool_result": ADD_RESULT}),
                       {"sequence": 3, "type": "tool.finished",
                        "payload": {"requestId": "request-001", "toolCall": ADD_JSON,
                                    "toolResult": RESULT_JSON}}),
@@ -1906,7 +1714,7 @@ RUNS_OF_EVERY_STATUS: dict[str, Callable[[], tuple[list[al.Event], al.RunResult,
     "failed": lambda: run([al.scripted_response("r1", [text("Hi")], "stop",
                                                 request_id="request-9")]),
     "maxSteps": lambda: run([tool_turn("r1", add_call())], [add_tool()], max_steps=1),
-    "request-ids-offset-3": lambda: run([stop("r1")], request_sequence_start=3),
+    "request-ids-offset-3": lambda: run([stop("r1", "The sum is 42.")], request_sequence_start=3),
 }  # fmt: skip
 
 
@@ -2316,8 +2124,9 @@ class TestResumeAfterCancellation:
                 untyped.resolve_open_tool_calls([user()], content)
 
     def test_an_unresolved_transcript_cannot_start_a_new_run(self) -> None:
-        """Seed: "An invalid starting transcript produces one run.finished event with a
-        failed INVALID_TRANSCRIPT result and never invokes the model." """
+        """A cancelled run's transcript, its call still open, is an invalid start until
+        resolve_open_tool_calls() answers the call (the rule's canonical test is
+        test_agent_loop.py's TestInvalidStartingTranscript)."""
         events, result, model = run([stop("response-003", "No.")], messages=CANCELLED)
         assert_failed(events, result, "INVALID_TRANSCRIPT", "call-slow-001")
         assert model.call_count == 0

@@ -33,18 +33,9 @@ import pytest
 import agent_loop as al
 import agent_loop_providers as providers
 import agent_loop_replay as alr
-from loop_testing import (
-    REPOSITORY,
-    SPECS,
-    check_run,
-    json_lines,
-    read_json_lines,
-    request,
-    run,
-    settle,
-    text,
-    types_of,
-)
+from loop_invariants import check_run
+from loop_testing import REPOSITORY, json_lines, read_json_lines, run, settle, text, types_of
+from loop_testing_providers import SPECS, request
 
 # --- The public names ---------------------------------------------------------------------
 
