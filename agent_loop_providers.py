@@ -4,197 +4,30 @@
 
 ``OpenAIChatModel`` posts to ``{base_url}/chat/completions`` (OpenAI, and every server
 that speaks its Chat Completions format: Ollama, llama.cpp, vLLM, LM Studio...) and
-``AnthropicMessagesModel`` posts to ``{base_url}/v1/messages``. Both implement the
-loop's ``Model`` protocol: ``stream(request, signal)`` returns a generator that yields
-``TextDelta``, ``ThinkingDelta`` and ``ToolCallChunk`` chunks as they arrive and
-returns the terminal ``ModelResponse``, with the provider's token counts as its
-``usage``. Any failure raises ``ProviderError`` from that generator, which the
-loop turns into a ``failed`` run with ``MODEL_STREAM_ERROR``; ``result.error.exception``
-is that ``ProviderError`` (with ``status``, ``retry_after`` and ``usage``) in the run's
-own result. It is None for the loop's protocol errors (``MODEL_PROTOCOL_ERROR``) and in a
-result read back with ``event_from_dict``: an exception is not part of the JSON.
+``AnthropicMessagesModel`` to ``{base_url}/v1/messages``. Both are the loop's ``Model``:
+``stream(request, signal)`` yields ``TextDelta``, ``ThinkingDelta`` and ``ToolCallChunk``
+chunks as they arrive and returns the ``ModelResponse``; a failure raises a
+``ProviderError`` from the generator, and the run fails ``MODEL_STREAM_ERROR``. What is
+sent, read, accepted, refused and retried is stated once, in the README's "Plugging in a
+real model"; how long answers are paced, in ``_Pacer``.
 
-Rules:
+Three layers, from the bytes up:
 
-- The transcript is converted exactly, both ways. A user message is a user turn; an
-  assistant message is one assistant turn. OpenAI: its text (blocks concatenated) and
-  its tool calls (arguments as JSON); a turn with only tool calls has
-  ``"content": ""`` (the spec allows null, but llama.cpp's and llama-cpp-python's servers
-  refuse null and a missing content; every server takes ""); its thinking is not sent
-  (servers differ: DeepSeek refuses ``reasoning_content`` in input, and the others do
-  not need it). Anthropic: its blocks in their order, as the API returned them: each
-  text block as a text block, each thinking block as
-  ``{"type": "thinking", "thinking", "signature"}`` (also when its thinking is empty),
-  each redacted one as ``{"type": "redacted_thinking", "data"}`` (its signature), each
-  tool call as ``tool_use``; the API checks that a turn is resent exactly (a tool_use
-  must follow its thinking). Not sent: an empty text block and a turn left with nothing
-  (the API refuses both), and a thinking block without a signature, None or ""
-  (thinking from another provider: the API refuses it, and it is not Claude's; the
-  adapter itself reads an empty ``signature_delta`` as none). A tool result is linked
-  to its call by the call's id as it is in the transcript. OpenAI: one ``tool``
-  message per result (the format has no error flag: the content says what went wrong).
-  Anthropic: consecutive results are merged into one user turn of ``tool_result``
-  blocks, each with its ``is_error``. ``request.tools`` become the provider's tool
-  definitions; ``system`` is the system prompt (the transcript has no system role). A
-  message's usage is never sent.
-- ``options`` is merged into the body last: a mapping, the same for every request, or
-  a function of the ``ModelRequest`` that returns that request's mapping (or None),
-  e.g. to force a tool while the request's last message is the user's. Either way it
-  must be plain JSON and may not set what the adapter owns (model, messages, stream,
-  tools; for Anthropic also system, max_tokens and thinking, which are arguments): a
-  mapping is checked when the model is built, a function's result for each request (a
-  bad one raises TypeError or ValueError from the stream, and the run fails
-  ``MODEL_STREAM_ERROR``). OpenAI: the body asks for usage with ``"stream_options":
-  {"include_usage": true}``; options may replace it, and ``"stream_options": None``
-  sends none (Mistral's API refuses the field with HTTP 422; the answer's usage is
-  then unknown, unless the server sends it anyway).
-- Thinking. Anthropic: ``thinking=None`` sends no thinking setting (the model's
-  default); a mapping is the API's own (``{"type": "enabled", "budget_tokens": 2048}``),
-  sent as it is; ``"adaptive"`` sends ``{"type": "adaptive"}``. A ``thinking`` block
-  streams as ``ThinkingDelta`` chunks (one per ``thinking_delta``, paced as text is: see
-  ``_Pacer``), and the response holds it as
-  ``ThinkingBlock(thinking, signature)``, the signature from its ``signature_delta``
-  (the last one, if several; None if none); a ``redacted_thinking`` block streams
-  nothing and is ``ThinkingBlock("", signature=data, redacted=True)``. OpenAI-compatible
-  servers: a delta's ``reasoning_content`` (llama.cpp, vLLM, DeepSeek), else (when that
-  is absent, null or "") its ``reasoning`` (OpenRouter: one of the two is read, so that
-  text sent under both names is not read twice), streams as ``ThinkingDelta`` chunks and
-  is a ``ThinkingBlock`` without a signature.
-- Streaming: text is yielded as ``TextDelta`` chunks, thinking as ``ThinkingDelta``
-  chunks, each tool call as one ``ToolCallChunk`` once its arguments are complete:
-  OpenAI, when the next call, text, thinking or the choice's finish arrives (the
-  format has no end-of-call marker); Anthropic, at its ``content_block_stop``. The
-  response holds the same blocks in the same order: Anthropic, each content block as
-  the provider numbered it (an empty text block is not kept); OpenAI, adjacent text
-  joined into one block and adjacent thinking into one, text, thinking and tool calls
-  being each other's boundaries. Its stop reason is ``toolCall`` when it holds calls,
-  else ``stop``, whatever the provider said (some servers say ``stop`` for tool calls).
-  Empty arguments (``""``, a tool without parameters) mean ``{}``.
-- Long answers fit the loop's limits (``MAX_STEP_CHUNKS`` chunks per step,
-  ``MAX_STEP_TEXT`` code points of text and, counted on their own, as many of thinking):
-  deltas are yielded as they arrive at first, then coalesced into growing chunks;
-  ``_Pacer`` states when, and how many tool calls fit beside the most text. An answer
-  with more text or thinking than ``MAX_STEP_TEXT``, or too many tool calls, still fails
-  the run with ``MODEL_PROTOCOL_ERROR``. The provider's token limit (``options={"max_tokens":
-  ...}``, Anthropic's ``max_tokens``) does not shorten a failing answer into a passing
-  one: an answer that reaches it is cut, and fails (see ``accept_truncated``).
-- Usage: the response's ``usage`` is what the provider reported, and None when it
-  reported nothing; a count it did not send is None, never 0. Anthropic: from
-  ``message_start``'s ``message.usage`` and ``message_delta``'s ``usage``, whose
-  counts are cumulative (the last value of each key wins): ``input_tokens``,
-  ``output_tokens``, ``cache_read_input_tokens`` (``cache_read_tokens``) and
-  ``cache_creation_input_tokens`` (``cache_write_tokens``); Anthropic's input count
-  already leaves the cache out. OpenAI: from the last chunk that has a ``usage``
-  object (the one after the finish, whose choices list is empty): ``input_tokens`` is
-  ``prompt_tokens`` less ``prompt_tokens_details.cached_tokens`` (which includes
-  them), ``cache_read_tokens`` is ``cached_tokens``, ``output_tokens`` is
-  ``completion_tokens`` and ``reasoning_tokens`` is
-  ``completion_tokens_details.reasoning_tokens``; nothing reports cache writes. A count
-  that is not an int >= 0 (or cached tokens above the prompt's) is a malformed event.
-  An answer that fails after the provider reported usage (cut, refused, broken) carries
-  it as the ``ProviderError``'s ``usage``: an OpenAI answer cut by ``length`` or
-  ``content_filter`` fails at ``[DONE]`` (or the end of the input), once the usage chunk
-  after the finish was read. A retried attempt's usage is not kept anywhere.
-- Ids are unique in the transcript, whatever the provider sends (some servers send
-  ``call_0`` in every response), and deterministic, so a recorded run replays exactly.
-  The response to ``request-NNN`` (an id the loop makes: ``al.request_number()``) is
-  ``response-NNN``, and to another request id ``response-`` + that id. A tool call
-  keeps the provider's id when that id is a non-empty string that the transcript and
-  this response do not use yet; otherwise it
-  is ``<response id>-call-<n>``, where n is the call's position among the response's
-  calls (1 for the first, 2 for the second...). Either id takes the first free suffix
-  ``-2``, ``-3``... when it is taken. The transcript's ids are what later requests
-  send back to the provider.
-- Completeness is decided by the wire format, not the socket. Anthropic: an answer is
-  complete when ``message_stop`` arrives with every content block stopped (a block still
-  open at ``message_stop`` was cut, and is a malformed event). OpenAI: when ``data:
-  [DONE]`` arrives after choice 0's ``finish_reason`` (null and "" are none): a server
-  that interrupts a stream sends ``[DONE]`` without one (llama-cpp-python's does, when
-  another request arrives), so ``[DONE]`` alone is an incomplete answer, unless
-  ``require_finish_reason=False`` (for a server that never sends a finish_reason). The
-  end of the input before the marker is an incomplete answer, and ``response()``
-  refuses an answer without its marker; an incomplete answer is retried like a broken
-  connection, and its error names the marker, the missing finish_reason and the URL.
-  A ``ProviderError`` names what happened for each of: an HTTP
-  status >= 400 (the status, the provider's own error text, Retry-After), another status
-  outside 200-299 (the status, and the Location of a redirect, which is neither followed
-  nor retried), an answer in JSON instead of an event stream, a connection that cannot be
-  made (the address and the cause: the name lookup, the TCP connection, a TLS
-  certificate that did not verify...), no byte for ``timeout`` seconds, a stream that
-  ends before its marker, an error event in the stream (OpenAI-compatible servers send
-  ``data: {"error": ...}``; Anthropic sends ``event: error``), a malformed event (JSON
-  nested too deeply to read is one), tool-call arguments that are not a JSON object, and
-  an answer the provider says was cut: OpenAI ``finish_reason`` ``length`` or
-  ``content_filter``; Anthropic ``stop_reason`` ``max_tokens``, ``refusal``,
-  ``pause_turn`` or ``model_context_window_exceeded``.
-- ``accept_truncated=True`` accepts an answer cut by the token limit (OpenAI
-  ``length``, Anthropic ``max_tokens``) when its last block is text: the answer so far
-  is the model's answer, and a warning is logged. Its stop reason is what any answer's
-  is: ``toolCall`` when it holds complete tool calls before the text (the loop runs
-  them), else ``stop``. An answer cut while a tool call was being written, or with no
-  text, a refusal, a content filter, or any other cut still fails.
-- Retries: ``retries`` (default 2, as the official SDKs; 0 turns them off) more
-  attempts are made for a transient failure before the first chunk of the answer was
-  yielded, and only then (once the loop reported a chunk, a failure fails the run).
-  Transient: a connection that cannot be made, or that breaks or times out (before the
-  response's head or after it); a stream that ends before the answer is complete (no
-  end marker, or OpenAI's ``[DONE]`` without a finish_reason); HTTP 408, 409, 429 and
-  500-599 (Anthropic's 529 included); and an Anthropic ``overloaded_error`` event. Not
-  retried: another status, an answer in JSON, a malformed event, another error event,
-  a cut answer, a certificate that does not verify, a cancellation. The wait
-  is what the server says (``retry-after-ms``, else ``retry-after`` in seconds or as
-  an HTTP date), else an exponential backoff: 0.5 s, doubling, at most 8 s, each
-  shortened by a random jitter of up to a quarter. A Retry-After of more than 60 s is
-  not waited for: the run fails with that error at once (``retry_after`` kept). The
-  wait is ``signal.wait(delay)``, so a signal set during it ends the run
-  ``cancelled`` at once. Each retry is logged (warning) on the ``agent_loop.providers``
-  logger, with the attempt, the cause and the delay; the module adds no handler. The
-  error of the last attempt fails the run, its message saying how many retries were
-  made.
-- Dropped, as not part of an answer: comment lines and ``id:``/``retry:`` fields of the
-  event stream, and an event still open at the end of the input; OpenAI choices other
-  than index 0, the rest of a usage object (``total_tokens``...), and delta fields
-  other than ``content``, ``refusal`` (kept as text: it is the answer),
-  ``reasoning_content``, ``reasoning`` and ``tool_calls`` (e.g. ``role``,
-  ``reasoning_details``); Anthropic ``ping``, unknown event types, the rest of
-  ``message_start`` (model, id...) and of ``message_delta`` (stop sequence, server tool
-  counts...), and content blocks other than ``text``, ``thinking``,
-  ``redacted_thinking`` and ``tool_use`` (server tools...) with their deltas, and
-  deltas of other types (citations...). Dropped means read, checked as JSON, and not
-  kept anywhere: no chunk, no block, no log. Events after the end marker are not
-  read: the connection is closed.
-- Cancellation is watched from the first byte to the last: the name lookup runs in a
-  daemon thread that the stream waits for in slices of 50 ms (``getaddrinfo`` cannot
-  be interrupted: a lookup that hangs is left to end on its own), the TCP connection
-  and the TLS handshake are made without blocking, in slices of 50 ms, and once the
-  request is sent a watcher thread waits on the signal (in slices of 50 ms, so that it
-  ends with the stream) and shuts the socket down when it is set, so the blocked read
-  returns at once. A signal set at any point ends the step ``cancelled`` within about
-  50 ms. The connection is closed whichever way the step ends, the consumer's
-  ``close()`` included, and the watcher ends with it.
-- ``timeout`` bounds each wait: the name lookup, each connection attempt, the TLS
-  handshake, and every wait for a byte of the response.
-- ``max_concurrency=N``: at most N answers of one model object stream at once, across
-  threads and runs (a server with one slot, such as llama-cpp-python's, interrupts a
-  stream when another request arrives). A slot is taken before each attempt connects
-  and given back when its stream ends, fails or is closed (the consumer's ``close()``,
-  a cancelled run); a retry's wait holds none. The wait for a slot looks at the signal
-  every 50 ms: a signal set meanwhile ends the step ``cancelled`` and nothing is sent.
-  None (the default) sets no limit.
-- HTTPS: ``ssl_context=None`` uses ``ssl.create_default_context()``, which verifies
-  the server's certificate against the system's CAs and its host name; pass an
-  ``ssl.SSLContext`` for a private CA.
-- ``api_key=None`` reads ``OPENAI_API_KEY`` or ``ANTHROPIC_API_KEY`` at request time; with
-  no key, none is sent (local servers need none).
-
-The wire formats are sans-IO: ``_ServerEvents`` turns received bytes into server-sent
-events (``feed(b"")`` is the end of the input), ``_OpenAIAnswer`` and
-``_AnthropicAnswer`` turn those into the model's chunks, then its response (blocks and
-usage), and decide completeness, ``_head_error()`` reads the status and headers that
-decide an error, ``_retry_after()`` reads the Retry-After headers, and
-``_openai_body()`` / ``_anthropic_body()`` turn a request into a body, all testable
-from values alone. ``_Pacer`` is the coalescing policy.
-``_Exchange`` is the one place with a socket, the timeout and the cancellation watch.
+- The wire formats, sans-IO (h11's way: bytes in, events out, no socket, no policy):
+  ``openai_request_body()`` and ``anthropic_request_body()`` make a request's body,
+  ``check_response_head()`` reads the response's status and headers,
+  ``ServerSentEvents`` turns bytes into events, and ``OpenAIAnswer`` and
+  ``AnthropicAnswer`` turn bytes into the model's chunks, then its response. What they
+  refuse is a ``ProviderProtocolError`` (malformed or incomplete bytes) or a
+  ``ProviderError`` (what the provider said: an HTTP error, an error event, a cut answer).
+- The transport: a ``Transport`` sends the request and returns the ``Exchange``, the
+  response's head and then its body, bytes at a time. The default (``transport=None``)
+  is ``_Exchange``, the one place with a socket: http.client on a socket made here, the
+  timeout and the cancellation watch. What fails on the network is a
+  ``ProviderConnectionError``.
+- The socket loop, ``stream()``: attempts around those two, each in a
+  ``max_concurrency`` slot. It alone decides whether another attempt is made, from the
+  error's type and status (``_transient()``), and it alone logs.
 
 The command line, an agent with a few small tools against any endpoint, is the
 companion ``agent_loop_cli.py``: ``python agent_loop_cli.py --help``.
@@ -204,9 +37,11 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import copy
 import datetime
 import email.utils
 import errno
+import functools
 import http.client
 import itertools
 import json
@@ -232,6 +67,7 @@ from typing import (
     List,
     Mapping,
     Optional,
+    Protocol,
     Set,
     Tuple,
     Type,
@@ -243,10 +79,32 @@ import agent_loop as al
 
 __version__ = "1.3.0"
 
-__all__ = ["OpenAIChatModel", "AnthropicMessagesModel", "ProviderError"]
+__all__ = [
+    # The models
+    "OpenAIChatModel",
+    "AnthropicMessagesModel",
+    # What fails
+    "ProviderError",
+    "ProviderConnectionError",
+    "ProviderProtocolError",
+    # The transport seam
+    "Transport",
+    "Exchange",
+    # The wire formats, sans-IO, in the order an exchange uses them
+    "openai_request_body",
+    "anthropic_request_body",
+    "ANTHROPIC_VERSION",
+    "check_response_head",
+    "ServerSentEvent",
+    "ServerSentEvents",
+    "MAX_EVENT_SIZE",
+    "OpenAIAnswer",
+    "AnthropicAnswer",
+]
 
-# Retries and accepted cut answers are logged; a child of the loop's logger, which has a
-# NullHandler: nothing is printed unless the application configures logging.
+# Retries and accepted cut answers are logged, by stream() only; a child of the loop's
+# logger, which has a NullHandler: nothing is printed unless the application configures
+# logging.
 _logger = logging.getLogger("agent_loop.providers")
 
 
@@ -254,6 +112,9 @@ _logger = logging.getLogger("agent_loop.providers")
 
 ANTHROPIC_VERSION: Final = "2023-06-01"
 """The ``anthropic-version`` header: the Messages API version this adapter speaks."""
+MAX_EVENT_SIZE: Final = 1 << 20
+"""Most characters in one line, or in one event's data, of an event stream (1 MiB): a
+server that never ends a line or an event cannot fill the memory."""
 _MAX_TOKENS: Final = 4096
 """Anthropic's ``max_tokens`` when none is given (the API requires one)."""
 _USER_AGENT: Final = f"agent_loop_providers/{__version__}"
@@ -264,8 +125,6 @@ _WATCH_INTERVAL: Final = 0.05
 """Seconds between two looks at the signal: cancellation closes within about this."""
 _ERROR_BODY_LIMIT: Final = 65_536
 """Most bytes of an error response read for its message."""
-_EVENT_LIMIT: Final = 1 << 20
-"""Most characters in one line, or in one event's data, of an event stream (1 MiB)."""
 _EXCERPT: Final = 200
 """Most characters of a body or an event quoted in an error message."""
 _PACED_FROM: Final = al.MAX_STEP_CHUNKS // 2
@@ -309,7 +168,7 @@ _TOKEN_LIMITS: Final = frozenset({"length", "max_tokens"})
 """The cuts that ``accept_truncated`` may accept: the answer's token limit."""
 
 
-# --- Public classes -----------------------------------------------------------------
+# --- Public classes: what fails -------------------------------------------------------
 
 
 class ProviderError(Exception):
@@ -318,14 +177,18 @@ class ProviderError(Exception):
     ``status`` is the HTTP status when the provider answered with one outside 200-299
     (>= 400, or a redirect...), else None.
     ``retry_after`` is the provider's Retry-After in seconds, when it sent one, else None.
+    ``error_type`` is the provider's own name for its error, the ``type`` of the error
+    object in an error body or an error event (``overloaded_error``,
+    ``rate_limit_error``...), when it named one, else None.
     ``usage`` is the ``Usage`` the provider reported for the answer that then failed (it
     may bill a cut, broken or refused answer), else None; ``RunResult.usage`` counts
     only the responses a run appended, so a failed answer's cost is here alone.
-    """
 
-    # Whether a retry may help (a connection failure, a retried status, an overload, a
-    # stream that ended too soon): set where the error is made, read by stream() only.
-    _transient = False
+    A ``ProviderError`` itself is what the provider said (an HTTP error, an error event,
+    a cut answer), a certificate that did not verify, or a cancellation; its subclasses
+    say what else failed: ``ProviderConnectionError`` (the network) and
+    ``ProviderProtocolError`` (the bytes).
+    """
 
     def __init__(
         self,
@@ -333,12 +196,88 @@ class ProviderError(Exception):
         *,
         status: Optional[int] = None,
         retry_after: Optional[float] = None,
+        error_type: Optional[str] = None,
         usage: Optional[al.Usage] = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.retry_after = retry_after
+        self.error_type = error_type
         self.usage = usage
+
+
+class ProviderConnectionError(ProviderError):
+    """The network failed: a connection that could not be made, that broke, or that sent
+    nothing for ``timeout`` seconds. What a transport raises when another attempt may
+    meet something else."""
+
+
+class ProviderProtocolError(ProviderError):
+    """The bytes are not a complete answer: malformed, or incomplete.
+
+    Malformed: not UTF-8, a line or an event over ``MAX_EVENT_SIZE``, data that is not a
+    JSON object, an event out of place, a field of the wrong type, tool-call arguments
+    that are not a JSON object, an answer in JSON instead of an event stream.
+    ``incomplete`` is True when the bytes ended before the answer did (no end marker, or
+    OpenAI's ``[DONE]`` without a ``finish_reason``): what came was right, as far as it
+    went. ``status`` and ``retry_after`` are None.
+    """
+
+    def __init__(
+        self, message: str, *, incomplete: bool = False, usage: Optional[al.Usage] = None
+    ) -> None:
+        super().__init__(message, usage=usage)
+        self.incomplete = incomplete
+
+
+# --- Public classes: the transport seam -----------------------------------------------
+
+
+class Exchange(Protocol):
+    """One request's response as a transport returns it: its head read, its body to read.
+
+    ``read()`` returns the next bytes of the body as soon as there are any, and b"" at
+    its end; it raises ``ProviderConnectionError`` when the connection breaks or sends
+    nothing for too long, and ``ProviderError`` once the run's signal is set (a
+    cancellation). ``close()`` ends the exchange whatever its state; it may be called
+    more than once.
+    """
+
+    @property
+    def status(self) -> int:
+        """The response's HTTP status."""
+
+    @property
+    def reason(self) -> str:
+        """The status line's reason phrase ("" when there is none)."""
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """The response's headers, by lower-case name."""
+
+    def read(self) -> bytes:
+        """The next bytes of the body, as soon as there are any; b"" at its end."""
+
+    def close(self) -> None:
+        """Closes the connection; safe at any point, more than once."""
+
+
+class Transport(Protocol):
+    """What a model sends its requests with: ``transport(url, headers, body, signal)``.
+
+    It POSTs ``body`` (bytes) to ``url`` with ``headers``, reads the response's head and
+    returns the ``Exchange``; each attempt calls it once. It watches ``signal`` (the
+    run's: a ``threading.Event`` or the like). It raises ``ProviderConnectionError`` for
+    a connection that cannot be made or that fails before the head, and
+    ``ProviderError`` for what another attempt would meet again (a certificate that does
+    not verify) or for a cancellation; when it raises, it has closed what it opened.
+    It makes no decision on the response's status: the model does.
+    """
+
+    def __call__(
+        self, url: str, headers: Mapping[str, str], body: bytes, signal: al.Signal, /
+    ) -> Exchange:
+        """Sends the request and returns the exchange, its head read."""
 
 
 _Block = Union[al.TextBlock, al.ThinkingBlock, al.ToolCall]
@@ -349,6 +288,9 @@ _DeltaKind = Type[Union[al.TextDelta, al.ThinkingDelta]]
 
 _Options = Union[Mapping[str, Any], Callable[[al.ModelRequest], Optional[Mapping[str, Any]]], None]
 """What ``options`` may be: one mapping for every request, or a function of the request."""
+
+
+# --- Public classes: the models, and the socket loop they share ---------------------
 
 
 class _StreamingModel:
@@ -369,26 +311,23 @@ class _StreamingModel:
         ssl_context: Optional[ssl.SSLContext],
         accept_truncated: bool,
         max_concurrency: Optional[int],
+        transport: Optional[Transport],
     ) -> None:
-        if not isinstance(model, str):
-            raise TypeError(f"model must be a str, got {type(model).__name__}")
-        if not model:
-            raise ValueError("model must name the provider's model, got ''")
-        self.model = model
+        self.model = _checked_model(model)
         self.base_url = _checked_base_url(base_url)
         if api_key is not None and not isinstance(api_key, str):
             raise TypeError(f"api_key must be a str or None, got {type(api_key).__name__}")
         self.api_key = api_key
-        if system is not None and not isinstance(system, str):
-            raise TypeError(f"system must be a str or None, got {type(system).__name__}")
-        self.system = system
+        self.system = _checked_system(system)
         if not isinstance(timeout, (int, float)) or isinstance(timeout, bool):
             raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
         if not (math.isfinite(timeout) and timeout > 0):
             raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
         self.timeout = float(timeout)
         self.options: Union[Dict[str, Any], Callable[[al.ModelRequest], Any]] = (
-            options if callable(options) else _checked_options(options, self._owned_keys)
+            options
+            if callable(options)
+            else _checked_options(options, self._owned_keys, or_function=True)
         )
         if not isinstance(retries, int) or isinstance(retries, bool):
             raise TypeError(f"retries must be an int, got {type(retries).__name__}")
@@ -400,11 +339,7 @@ class _StreamingModel:
                 f"ssl_context must be an ssl.SSLContext or None, got {type(ssl_context).__name__}"
             )
         self.ssl_context = ssl_context
-        if not isinstance(accept_truncated, bool):
-            raise TypeError(
-                f"accept_truncated must be a bool, got {type(accept_truncated).__name__}"
-            )
-        self.accept_truncated = accept_truncated
+        self.accept_truncated = _checked_bool(accept_truncated, "accept_truncated")
         if max_concurrency is not None and (
             not isinstance(max_concurrency, int) or isinstance(max_concurrency, bool)
         ):
@@ -416,9 +351,12 @@ class _StreamingModel:
         self.max_concurrency = max_concurrency
         # The model object's slots, shared by every thread and run that streams from it.
         self._slots = None if max_concurrency is None else threading.Semaphore(max_concurrency)
-        # Tests shorten the backoff through these; nothing else should set them.
-        self._backoff_start = _BACKOFF_START
-        self._jitter: Callable[[], float] = random.random
+        if transport is not None and not callable(transport):
+            raise TypeError(
+                "transport must be None or a callable (url, headers, body, signal) -> "
+                f"Exchange, got {type(transport).__name__}"
+            )
+        self.transport = transport
 
     def stream(
         self, request: al.ModelRequest, signal: al.Signal
@@ -426,6 +364,9 @@ class _StreamingModel:
         """Streams the answer to one request; the generator returns the response.
 
         Raises ProviderError from the generator when the answer is not complete.
+        Each attempt holds a slot, opens an exchange, checks its head and feeds its bytes
+        to the answer, pacing the chunks; a failure before the first chunk is retried
+        when _transient() says so.
         """
         url, headers, body = self._post(request)
         retried = 0
@@ -434,13 +375,27 @@ class _StreamingModel:
             with self._slot(signal, url):
                 answer = self._answer(request, url)
                 pacer = _Pacer(request.id)
-                exchange = self._exchange(url, headers, body, signal)
                 try:
-                    exchange.open()
-                    while not answer.done:
-                        for chunk in answer.feed(exchange.read()):
-                            yield from pacer.paced(chunk)
-                    yield from pacer.flushed()
+                    # Closed whichever way the attempt ends, the consumer's close() included.
+                    with contextlib.closing(self._open(url, headers, body, signal)) as exchange:
+                        check_response_head(
+                            url,
+                            exchange.status,
+                            exchange.reason,
+                            exchange.headers,
+                            functools.partial(_error_body, exchange),
+                        )
+                        while not answer.done:
+                            for chunk in answer.feed(exchange.read()):
+                                yield from pacer.paced(chunk)
+                        yield from pacer.flushed()
+                    if answer.truncated is not None:
+                        _logger.warning(
+                            "%s: the answer was cut by %s; accepted as the model's answer "
+                            "(accept_truncated=True)",
+                            request.id,
+                            answer.truncated,
+                        )
                     return answer.response()
                 except ProviderError as error:
                     error.usage = answer.reported_usage()  # what the failed answer cost
@@ -448,8 +403,6 @@ class _StreamingModel:
                     if delay is None:
                         raise _after_retries(error, retried, self.retries) from None
                     failure = error  # the except clause unbinds its name
-                finally:
-                    exchange.close()
             retried += 1
             _logger.warning(
                 "%s: attempt %d of %d failed (%s); retrying in %.3g s",
@@ -461,6 +414,20 @@ class _StreamingModel:
             )
             if signal.wait(delay):
                 raise ProviderError(f"the request to {url} was cancelled during a retry's wait")
+
+    def _open(
+        self, url: str, headers: Mapping[str, str], body: bytes, signal: al.Signal
+    ) -> Exchange:
+        """The exchange, its head read: from the transport given, else from _Exchange."""
+        if self.transport is not None:
+            return self.transport(url, headers, body, signal)
+        exchange = _Exchange(url, headers, body, self.timeout, signal, self.ssl_context)
+        try:
+            exchange.open()
+        except BaseException:
+            exchange.close()
+            raise
+        return exchange
 
     @contextlib.contextmanager
     def _slot(self, signal: al.Signal, url: str) -> Iterator[None]:
@@ -485,18 +452,13 @@ class _StreamingModel:
 
     def _retry_delay(self, error: ProviderError, retried: int, yielded: int) -> Optional[float]:
         """Seconds to wait before the next attempt, or None: the error fails the run."""
-        if not error._transient or yielded or retried >= self.retries:
+        if yielded or retried >= self.retries or not _transient(error):
             return None
         if error.retry_after is None:
-            return _backoff(self._backoff_start, retried, self._jitter())
+            return _backoff(retried, random.random())
         if error.retry_after > _RETRY_AFTER_LIMIT:
             return None
         return error.retry_after
-
-    def _exchange(
-        self, url: str, headers: Dict[str, str], body: bytes, signal: al.Signal
-    ) -> _Exchange:
-        return _Exchange(url, headers, body, self.timeout, signal, self.ssl_context)
 
     def _options(self, request: al.ModelRequest) -> Dict[str, Any]:
         """This request's options: the mapping, or what the function returns, checked."""
@@ -516,29 +478,58 @@ class _StreamingModel:
         raise NotImplementedError  # pragma: no cover (both subclasses define it)
 
 
-def _backoff(start: float, retried: int, jitter: float) -> float:
-    """The wait before retry number retried + 1: start doubled per retry, capped, jittered.
+def _transient(error: ProviderError) -> bool:
+    """Whether another attempt may meet something else: the one statement, in code, of
+    which failures are retried (the README's "Retries" says it in words)."""
+    if isinstance(error, ProviderConnectionError):  # not made, broken, silent
+        return True
+    if isinstance(error, ProviderProtocolError):  # malformed bytes come back the same
+        return error.incomplete
+    if error.status is not None:
+        return error.status in _RETRIED_STATUSES
+    # An error event: Anthropic's overloaded_error is its HTTP 529, sent after the head.
+    return error.error_type == "overloaded_error"
+
+
+def _backoff(retried: int, jitter: float) -> float:
+    """The wait before retry number retried + 1: 0.5 s doubled per retry, capped, jittered.
 
     ``jitter`` is in [0, 1); it shortens the wait by up to a quarter, so that clients
     that failed together do not retry together.
     """
-    return min(start * 2.0**retried, _BACKOFF_CAP) * (1.0 - 0.25 * jitter)
+    return min(_BACKOFF_START * 2.0**retried, _BACKOFF_CAP) * (1.0 - 0.25 * jitter)
 
 
 def _after_retries(error: ProviderError, retried: int, retries: int) -> ProviderError:
     """The error that fails the run: as raised, or saying why no more retries were made."""
     long_wait = error.retry_after is not None and error.retry_after > _RETRY_AFTER_LIMIT
-    if error._transient and long_wait and retried < retries:
+    if _transient(error) and long_wait and retried < retries:
         note = f"not retried: the Retry-After is more than {_RETRY_AFTER_LIMIT:g} s"
     elif retried:
         note = f"after {retried} retr{'y' if retried == 1 else 'ies'}"
     else:
         return error
-    wrapped = ProviderError(
-        f"{error} ({note})", status=error.status, retry_after=error.retry_after, usage=error.usage
-    )
-    wrapped._transient = error._transient
-    return wrapped
+    # A copy, of the same type and attributes: a transport may raise one error twice.
+    said = copy.copy(error)
+    said.args = (f"{error} ({note})",)
+    return said
+
+
+def _error_body(exchange: Exchange) -> bytes:
+    """The body of an answer that is not a stream (its first _ERROR_BODY_LIMIT bytes),
+    or b"" when it cannot be read."""
+    parts: List[bytes] = []
+    size = 0
+    try:
+        while size < _ERROR_BODY_LIMIT:
+            data = exchange.read()
+            if not data:
+                break
+            parts.append(data)
+            size += len(data)
+    except ProviderError:
+        return b""
+    return b"".join(parts)[:_ERROR_BODY_LIMIT]
 
 
 class _Pacer:
@@ -607,15 +598,12 @@ class _Pacer:
 class OpenAIChatModel(_StreamingModel):
     """A model behind an OpenAI-compatible Chat Completions endpoint, streamed.
 
-    Posts to ``{base_url}/chat/completions`` with ``stream: true`` and ``stream_options:
-    {"include_usage": true}``, and reads the usage chunk into the response's ``usage``.
-    ``reasoning_content`` (or ``reasoning``) deltas stream as thinking, which is not
-    sent back to the server (DeepSeek refuses it). ``api_key=None`` reads
-    ``OPENAI_API_KEY`` at request time and sends no key when there is none. ``system`` is
-    the system prompt; ``options`` (temperature, max_tokens, tool_choice...) is merged
-    into the body: a mapping, or a function of the request that returns one
-    (``{"stream_options": None}`` sends no stream options, for a server that refuses
-    them).
+    Posts ``openai_request_body()`` to ``{base_url}/chat/completions`` and reads the
+    answer with ``OpenAIAnswer``. ``api_key=None`` reads ``OPENAI_API_KEY`` at request
+    time and sends no key when there is none. ``system`` is the system prompt;
+    ``options`` (temperature, max_tokens, tool_choice...) is merged into the body: a
+    mapping, or a function of the request that returns one (``{"stream_options": None}``
+    sends no stream options, for a server that refuses them).
     ``timeout`` bounds each wait (name lookup, connection, TLS handshake, every byte),
     in seconds. ``retries`` more attempts are made for a transient failure before the
     first chunk; ``ssl_context`` verifies HTTPS (None: the system's CAs);
@@ -624,7 +612,9 @@ class OpenAIChatModel(_StreamingModel):
     across threads and runs (None: no limit). ``require_finish_reason=False`` accepts
     an answer that ends with ``[DONE]`` but no ``finish_reason``, for a server that
     never sends one; by default such an answer is incomplete (a server that interrupts
-    a stream ends it so).
+    a stream ends it so). ``transport`` sends the requests (a ``Transport``); None is
+    the standard library's HTTP over a socket made and watched here, which ``timeout``
+    and ``ssl_context`` configure (a transport given brings its own).
 
     Raises TypeError or ValueError, naming the parameter, for an argument it cannot use.
     """
@@ -646,6 +636,7 @@ class OpenAIChatModel(_StreamingModel):
         accept_truncated: bool = False,
         max_concurrency: Optional[int] = None,
         require_finish_reason: bool = True,
+        transport: Optional[Transport] = None,
     ) -> None:
         super().__init__(
             model,
@@ -658,15 +649,17 @@ class OpenAIChatModel(_StreamingModel):
             ssl_context,
             accept_truncated,
             max_concurrency,
+            transport,
         )
-        if not isinstance(require_finish_reason, bool):
-            raise TypeError(
-                f"require_finish_reason must be a bool, got {type(require_finish_reason).__name__}"
-            )
-        self.require_finish_reason = require_finish_reason
+        self.require_finish_reason = _checked_bool(require_finish_reason, "require_finish_reason")
 
     def _answer(self, request: al.ModelRequest, url: str) -> _Answer:
-        return _OpenAIAnswer(request, self.accept_truncated, url, self.require_finish_reason)
+        return OpenAIAnswer(
+            request,
+            accept_truncated=self.accept_truncated,
+            require_finish_reason=self.require_finish_reason,
+            url=url,
+        )
 
     def _post(self, request: al.ModelRequest) -> Tuple[str, Dict[str, str], bytes]:
         headers = {
@@ -677,26 +670,27 @@ class OpenAIChatModel(_StreamingModel):
         key = self._key()
         if key is not None:
             headers["Authorization"] = "Bearer " + key
-        body = _openai_body(request, self.model, self.system, self._options(request))
+        body = openai_request_body(
+            request, self.model, system=self.system, options=self._options(request)
+        )
         return self.base_url + "/chat/completions", headers, body
 
 
 class AnthropicMessagesModel(_StreamingModel):
     """A model behind Anthropic's Messages API, streamed.
 
-    Posts to ``{base_url}/v1/messages`` with ``stream: true`` and the ``anthropic-version``
-    header. ``api_key=None`` reads ``ANTHROPIC_API_KEY`` at request time and sends no key
-    when there is none. ``system`` is the system prompt, ``max_tokens`` the answer's token
+    Posts ``anthropic_request_body()`` to ``{base_url}/v1/messages`` with the
+    ``anthropic-version`` header and reads the answer with ``AnthropicAnswer``.
+    ``api_key=None`` reads ``ANTHROPIC_API_KEY`` at request time and sends no key when
+    there is none. ``system`` is the system prompt, ``max_tokens`` the answer's token
     budget (an answer that reaches it fails the run, unless ``accept_truncated=True``
     and it ends in text); ``thinking`` the extended-thinking setting: None sends none,
     a mapping is the API's own, sent as given (``{"type": "enabled", "budget_tokens":
     2048}``: the API wants a budget of at least 1,024, below ``max_tokens``),
-    ``"adaptive"`` is ``{"type": "adaptive"}``. Thinking streams as ``ThinkingDelta``
-    chunks, and every assistant turn is sent back as the API returned it, signatures
-    and redacted data included. ``options`` (temperature, tool_choice...) is merged
-    into the body: a mapping, or a function of the request that returns one.
-    ``timeout``, ``retries``, ``ssl_context`` and ``max_concurrency`` as for
-    ``OpenAIChatModel``.
+    ``"adaptive"`` is ``{"type": "adaptive"}``. ``options`` (temperature,
+    tool_choice...) is merged into the body: a mapping, or a function of the request
+    that returns one. ``timeout``, ``retries``, ``ssl_context``, ``max_concurrency``
+    and ``transport`` as for ``OpenAIChatModel``.
 
     Raises TypeError or ValueError, naming the parameter, for an argument it cannot use.
     """
@@ -719,6 +713,7 @@ class AnthropicMessagesModel(_StreamingModel):
         ssl_context: Optional[ssl.SSLContext] = None,
         accept_truncated: bool = False,
         max_concurrency: Optional[int] = None,
+        transport: Optional[Transport] = None,
     ) -> None:
         super().__init__(
             model,
@@ -731,16 +726,13 @@ class AnthropicMessagesModel(_StreamingModel):
             ssl_context,
             accept_truncated,
             max_concurrency,
+            transport,
         )
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
-            raise TypeError(f"max_tokens must be an int, got {type(max_tokens).__name__}")
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens}")
-        self.max_tokens = max_tokens
+        self.max_tokens = _checked_max_tokens(max_tokens)
         self.thinking = _checked_thinking(thinking)
 
     def _answer(self, request: al.ModelRequest, url: str) -> _Answer:
-        return _AnthropicAnswer(request, self.accept_truncated, url)
+        return AnthropicAnswer(request, accept_truncated=self.accept_truncated, url=url)
 
     def _post(self, request: al.ModelRequest) -> Tuple[str, Dict[str, str], bytes]:
         headers = {
@@ -752,15 +744,55 @@ class AnthropicMessagesModel(_StreamingModel):
         key = self._key()
         if key is not None:
             headers["x-api-key"] = key
-        body = _anthropic_body(
+        body = anthropic_request_body(
             request,
             self.model,
-            self.system,
-            self.max_tokens,
-            self.thinking,
-            self._options(request),
+            system=self.system,
+            max_tokens=self.max_tokens,
+            thinking=self.thinking,
+            options=self._options(request),
         )
         return self.base_url + "/v1/messages", headers, body
+
+
+# Argument checks: each parameter is checked by one function, wherever it enters.
+
+
+def _checked_model(model: object) -> str:
+    """model: the provider's model name, a non-empty str."""
+    if not isinstance(model, str):
+        raise TypeError(f"model must be a str, got {type(model).__name__}")
+    if not model:
+        raise ValueError("model must name the provider's model, got ''")
+    return model
+
+
+def _checked_system(system: object) -> Optional[str]:
+    """system: the system prompt, a str, or None."""
+    if system is not None and not isinstance(system, str):
+        raise TypeError(f"system must be a str or None, got {type(system).__name__}")
+    return system
+
+
+def _checked_request(request: object) -> al.ModelRequest:
+    if not isinstance(request, al.ModelRequest):
+        raise TypeError(f"request must be a ModelRequest, got {type(request).__name__}")
+    return request
+
+
+def _checked_bool(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def _checked_max_tokens(max_tokens: object) -> int:
+    """max_tokens: Anthropic's token budget for the answer, an int >= 1."""
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
+        raise TypeError(f"max_tokens must be an int, got {type(max_tokens).__name__}")
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens}")
+    return max_tokens
 
 
 def _checked_base_url(base_url: object) -> str:
@@ -809,29 +841,29 @@ def _checked_thinking(thinking: object) -> Optional[Dict[str, Any]]:
 
 
 def _checked_options(
-    options: object, owned_keys: AbstractSet[str], what: str = "options"
+    options: object, owned_keys: AbstractSet[str], what: str = "options", or_function: bool = False
 ) -> Dict[str, Any]:
     """options: a JSON object whose keys the adapter does not own; kept as a plain copy."""
     if options is None:
         return {}
     if not isinstance(options, Mapping):
+        function = ", or a function of the request" if or_function else ""
         raise TypeError(
-            f"{what} must be a mapping, None, or a function of the request; "
-            f"got {type(options).__name__}"
+            f"{what} must be a mapping or None{function}; got {type(options).__name__}"
         )
     try:
-        copy = json.loads(json.dumps(dict(options), allow_nan=False))
+        plain = json.loads(json.dumps(dict(options), allow_nan=False))
     except (TypeError, ValueError) as error:
         raise TypeError(f"{what} must be plain JSON: {error}") from None
-    owned = sorted(key for key in copy if key in owned_keys)
+    owned = sorted(key for key in plain if key in owned_keys)
     if owned:
         raise ValueError(
             f"{what} may not set {', '.join(owned)}: the adapter sets them (use its arguments)"
         )
-    return dict(copy)
+    return dict(plain)
 
 
-# --- The exchange: the one place with a socket -------------------------------------
+# --- The default transport: the one place with a socket ------------------------------
 
 
 _default_contexts: List[ssl.SSLContext] = []
@@ -845,26 +877,29 @@ def _default_context() -> ssl.SSLContext:
 
 
 class _Exchange:
-    """One POST and its streamed response: the timeout and the cancellation watch.
+    """The default transport's exchange: one POST and its streamed response, with the
+    timeout and the cancellation watch.
 
-    ``open()`` connects (watched), sends and reads the head; a head that decides an
-    error raises. ``read()`` returns the next bytes as soon as there are any, b"" at the
-    end. ``close()`` closes the connection and ends the watcher; it is safe to call at
-    any point, more than once.
+    ``open()`` connects (watched), sends, and reads the head into ``status``, ``reason``
+    and ``headers``. ``read()`` returns the next bytes as soon as there are any, b"" at
+    the end. ``close()`` closes the connection and ends the watcher; it is safe to call
+    at any point, more than once. What fails on the network raises
+    ProviderConnectionError; a certificate that does not verify, and a cancellation,
+    ProviderError.
     """
 
     def __init__(
         self,
         url: str,
-        headers: Dict[str, str],
+        headers: Mapping[str, str],
         body: bytes,
         timeout: float,
         signal: al.Signal,
         ssl_context: Optional[ssl.SSLContext],
     ) -> None:
         self.url = url
-        self.headers = headers
-        self.body = body
+        self.request_headers = headers
+        self.request_body = body
         self.timeout = timeout
         self.signal = signal
         parts = urllib.parse.urlsplit(url)
@@ -885,6 +920,9 @@ class _Exchange:
             self.connection = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
         self.path = parts.path
         self.response: Optional[http.client.HTTPResponse] = None
+        self.status = 0
+        self.reason = ""
+        self.headers: Dict[str, str] = {}
         self.finished = threading.Event()
 
     def open(self) -> None:
@@ -895,24 +933,18 @@ class _Exchange:
             target=self._watch, args=(sock,), name="agent_loop_providers watch", daemon=True
         ).start()
         try:
-            self.connection.request("POST", self.path, self.body, self.headers)
+            self.connection.request(
+                "POST", self.path, self.request_body, dict(self.request_headers)
+            )
             response = self.connection.getresponse()
         except socket.timeout:
             raise self._failure(f"{self.url} sent nothing for {self.timeout:g} s") from None
         except (OSError, http.client.HTTPException) as error:
             raise self._failure(f"the request to {self.url} failed: {_described(error)}") from None
         self.response = response
-        headers = {name.lower(): value for name, value in response.getheaders()}
-        failure = _head_error(
-            self.url,
-            response.status,
-            response.reason,
-            headers,
-            lambda: _error_body(response),
-            time.time(),
-        )
-        if failure is not None:
-            raise failure
+        self.status = response.status
+        self.reason = response.reason
+        self.headers = {name.lower(): value for name, value in response.getheaders()}
 
     def read(self) -> bytes:
         """The next bytes of the response body (b"" at its end)."""
@@ -1018,7 +1050,7 @@ class _Exchange:
                     self._wait_for(tls, selectors.EVENT_WRITE, "the TLS handshake", deadline)
         except ssl.SSLCertVerificationError as error:
             tls.close()
-            raise ProviderError(  # not transient: the same certificate comes back
+            raise ProviderError(  # not a connection failure: the same certificate comes back
                 f"cannot connect to {self.url}: the server's TLS certificate did not verify: "
                 f"{error.verify_message}"
             ) from None
@@ -1057,63 +1089,69 @@ class _Exchange:
                     connection.shutdown(socket.SHUT_RDWR)
                 return
 
-    def _connect_failure(self, cause: str) -> ProviderError:
-        """The connection could not be made: worth a retry."""
-        error = ProviderError(f"cannot connect to {self.url}: {cause}")
-        error._transient = True
-        return error
+    def _connect_failure(self, cause: str) -> ProviderConnectionError:
+        """The connection could not be made."""
+        return ProviderConnectionError(f"cannot connect to {self.url}: {cause}")
 
     def _failure(self, message: str) -> ProviderError:
-        """A network failure (worth a retry), or the cancellation that caused it."""
+        """A network failure, or the cancellation that caused it."""
         if self.signal.is_set():
             return self._cancelled()
-        error = ProviderError(message)
-        error._transient = True
-        return error
+        return ProviderConnectionError(message)
 
     def _cancelled(self) -> ProviderError:
         return ProviderError(f"the request to {self.url} was cancelled")
 
 
-def _head_error(
+def _described(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+# --- Wire formats: the response's head ------------------------------------------------
+
+
+def check_response_head(
     url: str,
     status: int,
     reason: str,
     headers: Mapping[str, str],
-    body: Callable[[], str],
-    now: float,
-) -> Optional[ProviderError]:
-    """The error that a response's status and headers decide, or None for a stream.
+    body: Callable[[], bytes],
+    now: Optional[float] = None,
+) -> None:
+    """Checks that a response's head starts an event stream; raises what it says otherwise.
 
-    ``headers`` has lower-case names; ``body()`` reads the error body when one is needed;
-    ``now`` (seconds since the epoch) dates a Retry-After given as an HTTP date.
+    ``headers`` are the response's, by lower-case name; ``body()`` returns the error
+    body (as much of it as you read: this module reads 64 KiB), called only when an
+    error needs it; ``now`` (seconds since the epoch; None: ``time.time()``) dates a
+    Retry-After given as an HTTP date. ``url`` names the request in the message.
+
+    Raises ProviderError for a status >= 400 (with ``status``, the provider's text and
+    ``error_type``, and ``retry_after`` from ``retry-after-ms``, else ``retry-after`` in
+    seconds or as an HTTP date) and for another status outside 200-299 (a redirect's
+    ``Location`` is named: it is not followed), ProviderProtocolError for a 2xx answer
+    in JSON instead of an event stream.
     """
     if status >= 400:
-        retry_after = _retry_after(headers, now)
-        message = f"{url} answered HTTP {status} {reason}: {_error_text(body())}"
+        retry_after = _retry_after(headers, time.time() if now is None else now)
+        text, error_type = _error_text(_decoded(body()))
+        message = f"{url} answered HTTP {status} {reason}: {text}"
         if retry_after is not None:
             message += f" (Retry-After: {retry_after:g} s)"
-        error = ProviderError(message, status=status, retry_after=retry_after)
-        error._transient = status in _RETRIED_STATUSES
-        return error
+        raise ProviderError(message, status=status, retry_after=retry_after, error_type=error_type)
     if not 200 <= status < 300:  # a redirect (not followed), or another status: no stream
         location = headers.get("location")
         where = f" (Location: {location}; redirects are not followed)" if location else ""
-        return ProviderError(
+        raise ProviderError(
             f"{url} answered HTTP {status} {reason}, not an event stream{where}", status=status
         )
     if headers.get("content-type", "").startswith("application/json"):
-        return ProviderError(f"{url} answered with JSON, not an event stream: {_excerpt(body())}")
-    return None
+        raise ProviderProtocolError(
+            f"{url} answered with JSON, not an event stream: {_excerpt(_decoded(body()))}"
+        )
 
 
-def _error_body(response: http.client.HTTPResponse) -> str:
-    """The body of an answer that is not a stream, or '' when it cannot be read."""
-    try:
-        data = response.read(_ERROR_BODY_LIMIT)
-    except (OSError, http.client.HTTPException):
-        return ""
-    return data.decode("utf-8", "replace")
+def _decoded(body: bytes) -> str:
+    return body.decode("utf-8", "replace")
 
 
 def _retry_after(headers: Mapping[str, str], now: float) -> Optional[float]:
@@ -1151,19 +1189,21 @@ def _seconds(value: Optional[str]) -> Optional[float]:
     return number if math.isfinite(number) and number >= 0 else None
 
 
-def _error_text(body: str) -> str:
-    """The provider's own error text: its ``error.message`` (with the type), else the body."""
+def _error_text(body: str) -> Tuple[str, Optional[str]]:
+    """The provider's own error text (its ``error.message``, with the type; else the body)
+    and its error type, when it named one."""
     try:
         data = json.loads(body)
     except (ValueError, RecursionError):  # not JSON, or nested too deeply to read
-        return _excerpt(body) or "(no body)"
+        return _excerpt(body) or "(no body)", None
     error = data.get("error", data) if isinstance(data, dict) else data
-    if isinstance(error, dict) and isinstance(error.get("message"), str):
-        kind = error.get("type")
-        return f"{kind}: {error['message']}" if isinstance(kind, str) else error["message"]
     if isinstance(error, str):
-        return error
-    return _excerpt(body)
+        return error, None
+    kind = error.get("type") if isinstance(error, dict) else None
+    kind = kind if isinstance(kind, str) else None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return (error["message"] if kind is None else f"{kind}: {error['message']}"), kind
+    return _excerpt(body), kind
 
 
 def _excerpt(text: str) -> str:
@@ -1171,88 +1211,91 @@ def _excerpt(text: str) -> str:
     return text if len(text) <= _EXCERPT else text[:_EXCERPT] + "..."
 
 
-def _described(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-
-
 # --- Wire formats: server-sent events ------------------------------------------------
 
 
 @dataclass(frozen=True)
-class _ServerEvent:
-    """One dispatched server-sent event: its type (``event:``) and its data."""
+class ServerSentEvent:
+    """One dispatched server-sent event: its type (``event:``, "" when none) and its data
+    (its ``data:`` lines joined with LF)."""
 
     event: str
     data: str
 
 
-class _ServerEvents:
-    """The event-stream parser (the WHATWG rules the official SDKs follow), bytes in.
+class ServerSentEvents:
+    """The event-stream parser, sans-IO: ``feed(bytes)`` returns the events they complete.
 
-    Bytes are decoded as UTF-8 (a leading byte order mark dropped), also when a character
-    is split across reads; a line, or an event's data (its lines joined with LF, counted
-    as they come), longer than _EVENT_LIMIT characters is refused, so a server that never
-    ends a line or an event cannot fill the memory. Lines end with CRLF, CR or LF, also
-    split across reads; a line that starts with ':' is a comment; ``data:`` lines
-    accumulate, joined with LF; ``event:`` names the event; one space after the colon is
-    dropped; a blank line dispatches the event (when it has data). Other fields are
-    ignored. ``feed(b"")`` is the end of the input: a character cut by it is malformed,
-    and an event or a line still open is dropped (the WHATWG rules: only a blank line
-    dispatches).
+    It follows the WHATWG rules, as the official SDKs do. Bytes are decoded as UTF-8 (a
+    leading byte order mark dropped), also when a character is split across reads. Lines
+    end with CRLF, CR or LF, also split across reads; a line that starts with ':' is a
+    comment; ``data:`` lines accumulate, joined with LF; ``event:`` names the event; one
+    space after the colon is dropped; a blank line dispatches the event (when it has
+    data). Other fields (``id:``, ``retry:``) are ignored. ``feed(b"")`` is the end of
+    the input: an event or a line still open is dropped (only a blank line dispatches).
+
+    Raises ProviderProtocolError for bytes that are not UTF-8 (a character cut by the
+    end of the input included), and for a line, or an event's data, longer than
+    ``MAX_EVENT_SIZE`` characters (counted as the lines come, so that a server that never
+    ends a line or an event cannot fill the memory).
     """
 
     def __init__(self) -> None:
         # utf-8-sig: a byte order mark at the start is dropped, as the WHATWG rules say.
-        self.decoder = codecs.getincrementaldecoder("utf-8-sig")()
-        self.pending = ""  # the start of a line that has not ended yet
-        self.skip_line_feed = False  # the last read ended with a CR
-        self.event = ""
-        self.data: List[str] = []
-        self.size = 0  # the characters of the data joined: kept as lines come, not summed
+        self._decoder = codecs.getincrementaldecoder("utf-8-sig")()
+        self._pending = ""  # the start of a line that has not ended yet
+        self._skip_line_feed = False  # the last read ended with a CR
+        self._event = ""
+        self._data: List[str] = []
+        self._size = 0  # the characters of the data joined: kept as lines come, not summed
 
-    def feed(self, data: bytes) -> List[_ServerEvent]:
+    def feed(self, data: bytes) -> List[ServerSentEvent]:
         """The events that these bytes complete, in order; b"" ends the input."""
         try:
-            text = self.decoder.decode(data, final=not data)
+            text = self._decoder.decode(data, final=not data)
         except UnicodeDecodeError as error:
-            raise ProviderError(f"malformed event stream: it is not UTF-8 ({error})") from None
+            raise ProviderProtocolError(
+                f"malformed event stream: it is not UTF-8 ({error})"
+            ) from None
         if not data:  # the end: what is still open is dropped
-            self.pending = ""
-            self.skip_line_feed = False
-            self.event = ""
-            self.data = []
-            self.size = 0
+            self._pending = ""
+            self._skip_line_feed = False
+            self._event = ""
+            self._data = []
+            self._size = 0
             return []
-        if self.skip_line_feed and text.startswith("\n"):
+        if self._skip_line_feed and text.startswith("\n"):
             text = text[1:]  # the LF of a CRLF that the last read ended in the middle of
-        self.skip_line_feed = text.endswith("\r")
-        lines = (self.pending + text).replace("\r\n", "\n").replace("\r", "\n").split("\n")
-        self.pending = lines.pop()
-        if len(self.pending) > _EVENT_LIMIT:
-            raise ProviderError(f"malformed event stream: a line longer than {_EVENT_LIMIT:,}")
-        events: List[_ServerEvent] = []
+        self._skip_line_feed = text.endswith("\r")
+        lines = (self._pending + text).replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        self._pending = lines.pop()
+        if len(self._pending) > MAX_EVENT_SIZE:
+            raise ProviderProtocolError(
+                f"malformed event stream: a line longer than {MAX_EVENT_SIZE:,}"
+            )
+        events: List[ServerSentEvent] = []
         for line in lines:
             if not line:
-                if self.data:
-                    events.append(_ServerEvent(self.event, "\n".join(self.data)))
-                self.event = ""
-                self.data = []
-                self.size = 0
+                if self._data:
+                    events.append(ServerSentEvent(self._event, "\n".join(self._data)))
+                self._event = ""
+                self._data = []
+                self._size = 0
                 continue
             name, _, value = line.partition(":")
             if value.startswith(" "):
                 value = value[1:]
             if name == "data":
-                if self.data:  # the LF that joins it to the line before: empty lines count
-                    self.size += 1
-                self.size += len(value)
-                self.data.append(value)
-                if self.size > _EVENT_LIMIT:
-                    raise ProviderError(
-                        f"malformed event stream: an event longer than {_EVENT_LIMIT:,}"
+                if self._data:  # the LF that joins it to the line before: empty lines count
+                    self._size += 1
+                self._size += len(value)
+                self._data.append(value)
+                if self._size > MAX_EVENT_SIZE:
+                    raise ProviderProtocolError(
+                        f"malformed event stream: an event longer than {MAX_EVENT_SIZE:,}"
                     )
             elif name == "event":
-                self.event = value
+                self._event = value
             # A comment (no name) and the id and retry fields change nothing here.
         return events
 
@@ -1261,7 +1304,7 @@ class _ServerEvents:
 
 
 class _Ids:
-    """The id scheme of the module docstring: unique in the transcript, deterministic."""
+    """The ids of the README's rule: unique in the transcript, and deterministic."""
 
     def __init__(self, request: al.ModelRequest) -> None:
         self.message_ids: Set[str] = set()
@@ -1304,35 +1347,44 @@ def _free(base: str, taken: Callable[[str], bool]) -> str:
 
 
 class _Answer:
-    """One streamed answer, sans-IO: bytes in, the model's chunks out, then the response.
+    """What both answers share: bytes in, the model's chunks out, then the response.
 
-    ``feed(data)`` returns the chunks that the bytes complete (a TextDelta or a
-    ThinkingDelta per non-empty delta, a ToolCallChunk per complete call); ``feed(b"")``
-    is the end of the input, and raises unless the end marker came. ``done`` is True
-    once it came. ``response()`` is the terminal response, refused without the marker.
-    ``reported_usage()`` is the usage reported so far, also of an answer that failed.
-    JSON nested too deeply for the json module (a RecursionError) is a malformed event.
-    ``url``, when given, names where the answer came from in the incomplete-answer error.
+    ``feed(data)`` returns the chunks that the bytes complete: a TextDelta or a
+    ThinkingDelta per non-empty delta, a ToolCallChunk per complete call. ``feed(b"")``
+    is the end of the input. ``done`` is True once the answer's end came (the bytes
+    after it are not read). ``response()`` is the terminal ModelResponse: the blocks in
+    the provider's order, its usage, and a stop reason that is ``toolCall`` when it
+    holds calls, else ``stop``. ``reported_usage()`` is the usage reported so far (None:
+    none), also of an answer that failed. ``truncated`` says what cut an answer that
+    ``accept_truncated`` accepted, else None. The ids of the response and of its calls
+    are unique in ``request``'s transcript.
     """
 
     end_marker = ""
 
-    def __init__(
-        self, request: al.ModelRequest, accept_truncated: bool = False, url: str = ""
-    ) -> None:
-        self.request = request
-        self.accept_truncated = accept_truncated
-        self.source = f" from {url}" if url else ""  # for the incomplete-answer error
-        self.ids = _Ids(request)
-        self.events = _ServerEvents()
-        self.chunks: List[al.ModelChunk] = []  # every chunk fed so far, in order
-        self.usage: Dict[str, int] = {}  # the Usage fields the provider reported
+    def __init__(self, request: al.ModelRequest, accept_truncated: bool, url: str) -> None:
+        self._request = _checked_request(request)
+        self._accept_truncated = _checked_bool(accept_truncated, "accept_truncated")
+        if not isinstance(url, str):
+            raise TypeError(f"url must be a str, got {type(url).__name__}")
+        self._source = f" from {url}" if url else ""  # for the incomplete-answer error
+        self._ids = _Ids(request)
+        self._events = ServerSentEvents()
+        self._chunks: List[al.ModelChunk] = []  # every chunk fed so far, in order
+        self._counts: Dict[str, int] = {}  # the Usage fields the provider reported
         self.done = False
+        self.truncated: Optional[str] = None
 
     def feed(self, data: bytes) -> List[al.ModelChunk]:
-        """The chunks these bytes complete; nothing once the end marker was seen."""
+        """The chunks these bytes complete; nothing once the answer's end came.
+
+        ``feed(b"")`` ends the input: it raises ProviderProtocolError (``incomplete``)
+        unless the end came. Raises ProviderProtocolError for what is malformed (JSON
+        nested too deeply for the json module included), and ProviderError for an error
+        event and for an answer the provider says was cut.
+        """
         out: List[al.ModelChunk] = []
-        for event in self.events.feed(data):
+        for event in self._events.feed(data):
             if self.done:
                 break
             if event.event == "error":
@@ -1340,24 +1392,25 @@ class _Answer:
             try:
                 self._event(event, out)
             except RecursionError:  # json's C code recurses once per level of nesting
-                raise ProviderError(
+                raise ProviderProtocolError(
                     "malformed event: JSON nested too deeply to read (in the event's data "
                     "or in a tool call's arguments)"
                 ) from None
-        self.chunks.extend(out)
+        self._chunks.extend(out)
         if not data and not self.done:
             raise self._incomplete()
         return out
 
     def response(self) -> al.ModelResponse:
-        """The terminal response: the answer's blocks, in order, and its usage."""
+        """The terminal response; raises ProviderProtocolError (``incomplete``) before the
+        answer's end."""
         if not self.done:
             raise self._incomplete()
         content = self._content()
         has_calls = any(isinstance(block, al.ToolCall) for block in content)
         return al.ModelResponse(
-            self.ids.response_id,
-            self.request.id,
+            self._ids.response_id,
+            self._request.id,
             content,
             "toolCall" if has_calls else "stop",
             self.reported_usage(),
@@ -1365,57 +1418,52 @@ class _Answer:
 
     def reported_usage(self) -> Optional[al.Usage]:
         """The usage the provider reported so far, or None when it reported none."""
-        return al.Usage(**self.usage) if self.usage else None
+        return al.Usage(**self._counts) if self._counts else None
 
     def _content(self) -> List[_Block]:
         raise NotImplementedError  # pragma: no cover (both subclasses define it)
 
-    def _event(self, event: _ServerEvent, out: List[al.ModelChunk]) -> None:
+    def _event(self, event: ServerSentEvent, out: List[al.ModelChunk]) -> None:
         raise NotImplementedError  # pragma: no cover (both subclasses define it)
 
     def _incomplete(self) -> ProviderError:
-        """The input ended before the end marker: a broken stream, worth a retry."""
-        return _incomplete(f"the stream{self.source} ended before {self.end_marker}")
+        """The input ended before the end marker."""
+        return _incomplete(f"the stream{self._source} ended before {self.end_marker}")
 
     def _cut(
         self, field: str, reason: str, meaning: str, out: List[al.ModelChunk]
     ) -> Optional[ProviderError]:
         """The provider says the answer was cut: the error, or None for a text answer
-        accepted as it is.
+        accepted as it is (``truncated`` says what cut it).
 
         With accept_truncated, an answer whose last chunk is text, cut by the token
-        limit, is the model's answer; it is logged. Anything else is an error.
+        limit, is the model's answer. Anything else is an error.
         """
-        last = out[-1] if out else self.chunks[-1] if self.chunks else None
-        if self.accept_truncated and reason in _TOKEN_LIMITS and type(last) is al.TextDelta:
-            _logger.warning(
-                "%s: the answer was cut by %s (%s %r); accepted as the model's answer "
-                "(accept_truncated=True)",
-                self.request.id,
-                meaning,
-                field,
-                reason,
-            )
+        last = out[-1] if out else self._chunks[-1] if self._chunks else None
+        if self._accept_truncated and reason in _TOKEN_LIMITS and type(last) is al.TextDelta:
+            self.truncated = f"{meaning} ({field} {reason!r})"
             return None
         return ProviderError(f"the answer was cut: {field} {reason!r} ({meaning})")
 
     def _call(self, provider_id: object, name: object, arguments: str) -> al.ToolCall:
         """A complete tool call: its name checked, its arguments a JSON object ('' is {})."""
         if not isinstance(name, str) or not name:
-            raise ProviderError(f"malformed event stream: a tool call has no name ({name!r})")
+            raise ProviderProtocolError(
+                f"malformed event stream: a tool call has no name ({name!r})"
+            )
         try:
             value = json.loads(arguments) if arguments.strip() else {}
         except ValueError as error:
-            raise ProviderError(
+            raise ProviderProtocolError(
                 f"tool call {name!r} has arguments that are not JSON ({error}): "
                 f"{_excerpt(arguments)}"
             ) from None
         if not isinstance(value, dict):
-            raise ProviderError(
+            raise ProviderProtocolError(
                 f"tool call {name!r} has arguments that are not a JSON object: "
                 f"{_excerpt(arguments)}"
             )
-        return al.ToolCall(self.ids.call_id(provider_id), name, value)
+        return al.ToolCall(self._ids.call_id(provider_id), name, value)
 
 
 def _count(usage: Mapping[str, Any], key: str, data: Mapping[str, Any]) -> Optional[int]:
@@ -1446,41 +1494,56 @@ def _json_object(data: str) -> Dict[str, Any]:
     try:
         value = _decode_json(data)
     except ValueError:
-        raise ProviderError(f"malformed event: its data is not JSON: {_excerpt(data)}") from None
+        raise ProviderProtocolError(
+            f"malformed event: its data is not JSON: {_excerpt(data)}"
+        ) from None
     if not isinstance(value, dict):
-        raise ProviderError(f"malformed event: its data is not a JSON object: {_excerpt(data)}")
+        raise ProviderProtocolError(
+            f"malformed event: its data is not a JSON object: {_excerpt(data)}"
+        )
     return value
 
 
-def _incomplete(what: str, hint: str = "") -> ProviderError:
-    """An answer the server did not finish: as a broken connection, worth a retry."""
-    error = ProviderError(f"{what}: the answer is incomplete{hint}")
-    error._transient = True
-    return error
+def _incomplete(what: str, hint: str = "") -> ProviderProtocolError:
+    """An answer the server did not finish: the bytes ended before the answer did."""
+    return ProviderProtocolError(f"{what}: the answer is incomplete{hint}", incomplete=True)
 
 
-def _malformed(what: str, data: Mapping[str, Any]) -> ProviderError:
-    return ProviderError(f"malformed event: {what}: {_excerpt(json.dumps(data))}")
+def _malformed(what: str, data: Mapping[str, Any]) -> ProviderProtocolError:
+    return ProviderProtocolError(f"malformed event: {what}: {_excerpt(json.dumps(data))}")
 
 
 def _stream_error(data: str) -> ProviderError:
-    """An error event inside the stream: the provider's own text.
-
-    Anthropic's ``overloaded_error`` is worth a retry (when no chunk was yielded yet).
-    """
-    text = _error_text(data)
-    error = ProviderError(f"the stream reported an error: {text}")
-    error._transient = text.startswith("overloaded_error:")
-    return error
+    """An error event inside the stream: the provider's own text, and its error type."""
+    text, error_type = _error_text(data)
+    return ProviderError(f"the stream reported an error: {text}", error_type=error_type)
 
 
 # --- Wire formats: OpenAI Chat Completions -------------------------------------------
 
 
-def _openai_body(
-    request: al.ModelRequest, model: str, system: Optional[str], options: Mapping[str, Any]
+def openai_request_body(
+    request: al.ModelRequest,
+    model: str,
+    *,
+    system: Optional[str] = None,
+    options: Optional[Mapping[str, Any]] = None,
 ) -> bytes:
-    """The Chat Completions request body for a ModelRequest."""
+    """The Chat Completions request body (UTF-8 JSON) for a ModelRequest, streamed.
+
+    ``model`` names the provider's model; ``system`` is the system prompt; ``options``
+    (plain JSON) is merged into the body last, and may not set ``model``, ``messages``,
+    ``stream`` or ``tools``. The body asks for the usage chunk (``stream_options``),
+    unless ``options`` replaces it (None: none). POST it to ``{base_url}/chat/completions``
+    with ``Content-Type: application/json`` (and ``Authorization: Bearer <key>``); read
+    the answer with ``OpenAIAnswer``.
+
+    Raises TypeError or ValueError, naming the parameter, for an argument it cannot use.
+    """
+    request = _checked_request(request)
+    model = _checked_model(model)
+    system = _checked_system(system)
+    options = _checked_options(options, _OPENAI_OWNED)
     messages: List[Dict[str, Any]] = []
     if system is not None:
         messages.append({"role": "system", "content": system})
@@ -1536,14 +1599,23 @@ def _openai_body(
     return json.dumps(body, ensure_ascii=False).encode("utf-8")
 
 
-class _OpenAIAnswer(_Answer):
-    """Chat Completions chunks: ``choices[0].delta`` text, thinking and tool-call
-    fragments, its ``finish_reason``, and the usage chunk.
+class OpenAIAnswer(_Answer):
+    """One streamed Chat Completions answer to ``request``, sans-IO: bytes in, chunks out.
 
-    The answer is complete at ``[DONE]`` after a finish_reason (any but the cuts);
-    without ``require_finish_reason``, at ``[DONE]`` alone. A cut (``length``,
-    ``content_filter``) fails at ``[DONE]``, or at the end of the input, once the usage
-    chunk that follows the finish was read: the failed answer's usage is known.
+    ``feed(data)`` takes the response body's bytes as they arrive and returns the chunks
+    they complete (``choices[0].delta``'s text, thinking and tool-call fragments; a call
+    is complete when something else begins); ``feed(b"")`` ends the input. ``done`` is
+    True at ``data: [DONE]`` after a ``finish_reason`` (at ``[DONE]`` alone with
+    ``require_finish_reason=False``); then ``response()`` is the ModelResponse, with the
+    usage chunk's counts. ``reported_usage()`` is the usage reported so far, also of a
+    failed answer; ``truncated`` says what cut an answer that was accepted, else None.
+    ``accept_truncated=True`` accepts an answer cut by the token limit that ends in text;
+    ``url`` names the stream in the incomplete-answer error.
+
+    ``feed()`` raises ProviderProtocolError for malformed or incomplete bytes, and
+    ProviderError for an error event and for a cut answer (``length``,
+    ``content_filter``: at ``[DONE]``, or at the end of the input, once the usage chunk
+    after the finish was read, so that the failed answer's usage is known).
     """
 
     end_marker = "data: [DONE]"
@@ -1551,22 +1623,23 @@ class _OpenAIAnswer(_Answer):
     def __init__(
         self,
         request: al.ModelRequest,
+        *,
         accept_truncated: bool = False,
-        url: str = "",
         require_finish_reason: bool = True,
+        url: str = "",
     ) -> None:
         super().__init__(request, accept_truncated, url)
-        self.require_finish_reason = require_finish_reason
+        self._require_finish_reason = _checked_bool(require_finish_reason, "require_finish_reason")
         # Tool calls being streamed, by index: [provider id, name, argument fragments].
-        self.open_calls: Dict[int, List[Any]] = {}
-        self.closed_indexes: Set[int] = set()
-        self.finish: Optional[str] = None  # choice 0's finish_reason, once it came
-        self.failure: Optional[ProviderError] = None  # a cut, raised at the end
+        self._open_calls: Dict[int, List[Any]] = {}
+        self._closed_indexes: Set[int] = set()
+        self._finish: Optional[str] = None  # choice 0's finish_reason, once it came
+        self._failure: Optional[ProviderError] = None  # a cut, raised at the end
 
     def _content(self) -> List[_Block]:
         """The chunks as blocks: adjacent text joined, adjacent thinking joined."""
         content: List[_Block] = []
-        for kind, run in itertools.groupby(self.chunks, type):
+        for kind, run in itertools.groupby(self._chunks, type):
             if kind is al.ToolCallChunk:
                 content.extend(cast(al.ToolCallChunk, chunk).tool_call for chunk in run)
             elif kind is al.TextDelta:
@@ -1576,15 +1649,15 @@ class _OpenAIAnswer(_Answer):
                 content.append(al.ThinkingBlock(thinking))
         return content
 
-    def _event(self, event: _ServerEvent, out: List[al.ModelChunk]) -> None:
+    def _event(self, event: ServerSentEvent, out: List[al.ModelChunk]) -> None:
         if event.data == "[DONE]":
-            if self.failure is not None:
-                raise self.failure
-            if self.finish is None and self.require_finish_reason:
+            if self._failure is not None:
+                raise self._failure
+            if self._finish is None and self._require_finish_reason:
                 # llama-cpp-python's server ends a stream it interrupts (another request
                 # came) with [DONE] right after the last chunk it sent, and no finish.
                 raise _incomplete(
-                    f"the stream{self.source} ended with {self.end_marker} but no finish_reason",
+                    f"the stream{self._source} ended with {self.end_marker} but no finish_reason",
                     " (for a server that never sends one: require_finish_reason=False)",
                 )
             self._close_calls(out)
@@ -1599,7 +1672,7 @@ class _OpenAIAnswer(_Answer):
         for choice in choices:
             if not isinstance(choice, dict) or not isinstance(choice.get("delta", {}), dict):
                 raise _malformed("a choice that is not an object with a delta object", data)
-            if choice.get("index", 0) == 0 and self.failure is None:  # a cut answer ended
+            if choice.get("index", 0) == 0 and self._failure is None:  # a cut answer ended
                 self._choice(choice, data, out)
         usage = data.get("usage")
         if usage is not None:  # the usage chunk; other chunks have none, or null
@@ -1630,26 +1703,26 @@ class _OpenAIAnswer(_Answer):
             return
         if not isinstance(finish, str):
             raise _malformed("a finish_reason that is not a string", data)
-        self.finish = finish
+        self._finish = finish
         if finish in _OPENAI_CUT:
-            if self.open_calls:  # a call being written when the answer was cut
-                self.failure = ProviderError(
+            if self._open_calls:  # a call being written when the answer was cut
+                self._failure = ProviderError(
                     f"the answer was cut: finish_reason {finish!r} "
                     f"({_OPENAI_CUT[finish]}) while a tool call was streamed"
                 )
                 return
-            self.failure = self._cut("finish_reason", finish, _OPENAI_CUT[finish], out)
-            if self.failure is not None:
+            self._failure = self._cut("finish_reason", finish, _OPENAI_CUT[finish], out)
+            if self._failure is not None:
                 return
         self._close_calls(out)
 
     def _incomplete(self) -> ProviderError:
         """The input ended before [DONE]: the cut, if one came, else a broken stream."""
-        if self.failure is not None:
-            return self.failure
-        if self.finish is None:
+        if self._failure is not None:
+            return self._failure
+        if self._finish is None:
             return _incomplete(
-                f"the stream{self.source} ended before {self.end_marker} and without a "
+                f"the stream{self._source} ended before {self.end_marker} and without a "
                 f"finish_reason"
             )
         return super()._incomplete()
@@ -1666,9 +1739,9 @@ class _OpenAIAnswer(_Answer):
         if not isinstance(text, str):
             raise _malformed(f"delta.{key} is not a string", data)
         if text:
-            if self.open_calls:  # a call is complete once something else begins
+            if self._open_calls:  # a call is complete once something else begins
                 self._close_calls(out)
-            out.append(kind(self.request.id, text))
+            out.append(kind(self._request.id, text))
 
     def _fragment(
         self, position: int, fragment: object, data: Dict[str, Any], out: List[al.ModelChunk]
@@ -1680,12 +1753,12 @@ class _OpenAIAnswer(_Answer):
         function = fragment.get("function", {})
         if not isinstance(index, int) or not isinstance(function, dict):
             raise _malformed("a tool-call fragment without an int index or a function", data)
-        if index in self.closed_indexes:
+        if index in self._closed_indexes:
             raise _malformed(f"tool call {index} continues after it was complete", data)
-        if index not in self.open_calls:
+        if index not in self._open_calls:
             self._close_calls(out)  # the next call began: the ones before are complete
-            self.open_calls[index] = [None, None, []]
-        call = self.open_calls[index]
+            self._open_calls[index] = [None, None, []]
+        call = self._open_calls[index]
         if fragment.get("id"):
             call[0] = fragment["id"]
         if function.get("name"):
@@ -1697,11 +1770,11 @@ class _OpenAIAnswer(_Answer):
             call[2].append(arguments)
 
     def _close_calls(self, out: List[al.ModelChunk]) -> None:
-        for index, (provider_id, name, arguments) in self.open_calls.items():
-            self.closed_indexes.add(index)
+        for index, (provider_id, name, arguments) in self._open_calls.items():
+            self._closed_indexes.add(index)
             call = self._call(provider_id, name, "".join(arguments))
-            out.append(al.ToolCallChunk(self.request.id, call))
-        self.open_calls.clear()
+            out.append(al.ToolCallChunk(self._request.id, call))
+        self._open_calls.clear()
 
     def _usage(self, value: object, data: Dict[str, Any]) -> None:
         """The request's usage: the last usage object replaces any before it."""
@@ -1721,24 +1794,41 @@ class _OpenAIAnswer(_Answer):
             "cache_read_tokens": cached,
             "reasoning_tokens": _count(reasoning_details, "reasoning_tokens", data),
         }
-        self.usage = {name: count for name, count in fields.items() if count is not None}
+        self._counts = {name: count for name, count in fields.items() if count is not None}
 
 
 # --- Wire formats: Anthropic Messages --------------------------------------------------
 
 
-def _anthropic_body(
+def anthropic_request_body(
     request: al.ModelRequest,
     model: str,
-    system: Optional[str],
-    max_tokens: int,
-    thinking: Optional[Mapping[str, Any]],
-    options: Mapping[str, Any],
+    *,
+    system: Optional[str] = None,
+    max_tokens: int = _MAX_TOKENS,
+    thinking: Union[Mapping[str, Any], str, None] = None,
+    options: Optional[Mapping[str, Any]] = None,
 ) -> bytes:
-    """The Messages request body for a ModelRequest; consecutive results share a turn.
+    """The Messages request body (UTF-8 JSON) for a ModelRequest, streamed.
 
-    Each assistant turn is its blocks as the API returned them, in their order.
+    ``model`` names the provider's model; ``system`` is the system prompt;
+    ``max_tokens`` the answer's token budget; ``thinking`` None (no setting),
+    ``"adaptive"`` or the API's mapping; ``options`` (plain JSON) is merged into the
+    body last, and may not set ``model``, ``messages``, ``stream``, ``tools``,
+    ``system``, ``max_tokens`` or ``thinking``. Each assistant turn is its blocks as the
+    API returned them, in their order; consecutive tool results share a user turn. POST
+    it to ``{base_url}/v1/messages`` with ``Content-Type: application/json``,
+    ``anthropic-version: ANTHROPIC_VERSION`` (and ``x-api-key``); read the answer with
+    ``AnthropicAnswer``.
+
+    Raises TypeError or ValueError, naming the parameter, for an argument it cannot use.
     """
+    request = _checked_request(request)
+    model = _checked_model(model)
+    system = _checked_system(system)
+    max_tokens = _checked_max_tokens(max_tokens)
+    setting = _checked_thinking(thinking)
+    options = _checked_options(options, _ANTHROPIC_OWNED)
     messages: List[Dict[str, Any]] = []
     results: Optional[List[Dict[str, Any]]] = None  # the user turn that results join
     for message in request.messages:
@@ -1798,8 +1888,8 @@ def _anthropic_body(
     }
     if system is not None:
         body["system"] = system
-    if thinking is not None:
-        body["thinking"] = thinking
+    if setting is not None:
+        body["thinking"] = setting
     if request.tools:
         body["tools"] = [
             {
@@ -1823,25 +1913,40 @@ class _OpenBlock:
         self.signature: Optional[str] = None
 
 
-class _AnthropicAnswer(_Answer):
-    """Messages stream events: content blocks started, extended by deltas, stopped; the
-    usage of message_start and message_delta."""
+class AnthropicAnswer(_Answer):
+    """One streamed Messages answer to ``request``, sans-IO: bytes in, chunks out.
+
+    ``feed(data)`` takes the response body's bytes as they arrive and returns the chunks
+    they complete (content blocks started, extended by deltas, stopped: text and
+    thinking deltas as they come, a tool call at its ``content_block_stop``);
+    ``feed(b"")`` ends the input. ``done`` is True at ``message_stop`` (every block
+    stopped before it); then ``response()`` is the ModelResponse, each block in the
+    provider's order, with the usage of ``message_start`` and ``message_delta``.
+    ``reported_usage()`` is the usage reported so far, also of a failed answer;
+    ``truncated`` says what cut an answer that was accepted, else None.
+    ``accept_truncated=True`` accepts an answer cut by the token limit that ends in
+    text; ``url`` names the stream in the incomplete-answer error.
+
+    ``feed()`` raises ProviderProtocolError for malformed or incomplete bytes, and
+    ProviderError for an error event and for a cut answer (``max_tokens``, ``refusal``,
+    ``pause_turn``, ``model_context_window_exceeded``: at its ``message_delta``).
+    """
 
     end_marker = "message_stop"
 
     def __init__(
-        self, request: al.ModelRequest, accept_truncated: bool = False, url: str = ""
+        self, request: al.ModelRequest, *, accept_truncated: bool = False, url: str = ""
     ) -> None:
         super().__init__(request, accept_truncated, url)
-        self.open_blocks: Dict[int, _OpenBlock] = {}
+        self._open_blocks: Dict[int, _OpenBlock] = {}
         # The stopped blocks by index (None: nothing kept), so that content keeps the
         # provider's order.
-        self.stopped: Dict[int, Optional[_Block]] = {}
+        self._stopped: Dict[int, Optional[_Block]] = {}
 
     def _content(self) -> List[_Block]:
-        return [block for _, block in sorted(self.stopped.items()) if block is not None]
+        return [block for _, block in sorted(self._stopped.items()) if block is not None]
 
-    def _event(self, event: _ServerEvent, out: List[al.ModelChunk]) -> None:
+    def _event(self, event: ServerSentEvent, out: List[al.ModelChunk]) -> None:
         data = _json_object(event.data)
         kind = data.get("type")
         if kind == "error":
@@ -1852,7 +1957,7 @@ class _AnthropicAnswer(_Answer):
             self._delta(data, out)
         elif kind == "content_block_stop":
             index = self._index(data, known=True)
-            self._stop(index, self.open_blocks.pop(index), data, out)
+            self._stop(index, self._open_blocks.pop(index), data, out)
         elif kind == "message_start":
             message = _usage_object(data.get("message"), "message_start's message", data)
             self._usage(message.get("usage"), data)
@@ -1869,9 +1974,9 @@ class _AnthropicAnswer(_Answer):
                 if failure is not None:
                     raise failure
         elif kind == "message_stop":
-            if self.open_blocks:  # a block without its stop was cut: it is no answer
+            if self._open_blocks:  # a block without its stop was cut: it is no answer
                 raise _malformed(
-                    f"message_stop before block {min(self.open_blocks)} stopped", data
+                    f"message_stop before block {min(self._open_blocks)} stopped", data
                 )
             self.done = True
         # ping and event types added later carry no content.
@@ -1884,7 +1989,7 @@ class _AnthropicAnswer(_Answer):
         kind = start.get("type")
         if kind not in ("text", "thinking", "redacted_thinking", "tool_use"):
             kind = ""  # server tools and other blocks: not the answer
-        block = self.open_blocks[index] = _OpenBlock(cast(str, kind), start)
+        block = self._open_blocks[index] = _OpenBlock(cast(str, kind), start)
         if kind == "text":
             self._piece(block, al.TextDelta, start.get("text", ""), data, out)
         elif kind == "thinking":
@@ -1892,7 +1997,7 @@ class _AnthropicAnswer(_Answer):
             self._signature(block, start.get("signature"), data)
 
     def _delta(self, data: Dict[str, Any], out: List[al.ModelChunk]) -> None:
-        block = self.open_blocks[self._index(data, known=True)]
+        block = self._open_blocks[self._index(data, known=True)]
         delta = data.get("delta")
         if not isinstance(delta, dict):
             raise _malformed("content_block_delta without a delta object", data)
@@ -1937,14 +2042,14 @@ class _AnthropicAnswer(_Answer):
             start = block.start.get("input", {})
             arguments = "".join(block.pieces) if block.pieces else json.dumps(start)
             kept = self._call(block.start.get("id"), block.start.get("name"), arguments)
-            out.append(al.ToolCallChunk(self.request.id, kept))
-        self.stopped[index] = kept
+            out.append(al.ToolCallChunk(self._request.id, kept))
+        self._stopped[index] = kept
 
     def _index(self, data: Dict[str, Any], *, known: bool) -> int:
         """The event's block index: a started one for deltas and stops, a new one to start."""
         index = data.get("index")
-        started = index in self.open_blocks
-        if not isinstance(index, int) or started is not known or index in self.stopped:
+        started = index in self._open_blocks
+        if not isinstance(index, int) or started is not known or index in self._stopped:
             state = "started" if known else "new"
             raise _malformed(f"an index that is not a {state} block's", data)
         return index
@@ -1962,7 +2067,7 @@ class _AnthropicAnswer(_Answer):
             raise _malformed(f"{block.kind} that is not a string", data)
         if text:
             block.pieces.append(text)
-            out.append(kind(self.request.id, text))
+            out.append(kind(self._request.id, text))
 
     def _signature(self, block: _OpenBlock, signature: object, data: Dict[str, Any]) -> None:
         """A thinking block's signature: the last one given ("" is none)."""
@@ -1978,4 +2083,4 @@ class _AnthropicAnswer(_Answer):
         for key, name in _ANTHROPIC_USAGE:
             count = _count(usage, key, data)
             if count is not None:
-                self.usage[name] = count
+                self._counts[name] = count

@@ -1,9 +1,11 @@
 """Tests only (not collected by pytest, not installed): the providers' builders and server.
 
 test_agent_loop_providers.py and test_agent_loop_providers_connection.py import the
-providers' builders from here: event streams built and recorded, Canned (a stand-in for
-the exchange) and settle_prompt(), their driver (with the command line's tools,
-agent_loop_cli.TOOLS). Its last section is the fixture server (serving()), a local
+providers' builders from here: event streams built and recorded; the transport seam's
+builders (Canned, an Exchange with a head and scripted reads, given to a model through a
+CannedTransport; posted(), what a model sends; Hurried, a signal whose waits are short and
+recorded, for the retry tests); and settle_prompt(), their driver (with the command line's
+tools, agent_loop_cli.TOOLS). Its last section is the fixture server (serving()), a local
 http.server that test_agent_loop_providers_connection.py and test_agent_loop_cli.py run
 the adapters against, and free_port() for the tests that start a server of their own
 (the MCP SDK's, the real model's).
@@ -12,8 +14,11 @@ the adapters against, and free_port() for the tests that start a server of their
 from __future__ import annotations
 
 import contextlib
+import http
 import http.server
 import json
+import logging
+import re
 import select
 import socket
 import ssl
@@ -26,9 +31,11 @@ from typing import (
     Dict,
     Iterator,
     List,
+    Mapping,
     Optional,
     Sequence,
     Tuple,
+    Type,
     Union,
     cast,
 )
@@ -41,9 +48,10 @@ import agent_loop_providers as providers
 
 # --- The providers' builders ------------------------------------------------------------
 #
-# What both provider test files use: the providers' event streams, built and recorded, a
-# stand-in for the exchange (Canned) and the one driver of a prompt (settle_prompt). A
-# builder that one of the two files alone uses stays in that file.
+# What both provider test files use: the providers' event streams, built and recorded, the
+# transport seam (canned exchanges, no socket: the models' public transport= argument)
+# and the one driver of a prompt (settle_prompt). A builder that one of the two files
+# alone uses stays in that file.
 
 
 def openai_chunk(delta: Optional[Dict[str, Any]] = None, finish: Optional[str] = None) -> bytes:
@@ -304,84 +312,176 @@ def stream(
 
 
 class Canned:
-    """A stand-in for the exchange: scripted reads and no socket; it counts the reads.
+    """A canned exchange: a head and scripted reads, no socket; what a Transport returns.
 
-    ``open()`` raises ``failure`` if there is one; each ``read()`` returns the next part,
-    then b"" (the end of the input).
+    It records the request it answered (``url``, ``request_headers`` by lower-case name,
+    ``body`` as JSON), counts its reads and closes. Its transport raises ``failure``
+    instead of returning it, when there is one. Each ``read()`` returns the next part (or
+    raises it, when it is an error), then b"" (the end of the input).
     """
 
     def __init__(
-        self, parts: Sequence[bytes] = (), failure: Optional[providers.ProviderError] = None
+        self,
+        parts: Sequence[Union[bytes, providers.ProviderError]] = (),
+        *,
+        status: int = 200,
+        headers: Optional[Mapping[str, str]] = None,
+        failure: Optional[providers.ProviderError] = None,
     ) -> None:
         self.parts = list(parts)
+        self.status = status
+        self.reason = next((s.phrase for s in http.HTTPStatus if s.value == status), "")
+        given = {"Content-Type": "text/event-stream"} if headers is None else headers
+        self.headers = {name.lower(): value for name, value in given.items()}
         self.failure = failure
         self.reads = 0
-        self.closed = False
-        self.body: Dict[str, Any] = {}  # the request body it was made for
-
-    def open(self) -> None:
-        if self.failure is not None:
-            raise self.failure
+        self.closes = 0
+        self.url = ""
+        self.request_headers: Dict[str, str] = {}
+        self.body: Dict[str, Any] = {}
 
     def read(self) -> bytes:
         self.reads += 1
-        return self.parts.pop(0) if self.parts else b""
+        part = self.parts.pop(0) if self.parts else b""
+        if isinstance(part, providers.ProviderError):
+            raise part
+        return part
 
     def close(self) -> None:
-        self.closed = True
+        self.closes += 1
+
+    @property
+    def closed(self) -> bool:
+        return self.closes > 0
 
 
 Attempt = Union[Sequence[bytes], Canned]
-"""One answer for canned(): its parts, or a Canned exchange."""
+"""One attempt of a CannedTransport: the parts of a 200 event stream, or a Canned."""
 
 
-def canned(model: providers._StreamingModel, *attempts: Attempt) -> List[Canned]:
-    """Makes model read canned bytes: one attempt per request or retry, in order."""
-    exchanges = [
-        attempt if isinstance(attempt, Canned) else Canned(attempt) for attempt in attempts
-    ]
-    queue = list(exchanges)
+class CannedTransport:
+    """A Transport that answers each attempt with the next Canned exchange, in order."""
 
-    def exchange(url: str, headers: Dict[str, str], body: bytes, signal: Any) -> Canned:
-        made = queue.pop(0)
-        made.body = json.loads(body)
-        return made
+    def __init__(self, *attempts: Attempt) -> None:
+        self.exchanges = [
+            attempt if isinstance(attempt, Canned) else Canned(attempt) for attempt in attempts
+        ]
+        self.opened = 0
 
-    cast(Any, model)._exchange = exchange
-    return exchanges
+    def __call__(
+        self, url: str, headers: Mapping[str, str], body: bytes, signal: al.Signal
+    ) -> Canned:
+        exchange = self.exchanges[self.opened]
+        self.opened += 1
+        exchange.url = url
+        exchange.request_headers = {name.lower(): value for name, value in headers.items()}
+        exchange.body = json.loads(body)
+        if exchange.failure is not None:
+            raise exchange.failure
+        return exchange
 
 
-def canned_openai(*attempts: Attempt, **arguments: Any) -> providers.OpenAIChatModel:
-    """An OpenAIChatModel that reads attempts (retries 0 unless given)."""
+AnyModel = Union[providers.OpenAIChatModel, providers.AnthropicMessagesModel]
+
+
+def canned_openai(
+    *attempts: Attempt, model: str = "test-model", **arguments: Any
+) -> providers.OpenAIChatModel:
+    """An OpenAIChatModel on a CannedTransport of attempts (retries 0 unless given)."""
     arguments.setdefault("retries", 0)
-    model = providers.OpenAIChatModel("test-model", base_url="http://canned/v1", **arguments)
-    canned(model, *attempts)
-    return model
+    arguments.setdefault("base_url", "http://canned/v1")
+    return providers.OpenAIChatModel(model, transport=CannedTransport(*attempts), **arguments)
 
 
-def canned_anthropic(*attempts: Attempt, **arguments: Any) -> providers.AnthropicMessagesModel:
-    """An AnthropicMessagesModel that reads attempts (retries 0 unless given)."""
+def canned_anthropic(
+    *attempts: Attempt, model: str = "test-model", **arguments: Any
+) -> providers.AnthropicMessagesModel:
+    """An AnthropicMessagesModel on a CannedTransport of attempts (retries 0 unless given)."""
     arguments.setdefault("retries", 0)
-    model = providers.AnthropicMessagesModel("test-model", base_url="http://canned", **arguments)
-    canned(model, *attempts)
-    return model
+    arguments.setdefault("base_url", "http://canned")
+    return providers.AnthropicMessagesModel(
+        model, transport=CannedTransport(*attempts), **arguments
+    )
 
 
-def canned_model(provider: str, *attempts: Attempt, **arguments: Any) -> providers._StreamingModel:
+def canned_model(provider: str, *attempts: Attempt, **arguments: Any) -> AnyModel:
     """The provider's canned model (canned_openai or canned_anthropic)."""
     if provider == "openai":
         return canned_openai(*attempts, **arguments)
     return canned_anthropic(*attempts, **arguments)
 
 
-def posted(model: providers._StreamingModel, model_request: al.ModelRequest) -> Dict[str, Any]:
-    """What the model would post for a request: url, headers (lower-case names), body."""
-    url, headers, body = model._post(model_request)
-    return {
-        "url": url,
-        "headers": {name.lower(): value for name, value in headers.items()},
-        "body": json.loads(body),
-    }
+def exchanges(model: AnyModel) -> List[Canned]:
+    """The canned exchanges of a model on a CannedTransport, the ones not opened too."""
+    return cast(CannedTransport, model.transport).exchanges
+
+
+def posted(model: AnyModel, model_request: al.ModelRequest) -> Dict[str, Any]:
+    """What the model sends for a request, through its CannedTransport (which answers
+    it): url, headers (by lower-case name), body."""
+    provider = "openai" if isinstance(model, providers.OpenAIChatModel) else "anthropic"
+    exchanges(model).append(Canned(answer_parts(provider, ["Hi."])))
+    stream(model, model_request)
+    sent = exchanges(model)[-1]
+    return {"url": sent.url, "headers": sent.request_headers, "body": sent.body}
+
+
+def assert_stream_error(
+    result: al.RunResult,
+    *words: str,
+    kind: Type[providers.ProviderError] = providers.ProviderError,
+) -> providers.ProviderError:
+    """The run failed MODEL_STREAM_ERROR with a kind (a ProviderError, or a subclass) whose
+    message says words; the loop's message names the error's class."""
+    assert result.status == "failed"
+    assert result.error is not None
+    assert result.error.code == "MODEL_STREAM_ERROR"
+    error = result.error.exception
+    assert isinstance(error, kind), error
+    prefix = f"the model's stream raised {type(error).__name__}: "
+    assert result.error.message.startswith(prefix), result.error.message
+    for word in words:
+        assert word in result.error.message
+    return error
+
+
+class Hurried(threading.Event):
+    """A run's signal whose waits last at most 10 ms, each one recorded in ``waits``: the
+    retry tests wait for no backoff, and see the waits asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: List[Optional[float]] = []
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        self.waits.append(timeout)
+        return super().wait(None if timeout is None else min(timeout, 0.01))
+
+
+def backoff_bounds(retried: int) -> Tuple[float, float]:
+    """The rule's bounds on the wait before retry number retried + 1 when the server says
+    none: 0.5 s doubled per retry, at most 8 s, shortened by a jitter of up to a quarter."""
+    full = min(0.5 * 2.0**retried, 8.0)
+    return 0.75 * full, full
+
+
+def logged_delay(line: str) -> float:
+    """The seconds a retry's log line says it waits."""
+    found = re.search(r"; retrying in (\S+) s$", line)
+    assert found is not None, line
+    return float(found.group(1))
+
+
+def retry_logs(caplog: pytest.LogCaptureFixture) -> List[str]:
+    """The retries the socket loop logged."""
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if record.name == "agent_loop.providers" and record.levelno == logging.WARNING
+    ]
+
+
+ROLE = openai_chunk({"role": "assistant", "content": ""})  # a first chunk with no text
 
 
 def settle_prompt(
@@ -398,18 +498,6 @@ def settle_prompt(
             signal=signal,
         )
     )
-
-
-def assert_stream_error(result: al.RunResult, *words: str) -> providers.ProviderError:
-    """The run failed MODEL_STREAM_ERROR with a ProviderError whose message says words."""
-    assert result.status == "failed"
-    assert result.error is not None
-    assert result.error.code == "MODEL_STREAM_ERROR"
-    assert result.error.message.startswith("the model's stream raised ProviderError: ")
-    for word in words:
-        assert word in result.error.message
-    assert isinstance(result.error.exception, providers.ProviderError)
-    return result.error.exception
 
 
 # A transcript with every kind of message, for the request conversions.

@@ -198,7 +198,7 @@ class TestWhatItPrints:
         assert capsys.readouterr().out.splitlines()[1:] == [
             '  1  model.chunk       request-001 text "Half"',
             "  2  run.finished      failed after 1 step(s), 1 messages, error: "
-            "MODEL_STREAM_ERROR: the model's stream raised ProviderError: the stream from "
+            "MODEL_STREAM_ERROR: the model's stream raised ProviderProtocolError: the stream from "
             f"{server.url}/v1/chat/completions ended before data: [DONE] and without a "
             "finish_reason: the answer is incomplete",
         ]

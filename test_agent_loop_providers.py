@@ -1,23 +1,30 @@
 """Tests of agent_loop_providers.py: the adapters and their wire formats, from bytes alone.
 
-The layer tested here is sans-IO: request bodies from ``_post()``, answers by feeding
-byte-exact event streams to the parsers, heads to ``_head_error()``. Streams through
-``stream()`` and ``run_agent_loop`` read canned bytes from a stand-in for the exchange
-(``Canned``), so the loop's own limit checks judge them. No test here opens a socket or
-starts a process: what needs one (connecting, timeouts, TLS, retries, HTTP failures,
+The layer tested here is sans-IO, through its public names: request bodies from
+``openai_request_body()`` / ``anthropic_request_body()`` (and the requests a model sends),
+answers by feeding byte-exact event streams to ``OpenAIAnswer`` / ``AnthropicAnswer``,
+heads to ``check_response_head()``. Streams through ``stream()`` and ``run_agent_loop``
+read canned bytes through the models' public seam, ``transport=`` (``CannedTransport``,
+below), so the loop's own limit checks judge them. No test here opens a socket or starts
+a process: what needs one (connecting, timeouts, TLS, the default transport's failures,
 cancellation, closing, llmock) is in test_agent_loop_providers_connection.py, and the
-command line in test_agent_loop_cli.py. The builders that both files use (event
-streams, ``Canned``, ``settle_prompt``...) are in loop_testing_providers.py.
+command line in test_agent_loop_cli.py. The builders that both files use (event streams,
+the transport seam's ``Canned`` exchanges, ``settle_prompt``...) are in
+loop_testing_providers.py.
 """
 
 from __future__ import annotations
 
+import copy
 import email.utils
 import json
 import logging
+import re
 import ssl
 import threading
-from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union, cast
 
 import pytest
 
@@ -33,10 +40,15 @@ from loop_testing_providers import (
     PROVIDERS,
     REASONING_USAGE,
     REQUEST_HISTORY,
+    ROLE,
     SPECS,
     STOP,
     AnswerItem,
+    AnyModel,
     Attempt,
+    Canned,
+    CannedTransport,
+    Hurried,
     answer_parts,
     anthropic_delta,
     anthropic_end,
@@ -48,17 +60,19 @@ from loop_testing_providers import (
     anthropic_thinking,
     anthropic_tool,
     assert_stream_error,
-    canned,
+    backoff_bounds,
     canned_anthropic,
     canned_model,
     canned_openai,
     chunk_texts,
+    exchanges,
     in_pieces,
     openai_call,
     openai_chunk,
     openai_sent_call,
     posted,
     request,
+    retry_logs,
     settle_prompt,
     sse,
     stream,
@@ -87,11 +101,14 @@ def anthropic_sent_use(id: str, name: str, arguments: Dict[str, Any]) -> Dict[st
     return {"type": "tool_use", "id": id, "name": name, "input": arguments}
 
 
-def new_answer(provider: str, accept_truncated: bool = False) -> providers._Answer:
+Answer = Union[providers.OpenAIAnswer, providers.AnthropicAnswer]
+
+
+def new_answer(provider: str, accept_truncated: bool = False) -> Answer:
     """The provider's answer parser for request()."""
     if provider == "openai":
-        return providers._OpenAIAnswer(request(), accept_truncated=accept_truncated)
-    return providers._AnthropicAnswer(request(), accept_truncated=accept_truncated)
+        return providers.OpenAIAnswer(request(), accept_truncated=accept_truncated)
+    return providers.AnthropicAnswer(request(), accept_truncated=accept_truncated)
 
 
 MODEL_CLASSES = {
@@ -99,6 +116,10 @@ MODEL_CLASSES = {
     "anthropic": providers.AnthropicMessagesModel,
 }
 ADD = {"left": 1, "right": 2}
+CANNED_URL = {
+    "openai": "http://canned/v1/chat/completions",
+    "anthropic": "http://canned/v1/messages",
+}
 TOKEN_LIMIT = {"openai": "length", "anthropic": "max_tokens"}
 """The finish (OpenAI) or stop (Anthropic) reason of an answer cut by the token limit."""
 
@@ -189,9 +210,7 @@ ANTHROPIC_THINKING_STREAM = (
 )
 
 
-def parsed(
-    answer: providers._Answer, *parts: bytes
-) -> Tuple[List[al.ModelChunk], al.ModelResponse]:
+def parsed(answer: Answer, *parts: bytes) -> Tuple[List[al.ModelChunk], al.ModelResponse]:
     """Feeds an answer its parts, then the end of the input: its chunks and response."""
     chunks = [chunk for part in parts for chunk in answer.feed(part)]
     chunks.extend(answer.feed(b""))
@@ -313,11 +332,17 @@ class TestConstruction:
         ],
     )
     def test_thinking_is_the_apis_setting(self, thinking: Any, sent: Any) -> None:
-        model = providers.AnthropicMessagesModel("m", thinking=thinking)
+        model = canned_anthropic(thinking=thinking)
         assert model.thinking == sent
         body = posted(model, request())["body"]
         assert body.get("thinking") == sent
         assert ("thinking" in body) is (sent is not None)
+        assert (
+            json.loads(providers.anthropic_request_body(request(), "m", thinking=thinking)).get(
+                "thinking"
+            )
+            == sent
+        )
 
     @pytest.mark.parametrize(
         ("arguments", "error", "words"),
@@ -356,7 +381,8 @@ class TestConstruction:
     def test_what_a_function_returns_may_not_set_thinking(self) -> None:
         model = canned_anthropic([], options=lambda model_request: {"thinking": {}})
         with pytest.raises(ValueError, match="what options returns may not set thinking"):
-            model._post(request())
+            stream(model)
+        assert cast(CannedTransport, model.transport).opened == 0  # nothing was sent
 
     def test_options_may_set_what_the_provider_does_not_own(self) -> None:
         openai_model = providers.OpenAIChatModel("m", options={"max_tokens": 100})
@@ -389,24 +415,59 @@ class TestConstruction:
             "m", require_finish_reason=False
         ).require_finish_reason
 
-    def test_provider_error_carries_status_retry_after_and_usage(self) -> None:
+    def test_provider_error_carries_status_retry_after_error_type_and_usage(self) -> None:
         usage = al.Usage(input_tokens=10, output_tokens=3)
-        error = providers.ProviderError("busy", status=429, retry_after=1.5, usage=usage)
+        error = providers.ProviderError(
+            "busy", status=429, retry_after=1.5, error_type="rate_limit_error", usage=usage
+        )
         assert (str(error), error.status, error.retry_after) == ("busy", 429, 1.5)
-        assert error.usage is usage
+        assert (error.error_type, error.usage) == ("rate_limit_error", usage)
         plain = providers.ProviderError("broken")
-        assert (plain.status, plain.retry_after, plain.usage) == (None, None, None)
+        assert (plain.status, plain.retry_after, plain.error_type, plain.usage) == (None,) * 4
+
+    def test_the_subclasses_say_what_failed(self) -> None:
+        broken = providers.ProviderConnectionError("the connection to u broke")
+        cut = providers.ProviderProtocolError("the stream ended", incomplete=True)
+        bad = providers.ProviderProtocolError("malformed event: x", usage=al.Usage(1))
+        assert isinstance(broken, providers.ProviderError)
+        assert (broken.status, broken.retry_after, broken.usage) == (None, None, None)
+        assert isinstance(cut, providers.ProviderError)
+        assert (cut.incomplete, bad.incomplete, bad.usage) == (True, False, al.Usage(1))
+        assert (cut.status, cut.retry_after, cut.error_type) == (None, None, None)
 
     def test_all_names_the_public_api(self) -> None:
-        assert providers.__all__ == ["OpenAIChatModel", "AnthropicMessagesModel", "ProviderError"]
+        assert providers.__all__ == [
+            "OpenAIChatModel",
+            "AnthropicMessagesModel",
+            "ProviderError",
+            "ProviderConnectionError",
+            "ProviderProtocolError",
+            "Transport",
+            "Exchange",
+            "openai_request_body",
+            "anthropic_request_body",
+            "ANTHROPIC_VERSION",
+            "check_response_head",
+            "ServerSentEvent",
+            "ServerSentEvents",
+            "MAX_EVENT_SIZE",
+            "OpenAIAnswer",
+            "AnthropicAnswer",
+        ]
+        assert all(hasattr(providers, name) for name in providers.__all__)
+
+    def test_the_readme_documents_each_public_name(self) -> None:
+        readme = (Path(__file__).parent / "README.md").read_text(encoding="utf-8")
+        for name in providers.__all__:
+            assert re.search(rf"`{name}\b", readme), name
 
 
 class TestRequests:
     """The transcript and the tools are converted exactly; keys are sent as configured."""
 
     def test_openai_body(self) -> None:
-        model = providers.OpenAIChatModel(
-            "test-model", base_url="http://h/v1", system="Be brief.", options={"temperature": 0}
+        model = canned_openai(
+            base_url="http://h/v1", system="Be brief.", options={"temperature": 0}
         )
         sent = posted(model, request(REQUEST_HISTORY, SPECS))
         assert sent["url"] == "http://h/v1/chat/completions"
@@ -457,8 +518,7 @@ class TestRequests:
         }
 
     def test_anthropic_body_merges_consecutive_results_and_carries_is_error(self) -> None:
-        model = providers.AnthropicMessagesModel(
-            "test-model",
+        model = canned_anthropic(
             base_url="http://h",
             system="Be brief.",
             max_tokens=100,
@@ -525,7 +585,7 @@ class TestRequests:
     def test_openai_asks_for_usage_unless_options_say_otherwise(
         self, options: Dict[str, Any], sent: Any
     ) -> None:
-        body = posted(providers.OpenAIChatModel("m", options=options), request())["body"]
+        body = posted(canned_openai(options=options), request())["body"]
         assert body.get("stream_options") == sent
         assert ("stream_options" in body) is (sent is not None)
 
@@ -550,7 +610,7 @@ class TestRequests:
             turn,
             al.ToolResultMessage("tool-result-c1", "c1", "add", '{"sum":5}', False),
         )
-        body = posted(providers.AnthropicMessagesModel("m"), request(history))["body"]
+        body = posted(canned_anthropic(), request(history))["body"]
         assert body["messages"][1] == {
             "role": "assistant",
             "content": [
@@ -583,7 +643,7 @@ class TestRequests:
             al.AssistantMessage("message-r2", [al.ThinkingBlock("only thinking")]),
             al.UserMessage("user-003", "Well?"),
         )
-        body = posted(providers.AnthropicMessagesModel("m"), request(history))["body"]
+        body = posted(canned_anthropic(), request(history))["body"]
         assert body["messages"] == [
             {"role": "user", "content": "Hi."},
             {"role": "assistant", "content": [{"type": "text", "text": "Hello."}]},
@@ -607,7 +667,7 @@ class TestRequests:
             ),
             al.ToolResultMessage("tool-result-c1", "c1", "add", '{"sum":5}', False),
         )
-        body = posted(providers.OpenAIChatModel("m"), request(history))["body"]
+        body = posted(canned_openai(), request(history))["body"]
         assert body["messages"][1] == {
             "role": "assistant",
             "content": "Adding.",
@@ -615,8 +675,8 @@ class TestRequests:
         }
 
     def test_no_tools_no_system(self) -> None:
-        first = posted(providers.OpenAIChatModel("m"), request())["body"]
-        second = posted(providers.AnthropicMessagesModel("m"), request())["body"]
+        first = posted(canned_openai(), request())["body"]
+        second = posted(canned_anthropic(), request())["body"]
         assert ("tools" in first, "tools" in second, "system" in second) == (False, False, False)
         assert first["messages"] == [{"role": "user", "content": "Hi."}]
 
@@ -643,7 +703,7 @@ class TestRequests:
         if provider == "anthropic":
             variable, name = ("ANTHROPIC_API_KEY", "x-api-key")
         monkeypatch.delenv(variable, raising=False)
-        model = MODEL_CLASSES[provider]("m", api_key=api_key)
+        model = canned_model(provider, api_key=api_key)
         if environment is not None:  # set once the model is built: read at request time
             monkeypatch.setenv(variable, environment)
         assert posted(model, request())["headers"].get(name) == header
@@ -662,13 +722,12 @@ class TestOptions:
             seen.append(model_request.id)
             return force if isinstance(model_request.messages[-1], al.UserMessage) else None
 
-        model = providers.OpenAIChatModel("m", options=options, retries=0)
-        exchanges = canned(
-            model,
+        model = canned_openai(
             answer_parts("openai", [("c1", "add", {"left": 2, "right": 3})]),
             answer_parts("openai", ["5"]),
             answer_parts("openai", [("c2", "add", {"left": 5, "right": 5})]),
             answer_parts("openai", ["10"]),
+            options=options,
         )
         _, first = settle_prompt(model)
         assert first.status == "completed", first.error
@@ -684,14 +743,15 @@ class TestOptions:
         assert resumed.status == "completed", resumed.error
         assert seen == ["request-001", "request-002", "request-003", "request-004"]
         forced = [
-            exchange.body.get("tool_choice") == force["tool_choice"] for exchange in exchanges
+            exchange.body.get("tool_choice") == force["tool_choice"]
+            for exchange in exchanges(model)
         ]
         assert forced == [True, False, True, False]
         assert model.options is options
 
     def test_a_function_for_anthropic(self) -> None:
-        model = providers.AnthropicMessagesModel(
-            "m", options=lambda model_request: {"metadata": {"user_id": model_request.id}}
+        model = canned_anthropic(
+            options=lambda model_request: {"metadata": {"user_id": model_request.id}}
         )
         assert posted(model, request())["body"]["metadata"] == {"user_id": "request-001"}
 
@@ -714,8 +774,7 @@ class TestOptions:
         assert result.error is not None
         assert result.error.code == "MODEL_STREAM_ERROR"
         assert f"raised {error.__name__}: {words}" in result.error.message
-        with pytest.raises(error, match=words):
-            model._post(request())
+        assert cast(CannedTransport, model.transport).opened == 0  # nothing was sent
 
 
 # --- Streaming ----------------------------------------------------------------------
@@ -745,10 +804,10 @@ class TestOpenAIStreaming:
         assert (response.content, response.stop_reason) == ((add, weather), "toolCall")
 
     def test_a_call_is_yielded_as_soon_as_the_next_one_begins(self) -> None:
-        model = providers.OpenAIChatModel("m")
-        (exchange,) = canned(
-            model, [openai_call(0, "a", "add", json.dumps(ADD)), openai_call(1, "b", "add", "{")]
+        model = canned_openai(
+            [openai_call(0, "a", "add", json.dumps(ADD)), openai_call(1, "b", "add", "{")]
         )
+        (exchange,) = exchanges(model)
         generator = model.stream(request(), threading.Event())
         assert next(generator) == al.ToolCallChunk("request-001", al.ToolCall("a", "add", ADD))
         assert exchange.reads == 2  # as the second call began, before any more bytes
@@ -845,10 +904,8 @@ class TestAnthropicStreaming:
         assert response.content == (al.ToolCall("t", "add", ADD),)
 
     def test_a_tool_call_is_yielded_at_its_block_stop(self) -> None:
-        model = providers.AnthropicMessagesModel("m")
-        (exchange,) = canned(
-            model, [MESSAGE_START, *anthropic_tool(0, "t", "add", json.dumps(ADD))]
-        )
+        model = canned_anthropic([MESSAGE_START, *anthropic_tool(0, "t", "add", json.dumps(ADD))])
+        (exchange,) = exchanges(model)
         generator = model.stream(request(), threading.Event())
         assert next(generator) == al.ToolCallChunk("request-001", al.ToolCall("t", "add", ADD))
         assert exchange.reads == 4  # at the block's stop, before any more bytes
@@ -909,8 +966,7 @@ class TestThinking:
             *anthropic_text(2, "Hello."),
             *anthropic_end(),
         ]
-        model = canned_anthropic()
-        exchanges = canned(model, parts, answer_parts("anthropic", ["Bye."]))
+        model = canned_anthropic(parts, answer_parts("anthropic", ["Bye."]))
         chunks, response = stream(model)
         assert chunks == [al.TextDelta("request-001", "Hello.")]  # neither carries text
         assert response.content == (
@@ -921,7 +977,7 @@ class TestThinking:
         turn = al.AssistantMessage("message-response-001", response.content)
         history = (al.UserMessage("user-001", "Hi."), turn, al.UserMessage("user-002", "Bye?"))
         stream(model, request(history, id="request-002"))
-        assert exchanges[1].body["messages"][1] == {
+        assert exchanges(model)[1].body["messages"][1] == {
             "role": "assistant",
             "content": [
                 {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix"},
@@ -1138,8 +1194,8 @@ class TestUsage:
             openai_usage({"prompt_tokens": 7, "completion_tokens": 1}),
             DONE,
         ]
-        model = canned_openai()
-        (exchange,) = canned(model, parts)
+        model = canned_openai(parts)
+        (exchange,) = exchanges(model)
         _, response = stream(model)
         assert response.usage == al.Usage(input_tokens=7, output_tokens=1)
         assert exchange.reads == 4
@@ -1150,9 +1206,7 @@ class TestIds:
     """Response and tool-call ids are unique in the transcript and deterministic."""
 
     def test_a_reused_call_id_is_rewritten_and_sent_back_as_rewritten(self) -> None:
-        model = providers.OpenAIChatModel("m", retries=0)
-        exchanges = canned(
-            model,
+        model = canned_openai(
             answer_parts("openai", [("call_0", "add", ADD)]),
             answer_parts("openai", [("call_0", "add", {"left": 3, "right": 3})]),
             answer_parts("openai", ["9"]),
@@ -1164,7 +1218,7 @@ class TestIds:
         assert [
             message.id for message in result.messages if isinstance(message, al.AssistantMessage)
         ] == ["message-response-001", "message-response-002", "message-response-003"]
-        sent = exchanges[2].body["messages"]
+        sent = exchanges(model)[2].body["messages"]
         results = [turn["tool_call_id"] for turn in sent if turn["role"] == "tool"]
         assert results == ["call_0", "response-002-call-1"]
         assert sent[3]["tool_calls"][0]["id"] == "response-002-call-1"
@@ -1631,6 +1685,15 @@ BROKEN_ANSWERS = [
 ]
 
 
+def failure_kind(words: str) -> Tuple[type, Optional[bool]]:
+    """What a refusal is, by its words: what the provider said (a cut, an error event) is
+    a ProviderError; the rest is about the bytes, a ProviderProtocolError, incomplete or
+    malformed."""
+    if words.startswith(("the answer was cut", "the stream reported an error")):
+        return providers.ProviderError, None
+    return providers.ProviderProtocolError, "the answer is incomplete" in words
+
+
 class TestIncompleteAnswers:
     """Never accept a broken answer: the parser refuses each case and says what happened."""
 
@@ -1642,11 +1705,19 @@ class TestIncompleteAnswers:
             parsed(new_answer(provider), *parts)
         assert words in str(caught.value)
         assert (caught.value.status, caught.value.retry_after) == (None, None)
+        kind, incomplete = failure_kind(words)
+        assert type(caught.value) is kind
+        assert getattr(caught.value, "incomplete", None) is incomplete
 
     @PROVIDERS
     def test_a_broken_answer_fails_the_run_and_adds_nothing(self, provider: str) -> None:
         events, result = settle_prompt(canned_model(provider, answer_parts(provider, ["Hi"])[:-2]))
-        error = assert_stream_error(result, "ended before", "the answer is incomplete")
+        error = assert_stream_error(
+            result,
+            "ended before",
+            "the answer is incomplete",
+            kind=providers.ProviderProtocolError,
+        )
         assert (error.status, error.retry_after) == (None, None)
         assert result.messages == (al.UserMessage("user-001", "What is 2 + 3?"),)
         assert [event.type for event in events] == [
@@ -1657,13 +1728,38 @@ class TestIncompleteAnswers:
 
     @PROVIDERS
     def test_no_response_without_the_end_marker(self, provider: str) -> None:
-        with pytest.raises(providers.ProviderError, match="the answer is incomplete"):
+        with pytest.raises(providers.ProviderProtocolError, match="the answer is incomplete"):
             new_answer(provider).response()
 
     def test_an_error_event_nested_too_deeply_is_quoted(self) -> None:
         with pytest.raises(providers.ProviderError) as caught:
             parsed(new_answer("anthropic"), b"event: error\ndata: " + DEEP.encode() + b"\n\n")
         assert str(caught.value) == "the stream reported an error: " + "[" * 200 + "..."
+
+    @pytest.mark.parametrize(
+        ("provider", "event", "error_type"),
+        [
+            pytest.param(
+                "anthropic",
+                sse({"type": "error", "error": {"type": "overloaded_error", "message": "O"}}),
+                "overloaded_error",
+                id="anthropic",
+            ),
+            pytest.param(
+                "openai",
+                sse({"error": {"message": "Crash", "type": "server_error"}}),
+                "server_error",
+                id="openai",
+            ),
+            pytest.param("openai", sse({"error": "busy"}, "error"), None, id="none-named"),
+        ],
+    )
+    def test_an_error_event_carries_the_providers_error_type(
+        self, provider: str, event: bytes, error_type: Optional[str]
+    ) -> None:
+        with pytest.raises(providers.ProviderError) as caught:
+            parsed(new_answer(provider), event)
+        assert caught.value.error_type == error_type
 
     def test_the_end_of_the_input_after_the_marker_is_fine(self) -> None:
         answer = new_answer("openai")
@@ -1759,8 +1855,8 @@ class TestWhatAFailedAnswerCost:
     def test_the_error_carries_the_usage_the_provider_reported(
         self, provider: str, parts: List[bytes], words: str, usage: Optional[al.Usage]
     ) -> None:
-        model = canned_model(provider)
-        (exchange,) = canned(model, parts)
+        model = canned_model(provider, parts)
+        (exchange,) = exchanges(model)
         events, result = settle_prompt(model)
         error = assert_stream_error(result, words)
         assert error.usage == usage
@@ -1774,8 +1870,7 @@ class TestWhatAFailedAnswerCost:
             for tokens in (9, 10)
         ]
         model = canned_anthropic(*attempts, retries=1)
-        model._backoff_start = 0.001
-        _, result = settle_prompt(model)
+        _, result = settle_prompt(model, signal=Hurried())
         error = assert_stream_error(result, "ended before message_stop", "(after 1 retry)")
         assert error.usage == al.Usage(10, 1)
 
@@ -1974,8 +2069,8 @@ class TestLongAnswers:
     ) -> None:
         parts = answer_parts(provider, ["Hel", "lo"])
         first = 1 if provider == "openai" else 3  # Anthropic: message and block starts
-        model = canned_model(provider)
-        (exchange,) = canned(model, parts)
+        model = canned_model(provider, parts)
+        (exchange,) = exchanges(model)
         generator = model.stream(request(), threading.Event())
         assert next(generator) == al.TextDelta("request-001", "Hel")
         assert exchange.reads == first
@@ -2007,6 +2102,20 @@ class TestAcceptTruncated:
             f"request-001: the answer was cut by the {said}_reason {TOKEN_LIMIT[provider]!r}); "
             "accepted as the model's answer (accept_truncated=True)"
         ]
+
+    @PROVIDERS
+    def test_the_parser_says_what_it_accepted_and_logs_nothing(
+        self, provider: str, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        parts = answer_parts(provider, ["Once"], end=TOKEN_LIMIT[provider])
+        answer = new_answer(provider, accept_truncated=True)
+        with caplog.at_level(logging.DEBUG):
+            _, response = parsed(answer, *parts)
+        assert response.content == (al.TextBlock("Once"),)
+        said = "token limit (finish" if provider == "openai" else "max_tokens limit (stop"
+        assert answer.truncated == f"the {said}_reason {TOKEN_LIMIT[provider]!r})"
+        assert caplog.records == []  # stream() logs it, once the answer is done
+        assert new_answer(provider, accept_truncated=True).truncated is None
 
     @PROVIDERS
     @pytest.mark.parametrize(
@@ -2069,13 +2178,21 @@ class TestAcceptTruncated:
 # --- Heads: the status and headers that decide an error -----------------------------
 
 
+def unread() -> bytes:
+    raise AssertionError("this body is not read")
+
+
 class TestHead:
-    """The status and headers that decide an error, read by pure functions."""
+    """The status and headers that decide an error, read by check_response_head()."""
 
     def error(
         self, status: int, headers: Dict[str, str], body: str = "", now: float = 0.0
-    ) -> Optional[providers.ProviderError]:
-        return providers._head_error("http://h/x", status, "Reason", headers, lambda: body, now)
+    ) -> providers.ProviderError:
+        with pytest.raises(providers.ProviderError) as caught:
+            providers.check_response_head(
+                "http://h/x", status, "Reason", headers, body.encode, now
+            )
+        return caught.value
 
     @pytest.mark.parametrize("status", [200, 201, 299])
     @pytest.mark.parametrize(
@@ -2084,11 +2201,8 @@ class TestHead:
     def test_a_2xx_stream_is_no_error_and_its_body_is_not_read(
         self, status: int, content_type: str
     ) -> None:
-        def unread() -> str:
-            raise AssertionError("the body of a stream is the answer: not read here")
-
         headers = {"content-type": content_type}
-        assert providers._head_error("u", status, "OK", headers, unread, 0.0) is None
+        providers.check_response_head("u", status, "OK", headers, unread)  # no error
 
     @pytest.mark.parametrize(
         ("status", "headers", "said"),
@@ -2113,57 +2227,58 @@ class TestHead:
     def test_a_status_outside_2xx_is_an_error_naming_it(
         self, status: int, headers: Dict[str, str], said: str
     ) -> None:
-        def unread() -> str:
-            raise AssertionError("a redirect's body is not read")
-
-        error = providers._head_error("http://h/x", status, "Reason", headers, unread, 0.0)
-        assert error is not None
+        with pytest.raises(providers.ProviderError) as caught:
+            providers.check_response_head("http://h/x", status, "Reason", headers, unread, 0.0)
+        error = caught.value
         assert str(error) == f"http://h/x answered HTTP {status} Reason, not an event stream{said}"
-        assert (error.status, error.retry_after, error._transient) == (status, None, False)
+        assert type(error) is providers.ProviderError
+        assert (error.status, error.retry_after, error.error_type) == (status, None, None)
 
-    def test_json_instead_of_a_stream(self) -> None:
+    def test_json_instead_of_a_stream_is_a_protocol_error(self) -> None:
         error = self.error(200, {"content-type": "application/json"}, '{"choices": []}')
-        assert error is not None
         assert str(error) == 'http://h/x answered with JSON, not an event stream: {"choices": []}'
-        assert (error.status, error.retry_after, error._transient) == (None, None, False)
+        assert isinstance(error, providers.ProviderProtocolError)
+        assert (error.status, error.retry_after, error.incomplete) == (None, None, False)
 
     @pytest.mark.parametrize(
-        ("status", "transient"),
-        [
-            *[(400, False), (401, False), (404, False), (407, False), (408, True), (409, True)],
-            *[(410, False), (422, False), (429, True), (499, False), (500, True), (503, True)],
-            *[(529, True), (599, True)],
-        ],
-    )
-    def test_which_statuses_are_retried(self, status: int, transient: bool) -> None:
-        error = self.error(status, {})
-        assert error is not None
-        assert (error.status, error._transient) == (status, transient)
-
-    @pytest.mark.parametrize(
-        ("body", "text"),
+        ("body", "text", "error_type"),
         [
             pytest.param(
                 '{"type": "error", "error": {"type": "authentication_error", '
                 '"message": "invalid x-api-key"}}',
                 "authentication_error: invalid x-api-key",
+                "authentication_error",
                 id="anthropic",
             ),
             pytest.param(
-                '{"error": {"message": "model not found"}}', "model not found", id="no-type"
+                '{"error": {"message": "model not found"}}', "model not found", None, id="no-type"
             ),
-            pytest.param('{"error": "model \'x\' not found"}', "model 'x' not found", id="ollama"),
-            pytest.param('{"message": "Unauthorized"}', "Unauthorized", id="message"),
-            pytest.param('{"detail": "nope"}', '{"detail": "nope"}', id="other-json"),
-            pytest.param("[1]", "[1]", id="array"),
-            pytest.param("", "(no body)", id="empty"),
-            pytest.param("x" * 300, "x" * 200 + "...", id="long"),
-            pytest.param("[" * 40_000, "[" * 200 + "...", id="nested-too-deeply"),
+            pytest.param(
+                '{"error": {"type": "server_error"}}',
+                '{"error": {"type": "server_error"}}',
+                "server_error",
+                id="type-without-message",
+            ),
+            pytest.param(
+                '{"error": "model \'x\' not found"}', "model 'x' not found", None, id="ollama"
+            ),
+            pytest.param('{"message": "Unauthorized"}', "Unauthorized", None, id="message"),
+            pytest.param('{"detail": "nope"}', '{"detail": "nope"}', None, id="other-json"),
+            pytest.param("[1]", "[1]", None, id="array"),
+            pytest.param("", "(no body)", None, id="empty"),
+            pytest.param("x" * 300, "x" * 200 + "...", None, id="long"),
+            pytest.param("[" * 40_000, "[" * 200 + "...", None, id="nested-too-deeply"),
+            pytest.param("caf\udce9", "caf\ufffd", None, id="not-utf-8"),
         ],
     )
-    def test_the_provider_error_text(self, body: str, text: str) -> None:
-        error = self.error(401, {"content-type": "application/json"}, body)
-        assert str(error) == f"http://h/x answered HTTP 401 Reason: {text}"
+    def test_the_provider_error_text_and_type(
+        self, body: str, text: str, error_type: Optional[str]
+    ) -> None:
+        raw = body.encode("utf-8", "surrogateescape")  # not-utf-8: a lone byte 0xe9
+        with pytest.raises(providers.ProviderError) as caught:
+            providers.check_response_head("http://h/x", 401, "Reason", {}, lambda: raw, 0.0)
+        assert str(caught.value) == f"http://h/x answered HTTP 401 Reason: {text}"
+        assert (caught.value.status, caught.value.error_type) == (401, error_type)
 
     @pytest.mark.parametrize(
         ("headers", "retry_after"),
@@ -2192,34 +2307,484 @@ class TestHead:
         self, headers: Dict[str, str], retry_after: Optional[float]
     ) -> None:
         now = email.utils.parsedate_to_datetime("Wed, 21 Oct 2015 07:28:00 GMT").timestamp()
-        assert providers._retry_after(headers, now) == retry_after
         error = self.error(503, headers, "busy", now)
-        assert error is not None
         assert (error.status, error.retry_after) == (503, retry_after)
         said = "" if retry_after is None else f" (Retry-After: {retry_after:g} s)"
         assert str(error) == f"http://h/x answered HTTP 503 Reason: busy{said}"
 
+    def test_now_is_the_clock_when_not_given(self) -> None:
+        # A date a day ahead: about 86,400 s from now, whatever the clock says.
+        ahead = email.utils.formatdate(time.time() + 86_400, usegmt=True)
+        with pytest.raises(providers.ProviderError) as caught:
+            providers.check_response_head("u", 429, "", {"retry-after": ahead}, lambda: b"busy")
+        assert caught.value.retry_after is not None
+        assert 86_300 < caught.value.retry_after <= 86_400
+
+
+# --- The transport seam, and the one rule of retries ------------------------------------
+
+
+OVERLOADED_EVENT = sse(
+    {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}, "error"
+)
+
+
+def retried_once(first: Canned, provider: str = "openai") -> Tuple[al.RunResult, AnyModel]:
+    """A run whose first attempt meets first and whose second would answer "Done.", with
+    one retry allowed: its result, and its model (whose exchanges say what was opened)."""
+    model = canned_model(provider, first, answer_parts(provider, ["Done."]), retries=1)
+    return settle_prompt(model, signal=Hurried())[1], model
+
+
+class TestTheTransportSeam:
+    """transport=: what sends the requests; None is the default, over a socket."""
+
+    @PROVIDERS
+    def test_the_default_is_none_and_a_transport_is_kept(self, provider: str) -> None:
+        assert MODEL_CLASSES[provider]("m").transport is None
+        transport = CannedTransport()
+        assert MODEL_CLASSES[provider]("m", transport=transport).transport is transport
+
+    @pytest.mark.parametrize("transport", [1, "http", object()])
+    def test_a_transport_that_is_not_callable(self, transport: Any) -> None:
+        with pytest.raises(TypeError, match="transport must be None or a callable"):
+            providers.OpenAIChatModel("m", transport=transport)
+
+    @PROVIDERS
+    def test_each_attempt_opens_one_exchange_and_closes_it(self, provider: str) -> None:
+        result, model = retried_once(Canned([b"busy"], status=503), provider)
+        assert (result.status, result.final_text) == ("completed", "Done."), result.error
+        assert [exchange.closes for exchange in exchanges(model)] == [1, 1]
+        first, second = exchanges(model)
+        assert first.url == second.url == CANNED_URL[provider]
+        assert first.body == second.body  # the same request, sent again
+
+    def test_a_failed_open_closes_nothing_of_the_models(self) -> None:
+        refused = Canned(failure=providers.ProviderConnectionError("cannot connect to u: no"))
+        result, model = retried_once(refused)
+        assert result.status == "completed", result.error
+        assert [exchange.closes for exchange in exchanges(model)] == [0, 1]
+
+    def test_the_consumers_close_closes_the_exchange(self) -> None:
+        model = canned_openai([openai_chunk({"content": "Hi"}), openai_chunk({"content": "!"})])
+        generator = model.stream(request(), threading.Event())
+        assert next(generator) == al.TextDelta("request-001", "Hi")
+        generator.close()
+        assert exchanges(model)[0].closes == 1
+
+    def test_the_transport_gets_the_request_and_the_runs_signal(self) -> None:
+        got: List[Tuple[str, Dict[str, str], bytes, Any]] = []
+
+        def transport(
+            url: str, headers: Mapping[str, str], body: bytes, signal: al.Signal
+        ) -> Canned:
+            got.append((url, dict(headers), body, signal))
+            return Canned([OPENAI_TEXT_STREAM])
+
+        model = providers.OpenAIChatModel("m", base_url="http://h/v1", transport=transport)
+        signal = threading.Event()
+        _, response = stream(model, request(), signal)
+        assert response.content == (al.TextBlock("Hello, world"),)
+        ((url, headers, body, given),) = got
+        assert (url, given) == ("http://h/v1/chat/completions", signal)
+        assert headers["Accept"] == "text/event-stream"
+        assert body == providers.openai_request_body(request(), "m")
+
+    def test_an_error_body_is_read_up_to_64_kib(self) -> None:
+        big = Canned([b"x" * 65_536, b"more"], status=500)
+        result, _ = retried_once(big)
+        assert result.status == "completed", result.error
+        assert big.reads == 1  # the limit was reached: the rest is not read
+
+    def test_an_error_body_that_cannot_be_read_is_no_body(self) -> None:
+        class Broken(Canned):
+            def read(self) -> bytes:
+                raise providers.ProviderConnectionError("the connection to u broke")
+
+        _, result = settle_prompt(canned_openai(Broken(status=401)))
+        assert_stream_error(result, "answered HTTP 401 Unauthorized: (no body)")
+
+
+# Answers that the server did not finish: the parts before the text (none: no chunk), the
+# unfinished end, and what the error says after the URL.
+UNFINISHED = [
+    pytest.param(
+        "openai",
+        [ROLE],
+        [DONE],
+        "ended with data: [DONE] but no finish_reason: the answer is incomplete (for a "
+        "server that never sends one: require_finish_reason=False)",
+        id="openai-end-marker-without-finish",
+    ),
+    pytest.param(
+        "openai",
+        [ROLE],
+        [],
+        "ended before data: [DONE] and without a finish_reason: the answer is incomplete",
+        id="openai-end-of-input-without-finish",
+    ),
+    pytest.param(
+        "openai",
+        [ROLE],
+        [STOP],
+        "ended before data: [DONE]: the answer is incomplete",
+        id="openai-end-of-input-after-the-finish",
+    ),
+    pytest.param(
+        "anthropic",
+        [MESSAGE_START, anthropic_text(0)[0]],
+        [],
+        "ended before message_stop: the answer is incomplete",
+        id="anthropic-end-of-input",
+    ),
+]
+TEXT = {
+    "openai": openai_chunk({"content": "Hal"}),
+    "anthropic": anthropic_delta(0, type="text_delta", text="Hal"),
+}
+
+
+class TestWhatIsRetried:
+    """The one rule, decided by the socket loop from the error's type and the status:
+    retried before the first chunk, as many times as retries says."""
+
+    @pytest.mark.parametrize(
+        ("status", "retried"),
+        [
+            *[(400, False), (401, False), (404, False), (407, False), (408, True), (409, True)],
+            *[(410, False), (422, False), (429, True), (499, False), (500, True), (503, True)],
+            *[(529, True), (599, True), (301, False), (304, False)],
+        ],
+    )
+    def test_which_statuses_are_retried(self, status: int, retried: bool) -> None:
+        result, model = retried_once(Canned([b"no"], status=status))
+        assert (result.status == "completed") is retried, result.error
+        assert cast(CannedTransport, model.transport).opened == 1 + retried
+        if not retried:
+            assert assert_stream_error(result, f"HTTP {status}").status == status
+
+    @pytest.mark.parametrize(
+        ("provider", "first", "retried", "kind"),
+        [
+            pytest.param(
+                "openai",
+                Canned(failure=providers.ProviderConnectionError("cannot connect to u: refused")),
+                True,
+                providers.ProviderConnectionError,
+                id="a-connection-that-cannot-be-made",
+            ),
+            pytest.param(
+                "openai",
+                Canned([providers.ProviderConnectionError("the connection to u broke")]),
+                True,
+                providers.ProviderConnectionError,
+                id="a-connection-that-breaks-after-the-head",
+            ),
+            pytest.param(
+                "anthropic",
+                Canned([MESSAGE_START]),
+                True,
+                providers.ProviderProtocolError,
+                id="an-incomplete-answer",
+            ),
+            pytest.param(
+                "anthropic",
+                Canned([MESSAGE_START, OVERLOADED_EVENT]),
+                True,
+                providers.ProviderError,
+                id="an-overloaded-error-event",
+            ),
+            pytest.param(
+                "anthropic",
+                Canned(
+                    [MESSAGE_START, sse({"type": "error", "error": {"type": "overloaded_error"}})]
+                ),
+                True,
+                providers.ProviderError,
+                id="an-overloaded-error-event-without-a-message",
+            ),
+            pytest.param(
+                "anthropic",
+                Canned([MESSAGE_START, sse({"type": "error", "error": {"type": "api_error"}})]),
+                False,
+                providers.ProviderError,
+                id="another-error-event",
+            ),
+            pytest.param(
+                "openai",
+                Canned([b"data: {oops\n\n"]),
+                False,
+                providers.ProviderProtocolError,
+                id="a-malformed-event",
+            ),
+            pytest.param(
+                "openai",
+                Canned([b"{}"], headers={"Content-Type": "application/json"}),
+                False,
+                providers.ProviderProtocolError,
+                id="an-answer-in-json",
+            ),
+            pytest.param(
+                "anthropic",
+                Canned([MESSAGE_START, *anthropic_end("refusal")]),
+                False,
+                providers.ProviderError,
+                id="a-cut-answer",
+            ),
+            pytest.param(
+                "openai",
+                Canned(failure=providers.ProviderError("cannot connect to u: the certificate")),
+                False,
+                providers.ProviderError,
+                id="what-the-transport-says-would-come-again",
+            ),
+        ],
+    )
+    def test_which_failures_are_retried(
+        self, provider: str, first: Canned, retried: bool, kind: type
+    ) -> None:
+        first = copy.deepcopy(first)  # a parameter is made once: each run reads its own
+        result, model = retried_once(first, provider)
+        assert (result.status == "completed") is retried, result.error
+        assert cast(CannedTransport, model.transport).opened == 1 + retried
+        if not retried:
+            assert type(assert_stream_error(result)) is kind
+
     def test_the_backoff_doubles_from_half_a_second_to_at_most_8_with_jitter(self) -> None:
-        assert [providers._backoff(0.5, retried, 0.0) for retried in range(6)] == [
-            0.5,
-            1.0,
-            2.0,
-            4.0,
-            8.0,
-            8.0,
-        ]
-        assert providers._backoff(0.5, 0, 0.999) == pytest.approx(0.375, abs=0.001)
-        assert providers._backoff(0.5, 9, 0.5) == 7.0
+        busy = [Canned([b"busy"], status=503) for _ in range(7)]
+        signal = Hurried()
+        _, result = settle_prompt(canned_openai(*busy, retries=6), signal=signal)
+        assert_stream_error(result, "HTTP 503", "(after 6 retries)")
+        assert len(signal.waits) == 6
+        for retried, waited in enumerate(signal.waits):
+            low, high = backoff_bounds(retried)
+            assert waited is not None
+            assert low < waited <= high, (retried, waited)
+
+    @pytest.mark.parametrize(
+        ("retry_after", "waited"),
+        [
+            pytest.param("0.25", 0.25, id="seconds"),
+            pytest.param("60", 60.0, id="60-s-the-limit-is-waited-for"),
+            pytest.param("61", None, id="61-s-is-not-waited-for"),
+        ],
+    )
+    def test_the_wait_is_the_servers_retry_after_up_to_60_s(
+        self, retry_after: str, waited: Optional[float]
+    ) -> None:
+        busy = Canned([b"busy"], status=429, headers={"Retry-After": retry_after})
+        signal = Hurried()
+        _, result = settle_prompt(
+            canned_openai(busy, [OPENAI_TEXT_STREAM], retries=1), signal=signal
+        )
+        assert signal.waits == ([] if waited is None else [waited])
+        assert (result.status == "completed") is (waited is not None), result.error
+
+    def test_nothing_is_retried_after_the_first_chunk(self) -> None:
+        first = Canned([MESSAGE_START, *anthropic_text(0, "Hi")[:2], OVERLOADED_EVENT])
+        result, model = retried_once(first, "anthropic")
+        assert_stream_error(result, "overloaded_error: Overloaded")
+        assert cast(CannedTransport, model.transport).opened == 1
+
+    def test_a_transport_may_raise_one_error_twice(self) -> None:
+        # The error of the last attempt is said with its retries, on a copy of it.
+        shared = providers.ProviderConnectionError("cannot connect to u: refused")
+        model = canned_openai(Canned(failure=shared), Canned(failure=shared), retries=1)
+        _, result = settle_prompt(model, signal=Hurried())
+        error = assert_stream_error(
+            result, "refused (after 1 retry)", kind=providers.ProviderConnectionError
+        )
+        assert error is not shared
+        assert str(shared) == "cannot connect to u: refused"
+
+    @pytest.mark.parametrize(("provider", "head", "end", "words"), UNFINISHED)
+    def test_an_unfinished_answer_before_any_chunk_is_retried(
+        self,
+        provider: str,
+        head: List[bytes],
+        end: List[bytes],
+        words: str,
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        # Nothing was yielded: as after a broken connection, the answer is asked for again.
+        model = canned_model(provider, [*head, *end], answer_parts(provider, ["Done."]), retries=1)
+        with caplog.at_level(logging.WARNING):
+            _, result = settle_prompt(model, signal=Hurried())
+        assert (result.status, result.final_text) == ("completed", "Done."), result.error
+        (logged,) = retry_logs(caplog)
+        assert f"attempt 1 of 2 failed (the stream from {CANNED_URL[provider]} {words})" in logged
+        assert [bool(exchange.reads) for exchange in exchanges(model)] == [True, True]
+
+    @pytest.mark.parametrize(("provider", "head", "end", "words"), UNFINISHED)
+    def test_an_unfinished_answer_fails_the_run_once_the_retries_are_spent(
+        self, provider: str, head: List[bytes], end: List[bytes], words: str
+    ) -> None:
+        attempts = [Canned([*head, *end]) for _ in range(3)]
+        model = canned_model(provider, *attempts, retries=2)
+        _, result = settle_prompt(model, signal=Hurried())
+        url = CANNED_URL[provider]
+        assert_stream_error(
+            result,
+            f"the stream from {url} {words} (after 2 retries)",
+            kind=providers.ProviderProtocolError,
+        )
+        assert [bool(attempt.reads) for attempt in attempts] == [True, True, True]
+        assert len(result.messages) == 1
+
+    @pytest.mark.parametrize(("provider", "head", "end", "words"), UNFINISHED)
+    def test_an_unfinished_answer_after_a_chunk_fails_the_run_at_once(
+        self, provider: str, head: List[bytes], end: List[bytes], words: str
+    ) -> None:
+        # Once a chunk was yielded, the loop has reported it: no retry.
+        unused = Canned(answer_parts(provider, ["Done."]))
+        model = canned_model(provider, [*head, TEXT[provider], *end], unused, retries=2)
+        events, result = settle_prompt(model, signal=Hurried())
+        error = assert_stream_error(result, f"the stream from {CANNED_URL[provider]} {words}")
+        assert "(after" not in str(error)
+        assert chunk_texts(events) == ["Hal"]
+        assert unused.reads == 0
+
+    def test_without_require_finish_reason_the_end_of_input_is_still_incomplete(self) -> None:
+        model = canned_openai([openai_chunk({"content": "Hal"})], require_finish_reason=False)
+        _, result = settle_prompt(model)
+        assert_stream_error(result, "ended before data: [DONE] and without a finish_reason")
 
 
 # --- Wire formats -------------------------------------------------------------------
+
+
+class TestRequestBodies:
+    """openai_request_body() and anthropic_request_body(): what the models send, alone."""
+
+    def test_they_are_what_the_models_send(self) -> None:
+        history = request(REQUEST_HISTORY, SPECS)
+        options: Dict[str, Any] = {"temperature": 0}
+        openai_model = canned_openai(system="Be brief.", options=options)
+        assert posted(openai_model, history)["body"] == json.loads(
+            providers.openai_request_body(
+                history, "test-model", system="Be brief.", options=options
+            )
+        )
+        anthropic_model = canned_anthropic(max_tokens=100, thinking="adaptive", options=options)
+        assert posted(anthropic_model, history)["body"] == json.loads(
+            providers.anthropic_request_body(
+                history, "test-model", max_tokens=100, thinking="adaptive", options=options
+            )
+        )
+
+    def test_the_defaults(self) -> None:
+        user = {"role": "user", "content": "Hi."}
+        assert json.loads(providers.openai_request_body(request(), "m")) == {
+            "model": "m",
+            "messages": [user],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        assert json.loads(providers.anthropic_request_body(request(), "m")) == {
+            "model": "m",
+            "max_tokens": 4096,
+            "messages": [user],
+            "stream": True,
+        }
+
+    @PROVIDERS
+    def test_the_body_is_utf_8_json_as_written(self, provider: str) -> None:
+        history = request([al.UserMessage("user-001", "Caf\u00e9 \U0001f600")])
+        build = {
+            "openai": providers.openai_request_body,
+            "anthropic": providers.anthropic_request_body,
+        }[provider]
+        assert "Caf\u00e9 \U0001f600".encode() in build(history, "m")
+
+    @pytest.mark.parametrize(
+        ("arguments", "error", "words"),
+        [
+            pytest.param(
+                {"request": "Hi."}, TypeError, "request must be a ModelRequest", id="req"
+            ),
+            pytest.param({"model": 1}, TypeError, "model must be a str", id="model-type"),
+            pytest.param({"model": ""}, ValueError, "model must name", id="model-empty"),
+            pytest.param({"system": 1}, TypeError, "system must be a str or None", id="system"),
+            pytest.param(
+                {"options": [1]}, TypeError, r"options must be a mapping or None;", id="opt-type"
+            ),
+            pytest.param({"options": {"a": {1}}}, TypeError, "must be plain JSON", id="set"),
+            pytest.param(
+                {"options": {"tools": []}}, ValueError, "options may not set tools", id="owned"
+            ),
+        ],
+    )
+    @PROVIDERS
+    def test_bad_arguments(
+        self, provider: str, arguments: Dict[str, Any], error: type, words: str
+    ) -> None:
+        given: Dict[str, Any] = {"request": request(), "model": "m", **arguments}
+        build: Any = {
+            "openai": providers.openai_request_body,
+            "anthropic": providers.anthropic_request_body,
+        }[provider]
+        with pytest.raises(error, match=words):
+            build(given.pop("request"), given.pop("model"), **given)
+
+    @pytest.mark.parametrize(
+        ("arguments", "error", "words"),
+        [
+            pytest.param({"max_tokens": 0}, ValueError, "an int >= 1, got 0", id="tokens"),
+            pytest.param({"max_tokens": "1"}, TypeError, "max_tokens must be an int", id="str"),
+            pytest.param({"thinking": "on"}, ValueError, "thinking must be None, 'ad", id="think"),
+            pytest.param(
+                {"options": {"system": "x"}}, ValueError, "may not set system", id="owned"
+            ),
+        ],
+    )
+    def test_bad_anthropic_arguments(
+        self, arguments: Dict[str, Any], error: type, words: str
+    ) -> None:
+        with pytest.raises(error, match=words):
+            providers.anthropic_request_body(request(), "m", **arguments)
+
+    def test_a_models_options_error_says_a_function_is_allowed(self) -> None:
+        with pytest.raises(TypeError, match="or None, or a function of the request; got list"):
+            providers.OpenAIChatModel("m", options=[1])  # type: ignore[arg-type]
+
+
+class TestAnswers:
+    """The answers' public constructors check their arguments."""
+
+    @pytest.mark.parametrize(
+        ("arguments", "words"),
+        [
+            pytest.param({"request": "Hi."}, "request must be a ModelRequest, got str", id="req"),
+            pytest.param({"accept_truncated": 1}, "accept_truncated must be a bool", id="cut"),
+            pytest.param({"url": None}, "url must be a str, got NoneType", id="url"),
+        ],
+    )
+    @pytest.mark.parametrize("answer", [providers.OpenAIAnswer, providers.AnthropicAnswer])
+    def test_bad_arguments(self, answer: Any, arguments: Dict[str, Any], words: str) -> None:
+        given: Dict[str, Any] = {"request": request(), **arguments}
+        with pytest.raises(TypeError, match=words):
+            answer(given.pop("request"), **given)
+
+    def test_require_finish_reason_is_a_bool(self) -> None:
+        with pytest.raises(TypeError, match="require_finish_reason must be a bool, got str"):
+            providers.OpenAIAnswer(request(), require_finish_reason="no")  # type: ignore[arg-type]
+
+    @PROVIDERS
+    def test_the_url_names_the_stream_in_the_incomplete_answer_error(self, provider: str) -> None:
+        answer_class: Any = {
+            "openai": providers.OpenAIAnswer,
+            "anthropic": providers.AnthropicAnswer,
+        }
+        answer = answer_class[provider](request(), url="http://h/x")
+        with pytest.raises(providers.ProviderProtocolError, match="the stream from http://h/x "):
+            parsed(answer, *answer_parts(provider, ["Hi"])[:-1])
 
 
 class TestServerEvents:
     """The event-stream parser, from byte strings alone."""
 
     def parse(self, *reads: bytes) -> List[Tuple[str, str]]:
-        parser = providers._ServerEvents()
+        parser = providers.ServerSentEvents()
         return [(event.event, event.data) for data in reads for event in parser.feed(data)]
 
     @pytest.mark.parametrize("ending", [b"\n", b"\r\n", b"\r"], ids=["lf", "crlf", "cr"])
@@ -2248,20 +2813,21 @@ class TestServerEvents:
         assert self.parse(b"data: a\n\ndata: b\n") == [("", "a")]
 
     def test_the_end_of_the_input_drops_what_is_open(self) -> None:
-        parser = providers._ServerEvents()
+        parser = providers.ServerSentEvents()
         assert parser.feed(b"event: x\ndata: a\ndata: b") == []
         assert parser.feed(b"") == []
-        assert parser.feed(b"data: c\n\n") == [providers._ServerEvent("", "c")]  # none before
+        assert parser.feed(b"data: c\n\n") == [providers.ServerSentEvent("", "c")]  # none before
 
     def test_a_character_cut_by_the_end_of_the_input_is_malformed(self) -> None:
-        parser = providers._ServerEvents()
+        parser = providers.ServerSentEvents()
         assert parser.feed("data: \u00e9".encode()[:-1]) == []
-        with pytest.raises(providers.ProviderError, match="not UTF-8"):
+        with pytest.raises(providers.ProviderProtocolError, match="not UTF-8"):
             parser.feed(b"")
 
     def test_invalid_utf_8_is_malformed(self) -> None:
-        with pytest.raises(providers.ProviderError, match="not UTF-8"):
+        with pytest.raises(providers.ProviderProtocolError, match="not UTF-8") as caught:
             self.parse(b"data: \xff\n\n")
+        assert not caught.value.incomplete
 
     def test_a_leading_byte_order_mark_is_dropped(self) -> None:
         bom = "\ufeff".encode()
@@ -2269,47 +2835,49 @@ class TestServerEvents:
         assert self.parse(b"data: \xef\xbb\xbfa\n\n") == [("", "\ufeffa")]  # only the first
 
     def test_a_line_at_the_limit_passes_and_one_longer_is_malformed(self) -> None:
-        limit = providers._EVENT_LIMIT
+        limit = providers.MAX_EVENT_SIZE
         line = b"data:" + b"x" * (limit - len("data:"))
         assert self.parse(line, b"\n\n") == [("", "x" * (limit - 5))]
-        with pytest.raises(providers.ProviderError, match="a line longer than 1,048,576"):
+        with pytest.raises(providers.ProviderProtocolError, match="a line longer than 1,048,576"):
             self.parse(line + b"x")
 
     def test_an_event_at_the_limit_passes_and_one_longer_is_malformed(self) -> None:
         # The LF that joins the two lines counts: the data is exactly the limit.
-        first = b"data: " + b"y" * (providers._EVENT_LIMIT // 2) + b"\n"
-        second = b"data: " + b"y" * (providers._EVENT_LIMIT // 2 - 1) + b"\n"
-        assert len(self.parse(first, second, b"\n")[0][1]) == providers._EVENT_LIMIT
-        with pytest.raises(providers.ProviderError, match="an event longer than 1,048,576"):
+        first = b"data: " + b"y" * (providers.MAX_EVENT_SIZE // 2) + b"\n"
+        second = b"data: " + b"y" * (providers.MAX_EVENT_SIZE // 2 - 1) + b"\n"
+        assert len(self.parse(first, second, b"\n")[0][1]) == providers.MAX_EVENT_SIZE
+        with pytest.raises(
+            providers.ProviderProtocolError, match="an event longer than 1,048,576"
+        ):
             self.parse(first, second.replace(b" ", b" z"))
 
     def test_a_long_run_of_empty_data_lines_is_an_oversized_event(self) -> None:
         # A server that sends "data:" lines forever: the limit ends it, a read at a time.
-        lines = b"data:\n" * (providers._EVENT_LIMIT + 2)
+        lines = b"data:\n" * (providers.MAX_EVENT_SIZE + 2)
         reads = [lines[start : start + 65_536] for start in range(0, len(lines), 65_536)]
         assert self.parse(*reads[:-1], reads[-1][: -len(b"data:\n")], b"\n") == [
-            ("", "\n" * providers._EVENT_LIMIT)
+            ("", "\n" * providers.MAX_EVENT_SIZE)
         ]
         with pytest.raises(
             providers.ProviderError, match="malformed event stream: an event longer than 1,048,576"
         ):
             self.parse(*reads)
 
-    def test_the_size_of_the_data_is_counted_as_its_lines_come(self) -> None:
-        parser = providers._ServerEvents()
-        sizes = []
-        for read in (b"data: ab\n", b"data:\n", b"data: c\n"):
-            assert parser.feed(read) == []
-            sizes.append(parser.size)
-        assert sizes == [2, 3, 5]  # "ab", "ab\n", "ab\n\nc"
-        assert parser.feed(b"\n") == [providers._ServerEvent("", "ab\n\nc")]
-        assert parser.size == 0  # a dispatched event starts the count again
-        assert parser.feed(b"data: abc\n") == []
-        assert parser.feed(b"") == []
-        assert parser.size == 0  # so does the end of the input
+    def test_the_size_starts_again_after_each_event_and_at_the_end_of_the_input(self) -> None:
+        # An event of the limit's size, twice: the first one's size is not counted in the
+        # second's, dispatched or dropped at the end of the input.
+        full = b"data: " + b"z" * providers.MAX_EVENT_SIZE + b"\n"
+        parser = providers.ServerSentEvents()
+        assert [len(event.data) for event in parser.feed(full + b"\n" + full + b"\n")] == [
+            providers.MAX_EVENT_SIZE,
+            providers.MAX_EVENT_SIZE,
+        ]
+        assert parser.feed(full) == []
+        assert parser.feed(b"") == []  # dropped
+        assert len(parser.feed(full + b"\n")[0].data) == providers.MAX_EVENT_SIZE
 
-
-class TestHelpers:
-    def test_described(self) -> None:
-        assert providers._described(OSError()) == "OSError"
-        assert providers._described(OSError("x")) == "OSError: x"
+    def test_events_are_frozen_values(self) -> None:
+        event = providers.ServerSentEvent("message_stop", "{}")
+        assert event == providers.ServerSentEvent("message_stop", "{}")
+        with pytest.raises(AttributeError):
+            event.data = "x"  # type: ignore[misc]

@@ -1,18 +1,18 @@
-"""Tests of agent_loop_providers.py through a socket or a process: the exchange.
+"""Tests of agent_loop_providers.py through a socket or a process: the default transport.
 
-The layer tested here is the thin loop around the wire formats: the socket, the timeout,
-the cancellation watch and retries. What needs a socket (connecting, timeouts,
-cancellation, TLS, retries, HTTP failures, closing) runs against loop_testing_providers'
-fixture server (a local ``http.server`` on 127.0.0.1 and a free port, in a thread, started and
-stopped whatever happens), plain or TLS with a CA and certificates that the ``openssl``
-command makes at test time (a missing openssl fails the TLS tests). The retry tests are
-all here, the two that run on canned bytes too. Integration tests, marked ``llmock``, run
-both adapters through ``run_agent_loop`` against an ``llmock serve`` subprocess; they
-skip where llmock is not importable, unless ``AGENT_LOOP_REQUIRE_LLMOCK=1`` (set by
-tox's llmock env) turns the skip into a failure. No test reaches beyond 127.0.0.1. The
-wire formats themselves, from byte strings alone, are tested in
-test_agent_loop_providers.py, the command line in test_agent_loop_cli.py; the builders
-these files use are in loop_testing_providers.py.
+The layer tested here is the default transport (``transport=None``: the socket, the
+timeout, the cancellation watch) under the socket loop's retries. What needs a socket
+(connecting, timeouts, cancellation, TLS, retries over the network, HTTP failures,
+closing) runs against loop_testing_providers' fixture server (a local ``http.server`` on 127.0.0.1
+and a free port, in a thread, started and stopped whatever happens), plain or TLS with a
+CA and certificates that the ``openssl`` command makes at test time (a missing openssl
+fails the TLS tests). Integration tests, marked ``llmock``, run both adapters through
+``run_agent_loop`` against an ``llmock serve`` subprocess; they skip where llmock is not
+importable, unless ``AGENT_LOOP_REQUIRE_LLMOCK=1`` (set by tox's llmock env) turns the
+skip into a failure. No test reaches beyond 127.0.0.1. The wire formats themselves, and
+the retry rule on canned exchanges, are tested in test_agent_loop_providers.py, the
+command line in test_agent_loop_cli.py; the builders these files use, and the fixture
+server, are in loop_testing_providers.py.
 """
 
 from __future__ import annotations
@@ -54,28 +54,29 @@ from loop_testing_providers import (
     OPENAI_TOOL_STREAM,
     PROVIDERS,
     REQUEST_HISTORY,
+    ROLE,
     SPECS,
     STOP,
-    Canned,
+    AnyModel,
+    Hurried,
     Reply,
     Server,
     answer_parts,
-    anthropic_delta,
     anthropic_end,
     anthropic_sent_result,
     anthropic_text,
     assert_stream_error,
-    canned,
-    canned_anthropic,
-    canned_model,
+    backoff_bounds,
     canned_openai,
     chunk_texts,
     eventually,
     free_port,
     in_pieces,
+    logged_delay,
     openai_chunk,
     posted,
     request,
+    retry_logs,
     serving,
     settle_prompt,
     sse,
@@ -127,7 +128,7 @@ def anthropic(server: Server, **arguments: Any) -> providers.AnthropicMessagesMo
     return providers.AnthropicMessagesModel("test-model", base_url=server.url, **arguments)
 
 
-def served(provider: str, server: Server, **arguments: Any) -> providers._StreamingModel:
+def served(provider: str, server: Server, **arguments: Any) -> AnyModel:
     """The provider's model for the fixture server."""
     if provider == "openai":
         return openai(server, **arguments)
@@ -168,7 +169,8 @@ class TestExchange:
         model = openai(server, api_key="sk-x", options={"temperature": 0})
         stream(model, request(REQUEST_HISTORY, SPECS))
         sent = server.requests[0]
-        expected = posted(model, request(REQUEST_HISTORY, SPECS))
+        twin = canned_openai(api_key="sk-x", options={"temperature": 0})  # the same model
+        expected = posted(twin, request(REQUEST_HISTORY, SPECS))
         assert sent["path"] == "/v1/chat/completions"
         assert sent["body"] == expected["body"]
         for name, value in expected["headers"].items():
@@ -192,21 +194,6 @@ class TestExchange:
 # --- Retries ------------------------------------------------------------------------
 
 
-def quick(model: providers._StreamingModel) -> providers._StreamingModel:
-    """The model with a backoff of 1 ms, doubling, and no jitter: tests do not sleep."""
-    model._backoff_start = 0.001
-    model._jitter = lambda: 0.0
-    return model
-
-
-def retry_logs(caplog: pytest.LogCaptureFixture) -> List[str]:
-    return [
-        record.getMessage()
-        for record in caplog.records
-        if record.name == "agent_loop.providers" and record.levelno == logging.WARNING
-    ]
-
-
 CHUNKED = (("Content-Type", "text/event-stream"), ("Transfer-Encoding", "chunked"))
 """The head of a chunked stream whose framing a test writes by hand."""
 STREAM = Reply([openai_chunk({"content": "5"}), STOP, DONE])
@@ -217,48 +204,6 @@ OVERLOADED = sse(
     {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}, "error"
 )
 NOT_RETRIED = "busy (Retry-After: 61 s) (not retried: the Retry-After is more than 60 s)"
-ROLE = openai_chunk({"role": "assistant", "content": ""})  # a first chunk with no text
-# Answers that the server did not finish: the parts before the text (none: no chunk), the
-# unfinished end, and what the error says after the URL.
-UNFINISHED = [
-    pytest.param(
-        "openai",
-        [ROLE],
-        [DONE],
-        "ended with data: [DONE] but no finish_reason: the answer is incomplete (for a "
-        "server that never sends one: require_finish_reason=False)",
-        id="openai-end-marker-without-finish",
-    ),
-    pytest.param(
-        "openai",
-        [ROLE],
-        [],
-        "ended before data: [DONE] and without a finish_reason: the answer is incomplete",
-        id="openai-end-of-input-without-finish",
-    ),
-    pytest.param(
-        "openai",
-        [ROLE],
-        [STOP],
-        "ended before data: [DONE]: the answer is incomplete",
-        id="openai-end-of-input-after-the-finish",
-    ),
-    pytest.param(
-        "anthropic",
-        [MESSAGE_START, anthropic_text(0)[0]],
-        [],
-        "ended before message_stop: the answer is incomplete",
-        id="anthropic-end-of-input",
-    ),
-]
-TEXT = {
-    "openai": openai_chunk({"content": "Hal"}),
-    "anthropic": anthropic_delta(0, type="text_delta", text="Hal"),
-}
-CANNED_URL = {
-    "openai": "http://canned/v1/chat/completions",
-    "anthropic": "http://canned/v1/messages",
-}
 
 
 class TestRetries:
@@ -269,19 +214,25 @@ class TestRetries:
     ) -> None:
         server.script(Reply([b"{}"], status=500), BUSY, STREAM)
         with caplog.at_level(logging.WARNING):
-            _, result = settle_prompt(quick(openai(server, retries=2)))
+            _, result = settle_prompt(openai(server, retries=2), signal=Hurried())
         assert (result.status, result.final_text) == ("completed", "5")
         assert len(server.requests) == 3
-        assert retry_logs(caplog) == [
+        first, second = retry_logs(caplog)
+        assert first.startswith(
             f"request-001: attempt 1 of 3 failed ({server.url}/v1/chat/completions answered "
-            "HTTP 500 Internal Server Error: {}); retrying in 0.001 s",
+            "HTTP 500 Internal Server Error: {}); retrying in "
+        )
+        assert second.startswith(
             f"request-001: attempt 2 of 3 failed ({server.url}/v1/chat/completions answered "
-            "HTTP 503 Service Unavailable: busy); retrying in 0.002 s",
-        ]
+            "HTTP 503 Service Unavailable: busy); retrying in "
+        )
+        for retried, line in enumerate([first, second]):
+            low, high = backoff_bounds(retried)
+            assert low < logged_delay(line) <= high
 
     def test_the_last_error_says_how_many_retries(self, server: Server) -> None:
         server.script(BUSY, BUSY, BUSY)
-        _, result = settle_prompt(quick(anthropic(server, retries=2)))
+        _, result = settle_prompt(anthropic(server, retries=2), signal=Hurried())
         error = assert_stream_error(result, "HTTP 503 Service Unavailable: busy (after 2 retries)")
         assert (error.status, len(server.requests)) == (503, 3)
 
@@ -305,8 +256,8 @@ class TestRetries:
             pytest.param(  # parsedate_to_datetime raises OverflowError: not a Retry-After
                 503,
                 (("Retry-After", "Wed, 21 Oct 99999999999 07:28:30 GMT"),),
-                0.001,
-                "HTTP 503 Service Unavailable: busy); retrying in 0.001 s",
+                None,
+                "HTTP 503 Service Unavailable: busy); retrying in ",
                 id="a-date-that-overflows-is-the-backoff",
             ),
         ],
@@ -317,18 +268,22 @@ class TestRetries:
         caplog: pytest.LogCaptureFixture,
         status: int,
         headers: Sequence[Tuple[str, str]],
-        wait: float,
+        wait: Optional[float],
         logged: str,
     ) -> None:
         body = b"{}" if status == 429 else b"busy"
         server.script(Reply([body], status=status, headers=headers), STREAM)
-        started = time.monotonic()
         with caplog.at_level(logging.WARNING):
-            _, result = settle_prompt(quick(openai(server, retries=1)))
-        assert time.monotonic() - started >= wait
+            _, result = settle_prompt(openai(server, retries=1), signal=Hurried())
         assert result.status == "completed", result.error
         assert len(server.requests) == 2
-        assert retry_logs(caplog)[0].endswith(logged)
+        (line,) = retry_logs(caplog)
+        if wait is None:  # the backoff's
+            assert logged in line
+            low, high = backoff_bounds(0)
+            assert low < logged_delay(line) <= high
+        else:
+            assert line.endswith(logged)
 
     @pytest.mark.parametrize(
         ("retries", "replies", "said"),
@@ -343,7 +298,7 @@ class TestRetries:
     ) -> None:
         server.script(*replies)
         started = time.monotonic()
-        _, result = settle_prompt(quick(openai(server, retries=retries)))
+        _, result = settle_prompt(openai(server, retries=retries), signal=Hurried())
         assert time.monotonic() - started < 1.0
         error = assert_stream_error(result)
         assert str(error).endswith(said)
@@ -381,7 +336,7 @@ class TestRetries:
     ) -> None:
         server.script(reply, STREAM)
         with caplog.at_level(logging.WARNING):
-            _, result = settle_prompt(quick(openai(server, retries=retries)))
+            _, result = settle_prompt(openai(server, retries=retries), signal=Hurried())
         error = assert_stream_error(result, words)
         assert error.status == reply.status
         assert "(after" not in str(error)
@@ -390,17 +345,20 @@ class TestRetries:
 
     def test_a_refused_connection_is_retried(self, caplog: pytest.LogCaptureFixture) -> None:
         url = f"http://127.0.0.1:{free_port()}/v1"
-        model = quick(providers.OpenAIChatModel("m", base_url=url, retries=2))
+        model = providers.OpenAIChatModel("m", base_url=url, retries=2)
         with caplog.at_level(logging.WARNING):
-            _, result = settle_prompt(model)
+            _, result = settle_prompt(model, signal=Hurried())
         assert_stream_error(
-            result, f"cannot connect to {url}/chat/completions", "(after 2 retries)"
+            result,
+            f"cannot connect to {url}/chat/completions",
+            "(after 2 retries)",
+            kind=providers.ProviderConnectionError,
         )
         assert len(retry_logs(caplog)) == 2
 
     def test_a_hang_up_before_the_head_is_retried(self, server: Server) -> None:
         server.script(Reply(hang_up=True), STREAM)
-        _, result = settle_prompt(quick(openai(server, retries=1)))
+        _, result = settle_prompt(openai(server, retries=1), signal=Hurried())
         assert result.status == "completed", result.error
 
     def test_an_error_after_the_first_chunk_is_not_retried(self, server: Server) -> None:
@@ -410,7 +368,9 @@ class TestRetries:
             Reply([MESSAGE_START, *anthropic_text(0, "Hi")[:2], OVERLOADED], pause=0.1),
             Reply([MESSAGE_START, *anthropic_text(0, "Again"), *anthropic_end()]),
         )
-        events, result = settle_prompt(quick(anthropic(server, retries=2, timeout=_BOUND)))
+        events, result = settle_prompt(
+            anthropic(server, retries=2, timeout=_BOUND), signal=Hurried()
+        )
         assert_stream_error(result, "overloaded_error: Overloaded")
         assert "(after" not in str(cast(al.RunError, result.error).exception)
         assert len(server.requests) == 1
@@ -422,64 +382,10 @@ class TestRetries:
             Reply([b"{}"], status=529),
             Reply([MESSAGE_START, *anthropic_text(0, "Hi"), *anthropic_end()]),
         )
-        _, result = settle_prompt(quick(anthropic(server, retries=2)))
+        _, result = settle_prompt(anthropic(server, retries=2), signal=Hurried())
         assert result.status == "completed", result.error
         assert result.final_text == "Hi"
         assert len(server.requests) == 3
-
-    def test_another_error_event_is_not_retried(self) -> None:
-        failed = [MESSAGE_START, b'event: error\ndata: {"error": {"type": "api_error"}}\n\n']
-        model = quick(canned_anthropic(failed, STREAM.parts, retries=2))
-        _, result = settle_prompt(model)
-        assert_stream_error(result, "reported an error")
-
-    @pytest.mark.parametrize(("provider", "head", "end", "words"), UNFINISHED)
-    def test_an_unfinished_answer_before_any_chunk_is_retried(
-        self,
-        provider: str,
-        head: List[bytes],
-        end: List[bytes],
-        words: str,
-        caplog: pytest.LogCaptureFixture,
-    ) -> None:
-        # Nothing was yielded: as after a broken connection, the answer is asked for again.
-        model = quick(canned_model(provider, retries=1))
-        exchanges = canned(model, [*head, *end], answer_parts(provider, ["Done."]))
-        with caplog.at_level(logging.WARNING):
-            _, result = settle_prompt(model)
-        assert (result.status, result.final_text) == ("completed", "Done."), result.error
-        (logged,) = retry_logs(caplog)
-        assert f"attempt 1 of 2 failed (the stream from {CANNED_URL[provider]} {words})" in logged
-        assert [bool(exchange.reads) for exchange in exchanges] == [True, True]
-
-    @pytest.mark.parametrize(("provider", "head", "end", "words"), UNFINISHED)
-    def test_an_unfinished_answer_fails_the_run_once_the_retries_are_spent(
-        self, provider: str, head: List[bytes], end: List[bytes], words: str
-    ) -> None:
-        attempts = [Canned([*head, *end]) for _ in range(3)]
-        _, result = settle_prompt(quick(canned_model(provider, *attempts, retries=2)))
-        url = CANNED_URL[provider]
-        assert_stream_error(result, f"the stream from {url} {words} (after 2 retries)")
-        assert [bool(attempt.reads) for attempt in attempts] == [True, True, True]
-        assert len(result.messages) == 1
-
-    @pytest.mark.parametrize(("provider", "head", "end", "words"), UNFINISHED)
-    def test_an_unfinished_answer_after_a_chunk_fails_the_run_at_once(
-        self, provider: str, head: List[bytes], end: List[bytes], words: str
-    ) -> None:
-        # Once a chunk was yielded, the loop has reported it: no retry.
-        unused = Canned(answer_parts(provider, ["Done."]))
-        model = quick(canned_model(provider, [*head, TEXT[provider], *end], unused, retries=2))
-        events, result = settle_prompt(model)
-        error = assert_stream_error(result, f"the stream from {CANNED_URL[provider]} {words}")
-        assert "(after" not in str(error)
-        assert chunk_texts(events) == ["Hal"]
-        assert unused.reads == 0
-
-    def test_without_require_finish_reason_the_end_of_input_is_still_incomplete(self) -> None:
-        model = canned_openai([openai_chunk({"content": "Hal"})], require_finish_reason=False)
-        _, result = settle_prompt(model)
-        assert_stream_error(result, "ended before data: [DONE] and without a finish_reason")
 
     @pytest.mark.parametrize(
         "broken",
@@ -492,7 +398,7 @@ class TestRetries:
         self, server: Server, broken: Reply
     ) -> None:
         server.script(broken, STREAM)
-        _, result = settle_prompt(quick(openai(server, retries=1, timeout=0.3)))
+        _, result = settle_prompt(openai(server, retries=1, timeout=0.3), signal=Hurried())
         assert (result.status, result.final_text) == ("completed", "5"), result.error
         assert len(server.requests) == 2
 
@@ -513,7 +419,7 @@ class TestRetries:
         self, server: Server, broken: Reply, words: str
     ) -> None:
         server.script(broken, broken, broken)
-        _, result = settle_prompt(quick(openai(server, retries=2, timeout=0.3)))
+        _, result = settle_prompt(openai(server, retries=2, timeout=0.3), signal=Hurried())
         assert_stream_error(result, words, "(after 2 retries)")
         assert len(server.requests) == 3
 
@@ -523,30 +429,6 @@ class TestRetries:
         # the bound: a cancelled wait returns at once
         assert cancelled_within(model, after=lambda: bool(server.requests)) < 0.25
         assert len(server.requests) == 1
-
-    @pytest.mark.parametrize(
-        ("headers", "waited"),
-        [
-            pytest.param({}, 0.001, id="the-backoff"),
-            pytest.param({"retry-after": "60"}, 60.0, id="a-retry-after-of-60-s-at-the-limit"),
-        ],
-    )
-    def test_the_wait_is_the_signals_wait(self, headers: Dict[str, str], waited: float) -> None:
-        waits: List[Optional[float]] = []
-
-        class Recording:
-            def is_set(self) -> bool:
-                return False
-
-            def wait(self, timeout: Optional[float] = None) -> bool:
-                waits.append(timeout)
-                return False
-
-        busy = Canned(failure=providers._head_error("u", 429, "", headers, lambda: "", 0.0))
-        model = quick(canned_openai(busy, [OPENAI_TEXT_STREAM], retries=1))
-        _, response = stream(model, signal=Recording())
-        assert response.content == (al.TextBlock("Hello, world"),)
-        assert waits == [waited]
 
 
 # --- A limit on concurrent answers ---------------------------------------------------
@@ -791,6 +673,15 @@ class TestConnecting:
             "Name or service not known",
         )
 
+    def test_a_failure_without_a_message_is_named_by_its_type(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(socket, "getaddrinfo", _SlowLookup(OSError()))
+        model = providers.OpenAIChatModel("m", base_url="http://slow.test:9/v1", retries=0)
+        _, result = settle_prompt(model)
+        error = assert_stream_error(result, kind=providers.ProviderConnectionError)
+        assert str(error).endswith(": the name lookup failed: OSError")
+
     def test_a_name_that_is_looked_up(self, server: Server, slow_lookup: _SlowLookup) -> None:
         slow_lookup.release.set()
         server.script(Reply([OPENAI_TEXT_STREAM]))
@@ -936,6 +827,7 @@ class TestHTTPS:
             error = assert_stream_error(
                 result, f"cannot connect to {tls.url}", "TLS certificate did not verify"
             )
+            assert type(error) is providers.ProviderError  # not a connection failure
             assert error.status is None
             assert tls.requests == []
         assert retry_logs(caplog) == []  # the same certificate would come back: not retried
@@ -977,7 +869,12 @@ class TestHTTPFailures:
         # Chunked framing written by hand: the body stops inside a chunk of 0x40 bytes.
         server.script(Reply([b"40\r\ndata: {"], headers=CHUNKED))
         _, result = settle_prompt(openai(server))
-        assert_stream_error(result, "the connection to", "broke: IncompleteRead")
+        assert_stream_error(
+            result,
+            "the connection to",
+            "broke: IncompleteRead",
+            kind=providers.ProviderConnectionError,
+        )
 
     @pytest.mark.parametrize(
         ("reply", "chunks"),
@@ -991,7 +888,9 @@ class TestHTTPFailures:
         started = time.monotonic()
         events, result = settle_prompt(openai(server, timeout=0.3))
         assert 0.3 <= time.monotonic() - started < 1.5
-        assert_stream_error(result, "sent nothing for 0.3 s")
+        assert_stream_error(
+            result, "sent nothing for 0.3 s", kind=providers.ProviderConnectionError
+        )
         assert [event.type for event in events].count("model.chunk") == chunks
         assert len(result.messages) == 1
 
@@ -1299,9 +1198,9 @@ class TestLLMock:
         self, mock: LLMock, provider: str, caplog: pytest.LogCaptureFixture
     ) -> None:
         mock.scenario({"type": "fail", "status": 500}, {"type": "reply", "text": "Recovered."})
-        model = quick(cast(providers._StreamingModel, _model(mock, provider, retries=2)))
+        model = _model(mock, provider, retries=2)
         with caplog.at_level(logging.WARNING):
-            _, result = settle_prompt(model)
+            _, result = settle_prompt(model, signal=Hurried())
         assert result.status == "completed", result.error
         assert result.final_text == "Recovered."
         assert [record["status"] for record in mock.requests()] == [500, 200]

@@ -35,7 +35,7 @@ import agent_loop_providers as providers
 import agent_loop_replay as alr
 from loop_invariants import check_run
 from loop_testing import REPOSITORY, json_lines, read_json_lines, run, settle, text, types_of
-from loop_testing_providers import SPECS, posted, request
+from loop_testing_providers import SPECS, request
 
 # --- The public names ---------------------------------------------------------------------
 
@@ -757,11 +757,12 @@ class TestReadme:
             al.AssistantMessage("message-response-001", [thought, call], al.Usage(472, 89)),
             al.ToolResultMessage("tool-result-toolu_01", "toolu_01", "add", '{"sum":5}', False),
         )
-        model = providers.AnthropicMessagesModel(
-            "m", thinking={"type": "enabled", "budget_tokens": 1}
+        sent = providers.anthropic_request_body(
+            request(history, SPECS, id="request-002"),
+            "m",
+            thinking={"type": "enabled", "budget_tokens": 1},
         )
-        sent = posted(model, request(history, SPECS, id="request-002"))["body"]
-        assert json.loads(shown) == sent["messages"]
+        assert json.loads(shown) == json.loads(sent)["messages"]
 
     def test_it_states_the_id_rules(self) -> None:
         """How a duplicate id's message says the ids are derived, the README says too."""
