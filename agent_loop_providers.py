@@ -2084,3 +2084,8 @@ class AnthropicAnswer(_Answer):
             count = _count(usage, key, data)
             if count is not None:
                 self._counts[name] = count
+
+
+if __name__ == "__main__":
+    # The command line moved in 1.3.0: say where, to anyone with the old habit.
+    raise SystemExit("agent_loop_providers.py has no command line: run python agent_loop_cli.py")

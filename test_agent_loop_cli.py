@@ -768,6 +768,21 @@ class TestTheFile:
             os.close(write_end)
         assert (finished.returncode, finished.stderr) == (1, b"")
 
+    def test_the_providers_file_says_where_its_command_line_went(self) -> None:
+        """Its command line moved here in 1.3.0: `python agent_loop_providers.py` says so."""
+        finished = subprocess.run(
+            [sys.executable, "agent_loop_providers.py", "--provider", "openai"],
+            cwd=REPOSITORY,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert (finished.returncode, finished.stdout) == (1, "")
+        assert finished.stderr == (
+            "agent_loop_providers.py has no command line: run python agent_loop_cli.py\n"
+        )
+
     def test_it_uses_only_public_names_of_the_modules_it_imports(self) -> None:
         source = (REPOSITORY / "agent_loop_cli.py").read_text(encoding="utf-8")
         assert re.findall(r"\b(?:al|providers|replay|mcp)\._\w+", source) == []
