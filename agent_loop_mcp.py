@@ -1145,17 +1145,16 @@ def parse_event_stream(stream: IO[bytes], limit: int = MAX_MESSAGE_BYTES) -> Ite
     """
     data: List[bytes] = []
     size = 0
-    too_long = ValueError(f"an event of more than {limit} bytes")
     for line in _bounded_lines(stream, limit + len(b"data: ")):
         if line is None:
-            raise too_long
+            raise ValueError(f"an event of more than {limit} bytes")
         line = line.rstrip(b"\r")
         if line.startswith(b"data:"):
             value = line[5:]
             value = value[1:] if value.startswith(b" ") else value
             size += len(value) + bool(data)
             if size > limit:
-                raise too_long
+                raise ValueError(f"an event of more than {limit} bytes")
             data.append(value)
         elif not line:  # the end of an event
             if size:

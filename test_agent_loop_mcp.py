@@ -1011,6 +1011,22 @@ class TestProcess:
             monkeypatch.setattr(os, "killpg", gone)
         assert not alive(canned.pid())
 
+    def test_a_server_that_closes_its_input(self, tmp_path: Path) -> None:
+        """Every write after the handshake meets a broken pipe: the requests time out, and
+        close() ends the server all the same."""
+        script = tmp_path / "deaf.py"
+        script.write_text(
+            "import json, os, sys, time\n"
+            "m = json.loads(sys.stdin.buffer.readline())\n"
+            "os.close(0)\n"
+            "r = {'protocolVersion': '2025-11-25', 'capabilities': {}}\n"
+            "print(json.dumps({'jsonrpc': '2.0', 'id': m['id'], 'result': r}), flush=True)\n"
+            "time.sleep(60)\n"
+        )
+        server = shortened(mcp.StdioServer([sys.executable, str(script)], timeout=10.0), 0.3)
+        with server, pytest.raises(mcp.McpError, match=r"tools/list got no answer within 0\.3"):
+            server.tools()
+
     def test_a_server_whose_input_is_broken(self, canned: Canned) -> None:
         with canned.server() as server:
             tools = server.tools()
