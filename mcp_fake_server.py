@@ -185,8 +185,8 @@ class Fake:
             answer(arguments["result"])
         elif name == "raw":  # lines as they are (or [text, times]), then messages
             for line in arguments.get("lines", []):
-                text, times = (line, 1) if isinstance(line, str) else line
-                send(text.encode() * times + b"\n")
+                data, times = (line, 1) if isinstance(line, str) else line
+                send(data.encode() * times + b"\n")
             for raw in arguments.get("messages", [arguments.get("message")]):
                 send(raw)
         elif name == "garbage":

@@ -741,7 +741,7 @@ class TestTimeAndCancellation:
 
                 def is_set(self) -> bool:
                     if not self.answers:
-                        answers = [
+                        answers: List[Any] = [
                             {"jsonrpc": "2.0", "id": 3, "result": text("first")},
                             {"jsonrpc": "2.0", "id": 4, "result": text("second")},
                         ]
@@ -1557,3 +1557,13 @@ def test_parse_event_stream_is_bounded(stream: bytes, fails: bool) -> None:
     else:
         assert len(next(events)) == 10
         assert list(events) == [b"after"]
+
+
+def test_the_readme_documents_every_public_class_and_function() -> None:
+    readme = (REPOSITORY / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Tools from MCP servers\n", 1)[1].split("\n## ", 1)[0]
+    callables = [name for name in mcp.__all__ if callable(getattr(mcp, name))]
+    assert len(callables) == 5
+    assert [
+        name for name in callables if f"`{name}" not in section and f"mcp.{name}" not in section
+    ] == []
