@@ -695,9 +695,10 @@ class TestTimeAndCancellation:
             assert wait_for(lambda: cancelled_from(canned.received(), 3))
 
     def test_progress_restarts_the_wait(self, canned: Canned) -> None:
-        # 8 steps of 0.1 s: 0.8 s in all, with a timeout of 0.5 s.
-        with canned.server(timeout=0.5) as server:
-            result = call(server, "progress", {"steps": 8, "interval": 0.1})
+        # 8 steps of 0.25 s: 2 s in all, twice the timeout of 1 s; each gap leaves a busy
+        # machine 0.75 s of room.
+        with canned.server(timeout=1.0) as server:
+            result = call(server, "progress", {"steps": 8, "interval": 0.25})
             assert result.content == "done"
 
     def test_progress_does_not_extend_a_call_past_max_progress_timeouts(
@@ -1342,8 +1343,8 @@ class TestHttp:
                     assert len(server.tools()) == len(Fake({}).tools)
 
     def test_progress_over_the_stream(self) -> None:
-        with HttpFake("sse") as fake, shortened(mcp.HttpServer(fake.url), 0.5) as server:
-            assert call(server, "progress", {"steps": 8, "interval": 0.1}).content == "done"
+        with HttpFake("sse") as fake, shortened(mcp.HttpServer(fake.url), 1.0) as server:
+            assert call(server, "progress", {"steps": 8, "interval": 0.25}).content == "done"
 
     def test_the_signal_cancels_a_call_within_the_bound(self, http_fake: HttpFake) -> None:
         with mcp.HttpServer(http_fake.url) as server:
