@@ -125,7 +125,7 @@ class _Pending:
         self.deadline = self.started + timeout
         self.connection: Optional[http.client.HTTPConnection] = None  # HTTP: its exchange
         self.sent = False  # HTTP: the request was written
-        self.unsent_cancel: Optional[str] = None  # HTTP: cancelled while it was written
+        self.unsent_cancel: Optional[str] = None  # HTTP: a cancel's reason, before it was sent
 
 
 # --- What both transports share ---------------------------------------------------------
@@ -1085,27 +1085,20 @@ class HttpServer(_Session):
             pending.sent = True
             reason = pending.unsent_cancel
         if reason is not None:
-            self._post_cancelled(pending, reason)
+            super()._send_cancelled(pending, reason)
         return not pending.done.is_set()
 
     def _send_cancelled(self, pending: _Pending, reason: str) -> None:
         # MCP: "Cancellation notifications MUST only reference requests that: Were
-        # previously issued": posted on another connection while the request is not yet
-        # written, the notice could reach the server first and be ignored. The request's
-        # own thread sends it once the request is written (_written), or never.
+        # previously issued in the same direction": posted on another connection before
+        # the request is written, the notice could reach the server first and be ignored.
+        # The request's own thread sends it once the request is written (_written), or
+        # never, if it is not sent.
         with self._lock:
             if not pending.sent:
                 pending.unsent_cancel = reason
                 return
-        _start(self._post_cancelled, pending, reason)
-
-    def _post_cancelled(self, pending: _Pending, reason: str) -> None:
-        message = {
-            "jsonrpc": "2.0",
-            "method": "notifications/cancelled",
-            "params": {"requestId": pending.id, "reason": reason},
-        }
-        self._post(json.dumps(message, separators=(",", ":")).encode("utf-8"), None)
+        super()._send_cancelled(pending, reason)
 
     def _abandon(self, pending: _Pending) -> None:
         connection = pending.connection
