@@ -2,64 +2,21 @@
 # One file, standard library only; copy it next to agent_loop.py. Home: the agent_loop repository.
 """Tools from MCP servers (the Model Context Protocol) for the Agent Loop.
 
-``StdioServer(command)`` starts a server process and speaks MCP over its standard input
-and output; ``HttpServer(url)`` speaks MCP's Streamable HTTP transport. Both are context
-managers; ``.tools()`` returns the server's tools as agent_loop ``Tool`` objects, whose
-``execute`` calls the server's ``tools/call``, and ``.close()`` ends the session::
+``StdioServer(command)`` runs a server as a process and speaks MCP over its standard
+input and output; ``HttpServer(url)`` speaks MCP's Streamable HTTP transport. Both are
+context managers whose ``.tools()`` are agent_loop ``Tool`` objects calling the server::
 
     with StdioServer(["python", "server.py"]) as server:
         tools = agent_loop.ToolRegistry(server.tools())
         result = agent_loop.settle_run(agent_loop.run_agent_loop(..., tools=tools))
 
-Rules (the specification's words are quoted at the checks, ``# MCP: "..."``):
-
-- The session opens at ``with`` (or at the first ``tools()``): the ``initialize`` request
-  offers the newest protocol version this client speaks, ``PROTOCOL_VERSIONS[0]``
-  (2025-11-25); the server answers with the version it will speak, which must be one of
-  ``PROTOCOL_VERSIONS`` (2025-11-25, 2025-06-18, 2025-03-26, 2024-11-05), else the
-  session ends with ``McpError``. Then ``notifications/initialized``. The 2026-07-28
-  revision's stateless requests (no handshake) are not spoken: servers that speak both
-  eras (the official SDKs' servers do) answer the handshake.
-- ``tools()`` sends ``tools/list`` and follows ``nextCursor`` (at most ``MAX_TOOL_PAGES``
-  pages and ``MAX_TOOLS`` tools). Each tool becomes ``Tool(name, description,
-  inputSchema, execute)``, the schema as the server gave it; a tool that agent_loop
-  refuses to build is an ``McpError`` naming it. ``StdioServer`` keeps the list until the
-  server sends ``notifications/tools/list_changed``; ``HttpServer`` lists again at every
-  call, since it does not open the optional GET stream on which a server may announce a
-  change. A run keeps the registry it started with.
-- A call's result: its text blocks are the content, joined by newlines; other blocks are
-  one bracketed line each (``render_tool_result``); ``structuredContent`` is the content
-  (as compact JSON) when there are no blocks; a content longer than
-  ``MAX_RESULT_TEXT`` code points is cut there, and a note says how much was cut.
-  ``isError: true`` is an ``is_error=True`` result with that text (``ToolError``). A
-  JSON-RPC error, a malformed answer, a timeout, a server that exits or closes the
-  connection: an ``is_error=True`` result naming it. ``execute`` raises nothing but
-  ``ToolError``, so the run never fails for a server.
-- Time: each request waits at most ``timeout`` seconds for its answer; a
-  ``notifications/progress`` for it (each call sends a ``progressToken``) starts the wait
-  again, up to ``MAX_PROGRESS_TIMEOUTS`` times ``timeout`` in all. A request that runs
-  out of time, or whose run's signal is set, is cancelled: ``notifications/cancelled``
-  with its id and the reason is sent, the answer (if one comes) is ignored, and the
-  session goes on. A waiting call looks at the signal every ``POLL_SECONDS`` (0.05 s).
-- Messages are bounded: a message (a stdio line, a JSON body, an event's data) longer
-  than ``MAX_MESSAGE_BYTES`` is read in pieces and dropped, never held, and fails the
-  requests it may have answered. A server's standard error is always read (so its pipe
-  never fills); its last ``STDERR_TAIL_BYTES`` are kept and named in errors.
-- ``close()`` ends the session: ``StdioServer`` closes the server's input, waits
-  ``CLOSE_GRACE_SECONDS``, sends SIGTERM, waits again, then SIGKILL, to the server's
-  whole process group (the server is started in a session of its own, so that what it
-  started ends with it); ``HttpServer`` sends the session's DELETE. Calls in flight end
-  with an error result. A server object that is dropped without ``close()`` is closed
-  when it is garbage-collected, and at interpreter exit.
-- Many threads may call tools of one server at once: requests are numbered by one
-  counter, and one reader thread (stdio) or each request's own HTTP exchange hands every
-  answer to its caller by id. A server's requests to the client: ``ping`` is answered,
-  anything else is refused with JSON-RPC error -32601 (this client declares no
-  capabilities).
-
-``render_tool_result(result)`` is the one sans-IO piece: a ``tools/call`` result (a
-decoded JSON object) in, the content and the error flag out. The rest is the socket and
-pipe loop around it.
+In the order of this file: the limits; ``_Session``, the MCP session both transports
+share (the handshake, requests numbered by one counter and answered by id, timeouts and
+cancellation, tools); ``render_tool_result``, the sans-IO rendering of a result (values in
+and out); then each transport, a pipe or socket loop: ``StdioServer``, and ``HttpServer``
+with the sans-IO parser of its event streams, ``parse_event_stream`` (bytes in, events'
+data out). What the client does, and its rules, are in the README's "Tools from MCP
+servers"; the specification's words are quoted at the checks (``# MCP: "..."``).
 """
 
 from __future__ import annotations
@@ -105,6 +62,7 @@ __all__ = [
     "HttpServer",
     "McpError",
     "render_tool_result",
+    "parse_event_stream",
     "PROTOCOL_VERSIONS",
     "MAX_MESSAGE_BYTES",
     "MAX_RESULT_TEXT",
@@ -165,7 +123,9 @@ class _Pending:
         self.failure: Optional[str] = None
         self.started = time.monotonic()
         self.deadline = self.started + timeout
-        self.connection: Optional[http.client.HTTPConnection] = None
+        self.connection: Optional[http.client.HTTPConnection] = None  # HTTP: its exchange
+        self.sent = False  # HTTP: the request was written
+        self.unsent_cancel: Optional[str] = None  # HTTP: a cancel's reason, before it was sent
 
 
 # --- What both transports share ---------------------------------------------------------
@@ -192,7 +152,7 @@ class _Session:
         self.timeout = float(timeout)
         self.protocol_version: Optional[str] = None
         self._lock = threading.Lock()  # the pending table, the counter, the flags
-        self._open_lock = threading.Lock()  # one handshake, one tools/list at a time
+        self._open_lock = threading.Lock()  # one handshake at a time
         self._close_lock = threading.Lock()  # a second close() waits for the first
         self._pending: Dict[int, _Pending] = {}
         self._ids = itertools.count(1)
@@ -224,21 +184,22 @@ class _Session:
         the limits, a tool cannot be built (the message names it), or the session is
         lost (the server exited).
         """
-        with self._open_lock:
-            self._open_locked()
+        self._open()
+        # The list is read without the open lock: a call of another thread that waits for
+        # it would wait for the whole tools/list, deaf to its run's signal.
+        with self._lock:
+            lost = self._lost
+            cached = self._tools if self._caches_tools else None
+            changes = self._changes
+        if lost is not None:  # a kept list would name tools that can no longer run
+            raise McpError(f"{self.where}: {lost}")
+        if cached is None:
+            cached = self._list_tools()
             with self._lock:
-                lost = self._lost
-                cached = self._tools if self._caches_tools else None
-                changes = self._changes
-            if lost is not None:  # a kept list would name tools that can no longer run
-                raise McpError(f"{self.where}: {lost}")
-            if cached is None:
-                cached = self._list_tools()
-                with self._lock:
-                    # A change announced while the list was read: the next call lists again.
-                    if self._changes == changes:
-                        self._tools = cached
-            return list(cached)
+                # A change announced while the list was read: the next call lists again.
+                if self._changes == changes:
+                    self._tools = cached
+        return list(cached)
 
     def close(self) -> None:
         """Ends the session: calls in flight end with an error result, and the server's
@@ -253,12 +214,19 @@ class _Session:
 
     # The session -------------------------------------------------------------------------
 
-    def _open(self) -> None:
-        with self._open_lock:
-            self._open_locked()
+    def _open(self, signal: Optional[agent_loop.Signal] = None) -> None:
+        """Opens the session unless it is open; a call waiting for another thread's
+        handshake looks at its signal every ``POLL_SECONDS``."""
+        while not self._open_lock.acquire(timeout=POLL_SECONDS):
+            if signal is not None and signal.is_set():
+                raise _Failure("tools/call was cancelled with the run before it was sent")
+        try:
+            self._handshake()
+        finally:
+            self._open_lock.release()
 
-    def _open_locked(self) -> None:
-        """Starts the connection and makes the handshake, once."""
+    def _handshake(self) -> None:
+        """Starts the connection and makes the handshake, once (under the open lock)."""
         if self._closed:
             raise McpError(f"{self.where}: the MCP session is closed")
         if self._opened:
@@ -341,7 +309,7 @@ class _Session:
     def _call_tool(self, name: str, arguments: Dict[str, Any], signal: agent_loop.Signal) -> str:
         """tools/call for one tool call: its content, or ToolError for any failure."""
         try:
-            self._open()
+            self._open(signal)
             answer = self._request("tools/call", {"name": name, "arguments": arguments}, signal)
             content, is_error = render_tool_result(answer)
         except (McpError, _Failure) as failure:
@@ -416,11 +384,11 @@ class _Session:
         self._abandon(pending)
         # MCP: "The `initialize` request MUST NOT be cancelled by clients"
         if pending.method != "initialize":
-            self._notify(
-                "notifications/cancelled",
-                {"requestId": pending.id, "reason": reason},
-                background=True,
-            )
+            self._send_cancelled(pending, reason)
+
+    def _send_cancelled(self, pending: _Pending, reason: str) -> None:
+        """notifications/cancelled for a request, after it (stdio: one ordered stream)."""
+        self._notify("notifications/cancelled", {"requestId": pending.id, "reason": reason}, True)
 
     def _settle(
         self,
@@ -997,21 +965,22 @@ class HttpServer(_Session):
 
     def _post(self, body: bytes, pending: Optional[_Pending]) -> Optional[str]:
         """One POST and its answer: a request's failure settles it; a notification's is
-        returned. A request whose read times out is left to its wait (``_wait``)."""
+        returned. A request that ends (cancelled, timed out, closed) before it is written
+        is not sent."""
         connection = self._connection()
-        if pending is not None:
-            pending.connection = connection
         try:
-            connection.request("POST", self._path, body, self._request_headers())
+            if pending is not None:
+                if not self._sending(pending, connection):
+                    return None
+                connection.request("POST", self._path, body, self._request_headers())
+                if not self._written(pending):
+                    return None  # nobody waits for the answer
+            else:
+                connection.request("POST", self._path, body, self._request_headers())
             response = connection.getresponse()
             problem = self._answer(response, pending)
         except (OSError, http.client.HTTPException) as error:
             problem = f"the HTTP exchange failed: {type(error).__name__}: {error}"
-            if pending is not None and isinstance(error, socket.timeout):
-                # The request's wait ends by then too (its deadline is no later than the
-                # socket's), as a timeout that tells the server to stop: settled here, the
-                # request would fail without the notifications/cancelled it must send.
-                problem = None
         finally:
             connection.close()
         if problem is not None and pending is not None:
@@ -1063,11 +1032,14 @@ class HttpServer(_Session):
                 return f"the answer has more than {MAX_MESSAGE_BYTES} bytes"
             self._receive(data, pending)
         elif kind == "text/event-stream":
-            for event in _event_data(response, MAX_MESSAGE_BYTES):
+            events = parse_event_stream(response, MAX_MESSAGE_BYTES)
+            while True:
+                try:
+                    event = next(events, None)
+                except ValueError as oversized:
+                    return f"the answer's stream sent {oversized}"
                 if event is None:
-                    return (
-                        f"the answer's stream sent an event of more than {MAX_MESSAGE_BYTES} bytes"
-                    )
+                    break
                 self._receive(event, pending)
                 # MCP: "After the JSON-RPC response has been sent, the server SHOULD terminate
                 # the SSE stream." Whatever comes after it is not read.
@@ -1090,6 +1062,43 @@ class HttpServer(_Session):
             self._opened = False
             self.protocol_version = None
             self._tools = None
+
+    def _sending(self, pending: _Pending, connection: http.client.HTTPConnection) -> bool:
+        """Connects for a request unless it has ended; False when it is not to be sent."""
+        with self._lock:
+            if pending.done.is_set():
+                return False  # ended before it connected
+            pending.connection = connection  # from now on, _abandon shuts it down
+        connection.connect()
+        # The wait bounds the read (its deadline, the signal and close() shut the socket
+        # down): the socket's own timeout, past the longest wait, only catches a read that
+        # nobody waits for any more.
+        assert connection.sock is not None
+        connection.sock.settimeout(MAX_PROGRESS_TIMEOUTS * self.timeout + self.timeout)
+        with self._lock:
+            return not pending.done.is_set()  # ended while it connected: nothing is written
+
+    def _written(self, pending: _Pending) -> bool:
+        """The request is written: a cancel that came meanwhile is sent now, after it.
+        Returns whether the request still waits for its answer."""
+        with self._lock:
+            pending.sent = True
+            reason = pending.unsent_cancel
+        if reason is not None:
+            super()._send_cancelled(pending, reason)
+        return not pending.done.is_set()
+
+    def _send_cancelled(self, pending: _Pending, reason: str) -> None:
+        # MCP: "Cancellation notifications MUST only reference requests that: Were
+        # previously issued in the same direction": posted on another connection before
+        # the request is written, the notice could reach the server first and be ignored.
+        # The request's own thread sends it once the request is written (_written), or
+        # never, if it is not sent.
+        with self._lock:
+            if not pending.sent:
+                pending.unsent_cancel = reason
+                return
+        super()._send_cancelled(pending, reason)
 
     def _abandon(self, pending: _Pending) -> None:
         connection = pending.connection
@@ -1117,23 +1126,28 @@ def _body_excerpt(response: http.client.HTTPResponse) -> str:
     return _excerpt(response.read(_ERROR_EXCERPT + 1)) or "(no body)"
 
 
-def _event_data(stream: IO[bytes], limit: int) -> Iterator[Optional[bytes]]:
-    """The data of each server-sent event, at most ``limit`` bytes (None for a larger
-    one, which ends the stream); an event with empty data is not one (the priming event)."""
+def parse_event_stream(stream: IO[bytes], limit: int = MAX_MESSAGE_BYTES) -> Iterator[bytes]:
+    """Yields the data of each server-sent event read from ``stream`` (a binary file with
+    ``readline``: a response, or ``io.BytesIO`` of bytes), until the stream ends.
+
+    The data lines of one event are joined by newlines; comments and the other fields
+    (``event:``, ``id:``, ``retry:``) are skipped; an event without data is none (MCP's
+    priming event); an event cut off by the end of the stream is yielded. Nothing longer
+    than ``limit`` bytes is held: raises ValueError for an event whose data (or one of
+    whose lines) is longer, and yields nothing more.
+    """
     data: List[bytes] = []
     size = 0
     for line in _bounded_lines(stream, limit + len(b"data: ")):
         if line is None:
-            yield None
-            return
+            raise ValueError(f"an event of more than {limit} bytes")
         line = line.rstrip(b"\r")
         if line.startswith(b"data:"):
             value = line[5:]
             value = value[1:] if value.startswith(b" ") else value
             size += len(value) + bool(data)
             if size > limit:
-                yield None
-                return
+                raise ValueError(f"an event of more than {limit} bytes")
             data.append(value)
         elif not line:  # the end of an event
             if size:

@@ -67,6 +67,7 @@ class Fake:
         listed = [dict(tool) for tool in TOOLS if only is None or tool["name"] in only]
         self.tools = listed + list(config.get("extra_tools", []))
         self.cancelled: Dict[Any, threading.Event] = {}
+        self.listings = 0  # tools/list requests so far
         self.lock = threading.Lock()
 
     def log(self, raw: bytes) -> None:
@@ -119,7 +120,19 @@ class Fake:
             if self.config.get("endless_pages") or start + page_size < len(self.tools):
                 result["nextCursor"] = str(start + page_size)
             result.update(self.config.get("list_extra", {}))
-            send({"jsonrpc": "2.0", "id": message["id"], "result": result})
+            self.listings += 1
+            if self.listings in self.config.get("change_at_listings", []):
+                send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+            answer = {"jsonrpc": "2.0", "id": message["id"], "result": result}
+            # Seconds before each listing's answer, in order; the server reads on meanwhile.
+            delays = self.config.get("list_delays", [])
+            delay = delays[self.listings - 1] if self.listings <= len(delays) else 0
+            if delay:
+                later = threading.Timer(delay, send, (answer,))
+                later.daemon = True
+                later.start()
+            else:
+                send(answer)
         elif method == "tools/call":
             threading.Thread(target=self.call, args=(message, send), daemon=True).start()
         else:
@@ -170,8 +183,12 @@ class Fake:
             text("the city is unknown", is_error=True)
         elif name == "result":
             answer(arguments["result"])
-        elif name == "raw":
-            send(arguments["message"])
+        elif name == "raw":  # lines as they are (or [text, times]), then messages
+            for line in arguments.get("lines", []):
+                data, times = (line, 1) if isinstance(line, str) else line
+                send(data.encode() * times + b"\n")
+            for raw in arguments.get("messages", [arguments.get("message")]):
+                send(raw)
         elif name == "garbage":
             send(b"this is not JSON\n")
         elif name == "oversized":
@@ -233,6 +250,8 @@ def main() -> None:
         pid_file.write(str(os.getpid()))
     for raw in sys.stdin.buffer:
         fake.handle(raw, send)
+    if config.get("farewell"):
+        write(b"a line after its input closed\n")
     if config.get("linger"):
         time.sleep(120)  # a server that does not exit when its input closes
 

@@ -398,27 +398,22 @@ class TestToolsList:
 
             assert lists() == 1  # the second call used the list it had
             tools = al.ToolRegistry(before)
+            # The fake announces the change before it answers: the answer comes after it.
             assert call(server, "change").content == "changed"
-            assert wait_for(lambda: server._tools is None)
             after = [tool.name for tool in server.tools()]
             assert after == [*(tool.name for tool in before), "added"]
             assert lists() == 2  # listed again after the change, once
             assert "added" not in tools  # a registry keeps the tools it was built with
 
-    def test_a_change_while_listing_is_not_lost(self, canned: Canned) -> None:
+    def test_a_change_while_listing_is_not_lost(self, tmp_path: Path) -> None:
+        # The first listing's answer follows a list_changed: what it read may be stale.
+        canned = Canned(tmp_path, change_at_listings=[1])
         with canned.server() as server:
-            server.tools()
-            server._tools = None
-            listed = server._list_tools
-
-            def changing() -> List[al.Tool]:
-                tools = listed()
-                server._on_server_message({"method": "notifications/tools/list_changed"})
-                return tools
-
-            server._list_tools = changing  # type: ignore[method-assign]
-            server.tools()
-            assert server._tools is None  # what was read during the change is not kept
+            counts = []
+            for _ in range(3):
+                server.tools()
+                counts.append(sum(m.get("method") == "tools/list" for m in canned.received()))
+        assert counts == [1, 2, 2]  # not kept, listed again, then kept
 
 
 # --- Results --------------------------------------------------------------------------
@@ -645,6 +640,26 @@ def registry_of(server: Any) -> al.ToolRegistry:
 # --- Time and cancellation --------------------------------------------------------------
 
 
+def cancelled_call(
+    tools: al.ToolRegistry, name: str, after: float
+) -> Tuple[al.ToolResultMessage, float]:
+    """A call whose signal is set ``after`` seconds; its result, and the seconds from the
+    signal to the call's return."""
+    signal = threading.Event()
+    fired: List[float] = []
+
+    def cancel() -> None:
+        fired.append(time.monotonic())
+        signal.set()
+
+    timer = threading.Timer(after, cancel)
+    timer.start()
+    result = al.execute_tool_call(tools, al.ToolCall("c", name, {}), signal)
+    ended = time.monotonic()
+    timer.join()
+    return result, ended - fired[0]
+
+
 def cancelled_from(cancels: List[Dict[str, Any]], request_id: int) -> bool:
     return any(
         m.get("method") == "notifications/cancelled" and m["params"]["requestId"] == request_id
@@ -680,9 +695,10 @@ class TestTimeAndCancellation:
             assert wait_for(lambda: cancelled_from(canned.received(), 3))
 
     def test_progress_restarts_the_wait(self, canned: Canned) -> None:
-        # 8 steps of 0.1 s: 0.8 s in all, with a timeout of 0.5 s.
-        with canned.server(timeout=0.5) as server:
-            result = call(server, "progress", {"steps": 8, "interval": 0.1})
+        # 8 steps of 0.25 s: 2 s in all, twice the timeout of 1 s; each gap leaves a busy
+        # machine 0.75 s of room.
+        with canned.server(timeout=1.0) as server:
+            result = call(server, "progress", {"steps": 8, "interval": 0.25})
             assert result.content == "done"
 
     def test_progress_does_not_extend_a_call_past_max_progress_timeouts(
@@ -699,12 +715,67 @@ class TestTimeAndCancellation:
 
     def test_progress_for_no_request_in_flight_is_ignored(self, canned: Canned) -> None:
         with canned.server() as server:
-            for token in (99, True, "3", None):
-                server._on_server_message(
-                    {"method": "notifications/progress", "params": {"progressToken": token}}
-                )
-            server._on_server_message({"method": "notifications/progress", "params": 3})
-            assert call(server, "echo", {"text": "x"}).content == "x"
+            server.tools()  # ids 1 and 2: the call is id 3
+            progress = [
+                {"jsonrpc": "2.0", "method": "notifications/progress", "params": params}
+                for params in (*({"progressToken": t} for t in (99, True, "3", None)), 3)
+            ]
+            answer = {"jsonrpc": "2.0", "id": 3, "result": {"content": []}}
+            result = call(server, "raw", {"messages": [*progress, answer]})
+            assert (result.content, result.is_error) == ("", False)
+
+    def test_a_cancel_after_the_answer_sends_nothing(self, canned: Canned) -> None:
+        """The signal is found set once the answer has come: the answer is the result,
+        and no notifications/cancelled is sent for a request that was answered."""
+        with canned.server() as server:
+            tools = al.ToolRegistry(server.tools())  # ids 1 and 2: the call is id 3
+
+            def text(value: str) -> Dict[str, Any]:
+                return {"content": [{"type": "text", "text": value}]}
+
+            class AnsweredFirst:
+                """A signal that answers call 3 (through call 4, whose own answer follows
+                on the same stream, so call 3's came first) before it says it is set."""
+
+                def __init__(self) -> None:
+                    self.answers: List[str] = []
+
+                def is_set(self) -> bool:
+                    if not self.answers:
+                        answers: List[Any] = [
+                            {"jsonrpc": "2.0", "id": 3, "result": text("first")},
+                            {"jsonrpc": "2.0", "id": 4, "result": text("second")},
+                        ]
+                        raw = al.ToolCall("c4", "raw", {"messages": answers})
+                        result = al.execute_tool_call(tools, raw, threading.Event())
+                        self.answers.append(result.content)
+                    return True
+
+                def wait(self, timeout: Optional[float] = None) -> bool:
+                    return self.is_set()
+
+            signal = AnsweredFirst()
+            result = al.execute_tool_call(tools, al.ToolCall("c3", "slow", {}), signal)
+            assert (result.content, signal.answers) == ("first", ["second"])
+            assert call(server, "echo", {"text": "next"}).content == "next"
+        assert "notifications/cancelled" not in [m.get("method") for m in canned.received()]
+
+    def test_a_call_is_cancelled_while_another_thread_lists_tools(self, tmp_path: Path) -> None:
+        """The second tools/list takes 3 s; a call of another thread is cancelled meanwhile
+        within the bound (the list is not read under the lock a call waits for)."""
+        canned = Canned(tmp_path, list_delays=[0, 3])
+        with canned.server() as server:
+            tools = al.ToolRegistry(server.tools())
+            assert call(server, "change").content == "changed"  # the next tools() lists
+            lister = threading.Thread(target=server.tools)
+            lister.start()
+            assert wait_for(
+                lambda: sum(m.get("method") == "tools/list" for m in canned.received()) == 2
+            )
+            result, waited = cancelled_call(tools, "slow", after=0.2)
+            lister.join()
+            assert result.content == "MCP tool 'slow': tools/call was cancelled with the run"
+            assert waited < CANCEL_BOUND
 
     def test_the_signal_cancels_a_call_within_the_bound(self, canned: Canned) -> None:
         signal = threading.Event()
@@ -806,21 +877,28 @@ class TestMessages:
         ]
 
     @pytest.mark.parametrize(
-        "data",
+        "line",
         [
-            pytest.param(b"[1, 2]", id="not-an-object"),
-            pytest.param(b'{"jsonrpc": "1.0", "id": 1, "result": {}}', id="not-2.0"),
-            pytest.param(b'{"jsonrpc": "2.0", "id": 1, "result": NaN}', id="nan"),
-            pytest.param(b"[" * 100_000, id="deep"),
-            pytest.param(b'{"jsonrpc": "2.0", "id": [1], "result": {}}', id="id-unhashable"),
-            pytest.param(b'{"jsonrpc": "2.0", "id": true, "result": {}}', id="id-bool"),
+            pytest.param('[{"jsonrpc": "2.0", "id": 3, "result": {}}]', id="not-an-object"),
+            pytest.param('{"jsonrpc": "1.0", "id": 3, "result": {}}', id="not-2.0"),
+            pytest.param('{"jsonrpc": "2.0", "id": 3, "result": NaN}', id="nan"),
+            pytest.param(["[", 100_000], id="deep"),
+            pytest.param('{"jsonrpc": "2.0", "id": [3], "result": {}}', id="id-unhashable"),
+            pytest.param('{"jsonrpc": "2.0", "id": true, "result": {}}', id="id-bool"),
+            pytest.param('{"jsonrpc": "2.0", "id": 3.0, "result": {}}', id="id-float"),
         ],
     )
-    def test_unreadable_messages_change_nothing(self, canned: Canned, data: bytes) -> None:
+    def test_unreadable_messages_change_nothing(self, canned: Canned, line: Any) -> None:
+        """Each line names the call in flight (id 3) and is dropped; its answer follows."""
         with canned.server() as server:
-            server.tools()
-            server._receive(data)
-            assert call(server, "echo", {"text": "x"}).content == "x"
+            server.tools()  # ids 1 and 2: the call is id 3
+            answer = {
+                "jsonrpc": "2.0",
+                "id": 3,
+                "result": {"content": [{"type": "text", "text": "x"}]},
+            }
+            result = call(server, "raw", {"lines": [line], "messages": [answer]})
+            assert (result.content, result.is_error) == ("x", False)
 
 
 # --- Processes --------------------------------------------------------------------------
@@ -903,7 +981,17 @@ class TestProcess:
             assert call(server, "echo", {"text": "x"}).content == "x"
             assert wait_for(lambda: len(server._stderr_tail) == mcp.STDERR_TAIL_BYTES)
 
-    def test_a_dropped_server_is_ended_when_collected(self, canned: Canned) -> None:
+    @pytest.mark.parametrize(
+        "config",
+        [
+            pytest.param({}, id="its-output-ends"),
+            pytest.param({"farewell": True}, id="it-writes-once-collected"),
+        ],
+    )
+    def test_a_dropped_server_is_ended_when_collected(
+        self, tmp_path: Path, config: Dict[str, Any]
+    ) -> None:
+        canned = Canned(tmp_path, **config)
         server = canned.server()
         server.tools()
         pid = canned.pid()
@@ -912,18 +1000,6 @@ class TestProcess:
         gc.collect()
         assert collected() is None
         assert wait_for(lambda: not alive(pid))
-
-    @pytest.mark.parametrize("output", [b"", b'{"jsonrpc": "2.0"}\n'], ids=["end", "line"])
-    def test_a_reader_whose_server_was_collected_stops(self, output: bytes) -> None:
-        class Gone:
-            pass
-
-        gone = Gone()
-        reference = weakref.ref(gone)
-        del gone
-        stream = io.BytesIO(output)
-        mcp._read_output(stream, reference)  # type: ignore[arg-type]
-        assert stream.closed
 
     def test_a_server_leaving_no_group(
         self, canned: Canned, monkeypatch: pytest.MonkeyPatch
@@ -936,29 +1012,28 @@ class TestProcess:
             monkeypatch.setattr(os, "killpg", gone)
         assert not alive(canned.pid())
 
+    def test_a_server_that_closes_its_input(self, tmp_path: Path) -> None:
+        """Every write after the handshake meets a broken pipe: the requests time out, and
+        close() ends the server all the same."""
+        script = tmp_path / "deaf.py"
+        script.write_text(
+            "import json, os, sys, time\n"
+            "m = json.loads(sys.stdin.buffer.readline())\n"
+            "os.close(0)\n"
+            "r = {'protocolVersion': '2025-11-25', 'capabilities': {}}\n"
+            "print(json.dumps({'jsonrpc': '2.0', 'id': m['id'], 'result': r}), flush=True)\n"
+            "time.sleep(60)\n"
+        )
+        server = shortened(mcp.StdioServer([sys.executable, str(script)], timeout=10.0), 0.3)
+        with server, pytest.raises(mcp.McpError, match=r"tools/list got no answer within 0\.3"):
+            server.tools()
+
     def test_a_server_whose_input_is_broken(self, canned: Canned) -> None:
         with canned.server() as server:
             tools = server.tools()
             os.kill(canned.pid(), 9)
             for _ in range(3):  # the writer meets a broken pipe, the reader the end
                 assert echo_through(tools).is_error
-
-
-def test_the_writer_stops_at_a_broken_pipe() -> None:
-    class Broken:
-        closed = False
-
-        def write(self, data: bytes) -> None:
-            raise BrokenPipeError
-
-        def close(self) -> None:
-            self.closed = True
-            raise OSError("already broken")
-
-    stream, outbox = Broken(), queue.Queue()  # type: ignore[var-annotated]
-    outbox.put(b"x")
-    mcp._write_input(stream, outbox)  # type: ignore[arg-type]
-    assert stream.closed
 
 
 def echo_through(tools: List[al.Tool]) -> al.ToolResultMessage:
@@ -1020,6 +1095,9 @@ class HttpFake:
 
             def do_DELETE(self) -> None:
                 owner.requests.append(("DELETE", dict(self.headers), b""))
+                if owner.config.get("delete_status") == "hang up":
+                    self.close_connection = True
+                    return
                 self.send_response(owner.config.get("delete_status", 200))
                 self.end_headers()
 
@@ -1046,6 +1124,9 @@ class HttpFake:
     def post(self, handler: http.server.BaseHTTPRequestHandler, body: bytes) -> None:
         message = json.loads(body)
         method = message.get("method")
+        delays = self.config.get("delays", {}).get(method)  # seconds, one per request
+        if delays:
+            self.stopping.wait(delays.pop(0))
         override = self.config.get("status", {}).get(method)
         if override is not None:
             status, kind, data = override
@@ -1262,8 +1343,8 @@ class TestHttp:
                     assert len(server.tools()) == len(Fake({}).tools)
 
     def test_progress_over_the_stream(self) -> None:
-        with HttpFake("sse") as fake, shortened(mcp.HttpServer(fake.url), 0.5) as server:
-            assert call(server, "progress", {"steps": 8, "interval": 0.1}).content == "done"
+        with HttpFake("sse") as fake, shortened(mcp.HttpServer(fake.url), 1.0) as server:
+            assert call(server, "progress", {"steps": 8, "interval": 0.25}).content == "done"
 
     def test_the_signal_cancels_a_call_within_the_bound(self, http_fake: HttpFake) -> None:
         with mcp.HttpServer(http_fake.url) as server:
@@ -1281,77 +1362,209 @@ class TestHttp:
             assert "and was cancelled" in call(server, "slow").content
             assert wait_for(lambda: cancelled_from(http_fake.posted(), 3))
 
-    def test_a_read_that_times_out_leaves_the_request_to_its_wait(
-        self, http_fake: HttpFake
-    ) -> None:
-        """The socket's timeout and the request's deadline are the same length: whichever
-        comes first, the request ends as a timeout whose cancellation is sent."""
-        with shortened(mcp.HttpServer(http_fake.url), 0.3) as server:
-            pending = mcp._Pending(99, "tools/call", 10.0)  # no wait: only the POST
-            message = {"name": "slow", "arguments": {}}
-            body = json.dumps(
-                {"jsonrpc": "2.0", "id": 99, "method": "tools/call", "params": message}
+    def test_a_call_waiting_for_another_threads_handshake_is_cancelled(self) -> None:
+        """The session expired; another thread's handshake takes 3 s; a call that waits
+        for it is cancelled within the bound, and is not sent."""
+        with HttpFake("json") as fake, mcp.HttpServer(fake.url) as server:
+            tools = al.ToolRegistry(server.tools())
+            fake.config["status"] = {"tools/list": (404, "text/plain", b"Session not found")}
+            with pytest.raises(mcp.McpError, match=r"ended the session \(HTTP 404\)"):
+                server.tools()
+            del fake.config["status"]
+            fake.config["delays"] = {"initialize": [3]}
+            opener = threading.Thread(target=server.tools)
+            opener.start()
+            assert wait_for(
+                lambda: [m.get("method") for m in fake.posted()].count("initialize") == 2
             )
-            assert server._post(body.encode(), pending) is None  # the read timed out
-            assert not pending.done.is_set()
+            result, waited = cancelled_call(tools, "slow", after=0.2)
+            opener.join()
+            assert result.content == (
+                "MCP tool 'slow': tools/call was cancelled with the run before it was sent"
+            )
+            assert waited < CANCEL_BOUND
+        assert "tools/call" not in [m.get("method") for m in fake.posted()]
+
+    @pytest.mark.parametrize(
+        ("step", "after", "sent"),
+        [
+            pytest.param("__init__", False, False, id="before-its-connection"),
+            pytest.param("connect", False, False, id="while-it-connects"),
+            pytest.param("connect", True, False, id="once-connected"),
+            pytest.param("request", True, True, id="once-written"),
+        ],
+    )
+    def test_a_call_cancelled_before_it_is_written_is_not_sent(
+        self, monkeypatch: pytest.MonkeyPatch, step: str, after: bool, sent: bool
+    ) -> None:
+        """The signal is set while the call's POST is held at a step of its exchange: a
+        request not yet written is not sent, and neither is its cancel; one written is
+        cancelled after it."""
+        with HttpFake("sse") as fake, shortened(mcp.HttpServer(fake.url), 5.0) as server:
+            tools = al.ToolRegistry(server.tools())  # ids 1 and 2: the call is id 3
+            signal = threading.Event()
+            gate = Gate(monkeypatch, step, after, signal.set)
+            result = al.execute_tool_call(tools, al.ToolCall("c", "slow", {}), signal)
+            assert result.content == "MCP tool 'slow': tools/call was cancelled with the run"
+            gate.open()  # the call's own thread goes on, and ends
+            before = ["initialize", "notifications/initialized", "tools/list"]
+            if sent:
+                assert wait_for(lambda: len(fake.posted()) == 5)
+                posted = fake.posted()
+                assert [m.get("method") for m in posted[:3]] == before
+                # On two connections: the server may read them in either order.
+                assert sorted(m["method"] for m in posted[3:]) == [
+                    "notifications/cancelled",
+                    "tools/call",
+                ]
+                assert {
+                    "jsonrpc": "2.0",
+                    "method": "notifications/cancelled",
+                    "params": {"requestId": 3, "reason": "the run was cancelled"},
+                } in posted
+            else:
+                assert [m.get("method") for m in fake.posted()] == before
+
+    def test_close_before_a_call_connects_sends_nothing(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        with HttpFake("sse") as fake:
+            server = mcp.HttpServer(fake.url)
+            tools = al.ToolRegistry(server.tools())
+            gate = Gate(monkeypatch, "__init__", False, lambda: None)
+            results: List[al.ToolResultMessage] = []
+            caller = threading.Thread(
+                target=lambda: results.append(
+                    al.execute_tool_call(tools, al.ToolCall("c", "slow", {}), threading.Event())
+                )
+            )
+            caller.start()
+            assert gate.entered.wait(10)
+            server.close()  # returns while the call's exchange has no connection yet
+            caller.join()
+            gate.open()
+            assert results[0].content == (
+                "MCP tool 'slow': tools/call did not finish: the session was closed"
+            )
+            sent = [
+                (method, json.loads(body).get("method") if body else None)
+                for method, _, body in fake.requests
+            ]
+            assert sent == [
+                ("POST", "initialize"),
+                ("POST", "notifications/initialized"),
+                ("POST", "tools/list"),
+                ("DELETE", None),
+            ]
 
     def test_requests_from_the_server_are_answered_by_post(self) -> None:
         with HttpFake("sse") as fake, mcp.HttpServer(fake.url) as server:
             assert call(server, "ask").content == "asked"
             assert wait_for(lambda: len([m for m in fake.posted() if "method" not in m]) == 2)
 
-    def test_delete_refused_or_unreachable(self, http_fake: HttpFake) -> None:
-        http_fake.config["delete_status"] = 405
-        with mcp.HttpServer(http_fake.url) as server:
-            server.tools()
+    @pytest.mark.parametrize("answer", [405, "hang up"], ids=["refused", "hangs-up"])
+    def test_a_delete_that_fails_still_closes(self, http_fake: HttpFake, answer: Any) -> None:
+        http_fake.config["delete_status"] = answer
         server = mcp.HttpServer(http_fake.url)
         server.tools()
-        http_fake.http.shutdown()
-        http_fake.http.server_close()
-        server.close()  # the DELETE fails: the session is gone with the server
+        server.close()  # returns: the session is gone either way
+        assert [m for m, _, _ in http_fake.requests][-1] == "DELETE"
+        with pytest.raises(mcp.McpError, match="the MCP session is closed"):
+            server.tools()
 
-    def test_a_cancel_after_the_answer_sends_nothing(self) -> None:
-        server = mcp.HttpServer("http://127.0.0.1:1/mcp")
-        pending = mcp._Pending(7, "tools/call", 1.0)
-        server._settle(pending, result={})
-        server._cancel(pending, "timed out", "got no answer")
-        assert pending.result == {}  # nothing was sent: there is no server to send it to
+    def test_close_when_the_server_is_gone(self) -> None:
+        with HttpFake() as fake:
+            server = mcp.HttpServer(fake.url)
+            server.tools()
+        server.close()  # the DELETE finds nobody listening, and close() returns
+        with pytest.raises(mcp.McpError, match="the MCP session is closed"):
+            server.tools()
 
-    def test_abandon_before_a_connection(self) -> None:
-        server = mcp.HttpServer("http://127.0.0.1:1/mcp")
-        server._abandon(mcp._Pending(1, "tools/call", 1.0))
+
+class Gate:
+    """Holds the first call of an http.client.HTTPConnection method (``step``) made once
+    it is built, before or ``after`` the method itself, until ``open()``; ``on_hold`` is
+    called, and ``entered`` set, when it holds. The seam is the standard library's."""
+
+    def __init__(
+        self, monkeypatch: pytest.MonkeyPatch, step: str, after: bool, on_hold: Any
+    ) -> None:
+        self.entered = threading.Event()
+        self.opened = threading.Event()
+        self.thread: Optional[threading.Thread] = None
+        lock = threading.Lock()
+        original = getattr(http.client.HTTPConnection, step)
+        gate = self
+
+        def held(connection: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(connection, *args, **kwargs) if after else None
+            with lock:
+                first = gate.thread is None
+                gate.thread = gate.thread or threading.current_thread()
+            if first:
+                on_hold()
+                gate.entered.set()
+                gate.opened.wait(30)
+            return result if after else original(connection, *args, **kwargs)
+
+        monkeypatch.setattr(http.client.HTTPConnection, step, held)
+
+    def open(self) -> None:
+        """Lets the held exchange go on, and waits until its thread has ended."""
+        self.opened.set()
+        assert self.thread is not None
+        self.thread.join(30)
+        assert not self.thread.is_alive()
 
 
 EVENTS = [
     pytest.param(b"data: a\n\n", [b"a"], id="one"),
     pytest.param(b"data:a\r\ndata: b\r\n\r\n", [b"a\nb"], id="lines-crlf"),
     pytest.param(b": c\nevent: x\nid: 1\nretry: 5\ndata: a\n\n", [b"a"], id="fields"),
-    pytest.param(b"data: \n\ndata: b\n\n", [b"", b"b"][1:], id="empty-skipped"),
+    pytest.param(b"data: \n\ndata: b\n\n", [b"b"], id="empty-skipped"),
     pytest.param(b"data: a", [b"a"], id="unterminated"),
     pytest.param(b"data: a\n", [b"a"], id="unterminated-line"),
 ]
 
 
 @pytest.mark.parametrize(("stream", "expected"), EVENTS)
-def test_event_data(stream: bytes, expected: List[bytes]) -> None:
-    assert list(mcp._event_data(io.BytesIO(stream), 10)) == expected
+def test_parse_event_stream(stream: bytes, expected: List[bytes]) -> None:
+    assert list(mcp.parse_event_stream(io.BytesIO(stream), 10)) == expected
 
 
 @pytest.mark.parametrize(
-    ("stream", "expected"),
+    ("stream", "fails"),
     [
-        pytest.param(b"data: " + b"x" * 10 + b"\n\n", [b"x" * 10], id="at-limit"),
-        pytest.param(b"data: " + b"x" * 11 + b"\n\n", [None], id="over-limit"),
+        pytest.param(b"data: " + b"x" * 10 + b"\n\n", False, id="at-limit"),
+        pytest.param(b"data: " + b"x" * 11 + b"\n\n", True, id="over-limit"),
         pytest.param(
-            b"data: " + b"x" * 6 + b"\ndata: " + b"x" * 3 + b"\n\n",
-            [b"x" * 6 + b"\n" + b"x" * 3],
-            id="lines-at-limit",
+            b"data: " + b"x" * 6 + b"\ndata: " + b"x" * 3 + b"\n\n", False, id="lines-at-limit"
         ),
         pytest.param(
-            b"data: " + b"x" * 6 + b"\ndata: " + b"x" * 4 + b"\n\n", [None], id="lines-over-limit"
+            b"data: " + b"x" * 6 + b"\ndata: " + b"x" * 4 + b"\n\n", True, id="lines-over-limit"
         ),
-        pytest.param(b"data: " + b"x" * 100 + b"\n\n", [None], id="line-over-limit"),
+        pytest.param(b"data: " + b"x" * 100 + b"\n\n", True, id="line-over-limit"),
     ],
 )
-def test_event_data_is_bounded(stream: bytes, expected: List[Optional[bytes]]) -> None:
-    assert list(mcp._event_data(io.BytesIO(stream), 10)) == expected
+def test_parse_event_stream_is_bounded(stream: bytes, fails: bool) -> None:
+    events = mcp.parse_event_stream(
+        io.BytesIO(b"data: before\n\n" + stream + b"data: after\n\n"), 10
+    )
+    assert next(events) == b"before"
+    if fails:
+        with pytest.raises(ValueError, match="an event of more than 10 bytes"):
+            next(events)
+        assert list(events) == []  # nothing after it
+    else:
+        assert len(next(events)) == 10
+        assert list(events) == [b"after"]
+
+
+def test_the_readme_documents_every_public_class_and_function() -> None:
+    readme = (REPOSITORY / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Tools from MCP servers\n", 1)[1].split("\n## ", 1)[0]
+    callables = [name for name in mcp.__all__ if callable(getattr(mcp, name))]
+    assert len(callables) == 5
+    assert [
+        name for name in callables if f"`{name}" not in section and f"mcp.{name}" not in section
+    ] == []
