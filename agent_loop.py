@@ -38,8 +38,10 @@ Invariants: one counter numbers every event, and ``run.finished`` is the last; t
 transcript holds complete messages only (no unfinished response, no fabricated tool
 result); options are checked and the run snapshotted when ``run_agent_loop()`` is called;
 a value from outside is checked once, where it enters; cancellation wins over an error
-that arrives after the signal was set. Not here, as the seed says: steering queues,
-context transformation, provider retries, persistent sessions.
+that arrives after the signal was set. Beyond the seed, opt-in: tools at once
+(``tool_concurrency``, events and results still in assistant order) and consent
+(``before_tool_call``). Not here, as the seed says: steering queues, context
+transformation, provider retries, persistent sessions.
 
 The README is the reference: the API, the choices where the seed is silent, the companion
 files (which use only this file's public names). This file reads top down: the limits,
