@@ -47,7 +47,7 @@ import agent_loop_providers as providers
 from agent_loop_replay import replay
 from loop_testing_providers import free_port
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _REQUIRED = os.environ.get("AGENT_LOOP_REQUIRE_REALMODEL") == "1"
 _BOUND = 10.0
 """Seconds a wait for the relay or a thread may last at most: nothing hangs."""

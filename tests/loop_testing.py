@@ -251,8 +251,11 @@ HOSTILE = pytest.mark.hostile
 untyped: Any = al
 """The module, untyped: tests build values of the wrong type with it on purpose."""
 
-REPOSITORY = Path(__file__).resolve().parent
-"""The folder of this file and of the README it checks."""
+TESTS = Path(__file__).resolve().parent
+"""The folder of the tests, their helpers and their fake servers."""
+
+REPOSITORY = TESTS.parent
+"""The repository: the modules, the README and the packaging."""
 
 
 # JSON: the one nested-JSON builder, the one not-plain-JSON table, plain comparisons.

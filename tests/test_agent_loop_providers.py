@@ -457,7 +457,7 @@ class TestConstruction:
         assert all(hasattr(providers, name) for name in providers.__all__)
 
     def test_the_readme_documents_each_public_name(self) -> None:
-        readme = (Path(__file__).parent / "README.md").read_text(encoding="utf-8")
+        readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
         for name in providers.__all__:
             assert re.search(rf"`{name}\b", readme), name
 

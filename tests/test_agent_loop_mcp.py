@@ -27,10 +27,10 @@ import pytest
 
 import agent_loop as al
 import agent_loop_mcp as mcp
-from loop_testing import REPOSITORY, run
+from loop_testing import REPOSITORY, TESTS, run
 from mcp_fake_server import Fake
 
-FAKE_SOURCE = (REPOSITORY / "mcp_fake_server.py").read_text(encoding="utf-8")
+FAKE_SOURCE = (TESTS / "mcp_fake_server.py").read_text(encoding="utf-8")
 CANCEL_BOUND = 0.25  # seconds from the signal to the run's end, as the README promises
 
 

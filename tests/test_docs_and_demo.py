@@ -813,6 +813,7 @@ class TestReadmeBlocksRunAlone:
         outside = re.compile(r"API\.md|STYLE\.md|\.\./shared|shared/bench\-pi")
         paths = [
             *REPOSITORY.glob("*.py"),
+            *REPOSITORY.glob("tests/*.py"),
             *REPOSITORY.glob("*.md"),
             *REPOSITORY.glob("*.cfg"),
             *REPOSITORY.glob("*.toml"),
