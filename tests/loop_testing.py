@@ -257,6 +257,14 @@ TESTS = Path(__file__).resolve().parent
 REPOSITORY = TESTS.parent
 """The repository: the modules, the README and the packaging."""
 
+DOCUMENTS = (REPOSITORY / "README.md", *sorted((REPOSITORY / "docs").glob("*.md")))
+"""The README and its guides in docs/: every python block of each runs."""
+
+
+def documentation() -> str:
+    """The README and every guide, one text: where a statement lives may move."""
+    return "\n".join(path.read_text(encoding="utf-8") for path in DOCUMENTS)
+
 
 # JSON: the one nested-JSON builder, the one not-plain-JSON table, plain comparisons.
 

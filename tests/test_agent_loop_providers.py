@@ -23,14 +23,13 @@ import re
 import ssl
 import threading
 import time
-from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union, cast
 
 import pytest
 
 import agent_loop as al
 import agent_loop_providers as providers
-from loop_testing import add_tool
+from loop_testing import add_tool, documentation
 from loop_testing_providers import (
     DONE,
     MESSAGE_START,
@@ -457,7 +456,7 @@ class TestConstruction:
         assert all(hasattr(providers, name) for name in providers.__all__)
 
     def test_the_readme_documents_each_public_name(self) -> None:
-        readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+        readme = documentation()
         for name in providers.__all__:
             assert re.search(rf"`{name}\b", readme), name
 

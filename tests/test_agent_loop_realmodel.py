@@ -45,6 +45,7 @@ import pytest
 import agent_loop as al
 import agent_loop_providers as providers
 from agent_loop_replay import replay
+from loop_testing import documentation
 from loop_testing_providers import free_port
 
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -295,8 +296,7 @@ def settle(
 
 def readme_function(name: str) -> Callable[..., Any]:
     """The function the README defines under that name: its python block, run."""
-    with open(os.path.join(_HERE, "README.md"), encoding="utf-8") as readme:
-        blocks = re.findall(r"```python\n(.*?)```", readme.read(), re.DOTALL)
+    blocks = re.findall(r"```python\n(.*?)```", documentation(), re.DOTALL)
     (block,) = [block for block in blocks if f"\ndef {name}(" in block]
     namespace: Dict[str, Any] = {}
     exec(compile(block, f"README.md: the block of {name}", "exec"), namespace)

@@ -34,7 +34,17 @@ import agent_loop as al
 import agent_loop_providers as providers
 import agent_loop_replay as alr
 from loop_invariants import check_run
-from loop_testing import REPOSITORY, json_lines, read_json_lines, run, settle, text, types_of
+from loop_testing import (
+    DOCUMENTS,
+    REPOSITORY,
+    documentation,
+    json_lines,
+    read_json_lines,
+    run,
+    settle,
+    text,
+    types_of,
+)
 from loop_testing_providers import SPECS, request
 
 # --- The public names ---------------------------------------------------------------------
@@ -715,10 +725,20 @@ class TestDemonstrationShowsThinkingAndUsage:
 # --- The README ---------------------------------------------------------------------------
 
 
+def blocks_of(path: Path, language: str) -> list[str]:
+    """The fenced blocks of this language in one document, in order."""
+    text = path.read_text(encoding="utf-8")
+    return re.findall(rf"^```{language}\n(.*?)^```$", text, flags=re.MULTILINE | re.DOTALL)
+
+
 def readme_blocks(language: str) -> list[str]:
     """The README's fenced blocks of this language, in order."""
-    readme = (REPOSITORY / "README.md").read_text(encoding="utf-8")
-    return re.findall(rf"^```{language}\n(.*?)^```$", readme, flags=re.MULTILINE | re.DOTALL)
+    return blocks_of(REPOSITORY / "README.md", language)
+
+
+def documented_blocks(language: str) -> list[str]:
+    """The fenced blocks of this language in the README and then each guide, in order."""
+    return [block for path in DOCUMENTS for block in blocks_of(path, language)]
 
 
 class TestReadme:
@@ -732,12 +752,14 @@ class TestReadme:
     def test_its_python_blocks_run_and_their_assertions_hold(
         self, capsys: pytest.CaptureFixture[str]
     ) -> None:
-        blocks = readme_blocks("python")
-        assert len(blocks) >= 4  # quick start, adapter, cancellation, replay
-        namespace: dict[str, Any] = {}
-        for number, block in enumerate(blocks, start=1):
-            exec(compile(block, f"README.md python block {number}", "exec"), namespace)
-        assert namespace["result"].status == "completed"
+        """In this process (so that coverage sees them), one namespace per document."""
+        assert len(documented_blocks("python")) >= 4  # quick start, adapter, cancellation, replay
+        namespaces: dict[str, dict[str, Any]] = {}
+        for path in DOCUMENTS:
+            namespace = namespaces[path.name] = {}
+            for number, block in enumerate(blocks_of(path, "python"), start=1):
+                exec(compile(block, f"{path.name} python block {number}", "exec"), namespace)
+        assert namespaces["README.md"]["result"].status == "completed"
         assert capsys.readouterr().out.splitlines()[0] == "0 message.accepted"
 
     def test_its_demonstration_output_is_what_the_demo_prints(
@@ -746,7 +768,7 @@ class TestReadme:
         assert readme_blocks("text")[0] == run_demo(monkeypatch, capsys).out
 
     def test_its_anthropic_tool_turn_with_thinking_is_what_the_adapter_sends(self) -> None:
-        readme = (REPOSITORY / "README.md").read_text(encoding="utf-8")
+        readme = documentation()
         # The one json block, indented in the Anthropic adapter's list item.
         (shown,) = re.findall(r"^  ```json\n(.*?)^  ```$", readme, flags=re.M | re.S)
         signature = "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds..."
@@ -766,7 +788,7 @@ class TestReadme:
 
     def test_it_states_the_id_rules(self) -> None:
         """How a duplicate id's message says the ids are derived, the README says too."""
-        readme = " ".join((REPOSITORY / "README.md").read_text(encoding="utf-8").split())
+        readme = " ".join(documentation().split())
         assert '"message-" + response id' in readme
         assert '"tool-result-" + call id' in readme
         assert "unique across the whole transcript" in readme
@@ -777,11 +799,11 @@ class TestReadmeBlocksRunAlone:
     interpreter ...; the tests run each block alone."""
 
     def test_there_are_blocks(self) -> None:
-        assert len(readme_blocks("python")) >= 4
+        assert len(documented_blocks("python")) >= 4
 
-    @pytest.mark.parametrize("index", range(len(readme_blocks("python"))))
+    @pytest.mark.parametrize("index", range(len(documented_blocks("python"))))
     def test_each_block_alone(self, index: int) -> None:
-        block = readme_blocks("python")[index]
+        block = documented_blocks("python")[index]
         finished = subprocess.run(
             [sys.executable, "-c", block],
             cwd=REPOSITORY,
@@ -799,7 +821,7 @@ class TestReadmeBlocksRunAlone:
         runs this; where mypy is not installed it is skipped."""
         mypy = pytest.importorskip("mypy.api")
         files = []
-        for index, block in enumerate(readme_blocks("python"), 1):
+        for index, block in enumerate(documented_blocks("python"), 1):
             path = tmp_path / f"readme_block_{index}.py"
             path.write_text(block, encoding="utf-8")
             files.append(str(path))
@@ -815,6 +837,7 @@ class TestReadmeBlocksRunAlone:
             *REPOSITORY.glob("*.py"),
             *REPOSITORY.glob("tests/*.py"),
             *REPOSITORY.glob("*.md"),
+            *REPOSITORY.glob("docs/*.md"),
             *REPOSITORY.glob("*.cfg"),
             *REPOSITORY.glob("*.toml"),
             *REPOSITORY.glob("*.ini"),
