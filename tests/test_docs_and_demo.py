@@ -859,6 +859,68 @@ class TestReadmeBlocksRunAlone:
         assert (REPOSITORY / "benchmarks/pi/bench_pi.mjs").is_file()
 
 
+# --- The rules and their tests ------------------------------------------------------
+
+RULES = REPOSITORY / "docs" / "rules.md"
+
+
+def tests_defined(path: Path) -> dict[str, set[str]]:
+    """The test methods of each test class of one file, read from its source (nothing is
+    imported or run)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {
+        node.name: {
+            item.name
+            for item in node.body
+            if isinstance(item, ast.FunctionDef) and item.name.startswith("test_")
+        }
+        for node in tree.body
+        if isinstance(node, ast.ClassDef)
+    }
+
+
+def tests_named_in_the_rules() -> list[tuple[str, str, str]]:
+    """(file, class, test) for each test docs/rules.md names, in order."""
+    text = RULES.read_text(encoding="utf-8")
+    return re.findall(r"`([\w/.]+\.py)::(\w+)::(\w+)`", text)
+
+
+class TestRulesMap:
+    """docs/rules.md maps each rule the documentation states to its one test."""
+
+    def test_every_test_it_names_exists(self) -> None:
+        named = tests_named_in_the_rules()
+        assert len(named) >= 50
+        missing = [
+            "::".join(test)
+            for test in named
+            if test[2] not in tests_defined(REPOSITORY / test[0]).get(test[1], set())
+        ]
+        assert missing == []
+
+    def test_each_rule_has_one_test(self) -> None:
+        """A table row holds one rule and names one test; no test holds two rules."""
+        rows = [
+            line
+            for line in RULES.read_text(encoding="utf-8").splitlines()
+            if line.startswith("| ") and not line.startswith("| rule ")
+        ]
+        assert all(len(re.findall(r"::\w+::", row)) == 1 for row in rows), rows
+        named = tests_named_in_the_rules()
+        assert len(rows) == len(named)
+        assert len(set(named)) == len(named)
+
+    def test_a_missing_test_is_found(self, tmp_path: Path) -> None:
+        """The check reads classes and methods, so a name that is not there is missing."""
+        path = tmp_path / "test_x.py"
+        path.write_text(
+            "class TestA:\n    def test_b(self) -> None: ...\n    def helper(self) -> None: ...\n"
+            "def test_c() -> None: ...\n",
+            encoding="utf-8",
+        )
+        assert tests_defined(path) == {"TestA": {"test_b"}}
+
+
 # --- The packaging --------------------------------------------------------------------
 
 
