@@ -864,7 +864,7 @@ class TestReadmeBlocksRunAlone:
 RULES = REPOSITORY / "docs" / "rules.md"
 
 
-def tests_defined(path: Path) -> dict[str, set[str]]:
+def defined_tests(path: Path) -> dict[str, set[str]]:
     """The test methods of each test class of one file, read from its source (nothing is
     imported or run)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -879,7 +879,7 @@ def tests_defined(path: Path) -> dict[str, set[str]]:
     }
 
 
-def tests_named_in_the_rules() -> list[tuple[str, str, str]]:
+def named_in_the_rules() -> list[tuple[str, str, str]]:
     """(file, class, test) for each test docs/rules.md names, in order."""
     text = RULES.read_text(encoding="utf-8")
     return re.findall(r"`([\w/.]+\.py)::(\w+)::(\w+)`", text)
@@ -889,12 +889,12 @@ class TestRulesMap:
     """docs/rules.md maps each rule the documentation states to its one test."""
 
     def test_every_test_it_names_exists(self) -> None:
-        named = tests_named_in_the_rules()
+        named = named_in_the_rules()
         assert len(named) >= 50
         missing = [
             "::".join(test)
             for test in named
-            if test[2] not in tests_defined(REPOSITORY / test[0]).get(test[1], set())
+            if test[2] not in defined_tests(REPOSITORY / test[0]).get(test[1], set())
         ]
         assert missing == []
 
@@ -906,7 +906,7 @@ class TestRulesMap:
             if line.startswith("| ") and not line.startswith("| rule ")
         ]
         assert all(len(re.findall(r"::\w+::", row)) == 1 for row in rows), rows
-        named = tests_named_in_the_rules()
+        named = named_in_the_rules()
         assert len(rows) == len(named)
         assert len(set(named)) == len(named)
 
@@ -918,7 +918,7 @@ class TestRulesMap:
             "def test_c() -> None: ...\n",
             encoding="utf-8",
         )
-        assert tests_defined(path) == {"TestA": {"test_b"}}
+        assert defined_tests(path) == {"TestA": {"test_b"}}
 
 
 # --- The packaging --------------------------------------------------------------------
