@@ -935,6 +935,17 @@ ROOT_MODULES = sorted(path.stem for path in REPOSITORY.glob("agent_loop*.py"))
 """What a user copies or installs: the core and its companions."""
 
 
+IMPORT_EACH = """
+import importlib, sys
+for name in sys.argv[1:]:
+    try:
+        print(name, importlib.import_module(name).__file__)
+    except ImportError as error:
+        print(name, "ImportError:", error)
+"""
+"""Imports each module named on the command line: its file, or the ImportError."""
+
+
 def build_modules(tmp_path: Path) -> Path:
     """The files `pip install .` puts in site-packages, as setup.py's build step writes
     them (skipped where setuptools is not installed)."""
@@ -969,8 +980,12 @@ class TestPackaging:
         versions = [
             node.value.value
             for node in ast.parse(source).body
-            if isinstance(node, ast.Assign)
-            and [getattr(target, "id", None) for target in node.targets] == ["__version__"]
+            if isinstance(node, (ast.Assign, ast.AnnAssign))
+            and [
+                getattr(target, "id", None)
+                for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            ]
+            == ["__version__"]
             and isinstance(node.value, ast.Constant)
         ]
         assert versions == [header.group(1)]
@@ -1011,14 +1026,23 @@ class TestPackaging:
         shutil.copytree(build, site_packages, dirs_exist_ok=True)
         modules = setup_cfg_list("options", "py_modules")
         imported = subprocess.run(
-            [str(python), "-c", f"import {', '.join(modules)}; print(agent_loop.__file__)"],
+            [str(python), "-c", IMPORT_EACH, *modules],
             cwd=tmp_path,
             capture_output=True,
             text=True,
             check=True,
             timeout=60,
-        ).stdout.strip()
-        assert Path(imported).parent == Path(site_packages)
+        ).stdout.splitlines()
+        assert len(imported) == len(modules)
+        for module, line in zip(modules, imported):
+            name, where = line.split(" ", 1)
+            assert name == module
+            # A bridge to another ecosystem says what to install; every other module is
+            # the installed file, not the marker's directory.
+            if module == "agent_loop" or not where.startswith("ImportError"):
+                assert Path(where) == Path(site_packages) / f"{module}.py"
+            else:
+                assert "pip install" in where
         user = tmp_path / "user.py"
         user.write_text(
             "".join(f"import {module}\n" for module in modules)
