@@ -43,7 +43,7 @@ that arrives after the signal was set. Beyond the seed, opt-in: tools at once
 (``before_tool_call``). Not here, as the seed says: steering queues, context
 transformation, provider retries, persistent sessions.
 
-The README is the reference: the API, the choices where the seed is silent, the companion
+The README and docs/ are the reference: the API, choices where the seed is silent, the companion
 files (which use only this file's public names). This file reads top down: the limits,
 the loop, then what it uses in that order; ``python agent_loop.py --help`` runs the demo.
 """
@@ -164,7 +164,7 @@ def run_agent_loop(
     from run``, or ``settle_run(run)``); at most ``MAX_INITIAL_MESSAGES + 1`` messages are
     read, now. Raises TypeError or ValueError for a bad option, now; a bad starting transcript
     is a ``failed`` run (INVALID_TRANSCRIPT). For ``tool_concurrency`` and
-    ``before_tool_call``, see the README, "Tools at once, and consent".
+    ``before_tool_call``, see docs/tools.md, "Tools at once, and consent".
     """
     # ValidateOptions. Seed: "Invalid construction throws before an EventStream is returned."
     _check_options(model, tools, max_steps, request_sequence_start)
@@ -926,7 +926,7 @@ def check_stream_agreement(chunks: Iterable[ModelChunk], response: ModelResponse
     """Checks a step's chunks against its terminal response as the loop does.
 
     The chunks must carry the response's ``request_id``, keep the step's limits, and agree
-    with its content once normalised (see the README, "Choices where the seed is silent");
+    with its content once normalised (see docs/design.md, "Choices where the seed is silent");
     the response's own fields are not checked. Raises TypeError if ``response`` is not a
     ModelResponse, and ValueError naming the chunk or block that breaks a rule.
     """
@@ -1074,7 +1074,7 @@ class Usage:
     """The tokens one response (or, summed, one run) cost, as the provider reported them.
 
     Each field is an int >= 0, or None when the provider did not say. ``a + b`` sums field by
-    field, None on either side giving None (see the README, "What a run cost"). Raises
+    field, None on either side giving None (see docs/runs.md, "What a run cost"). Raises
     TypeError for a field that is not None or an int, ValueError for a negative one.
     """
 
@@ -1251,7 +1251,7 @@ class Tool:
 
     ``parameters`` (a root ``{"type": "object", ...}``) is checked and frozen when the Tool is
     built, and each call's arguments are checked against it before the tool runs (see the
-    README, "Tool schemas"). ``execute(arguments, signal)`` gets a fresh plain dict and the
+    guide docs/schemas.md). ``execute(arguments, signal)`` gets a fresh plain dict and the
     run's signal. ``sequential=True``: with ``tool_concurrency`` > 1, its calls run alone.
 
     Raises TypeError or ValueError, naming the field, for a Tool the loop could not run.
@@ -1292,7 +1292,7 @@ class Tool:
     ) -> Tool:
         """Builds a Tool from a function that takes the arguments as keyword parameters.
 
-        The schema comes from the type hints (see the README, "Tools from functions"), made by
+        The schema comes from the type hints (see docs/tools.md, "Tools from functions"), made by
         the companion file agent_loop_functions.py: ImportError without it. Raises TypeError,
         naming the parameter, for what it cannot describe, and as ``Tool()`` does.
         """
@@ -1980,7 +1980,7 @@ RunStatus = Literal["completed", "cancelled", "maxSteps", "failed"]
 FailureCode = Literal[
     "INVALID_TRANSCRIPT", "MODEL_PROTOCOL_ERROR", "MODEL_STREAM_ERROR", "TOOL_PHASE_ERROR"
 ]
-"""Why a run failed (see the README's table of failure codes)."""
+"""Why a run failed (see the table of failure codes in docs/runs.md)."""
 EventType = Literal[
     "message.accepted", "model.chunk", "tool.started", "tool.finished", "run.finished"
 ]
@@ -2011,7 +2011,7 @@ class RunError:
 class RunResult:
     """How a run ended, and the transcript it ended with (complete messages only).
 
-    ``usage`` sums the usage of the responses this run appended (see the README, "What a run
+    ``usage`` sums the usage of the responses this run appended (see docs/runs.md, "What a run
     cost").
     """
 

@@ -4,7 +4,7 @@
 
 ``Tool.from_function(fn)`` imports this file when it is called and builds its Tool from
 ``tool_fields(fn)``: the schema of the function's parameters, made from their type hints,
-and an ``execute`` that calls ``fn(**arguments)``. The README's "Tools from functions"
+and an ``execute`` that calls ``fn(**arguments)``. docs/tools.md, "Tools from functions",
 lists each hint and its schema. It uses only agent_loop's public names.
 """
 

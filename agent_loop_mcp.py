@@ -15,7 +15,7 @@ share (the handshake, requests numbered by one counter and answered by id, timeo
 cancellation, tools); ``render_tool_result``, the sans-IO rendering of a result (values in
 and out); then each transport, a pipe or socket loop: ``StdioServer``, and ``HttpServer``
 with the sans-IO parser of its event streams, ``parse_event_stream`` (bytes in, events'
-data out). What the client does, and its rules, are in the README's "Tools from MCP
+data out). What the client does, and its rules, are in docs/mcp.md, "Tools from MCP
 servers"; the specification's words are quoted at the checks (``# MCP: "..."``).
 """
 

@@ -8,7 +8,7 @@ that speaks its Chat Completions format: Ollama, llama.cpp, vLLM, LM Studio...) 
 ``stream(request, signal)`` yields ``TextDelta``, ``ThinkingDelta`` and ``ToolCallChunk``
 chunks as they arrive and returns the ``ModelResponse``; a failure raises a
 ``ProviderError`` from the generator, and the run fails ``MODEL_STREAM_ERROR``. What is
-sent, read, accepted, refused and retried is stated once, in the README's "Plugging in a
+sent, read, accepted, refused and retried is stated once, in docs/models.md, "Plugging in a
 real model"; how long answers are paced, in ``_Pacer``.
 
 Three layers, from the bytes up:
@@ -480,7 +480,7 @@ class _StreamingModel:
 
 def _transient(error: ProviderError) -> bool:
     """Whether another attempt may meet something else: the one statement, in code, of
-    which failures are retried (the README's "Retries" says it in words)."""
+    which failures are retried (docs/models.md says it in words)."""
     if isinstance(error, ProviderConnectionError):  # not made, broken, silent
         return True
     if isinstance(error, ProviderProtocolError):  # malformed bytes come back the same
@@ -534,7 +534,7 @@ def _error_body(exchange: Exchange) -> bytes:
 
 class _Pacer:
     """Which chunks to yield, and when, so that long answers fit the loop's limits: the
-    one statement of the pacing rule (the module docstring and the README point here).
+    one statement of the pacing rule (the module docstring and docs/models.md point here).
 
     ``yielded`` counts the step's chunks. While it is below _PACED_FROM (512), each chunk
     is yielded as it comes: the first delta at once, and an answer of up to 512 deltas
@@ -1304,7 +1304,7 @@ class ServerSentEvents:
 
 
 class _Ids:
-    """The ids of the README's rule: unique in the transcript, and deterministic."""
+    """The ids of docs/models.md's rule: unique in the transcript, and deterministic."""
 
     def __init__(self, request: al.ModelRequest) -> None:
         self.message_ids: Set[str] = set()

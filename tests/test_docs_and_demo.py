@@ -18,11 +18,14 @@ blocks (``-k mypy_strict``); where mypy is not installed it is skipped.
 
 from __future__ import annotations
 
+import ast
+import configparser
 import io
 import json
 import os
 import re
 import runpy
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -855,6 +858,212 @@ class TestReadmeBlocksRunAlone:
         assert (REPOSITORY / "benchmarks/pi/package-lock.json").is_file()
         assert (REPOSITORY / "benchmarks/pi/bench_pi.mjs").is_file()
 
-    def test_typed_is_not_claimed(self) -> None:
-        """A single module cannot carry py.typed (PEP 561), so the classifier is dropped."""
-        assert "Typing :: Typed" not in (REPOSITORY / "setup.cfg").read_text("utf-8")
+
+# --- The rules and their tests ------------------------------------------------------
+
+RULES = REPOSITORY / "docs" / "rules.md"
+
+
+def defined_tests(path: Path) -> dict[str, set[str]]:
+    """The test methods of each test class of one file, read from its source (nothing is
+    imported or run)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {
+        node.name: {
+            item.name
+            for item in node.body
+            if isinstance(item, ast.FunctionDef) and item.name.startswith("test_")
+        }
+        for node in tree.body
+        if isinstance(node, ast.ClassDef)
+    }
+
+
+def named_in_the_rules() -> list[tuple[str, str, str]]:
+    """(file, class, test) for each test docs/rules.md names, in order."""
+    text = RULES.read_text(encoding="utf-8")
+    return re.findall(r"`([\w/.]+\.py)::(\w+)::(\w+)`", text)
+
+
+class TestRulesMap:
+    """docs/rules.md maps each rule the documentation states to its one test."""
+
+    def test_every_test_it_names_exists(self) -> None:
+        named = named_in_the_rules()
+        assert len(named) >= 50
+        missing = [
+            "::".join(test)
+            for test in named
+            if test[2] not in defined_tests(REPOSITORY / test[0]).get(test[1], set())
+        ]
+        assert missing == []
+
+    def test_each_rule_has_one_test(self) -> None:
+        """A table row holds one rule and names one test; no test holds two rules."""
+        rows = [
+            line
+            for line in RULES.read_text(encoding="utf-8").splitlines()
+            if line.startswith("| ") and not line.startswith("| rule ")
+        ]
+        assert all(len(re.findall(r"::\w+::", row)) == 1 for row in rows), rows
+        named = named_in_the_rules()
+        assert len(rows) == len(named)
+        assert len(set(named)) == len(named)
+
+    def test_a_missing_test_is_found(self, tmp_path: Path) -> None:
+        """The check reads classes and methods, so a name that is not there is missing."""
+        path = tmp_path / "test_x.py"
+        path.write_text(
+            "class TestA:\n    def test_b(self) -> None: ...\n    def helper(self) -> None: ...\n"
+            "def test_c() -> None: ...\n",
+            encoding="utf-8",
+        )
+        assert defined_tests(path) == {"TestA": {"test_b"}}
+
+
+# --- The packaging --------------------------------------------------------------------
+
+
+def setup_cfg_list(section: str, option: str) -> List[str]:
+    """One comma-separated option of setup.cfg, as a list."""
+    parser = configparser.ConfigParser()
+    parser.read(REPOSITORY / "setup.cfg", encoding="utf-8")
+    return [name.strip() for name in parser[section][option].split(",")]
+
+
+ROOT_MODULES = sorted(path.stem for path in REPOSITORY.glob("agent_loop*.py"))
+"""What a user copies or installs: the core and its companions."""
+
+
+IMPORT_EACH = """
+import importlib, sys
+for name in sys.argv[1:]:
+    try:
+        print(name, importlib.import_module(name).__file__)
+    except ImportError as error:
+        print(name, "ImportError:", error)
+"""
+"""Imports each module named on the command line: its file, or the ImportError."""
+
+
+def build_modules(tmp_path: Path) -> Path:
+    """The files `pip install .` puts in site-packages, as setup.py's build step writes
+    them (skipped where setuptools is not installed)."""
+    pytest.importorskip("setuptools")
+    build = tmp_path / "lib"
+    finished = subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(build)],
+        cwd=REPOSITORY,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert finished.returncode == 0, finished.stderr
+    return build
+
+
+class TestPackaging:
+    """`pip install .` installs every module with its version, each marked as typed."""
+
+    @pytest.mark.parametrize("module", ROOT_MODULES)
+    def test_every_module_at_the_root_is_installed(self, module: str) -> None:
+        assert module in setup_cfg_list("options", "py_modules")
+
+    @pytest.mark.parametrize("module", ROOT_MODULES)
+    def test_every_module_header_names_its___version__(self, module: str) -> None:
+        """A copied file says what it is: its first line names it and its version, which
+        is its __version__ (read from the source: nothing is imported)."""
+        source = (REPOSITORY / f"{module}.py").read_text(encoding="utf-8")
+        header = re.match(rf"# {module}\.py (\d+\.\d+\.\d+): ", source)
+        assert header is not None, source.splitlines()[0]
+        versions = [
+            node.value.value
+            for node in ast.parse(source).body
+            if isinstance(node, (ast.Assign, ast.AnnAssign))
+            and [
+                getattr(target, "id", None)
+                for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            ]
+            == ["__version__"]
+            and isinstance(node.value, ast.Constant)
+        ]
+        assert versions == [header.group(1)]
+
+    def test_the_build_puts_a_type_marker_beside_every_module(self, tmp_path: Path) -> None:
+        build = build_modules(tmp_path)
+        for module in setup_cfg_list("options", "py_modules"):
+            assert (build / f"{module}.py").is_file(), module
+            marker = build / module / "py.typed"
+            assert marker.is_file(), module
+            assert marker.read_bytes() == b""
+        assert sorted(path.name for path in build.iterdir() if path.is_dir()) == sorted(
+            setup_cfg_list("options", "py_modules")
+        )
+
+    def test_installed_modules_pass_mypy_strict_as_typed_code(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Installed in a fresh virtual environment as `pip install .` installs them, the
+        modules are imported as modules (not as the marker's directory), and mypy reads
+        their annotations: a user's wrong annotation is an error, not an untyped import."""
+        mypy = pytest.importorskip("mypy.api")
+        build = build_modules(tmp_path)
+        environment = tmp_path / "venv"
+        subprocess.run(
+            [sys.executable, "-m", "venv", "--without-pip", str(environment)],
+            check=True,
+            timeout=120,
+        )
+        python = environment / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+        site_packages = subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout.strip()
+        shutil.copytree(build, site_packages, dirs_exist_ok=True)
+        modules = setup_cfg_list("options", "py_modules")
+        imported = subprocess.run(
+            [str(python), "-c", IMPORT_EACH, *modules],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout.splitlines()
+        assert len(imported) == len(modules)
+        for module, line in zip(modules, imported):
+            name, where = line.split(" ", 1)
+            assert name == module
+            # A bridge to another ecosystem says what to install; every other module is
+            # the installed file, not the marker's directory.
+            if module == "agent_loop" or not where.startswith("ImportError"):
+                assert Path(where) == Path(site_packages) / f"{module}.py"
+            else:
+                assert "pip install" in where
+        user = tmp_path / "user.py"
+        user.write_text(
+            "".join(f"import {module}\n" for module in modules)
+            + "version: int = agent_loop.__version__\n",
+            encoding="utf-8",
+        )
+        (tmp_path / "mypy.ini").write_text("[mypy]\n", encoding="utf-8")
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.delenv("MYPYPATH", raising=False)
+        report, errors, status = mypy.run(
+            [
+                "--strict",
+                "--no-incremental",
+                "--config-file",
+                str(tmp_path / "mypy.ini"),
+                "--python-executable",
+                str(python),
+                str(user),
+            ]
+        )
+        assert status == 1, report + errors
+        assert 'expression has type "str", variable has type "int"' in report, report
+        assert "import-untyped" not in report, report
+        assert report.count("error:") == 1, report
