@@ -438,7 +438,7 @@ class TestToolAnnotations:
 
         _events, result, _model = run(
             al.ScriptedModel(one_batch(call("read", "r1", {}), call("delete", "d1", {}))),
-            tools,
+            list(tools),
             before_tool_call=ask,
         )
         assert asked == ["d1"]
