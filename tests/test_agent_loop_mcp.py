@@ -223,8 +223,9 @@ class TestHandshake:
             b'"arguments":{"text":"hi\\nthere"},"_meta":{"progressToken":3}}}'
         ]
 
-    @pytest.mark.parametrize("version", mcp.PROTOCOL_VERSIONS)
-    def test_every_version_it_speaks_is_accepted(self, tmp_path: Path, version: str) -> None:
+    def test_an_older_version_it_speaks_is_accepted(self, tmp_path: Path) -> None:
+        """Each version: TestHandshake of test_agent_loop_mcp_rules.py; here, the oldest."""
+        version = mcp.PROTOCOL_VERSIONS[-1]
         with Canned(tmp_path, version=version).server() as server:
             assert server.protocol_version == version
             assert [tool.name for tool in server.tools()][:2] == ["echo", "slow"]
@@ -259,7 +260,7 @@ class TestHandshake:
 
     def test_a_server_that_never_answers_initialize(self, tmp_path: Path) -> None:
         script = tmp_path / "mute.py"
-        script.write_text("import sys, time\nsys.stdin.read()\ntime.sleep(60)\n")
+        script.write_text("import sys\nsys.stdin.read()\n")  # exits once its input closes
         server = mcp.StdioServer([sys.executable, str(script)], timeout=0.2)
         with pytest.raises(mcp.McpError, match=r"initialize got no answer within 0\.2"):
             server.tools()
@@ -686,43 +687,6 @@ class TestTimeAndCancellation:
             }
             assert call(server, "echo", {"text": "next"}).content == "next"
 
-    def test_an_answer_after_the_cancel_is_ignored(self, tmp_path: Path) -> None:
-        canned = Canned(tmp_path, answer_after_cancel=True)
-        with canned.server(timeout=0.2) as server:
-            assert call(server, "slow").is_error
-            assert call(server, "echo", {"text": "next"}).content == "next"
-            assert wait_for(lambda: cancelled_from(canned.received(), 3))
-
-    def test_progress_restarts_the_wait(self, canned: Canned) -> None:
-        # 8 steps of 0.25 s: 2 s in all, twice the timeout of 1 s; each gap leaves a busy
-        # machine 0.75 s of room.
-        with canned.server(timeout=1.0) as server:
-            result = call(server, "progress", {"steps": 8, "interval": 0.25})
-            assert result.content == "done"
-
-    def test_progress_does_not_extend_a_call_past_max_progress_timeouts(
-        self, canned: Canned
-    ) -> None:
-        # Progress every 0.05 s, for twice as long as the cap: a timeout of 0.3 s leaves
-        # room for a busy machine's gaps, so that only the cap can end the call.
-        with canned.server(timeout=0.3) as server:
-            steps = 2 * mcp.MAX_PROGRESS_TIMEOUTS * 6
-            result = call(server, "progress", {"steps": steps, "interval": 0.05})
-            assert result.is_error
-            waited = float(re.findall(r"within (\S+) s", result.content)[0])
-            assert waited >= mcp.MAX_PROGRESS_TIMEOUTS * 0.3
-
-    def test_progress_for_no_request_in_flight_is_ignored(self, canned: Canned) -> None:
-        with canned.server() as server:
-            server.tools()  # ids 1 and 2: the call is id 3
-            progress = [
-                {"jsonrpc": "2.0", "method": "notifications/progress", "params": params}
-                for params in (*({"progressToken": t} for t in (99, True, "3", None)), 3)
-            ]
-            answer = {"jsonrpc": "2.0", "id": 3, "result": {"content": []}}
-            result = call(server, "raw", {"messages": [*progress, answer]})
-            assert (result.content, result.is_error) == ("", False)
-
     def test_a_cancel_after_the_answer_sends_nothing(self, canned: Canned) -> None:
         """The signal is found set once the answer has come: the answer is the result,
         and no notifications/cancelled is sent for a request that was answered."""
@@ -760,9 +724,10 @@ class TestTimeAndCancellation:
         assert "notifications/cancelled" not in [m.get("method") for m in canned.received()]
 
     def test_a_call_is_cancelled_while_another_thread_lists_tools(self, tmp_path: Path) -> None:
-        """The second tools/list takes 3 s; a call of another thread is cancelled meanwhile
-        within the bound (the list is not read under the lock a call waits for)."""
-        canned = Canned(tmp_path, list_delays=[0, 3])
+        """The second tools/list is answered only once the server gets a cancel; a call of
+        another thread is cancelled meanwhile within the bound (the list is not read under
+        the lock a call waits for)."""
+        canned = Canned(tmp_path, hold_listings=[2])
         with canned.server() as server:
             tools = al.ToolRegistry(server.tools())
             assert call(server, "change").content == "changed"  # the next tools() lists
@@ -829,15 +794,6 @@ class TestTimeAndCancellation:
 class TestMessages:
     """What a server sends that is no answer: dropped, bounded, named."""
 
-    def test_a_line_that_is_not_json_is_named_by_the_timeout(self, canned: Canned) -> None:
-        with canned.server(timeout=0.3) as server:
-            result = call(server, "garbage")
-            assert result.is_error
-            assert (
-                "and was cancelled (the server sent a message that is not JSON" in result.content
-            )
-            assert "this is not JSON" in result.content
-
     @pytest.mark.parametrize(
         ("size", "dropped"),
         [
@@ -874,30 +830,6 @@ class TestMessages:
                 "error": {"code": -32601, "message": "Method not found: sampling/createMessage"},
             },
         ]
-
-    @pytest.mark.parametrize(
-        "line",
-        [
-            pytest.param('[{"jsonrpc": "2.0", "id": 3, "result": {}}]', id="not-an-object"),
-            pytest.param('{"jsonrpc": "1.0", "id": 3, "result": {}}', id="not-2.0"),
-            pytest.param('{"jsonrpc": "2.0", "id": 3, "result": NaN}', id="nan"),
-            pytest.param(["[", 100_000], id="deep"),
-            pytest.param('{"jsonrpc": "2.0", "id": [3], "result": {}}', id="id-unhashable"),
-            pytest.param('{"jsonrpc": "2.0", "id": true, "result": {}}', id="id-bool"),
-            pytest.param('{"jsonrpc": "2.0", "id": 3.0, "result": {}}', id="id-float"),
-        ],
-    )
-    def test_unreadable_messages_change_nothing(self, canned: Canned, line: Any) -> None:
-        """Each line names the call in flight (id 3) and is dropped; its answer follows."""
-        with canned.server() as server:
-            server.tools()  # ids 1 and 2: the call is id 3
-            answer = {
-                "jsonrpc": "2.0",
-                "id": 3,
-                "result": {"content": [{"type": "text", "text": "x"}]},
-            }
-            result = call(server, "raw", {"lines": [line], "messages": [answer]})
-            assert (result.content, result.is_error) == ("x", False)
 
 
 # --- Processes --------------------------------------------------------------------------
@@ -1011,9 +943,12 @@ class TestProcess:
             monkeypatch.setattr(os, "killpg", gone)
         assert not alive(canned.pid())
 
-    def test_a_server_that_closes_its_input(self, tmp_path: Path) -> None:
+    def test_a_server_that_closes_its_input(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         """Every write after the handshake meets a broken pipe: the requests time out, and
-        close() ends the server all the same."""
+        close() ends the server all the same (it ignores its input: SIGTERM ends it)."""
+        monkeypatch.setattr(mcp, "CLOSE_GRACE_SECONDS", 0.1)
         script = tmp_path / "deaf.py"
         script.write_text(
             "import json, os, sys, time\n"
@@ -1102,7 +1037,10 @@ class HttpFake:
 
         self.http = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.http.daemon_threads = True
-        self.thread = threading.Thread(target=self.http.serve_forever, daemon=True)
+        # shutdown() waits for the loop's next look: a short poll ends each test soon.
+        self.thread = threading.Thread(
+            target=self.http.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
+        )
 
     @property
     def url(self) -> str:
@@ -1123,9 +1061,9 @@ class HttpFake:
     def post(self, handler: http.server.BaseHTTPRequestHandler, body: bytes) -> None:
         message = json.loads(body)
         method = message.get("method")
-        delays = self.config.get("delays", {}).get(method)  # seconds, one per request
-        if delays:
-            self.stopping.wait(delays.pop(0))
+        hold = self.config.get("hold", {}).get(method)  # an Event that lets it answer
+        if hold is not None:
+            hold.wait(30)
         override = self.config.get("status", {}).get(method)
         if override is not None:
             status, kind, data = override
@@ -1344,8 +1282,10 @@ class TestHttp:
                     assert len(server.tools()) == len(Fake({}).tools)
 
     def test_progress_over_the_stream(self) -> None:
-        with HttpFake("sse") as fake, shortened(mcp.HttpServer(fake.url), 1.0) as server:
-            assert call(server, "progress", {"steps": 8, "interval": 0.25}).content == "done"
+        """Progress comes in the call's own stream, before its answer (its deadline: the
+        rules' tests)."""
+        with HttpFake("sse") as fake, mcp.HttpServer(fake.url) as server:
+            assert call(server, "progress", {"steps": 3}).content == "done"
 
     def test_the_signal_cancels_a_call_within_the_bound(self, http_fake: HttpFake) -> None:
         with mcp.HttpServer(http_fake.url) as server:
@@ -1364,21 +1304,23 @@ class TestHttp:
             assert wait_for(lambda: cancelled_from(http_fake.posted(), 3))
 
     def test_a_call_waiting_for_another_threads_handshake_is_cancelled(self) -> None:
-        """The session expired; another thread's handshake takes 3 s; a call that waits
-        for it is cancelled within the bound, and is not sent."""
+        """The session expired; another thread's handshake is held until the call has
+        ended; a call that waits for it is cancelled within the bound, and is not sent."""
         with HttpFake("json") as fake, mcp.HttpServer(fake.url) as server:
             tools = al.ToolRegistry(server.tools())
             fake.config["status"] = {"tools/list": (404, "text/plain", b"Session not found")}
             with pytest.raises(mcp.McpError, match=r"ended the session \(HTTP 404\)"):
                 server.tools()
             del fake.config["status"]
-            fake.config["delays"] = {"initialize": [3]}
+            release = threading.Event()
+            fake.config["hold"] = {"initialize": release}
             opener = threading.Thread(target=server.tools)
             opener.start()
             assert wait_for(
                 lambda: [m.get("method") for m in fake.posted()].count("initialize") == 2
             )
             result, waited = cancelled_call(tools, "slow", after=0.2)
+            release.set()
             opener.join()
             assert result.content == (
                 "MCP tool 'slow': tools/call was cancelled with the run before it was sent"
