@@ -669,32 +669,32 @@ class _Session:
         """Runs one step of the rules with the time, and does what its events say: an
         answer goes to its waiter, a message to the server, a change of tools to the list."""
         sends: List[Tuple[Dict[str, Any], Optional[_Waiter]]] = []
-        ended: List[_Waiter] = []
+        ended: Dict[int, _Waiter] = {}  # the waiters of the requests that failed
         with self._lock:
             for event in step(time.monotonic()):
                 if isinstance(event, Answer):
-                    waiter = self._waiters.pop(event.request_id, None)
-                    if waiter is not None:
-                        waiter.answer = event
-                        waiter.done.set()
-                        if event.result is None:
-                            ended.append(waiter)
+                    # Every pending request has its waiter: both are made under this lock.
+                    waiter = self._waiters.pop(event.request_id)
+                    waiter.answer = event
+                    waiter.done.set()
+                    if event.result is None:
+                        ended[waiter.id] = waiter
                 elif isinstance(event, Outgoing):
+                    # A cancel goes with its request (HTTP holds it until that is written).
                     cancelled = event.message.get("params", {}).get("requestId")
-                    owner = [waiter for waiter in ended if waiter.id == cancelled]
-                    sends.append((event.message, owner[0] if owner else None))
+                    sends.append((event.message, ended.get(cancelled)))
                 elif isinstance(event, ToolsChanged):
                     self._tools = None
                     self._changes += 1
                 else:
                     _logger.warning("%s: dropped %s", self.where, event.what)
-        for waiter in ended:
-            self._abandon(waiter)  # nobody reads its answer any more
-        for message, waiter in sends:
-            if waiter is None:
+        for failed in ended.values():
+            self._abandon(failed)  # nobody reads its answer any more
+        for message, owner in sends:
+            if owner is None:
                 self._send(message, None, True)
             else:
-                self._send_cancelled(waiter, message)
+                self._send_cancelled(owner, message)
 
     def _send_cancelled(self, waiter: _Waiter, message: Dict[str, Any]) -> None:
         """notifications/cancelled for a request, after it (stdio: one ordered stream)."""

@@ -265,6 +265,20 @@ class TestHandshake:
         with pytest.raises(mcp.McpError, match=r"initialize got no answer within 0\.2"):
             server.tools()
 
+    def test_a_last_message_without_its_newline_is_read(self, tmp_path: Path) -> None:
+        """A server that answers initialize and exits before it ends the line."""
+        script = tmp_path / "abrupt.py"
+        script.write_text(
+            "import json, sys\n"
+            "m = json.loads(sys.stdin.buffer.readline())\n"
+            "r = {'protocolVersion': '2025-11-25', 'capabilities': {}}\n"
+            "sys.stdout.write(json.dumps({'jsonrpc': '2.0', 'id': m['id'], 'result': r}))\n"
+        )
+        server = mcp.StdioServer([sys.executable, str(script)])
+        with server, pytest.raises(mcp.McpError, match="tools/list did not finish: the server"):
+            server.tools()
+        assert server.protocol_version == "2025-11-25"
+
     def test_a_server_that_exits_at_once(self, tmp_path: Path) -> None:
         script = tmp_path / "exits.py"
         script.write_text("import sys\nsys.stderr.write('missing API key')\nsys.exit(2)\n")
@@ -291,6 +305,40 @@ class TestToolsList:
             "properties": {"text": {"type": "string"}},
             "required": ["text"],
         }
+
+    def test_each_tool_carries_the_servers_annotations_and_title(self, tmp_path: Path) -> None:
+        """MCP's Tool.title and Tool.annotations, in Tool.annotations; never in the spec."""
+        hints = {"title": "Old title", "readOnlyHint": False, "destructiveHint": True}
+        extra = [
+            {
+                "name": "rm",
+                "title": "Remove",
+                "inputSchema": {"type": "object"},
+                "annotations": hints,
+            },
+            {
+                "name": "ls",
+                "inputSchema": {"type": "object"},
+                "annotations": {"readOnlyHint": True},
+            },
+            {"name": "bare", "inputSchema": {"type": "object"}},
+        ]
+        with Canned(tmp_path, only=[], extra_tools=extra).server() as server:
+            rm, ls, bare = server.tools()
+        assert dict(rm.annotations) == {**hints, "title": "Remove"}
+        assert dict(ls.annotations) == {"readOnlyHint": True}
+        assert dict(bare.annotations) == {}
+        assert "annotations" not in rm.spec().to_dict()
+
+    def test_annotations_that_are_not_an_object_make_the_tool_unusable(
+        self, tmp_path: Path
+    ) -> None:
+        extra = [{"name": "odd", "inputSchema": {"type": "object"}, "annotations": ["x"]}]
+        server = Canned(tmp_path, only=[], extra_tools=extra).server()
+        with server, pytest.raises(
+            mcp.McpError, match=r"tool 'odd' cannot be used: .*annotations"
+        ):
+            server.tools()
 
     def test_pages_are_followed(self, tmp_path: Path) -> None:
         canned = Canned(tmp_path, page_size=2)
