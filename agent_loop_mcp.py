@@ -1225,7 +1225,10 @@ class HttpServer(_Session):
         elif kind == "text/event-stream":
             stream = providers.ServerSentEvents(MAX_MESSAGE_BYTES)
             while True:
-                data = response.read1(_READ_SIZE)
+                try:
+                    data = response.read1(_READ_SIZE)
+                except http.client.IncompleteRead:
+                    data = b""  # a chunked body cut off: the stream ended (named below)
                 try:
                     events = stream.feed(data)
                 except providers.ProviderProtocolError as malformed:
@@ -1246,8 +1249,8 @@ class HttpServer(_Session):
         else:
             return f"the answer's Content-Type is {kind or 'missing'}, not JSON or an event stream"
         if not waiter.done.is_set():
-            # A server that exits mid-stream looks the same to http.client as one that ends
-            # its stream early (it reads a cut chunked body as its end): name both.
+            # A server that exits mid-stream looks the same as one that ends its stream
+            # early (a cut chunked body is read as its end): name both.
             return (
                 "the answer ended before the response: the server closed the stream or went "
                 "away (resuming a stream is not supported)"

@@ -275,7 +275,8 @@ class TestHandshake:
             "sys.stdout.write(json.dumps({'jsonrpc': '2.0', 'id': m['id'], 'result': r}))\n"
         )
         server = mcp.StdioServer([sys.executable, str(script)])
-        with server, pytest.raises(mcp.McpError, match="tools/list did not finish: the server"):
+        # It has exited by tools/list, or exits while tools/list waits: lost either way.
+        with server, pytest.raises(mcp.McpError, match="the server exited with status 0"):
             server.tools()
         assert server.protocol_version == "2025-11-25"
 
