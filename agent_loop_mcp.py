@@ -131,6 +131,7 @@ class Answer:
     method: str
     result: Optional[Dict[str, Any]] = None
     failure: Optional[str] = None
+    __hash__ = None  # type: ignore[assignment]  # it holds a mapping
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,7 @@ class Outgoing:
     """A message for the server that the rules produced (a cancel, an answer to its ping)."""
 
     message: Dict[str, Any]
+    __hash__ = None  # type: ignore[assignment]  # it holds a mapping
 
 
 @dataclass(frozen=True)
@@ -250,8 +252,14 @@ class McpSession:
 
     def cancel(self, request_id: int, reason: str, why: str) -> List[SessionEvent]:
         """Ends a pending request (its failure: its method, then ``why``) and produces its
-        ``notifications/cancelled`` with ``reason``; nothing when it has ended already."""
+        ``notifications/cancelled`` with ``reason``; nothing when it has ended already.
+
+        The notice asks; it does not stop the server: MCP: "Receivers MAY ignore
+        cancellation notifications if: ... The request cannot be cancelled".
+        """
         pending = self._pending.pop(request_id, None)
+        # MCP: "Cancellation notifications MUST only reference requests that: Were
+        # previously issued in the same direction; Are believed to still be in-progress"
         if pending is None:
             return []  # it was answered first: there is nothing to cancel
         events: List[SessionEvent] = [

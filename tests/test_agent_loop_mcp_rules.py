@@ -157,7 +157,7 @@ class TestRequests:
         assert answer.failure is not None
         assert answer.failure.startswith("tools/call: the server's answer is malformed")
 
-    @pytest.mark.parametrize("request_id", [99, True, "2", None])
+    @pytest.mark.parametrize("request_id", [99, True, "2", None, [2], 2.0])
     def test_an_answer_to_no_pending_request_changes_nothing(self, request_id: object) -> None:
         session = opened()
         call(session)
@@ -375,3 +375,11 @@ class TestLoss:
         ]
         assert session.end(first, "again") == []
         assert session.pending() == (second,)
+
+
+def test_events_that_hold_a_mapping_are_not_hashable() -> None:
+    with pytest.raises(TypeError):
+        hash(mcp.Answer(1, "tools/call", {}))
+    with pytest.raises(TypeError):
+        hash(mcp.Outgoing({}))
+    assert hash(mcp.ToolsChanged()) == hash(mcp.ToolsChanged())
