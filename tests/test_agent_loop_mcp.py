@@ -1115,10 +1115,12 @@ class HttpFake:
             hold.wait(30)
         override = self.config.get("status", {}).get(method)
         if override is not None:
-            status, kind, data = override
+            status, kind, data, *headers = override  # then (name, value) pairs
             handler.send_response(status)
             if kind:
                 handler.send_header("Content-Type", kind)
+            for name, value in headers:
+                handler.send_header(name, value)
             if status == 200 and kind == "application/json" and data is None:
                 handler.send_header("Content-Length", str(mcp.MAX_MESSAGE_BYTES + 1))
                 data = b""
@@ -1273,6 +1275,11 @@ class TestHttp:
                 (200, "text/event-stream", b"data: \n\n"),
                 "ended before the response",
                 id="sse-cut",
+            ),
+            pytest.param(
+                (200, "text/event-stream", b"100\r\ndata: {", ("Transfer-Encoding", "chunked")),
+                "ended before the response",
+                id="sse-chunk-cut",
             ),
             pytest.param(
                 (200, "application/json", b'{"jsonrpc": "2.0", "id": 99, "result": {}}'),
