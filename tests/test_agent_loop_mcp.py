@@ -20,7 +20,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -689,24 +689,44 @@ def registry_of(server: Any) -> al.ToolRegistry:
 # --- Time and cancellation --------------------------------------------------------------
 
 
+class Once:
+    """Does ``action`` in a thread of its own once ``condition()`` holds (within
+    ``wait_for``'s bound), and notes when: a test acts on what happened, not after a delay."""
+
+    def __init__(self, condition: Callable[[], bool], action: Callable[[], None]) -> None:
+        self.when: List[float] = []
+
+        def act() -> None:
+            assert wait_for(condition)
+            self.when.append(time.monotonic())
+            action()
+
+        self.thread = threading.Thread(target=act, daemon=True)
+        self.thread.start()
+
+    def seconds_to(self, ended: float) -> float:
+        """The seconds from the action to ``ended``, once the action is done."""
+        self.thread.join(30)
+        return ended - self.when[0]
+
+
+def posted_call(
+    received: Callable[[], List[Dict[str, Any]]], count: int = 1
+) -> Callable[[], bool]:
+    """Whether the server has got ``count`` tools/calls (the last is running: its client
+    waits for the answer)."""
+    return lambda: [message.get("method") for message in received()].count("tools/call") >= count
+
+
 def cancelled_call(
-    tools: al.ToolRegistry, name: str, after: float
+    tools: al.ToolRegistry, name: str, condition: Callable[[], bool]
 ) -> Tuple[al.ToolResultMessage, float]:
-    """A call whose signal is set ``after`` seconds; its result, and the seconds from the
-    signal to the call's return."""
+    """A call whose signal is set once ``condition()`` holds; its result, and the seconds
+    from the signal to the call's return."""
     signal = threading.Event()
-    fired: List[float] = []
-
-    def cancel() -> None:
-        fired.append(time.monotonic())
-        signal.set()
-
-    timer = threading.Timer(after, cancel)
-    timer.start()
+    cancel = Once(condition, signal.set)
     result = al.execute_tool_call(tools, al.ToolCall("c", name, {}), signal)
-    ended = time.monotonic()
-    timer.join()
-    return result, ended - fired[0]
+    return result, cancel.seconds_to(time.monotonic())
 
 
 def cancelled_from(cancels: List[Dict[str, Any]], request_id: int) -> bool:
@@ -785,7 +805,7 @@ class TestTimeAndCancellation:
             assert wait_for(
                 lambda: sum(m.get("method") == "tools/list" for m in canned.received()) == 2
             )
-            result, waited = cancelled_call(tools, "slow", after=0.2)
+            result, waited = cancelled_call(tools, "slow", posted_call(canned.received, 2))
             lister.join()
             assert result.content == "MCP tool 'slow': tools/call was cancelled with the run"
             assert waited < CANCEL_BOUND
@@ -803,19 +823,10 @@ class TestTimeAndCancellation:
                     al.scripted_response("r3", [al.TextBlock("done")], "stop"),
                 ]
             )
-            fired: List[float] = []
-
-            def cancel() -> None:
-                fired.append(time.monotonic())
-                signal.set()
-
-            timer = threading.Timer(0.3, cancel)
-            timer.start()
+            cancel = Once(posted_call(canned.received), signal.set)
             _, result, _ = run(model, tools, signal=signal)
-            ended = time.monotonic()
-            timer.join()
+            assert cancel.seconds_to(time.monotonic()) < CANCEL_BOUND
             assert result.status == "cancelled"
-            assert ended - fired[0] < CANCEL_BOUND
             assert wait_for(lambda: cancelled_from(canned.received(), 3))
             assert canned.received()[-1]["params"] == {
                 "requestId": 3,
@@ -922,7 +933,7 @@ class TestProcess:
     def test_close_during_a_call_ends_it_with_an_error(self, canned: Canned) -> None:
         with canned.server() as server:
             tools = al.ToolRegistry(server.tools())
-            threading.Timer(0.2, server.close).start()
+            Once(posted_call(canned.received), server.close)
             result = al.execute_tool_call(tools, al.ToolCall("c", "slow", {}), threading.Event())
             assert result.content == (
                 "MCP tool 'slow': tools/call did not finish: the session was closed"
@@ -1347,9 +1358,9 @@ class TestHttp:
         with mcp.HttpServer(http_fake.url) as server:
             signal = threading.Event()
             tools = al.ToolRegistry(server.tools())
-            threading.Timer(0.3, signal.set).start()
+            cancel = Once(posted_call(http_fake.posted), signal.set)
             result = al.execute_tool_call(tools, al.ToolCall("c", "slow", {}), signal)
-            assert signal.is_set()
+            assert cancel.seconds_to(time.monotonic()) < CANCEL_BOUND
             assert result.content == "MCP tool 'slow': tools/call was cancelled with the run"
             assert wait_for(lambda: cancelled_from(http_fake.posted(), 3))
             assert call(server, "echo", {"text": "next"}).content == "next"
@@ -1375,7 +1386,8 @@ class TestHttp:
             assert wait_for(
                 lambda: [m.get("method") for m in fake.posted()].count("initialize") == 2
             )
-            result, waited = cancelled_call(tools, "slow", after=0.2)
+            # The call waits for the handshake's lock: the signal is set as it starts.
+            result, waited = cancelled_call(tools, "slow", lambda: True)
             release.set()
             opener.join()
             assert result.content == (
