@@ -710,6 +710,24 @@ class Once:
         return ended - self.when[0]
 
 
+class LooksSet:
+    """A signal that says it is set from its look number ``after + 1`` on."""
+
+    def __init__(self, after: int) -> None:
+        self.after = after
+        self.looks = 0
+        self.set_at: List[float] = []
+
+    def is_set(self) -> bool:
+        self.looks += 1
+        if self.looks == self.after + 1:
+            self.set_at.append(time.monotonic())
+        return self.looks > self.after
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        return self.is_set()
+
+
 def posted_call(
     received: Callable[[], List[Dict[str, Any]]], count: int = 1
 ) -> Callable[[], bool]:
@@ -1386,14 +1404,18 @@ class TestHttp:
             assert wait_for(
                 lambda: [m.get("method") for m in fake.posted()].count("initialize") == 2
             )
-            # The call waits for the handshake's lock: the signal is set as it starts.
-            result, waited = cancelled_call(tools, "slow", lambda: True)
+            # The call waits for the handshake's lock, looking at its signal between waits:
+            # it is set at the second look.
+            signal = LooksSet(after=1)
+            result = al.execute_tool_call(tools, al.ToolCall("c", "slow", {}), signal)
+            ended = time.monotonic()
             release.set()
             opener.join()
             assert result.content == (
                 "MCP tool 'slow': tools/call was cancelled with the run before it was sent"
             )
-            assert waited < CANCEL_BOUND
+            assert signal.looks == 2
+            assert ended - signal.set_at[0] < CANCEL_BOUND
         assert "tools/call" not in [m.get("method") for m in fake.posted()]
 
     @pytest.mark.parametrize(
