@@ -1253,6 +1253,9 @@ class Tool:
     built, and each call's arguments are checked against it before the tool runs (see the
     guide docs/schemas.md). ``execute(arguments, signal)`` gets a fresh plain dict and the
     run's signal. ``sequential=True``: with ``tool_concurrency`` > 1, its calls run alone.
+    ``annotations``: hints about the tool that the model is never sent (``title``,
+    ``readOnlyHint``, ``destructiveHint``, ``idempotentHint``, ``openWorldHint``, as MCP
+    names them), a mapping with str keys kept as a read-only copy (None: empty).
 
     Raises TypeError or ValueError, naming the field, for a Tool the loop could not run.
     """
@@ -1263,6 +1266,8 @@ class Tool:
     # The signal is Any: a function that annotates it threading.Event fits (contravariance).
     execute: Callable[[Dict[str, Any], Any], object]
     sequential: bool = False  # given by keyword: with tool_concurrency > 1, runs alone
+    # Given by keyword; None is read as no hints, so that the field is always a mapping.
+    annotations: Mapping[str, Any] = None  # type: ignore[assignment]
     __hash__ = None  # type: ignore[assignment]  # it holds a mapping
 
     def __post_init__(self) -> None:
@@ -1272,7 +1277,16 @@ class Tool:
         if type(sequential) is not bool:
             kind = type(sequential).__name__
             raise TypeError(f"Tool {self.name!r}: sequential must be a bool, got {kind}")
+        annotations: object = {} if self.annotations is None else self.annotations
+        if not isinstance(annotations, Mapping) or not all(
+            isinstance(key, str) for key in annotations
+        ):
+            raise TypeError(
+                f"Tool {self.name!r}: annotations must be a mapping with str keys, or None, "
+                f"got {annotations!r:.200}"
+            )
         object.__setattr__(self, "parameters", parameters)
+        object.__setattr__(self, "annotations", MappingProxyType(dict(annotations)))
 
     def __reduce__(self) -> Tuple[Any, ...]:
         return _reduce_to_plain_fields(self)

@@ -1,5 +1,6 @@
 # agent_loop_mcp.py 1.0.0: tools from MCP servers for agent_loop.py.
-# One file, standard library only; copy it next to agent_loop.py. Home: the agent_loop repository.
+# Standard library only; copy it next to agent_loop.py and agent_loop_providers.py (which
+# reads its event streams). Home: the agent_loop repository.
 """Tools from MCP servers (the Model Context Protocol) for the Agent Loop.
 
 ``StdioServer(command)`` runs a server as a process and speaks MCP over its standard
@@ -10,13 +11,15 @@ context managers whose ``.tools()`` are agent_loop ``Tool`` objects calling the 
         tools = agent_loop.ToolRegistry(server.tools())
         result = agent_loop.settle_run(agent_loop.run_agent_loop(..., tools=tools))
 
-In the order of this file: the limits; ``_Session``, the MCP session both transports
-share (the handshake, requests numbered by one counter and answered by id, timeouts and
-cancellation, tools); ``render_tool_result``, the sans-IO rendering of a result (values in
-and out); then each transport, a pipe or socket loop: ``StdioServer``, and ``HttpServer``
-with the sans-IO parser of its event streams, ``parse_event_stream`` (bytes in, events'
-data out). What the client does, and its rules, are in docs/mcp.md, "Tools from MCP
-servers"; the specification's words are quoted at the checks (``# MCP: "..."``).
+In the order of this file: the limits; ``McpSession``, MCP's rules sans-IO (the
+handshake, requests numbered by one counter and answered by id, deadlines that progress
+moves, cancellation, expiry: messages in, messages and answers out, the time given as an
+argument); ``_Session``, the I/O both transports share around it (callers that wait,
+watching their run's signal; tools); ``render_tool_result``, the sans-IO rendering of a
+result (values in and out); then each transport, a pipe or socket loop that only moves
+bytes: ``StdioServer``, and ``HttpServer``, whose event streams are read by
+agent_loop_providers' ``ServerSentEvents``. What the client does, and its rules, are in
+docs/mcp.md; the specification's words are quoted at the checks (``# MCP: "..."``).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import threading
 import time
 import urllib.parse
 import weakref
+from dataclasses import dataclass
 from typing import (
     IO,
     Any,
@@ -54,6 +58,7 @@ from typing import (
 )
 
 import agent_loop
+import agent_loop_providers as providers
 
 __version__ = "1.0.0"
 
@@ -61,8 +66,13 @@ __all__ = [
     "StdioServer",
     "HttpServer",
     "McpError",
+    "McpSession",
+    "Answer",
+    "Outgoing",
+    "ToolsChanged",
+    "Unreadable",
+    "SessionEvent",
     "render_tool_result",
-    "parse_event_stream",
     "PROTOCOL_VERSIONS",
     "MAX_MESSAGE_BYTES",
     "MAX_RESULT_TEXT",
@@ -100,6 +110,7 @@ POLL_SECONDS: Final = 0.05
 
 _CLIENT_INFO: Final = {"name": "agent_loop_mcp", "version": __version__}
 _METHOD_NOT_FOUND: Final = -32601
+_READ_SIZE: Final = 65536  # bytes of an event stream read at once
 _ERROR_EXCERPT: Final = 1000  # characters of a server's text that an error quotes
 
 
@@ -108,34 +119,315 @@ class McpError(Exception):
     failed, one of its tools cannot be built, or the session is closed."""
 
 
+# --- MCP's rules, sans-IO -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A request's end: its ``result`` (a JSON object), or ``failure``, the sentence that
+    says why it failed (then ``result`` is None)."""
+
+    request_id: int
+    method: str
+    result: Optional[Dict[str, Any]] = None
+    failure: Optional[str] = None
+    __hash__ = None  # type: ignore[assignment]  # it holds a mapping
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """A message for the server that the rules produced (a cancel, an answer to its ping)."""
+
+    message: Dict[str, Any]
+    __hash__ = None  # type: ignore[assignment]  # it holds a mapping
+
+
+@dataclass(frozen=True)
+class ToolsChanged:
+    """The server said its list of tools changed: a list kept from before is stale."""
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A message that could not be read, named as the errors name it; it changed nothing."""
+
+    what: str
+
+
+SessionEvent = Union[Answer, Outgoing, ToolsChanged, Unreadable]
+"""What ``McpSession`` returns: requests that ended, messages to send, and what happened."""
+
+
+class McpSession:
+    """MCP's rules for one client session, sans-IO: messages in, messages and answers out.
+
+    The transport moves bytes and the caller gives the time (``now``, seconds of a
+    monotonic clock): nothing here reads a clock, blocks or sends. ``request()`` numbers a
+    request from one counter, keeps it pending with its deadline (``timeout`` seconds),
+    and returns the message to send. ``receive(data, now)`` reads one message from the
+    server: an answer ends its request (by id; an answer to no pending request is
+    ignored), ``notifications/progress`` moves a pending call's deadline,
+    ``notifications/tools/list_changed`` is ``ToolsChanged``, a ``ping`` is answered and
+    any other request refused. ``cancel()`` ends a pending request and produces its
+    ``notifications/cancelled``; ``expire(now)`` does so for every request past its
+    deadline; ``lose()`` ends them all, and every later request. Each returns a list of
+    ``SessionEvent``: ``Answer`` for each request that ended, ``Outgoing`` for each message
+    to send, in order.
+    """
+
+    def __init__(self, timeout: float) -> None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
+        if not (math.isfinite(timeout) and timeout > 0):
+            raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+        self.timeout = float(timeout)
+        self.protocol_version: Optional[str] = None  # once the handshake is done
+        self.lost: Optional[str] = None  # why the session ended, once it has
+        self._ids = itertools.count(1)
+        self._pending: Dict[int, _Pending] = {}
+        self._unread: Optional[str] = None  # the last message that could not be read
+
+    # Requests ----------------------------------------------------------------------------
+
+    def initialize(self, now: float) -> Tuple[int, Dict[str, Any]]:
+        """The ``initialize`` request: its id and its message."""
+        # MCP: "The initialization phase MUST be the first interaction between client and
+        # server."
+        params = {
+            "protocolVersion": PROTOCOL_VERSIONS[0],
+            "capabilities": {},
+            "clientInfo": dict(_CLIENT_INFO),
+        }
+        return self.request("initialize", params, now)
+
+    def initialized(self, answer: Answer) -> Dict[str, Any]:
+        """Reads ``initialize``'s answer; returns the ``notifications/initialized`` to send.
+
+        Raises McpError for a failed answer or a protocol version this client does not speak.
+        """
+        if answer.result is None:
+            raise McpError(answer.failure)
+        version = answer.result.get("protocolVersion")
+        # MCP: "If the client does not support the version in the server's response, it
+        # SHOULD disconnect."
+        if version not in PROTOCOL_VERSIONS:
+            raise McpError(
+                f"the server answered initialize with protocol version {version!r}; "
+                f"this client speaks {', '.join(PROTOCOL_VERSIONS)}"
+            )
+        self.protocol_version = version
+        # MCP: "After successful initialization, the client MUST send an initialized
+        # notification to indicate it is ready to begin normal operations"
+        return _notification("notifications/initialized")
+
+    def request(
+        self, method: str, params: Optional[Dict[str, Any]], now: float
+    ) -> Tuple[int, Dict[str, Any]]:
+        """A new request, pending from ``now``: its id and its message.
+
+        Raises McpError once the session is lost (``lost`` says why).
+        """
+        if self.lost is not None:
+            raise McpError(self.lost)
+        request_id = next(self._ids)
+        self._pending[request_id] = _Pending(method, now, now + self.timeout)
+        message: Dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
+        if method == "tools/call":
+            # MCP: "When a party wants to receive progress updates for a request, it
+            # includes a progressToken in the request metadata." The id is unique among
+            # the requests in flight, as a token must be.
+            params = {**(params or {}), "_meta": {"progressToken": request_id}}
+        if params is not None:
+            message["params"] = params
+        return request_id, message
+
+    def deadline(self, request_id: int) -> Optional[float]:
+        """When a pending request times out; None once it has ended."""
+        pending = self._pending.get(request_id)
+        return None if pending is None else pending.deadline
+
+    def pending(self) -> Tuple[int, ...]:
+        """The ids of the requests waiting for their answer, oldest first."""
+        return tuple(self._pending)
+
+    def cancel(self, request_id: int, reason: str, why: str) -> List[SessionEvent]:
+        """Ends a pending request (its failure: its method, then ``why``) and produces its
+        ``notifications/cancelled`` with ``reason``; nothing when it has ended already.
+
+        The notice asks; it does not stop the server: MCP: "Receivers MAY ignore
+        cancellation notifications if: ... The request cannot be cancelled".
+        """
+        pending = self._pending.pop(request_id, None)
+        # MCP: "Cancellation notifications MUST only reference requests that: Were
+        # previously issued in the same direction; Are believed to still be in-progress"
+        if pending is None:
+            return []  # it was answered first: there is nothing to cancel
+        events: List[SessionEvent] = [
+            Answer(request_id, pending.method, None, f"{pending.method} {why}")
+        ]
+        # MCP: "The `initialize` request MUST NOT be cancelled by clients"
+        if pending.method != "initialize":
+            params = {"requestId": request_id, "reason": reason}
+            events.append(Outgoing(_notification("notifications/cancelled", params)))
+        return events
+
+    def expire(self, now: float) -> List[SessionEvent]:
+        """Cancels every request whose deadline has come by ``now``."""
+        events: List[SessionEvent] = []
+        for request_id, pending in list(self._pending.items()):
+            if now < pending.deadline:
+                continue
+            # MCP: "When the request has not received a success or error response within
+            # the timeout period, the sender SHOULD issue a cancellation notification for
+            # that request and stop waiting for a response."
+            why = f"got no answer within {now - pending.started:.3g} s, and was cancelled"
+            if self._unread is not None:
+                why += f" (the server sent {self._unread})"
+            events += self.cancel(request_id, "timed out", why)
+        return events
+
+    def fail(self, why: str) -> List[SessionEvent]:
+        """Ends every pending request with ``why`` (any of them may have been answered by
+        what was lost); no cancel is sent."""
+        events: List[SessionEvent] = [
+            Answer(request_id, pending.method, None, f"{pending.method} {why}")
+            for request_id, pending in self._pending.items()
+        ]
+        self._pending.clear()
+        return events
+
+    def end(self, request_id: int, failure: str) -> List[SessionEvent]:
+        """Ends a pending request with the failure its transport saw (its exchange broke);
+        no cancel is sent; nothing when it has ended already."""
+        pending = self._pending.pop(request_id, None)
+        return [] if pending is None else [Answer(request_id, pending.method, None, failure)]
+
+    def lose(self, reason: str) -> List[SessionEvent]:
+        """The connection is gone: every pending request fails, and so does every later
+        one (the first reason is kept)."""
+        self.lost = self.lost or reason
+        return self.fail(f"did not finish: {reason}")
+
+    # What the server sends -----------------------------------------------------------------
+
+    def receive(self, data: bytes, now: float, origin: Optional[int] = None) -> List[SessionEvent]:
+        """Reads one message from the server (a line, a body, an event's data).
+
+        ``origin`` is the request whose own exchange carried it (HTTP): a message there that
+        cannot be read fails that request. Elsewhere (stdio) it is dropped, as servers
+        print banners, and the next timeout names it.
+        """
+        try:
+            message = json.loads(data, parse_constant=_refuse_constant)
+        except (ValueError, RecursionError) as error:
+            return self._unreadable(
+                f"a message that is not JSON ({error}): {_excerpt(data)}", origin
+            )
+        if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+            return self._unreadable(
+                f"a message that is not JSON-RPC 2.0: {_excerpt(data)}", origin
+            )
+        if "method" in message:
+            return self._server_message(message, now)
+        request_id = message.get("id")
+        # Our ids are ints; a bool is not one (True would be request 1).
+        pending = self._pending.pop(request_id, None) if type(request_id) is int else None
+        if pending is None:
+            # MCP: "The sender of the cancellation notification SHOULD ignore any response
+            # to the request that arrives afterward"
+            return []
+        assert type(request_id) is int
+        result, fault = message.get("result"), message.get("error")
+        if isinstance(result, dict):
+            return [Answer(request_id, pending.method, result)]
+        if isinstance(fault, dict):
+            why = f"{pending.method} failed: {_error_text(fault)}"
+        else:
+            why = f"{pending.method}: the server's answer is malformed: {_excerpt(data)}"
+        return [Answer(request_id, pending.method, None, why)]
+
+    def _server_message(self, message: Dict[str, Any], now: float) -> List[SessionEvent]:
+        """A request or a notification from the server."""
+        method = message["method"]
+        params = message.get("params")
+        if "id" in message:
+            if method == "ping":
+                # MCP: "The receiver MUST respond promptly with an empty response"
+                return [Outgoing({"jsonrpc": "2.0", "id": message["id"], "result": {}})]
+            error = {"code": _METHOD_NOT_FOUND, "message": f"Method not found: {method}"}
+            return [Outgoing({"jsonrpc": "2.0", "id": message["id"], "error": error})]
+        if method == "notifications/progress" and isinstance(params, dict):
+            token = params.get("progressToken")
+            # MCP: "Progress notifications MUST only reference tokens that: Were provided
+            # in an active request": any other is ignored.
+            pending = self._pending.get(token) if type(token) is int else None
+            if pending is not None and pending.method == "tools/call":
+                # MCP: "Implementations MAY choose to reset the timeout clock when
+                # receiving a progress notification corresponding to the request" and
+                # "SHOULD always enforce a maximum timeout, regardless of progress
+                # notifications".
+                pending.deadline = min(
+                    now + self.timeout, pending.started + MAX_PROGRESS_TIMEOUTS * self.timeout
+                )
+        elif method == "notifications/tools/list_changed":
+            return [ToolsChanged()]
+        return []
+
+    def _unreadable(self, what: str, origin: Optional[int]) -> List[SessionEvent]:
+        """A message that cannot be read: it fails its request (HTTP), else is only named."""
+        self._unread = what
+        events: List[SessionEvent] = [Unreadable(what)]
+        pending = self._pending.pop(origin, None) if origin is not None else None
+        if origin is not None and pending is not None:
+            events.append(
+                Answer(origin, pending.method, None, f"{pending.method}: the server sent {what}")
+            )
+        return events
+
+
+@dataclass
+class _Pending:
+    """A request waiting for its answer: its method, when it was sent, its deadline."""
+
+    method: str
+    started: float
+    deadline: float
+
+
+def _notification(method: str, params: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """A JSON-RPC notification (a message without an id)."""
+    message: Dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+    if params is not None:
+        message["params"] = params
+    return message
+
+
+# --- What both transports share: the I/O around the rules ----------------------------------
+
+
 class _Failure(Exception):
     """One request failed; the public boundary makes it an McpError or a ToolError."""
 
 
-class _Pending:
-    """A request waiting for its answer, with the deadline that progress moves."""
+class _Waiter:
+    """A caller waiting for its request's answer, and (HTTP) the exchange that carries it."""
 
-    def __init__(self, request_id: int, method: str, timeout: float) -> None:
+    def __init__(self, request_id: int, method: str) -> None:
         self.id = request_id
         self.method = method
         self.done = threading.Event()
-        self.result: Optional[Dict[str, Any]] = None
-        self.failure: Optional[str] = None
-        self.started = time.monotonic()
-        self.deadline = self.started + timeout
+        self.answer: Optional[Answer] = None
         self.connection: Optional[http.client.HTTPConnection] = None  # HTTP: its exchange
         self.sent = False  # HTTP: the request was written
-        self.unsent_cancel: Optional[str] = None  # HTTP: a cancel's reason, before it was sent
-
-
-# --- What both transports share ---------------------------------------------------------
+        self.unsent_cancel: Optional[Dict[str, Any]] = None  # HTTP: a cancel held until then
 
 
 _S = TypeVar("_S", bound="_Session")
 
 
 class _Session:
-    """An MCP client session: the handshake, requests by id, tools, and their results.
+    """An MCP client session's I/O: the rules (``McpSession``) under a lock, the callers'
+    waits, the tools and their results.
 
     A transport subclass starts the connection (``_connect``), sends one message
     (``_send``), hands every message it reads to ``_receive``, and ends (``_disconnect``).
@@ -144,24 +436,30 @@ class _Session:
     _caches_tools: bool = True
 
     def __init__(self, where: str, timeout: float) -> None:
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-            raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
-        if not (math.isfinite(timeout) and timeout > 0):
-            raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+        self.rules = McpSession(timeout)  # checks the timeout
         self.where = where
-        self.timeout = float(timeout)
-        self.protocol_version: Optional[str] = None
-        self._lock = threading.Lock()  # the pending table, the counter, the flags
+        self._lock = threading.Lock()  # the rules, the waiters, the flags
         self._open_lock = threading.Lock()  # one handshake at a time
         self._close_lock = threading.Lock()  # a second close() waits for the first
-        self._pending: Dict[int, _Pending] = {}
-        self._ids = itertools.count(1)
+        self._waiters: Dict[int, _Waiter] = {}
         self._opened = False
         self._closed = False
-        self._lost: Optional[str] = None  # why the connection is gone, once it is
-        self._unread: Optional[str] = None  # the last message that could not be read
         self._tools: Optional[List[agent_loop.Tool]] = None  # kept until the list changes
         self._changes = 0  # list_changed notifications so far
+
+    @property
+    def timeout(self) -> float:
+        """The seconds each request waits for its answer (the rules' ``timeout``)."""
+        return self.rules.timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float) -> None:
+        self.rules.timeout = seconds
+
+    @property
+    def protocol_version(self) -> Optional[str]:
+        """The protocol version the server answered the handshake with (None before)."""
+        return self.rules.protocol_version
 
     # Public surface ----------------------------------------------------------------------
 
@@ -188,7 +486,7 @@ class _Session:
         # The list is read without the open lock: a call of another thread that waits for
         # it would wait for the whole tools/list, deaf to its run's signal.
         with self._lock:
-            lost = self._lost
+            lost = self.rules.lost
             cached = self._tools if self._caches_tools else None
             changes = self._changes
         if lost is not None:  # a kept list would name tools that can no longer run
@@ -208,8 +506,7 @@ class _Session:
         with self._close_lock:
             with self._lock:
                 self._closed = True
-                self._lost = self._lost or "the MCP session was closed"
-            self._fail_all("did not finish: the session was closed", abandon=True)
+            self._lose("the session was closed")
             self._disconnect()
 
     # The session -------------------------------------------------------------------------
@@ -233,30 +530,9 @@ class _Session:
             return
         try:
             self._connect()
-            # MCP: "The initialization phase MUST be the first interaction between client
-            # and server."
-            answer = self._request(
-                "initialize",
-                {
-                    "protocolVersion": PROTOCOL_VERSIONS[0],
-                    "capabilities": {},
-                    "clientInfo": dict(_CLIENT_INFO),
-                },
-                None,
-            )
-            version = answer.get("protocolVersion")
-            # MCP: "If the client does not support the version in the server's response,
-            # it SHOULD disconnect."
-            if version not in PROTOCOL_VERSIONS:
-                raise _Failure(
-                    f"the server answered initialize with protocol version {version!r}; "
-                    f"this client speaks {', '.join(PROTOCOL_VERSIONS)}"
-                )
-            self.protocol_version = version
-            # MCP: "After successful initialization, the client MUST send an initialized
-            # notification to indicate it is ready to begin normal operations"
-            self._notify("notifications/initialized", None)
-        except _Failure as failure:
+            answer = self._exchange(self.rules.initialize, None)
+            self._send(self.rules.initialized(answer), None)
+        except (_Failure, McpError) as failure:
             self.close()
             raise McpError(f"{self.where}: {failure}") from None
         self._opened = True
@@ -296,12 +572,18 @@ class _Session:
         def execute(arguments: Dict[str, Any], signal: agent_loop.Signal) -> str:
             return self._call_tool(name, arguments, signal)
 
+        # MCP's Tool.title, "a human-readable name", goes with the hints: the model is sent
+        # neither (annotations.title is the older place of the same name).
+        annotations = description.get("annotations", {})
+        if isinstance(annotations, dict) and "title" in description:
+            annotations = {**annotations, "title": description["title"]}
         try:
             return agent_loop.Tool(
                 name,
                 description.get("description") or "",
                 description.get("inputSchema"),  # type: ignore[arg-type]  # Tool checks it
                 execute,
+                annotations=annotations,
             )
         except (TypeError, ValueError) as error:
             raise McpError(f"{self.where}: tool {name!r} cannot be used: {error}") from None
@@ -324,7 +606,7 @@ class _Session:
             raise agent_loop.ToolError(content or f"MCP tool {name!r} failed and said nothing")
         return content
 
-    # Requests ----------------------------------------------------------------------------
+    # Requests: the rules decide, this moves messages and waits -------------------------------
 
     def _request(
         self,
@@ -333,182 +615,98 @@ class _Session:
         signal: Optional[agent_loop.Signal] = None,
     ) -> Dict[str, Any]:
         """Sends one request and waits for its result; raises _Failure naming what failed."""
-        with self._lock:
-            if self._lost is not None:
-                raise _Failure(self._lost)
-            pending = _Pending(next(self._ids), method, self.timeout)
-            self._pending[pending.id] = pending
-        message: Dict[str, Any] = {"jsonrpc": "2.0", "id": pending.id, "method": method}
-        if method == "tools/call":
-            assert params is not None
-            # MCP: "When a party wants to receive progress updates for a request, it
-            # includes a progressToken in the request metadata." The id is unique among
-            # the requests in flight, as a token must be.
-            params = {**params, "_meta": {"progressToken": pending.id}}
-        if params is not None:
-            message["params"] = params
-        self._send(message, pending)
-        self._wait(pending, signal)
-        if pending.failure is not None:
-            raise _Failure(pending.failure)
-        assert pending.result is not None
-        return pending.result
+        answer = self._exchange(lambda now: self.rules.request(method, params, now), signal)
+        if answer.result is None:
+            raise _Failure(answer.failure)
+        return answer.result
 
-    def _wait(self, pending: _Pending, signal: Optional[agent_loop.Signal]) -> None:
-        """Waits for an answer, watching the signal and the deadline that progress moves."""
-        while True:
-            remaining = pending.deadline - time.monotonic()
-            if remaining <= 0:
-                # MCP: "When the request has not received a success or error response
-                # within the timeout period, the sender SHOULD issue a cancellation
-                # notification for that request and stop waiting for a response."
-                waited = time.monotonic() - pending.started
-                why = f"got no answer within {waited:.3g} s, and was cancelled"
-                with self._lock:
-                    if self._unread is not None:
-                        why += f" (the server sent {self._unread})"
-                self._cancel(pending, "timed out", why)
-                return
-            if pending.done.wait(min(POLL_SECONDS, remaining)):
-                return
-            if signal is not None and signal.is_set():
-                self._cancel(pending, "the run was cancelled", "was cancelled with the run")
-                return
-
-    def _cancel(self, pending: _Pending, reason: str, why: str) -> None:
-        """Stops waiting for a request and tells the server to stop working on it."""
-        with self._lock:
-            self._pending.pop(pending.id, None)
-        if not self._settle(pending, failure=f"{pending.method} {why}"):
-            return  # the answer came first
-        self._abandon(pending)
-        # MCP: "The `initialize` request MUST NOT be cancelled by clients"
-        if pending.method != "initialize":
-            self._send_cancelled(pending, reason)
-
-    def _send_cancelled(self, pending: _Pending, reason: str) -> None:
-        """notifications/cancelled for a request, after it (stdio: one ordered stream)."""
-        self._notify("notifications/cancelled", {"requestId": pending.id, "reason": reason}, True)
-
-    def _settle(
+    def _exchange(
         self,
-        pending: _Pending,
-        result: Optional[Dict[str, Any]] = None,
-        failure: Optional[str] = None,
-    ) -> bool:
-        """Gives a request its answer once; returns False when it had one already."""
+        start: Callable[[float], Tuple[int, Dict[str, Any]]],
+        signal: Optional[agent_loop.Signal],
+    ) -> Answer:
+        """Starts a request (``start(now)`` gives its id and message), sends it, and waits
+        for its answer."""
         with self._lock:
-            if pending.done.is_set():
-                return False
-            pending.result = result
-            pending.failure = failure
-            pending.done.set()
-        return True
+            try:
+                request_id, message = start(time.monotonic())
+            except McpError as lost:
+                raise _Failure(str(lost)) from None
+            waiter = _Waiter(request_id, message["method"])
+            self._waiters[request_id] = waiter
+        self._send(message, waiter)
+        self._wait(waiter, signal)
+        assert waiter.answer is not None
+        return waiter.answer
 
-    def _notify(
-        self, method: str, params: Optional[Dict[str, Any]], background: bool = False
-    ) -> None:
-        message: Dict[str, Any] = {"jsonrpc": "2.0", "method": method}
-        if params is not None:
-            message["params"] = params
-        self._send(message, None, background)
-
-    # What the transport reads --------------------------------------------------------------
-
-    def _receive(self, data: bytes, origin: Optional[_Pending] = None) -> None:
-        """One message as read (a line, a body, an event's data), checked and dispatched."""
-        try:
-            message = json.loads(data, parse_constant=_refuse_constant)
-        except (ValueError, RecursionError) as error:
-            self._unreadable(f"a message that is not JSON ({error}): {_excerpt(data)}", origin)
-            return
-        if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
-            self._unreadable(f"a message that is not JSON-RPC 2.0: {_excerpt(data)}", origin)
-            return
-        if "method" in message:
-            self._on_server_message(message)
-            return
-        request_id = message.get("id")
-        with self._lock:
-            # Our ids are ints; a bool is not one (True would be request 1).
-            pending = self._pending.pop(request_id, None) if type(request_id) is int else None
-        if pending is None:
-            # MCP: "The sender of the cancellation notification SHOULD ignore any response
-            # to the request that arrives afterward"
-            return
-        result, failure = message.get("result"), message.get("error")
-        if isinstance(result, dict):
-            self._settle(pending, result=result)
-        elif isinstance(failure, dict):
-            self._settle(pending, failure=f"{pending.method} failed: {_error_text(failure)}")
-        else:
-            self._settle(
-                pending,
-                failure=f"{pending.method}: the server's answer is malformed: {_excerpt(data)}",
-            )
-
-    def _on_server_message(self, message: Dict[str, Any]) -> None:
-        method = message["method"]
-        params = message.get("params")
-        if "id" in message:  # a request from the server
-            if method == "ping":
-                # MCP: "The receiver MUST respond promptly with an empty response"
-                self._send({"jsonrpc": "2.0", "id": message["id"], "result": {}}, None, True)
-            else:
-                self._send(
-                    {
-                        "jsonrpc": "2.0",
-                        "id": message["id"],
-                        "error": {
-                            "code": _METHOD_NOT_FOUND,
-                            "message": f"Method not found: {method}",
-                        },
-                    },
-                    None,
-                    True,
-                )
-        elif method == "notifications/progress" and isinstance(params, dict):
-            token = params.get("progressToken")
+    def _wait(self, waiter: _Waiter, signal: Optional[agent_loop.Signal]) -> None:
+        """Waits for an answer; asks the rules to expire it at its deadline (which progress
+        moves), or to cancel it once the signal is set."""
+        while True:
+            now = time.monotonic()
             with self._lock:
-                pending = self._pending.get(token) if type(token) is int else None
-                if pending is not None:
-                    # MCP: "Implementations MAY choose to reset the timeout clock when
-                    # receiving a progress notification corresponding to the request"
-                    pending.deadline = min(
-                        time.monotonic() + self.timeout,
-                        pending.started + MAX_PROGRESS_TIMEOUTS * self.timeout,
+                deadline = self.rules.deadline(waiter.id)
+            if deadline is None:
+                return  # it has ended: its answer is set
+            if now >= deadline:
+                self._apply(self.rules.expire)
+            elif waiter.done.wait(min(POLL_SECONDS, deadline - now)):
+                return
+            elif signal is not None and signal.is_set():
+                self._apply(
+                    lambda now: self.rules.cancel(
+                        waiter.id, "the run was cancelled", "was cancelled with the run"
                     )
-        elif method == "notifications/tools/list_changed":
-            with self._lock:
-                self._tools = None
-                self._changes += 1
+                )
 
-    def _unreadable(self, what: str, origin: Optional[_Pending]) -> None:
-        """A message that cannot be read. On HTTP it fails the request whose answer it was;
-        on stdio it is dropped (servers print banners), and a timeout names it."""
-        _logger.warning("%s: dropped %s", self.where, what)
-        with self._lock:
-            self._unread = what
-            suspect = origin is not None and self._pending.pop(origin.id, None) is not None
-        if suspect:
-            assert origin is not None
-            self._settle(origin, failure=f"{origin.method}: the server sent {what}")
+    def _receive(self, data: bytes, origin: Optional[_Waiter] = None) -> None:
+        """One message as read (a line, a body, an event's data), to the rules."""
+        self._apply(
+            lambda now: self.rules.receive(data, now, None if origin is None else origin.id)
+        )
 
-    def _fail_all(self, why: str, abandon: bool = False) -> None:
-        """Every request in flight fails: any of them may have been answered by what was lost."""
-        with self._lock:
-            waiting = list(self._pending.values())
-            self._pending.clear()
-        for pending in waiting:
-            self._settle(pending, failure=f"{pending.method} {why}")
-            if abandon:
-                self._abandon(pending)
+    def _fail(self, why: str) -> None:
+        """Every request in flight fails (what was lost may have answered any of them)."""
+        self._apply(lambda now: self.rules.fail(why))
 
     def _lose(self, reason: str) -> None:
         """The connection is gone: every request in flight fails, and so will the next."""
+        self._apply(lambda now: self.rules.lose(reason))
+
+    def _apply(self, step: Callable[[float], List[SessionEvent]]) -> None:
+        """Runs one step of the rules with the time, and does what its events say: an
+        answer goes to its waiter, a message to the server, a change of tools to the list."""
+        sends: List[Tuple[Dict[str, Any], Optional[_Waiter]]] = []
+        ended: Dict[int, _Waiter] = {}  # the waiters of the requests that failed
         with self._lock:
-            self._lost = self._lost or reason
-        self._fail_all(f"did not finish: {reason}")
+            for event in step(time.monotonic()):
+                if isinstance(event, Answer):
+                    # Every pending request has its waiter: both are made under this lock.
+                    waiter = self._waiters.pop(event.request_id)
+                    waiter.answer = event
+                    waiter.done.set()
+                    if event.result is None:
+                        ended[waiter.id] = waiter
+                elif isinstance(event, Outgoing):
+                    # A cancel goes with its request (HTTP holds it until that is written).
+                    cancelled = event.message.get("params", {}).get("requestId")
+                    sends.append((event.message, ended.get(cancelled)))
+                elif isinstance(event, ToolsChanged):
+                    self._tools = None
+                    self._changes += 1
+                else:
+                    _logger.warning("%s: dropped %s", self.where, event.what)
+        for failed in ended.values():
+            self._abandon(failed)  # nobody reads its answer any more
+        for message, owner in sends:
+            if owner is None:
+                self._send(message, None, True)
+            else:
+                self._send_cancelled(owner, message)
+
+    def _send_cancelled(self, waiter: _Waiter, message: Dict[str, Any]) -> None:
+        """notifications/cancelled for a request, after it (stdio: one ordered stream)."""
+        self._send(message, None, True)
 
     # Transport hooks ---------------------------------------------------------------------
 
@@ -516,11 +714,11 @@ class _Session:
         """Starts the connection (stdio: the process)."""
 
     def _send(
-        self, message: Dict[str, Any], pending: Optional[_Pending], background: bool = False
+        self, message: Dict[str, Any], waiter: Optional[_Waiter], background: bool = False
     ) -> None:
         """Sends one message; a request's answer goes to ``_receive``."""
 
-    def _abandon(self, pending: _Pending) -> None:
+    def _abandon(self, waiter: _Waiter) -> None:
         """Stops whatever still reads a request's answer (HTTP: its connection)."""
 
     def _disconnect(self) -> None:
@@ -732,7 +930,7 @@ class StdioServer(_Session):
         _start(_read_output, process.stdout, weakref.ref(self))
 
     def _send(
-        self, message: Dict[str, Any], pending: Optional[_Pending], background: bool = False
+        self, message: Dict[str, Any], waiter: Optional[_Waiter], background: bool = False
     ) -> None:
         # MCP: "Messages are delimited by newlines, and MUST NOT contain embedded
         # newlines." json.dumps escapes every newline inside strings.
@@ -774,16 +972,18 @@ def _read_output(stream: IO[bytes], server: weakref.ref[StdioServer]) -> None:
             if session is None:
                 return  # collected: its finalizer ends the process
             if line is None:
-                session._fail_all(
+                why = (
                     f"failed: the server sent a message of more than {MAX_MESSAGE_BYTES} "
                     "bytes, which was dropped"
                 )
+                session._fail(why)
             elif line.strip():
                 session._receive(line)
             del session  # no strong reference while the next line is awaited
         session = server()
         if session is not None:
-            session._lose(session._exit_reason())
+            reason = session._exit_reason()
+            session._lose(reason)
 
 
 def _drain_errors(stream: IO[bytes], tail: bytearray, lock: threading.Lock) -> None:
@@ -950,51 +1150,50 @@ class HttpServer(_Session):
         return headers
 
     def _send(
-        self, message: Dict[str, Any], pending: Optional[_Pending], background: bool = False
+        self, message: Dict[str, Any], waiter: Optional[_Waiter], background: bool = False
     ) -> None:
         # MCP: "Every JSON-RPC message sent from the client MUST be a new HTTP POST request
         # to the MCP endpoint."
         body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-        if pending is None and not background:  # initialized: it must arrive before the next
+        if waiter is None and not background:  # initialized: it must arrive before the next
             problem = self._post(body, None)
             if problem is not None:
                 raise _Failure(problem)
             return
-        thread = threading.Thread(target=self._post, args=(body, pending), daemon=True)
+        thread = threading.Thread(target=self._post, args=(body, waiter), daemon=True)
         thread.start()
 
-    def _post(self, body: bytes, pending: Optional[_Pending]) -> Optional[str]:
+    def _post(self, body: bytes, waiter: Optional[_Waiter]) -> Optional[str]:
         """One POST and its answer: a request's failure settles it; a notification's is
         returned. A request that ends (cancelled, timed out, closed) before it is written
         is not sent."""
         connection = self._connection()
         try:
-            if pending is not None:
-                if not self._sending(pending, connection):
+            if waiter is not None:
+                if not self._sending(waiter, connection):
                     return None
                 connection.request("POST", self._path, body, self._request_headers())
-                if not self._written(pending):
+                if not self._written(waiter):
                     return None  # nobody waits for the answer
             else:
                 connection.request("POST", self._path, body, self._request_headers())
             response = connection.getresponse()
-            problem = self._answer(response, pending)
+            problem = self._answer(response, waiter)
         except (OSError, http.client.HTTPException) as error:
             problem = f"the HTTP exchange failed: {type(error).__name__}: {error}"
         finally:
             connection.close()
-        if problem is not None and pending is not None:
-            with self._lock:
-                self._pending.pop(pending.id, None)
-            self._settle(pending, failure=f"{pending.method}: {problem}")
+        if problem is not None and waiter is not None:
+            failure = f"{waiter.method}: {problem}"
+            self._apply(lambda now: self.rules.end(waiter.id, failure))
         return problem
 
     def _answer(
-        self, response: http.client.HTTPResponse, pending: Optional[_Pending]
+        self, response: http.client.HTTPResponse, waiter: Optional[_Waiter]
     ) -> Optional[str]:
         """Reads one POST's answer; returns what went wrong, or None."""
         status = response.status
-        if pending is None:
+        if waiter is None:
             # MCP: "If the server accepts the input, the server MUST return HTTP status
             # code 202 Accepted with no body."
             return (
@@ -1009,7 +1208,7 @@ class HttpServer(_Session):
             return "the server ended the session (HTTP 404); the next request opens a new one"
         if status != 200:
             return f"HTTP {status}: {_body_excerpt(response)}"
-        if pending.method == "initialize":
+        if waiter.method == "initialize":
             session_id = response.getheader("Mcp-Session-Id")
             if session_id is not None:
                 # MCP: "The session ID MUST only contain visible ASCII characters (ranging
@@ -1030,26 +1229,36 @@ class HttpServer(_Session):
             data = response.read(MAX_MESSAGE_BYTES + 1)
             if len(data) > MAX_MESSAGE_BYTES:
                 return f"the answer has more than {MAX_MESSAGE_BYTES} bytes"
-            self._receive(data, pending)
+            self._receive(data, waiter)
         elif kind == "text/event-stream":
-            events = parse_event_stream(response, MAX_MESSAGE_BYTES)
+            stream = providers.ServerSentEvents(MAX_MESSAGE_BYTES)
             while True:
                 try:
-                    event = next(events, None)
-                except ValueError as oversized:
-                    return f"the answer's stream sent {oversized}"
-                if event is None:
+                    data = response.read1(_READ_SIZE)
+                except http.client.IncompleteRead:
+                    data = b""  # a chunked body cut off: the stream ended (named below)
+                try:
+                    events = stream.feed(data)
+                except providers.ProviderProtocolError as malformed:
+                    return f"the answer's stream is {malformed}"
+                for event in events:
+                    # MCP: "The server SHOULD immediately send an SSE event consisting of an
+                    # event ID and an empty data field in order to prime the client to
+                    # reconnect": that event is no message.
+                    if not event.data:
+                        continue
+                    self._receive(event.data.encode("utf-8"), waiter)
+                    # MCP: "After the JSON-RPC response has been sent, the server SHOULD
+                    # terminate the SSE stream." Whatever comes after it is not read.
+                    if waiter.done.is_set():
+                        return None
+                if not data:
                     break
-                self._receive(event, pending)
-                # MCP: "After the JSON-RPC response has been sent, the server SHOULD terminate
-                # the SSE stream." Whatever comes after it is not read.
-                if pending.done.is_set():
-                    return None
         else:
             return f"the answer's Content-Type is {kind or 'missing'}, not JSON or an event stream"
-        if not pending.done.is_set():
-            # A server that exits mid-stream looks the same to http.client as one that ends
-            # its stream early (it reads a cut chunked body as its end): name both.
+        if not waiter.done.is_set():
+            # A server that exits mid-stream looks the same as one that ends its stream
+            # early (a cut chunked body is read as its end): name both.
             return (
                 "the answer ended before the response: the server closed the stream or went "
                 "away (resuming a stream is not supported)"
@@ -1060,15 +1269,15 @@ class HttpServer(_Session):
         with self._lock:
             self._session_id = None
             self._opened = False
-            self.protocol_version = None
+            self.rules.protocol_version = None
             self._tools = None
 
-    def _sending(self, pending: _Pending, connection: http.client.HTTPConnection) -> bool:
+    def _sending(self, waiter: _Waiter, connection: http.client.HTTPConnection) -> bool:
         """Connects for a request unless it has ended; False when it is not to be sent."""
         with self._lock:
-            if pending.done.is_set():
+            if waiter.done.is_set():
                 return False  # ended before it connected
-            pending.connection = connection  # from now on, _abandon shuts it down
+            waiter.connection = connection  # from now on, _abandon shuts it down
         connection.connect()
         # The wait bounds the read (its deadline, the signal and close() shut the socket
         # down): the socket's own timeout, past the longest wait, only catches a read that
@@ -1076,32 +1285,32 @@ class HttpServer(_Session):
         assert connection.sock is not None
         connection.sock.settimeout(MAX_PROGRESS_TIMEOUTS * self.timeout + self.timeout)
         with self._lock:
-            return not pending.done.is_set()  # ended while it connected: nothing is written
+            return not waiter.done.is_set()  # ended while it connected: nothing is written
 
-    def _written(self, pending: _Pending) -> bool:
+    def _written(self, waiter: _Waiter) -> bool:
         """The request is written: a cancel that came meanwhile is sent now, after it.
         Returns whether the request still waits for its answer."""
         with self._lock:
-            pending.sent = True
-            reason = pending.unsent_cancel
-        if reason is not None:
-            super()._send_cancelled(pending, reason)
-        return not pending.done.is_set()
+            waiter.sent = True
+            cancel = waiter.unsent_cancel
+        if cancel is not None:
+            super()._send_cancelled(waiter, cancel)
+        return not waiter.done.is_set()
 
-    def _send_cancelled(self, pending: _Pending, reason: str) -> None:
+    def _send_cancelled(self, waiter: _Waiter, message: Dict[str, Any]) -> None:
         # MCP: "Cancellation notifications MUST only reference requests that: Were
         # previously issued in the same direction": posted on another connection before
         # the request is written, the notice could reach the server first and be ignored.
         # The request's own thread sends it once the request is written (_written), or
         # never, if it is not sent.
         with self._lock:
-            if not pending.sent:
-                pending.unsent_cancel = reason
+            if not waiter.sent:
+                waiter.unsent_cancel = message
                 return
-        super()._send_cancelled(pending, reason)
+        super()._send_cancelled(waiter, message)
 
-    def _abandon(self, pending: _Pending) -> None:
-        connection = pending.connection
+    def _abandon(self, waiter: _Waiter) -> None:
+        connection = waiter.connection
         if connection is not None and connection.sock is not None:
             with contextlib.suppress(OSError):
                 connection.sock.shutdown(socket.SHUT_RDWR)  # the blocked read returns now
@@ -1124,34 +1333,3 @@ class HttpServer(_Session):
 
 def _body_excerpt(response: http.client.HTTPResponse) -> str:
     return _excerpt(response.read(_ERROR_EXCERPT + 1)) or "(no body)"
-
-
-def parse_event_stream(stream: IO[bytes], limit: int = MAX_MESSAGE_BYTES) -> Iterator[bytes]:
-    """Yields the data of each server-sent event read from ``stream`` (a binary file with
-    ``readline``: a response, or ``io.BytesIO`` of bytes), until the stream ends.
-
-    The data lines of one event are joined by newlines; comments and the other fields
-    (``event:``, ``id:``, ``retry:``) are skipped; an event without data is none (MCP's
-    priming event); an event cut off by the end of the stream is yielded. Nothing longer
-    than ``limit`` bytes is held: raises ValueError for an event whose data (or one of
-    whose lines) is longer, and yields nothing more.
-    """
-    data: List[bytes] = []
-    size = 0
-    for line in _bounded_lines(stream, limit + len(b"data: ")):
-        if line is None:
-            raise ValueError(f"an event of more than {limit} bytes")
-        line = line.rstrip(b"\r")
-        if line.startswith(b"data:"):
-            value = line[5:]
-            value = value[1:] if value.startswith(b" ") else value
-            size += len(value) + bool(data)
-            if size > limit:
-                raise ValueError(f"an event of more than {limit} bytes")
-            data.append(value)
-        elif not line:  # the end of an event
-            if size:
-                yield b"\n".join(data)
-            data, size = [], 0
-    if size:
-        yield b"\n".join(data)  # the stream ended after the event's last line

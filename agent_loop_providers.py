@@ -1226,24 +1226,31 @@ class ServerSentEvent:
 class ServerSentEvents:
     """The event-stream parser, sans-IO: ``feed(bytes)`` returns the events they complete.
 
-    It follows the WHATWG rules, as the official SDKs do. Bytes are decoded as UTF-8 (a
-    leading byte order mark dropped), also when a character is split across reads. Lines
-    end with CRLF, CR or LF, also split across reads; a line that starts with ':' is a
-    comment; ``data:`` lines accumulate, joined with LF; ``event:`` names the event; one
-    space after the colon is dropped; a blank line dispatches the event (when it has
-    data). Other fields (``id:``, ``retry:``) are ignored. ``feed(b"")`` is the end of
-    the input: an event or a line still open is dropped (only a blank line dispatches).
+    It follows the WHATWG rules ("event stream interpretation"), as the official SDKs do;
+    both companions read their event streams with it (agent_loop_mcp.py too). Bytes are
+    decoded as UTF-8 (a leading byte order mark dropped), also when a character is split
+    across reads. Lines end with CRLF, CR or LF, also split across reads; a line that
+    starts with ':' is a comment; a line without a colon is a field with an empty value;
+    one space after the colon is dropped; ``data:`` lines accumulate, joined with LF (an
+    empty one too: ``data:`` alone is an event whose data is ""); ``event:`` names the
+    event; a blank line dispatches the event when it has a ``data`` line. Other fields
+    (``id:``, ``retry:``) are ignored. ``feed(b"")`` is the end of the input: an event or
+    a line still open is dropped (only a blank line dispatches).
 
     Raises ProviderProtocolError for bytes that are not UTF-8 (a character cut by the
     end of the input included), and for a line, or an event's data, longer than
-    ``MAX_EVENT_SIZE`` characters (counted as the lines come, so that a server that never
-    ends a line or an event cannot fill the memory).
+    ``max_size`` characters (``MAX_EVENT_SIZE`` unless given; counted as the lines come,
+    so that a server that never ends a line or an event cannot fill the memory).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_size: int = MAX_EVENT_SIZE) -> None:
+        if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 1:
+            raise TypeError(f"max_size must be an int >= 1, got {max_size!r}")
+        self.max_size = max_size
         # utf-8-sig: a byte order mark at the start is dropped, as the WHATWG rules say.
         self._decoder = codecs.getincrementaldecoder("utf-8-sig")()
-        self._pending = ""  # the start of a line that has not ended yet
+        self._pending: List[str] = []  # the start of a line that has not ended yet, in parts
+        self._pending_size = 0
         self._skip_line_feed = False  # the last read ended with a CR
         self._event = ""
         self._data: List[str] = []
@@ -1258,7 +1265,8 @@ class ServerSentEvents:
                 f"malformed event stream: it is not UTF-8 ({error})"
             ) from None
         if not data:  # the end: what is still open is dropped
-            self._pending = ""
+            self._pending = []
+            self._pending_size = 0
             self._skip_line_feed = False
             self._event = ""
             self._data = []
@@ -1267,11 +1275,17 @@ class ServerSentEvents:
         if self._skip_line_feed and text.startswith("\n"):
             text = text[1:]  # the LF of a CRLF that the last read ended in the middle of
         self._skip_line_feed = text.endswith("\r")
-        lines = (self._pending + text).replace("\r\n", "\n").replace("\r", "\n").split("\n")
-        self._pending = lines.pop()
-        if len(self._pending) > MAX_EVENT_SIZE:
+        # Only the new text is split: the start of the open line holds no line end.
+        lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        rest = lines.pop()
+        if lines:
+            lines[0] = "".join(self._pending) + lines[0]
+            self._pending, self._pending_size = [], 0
+        self._pending.append(rest)
+        self._pending_size += len(rest)
+        if self._pending_size > self.max_size:
             raise ProviderProtocolError(
-                f"malformed event stream: a line longer than {MAX_EVENT_SIZE:,}"
+                f"malformed event stream: a line longer than {self.max_size:,}"
             )
         events: List[ServerSentEvent] = []
         for line in lines:
@@ -1290,9 +1304,9 @@ class ServerSentEvents:
                     self._size += 1
                 self._size += len(value)
                 self._data.append(value)
-                if self._size > MAX_EVENT_SIZE:
+                if self._size > self.max_size:
                     raise ProviderProtocolError(
-                        f"malformed event stream: an event longer than {MAX_EVENT_SIZE:,}"
+                        f"malformed event stream: an event longer than {self.max_size:,}"
                     )
             elif name == "event":
                 self._event = value

@@ -69,6 +69,7 @@ class Fake:
         self.cancelled: Dict[Any, threading.Event] = {}
         self.listings = 0  # tools/list requests so far
         self.lock = threading.Lock()
+        self.a_cancel = threading.Event()  # set by the first notifications/cancelled
 
     def log(self, raw: bytes) -> None:
         path = self.config.get("log")
@@ -83,6 +84,7 @@ class Fake:
         if method is None:
             return  # a response to a request of ours: logged, that is all
         if method == "notifications/cancelled":
+            self.a_cancel.set()
             with self.lock:
                 event = self.cancelled.setdefault(
                     message["params"]["requestId"], threading.Event()
@@ -124,13 +126,11 @@ class Fake:
             if self.listings in self.config.get("change_at_listings", []):
                 send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
             answer = {"jsonrpc": "2.0", "id": message["id"], "result": result}
-            # Seconds before each listing's answer, in order; the server reads on meanwhile.
-            delays = self.config.get("list_delays", [])
-            delay = delays[self.listings - 1] if self.listings <= len(delays) else 0
-            if delay:
-                later = threading.Timer(delay, send, (answer,))
-                later.daemon = True
-                later.start()
+            # Listings held until the server gets a cancel; it reads on meanwhile.
+            if self.listings in self.config.get("hold_listings", []):
+                held = threading.Thread(target=self.after_a_cancel, args=(send, answer))
+                held.daemon = True
+                held.start()
             else:
                 send(answer)
         elif method == "tools/call":
@@ -143,6 +143,10 @@ class Fake:
                     "error": {"code": -32601, "message": "Method not found"},
                 }
             )
+
+    def after_a_cancel(self, send: Send, message: Message) -> None:
+        self.a_cancel.wait(60)
+        send(message)
 
     def call(self, message: Message, send: Send) -> None:
         def answer(result: Dict[str, Any]) -> None:
@@ -164,7 +168,6 @@ class Fake:
                 text("too late")
         elif name == "progress":
             for step in range(arguments.get("steps", 5)):
-                time.sleep(arguments.get("interval", 0.05))
                 send(
                     {
                         "jsonrpc": "2.0",

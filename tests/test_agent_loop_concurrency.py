@@ -370,6 +370,81 @@ def _picklable_tool(arguments: Dict[str, Any], signal: al.Signal) -> object:
     return "ok"
 
 
+class TestToolAnnotations:
+    """Tool(..., annotations=None): hints the model is never sent, a read-only mapping with
+    str keys, so that a consent hook can tell a destructive tool from a read-only one."""
+
+    def test_annotations_are_a_read_only_copy_never_sent_to_the_model(self) -> None:
+        hints: Dict[str, Any] = {"title": "Delete a file", "destructiveHint": True}
+        deleting = tool("delete", lambda arguments, signal: "ok")
+        deleting = al.Tool(
+            deleting.name, deleting.description, {"type": "object"}, deleting.execute,
+            annotations=hints,
+        )  # fmt: skip
+        hints["destructiveHint"] = False  # the caller's dict is copied, not held
+        assert dict(deleting.annotations) == {"title": "Delete a file", "destructiveHint": True}
+        with pytest.raises(TypeError):
+            deleting.annotations["destructiveHint"] = False  # type: ignore[index]
+        assert deleting.spec() == al.ToolSpec("delete", deleting.description, {"type": "object"})
+        assert "destructiveHint" not in json.dumps(deleting.spec().to_dict())
+
+    def test_no_annotations_is_an_empty_mapping_and_equal_tools_stay_equal(self) -> None:
+        plain = al.Tool("write", "W.", {"type": "object"}, _picklable_tool)
+        assert dict(plain.annotations) == {}
+        assert plain == al.Tool("write", "W.", {"type": "object"}, _picklable_tool, annotations={})
+        hinted = al.Tool(
+            "write", "W.", {"type": "object"}, _picklable_tool, annotations={"readOnlyHint": True}
+        )
+        assert hinted != plain
+        assert pickle.loads(pickle.dumps(hinted)) == hinted
+        assert copy.deepcopy(hinted).annotations == {"readOnlyHint": True}
+        with pytest.raises(TypeError, match="unhashable"):
+            hash(hinted)
+
+    @pytest.mark.parametrize(
+        "annotations",
+        [
+            pytest.param([("title", "x")], id="not-a-mapping"),
+            pytest.param({1: True}, id="int-key"),
+        ],
+    )
+    def test_annotations_that_are_not_a_mapping_with_str_keys_are_a_type_error(
+        self, annotations: object
+    ) -> None:
+        with pytest.raises(
+            TypeError, match="Tool 'write': annotations must be a mapping with str keys, or None"
+        ):
+            untyped.Tool(
+                "write", "W.", {"type": "object"}, _picklable_tool, annotations=annotations
+            )
+
+    def test_a_consent_hook_asks_only_for_destructive_tools(self) -> None:
+        asked: List[str] = []
+        tools = al.ToolRegistry(
+            [
+                al.Tool("read", "R.", {"type": "object"}, _picklable_tool,
+                        annotations={"readOnlyHint": True}),
+                al.Tool("delete", "D.", {"type": "object"}, _picklable_tool,
+                        annotations={"destructiveHint": True}),
+            ]
+        )  # fmt: skip
+
+        def ask(tool_call: al.ToolCall, signal: al.Signal) -> Optional[str]:
+            chosen = tools.get(tool_call.name)
+            if chosen is None or not chosen.annotations.get("destructiveHint", False):
+                return None
+            asked.append(tool_call.id)
+            return "The user said no."
+
+        _events, result, _model = run(
+            al.ScriptedModel(one_batch(call("read", "r1", {}), call("delete", "d1", {}))),
+            list(tools),
+            before_tool_call=ask,
+        )
+        assert asked == ["d1"]
+        assert results_of(result) == {"r1": ("ok", False), "d1": ("The user said no.", True)}
+
+
 # --- Concurrent groups --------------------------------------------------------------------
 
 

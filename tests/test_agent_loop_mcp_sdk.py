@@ -49,6 +49,7 @@ import anyio
 from pydantic import BaseModel, Field
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
 
 effects = sys.argv[2]
 
@@ -78,7 +79,7 @@ class Address(BaseModel):
     zip_code: str = Field(min_length=5, max_length=5)
 
 
-@server.tool()
+@server.tool(annotations=ToolAnnotations(read_only_hint=True, open_world_hint=True))
 def forecast(
     city: str,
     days: int = Field(default=1, ge=1, le=7),
@@ -95,6 +96,16 @@ def ship(to: Address, parcels: List[Address] = []) -> dict:
     """Ships parcels to an address."""
     effect("ship")
     return {"street": to.street, "parcels": len(parcels)}
+
+
+@server.tool(
+    title="Remove a city",
+    annotations=ToolAnnotations(title="Old title", destructive_hint=True, idempotent_hint=True),
+)
+def remove(city: str) -> str:
+    """Removes a city (a destructive tool, as its annotations say)."""
+    effect(f"remove {city}")
+    return f"{city} removed"
 
 
 @server.tool()
@@ -441,6 +452,56 @@ class TestTypedTools:
 class TestRuns:
     """Real runs: run_agent_loop with a ScriptedModel that calls the server's tools."""
 
+    def test_tools_carry_the_servers_annotations_and_title(self, server: Any) -> None:
+        tools = al.ToolRegistry(server.tools())
+        remove, forecast, fail = tools.get("remove"), tools.get("forecast"), tools.get("fail")
+        assert remove is not None
+        assert forecast is not None
+        assert fail is not None
+        # Tool.title wins over annotations.title: both are MCP's, the first the newer.
+        assert dict(remove.annotations) == {
+            "title": "Remove a city",
+            "destructiveHint": True,
+            "idempotentHint": True,
+        }
+        assert dict(forecast.annotations) == {"readOnlyHint": True, "openWorldHint": True}
+        assert dict(fail.annotations) == {}
+        assert "Remove a city" not in json.dumps(remove.spec().to_dict())  # the model: never
+
+    def test_a_consent_hook_asks_only_for_destructive_tools(self, server: Any, sdk: Sdk) -> None:
+        tools = al.ToolRegistry(server.tools())
+        asked: List[str] = []
+
+        def ask(call: al.ToolCall, signal: al.Signal) -> Any:
+            tool = tools.get(call.name)
+            if tool is None or not tool.annotations.get("destructiveHint", False):
+                return None
+            asked.append(str(tool.annotations["title"]))
+            return "The user said no."
+
+        model = al.ScriptedModel(
+            [
+                al.scripted_response(
+                    "r1",
+                    [
+                        al.ToolCall("c1", "forecast", {"city": "Oslo"}),
+                        al.ToolCall("c2", "remove", {"city": "Oslo"}),
+                    ],
+                    "toolCall",
+                ),
+                al.scripted_response("r2", [al.TextBlock("Kept.")], "stop"),
+            ]
+        )
+        _, result, _ = run(model, list(tools), before_tool_call=ask)
+        assert result.status == "completed"
+        assert asked == ["Remove a city"]
+        assert sdk.ran() == ["forecast"]  # the refused call never reached the server
+        results = [m for m in result.messages if isinstance(m, al.ToolResultMessage)]
+        assert [(m.content, m.is_error) for m in results] == [
+            ("Oslo: 1 day(s) in celsius", False),
+            ("The user said no.", True),
+        ]
+
     def test_a_run_calls_the_tools(self, server: Any, sdk: Sdk) -> None:
         model = al.ScriptedModel(
             [
@@ -495,6 +556,8 @@ class TestRuns:
         assert al.open_tool_calls(result.messages) == (al.ToolCall("c1", "slow", {}),)
         assert ended - fired[0] < CANCEL_BOUND
         assert eventually(lambda: "slow: cancelled" in sdk.ran())
+        # Over HTTP the closed stream may stop the tool before the notice's POST arrives.
+        assert eventually(lambda: any(line.startswith("told: cancelled ") for line in sdk.ran()))
         told = [line for line in sdk.ran() if line.startswith("told: cancelled ")]
         assert len(told) == 1
         assert told[0].endswith(": the run was cancelled")
