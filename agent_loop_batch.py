@@ -210,7 +210,13 @@ class _Batch(Generic[Item]):
         except BaseException:
             self.stop()
             self.join()
-            self.report.close(_now())  # a terminal is not left mid-line
+            # The runs that ended on their signals count in the last line, which ends
+            # with a newline: a terminal is not left mid-line.
+            while not self.ended.empty():
+                outcome = self.ended.get()[1]
+                if isinstance(outcome, (al.RunResult, Exception)):
+                    self.report.ended(outcome, _now())
+            self.report.close(_now())
             raise
         self.join()
         self.report.close(_now())
