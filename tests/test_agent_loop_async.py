@@ -87,6 +87,14 @@ class Waiting:
         )
 
 
+async def until(flag: threading.Event) -> None:
+    """Waits for a flag that another thread sets (at most WAIT seconds)."""
+    deadline = time.monotonic() + WAIT
+    while not flag.is_set():
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.001)
+
+
 def run_threads() -> List[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "agent_loop_async"]
 
@@ -228,8 +236,7 @@ class TestCancellation:
 
         async def main() -> float:
             task = asyncio.ensure_future(consume())
-            while not waiting.started.is_set():
-                await asyncio.sleep(0.001)
+            await until(waiting.started)
             began = time.monotonic()
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -253,6 +260,7 @@ class TestCancellation:
             run = aio.arun(waiting.run, signal)
             async for event in run:
                 if event.type == "tool.started":
+                    await until(waiting.started)  # the tool runs, and will see the signal
                     break
             await run.aclose()
             assert run_threads() == []
@@ -295,6 +303,7 @@ class TestCancellation:
             async with aio.arun(waiting.run, signal) as run:
                 async for event in run:
                     if event.type == "tool.started":
+                        await until(waiting.started)
                         break
             return run
 
@@ -322,6 +331,7 @@ class TestCancellation:
         async def main() -> None:
             async for event in aio.arun(waiting.run, signal):
                 if event.type == "tool.started":
+                    await until(waiting.started)  # the tool runs, and will see the signal
                     break  # the AsyncRun is dropped here, unfinished
 
         asyncio.run(main())
@@ -411,11 +421,9 @@ class TestServerSentEvents:
                 while not received or received[-1]["type"] != "tool.started":
                     line = await asyncio.wait_for(reader.readuntil(b"\n\n"), WAIT)
                     received.append(json.loads(line[len(b"data: ") :]))
+                await until(waiting.started)
                 writer.close()  # the client leaves in the middle of the run
-                deadline = time.monotonic() + CANCEL_BOUND
-                while not handled.is_set():
-                    assert time.monotonic() < deadline
-                    await asyncio.sleep(0.01)
+                await until(handled)
                 return received
             finally:
                 server.close()

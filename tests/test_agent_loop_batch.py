@@ -316,11 +316,14 @@ class TestStopping:
     def test_a_keyboard_interrupt_from_a_run_stops_the_batch_as_ctrl_c_does(self) -> None:
         built: List[str] = []
         stopped: List[str] = []
+        both = threading.Barrier(2, timeout=WAIT)
 
         def make_run(item: str, signal: threading.Event) -> Iterator[al.Event]:
             built.append(item)
 
             def execute(arguments: Dict[str, Any], tool_signal: al.Signal) -> object:
+                if item in ("a", "b"):
+                    both.wait()  # b's tool is running when a's raises
                 if item == "a":
                     raise KeyboardInterrupt  # the loop never catches it: the worker gets it
                 if tool_signal.wait(WAIT):
@@ -331,9 +334,9 @@ class TestStopping:
 
         with pytest.raises(KeyboardInterrupt):
             batch.run_many(make_run, ["a", "b", "c"], concurrency=2, progress=False)
-        # Every other run that began was cancelled through its signal.
-        assert "a" in built
-        assert sorted(stopped) == sorted(set(built) - {"a"})
+        # b was cancelled through its signal (c, if it began, too: no thread is left).
+        assert "b" in stopped
+        assert set(stopped) <= set(built) - {"a"}
 
     def test_a_progress_callable_that_raises_stops_the_batch(self) -> None:
         def make_run(item: str, signal: threading.Event) -> Iterator[al.Event]:
