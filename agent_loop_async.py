@@ -8,17 +8,18 @@ Rules (docs/many-runs.md says the same, with examples):
    ``signal``, a ``threading.Event``. The run is driven in a thread of its own, started at
    the first ``__anext__`` (or by ``aclose()``), so the event loop never blocks on a model
    or a tool.
-2. The events come in the run's order. The hand-off is bounded: the run's thread takes an
-   event from the run only while fewer than ``EVENTS_AHEAD`` events are waiting for the
-   consumer, so a slow consumer holds the run back instead of letting it race ahead.
+2. The events come in the run's order. The hand-off is bounded: the run's thread never
+   has more than ``EVENTS_AHEAD`` events taken from the run that the consumer has not
+   received (one fewer while the consumer holds the last one it received), so a slow
+   consumer holds the run back instead of letting it race ahead.
 3. ``result`` is the run's ``RunResult`` once the events have ended (the ``async for`` is
    over, or ``aclose()`` returned); before that it raises ``asyncio.InvalidStateError``.
-4. Cancelling the task that iterates (or ``aclose()``, or leaving ``async with``, or
-   dropping the object) sets ``signal``. The run then ends on its own rule (within the
-   loop's bound; a tool ends when it returns), its remaining events are dropped, and its
-   thread ends. A cancelled ``__anext__`` and ``aclose()`` wait for that, so once the task
-   is done the thread is gone and ``result`` is the run's (``cancelled``) result; the
-   thread is never a daemon.
+4. Cancelling the task that iterates, ``aclose()``, leaving ``async with``, dropping the
+   object, and closing the event loop with the run unfinished each set ``signal``. The
+   run then ends on its own rule (within the loop's bound; a tool ends when it returns),
+   its remaining events are dropped, and its thread ends. A cancelled ``__anext__`` and
+   ``aclose()`` wait for that, so once the task is done the thread is gone and
+   ``result`` is the run's (``cancelled``) result; the thread is never a daemon.
 5. An exception that the run raises (not a ``failed`` result: a ``JournalError``, a
    ``KeyboardInterrupt`` from a tool) comes out of the ``__anext__`` after the events
    before it, and ``result`` then raises ``asyncio.InvalidStateError`` from it.
@@ -39,11 +40,16 @@ import agent_loop as al
 
 __version__ = "1.0.0"
 
-__all__ = ["AsyncRun", "EVENTS_AHEAD", "arun"]
+__all__ = ["AsyncRun", "EVENTS_AHEAD", "LOOP_CHECK_SECONDS", "arun"]
 
 EVENTS_AHEAD: Final = 8
 """Events the run's thread may have taken from the run that the consumer has not asked
 for: a few, so that a fast consumer rarely waits, and a slow one holds the run back."""
+
+LOOP_CHECK_SECONDS: Final = 0.1
+"""While the run's thread waits for the consumer, how often it checks that the event loop
+is still open: a loop closed with the run unfinished cancels the run, so that its thread
+(not a daemon) does not keep the program from exiting."""
 
 # What the run's thread hands to the event loop: an event, the result, or what it raised.
 _Item = Tuple[str, Union[al.Event, al.RunResult, BaseException]]
@@ -189,8 +195,9 @@ class _Handoff:
         """The run's thread: one credit per event taken from the run; the outcome last."""
         try:
             while True:
-                if not self.cancelled:
-                    self.credits.acquire()
+                while not self.cancelled and not self.credits.acquire(timeout=LOOP_CHECK_SECONDS):
+                    if self.loop.is_closed():  # the program went on without asking for more
+                        self.cancel()
                 try:
                     event = next(self.run)
                 except StopIteration as done:

@@ -341,6 +341,21 @@ class TestCancellation:
         for thread in run_threads():  # it ends on its own, the event loop being closed
             thread.join(WAIT)
 
+    def test_an_event_loop_closed_with_the_run_unfinished_cancels_it(self) -> None:
+        signal = threading.Event()
+        kept: List[aio.AsyncRun] = []
+
+        async def main() -> None:
+            run = aio.arun(chatty_run(signal), signal)
+            kept.append(run)  # still referenced: only the closed event loop tells
+            await run.__anext__()
+
+        asyncio.run(main())  # returns with 31 events not asked for
+        for thread in run_threads():
+            thread.join(WAIT)
+            assert not thread.is_alive()
+        assert signal.is_set()
+
     def test_a_dropped_iterator_that_ended_leaves_its_signal_alone(self) -> None:
         signal = threading.Event()  # say, shared with other runs
 
