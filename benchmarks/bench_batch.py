@@ -15,6 +15,8 @@ For each batch size, in one process, smallest first:
 
 - time: the wall-clock time of ``run_many(...)``, and runs per second;
 - CPU: this process's CPU time (every thread; llmock's is not counted);
+- llmock's record of the requests is emptied before each pass, so that every size
+  meets the same server;
 - memory: the peak of Python's allocations during the batch (``tracemalloc``, in a second
   pass of the same size, since tracing slows the run), what is still allocated after it
   (the results the batch returns: each run's transcript), and the process's peak resident
@@ -103,8 +105,17 @@ def batch_of(model: al.Model, runs: int, concurrency: int) -> List[al.RunResult]
     return batch.run_many(make_run, range(runs), concurrency=concurrency, progress=False)
 
 
+def reset(url: str) -> None:
+    """Empties llmock's record of the requests it answered, which grows with each one."""
+    request = urllib.request.Request(url + "/_llmock/reset", data=b"{}", method="POST")
+    request.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(request, timeout=10.0) as answer:
+        answer.read()
+
+
 def measure(url: str, runs: int, concurrency: int) -> bool:
     """Prints one batch size's figures; returns whether every run completed."""
+    reset(url)
     model = providers.OpenAIChatModel(
         "gpt-4o", base_url=url + "/v1", api_key="", timeout=30.0, retries=0
     )
@@ -116,6 +127,7 @@ def measure(url: str, runs: int, concurrency: int) -> bool:
     completed = sum(result.status == "completed" for result in results)
     del results
     gc.collect()
+    reset(url)
     tracemalloc.start()
     results = batch_of(model, runs, concurrency)
     kept, peak = tracemalloc.get_traced_memory()
