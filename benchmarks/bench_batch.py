@@ -9,7 +9,8 @@ llmock==0.2.2``; it needs Python >= 3.10)::
 Workload: ``llmock serve`` in another process on 127.0.0.1 (a free port), in its "auto"
 tool mode: each run's first request offers a tool and gets a call to it, the second holds
 the tool's result and gets a text answer, so a run is two streamed requests, one tool
-call, and 10 to 20 events (llmock's text answers differ in length). Every run shares one ``OpenAIChatModel`` object, as a batch does.
+call, and 10 to 20 events (llmock's text answers differ in length). Every run shares one
+``OpenAIChatModel`` object, as a batch does.
 
 For each batch size, in one process, smallest first:
 
