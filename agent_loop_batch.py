@@ -20,11 +20,11 @@ Rules (docs/many-runs.md says the same, with the figures):
    every thread has ended: within ``POLL_SECONDS``, plus the time the slowest running run
    takes to end on its signal (a model that watches it, as the providers do, ends within a
    quarter of a second; a tool ends when it returns).
-4. Progress goes to standard error: on a terminal one line redrawn in place, elsewhere (a
-   log, CI) a plain line after the first run ends, then every ``PLAIN_LINE_SECONDS``, and at
-   the end. ``progress=False`` is silent; a callable is called in the calling thread with
-   ``(item, result)`` for each item that ends (``result`` is the exception for an item
-   that raised).
+4. Progress goes to standard error: on a terminal one line redrawn in place (cut to the
+   terminal's width), elsewhere (a log, CI) a plain line after the first run ends, then
+   every ``PLAIN_LINE_SECONDS``, and at the end. ``progress=False`` is silent; a callable
+   is called in the calling thread with ``(item, result)`` for each item that ends
+   (``result`` is the exception for an item that raised).
 
 Threads are not daemons and are joined before ``run_many`` returns or raises, so none is
 left behind. It uses only agent_loop's public names.
@@ -33,6 +33,7 @@ left behind. It uses only agent_loop's public names.
 from __future__ import annotations
 
 import collections.abc
+import os
 import queue
 import reprlib
 import sys
@@ -145,8 +146,10 @@ def run_many(
         )
     listed = list(items)
     stream = sys.stderr if progress is None or progress is True else None
-    terminal = stream is not None and stream.isatty()
-    report = _Report(len(listed), stream, terminal, _now())
+    terminal, columns = False, 0
+    if stream is not None and stream.isatty():
+        terminal, columns = True, _columns(stream)
+    report = _Report(len(listed), stream, terminal, _now(), columns)
     callback = progress if callable(progress) else None
     return _Batch(make_run, listed, concurrency, report, callback, signal).run()
 
@@ -294,6 +297,14 @@ class _Batch(Generic[Item]):
             return error
 
 
+def _columns(stream: TextIO) -> int:
+    """The width of the terminal that ``stream`` writes to; 0 when it is not known."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (OSError, ValueError):  # no file descriptor (io.UnsupportedOperation is both)
+        return 0
+
+
 def _now() -> float:
     """The clock of the progress report: seconds, monotonic."""
     return time.monotonic()
@@ -303,11 +314,17 @@ class _Report:
     """The progress line: counts what ended and decides when to write it (to no stream: not)."""
 
     def __init__(
-        self, total: int, stream: Optional[TextIO], terminal: bool, started: float
+        self,
+        total: int,
+        stream: Optional[TextIO],
+        terminal: bool,
+        started: float,
+        columns: int = 0,
     ) -> None:
         self.total = total
         self.stream = stream
         self.terminal = terminal
+        self.columns = columns
         self.started = started
         self.counts: Dict[str, int] = collections.Counter()
         self.done = 0
@@ -342,6 +359,8 @@ class _Report:
         if self.stream is None:
             return
         line = self.line(now)
+        if self.columns > 1:  # a line that wrapped could not be redrawn in place
+            line = line[: self.columns - 1]
         self.stream.write("\r" + line + "\x1b[K" if self.terminal else line + "\n")
         self.stream.flush()
 

@@ -15,16 +15,16 @@ Contents
 from __future__ import annotations
 
 import _thread
+import fcntl
 import io
 import os
 import pty
 import select
-import subprocess
+import struct
 import sys
-import textwrap
+import termios
 import threading
 import time
-from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
@@ -34,7 +34,6 @@ import agent_loop_batch as batch
 
 WAIT: float = 10.0
 STOP_BOUND: float = 5.0  # seconds: POLL_SECONDS (0.05) plus a tool that returns on its signal
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def answer_run(item: str, signal: threading.Event) -> Iterator[al.Event]:
@@ -502,59 +501,40 @@ class TestProgress:
         )
         assert written.endswith("\x1b[K\n")
 
-    def test_in_a_real_terminal_one_line_is_redrawn_in_place(self) -> None:
-        """A child process whose standard error is a pseudo-terminal's; its master is read."""
-        script = textwrap.dedent(
-            """
-            import threading
-            import agent_loop as al
-            import agent_loop_batch as batch
-
-            def make_run(item, signal):
-                model = al.ScriptedModel(
-                    [al.scripted_response("response-001", [al.TextBlock(item)], "stop")]
-                )
-                return al.run_agent_loop(
-                    messages=[al.UserMessage("user-001", "Hi")], model=model,
-                    tools=al.ToolRegistry(), max_steps=1, signal=signal,
-                )
-
-            results = batch.run_many(make_run, ["a", "b", "c"], concurrency=1)
-            print([r.status for r in results])
-            """
-        )
+    @pytest.mark.parametrize(("columns", "cut"), [(200, False), (40, True)])
+    def test_in_a_real_terminal_one_line_is_redrawn_in_place(
+        self, monkeypatch: pytest.MonkeyPatch, columns: int, cut: bool
+    ) -> None:
+        """Standard error is a pseudo-terminal's (of `columns`); its master is read."""
         master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+        terminal = os.fdopen(slave, "w", encoding="utf-8")
         try:
-            child = subprocess.Popen(
-                [sys.executable, "-c", script],
-                cwd=ROOT,
-                env={**os.environ, "PYTHONPATH": str(ROOT)},
-                stdout=subprocess.PIPE,
-                stderr=slave,
-            )
-            os.close(slave)
-            slave = -1
-            try:
-                stdout, _ = child.communicate(timeout=WAIT * 3)
-            finally:
-                child.kill()
-                child.wait()
-            terminal = b""
+            monkeypatch.setattr(sys, "stderr", terminal)
+            results = batch.run_many(answer_run, ["a", "b", "c"], concurrency=1)
+            monkeypatch.undo()
+            terminal.close()
+            written = b""
             while select.select([master], [], [], 0)[0]:
                 try:
                     chunk = os.read(master, 65536)
-                except OSError:  # Linux: EIO once the child closed the slave
+                except OSError:  # Linux: EIO once the slave is closed and all was read
                     break
                 if not chunk:
                     break
-                terminal += chunk
+                written += chunk
         finally:
+            monkeypatch.undo()
+            if not terminal.closed:
+                terminal.close()
             os.close(master)
-            if slave != -1:
-                os.close(slave)
-        assert stdout.decode().strip() == "['completed', 'completed', 'completed']"
-        text = terminal.decode()
-        assert text.startswith("\r1/3 runs: 1 completed, 0 failed, 0 cancelled; ")
-        assert "\r3/3 runs: 3 completed, 0 failed, 0 cancelled; " in text
+        assert [r.status for r in results] == ["completed"] * 3
+        text = written.decode()
         assert text.endswith("\x1b[K\r\n")  # the pty turns the last "\n" into "\r\n"
         assert text.count("\n") == 1  # one line, redrawn in place
+        drawn = [line.split("\x1b[K")[0] for line in text.split("\r") if line.strip()]
+        assert drawn[0].startswith("1/3 runs: 1 completed, 0 failed, 0 cancelled"[: columns - 1])
+        assert drawn[-1].startswith("3/3 runs: 3 completed, 0 failed, 0 cancelled"[: columns - 1])
+        # A line that would wrap is cut to the terminal's width, less one column.
+        longest = max(len(line) for line in drawn)
+        assert longest == columns - 1 if cut else longest < columns - 1
