@@ -157,9 +157,20 @@ class TestEvents:
 
         asyncio.run(main())
 
-    def test_a_slow_consumer_holds_the_run_back(self) -> None:
+    @pytest.mark.parametrize(
+        "loop_check_seconds",
+        [
+            pytest.param(aio.LOOP_CHECK_SECONDS, id="as-shipped"),
+            # The thread then finds the event loop open each time it finds no credit.
+            pytest.param(0.0, id="looking-at-the-open-loop-at-every-wait"),
+        ],
+    )
+    def test_a_slow_consumer_holds_the_run_back(
+        self, monkeypatch: pytest.MonkeyPatch, loop_check_seconds: float
+    ) -> None:
         """The run is never more than EVENTS_AHEAD events ahead of what the consumer has
         received, and while the consumer holds an event it gets one fewer."""
+        monkeypatch.setattr(aio, "LOOP_CHECK_SECONDS", loop_check_seconds)
         produced = [0]
         consumed = [0]
         leads: List[int] = []
