@@ -20,7 +20,7 @@ import gc
 import json
 import threading
 import time
-from typing import Any, Dict, Generator, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -53,6 +53,20 @@ def chatty_run(
         max_steps=1,
         signal=signal,
     )
+
+
+def observed(
+    run: Generator[al.Event, None, al.RunResult], take: Callable[[], None]
+) -> Generator[al.Event, None, al.RunResult]:
+    """The run, calling `take()` each time an event is taken from it, before yielding it."""
+    while True:
+        try:
+            event = next(run)
+        except StopIteration as done:
+            result: al.RunResult = done.value
+            return result
+        take()
+        yield event
 
 
 class Waiting:
@@ -176,19 +190,13 @@ class TestEvents:
         leads: List[int] = []
         total = 32  # message.accepted, 30 chunks, run.finished
 
-        def counted(run: Iterator[al.Event]) -> Iterator[al.Event]:
-            while True:
-                try:
-                    event = next(run)
-                except StopIteration as done:
-                    return done.value  # type: ignore[no-any-return]
-                produced[0] += 1
-                leads.append(produced[0] - consumed[0])
-                yield event
+        def take() -> None:
+            produced[0] += 1
+            leads.append(produced[0] - consumed[0])
 
         async def main() -> None:
             signal = threading.Event()
-            async for _ in aio.arun(counted(chatty_run(signal)), signal):
+            async for _ in aio.arun(observed(chatty_run(signal), take), signal):
                 consumed[0] += 1
                 deadline = time.monotonic() + WAIT
                 # The consumer is slow: it waits until the run has gone as far as it may.
@@ -285,17 +293,11 @@ class TestCancellation:
         signal = threading.Event()
         taken = [0]
 
-        def counted(run: Iterator[al.Event]) -> Iterator[al.Event]:
-            while True:
-                try:
-                    event = next(run)
-                except StopIteration as done:
-                    return done.value  # type: ignore[no-any-return]
-                taken[0] += 1  # the thread handed the event before this one over
-                yield event
+        def take() -> None:
+            taken[0] += 1  # the thread handed the event before this one over
 
         async def main() -> al.RunResult:
-            run = aio.arun(counted(chatty_run(signal)), signal)
+            run = aio.arun(observed(chatty_run(signal), take), signal)
             await run.__anext__()
             deadline = time.monotonic() + WAIT
             while taken[0] < 4:  # events 2 and 3 handed over, and not asked for
