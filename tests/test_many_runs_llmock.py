@@ -5,14 +5,17 @@ unless ``AGENT_LOOP_REQUIRE_LLMOCK=1`` (tox's llmock env) makes the skip a failu
 server is the one the provider tests start (test_agent_loop_providers_connection.py's
 ``llmock_process``: 127.0.0.1, a free port, stopped whatever happens). llmock's own
 "auto" tool mode answers each run: a request that offers tools and holds no tool result
-calls a tool, the next one answers in text, so every run takes two steps.
+calls a tool, the next one answers in text, so every run takes two steps; two tests make
+llmock hold every first token for 30 s, and stop the runs (a batch's signal, a cancelled
+task) within STOP_BOUND.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Dict, Generator, List
+import time
+from typing import Any, Callable, Dict, Generator, List
 
 import pytest
 
@@ -23,6 +26,8 @@ import agent_loop_providers as providers
 from test_agent_loop_providers_connection import LLMock, llmock_process  # noqa: F401
 
 pytestmark = pytest.mark.llmock
+
+STOP_BOUND: float = 5.0  # seconds: the adapters end a request within 0.25 s of the signal
 
 
 def lookup(city: str) -> str:
@@ -96,3 +101,78 @@ def test_arun_runs_twenty_runs_at_once_in_one_event_loop(
         assert outcome["types"][0] == "message.accepted"
         assert outcome["types"].count("tool.finished") == 1
         assert outcome["types"][-1] == "run.finished"
+
+
+class Announcing:
+    """The shared model, announcing each answer it begins to stream."""
+
+    def __init__(self, model: al.Model, began: Callable[[], None]) -> None:
+        self.model = model
+        self.began = began
+
+    def stream(
+        self, request: al.ModelRequest, signal: al.Signal
+    ) -> Generator[al.ModelChunk, None, al.ModelResponse]:
+        self.began()
+        return self.model.stream(request, signal)
+
+
+def test_a_stopped_batch_ends_while_llmock_holds_every_answer(
+    shared_model: providers.OpenAIChatModel,
+    llmock_process: LLMock,  # noqa: F811
+) -> None:
+    """llmock holds each first token for 30 s; the batch's signal ends it far sooner."""
+    llmock_process.admin(
+        "POST",
+        "/_llmock/scenario",
+        {"behaviors": [{"type": "slow_first_token", "seconds": 30, "times": None}]},
+    )
+    stop = threading.Event()
+    lock = threading.Lock()
+    began: List[float] = []
+
+    def announce() -> None:
+        with lock:
+            began.append(time.monotonic())
+            if len(began) == 2:  # both runs are waiting for their first token
+                stop.set()
+
+    model = Announcing(shared_model, announce)
+
+    def make_run(number: int, signal: threading.Event) -> Generator[al.Event, None, al.RunResult]:
+        return weather_run(model, number, signal)
+
+    results = batch.run_many(make_run, range(4), concurrency=2, progress=False, signal=stop)
+    assert time.monotonic() - began[1] < STOP_BOUND
+    assert [(r.status, r.steps) for r in results[:2]] == [("cancelled", 1)] * 2
+    assert results[2:] == [al.RunResult(status="cancelled", messages=(), steps=0)] * 2
+
+
+def test_a_cancelled_task_ends_its_run_while_llmock_holds_the_answer(
+    shared_model: providers.OpenAIChatModel,
+    llmock_process: LLMock,  # noqa: F811
+) -> None:
+    llmock_process.admin(
+        "POST", "/_llmock/scenario", {"behaviors": [{"type": "slow_first_token", "seconds": 30}]}
+    )
+    began = threading.Event()
+    signal = threading.Event()
+    run = aio.arun(weather_run(Announcing(shared_model, began.set), 0, signal), signal)
+
+    async def consume() -> None:
+        async for _ in run:
+            pass
+
+    async def main() -> float:
+        task = asyncio.ensure_future(consume())
+        while not began.is_set():
+            await asyncio.sleep(0.001)
+        cancelled_at = time.monotonic()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return time.monotonic() - cancelled_at
+
+    assert asyncio.run(main()) < STOP_BOUND
+    assert (run.result.status, run.result.steps) == ("cancelled", 1)
+    assert [t for t in threading.enumerate() if t.name == "agent_loop_async"] == []
