@@ -19,7 +19,8 @@ Rules (docs/many-runs.md says the same, with examples):
    run then ends on its own rule (within the loop's bound; a tool ends when it returns),
    its remaining events are dropped, and its thread ends. A cancelled ``__anext__`` and
    ``aclose()`` wait for that, so once the task is done the thread is gone and
-   ``result`` is the run's (``cancelled``) result; the thread is never a daemon.
+   ``result`` is the run's (``cancelled``, unless it ended first); the thread is never a
+   daemon.
 5. An exception that the run raises (not a ``failed`` result: a ``JournalError``, a
    ``KeyboardInterrupt`` from a tool) comes out of the ``__anext__`` after the events
    before it, and ``result`` then raises ``asyncio.InvalidStateError`` from it.
