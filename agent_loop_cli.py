@@ -27,12 +27,13 @@ import shlex
 import signal as os_signal
 import sys
 import threading
-from typing import Any, Callable, Dict, Final, List, Optional, Sequence, TextIO, Tuple
+import time
+from typing import Any, Callable, Dict, Final, Iterable, List, Optional, Sequence, TextIO, Tuple
 
 import agent_loop as al
 import agent_loop_mcp as mcp
 import agent_loop_providers as providers
-import agent_loop_replay as replay
+import agent_loop_view as view
 
 __version__ = "1.0.0"
 
@@ -313,8 +314,10 @@ def _confirm(stdin: TextIO, stderr: TextIO) -> Callable[[al.ToolCall, al.Signal]
     return before_tool_call
 
 
-def _json_line(event: al.Event) -> None:
-    replay.dump_events([event], sys.stdout)
+def _json_line(event: al.Event, seconds: float) -> None:
+    """--json's line: the event's to_dict() and "time", the seconds since the run began."""
+    line = dict(event.to_dict(), time=round(seconds, 6))  # microseconds are enough
+    sys.stdout.write(json.dumps(line, separators=(",", ":"), ensure_ascii=False) + "\n")
     sys.stdout.flush()  # each event as it comes: the reader may be a pipe
 
 
@@ -323,17 +326,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     and prints its events.
 
     Prints each event on one line (``agent_loop.print_event``), the result last;
-    ``--json`` writes each event as one JSON line (``agent_loop_replay.dump_events``) and
-    nothing else. ``--confirm`` writes its question to stderr and reads the answer from
-    stdin. The ``--mcp`` servers start before the run and are closed when it ends,
-    whatever way. Returns 0 when the run completed, 1 otherwise. Ctrl-C sets the run's
-    signal, so the run ends ``cancelled`` and its result is printed; a second Ctrl-C
-    interrupts at once. Retries and accepted cut answers are logged on stderr. Bad
-    options, an MCP server that cannot be used, and two tools of one name exit with
-    status 2.
+    ``--json`` writes each event as one JSON line with its time and nothing else. The
+    run's times follow on stderr (``agent_loop_view.format_times``). ``--confirm``
+    writes its question to stderr and reads the answer from stdin. The ``--mcp`` servers
+    start before the run and are closed when it ends, whatever way. Returns 0 when the
+    run completed, 1 otherwise. Ctrl-C sets the run's signal, so the run ends
+    ``cancelled`` and its result is printed; a second Ctrl-C interrupts at once. Retries
+    and accepted cut answers are logged on stderr. Bad options, an MCP server that cannot
+    be used, and two tools of one name exit with status 2.
+
+    ``view LOG -o PAGE.html`` as the first arguments writes the page of a recorded run
+    (``agent_loop_view.render_page``) instead; exit status 0 when written, 2 for a log
+    that holds no run, naming the line at fault.
     """
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    if arguments[:1] == ["view"]:
+        return _view(arguments[1:])
     parser = _parser()
-    options = parser.parse_args(argv)
+    options = parser.parse_args(arguments)
     model = _model(parser, options)
     with contextlib.ExitStack() as servers:  # the servers end whatever happens
         return _run(options, model, _tools(parser, options, servers))
@@ -354,23 +364,93 @@ def _run(options: argparse.Namespace, model: al.Model, tools: al.ToolRegistry) -
     logger = logging.getLogger("agent_loop.providers")
     logger.addHandler(handler)
     previous = os_signal.signal(os_signal.SIGINT, interrupt)
+    timed: List[Tuple[al.Event, Optional[float]]] = []
+
+    def on_event(event: al.Event) -> None:
+        # The time the run yielded the event, on the clock started at the run's first next().
+        seconds = time.monotonic() - began
+        timed.append((event, seconds))
+        if options.json:
+            _json_line(event, seconds)
+        else:
+            al.print_event(event)
+
     try:
-        _, result = al.settle_run(
-            al.run_agent_loop(
-                messages=[al.UserMessage("user-001", options.prompt)],
-                model=model,
-                tools=tools,
-                max_steps=options.max_steps,
-                signal=signal,
-                tool_concurrency=options.tool_concurrency,
-                before_tool_call=_confirm(sys.stdin, sys.stderr) if options.confirm else None,
-            ),
-            on_event=_json_line if options.json else al.print_event,
+        run = al.run_agent_loop(
+            messages=[al.UserMessage("user-001", options.prompt)],
+            model=model,
+            tools=tools,
+            max_steps=options.max_steps,
+            signal=signal,
+            tool_concurrency=options.tool_concurrency,
+            before_tool_call=_confirm(sys.stdin, sys.stderr) if options.confirm else None,
         )
+        began = time.monotonic()
+        _, result = al.settle_run(run, on_event=on_event)
     finally:
         os_signal.signal(os_signal.SIGINT, previous)
         logger.removeHandler(handler)
+    # On stderr, so that stdout holds the events only (with --json, one per line).
+    print(view.format_times(view.summarize_times(timed)), file=sys.stderr, flush=True)
     return 0 if result.status == "completed" else 1
+
+
+# --- view: the page of a recorded run ------------------------------------------------
+
+
+def _view(argv: Sequence[str]) -> int:
+    """``view LOG -o PAGE.html``: writes the page of the run that LOG records; 0 when
+    written. A log that cannot be read, or holds no run, exits with status 2 naming the
+    line."""
+    parser = argparse.ArgumentParser(
+        prog="python agent_loop_cli.py view",
+        description=(
+            "Writes one self-contained HTML page that draws a recorded run: its steps on a "
+            "timeline, each call's arguments and result, errors and refusals, the result, "
+            "its usage and times. LOG is a --json log, a log of "
+            "agent_loop_replay.dump_events, or a durable run's journal."
+        ),
+    )
+    parser.add_argument("log", metavar="LOG", help="the recorded run (JSON lines)")
+    parser.add_argument(
+        "-o", "--output", required=True, metavar="PAGE.html", help="the page to write"
+    )
+    options = parser.parse_args(argv)
+    try:
+        with open(options.log, encoding="utf-8") as file:
+            timed = _load_timed_events(file)
+    except (OSError, ValueError) as error:  # unreadable, not UTF-8, or no event on a line
+        parser.error(f"{options.log}: {error}")
+    if not timed:
+        parser.error(f"{options.log}: no event in the file")
+    page = view.render_page(timed, title=f"Agent run: {os.path.basename(options.log)}")
+    with open(options.output, "w", encoding="utf-8") as file:
+        file.write(page)
+    return 0
+
+
+def _load_timed_events(lines: Iterable[str]) -> List[Tuple[al.Event, Optional[float]]]:
+    """The events of a log or a journal, each with its time or None; ValueError names the
+    line. (Stands in for agent_loop_replay.load_timed_events, the one reader to use.)"""
+    timed: List[Tuple[al.Event, Optional[float]]] = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            data = json.loads(line)
+        except ValueError as error:
+            raise ValueError(f"line {number}: not JSON ({error})") from None
+        if type(data) is dict and "record" in data:
+            # A journal's record: a resume voids the events from its sequence on.
+            if data["record"] == "resume" and type(data.get("sequence")) is int:
+                del timed[data["sequence"] :]
+            continue
+        try:
+            seconds = data.pop("time", None) if type(data) is dict else None
+            if seconds is not None and type(seconds) not in (int, float):
+                raise ValueError(f"event.time must be a number of seconds, got {seconds!r}")
+            timed.append((al.event_from_dict(data), seconds))
+        except ValueError as error:
+            raise ValueError(f"line {number}: {error}") from None
+    return timed
 
 
 if __name__ == "__main__":
