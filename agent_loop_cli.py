@@ -424,8 +424,11 @@ def _view(argv: Sequence[str]) -> int:
     if not timed:
         parser.error(f"{options.log}: no event in the file")
     page = view.render_page(timed, title=f"Agent run: {os.path.basename(options.log)}")
-    with open(options.output, "w", encoding="utf-8") as file:
-        file.write(page)
+    try:
+        with open(options.output, "w", encoding="utf-8") as file:
+            file.write(page)
+    except OSError as error:
+        parser.error(f"{options.output}: {error}")
     return 0
 
 
@@ -439,9 +442,12 @@ def _load_timed_events(lines: Iterable[str]) -> List[Tuple[al.Event, Optional[fl
         except ValueError as error:
             raise ValueError(f"line {number}: not JSON ({error})") from None
         if type(data) is dict and "record" in data:
-            # A journal's record: a resume voids the events from its sequence on.
-            if data["record"] == "resume" and type(data.get("sequence")) is int:
-                del timed[data["sequence"] :]
+            # A journal's record (its run, a response, a resume): a resume voids the events
+            # read so far from its sequence on.
+            sequence = data.get("sequence") if data["record"] == "resume" else len(timed)
+            if type(sequence) is not int:
+                raise ValueError(f"line {number}: a resume record's sequence is {sequence!r}")
+            del timed[sequence:]
             continue
         try:
             seconds = data.pop("time", None) if type(data) is dict else None
