@@ -26,7 +26,8 @@ summary as text, one line per step and per call.
 style and script, nothing fetched: its Content-Security-Policy allows no connection) that
 draws the run: each step on a timeline (its wait for the first chunk, its streaming, its
 calls, calls that ran at once in parallel lanes), each call's arguments and result on
-demand, errors and refusals marked, the final status, usage and times. Without times
+demand (a click on its bar, or a link to ``#call-S-C``, opens the C-th call of the S-th
+step, from 0), errors and refusals marked, the final status, usage and times. Without times
 the timeline is ordinal: one unit per event. The run's data is embedded as JSON in a
 ``<script type="application/json">`` element with ``<``, ``>`` and ``&`` escaped, and
 the page's script builds the page with ``textContent`` only: text from a model or a
@@ -609,6 +610,10 @@ _SCRIPT: Final = """
       add(details, el("pre", "result", call.result === null ? "(none)" : call.result));
     });
   });
+
+  // A link to a call (page.html#call-1-0: the second step's first call) opens it.
+  var linked = anchors[window.location.hash.slice(1)];
+  if (linked) { linked.open = true; }
 }());
 """
 """The page's script: builds the page from the run's data, with textContent only."""

@@ -555,7 +555,7 @@ def chromium(tmp_path: Path) -> Any:
             pytest.fail("AGENT_LOOP_REQUIRE_BROWSER=1 but chromium is not on PATH")
         pytest.skip("chromium is not installed (tox -e browser installs it)")
 
-    def run(page: Path, *options: str) -> str:
+    def run(page: Path, *options: str, fragment: str = "") -> str:
         completed = subprocess.run(
             [
                 str(CHROMIUM),
@@ -571,7 +571,7 @@ def chromium(tmp_path: Path) -> Any:
                 "--hide-scrollbars",
                 f"--user-data-dir={tmp_path / 'profile'}",
                 *options,
-                page.as_uri(),
+                page.as_uri() + fragment,
             ],
             capture_output=True,
             text=True,
@@ -641,11 +641,20 @@ class TestInABrowser:
         assert dom.having("p", "axis") == ["no times in the log: one unit per event, 0 to 9"]
         assert dom.having("a", "note call error") == ["weather error"]
 
+    def test_a_link_to_a_call_opens_it(self, chromium: Any, tmp_path: Path) -> None:
+        page = tmp_path / "run.html"
+        page.write_text(view.render_page(sample_run()), encoding="utf-8")
+        dom = _Elements()
+        dom.feed(chromium(page, "--dump-dom", fragment="#call-1-1"))
+        opened = [attrs["id"] for tag, attrs, _ in dom.elements if "open" in attrs]
+        assert opened == ["call-1-1"]
+
     def test_a_screenshot_of_the_page(self, chromium: Any, tmp_path: Path) -> None:
         page = tmp_path / "run.html"
         page.write_text(view.render_page(sample_run(), title="A run of agent_loop"), "utf-8")
         picture = tmp_path / "run.png"
-        chromium(page, f"--screenshot={picture}", "--window-size=1000,1100")
+        # Linked to the refused call, which opens with its arguments and result.
+        chromium(page, f"--screenshot={picture}", "--window-size=1000,1300", fragment="#call-1-1")
         assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         print(f"the page's screenshot: {picture}")  # kept with the test's tmp_path
         kept = os.environ.get("AGENT_LOOP_RUN_PICTURE")
