@@ -315,9 +315,10 @@ def _confirm(stdin: TextIO, stderr: TextIO) -> Callable[[al.ToolCall, al.Signal]
 
 
 def _json_line(event: al.Event, seconds: float) -> None:
-    """--json's line: the event's to_dict() and "time", the seconds since the run began."""
-    line = dict(event.to_dict(), time=round(seconds, 6))  # microseconds are enough
-    sys.stdout.write(json.dumps(line, separators=(",", ":"), ensure_ascii=False) + "\n")
+    """--json's line: the event's to_dict() and "time", the seconds since the run began,
+    compact and ASCII as the logs of agent_loop_replay are."""
+    line = dict(event.to_dict(), time=seconds)
+    sys.stdout.write(json.dumps(line, separators=(",", ":"), allow_nan=False) + "\n")
     sys.stdout.flush()  # each event as it comes: the reader may be a pipe
 
 

@@ -302,7 +302,7 @@ class TestWhatItPrints:
         written = io.StringIO()
         replay.dump_events(events, written)
         assert written.getvalue() == "".join(
-            json.dumps(line, separators=(",", ":"), ensure_ascii=False) + "\n" for line in lines
+            json.dumps(line, separators=(",", ":")) + "\n" for line in lines
         )
         assert events[1].payload["chunk"] == al.ThinkingDelta("request-001", "27 * 453: ")
         result = events[-1].payload["result"]
