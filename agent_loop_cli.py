@@ -205,8 +205,9 @@ def _parser() -> argparse.ArgumentParser:
     output.add_argument(
         "--json",
         action="store_true",
-        help="print each event as one JSON line (to_dict form, as "
-        "agent_loop_replay.dump_events writes), nothing else",
+        help="print each event as one JSON line (its to_dict form and its time, as "
+        "agent_loop_replay.dump_events(..., times=True) writes), nothing else; the run's "
+        "times still go to stderr",
     )
     return parser
 

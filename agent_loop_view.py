@@ -18,6 +18,8 @@ run's. The rules, from what the events give (no event marks a request's opening)
   run at once, ``tool.started`` means scheduled, so the duration includes any wait for
   a free thread. A call without ``tool.finished`` (the run ended first) has none.
 - The run's time is the time of its last event (``run.finished`` when it ended).
+- A request that failed before its first chunk yielded no event of its own, so it has
+  no step here.
 
 A value that needs a time the log does not hold is None. ``format_times(times)`` is the
 summary as text, one line per step and per call.
