@@ -447,15 +447,19 @@ def _load_timed_events(lines: Iterable[str]) -> List[Tuple[al.Event, Optional[fl
             # A journal's record (its run, a response, a resume): a resume voids the events
             # read so far from its sequence on.
             sequence = data.get("sequence") if data["record"] == "resume" else len(timed)
-            if type(sequence) is not int:
-                raise ValueError(f"line {number}: a resume record's sequence is {sequence!r}")
+            if type(sequence) is not int or not 0 <= sequence <= len(timed):
+                raise ValueError(
+                    f"line {number}: a resume record's sequence must be an int in "
+                    f"0..{len(timed)} (the events recorded before it), got {sequence!r}"
+                )
             del timed[sequence:]
             continue
         try:
-            seconds = data.pop("time", None) if type(data) is dict else None
-            if seconds is not None and type(seconds) not in (int, float):
-                raise ValueError(f"event.time must be a number of seconds, got {seconds!r}")
-            timed.append((al.event_from_dict(data), seconds))
+            event = al.event_from_dict(data)  # so data is a dict
+            seconds = data.get("time")
+            if seconds is not None and (type(seconds) not in (int, float) or seconds < 0):
+                raise ValueError(f"time must be a number of seconds >= 0, got {seconds!r}")
+            timed.append((event, seconds))
         except ValueError as error:
             raise ValueError(f"line {number}: {error}") from None
     return timed

@@ -895,6 +895,13 @@ def shown(page: Path) -> Dict[str, Any]:
     return json.loads(match.group(1))  # type: ignore[no-any-return]
 
 
+ACCEPTED = (
+    '{"sequence":0,"type":"message.accepted","payload":'
+    '{"message":{"id":"u","role":"user","content":"Hi"}}}'
+)
+"""The line of an event that event_from_dict() reads."""
+
+
 class TestView:
     """`view LOG -o PAGE.html`: the page of a --json log, a dump_events log or a journal."""
 
@@ -935,7 +942,7 @@ class TestView:
     def test_a_durable_journal_with_a_resume_record(self, tmp_path: Path) -> None:
         model, tools = add_then_answer()
         journal = tmp_path / "run.journal"
-        events, _ = al.settle_run(
+        al.settle_run(
             replay.durable_run(
                 journal,
                 messages=[al.UserMessage("u", "2+3?")],
@@ -946,14 +953,16 @@ class TestView:
         )
         lines = journal.read_text(encoding="utf-8").splitlines()
         assert json.loads(lines[0])["record"] == "run"
-        # A process took over after the first two events: the events from 1 on are void
-        # and come again (here, the same ones, read from the journal's own lines).
-        resumed = [*lines[:3], '{"record":"resume","sequence":1}', *lines[2:]]
+        # A process took over after the call's tool.started (event 2): the events from 2
+        # on are void and come again (here, the same lines). Read twice, the call would
+        # be two calls at once.
+        started = next(n for n, line in enumerate(lines) if '"tool.started"' in line)
+        resumed = [*lines[: started + 1], '{"record":"resume","sequence":2}', *lines[started:]]
         page = tmp_path / "run.html"
         assert cli.main(["view", str(write_lines(journal, resumed)), "-o", str(page)]) == 0
         data = shown(page)
         assert data["result"]["status"] == "completed"
-        assert data["span"] == len(events) - 1  # each event once
+        assert [step["requestId"] for step in data["steps"]] == ["request-001", "request-002"]
         assert [call["status"] for call in data["steps"][0]["calls"]] == ["ok"]
 
     @pytest.mark.parametrize(
@@ -968,14 +977,25 @@ class TestView:
                 id="an-event-without-its-payload",
             ),
             pytest.param(
-                ['{"sequence":0,"type":"run.finished","payload":{}, "time":"soon"}'],
-                "line 1: event.time must be a number of seconds, got 'soon'",
+                [ACCEPTED[:-1] + ',"time":"soon"}'],
+                "line 1: time must be a number of seconds >= 0, got 'soon'",
                 id="time-a-str",
             ),
             pytest.param(
+                [ACCEPTED[:-1] + ',"time":-0.5}'],
+                "line 1: time must be a number of seconds >= 0, got -0.5",
+                id="time-below-0",
+            ),
+            pytest.param(
                 ['{"record":"run"}', '{"record":"resume","sequence":"1"}'],
-                "line 2: a resume record's sequence is '1'",
-                id="resume-without-its-sequence",
+                "line 2: a resume record's sequence must be an int in 0..0 (the events "
+                "recorded before it), got '1'",
+                id="resume-sequence-a-str",
+            ),
+            pytest.param(
+                ['{"record":"run"}', '{"record":"resume","sequence":1}'],
+                "line 2: a resume record's sequence must be an int in 0..0",
+                id="resume-past-the-events",
             ),
         ],
     )
