@@ -1,6 +1,6 @@
 # agent_loop_cli.py 1.0.0: the command line of agent_loop.py, an agent against a real model.
 # One file, standard library only; copy it next to agent_loop.py and its companions
-# agent_loop_providers.py, agent_loop_replay.py and agent_loop_mcp.py.
+# agent_loop_providers.py, agent_loop_mcp.py and agent_loop_view.py.
 # Home: the agent_loop repository.
 """An agent on the command line: the Agent Loop, a real model and a few small tools.
 
@@ -8,11 +8,18 @@
 ``run_agent_loop()`` on one user message against ``OpenAIChatModel`` (or, with
 ``--provider anthropic``, ``AnthropicMessagesModel``) with the tools of ``TOOLS`` and
 those of the MCP servers that ``--mcp "COMMAND ARGS"`` starts, and prints each event on
-one line as ``agent_loop.print_event`` does (``--json``: JSON lines, as
-``agent_loop_replay.dump_events`` writes them). ``--tool-concurrency N`` runs the calls of
-one response on up to N threads; ``--confirm`` asks on the terminal before each call.
-``python agent_loop_cli.py --help`` lists every option. It uses only the public names of
-``agent_loop``, ``agent_loop_providers``, ``agent_loop_replay`` and ``agent_loop_mcp``.
+one line as ``agent_loop.print_event`` does (``--json``: JSON lines, each event's
+``to_dict()`` and the time it came, as ``agent_loop_replay`` reads them), then the run's
+times (``agent_loop_view.format_times``) on stderr. ``--tool-concurrency N`` runs the
+calls of one response on up to N threads; ``--confirm`` asks on the terminal before each
+call. ``python agent_loop_cli.py --help`` lists every option.
+
+``python agent_loop_cli.py view LOG -o PAGE.html`` writes the page of
+``agent_loop_view.render_page`` for a recorded run: a ``--json`` log, a log of
+``agent_loop_replay.dump_events`` or a durable run's journal.
+
+It uses only the public names of ``agent_loop``, ``agent_loop_providers``,
+``agent_loop_mcp`` and ``agent_loop_view``.
 """
 
 from __future__ import annotations
