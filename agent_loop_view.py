@@ -614,8 +614,8 @@ _SCRIPT: Final = """
   });
 
   // A link to a call (page.html#call-1-0: the second step's first call) opens it.
-  var linked = anchors[window.location.hash.slice(1)];
-  if (linked) { linked.open = true; }
+  var linked = window.location.hash.slice(1);
+  if (Object.prototype.hasOwnProperty.call(anchors, linked)) { anchors[linked].open = true; }
 }());
 """
 """The page's script: builds the page from the run's data, with textContent only."""
