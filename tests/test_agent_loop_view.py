@@ -29,8 +29,12 @@ import agent_loop_view as view
 
 TimedEvent = Tuple[al.Event, Optional[float]]
 
-HOSTILE = "<script>alert(1)</script></div><!-- & -->"
-"""A tool's argument and result that must be shown as text, never read as HTML."""
+HOSTILE = (
+    "<script>document.body.remove()</script></div>"
+    '<img src=x onerror="document.body.remove()"><!-- & -->'
+)
+"""A tool's argument and result that must be shown as text, never read as HTML (read
+as HTML, it would empty the page)."""
 
 REFUSAL = "the user refused to run this tool call"
 
@@ -406,7 +410,7 @@ class TestRenderPage:
         # The page's own two scripts and nothing else: no '<' or '>' of the log is left.
         assert page.count("<script") == 2
         assert page.count("</script>") == 2
-        for text in ("<b>", "</div>", "<!--"):
+        for text in ("<b>", "</div>", "<!--", "<img"):
             assert text not in page
         assert "<title>&lt;b&gt;run&lt;/b&gt; &amp; &lt;/title&gt;</title>" in page
         data = page_data(page)
@@ -430,8 +434,10 @@ class TestRenderPage:
             f"default-src 'none'; style-src {source(style.group(1))}; "
             f"script-src {source(script.group(1))}"
         )
+        # Nothing to fetch: no address, and no src attribute outside the run's data.
+        markup = re.sub(r'(id="run-data">).*?</script>', r"\1</script>", page)
         for text in ("http:", "https:", "src="):
-            assert text not in page
+            assert text not in markup
 
     def test_without_times_the_timeline_is_one_unit_per_event(self) -> None:
         data = page_data(view.render_page((event, None) for event in sample_events()))
