@@ -1,6 +1,6 @@
 # agent_loop_cli.py 1.0.0: the command line of agent_loop.py, an agent against a real model.
 # One file, standard library only; copy it next to agent_loop.py and its companions
-# agent_loop_providers.py, agent_loop_replay.py and agent_loop_mcp.py.
+# agent_loop_providers.py, agent_loop_mcp.py and agent_loop_view.py.
 # Home: the agent_loop repository.
 """An agent on the command line: the Agent Loop, a real model and a few small tools.
 
@@ -8,11 +8,18 @@
 ``run_agent_loop()`` on one user message against ``OpenAIChatModel`` (or, with
 ``--provider anthropic``, ``AnthropicMessagesModel``) with the tools of ``TOOLS`` and
 those of the MCP servers that ``--mcp "COMMAND ARGS"`` starts, and prints each event on
-one line as ``agent_loop.print_event`` does (``--json``: JSON lines, as
-``agent_loop_replay.dump_events`` writes them). ``--tool-concurrency N`` runs the calls of
-one response on up to N threads; ``--confirm`` asks on the terminal before each call.
-``python agent_loop_cli.py --help`` lists every option. It uses only the public names of
-``agent_loop``, ``agent_loop_providers``, ``agent_loop_replay`` and ``agent_loop_mcp``.
+one line as ``agent_loop.print_event`` does (``--json``: JSON lines, each event's
+``to_dict()`` and the time it came, as ``agent_loop_replay`` reads them), then the run's
+times (``agent_loop_view.format_times``) on stderr. ``--tool-concurrency N`` runs the
+calls of one response on up to N threads; ``--confirm`` asks on the terminal before each
+call. ``python agent_loop_cli.py --help`` lists every option.
+
+``python agent_loop_cli.py view LOG -o PAGE.html`` writes the page of
+``agent_loop_view.render_page`` for a recorded run: a ``--json`` log, a log of
+``agent_loop_replay.dump_events`` or a durable run's journal.
+
+It uses only the public names of ``agent_loop``, ``agent_loop_providers``,
+``agent_loop_mcp`` and ``agent_loop_view``.
 """
 
 from __future__ import annotations
@@ -27,12 +34,13 @@ import shlex
 import signal as os_signal
 import sys
 import threading
-from typing import Any, Callable, Dict, Final, List, Optional, Sequence, TextIO, Tuple
+import time
+from typing import Any, Callable, Dict, Final, Iterable, List, Optional, Sequence, TextIO, Tuple
 
 import agent_loop as al
 import agent_loop_mcp as mcp
 import agent_loop_providers as providers
-import agent_loop_replay as replay
+import agent_loop_view as view
 
 __version__ = "1.0.0"
 
@@ -204,8 +212,9 @@ def _parser() -> argparse.ArgumentParser:
     output.add_argument(
         "--json",
         action="store_true",
-        help="print each event as one JSON line (to_dict form, as "
-        "agent_loop_replay.dump_events writes), nothing else",
+        help="print each event as one JSON line (its to_dict form and its time, as "
+        "agent_loop_replay.dump_events(..., times=True) writes), nothing else; the run's "
+        "times still go to stderr",
     )
     return parser
 
@@ -313,8 +322,11 @@ def _confirm(stdin: TextIO, stderr: TextIO) -> Callable[[al.ToolCall, al.Signal]
     return before_tool_call
 
 
-def _json_line(event: al.Event) -> None:
-    replay.dump_events([event], sys.stdout)
+def _json_line(event: al.Event, seconds: float) -> None:
+    """--json's line: the event's to_dict() and "time", the seconds since the run began,
+    compact and ASCII as the logs of agent_loop_replay are."""
+    line = dict(event.to_dict(), time=seconds)
+    sys.stdout.write(json.dumps(line, separators=(",", ":"), allow_nan=False) + "\n")
     sys.stdout.flush()  # each event as it comes: the reader may be a pipe
 
 
@@ -323,17 +335,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     and prints its events.
 
     Prints each event on one line (``agent_loop.print_event``), the result last;
-    ``--json`` writes each event as one JSON line (``agent_loop_replay.dump_events``) and
-    nothing else. ``--confirm`` writes its question to stderr and reads the answer from
-    stdin. The ``--mcp`` servers start before the run and are closed when it ends,
-    whatever way. Returns 0 when the run completed, 1 otherwise. Ctrl-C sets the run's
-    signal, so the run ends ``cancelled`` and its result is printed; a second Ctrl-C
-    interrupts at once. Retries and accepted cut answers are logged on stderr. Bad
-    options, an MCP server that cannot be used, and two tools of one name exit with
-    status 2.
+    ``--json`` writes each event as one JSON line with its time and nothing else. The
+    run's times follow on stderr (``agent_loop_view.format_times``). ``--confirm``
+    writes its question to stderr and reads the answer from stdin. The ``--mcp`` servers
+    start before the run and are closed when it ends, whatever way. Returns 0 when the
+    run completed, 1 otherwise. Ctrl-C sets the run's signal, so the run ends
+    ``cancelled`` and its result is printed; a second Ctrl-C interrupts at once. Retries
+    and accepted cut answers are logged on stderr. Bad options, an MCP server that cannot
+    be used, and two tools of one name exit with status 2.
+
+    ``view LOG -o PAGE.html`` as the first arguments writes the page of a recorded run
+    (``agent_loop_view.render_page``) instead; exit status 0 when written, 2 for a log
+    that holds no run, naming the line at fault.
     """
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    if arguments[:1] == ["view"]:
+        return _view(arguments[1:])
     parser = _parser()
-    options = parser.parse_args(argv)
+    options = parser.parse_args(arguments)
     model = _model(parser, options)
     with contextlib.ExitStack() as servers:  # the servers end whatever happens
         return _run(options, model, _tools(parser, options, servers))
@@ -354,23 +373,103 @@ def _run(options: argparse.Namespace, model: al.Model, tools: al.ToolRegistry) -
     logger = logging.getLogger("agent_loop.providers")
     logger.addHandler(handler)
     previous = os_signal.signal(os_signal.SIGINT, interrupt)
+    timed: List[Tuple[al.Event, Optional[float]]] = []
+
+    def on_event(event: al.Event) -> None:
+        # The time the run yielded the event, on the clock started at the run's first next().
+        seconds = time.monotonic() - began
+        timed.append((event, seconds))
+        if options.json:
+            _json_line(event, seconds)
+        else:
+            al.print_event(event)
+
     try:
-        _, result = al.settle_run(
-            al.run_agent_loop(
-                messages=[al.UserMessage("user-001", options.prompt)],
-                model=model,
-                tools=tools,
-                max_steps=options.max_steps,
-                signal=signal,
-                tool_concurrency=options.tool_concurrency,
-                before_tool_call=_confirm(sys.stdin, sys.stderr) if options.confirm else None,
-            ),
-            on_event=_json_line if options.json else al.print_event,
+        run = al.run_agent_loop(
+            messages=[al.UserMessage("user-001", options.prompt)],
+            model=model,
+            tools=tools,
+            max_steps=options.max_steps,
+            signal=signal,
+            tool_concurrency=options.tool_concurrency,
+            before_tool_call=_confirm(sys.stdin, sys.stderr) if options.confirm else None,
         )
+        began = time.monotonic()
+        _, result = al.settle_run(run, on_event=on_event)
     finally:
         os_signal.signal(os_signal.SIGINT, previous)
         logger.removeHandler(handler)
+    # On stderr, so that stdout holds the events only (with --json, one per line).
+    print(view.format_times(view.summarize_times(timed)), file=sys.stderr, flush=True)
     return 0 if result.status == "completed" else 1
+
+
+# --- view: the page of a recorded run ------------------------------------------------
+
+
+def _view(argv: Sequence[str]) -> int:
+    """``view LOG -o PAGE.html``: writes the page of the run that LOG records; 0 when
+    written. A log that cannot be read, or holds no run, exits with status 2 naming the
+    line."""
+    parser = argparse.ArgumentParser(
+        prog="python agent_loop_cli.py view",
+        description=(
+            "Writes one self-contained HTML page that draws a recorded run: its steps on a "
+            "timeline, each call's arguments and result, errors and refusals, the result, "
+            "its usage and times. LOG is a --json log, a log of "
+            "agent_loop_replay.dump_events, or a durable run's journal."
+        ),
+    )
+    parser.add_argument("log", metavar="LOG", help="the recorded run (JSON lines)")
+    parser.add_argument(
+        "-o", "--output", required=True, metavar="PAGE.html", help="the page to write"
+    )
+    options = parser.parse_args(argv)
+    try:
+        with open(options.log, encoding="utf-8") as file:
+            timed = _load_timed_events(file)
+    except (OSError, ValueError) as error:  # unreadable, not UTF-8, or no event on a line
+        parser.error(f"{options.log}: {error}")
+    if not timed:
+        parser.error(f"{options.log}: no event in the file")
+    page = view.render_page(timed, title=f"Agent run: {os.path.basename(options.log)}")
+    try:
+        with open(options.output, "w", encoding="utf-8") as file:
+            file.write(page)
+    except OSError as error:
+        parser.error(f"{options.output}: {error}")
+    return 0
+
+
+def _load_timed_events(lines: Iterable[str]) -> List[Tuple[al.Event, Optional[float]]]:
+    """The events of a log or a journal, each with its time or None; ValueError names the
+    line. (Stands in for agent_loop_replay.load_timed_events, the one reader to use.)"""
+    timed: List[Tuple[al.Event, Optional[float]]] = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            data = json.loads(line)
+        except ValueError as error:
+            raise ValueError(f"line {number}: not JSON ({error})") from None
+        if type(data) is dict and "record" in data:
+            # A journal's record (its run, a response, a resume): a resume voids the events
+            # read so far from its sequence on.
+            sequence = data.get("sequence") if data["record"] == "resume" else len(timed)
+            if type(sequence) is not int or not 0 <= sequence <= len(timed):
+                raise ValueError(
+                    f"line {number}: a resume record's sequence must be an int in "
+                    f"0..{len(timed)} (the events recorded before it), got {sequence!r}"
+                )
+            del timed[sequence:]
+            continue
+        try:
+            event = al.event_from_dict(data)  # so data is a dict
+            seconds = data.get("time")
+            if seconds is not None and (type(seconds) not in (int, float) or seconds < 0):
+                raise ValueError(f"time must be a number of seconds >= 0, got {seconds!r}")
+            timed.append((event, seconds))
+        except ValueError as error:
+            raise ValueError(f"line {number}: {error}") from None
+    return timed
 
 
 if __name__ == "__main__":

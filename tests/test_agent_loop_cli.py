@@ -4,7 +4,10 @@
 ``http.server`` on 127.0.0.1 and a free port, started and stopped by a fixture whatever
 happens), and a subprocess runs the file itself for Ctrl-C and a reader that leaves
 early. What it prints is ``agent_loop.print_event``'s lines (tested line by line in
-test_docs_and_demo.py) or, with ``--json``, ``agent_loop_replay.dump_events``'s lines.
+test_docs_and_demo.py) or, with ``--json``, ``agent_loop_replay.dump_events``'s lines
+with each event's time; the run's times end stderr (their figures vary: tests match their
+shape). ``view LOG -o PAGE.html`` reads a ``--json`` log, a ``dump_events`` log and a
+durable journal.
 ``--mcp`` starts the canned MCP server of mcp_fake_server.py (as test_agent_loop_mcp.py
 does); ``--confirm`` reads a fake stdin. No test reaches beyond 127.0.0.1, and none
 names a private name of agent_loop_cli or of the modules it uses.
@@ -63,6 +66,22 @@ def argv(server: Server, provider: str = "openai", *more: str) -> List[str]:
     """A command line for the fixture server, with no retries, then more."""
     url = server.url + "/v1" if provider == "openai" else server.url
     return ["--provider", provider, "--base-url", url, "--model", "m", "--retries", "0", *more]
+
+
+TIMES = re.compile(
+    r"times: \d+(?: ms|\.\d\d s) in all\n"
+    r"(?:  request-\d{3}: first chunk after [^\n]+, streamed [^\n]+\n"
+    r"(?:    \w+ \[[^\]]+\]: [^\n]+\n)*)*\Z"
+)
+"""The run's times, which end what the command line writes on stderr."""
+
+
+def before_times(err: str) -> str:
+    """What the command line wrote on stderr before the run's times (whose figures vary)."""
+    head, found, times = err.partition("times: ")
+    assert found
+    assert TIMES.match(found + times), found + times
+    return head
 
 
 def start(server: Server, *more: str) -> subprocess.Popen[str]:
@@ -274,9 +293,17 @@ class TestWhatItPrints:
         out = capsys.readouterr().out
         events = replay.load_events(io.StringIO(out))
         assert [event.sequence for event in events] == list(range(len(out.splitlines())))
+        # Each line is dump_events' line with the event's time added.
+        lines = [json.loads(line) for line in out.splitlines()]
+        times = [line.pop("time") for line in lines]
+        assert all(type(time) is float for time in times)
+        assert times == sorted(times)
+        assert times[0] >= 0
         written = io.StringIO()
         replay.dump_events(events, written)
-        assert written.getvalue() == out  # dump_events' lines, byte for byte
+        assert written.getvalue() == "".join(
+            json.dumps(line, separators=(",", ":")) + "\n" for line in lines
+        )
         assert events[1].payload["chunk"] == al.ThinkingDelta("request-001", "27 * 453: ")
         result = events[-1].payload["result"]
         assert (result.final_text, result.usage) == ("12,231", REASONING_USAGE)
@@ -293,7 +320,7 @@ class TestWhatItPrints:
         assert captured.out.splitlines()[-1] == (
             "  2  run.finished      completed after 1 step(s), 2 messages, usage: unknown"
         )
-        assert captured.err == (
+        assert before_times(captured.err) == (
             "warning: request-001: the answer was cut by the token limit (finish_reason "
             "'length'); accepted as the model's answer (accept_truncated=True)\n"
         )
@@ -509,7 +536,7 @@ class TestToolsAtOnceAndConsent:
             outcomes[1],
         ]
         # The questions on stderr; past the end of input, a line break ends the question.
-        assert captured.err == QUESTIONS + ("\n" if answers.count("\n") < 2 else "")
+        assert before_times(captured.err) == QUESTIONS + ("\n" if answers.count("\n") < 2 else "")
         # The model reads the refusal as the call's error result.
         sent = [message.get("content") for message in server.body(1)["messages"][2:4]]
         assert sent == [
@@ -532,7 +559,7 @@ class TestToolsAtOnceAndConsent:
         assert captured.out.splitlines()[3] == (
             f"  3  tool.finished     request-001 add error: {REFUSED}"
         )
-        assert captured.err == 'run add({"left":2,"right":3}) [c1]? [y/N] \n'
+        assert before_times(captured.err) == 'run add({"left":2,"right":3}) [c1]? [y/N] \n'
 
     def test_questions_come_before_a_group_is_scheduled(
         self, server: Server, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
@@ -551,7 +578,7 @@ class TestToolsAtOnceAndConsent:
             f"  5  tool.finished     request-001 add error: {REFUSED}",
             "  6  tool.finished     request-001 weather ok: snow, -3 C",
         ]
-        assert captured.err == QUESTIONS
+        assert before_times(captured.err) == QUESTIONS
 
     def test_ctrl_c_at_the_question_cancels_the_run(
         self, server: Server, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
@@ -591,7 +618,7 @@ class TestToolsAtOnceAndConsent:
             "  2  run.finished      cancelled after 1 step(s), 2 messages, usage: unknown, "
             "left without a result: c1",
         ]
-        assert captured.err == 'run add({"left":2,"right":3}) [c1]? [y/N] \n'
+        assert before_times(captured.err) == 'run add({"left":2,"right":3}) [c1]? [y/N] \n'
 
 
 def mcp_option(canned: Canned) -> List[str]:
@@ -742,7 +769,7 @@ class TestCancellation:
             '  1  model.chunk       request-001 text "Thinking"',
             "  2  run.finished      cancelled after 1 step(s), 1 messages",
         ]
-        assert err == ""
+        assert before_times(err) == ""
         assert server.disconnected.wait(SERVER_BOUND)
 
 
@@ -785,7 +812,7 @@ class TestTheFile:
 
     def test_it_uses_only_public_names_of_the_modules_it_imports(self) -> None:
         source = (REPOSITORY / "agent_loop_cli.py").read_text(encoding="utf-8")
-        assert re.findall(r"\b(?:al|providers|replay|mcp)\._\w+", source) == []
+        assert re.findall(r"\b(?:al|providers|replay|mcp|view)\._\w+", source) == []
         assert re.findall(r"^import (\w+)", source, flags=re.MULTILINE) == [
             "argparse",
             "contextlib",
@@ -797,12 +824,219 @@ class TestTheFile:
             "signal",
             "sys",
             "threading",
+            "time",
             "agent_loop",
             "agent_loop_mcp",
             "agent_loop_providers",
-            "agent_loop_replay",
+            "agent_loop_view",
         ]
 
     def test_the_header_names_the_file_and_its_version(self) -> None:
         first = (REPOSITORY / "agent_loop_cli.py").read_text(encoding="utf-8").splitlines()[0]
         assert first.startswith(f"# agent_loop_cli.py {cli.__version__}: ")
+
+
+class TestTimes:
+    """After a run, its times on stderr: the run's, each step's, each call's."""
+
+    @pytest.mark.parametrize("more", [[], ["--json"]], ids=["printed", "json"])
+    def test_the_times_of_each_step_and_call_end_stderr(
+        self, server: Server, capsys: pytest.CaptureFixture[str], more: List[str]
+    ) -> None:
+        server.script(
+            Reply(answer_parts("openai", ["Adding", *ADD_AND_WEATHER])),
+            Reply(answer_parts("openai", ["5."])),
+        )
+        assert cli.main(argv(server, "openai", *more, "2+3?")) == 0
+        err = capsys.readouterr().err
+        assert before_times(err) == ""  # and the times' lines have their shape
+        names = [re.sub(r": [^:]*$", "", line) for line in err.splitlines()[1:]]
+        assert names == [
+            "  request-001",
+            "    add [c1]",
+            "    weather [c2]",
+            "  request-002",
+        ]
+
+
+def write_lines(path: Path, lines: List[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def add_then_answer() -> Tuple[al.ScriptedModel, al.ToolRegistry]:
+    """A scripted model that calls add once, then answers, and the command line's tools."""
+    model = al.ScriptedModel(
+        [
+            al.scripted_response(
+                "r1", [al.ToolCall("c1", "add", {"left": 2, "right": 3})], "toolCall"
+            ),
+            al.scripted_response("r2", [al.TextBlock("5.")], "stop"),
+        ]
+    )
+    return model, al.ToolRegistry(cli.TOOLS)
+
+
+def add_run_log(path: Path) -> Path:
+    """A log of dump_events, of a run of add_then_answer(), at path."""
+    model, tools = add_then_answer()
+    run = al.run_agent_loop(
+        messages=[al.UserMessage("u", "2+3?")], model=model, tools=tools, max_steps=2
+    )
+    with path.open("w", encoding="utf-8") as file:
+        replay.dump_events(al.settle_run(run)[0], file)
+    return path
+
+
+def shown(page: Path) -> Dict[str, Any]:
+    """The run's data that a page written by view embeds."""
+    match = re.search(r'id="run-data">(.*?)</script>', page.read_text(encoding="utf-8"))
+    assert match is not None
+    return json.loads(match.group(1))  # type: ignore[no-any-return]
+
+
+ACCEPTED = (
+    '{"sequence":0,"type":"message.accepted","payload":'
+    '{"message":{"id":"u","role":"user","content":"Hi"}}}'
+)
+"""The line of an event that event_from_dict() reads."""
+
+
+class TestView:
+    """`view LOG -o PAGE.html`: the page of a --json log, a dump_events log or a journal."""
+
+    def test_a_json_log_of_the_command_line(
+        self, server: Server, capsys: pytest.CaptureFixture[str], tmp_path: Path
+    ) -> None:
+        server.script(
+            Reply(answer_parts("openai", ["Adding", *ADD_AND_WEATHER])),
+            Reply(answer_parts("openai", ["5."])),
+        )
+        assert cli.main(argv(server, "openai", "--json", "2+3?")) == 0
+        log = tmp_path / "run.jsonl"
+        log.write_text(capsys.readouterr().out, encoding="utf-8")
+        page = tmp_path / "run.html"
+        assert cli.main(["view", str(log), "-o", str(page)]) == 0
+        data = shown(page)
+        assert (data["title"], data["timed"]) == ("Agent run: run.jsonl", True)
+        calls = data["steps"][0]["calls"]
+        assert [(call["name"], call["status"]) for call in calls] == [
+            ("add", "ok"),
+            ("weather", "ok"),
+        ]
+        assert all(call["duration"].endswith(" ms") for call in calls)
+        assert data["result"]["status"] == "completed"
+
+    def test_a_log_of_dump_events_without_times(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        log = add_run_log(tmp_path / "run.jsonl")
+        page = tmp_path / "run.html"
+        # Run as a user runs it: the arguments come from the command line.
+        monkeypatch.setattr(sys, "argv", ["agent_loop_cli.py", "view", str(log), "-o", str(page)])
+        assert cli.main() == 0
+        data = shown(page)
+        assert (data["timed"], data["span"]) == (False, 5)  # 6 events
+        assert [step["requestId"] for step in data["steps"]] == ["request-001", "request-002"]
+
+    def test_a_durable_journal_with_a_resume_record(self, tmp_path: Path) -> None:
+        model, tools = add_then_answer()
+        journal = tmp_path / "run.journal"
+        al.settle_run(
+            replay.durable_run(
+                journal,
+                messages=[al.UserMessage("u", "2+3?")],
+                model=model,
+                tools=tools,
+                max_steps=2,
+            )
+        )
+        lines = journal.read_text(encoding="utf-8").splitlines()
+        assert json.loads(lines[0])["record"] == "run"
+        # A process took over after the call's tool.started (event 2): the events from 2
+        # on are void and come again (here, the same lines). Read twice, the call would
+        # be two calls at once.
+        started = next(n for n, line in enumerate(lines) if '"tool.started"' in line)
+        resumed = [*lines[: started + 1], '{"record":"resume","sequence":2}', *lines[started:]]
+        page = tmp_path / "run.html"
+        assert cli.main(["view", str(write_lines(journal, resumed)), "-o", str(page)]) == 0
+        data = shown(page)
+        assert data["result"]["status"] == "completed"
+        assert [step["requestId"] for step in data["steps"]] == ["request-001", "request-002"]
+        assert [call["status"] for call in data["steps"][0]["calls"]] == ["ok"]
+
+    @pytest.mark.parametrize(
+        ("lines", "complaint"),
+        [
+            pytest.param([], "no event in the file", id="empty"),
+            pytest.param(['{"sequence":0', "x"], "line 1: not JSON (", id="not-json"),
+            pytest.param(["[1]"], "line 1: event must be", id="json-not-an-event"),
+            pytest.param(
+                ['{"sequence":0,"type":"model.chunk","payload":{}}'],
+                "line 1: event.payload.requestId is missing",
+                id="an-event-without-its-payload",
+            ),
+            pytest.param(
+                [ACCEPTED[:-1] + ',"time":"soon"}'],
+                "line 1: time must be a number of seconds >= 0, got 'soon'",
+                id="time-a-str",
+            ),
+            pytest.param(
+                [ACCEPTED[:-1] + ',"time":-0.5}'],
+                "line 1: time must be a number of seconds >= 0, got -0.5",
+                id="time-below-0",
+            ),
+            pytest.param(
+                ['{"record":"run"}', '{"record":"resume","sequence":"1"}'],
+                "line 2: a resume record's sequence must be an int in 0..0 (the events "
+                "recorded before it), got '1'",
+                id="resume-sequence-a-str",
+            ),
+            pytest.param(
+                ['{"record":"run"}', '{"record":"resume","sequence":1}'],
+                "line 2: a resume record's sequence must be an int in 0..0",
+                id="resume-past-the-events",
+            ),
+        ],
+    )
+    def test_a_log_that_holds_no_run_exits_2_naming_the_line(
+        self,
+        tmp_path: Path,
+        capsys: pytest.CaptureFixture[str],
+        lines: List[str],
+        complaint: str,
+    ) -> None:
+        log = write_lines(tmp_path / "bad.jsonl", lines)
+        page = tmp_path / "bad.html"
+        with pytest.raises(SystemExit) as exited:
+            cli.main(["view", str(log), "-o", str(page)])
+        assert exited.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("usage: python agent_loop_cli.py view")
+        assert f"error: {log}: {complaint}" in err
+        assert not page.exists()
+
+    @pytest.mark.parametrize("where", ["log", "not-utf-8", "page", "no-page-option"])
+    def test_files_it_cannot_use_exit_2(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
+    ) -> None:
+        log = add_run_log(tmp_path / "run.jsonl")
+        if where == "not-utf-8":
+            log.write_bytes(b"\xff\n")
+        missing = tmp_path / "missing"
+        arguments = {
+            "log": [str(missing / "run.jsonl"), "-o", str(tmp_path / "run.html")],
+            "not-utf-8": [str(log), "-o", str(tmp_path / "run.html")],
+            "page": [str(log), "-o", str(missing / "run.html")],
+            "no-page-option": [str(log)],
+        }[where]
+        with pytest.raises(SystemExit) as exited:
+            cli.main(["view", *arguments])
+        assert exited.value.code == 2
+        err = capsys.readouterr().err
+        assert {
+            "log": f"error: {missing / 'run.jsonl'}: [Errno 2] No such file",
+            "not-utf-8": f"error: {log}: 'utf-8' codec can't decode byte 0xff",
+            "page": f"error: {missing / 'run.html'}: [Errno 2] No such file",
+            "no-page-option": "error: the following arguments are required: -o/--output",
+        }[where] in err
