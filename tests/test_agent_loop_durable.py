@@ -32,6 +32,7 @@ from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Tup
 import pytest
 
 import agent_loop as al
+import agent_loop_durable as ald
 import agent_loop_replay as alr
 from loop_testing import Fatal, RequestKeyedModel, add_tool, call, dicts_of, settle, text, user
 
@@ -144,7 +145,7 @@ class Process:
         options.setdefault("messages", [START])
         options.setdefault("max_steps", 8)
         tools = al.ToolRegistry(self.effects.tools())
-        return alr.durable_run(journal, model=self.model, tools=tools, **options)
+        return ald.durable_run(journal, model=self.model, tools=tools, **options)
 
     def settle(
         self, journal: Path, cancel_at: Any = None, **options: Any
@@ -182,8 +183,12 @@ def reference(cancel_at: Any = None, **options: Any) -> Tuple[List[al.Event], al
 
 
 def whole_lines(data: bytes) -> List[Dict[str, Any]]:
-    """The JSON of each whole line (one that ends with a newline) of journal bytes."""
-    return [json.loads(line) for line in data.split(b"\n")[:-1]]
+    """The JSON of each whole line (one that ends with a newline) of journal bytes, an
+    event line without its time."""
+    lines = [json.loads(line) for line in data.split(b"\n")[:-1]]
+    for line in lines:
+        line.pop("time", None)
+    return lines
 
 
 def kind_of(line: Dict[str, Any]) -> str:
@@ -228,16 +233,28 @@ class TestAnUninterruptedDurableRun:
         data = journal.read_bytes()
         assert data.isascii()
         assert data.endswith(b"\n")
+        times = [json.loads(line).get("time") for line in data.splitlines()[1:]]
         lines = whole_lines(data)
+        run_id = lines[0]["runId"]
         assert lines[0] == {
             "record": "run",
-            "format": 1,
+            "format": 2,
+            "runId": run_id,
             "messages": [user().to_dict()],
             "tools": [tool.spec().to_dict() for tool in Effects().tools()],
             "maxSteps": 8,
             "requestSequenceStart": 0,
+            "toolConcurrency": 1,
         }
+        assert list(lines[0])[:3] == ["record", "format", "runId"]
+        assert isinstance(run_id, str)
+        assert len(run_id) == 32
         event_lines = [line for line in lines[1:] if "record" not in line]
+        # Each event line holds its time: seconds since durable_run() was called, in order.
+        times = [seconds for seconds, line in zip(times, lines[1:]) if "record" not in line]
+        assert all(isinstance(seconds, float) for seconds in times)
+        assert times[0] >= 0
+        assert times == sorted(times)
         assert event_lines == dicts_of(events)
         responses = [line for line in lines if kind_of(line) == "response"]
         scripted = script()
@@ -289,10 +306,8 @@ class TestAnUninterruptedDurableRun:
         lines = whole_lines(journal.read_bytes())
         boundaries = [2]  # the run record with the first event, then its directory's entry
         for number, line in enumerate(lines, start=1):
-            if kind_of(line) in ("tool.finished", "run.finished"):
+            if kind_of(line) in ("response", "tool.finished", "run.finished"):
                 boundaries.append(number)
-            elif kind_of(line) == "tool.started" and kind_of(lines[number - 2]) == "response":
-                boundaries.append(number)  # the response and its first tool.started
         assert synced == [2, *boundaries]  # never at a chunk
 
     def test_nothing_is_written_until_the_run_is_iterated(self, tmp_path: Path) -> None:
@@ -311,7 +326,13 @@ class TestAnUninterruptedDurableRun:
         monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, bytes(data)[:7]))
         Process().settle(tmp_path / "short.jsonl")
         monkeypatch.undo()
-        assert (tmp_path / "short.jsonl").read_bytes() == (tmp_path / "whole.jsonl").read_bytes()
+        short, whole = (
+            (tmp_path / "short.jsonl").read_bytes(),
+            (tmp_path / "whole.jsonl").read_bytes(),
+        )
+        # The same lines but the run id and the times.
+        assert short.count(b"\n") == whole.count(b"\n")
+        assert whole_lines(short)[1:] == whole_lines(whole)[1:]
 
     def test_a_system_that_opens_no_directory_still_gets_the_journal(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -357,7 +378,7 @@ def endings() -> Dict[str, Callable[[Process, Path], Tuple[List[al.Event], al.Ru
 
         tools = [al.Tool("add", "Adds two numbers.", add_tool().parameters, fatal)]
         return settle(
-            alr.durable_run(
+            ald.durable_run(
                 journal,
                 messages=[user()],
                 model=process.model,
@@ -394,7 +415,7 @@ class TestAFinishedRunIsGivenAgain:
         options: Dict[str, Any] = {"max_steps": 2} if ending == "maxSteps" else {}
         if ending == "TOOL_PHASE_ERROR":
             process = Process()
-            run = alr.durable_run(
+            run = ald.durable_run(
                 journal,
                 messages=[user()],
                 model=process.model,
@@ -656,8 +677,8 @@ CORRUPT: Dict[str, Tuple[Callable[[List[bytes]], bytes], Callable[[List[bytes]],
     "a record of an unknown kind": (
         lambda lines: replaced(lines, 2, record({"record": "note"}), lines[2]),
         lambda lines: 3,
-        "a record 'note': after its first line a journal holds events, and 'response' and "
-        "'resume' records",
+        "a record 'note': after its first line a journal holds events, and 'response', "
+        "'decision', 'awaiting' and 'resume' records",
     ),
     "a second run record": (
         lambda lines: replaced(lines, 2, lines[0], lines[2]),
@@ -726,7 +747,7 @@ CORRUPT: Dict[str, Tuple[Callable[[List[bytes]], bytes], Callable[[List[bytes]],
     "a file without a whole line": (
         lambda lines: b"Dear diary",
         lambda lines: 1,
-        "the file holds no whole line, and its bytes are not the beginning of this run's "
+        "the file holds no whole line, and its bytes are not the beginning of a journal's "
         "first line: not a journal, or another run's",
     ),
     "the torn run record of another run": (
@@ -745,7 +766,7 @@ class TestRefusedJournals:
     def assert_refused(self, journal: Path, line: int, words: str, **options: Any) -> None:
         written = journal.read_bytes()
         process = Process()
-        with pytest.raises(alr.JournalError) as refused:
+        with pytest.raises(ald.JournalError) as refused:
             process.durable_run(journal, **options)
         assert isinstance(refused.value, ValueError)
         assert refused.value.path == str(journal)
@@ -797,9 +818,9 @@ class TestRefusedJournals:
         tools = al.ToolRegistry(Effects().tools()[:2])
         tools.register(al.Tool("refuse", "Says no.", {"type": "object"}, lambda a, s: "no"))
         with pytest.raises(
-            alr.JournalError, match="not the same tools, at tool 2: journal "
+            ald.JournalError, match="not the same tools, at tool 2: journal "
         ) as refused:
-            alr.durable_run(
+            ald.durable_run(
                 journal, messages=[user()], model=process.model, tools=tools, max_steps=8
             )
         assert "Refuses." in str(refused.value)
@@ -808,8 +829,9 @@ class TestRefusedJournals:
     def test_a_journal_of_another_format(self, tmp_path: Path) -> None:
         lines = journal_lines(tmp_path)
         journal = tmp_path / "run.jsonl"
-        journal.write_bytes(replaced(lines, 0, lines[0].replace(b'"format":1', b'"format":2')))
-        self.assert_refused(journal, 1, "a journal of format 2; this durable_run() reads format 1")
+        # Format 1 (1.3) had no run id: effect_key() could not key its effects.
+        journal.write_bytes(replaced(lines, 0, lines[0].replace(b'"format":2', b'"format":1')))
+        self.assert_refused(journal, 1, "a journal of format 1; this durable_run() reads format 2")
 
     @pytest.mark.parametrize("corruption", list(CORRUPT))
     def test_a_corrupt_journal(self, tmp_path: Path, corruption: str) -> None:
@@ -830,7 +852,7 @@ class TestRefusedJournals:
         )
         written = journal.read_bytes()
         run = Process().durable_run(journal)
-        with pytest.raises(alr.JournalError) as refused:
+        with pytest.raises(ald.JournalError) as refused:
             next(run)
         assert refused.value.line == 2
         assert str(refused.value).startswith(
@@ -877,7 +899,7 @@ class TestOptions:
         with pytest.raises((TypeError, ValueError)) as loop_refused:
             al.run_agent_loop(**options)
         with pytest.raises(type(loop_refused.value)) as refused:
-            alr.durable_run(tmp_path / "run.jsonl", **options)
+            ald.durable_run(tmp_path / "run.jsonl", **options)
         assert str(refused.value) == str(loop_refused.value)
         assert not (tmp_path / "run.jsonl").exists()
 
@@ -923,7 +945,7 @@ class TestOptions:
     def test_the_messages_and_the_tools_are_taken_when_it_is_called(self, tmp_path: Path) -> None:
         messages, process = [user()], Process()
         tools = al.ToolRegistry(process.effects.tools())
-        run = alr.durable_run(
+        run = ald.durable_run(
             tmp_path / "run.jsonl",
             messages=messages,
             model=process.model,
@@ -983,7 +1005,7 @@ class TestOptions:
             def stream(self, request: al.ModelRequest, signal: al.Signal) -> Any:
                 return [al.TextDelta(request.id, "Hi.")]
 
-        run = alr.durable_run(
+        run = ald.durable_run(
             tmp_path / "run.jsonl",
             messages=[user()],
             model=ListModel(),
@@ -1019,6 +1041,7 @@ import threading
 
 import agent_loop as al
 import agent_loop_replay as alr
+import agent_loop_durable as ald
 
 JOURNAL, FOLDER, POINT = sys.argv[1:4]
 
@@ -1099,7 +1122,7 @@ if POINT.startswith("torn "):
     os.write = torn_write
 
 schema = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
-run = alr.durable_run(
+run = ald.durable_run(
     JOURNAL,
     messages=[al.UserMessage("user-001", "Note three things.")],
     model=ByRequest(),
