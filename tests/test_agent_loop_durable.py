@@ -1023,6 +1023,313 @@ class TestOptions:
         assert result.error.message == "model.stream() must return a generator, got list"
 
 
+# --- Every option, decisions that come later, effect keys --------------------------------
+
+
+class Asker:
+    """A before_tool_call that answers from ``answers`` (call id -> None, a refusal or
+    LATER; None for a call it does not name) and notes each call it is asked about."""
+
+    def __init__(self, answers: Optional[Dict[str, object]] = None) -> None:
+        self.answers = dict(answers or {})
+        self.asked: List[str] = []
+
+    def __call__(self, call: al.ToolCall, signal: Any) -> object:
+        self.asked.append(call.id)
+        return self.answers.get(call.id)
+
+
+def untimed(events: List[al.Event]) -> List[Dict[str, Any]]:
+    return dicts_of(events)
+
+
+OPTIONS: Dict[str, Dict[str, Any]] = {
+    "tools at once": {"tool_concurrency": 3},
+    "consent": {"before_tool_call": "call-3"},
+    "tools at once and consent": {"tool_concurrency": 3, "before_tool_call": "call-4"},
+}
+"""Options a durable run takes as run_agent_loop() does; before_tool_call names the call
+its hook refuses."""
+
+
+def with_hook(options: Dict[str, Any]) -> Dict[str, Any]:
+    """The options, with a hook that refuses the call they name."""
+    refused = options.get("before_tool_call")
+    if refused is None:
+        return dict(options)
+    return {**options, "before_tool_call": Asker({refused: "Not this one."})}
+
+
+class TestEveryOptionOfRunAgentLoop:
+    """A durable run takes tool_concurrency and before_tool_call, gives the events and the
+    result of run_agent_loop() with them, and goes on from any point of its journal to the
+    same events, asking before_tool_call once per call across processes."""
+
+    @pytest.mark.parametrize("options", list(OPTIONS.values()), ids=list(OPTIONS))
+    def test_it_gives_what_run_agent_loop_gives_from_any_point(
+        self, tmp_path: Path, options: Dict[str, Any]
+    ) -> None:
+        model = RequestKeyedModel(script())
+        expected, expected_result = al.settle_run(
+            al.run_agent_loop(
+                messages=[START],
+                model=model,
+                tools=al.ToolRegistry(Effects().tools()),
+                max_steps=8,
+                **with_hook(options),
+            )
+        )
+        whole = tmp_path / "whole.jsonl"
+        events, result = al.settle_run(Process().durable_run(whole, **with_hook(options)))
+        assert untimed(events) == untimed(expected)
+        assert result == expected_result
+        data = whole.read_bytes()
+        for cut in cuts(data):
+            journal = tmp_path / f"cut-{cut}.jsonl"
+            journal.write_bytes(data[:cut])
+            results, _, _ = recorded_in(data[:cut])
+            decided = {line["callId"] for line in whole_lines(data[:cut]) if "callId" in line}
+            process, hook = Process(), with_hook(options)
+            events, result = al.settle_run(process.durable_run(journal, **hook))
+            assert untimed(events) == untimed(expected), cut
+            assert result == expected_result, cut
+            assert not results.intersection(process.effects.executions), cut
+            asker = hook.get("before_tool_call")
+            if isinstance(asker, Asker):  # an answer written is never asked again
+                assert not decided.intersection(asker.asked), cut
+                assert decided.union(asker.asked) >= set(EXECUTED_CALLS), cut
+
+    def test_each_answer_is_written_before_its_call_starts(self, tmp_path: Path) -> None:
+        journal = tmp_path / "run.jsonl"
+        Process().settle(journal, before_tool_call=Asker({"call-5": "No."}))
+        lines = whole_lines(journal.read_bytes())
+        kinds = [kind_of(line) for line in lines]
+        decisions = [line for line in lines if kind_of(line) == "decision"]
+        assert [(line["callId"], line["refusal"]) for line in decisions] == [
+            ("call-1", None),
+            ("call-2", None),
+            ("call-3", None),
+            ("call-4", None),
+            ("call-5", "No."),
+        ]
+        for line in decisions:
+            index = lines.index(line)
+            assert kinds[index + 1] == "tool.started"
+            assert lines[index + 1]["payload"]["toolCall"]["id"] == line["callId"]
+        # The response before the first answer about its calls.
+        assert kinds[kinds.index("decision") - 1] == "response"
+
+    def test_an_answer_that_is_neither_none_nor_a_str_fails_the_run_unwritten(
+        self, tmp_path: Path
+    ) -> None:
+        journal = tmp_path / "run.jsonl"
+        _, result = al.settle_run(
+            Process().durable_run(journal, before_tool_call=Asker({"call-1": 42}))
+        )
+        assert result.status == "failed"
+        assert result.error is not None
+        assert result.error.code == "TOOL_PHASE_ERROR"
+        assert "decision" not in [kind_of(line) for line in whole_lines(journal.read_bytes())]
+
+    def test_the_options_are_part_of_the_run(self, tmp_path: Path) -> None:
+        journal = tmp_path / "run.jsonl"
+        al.settle_run(Process().durable_run(journal, tool_concurrency=2))
+        with pytest.raises(ald.JournalError, match="not the same tool_concurrency: journal 2"):
+            Process().durable_run(journal)
+
+    def test_the_1_3_import_still_works(self) -> None:
+        from agent_loop_replay import JournalError, durable_run
+
+        assert (durable_run, JournalError) == (ald.durable_run, ald.JournalError)
+        with pytest.raises(AttributeError, match="has no attribute 'journal_run'"):
+            alr.journal_run  # noqa: B018
+
+
+class TestADecisionThatComesLater:
+    """before_tool_call may answer LATER: the run stops cancelled with the call open, the
+    journal awaits a decision (awaiting_decision), and called again the run asks again
+    for that call, waits again on LATER, and goes on once it is answered."""
+
+    @pytest.mark.parametrize("concurrency", [1, 3], ids=["one at a time", "at once"])
+    def test_the_run_stops_and_goes_on_once_answered(
+        self, tmp_path: Path, concurrency: int
+    ) -> None:
+        journal = tmp_path / "run.jsonl"
+        expected, expected_result = al.settle_run(
+            Process().durable_run(tmp_path / "approved.jsonl", tool_concurrency=concurrency)
+        )
+        assert ald.awaiting_decision(journal) == ()
+        first = Process()
+        asker = Asker({"call-4": ald.LATER})
+        events, result = al.settle_run(
+            first.durable_run(journal, tool_concurrency=concurrency, before_tool_call=asker)
+        )
+        assert result.status == "cancelled"
+        # call-3 ran one at a time; at once, its group waits with it.
+        assert first.effects.executions == ["call-1", "call-2", *(["call-3"] * (concurrency == 1))]
+        assert asker.asked == ["call-1", "call-2", "call-3", "call-4"]
+        opened = ["call-3", "call-4", "call-5"][concurrency == 1 :]
+        assert [call.id for call in al.open_tool_calls(result.messages)] == opened
+        (awaited,) = ald.awaiting_decision(journal)
+        assert awaited.id == "call-4"
+        assert awaited == script()["request-002"].content[2]
+        # Asked again: LATER again leaves the run as it was.
+        again = Asker({"call-4": ald.LATER})
+        events_again, result_again = al.settle_run(
+            Process().durable_run(journal, tool_concurrency=concurrency, before_tool_call=again)
+        )
+        assert again.asked == ["call-4"]
+        assert untimed(events_again) == untimed(events)
+        assert result_again == result
+        assert ald.awaiting_decision(journal) == (awaited,)
+        # Answered: the run goes on in the same journal, to the events of a run approved
+        # all along; nothing ran twice, nothing answered is asked again.
+        last, answer = Process(), Asker()
+        events, result = al.settle_run(
+            last.durable_run(journal, tool_concurrency=concurrency, before_tool_call=answer)
+        )
+        assert answer.asked == ["call-4", "call-5"]
+        assert untimed(events) == untimed(expected)
+        assert result == expected_result
+        assert sorted(first.effects.executions + last.effects.executions) == sorted(EXECUTED_CALLS)
+        assert ald.awaiting_decision(journal) == ()
+        assert ald.live_from(journal) == len(events)
+
+    def test_a_refusal_later_is_the_calls_error_result(self, tmp_path: Path) -> None:
+        journal = tmp_path / "run.jsonl"
+        al.settle_run(
+            Process().durable_run(journal, before_tool_call=Asker({"call-1": ald.LATER}))
+        )
+        process = Process()
+        _, result = al.settle_run(
+            process.durable_run(journal, before_tool_call=Asker({"call-1": "Not today."}))
+        )
+        assert result.status == "completed"
+        assert "call-1" not in process.effects.executions
+        refusal = next(
+            message
+            for message in result.messages
+            if isinstance(message, al.ToolResultMessage) and message.tool_call_id == "call-1"
+        )
+        assert (refusal.content, refusal.is_error) == ("Not today.", True)
+
+    def test_a_run_that_awaits_takes_no_line_but_a_resume_record_after_its_end(
+        self, tmp_path: Path
+    ) -> None:
+        journal = tmp_path / "run.jsonl"
+        al.settle_run(
+            Process().durable_run(journal, before_tool_call=Asker({"call-1": ald.LATER}))
+        )
+        data = journal.read_bytes()
+        assert kind_of(whole_lines(data)[-2]) == "awaiting"
+        journal.write_bytes(data + record({"record": "decision", "callId": "x", "refusal": None}))
+        with pytest.raises(ald.JournalError, match="where only a resume record comes"):
+            ald.awaiting_decision(journal)
+
+    @pytest.mark.parametrize(
+        ("line", "words"),
+        [
+            ({"record": "decision", "callId": 1, "refusal": None}, "a decision record holds"),
+            ({"record": "decision", "callId": "call-1", "refusal": 2}, "a decision record holds"),
+            ({"record": "awaiting", "toolCall": {"type": "text", "text": "Hi"}}, "a tool call"),
+            ({"record": "awaiting", "toolCall": 3}, "must be an object"),
+        ],
+        ids=["call id", "refusal", "no call", "not an object"],
+    )
+    def test_a_bad_decision_or_awaiting_record_is_refused(
+        self, tmp_path: Path, line: Dict[str, Any], words: str
+    ) -> None:
+        journal = tmp_path / "run.jsonl"
+        journal.write_bytes(journal_lines(tmp_path)[0] + record(line))
+        with pytest.raises(ald.JournalError, match="line 2: .*" + words):
+            ald.awaiting_decision(journal)
+
+
+class TestEffectKeys:
+    """effect_key(): inside a tool of a durable run, the run's id and the call's id, the same
+    in every process that goes on with the journal; another run's differ; None elsewhere."""
+
+    def keys(self, journal: Path, **options: Any) -> Dict[str, Optional[str]]:
+        keys: Dict[str, Optional[str]] = {}
+
+        def note(arguments: Dict[str, Any], signal: al.Signal) -> object:
+            call = al.current_tool_call()
+            assert call is not None
+            keys[call.id] = ald.effect_key()
+            return "noted"
+
+        tools = al.ToolRegistry([al.Tool("effect", "Notes.", {"type": "object"}, note)])
+        model = RequestKeyedModel(
+            {
+                "request-001": al.scripted_response(
+                    "response-001", [call("effect", "call_0", {})], "toolCall"
+                ),
+                "request-002": al.scripted_response("response-002", [text("Done.")], "stop"),
+            }
+        )
+        run = ald.durable_run(
+            journal, messages=[START], model=model, tools=tools, max_steps=4, **options
+        )
+        al.settle_run(run)
+        return keys
+
+    def test_the_same_call_has_the_same_key_in_every_process(self, tmp_path: Path) -> None:
+        journal = tmp_path / "run.jsonl"
+        first = self.keys(journal)
+        run_id = whole_lines(journal.read_bytes())[0]["runId"]
+        assert first == {"call_0": f"{run_id}:call_0"}
+        # Cut after the call started: the call runs again, with the same key.
+        lines = journal.read_bytes().splitlines(keepends=True)
+        started = next(i for i, line in enumerate(lines) if b"tool.started" in line)
+        journal.write_bytes(b"".join(lines[: started + 1]))
+        assert self.keys(journal) == first
+
+    def test_another_run_with_the_same_call_id_has_another_key(self, tmp_path: Path) -> None:
+        one = self.keys(tmp_path / "one.jsonl", tool_concurrency=2)
+        other = self.keys(tmp_path / "other.jsonl", tool_concurrency=2)
+        assert one.keys() == other.keys() == {"call_0"}
+        assert one["call_0"] != other["call_0"]
+
+    def test_there_is_no_key_outside_a_durable_runs_tool(self) -> None:
+        seen: List[Optional[str]] = []
+
+        def note(arguments: Dict[str, Any], signal: al.Signal) -> object:
+            seen.append(ald.effect_key())
+            return "noted"
+
+        tool = al.Tool("effect", "Notes.", {"type": "object"}, note)
+        registry = al.ToolRegistry([tool])
+        al.execute_tool_call(registry, call("effect", "call_0", {}), threading.Event())
+        assert seen == [None]
+        assert ald.effect_key() is None
+
+
+class TestLiveFrom:
+    """live_from(journal): the sequence from which durable_run() on the journal gives its
+    events live, told before the first of them."""
+
+    def test_the_events_before_it_are_given_again_and_the_others_written(
+        self, tmp_path: Path
+    ) -> None:
+        whole = tmp_path / "whole.jsonl"
+        assert ald.live_from(whole) == 0
+        expected, _ = Process().settle(whole)
+        assert ald.live_from(whole) == len(expected)
+        data = whole.read_bytes()
+        for cut in cuts(data):
+            journal = tmp_path / f"cut-{cut}.jsonl"
+            journal.write_bytes(data[:cut])
+            live = ald.live_from(journal)
+            kept = len(journal.read_bytes())
+            if live == len(expected) and recorded_in(data[:cut])[2]:
+                continue  # a finished run: nothing is live
+            Process().settle(journal)
+            added = whole_lines(journal.read_bytes()[data.rfind(b"\n", 0, cut) + 1 :])
+            written = [line["sequence"] for line in added if "record" not in line]
+            assert written[0] == live, cut
+            assert kept <= cut
+
+
 # --- Killed processes ----------------------------------------------------------------------
 
 CHILD = r'''
