@@ -33,6 +33,7 @@ from typing import Any, Dict, Generator, List, Optional, Sequence, Tuple
 import pytest
 
 import agent_loop as al
+import agent_loop_durable
 from loop_testing import (
     add_call,
     add_tool,
@@ -566,6 +567,33 @@ class TestToolSpans:
         span = recorded.tool_spans()["call-add-001"]
         assert span.start_time == span.end_time
         assert error_type(span) == "tool_error"
+
+
+class TestDurableRuns:
+    """A durable run is traced as any run; given again from its journal, its spans again."""
+
+    def test_a_finished_journal_gives_the_same_spans_again(
+        self, recorded: Recorded, tmp_path: Path
+    ) -> None:
+        def run() -> Generator[al.Event, None, al.RunResult]:
+            return agent_loop_durable.durable_run(
+                tmp_path / "run.jsonl",
+                messages=[user()],
+                model=al.ScriptedModel(two_steps()),
+                tools=al.ToolRegistry([add_tool()]),
+                max_steps=4,
+            )
+
+        first, result = settle(otel.traced(run(), recorded.tracer))
+        again = Recorded()
+        events, given_again = settle(otel.traced(run(), again.tracer))
+        assert [event.to_dict() for event in events] == [event.to_dict() for event in first]
+        assert given_again == result
+        for spans in (recorded, again):
+            spans.check_tree()
+            ids = [attributes(span)[gen_ai.GEN_AI_RESPONSE_ID] for span in spans.chat_spans()]
+            assert ids == ["response-001", "response-002"]
+            assert list(spans.tool_spans()) == ["call-add-001"]
 
 
 class TestEndings:
