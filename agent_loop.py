@@ -379,7 +379,7 @@ class _Run:
                 # Seed: "For each call, it emits tool.started, awaits executeToolCall(),
                 # appends the linked Tool-result message, then emits tool.finished."
                 yield self._event("tool.started", request_id=request.id, tool_call=call)
-                yield self._finished(request, call, refusal or self._execute(call))
+                yield self._finished(request, call, refusal or self._execute(call), refusal is not None)
         # Seed: "After the complete Tool batch, validateTranscript() proves that every
         # call has one later matching result." By construction: each got one, or it raised.
 
@@ -448,31 +448,38 @@ class _Run:
                     raise _failure("TOOL_PHASE_ERROR", what, error) from error
             for index, (call, outcome) in enumerate(zip(group, outcomes)):
                 # result() raises what ended the call: _Cancelled if the signal came first.
+                refused = isinstance(outcome, ToolResultMessage)  # a refusal, not a Future
                 result = outcome if isinstance(outcome, ToolResultMessage) else outcome.result()
                 kept = index + 1
-                yield self._finished(request, call, result)
+                yield self._finished(request, call, result, refused)
         except _Cancelled:
             # ExecuteTools --> Cancelled, once the running tools have returned, keeping the
             # results completed before. Seed: "appends no fabricated result" for the others.
             _stop(pool, outcomes)
             for call, outcome in zip(group[kept:], outcomes[kept:]):
+                refused = isinstance(outcome, ToolResultMessage)
                 if isinstance(outcome, Future):
                     if outcome.cancelled() or outcome.exception() is not None:
                         continue
                     outcome = outcome.result()
                 # The driver may tell of the signal again after this event: it is known.
                 with contextlib.suppress(_Cancelled):
-                    yield self._finished(request, call, outcome)
+                    yield self._finished(request, call, outcome, refused)
             raise
         finally:
             _stop(pool, outcomes)
 
-    def _finished(self, request: ModelRequest, call: ToolCall, result: ToolResultMessage) -> Event:
-        """ExecuteTools: a call's result joins the transcript; returns its tool.finished."""
+    def _finished(
+        self, request: ModelRequest, call: ToolCall, result: ToolResultMessage, refused: bool
+    ) -> Event:
+        """ExecuteTools: a call's result joins the transcript; returns its tool.finished, which
+        says ``refused=True`` when the result is before_tool_call's refusal."""
         # Linked by construction: derived from the call, whose result id was checked free.
         self.transcript.append(result)
+        # The key is absent unless refused, so that a run without consent logs as the seed's.
+        flag = {"refused": True} if refused else {}
         return self._event(
-            "tool.finished", request_id=request.id, tool_call=call, tool_result=result
+            "tool.finished", request_id=request.id, tool_call=call, tool_result=result, **flag
         )
 
     def _finish(self, result: RunResult) -> Generator[Event, None, RunResult]:
@@ -2070,6 +2077,7 @@ _PAYLOAD_JSON_KEYS: Final = {
     "tool_call": "toolCall",
     "tool_result": "toolResult",
     "result": "result",
+    "refused": "refused",
 }
 
 
@@ -2096,7 +2104,7 @@ class Event:
             "sequence": self.sequence,
             "type": self.type,
             "payload": {
-                _PAYLOAD_JSON_KEYS[key]: value if isinstance(value, str) else value.to_dict()
+                _PAYLOAD_JSON_KEYS[key]: value if isinstance(value, (str, bool)) else value.to_dict()
                 for key, value in self.payload.items()
             },
         }
@@ -2123,6 +2131,8 @@ def event_from_dict(data: Dict[str, Any]) -> Event:
         if json_key not in payload_data:
             raise ValueError(f"event.payload.{json_key} is missing")
         payload[key] = reader(payload_data[json_key], f"event.payload.{json_key}")
+    if event_type == "tool.finished" and "refused" in payload_data:  # optional: see _finished
+        payload["refused"] = _read(payload_data, "refused", bool, "event.payload")
     return Event(_read(event, "sequence", int, "event"), event_type, MappingProxyType(payload))
 
 
@@ -2348,7 +2358,8 @@ def print_event(event: Event, file: Optional[TextIO] = None) -> None:
     elif event.type == "tool.started":
         detail = f"{payload['request_id']} {_call_text(payload['tool_call'])}"
     elif event.type == "tool.finished":
-        detail = f"{payload['request_id']} {_outcome_text(payload['tool_result'])}"
+        refused = payload.get("refused", False)
+        detail = f"{payload['request_id']} {_outcome_text(payload['tool_result'], refused)}"
     else:
         detail = _result_text(payload["result"])
     line = f"{event.sequence:3d}  {event.type:<16}  {detail}"
@@ -2382,9 +2393,10 @@ def _call_text(call: ToolCall) -> str:
     return f"{call.name}({arguments}) [{call.id}]"
 
 
-def _outcome_text(result: ToolResultMessage) -> str:
-    """A tool result as print_event shows it: name ok: content, or name error: content."""
-    return f"{result.tool_name} {'error' if result.is_error else 'ok'}: {result.content}"
+def _outcome_text(result: ToolResultMessage, refused: bool = False) -> str:
+    """A tool result as print_event shows it: name ok, error or refused, then its content."""
+    outcome = "refused" if refused else "error" if result.is_error else "ok"
+    return f"{result.tool_name} {outcome}: {result.content}"
 
 
 def _result_text(result: RunResult) -> str:

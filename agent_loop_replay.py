@@ -1,4 +1,4 @@
-# agent_loop_replay.py 1.1.0: record, replay and durable runs for agent_loop.py.
+# agent_loop_replay.py 1.2.0: record and replay runs for agent_loop.py.
 # One file, standard library only; copy it next to agent_loop.py. Home: the agent_loop repository.
 """Replay a recorded run of the Agent Loop offline, with the events it recorded.
 
@@ -29,72 +29,72 @@ Rules:
   differently fails the run (``MODEL_STREAM_ERROR``) at the next request, with the
   request, the index of the first different message and both sides, shortened.
 
-``dump_events(events, fp)`` writes an event log as JSON lines (one compact ``to_dict()``
-per line) and ``load_events(fp)`` reads it back.
+``dump_events(events, fp)`` writes an event log as JSON lines (one compact ASCII
+``to_dict()`` per line, with ``times=True`` each with its time), ``load_events(fp)`` reads
+it back, and ``load_timed_events(fp)`` reads it, or a durable run's journal, with times.
 
-``durable_run(journal, ...)`` is ``run_agent_loop()`` written to a journal file as it
-goes, so that the run survives its process. Rules:
-
-- The journal is JSON lines and only grows: its first line says what the run is (its
-  starting messages, tools and options), then come the events, each written before the
-  consumer sees it, and what no event holds (the response of each step that called
-  tools). It is synced to disk at each complete message and at the end, not at each
-  chunk. A torn last line (the process died writing it) is dropped, and cut off before
-  the next write; no whole line is ever changed.
-- Called again with the journal, a finished run (any status) is given again as
-  recorded, calling nothing. An unfinished run is run again by the loop itself, with a
-  model that streams each recorded step and tools that give each recorded result, so
-  that it gives its recorded events again up to its last complete message; from there it
-  is live: the step that was streaming is requested again, and a call that started and
-  has no recorded result runs again (at least once). A resume record voids the events
-  recorded past that point, which the run then gives live.
-- A journal of another run (other starting messages, tools or options), or a line that
-  is not where the journal's order puts it, is refused: JournalError, naming the line.
+``durable_run()`` and ``JournalError`` (agent_loop_durable.py since 1.4) can still be
+imported from here. A ``Recording`` is what both features give again: replay runs on
+one, a durable run on one read from its journal, and then live.
 
 This file uses only the public names of ``agent_loop``.
 """
 
 from __future__ import annotations
 
-import collections.abc
 import contextlib
 import dataclasses
 import itertools
 import json
-import os
 import threading
+import time
 from dataclasses import dataclass
 from typing import (
     TYPE_CHECKING,
     Any,
+    Callable,
     Dict,
     Final,
     Generator,
     Iterable,
     List,
+    Mapping,
     Optional,
     Protocol,
     Sequence,
     Tuple,
-    Union,
     cast,
 )
 
 import agent_loop as al
 
 if TYPE_CHECKING:  # annotations only
-    from os import PathLike
+    pass
 
-__version__ = "1.1.0"
+__version__ = "1.2.0"
 
 __all__ = [
     "replay",
     "ReplayedRun",
+    "Recording",
     "dump_events",
     "load_events",
-    "durable_run",
-    "JournalError",
+    "load_timed_events",
+    "json_line",
+    "shortened_difference",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``durable_run`` and ``JournalError``, here since 1.3, live in agent_loop_durable.py,
+    which builds on this module: imported on first use, so that neither file imports the
+    other while it loads."""
+    if name in ("durable_run", "JournalError"):
+        import agent_loop_durable
+
+        return getattr(agent_loop_durable, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _DRIFT_BEFORE: Final = 160
 """Characters of a drift message's sides shown before their first difference: enough
@@ -468,11 +468,13 @@ def _drift_sides(
     left, right = (
         repr(side[index]) if index < len(side) else "nothing" for side in (recorded, got)
     )
-    return _shortened_sides(left, right)
+    return shortened_difference(left, right)
 
 
-def _shortened_sides(left: str, right: str) -> Tuple[str, str]:
-    """Two different texts, each shortened around the place where they first differ."""
+def shortened_difference(left: str, right: str) -> Tuple[str, str]:
+    """Two different texts, each shortened around the place where they first differ (from
+    160 characters before it to 60 after, "..." marking a cut): what replay's drift
+    messages and a journal's refusals show of the two sides."""
     at = _first_difference(left, right) or 0  # equal texts: from the start
     begin = max(0, at - _DRIFT_BEFORE)
 
@@ -490,6 +492,97 @@ def _check_event(function: str, event: object, position: int) -> None:
         raise TypeError(f"{function} takes Events, got {kind} at position {position}")
 
 
+# --- The recording ---------------------------------------------------------------
+#
+# Replay and durable runs are one mechanism: run_agent_loop() runs again on a model, tools
+# and a consent hook that give what the recording holds and, where it holds nothing, ask
+# what stands behind them: nothing for replay(), the live model, tools and hook for a
+# durable run. So the core's rules (ids, usage, budgets, cancellation) are applied by the
+# core, and restated nowhere.
+
+
+@dataclass(frozen=True)
+class Recording:
+    """What a recorded run gives again when ``run_agent_loop()`` runs it once more.
+
+    ``steps``: by request id, the chunks the step streamed and the response it returned.
+    ``results``: by tool call id, the call's recorded result. ``decisions``: by tool call
+    id, what ``before_tool_call`` answered (None: run it; a str: refuse it with that
+    error result). Its ``model()``, ``tool()`` and ``before_tool_call()`` give these,
+    and pass what they do not hold to what stands behind them (the live model, tool and
+    hook of a durable run). Used by ``replay()`` and by ``agent_loop_durable``.
+    """
+
+    steps: Mapping[str, Tuple[Tuple[al.ModelChunk, ...], al.ModelResponse]]
+    results: Mapping[str, al.ToolResultMessage]
+    decisions: Mapping[str, Optional[str]]
+    __hash__ = None  # type: ignore[assignment]  # it holds mappings
+
+    def model(self, live: al.Model) -> al.Model:
+        """A model that streams a recorded step's chunks and returns its response, and
+        asks ``live`` for any other request."""
+        return _RecordingModel(self.steps, live)
+
+    def tool(self, tool: al.Tool) -> al.Tool:
+        """The tool, except that a call whose result is recorded gives that result again
+        (an error result as a ``ToolError``, so its content is exact) and runs nothing."""
+        results = self.results
+
+        def execute(arguments: Dict[str, Any], signal: al.Signal) -> object:
+            call = al.current_tool_call()
+            result = results.get(call.id) if call is not None else None
+            if result is None:
+                return tool.execute(arguments, signal)
+            return _recorded_answer(result)
+
+        return dataclasses.replace(tool, execute=execute)
+
+    def before_tool_call(
+        self, live: Optional[Callable[[al.ToolCall, Any], object]]
+    ) -> Callable[[al.ToolCall, Any], Any]:
+        """A consent hook that gives a call's recorded decision; runs (None) a call whose
+        result is recorded without one; and asks ``live`` for any other call (None when
+        ``live`` is None)."""
+        decisions, results = self.decisions, self.results
+
+        def before_tool_call(call: al.ToolCall, signal: Any) -> object:
+            if call.id in decisions:
+                return decisions[call.id]
+            if call.id in results or live is None:
+                return None
+            return live(call, signal)
+
+        return before_tool_call
+
+
+class _RecordingModel:
+    """Recording.model(): the recorded steps, then the live model."""
+
+    def __init__(
+        self,
+        steps: Mapping[str, Tuple[Tuple[al.ModelChunk, ...], al.ModelResponse]],
+        live: al.Model,
+    ) -> None:
+        self._steps = steps
+        self._live = live
+
+    def stream(
+        self, request: al.ModelRequest, signal: al.Signal
+    ) -> Generator[al.ModelChunk, None, al.ModelResponse]:
+        """Streams the recorded step, or the live model's answer to the request."""
+        step = self._steps.get(request.id)
+        if step is None:
+            return self._live.stream(request, signal)
+        return _played(*step)
+
+
+def _played(
+    chunks: Tuple[al.ModelChunk, ...], response: al.ModelResponse
+) -> Generator[al.ModelChunk, None, al.ModelResponse]:
+    yield from chunks
+    return response
+
+
 # --- JSON lines -------------------------------------------------------------------
 
 
@@ -500,577 +593,108 @@ class _TextFile(Protocol):
         """Writes the text."""
 
 
-def dump_events(events: Iterable[al.Event], fp: _TextFile) -> None:
-    """Writes one compact ``to_dict()`` JSON line per event to ``fp``, a text file.
+def json_line(data: Mapping[str, Any]) -> str:
+    """One JSON line of a log or a journal, without its newline: compact, ASCII (every str
+    round-trips through any text encoding, a lone surrogate too), and only JSON.
 
-    Characters beyond ASCII are written as they are (open a file with
-    ``encoding="utf-8"``); ``load_events()`` reads the lines back. Raises TypeError for
-    an item that is not an Event (the lines before it are written).
+    Raises ValueError for a float that JSON cannot hold (NaN, infinity), TypeError for a
+    value that is not JSON.
     """
-    for position, event in enumerate(events):
+    return json.dumps(data, separators=(",", ":"), allow_nan=False)
+
+
+def dump_events(events: Iterable[al.Event], fp: _TextFile, *, times: bool = False) -> None:
+    """Writes one ``json_line()`` of ``to_dict()`` per event to ``fp``, a text file.
+
+    The lines are ASCII (a character beyond it is a ``\\u`` escape, so any encoding
+    reads them, and a str holding a lone surrogate comes back as it was); one writer
+    makes the lines of logs and of durable journals. With ``times=True`` each line also
+    holds ``"time"``: the seconds (a float, from a monotonic clock) from the first
+    ``next()`` on ``events`` to the moment the event was received from it.
+    ``load_events()`` reads the lines back, ``load_timed_events()`` with their times.
+    Raises TypeError for an item that is not an Event (the lines before it are written).
+    """
+    items = iter(events)
+    began = time.monotonic()
+    for position, event in enumerate(items):
         _check_event("dump_events()", event, position)
-        fp.write(json.dumps(event.to_dict(), separators=(",", ":"), ensure_ascii=False) + "\n")
+        data = event.to_dict()
+        if times:
+            data["time"] = time.monotonic() - began
+        fp.write(json_line(data) + "\n")
 
 
 def load_events(fp: Iterable[str]) -> List[al.Event]:
     """Reads the events of JSON lines as ``dump_events()`` writes them: one ``to_dict()``
     per line, from a text file (or any iterable of lines).
 
-    Returns the events in the order of the lines. Raises ValueError naming the line
-    (counted from 1) that holds no event: not JSON (a blank line too), or JSON that
-    ``event_from_dict()`` refuses, with its reason.
+    Returns the events in the order of the lines (a line's ``"time"`` is not read).
+    Raises ValueError naming the line (counted from 1) that holds no event: not JSON (a
+    blank line too), or JSON that ``event_from_dict()`` refuses, with its reason.
     """
-    events = []
+    return [event for event, _ in _timed_events(fp, journal=False)]
+
+
+def load_timed_events(fp: Iterable[str]) -> List[Tuple[al.Event, Optional[float]]]:
+    """Reads a log with its times: the lines of ``dump_events()`` (``times`` or not) or
+    of the command line's ``--json``, or a durable run's journal.
+
+    Returns each event with its ``"time"`` (seconds since the run began in the process
+    that wrote the line), or None for a line without one. A journal (its first line is
+    a run record) gives its run's events: its other records are skipped, the events
+    that a resume record voids are dropped, and so is a torn last line (no newline).
+    Raises ValueError naming the line (counted from 1) that holds no event.
+    """
+    return _timed_events(fp, journal=True)
+
+
+def _timed_events(fp: Iterable[str], journal: bool) -> List[Tuple[al.Event, Optional[float]]]:
+    """The events of JSON lines and their times; a journal's too if ``journal``."""
+    timed: List[Tuple[al.Event, Optional[float]]] = []
+    in_journal = False  # its first line is a run record
     for number, line in enumerate(fp, start=1):
+        if in_journal and not line.endswith("\n"):
+            break  # a journal's torn last line: its writer died
         try:
-            events.append(_event_from_line(line))
+            data = _json_value(line)
+            record = data.get("record") if journal and type(data) is dict else None
+            if record is None:
+                timed.append(_timed_event(data))
+            elif number == 1 and record == "run":
+                in_journal = True
+            elif not in_journal:
+                raise ValueError(f"a {record!r} record, and the first line is no run record")
+            elif record == "resume":
+                del timed[_resume_sequence(data, len(timed)) :]
         except ValueError as error:
             raise ValueError(f"line {number}: {error}") from None
-    return events
+    return timed
 
 
-def _event_from_line(line: str) -> al.Event:
-    """The event of one JSON line; ValueError saying why the line holds none."""
+def _resume_sequence(data: Mapping[str, Any], recorded: int) -> int:
+    """The sequence a journal's resume record names: the first of the events it voids
+    (the events recorded before it from that sequence on)."""
+    sequence = data.get("sequence")
+    if type(sequence) is not int or not 0 <= sequence <= recorded:
+        raise ValueError(
+            f"a resume record's sequence must be an int in 0..{recorded} (the events "
+            f"recorded before it), got {sequence!r}"
+        )
+    return sequence
+
+
+def _json_value(line: str) -> Any:
+    """The JSON value of one line; ValueError saying why the line holds none."""
     try:
-        data = json.loads(line.rstrip("\r\n"))  # so that its error counts within the line
+        return json.loads(line.rstrip("\r\n"))  # so that its error counts within the line
     except ValueError as error:  # a JSONDecodeError
         raise ValueError(f"not JSON ({error})") from None
-    return al.event_from_dict(data)
 
 
-# --- Durable runs -----------------------------------------------------------------
-#
-# The journal is JSON lines, one record per line, and only grows:
-#
-#   line 1   {"record":"run","format":1,"messages":[...],"tools":[...],"maxSteps":N,
-#             "requestSequenceStart":S}          what the run is; compared on every call
-#   events   event.to_dict(), as dump_events() writes them (ASCII), each before the
-#            consumer sees it
-#   response {"record":"response","response":{...}} a toolCall response, once the loop
-#            appended its message (no event holds it), just before its first tool.started
-#   resume   {"record":"resume","sequence":K}  a process took over: the events recorded
-#            before this line from sequence K on are void, and K comes next
-#
-# A process that goes on from a journal runs the loop again from the start with the
-# journal's model and tools: every step whose response is recorded streams its recorded
-# chunks and returns that response, every call whose result is recorded gives that result,
-# and the loop itself appends and numbers everything, as it did the first time. So the
-# core's rules (ids, usage, budgets, cancellation) are applied by the core and copied
-# nowhere. The events it gives again up to the last complete message (the last response
-# or tool result recorded) are compared with the journal's lines, not written; from there
-# on the run is live.
-
-_JOURNAL_FORMAT: Final = 1
-"""The format of the journal's lines; a journal of another format is refused, not guessed at."""
-
-
-class JournalError(ValueError):
-    """A journal that ``durable_run()`` refuses: another run's, or not one it wrote.
-
-    ``path`` is the journal's path, ``line`` the number (from 1) of the line at fault,
-    and the message says what is wrong there.
-    """
-
-    def __init__(self, path: str, line: int, problem: str) -> None:
-        super().__init__(f"journal {path}, line {line}: {problem}")
-        self.path = path
-        self.line = line
-
-
-def durable_run(
-    journal: Union[str, PathLike[str]],
-    *,
-    messages: Iterable[al.Message],
-    model: al.Model,
-    tools: al.ToolRegistry,
-    max_steps: int,
-    signal: Optional[al.Signal] = None,
-    request_sequence_start: int = 0,
-) -> Generator[al.Event, None, al.RunResult]:
-    """Returns the events of a run, as ``run_agent_loop()`` does, that survives its
-    process: it is written to the ``journal`` file as it goes, and a call with the same
-    journal goes on from there.
-
-    On a journal that does not exist yet (or holds nothing whole), the run starts. On a
-    journal of a finished run, the generator yields the recorded events and returns
-    the recorded result, and calls neither the model nor a tool (a result read back has
-    no ``error.exception``). On a journal of an unfinished run, the run gives its
-    recorded events again, with their sequence numbers and without calling the model
-    or a tool, up to its last complete message, and goes on live from there: the step
-    that was streaming is requested again, a call whose result is recorded is not run
-    again, and a call that started and has no recorded result runs again (at least
-    once: a tool makes itself idempotent with ``agent_loop.current_tool_call().id``).
-
-    Every event is written (flushed to the operating system) before the consumer sees
-    it; the journal is synced to disk (``os.fsync``) at each complete message and at
-    the end. The options are checked now, as ``run_agent_loop()`` checks them, and so is
-    the journal: JournalError (a ValueError) for a journal of another run (other
-    starting messages, tools or options), or one that is not a journal this function
-    wrote. Raises ValueError for starting messages that cannot be written as JSON (an
-    item that is not a message; run_agent_loop() would fail that run
-    INVALID_TRANSCRIPT), TypeError for a journal that is not a path, and OSError as
-    the file does. While the run goes on: OSError from writing the journal, and
-    JournalError for recorded events that the run does not give again.
-    """
-    path = _journal_path(journal)
-    try:
-        items = iter(messages)
-        refused: Iterable[al.Message] = ()
-    except TypeError:
-        items, refused = iter(()), messages
-    # ValidateOptions, in run_agent_loop()'s words: it checks the options now, and
-    # refuses messages that are not iterable.
-    al.run_agent_loop(
-        messages=refused,
-        model=model,
-        tools=tools,
-        max_steps=max_steps,
-        signal=signal,
-        request_sequence_start=request_sequence_start,
-    )
-    # SnapshotRun: as many starting messages as run_agent_loop() reads (one past the cap).
-    start = list(itertools.islice(items, al.MAX_INITIAL_MESSAGES + 1))
-    run_record = _run_record(start, tools, max_steps, request_sequence_start)
-    recorded = _read_journal(path, run_record)
-    if recorded.finished:
-        return _recorded_run(recorded.events)
-    journaled = _JournaledModel(model, recorded.steps())
-    results = recorded.results()
-    run = al.run_agent_loop(
-        messages=start,
-        model=journaled,
-        tools=al.ToolRegistry(_journaled_tool(tool, results) for tool in tools),
-        max_steps=max_steps,
-        signal=signal,
-        request_sequence_start=request_sequence_start,
-    )
-    return _journaled_run(run, recorded, journaled, _JournalWriter(path, recorded, run_record))
-
-
-def _journal_path(journal: object) -> str:
-    """ValidateOptions for the journal: a str or an os.PathLike of one."""
-    path = os.fspath(journal) if isinstance(journal, (str, os.PathLike)) else None
-    if not isinstance(path, str):
-        raise TypeError(
-            f"journal must be a path (a str or os.PathLike), got {type(journal).__name__}"
-        )
-    return path
-
-
-def _journal_line(data: Dict[str, Any]) -> str:
-    """One line of a journal: compact JSON, ASCII (every str round-trips, a lone
-    surrogate too), and only JSON (no NaN)."""
-    return json.dumps(data, separators=(",", ":"), allow_nan=False)
-
-
-def _run_record(
-    start: Sequence[object], tools: al.ToolRegistry, max_steps: int, request_sequence_start: int
-) -> str:
-    """The journal's first line: what the run is (its starting messages and options)."""
-    messages = []
-    for index, message in enumerate(start):
-        try:
-            data = cast(Any, message).to_dict()
-            _journal_line(data)
-        except Exception as error:  # no to_dict(), or a value that is not JSON
-            raise ValueError(
-                f"messages[{index}] cannot be written to the journal as JSON ({error}): a "
-                "durable run records its starting messages, and run_agent_loop() would "
-                "fail this run INVALID_TRANSCRIPT"
-            ) from None
-        messages.append(data)
-    return _journal_line(
-        {
-            "record": "run",
-            "format": _JOURNAL_FORMAT,
-            "messages": messages,
-            "tools": [spec.to_dict() for spec in tools.specs()],
-            "maxSteps": max_steps,
-            "requestSequenceStart": request_sequence_start,
-        }
-    )
-
-
-@dataclass
-class _Recorded:
-    """What a journal holds for the run that reads it: its events and responses as
-    the resume records left them, and where each came from."""
-
-    cut_at: Optional[int]  # where a torn last line begins, cut off before the next write
-    begun: bool = False  # it holds the run record
-    events: List[al.Event] = dataclasses.field(default_factory=list)
-    lines: List[str] = dataclasses.field(default_factory=list)  # each event's line
-    numbers: List[int] = dataclasses.field(default_factory=list)  # and its line number
-    # Request id -> (how many events were recorded before the response, the response).
-    responses: Dict[str, Tuple[int, al.ModelResponse]] = dataclasses.field(default_factory=dict)
-
-    @property
-    def finished(self) -> bool:
-        """The run ended: its last recorded event is run.finished."""
-        return bool(self.events) and self.events[-1].type == "run.finished"
-
-    def boundary(self) -> int:
-        """How many recorded events the run gives again: those up to its last complete
-        message (a response the loop appended, a tool result)."""
-        ends = [position for position, _ in self.responses.values()]
-        ends.extend(i + 1 for i, event in enumerate(self.events) if event.type == "tool.finished")
-        return max(ends, default=0)
-
-    def steps(self) -> Dict[str, Tuple[Tuple[al.ModelChunk, ...], al.ModelResponse]]:
-        """Each step whose response is recorded: its recorded chunks and its response."""
-        chunks: Dict[str, List[al.ModelChunk]] = {request_id: [] for request_id in self.responses}
-        for event in self.events[: self.boundary()]:
-            if event.type == "model.chunk" and event.payload["request_id"] in chunks:
-                chunks[event.payload["request_id"]].append(event.payload["chunk"])
-        return {
-            request_id: (tuple(chunks[request_id]), response)
-            for request_id, (_, response) in self.responses.items()
-        }
-
-    def results(self) -> Dict[str, al.ToolResultMessage]:
-        """Each recorded tool result, by its call's id."""
-        return {
-            event.payload["tool_call"].id: event.payload["tool_result"]
-            for event in self.events
-            if event.type == "tool.finished"
-        }
-
-
-def _read_journal(path: str, run_record: str) -> _Recorded:
-    """Reads the journal at ``path`` for the run whose first line is ``run_record``.
-
-    Raises JournalError for another run's journal or a line that is not one of the
-    records the journal holds, in order; a torn last line (no newline: the process
-    died while writing it) is dropped.
-    """
-    try:
-        with open(path, "rb") as file:
-            data = file.read()
-    except FileNotFoundError:
-        data = b""
-    whole, newline, torn = data.rpartition(b"\n")
-    recorded = _Recorded(cut_at=len(whole) + len(newline) if torn else None)
-    if not newline:
-        # Nothing whole: a journal to begin, unless the bytes are another file's.
-        if not (run_record + "\n").encode("ascii").startswith(torn):
-            raise JournalError(
-                path,
-                1,
-                "the file holds no whole line, and its bytes are not the beginning of this "
-                "run's first line: not a journal, or another run's",
-            )
-        return recorded
-    lines = whole.split(b"\n")
-    _check_run_record(path, _record(path, 1, lines[0]), run_record)
-    recorded.begun = True
-    for number, line in enumerate(lines[1:], start=2):
-        _read_line(path, number, line, recorded)
-    return recorded
-
-
-def _record(path: str, number: int, line: bytes) -> Dict[str, Any]:
-    """The JSON object of a whole line; JournalError if it holds none."""
-    try:
-        data = json.loads(line.decode("ascii"))
-    except ValueError as error:  # not ASCII, or a JSONDecodeError: not what the journal writes
-        raise JournalError(path, number, f"not a line of a journal ({error})") from None
-    if type(data) is not dict:
-        raise JournalError(path, number, f"not a JSON object but {type(data).__name__}")
-    return cast(Dict[str, Any], data)
-
-
-def _check_run_record(path: str, data: Dict[str, Any], run_record: str) -> None:
-    """The journal's first line describes this run; JournalError says what differs."""
-    if data.get("record") != "run":
-        raise JournalError(path, 1, "not a durable run's journal: its first line is no run record")
-    expected = json.loads(run_record)
-    if _canonical(data.get("format")) != _canonical(expected["format"]):
-        raise JournalError(
-            path,
-            1,
-            f"a journal of format {data.get('format')!r}; this durable_run() reads format "
-            f"{_JOURNAL_FORMAT}",
-        )
-    for key, what, item in (
-        ("messages", "starting messages", "message"),
-        ("tools", "tools", "tool"),
-        ("maxSteps", "max_steps", ""),
-        ("requestSequenceStart", "request_sequence_start", ""),
-    ):
-        recorded, wanted = data.get(key), expected[key]
-        if _canonical(recorded) == _canonical(wanted):
-            continue
-        where = ""
-        if type(recorded) is list and type(wanted) is list:  # show the first item that differs
-            left, right = ([_canonical(value) for value in side] for side in (recorded, wanted))
-            index = cast(int, _first_difference(left, right))
-            where = f", at {item} {index}"
-            recorded, wanted = (
-                side[index] if index < len(side) else "nothing" for side in (left, right)
-            )
-        shown = _shortened_sides(_shown(recorded), _shown(wanted))
-        raise JournalError(
-            path,
-            1,
-            f"the journal holds another run: not the same {what}{where}: journal "
-            f"{shown[0]}, this run {shown[1]}",
-        )
-
-
-def _canonical(value: object) -> str:
-    """JSON text that two equal JSON values share (True is not 1 here, as in JSON)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
-def _shown(value: object) -> str:
-    return value if isinstance(value, str) else _canonical(value)
-
-
-def _read_line(path: str, number: int, line: bytes, recorded: _Recorded) -> None:
-    """Reads a whole line after the run record into ``recorded``, checking its place."""
-    data = _record(path, number, line)
-    kind = data.get("record")
-    if recorded.finished:
-        raise JournalError(path, number, "a line after run.finished, which ends a run's journal")
-    if kind is None:  # an event
-        try:
-            event = al.event_from_dict(data)
-        except ValueError as error:
-            raise JournalError(path, number, str(error)) from None
-        if event.sequence != len(recorded.events):
-            raise JournalError(
-                path,
-                number,
-                f"event {event.sequence} where event {len(recorded.events)} comes next",
-            )
-        recorded.events.append(event)
-        recorded.lines.append(line.decode("ascii"))
-        recorded.numbers.append(number)
-    elif kind == "response":
-        try:
-            response = _response_from_dict(data.get("response"))
-        except ValueError as error:
-            raise JournalError(path, number, str(error)) from None
-        if response.request_id in recorded.responses:
-            raise JournalError(path, number, f"a second response to {response.request_id}")
-        recorded.responses[response.request_id] = (len(recorded.events), response)
-    elif kind == "resume":
-        sequence = data.get("sequence")
-        if type(sequence) is not int or not 0 <= sequence <= len(recorded.events):
-            raise JournalError(
-                path,
-                number,
-                f"a resume record's sequence must be an int in 0..{len(recorded.events)} "
-                f"(the events recorded before it), got {sequence!r}",
-            )
-        # The events from `sequence` on, and the responses recorded after them, are void.
-        del recorded.events[sequence:], recorded.lines[sequence:], recorded.numbers[sequence:]
-        recorded.responses = {
-            request_id: (position, response)
-            for request_id, (position, response) in recorded.responses.items()
-            if position <= sequence
-        }
-    else:
-        raise JournalError(
-            path,
-            number,
-            f"a record {kind!r}: after its first line a journal holds events, and "
-            "'response' and 'resume' records",
-        )
-
-
-def _response_from_dict(data: object) -> al.ModelResponse:
-    """Reads a ModelResponse from its ``to_dict()`` form; ValueError names the field.
-    Its content and usage are read as an assistant message's are."""
-    if type(data) is not dict:
-        raise ValueError(f"response must be an object, got {type(data).__name__}")
-    fields = cast(Dict[str, Any], data)
-    for key in ("id", "requestId", "stopReason"):
-        if type(fields.get(key)) is not str:
-            raise ValueError(
-                f"response.{key} must be a string, got {type(fields.get(key)).__name__}"
-            )
-    message = al.message_from_dict(
-        {
-            "role": "assistant",
-            "id": fields["id"],
-            "content": fields.get("content"),
-            "usage": fields.get("usage"),
-        }
-    )
-    return al.ModelResponse(
-        fields["id"],
-        fields["requestId"],
-        message.content,  # type: ignore[arg-type]  # an assistant message's
-        fields["stopReason"],
-        cast(al.AssistantMessage, message).usage,
-    )
-
-
-def _recorded_run(events: List[al.Event]) -> Generator[al.Event, None, al.RunResult]:
-    """A finished run, from its journal: its events, then its result."""
-    yield from events
-    result: al.RunResult = events[-1].payload["result"]
-    return result
-
-
-class _JournaledModel:
-    """durable_run()'s model: a step whose response is recorded streams its recorded
-    chunks and returns that response; any other asks the run's model, and its response
-    is kept for the journal until the loop has appended its message."""
-
-    def __init__(
-        self,
-        model: al.Model,
-        steps: Dict[str, Tuple[Tuple[al.ModelChunk, ...], al.ModelResponse]],
-    ) -> None:
-        self._model = model
-        self._steps = steps
-        self._answer: Optional[al.ModelResponse] = None
-
-    def stream(
-        self, request: al.ModelRequest, signal: al.Signal
-    ) -> Generator[al.ModelChunk, None, al.ModelResponse]:
-        """Streams the recorded step, or the run's model's answer to the request."""
-        step = self._steps.get(request.id)
-        if step is not None:
-            return _played(*step)
-        stream: object = self._model.stream(request, signal)
-        if not isinstance(stream, collections.abc.Generator):
-            # run_agent_loop() refuses it, in its own words.
-            return cast(Generator[al.ModelChunk, None, al.ModelResponse], stream)
-        return self._kept(stream)
-
-    def _kept(
-        self, stream: Generator[al.ModelChunk, None, al.ModelResponse]
-    ) -> Generator[al.ModelChunk, None, al.ModelResponse]:
-        response = yield from stream
-        self._answer = response
-        return response
-
-    def take_answer(self) -> Optional[al.ModelResponse]:
-        """The response the run's model gave last, once (None: the step was recorded)."""
-        answer, self._answer = self._answer, None
-        return answer
-
-
-def _played(
-    chunks: Tuple[al.ModelChunk, ...], response: al.ModelResponse
-) -> Generator[al.ModelChunk, None, al.ModelResponse]:
-    yield from chunks
-    return response
-
-
-def _journaled_tool(tool: al.Tool, results: Dict[str, al.ToolResultMessage]) -> al.Tool:
-    """The tool, except that a call whose result is recorded gives that result again
-    and runs nothing."""
-
-    def execute(arguments: Dict[str, Any], signal: al.Signal) -> object:
-        call = al.current_tool_call()
-        result = results.get(call.id) if call is not None else None
-        if result is None:
-            return tool.execute(arguments, signal)
-        return _recorded_answer(result)
-
-    return dataclasses.replace(tool, execute=execute)
-
-
-class _JournalWriter:
-    """Appends a run's lines to its journal. The first write opens the file (cutting
-    off a torn last line) and begins with the run record, or with a resume record."""
-
-    def __init__(self, path: str, recorded: _Recorded, run_record: str) -> None:
-        self.path = path
-        self._cut_at = recorded.cut_at
-        self._run_record = None if recorded.begun else run_record
-        self._descriptor: Optional[int] = None
-
-    def append(self, lines: List[str], sequence: int, sync: bool) -> None:
-        """Writes whole lines (the first of them with event ``sequence``), and syncs
-        them to disk if ``sync``."""
-        if self._descriptor is None:
-            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_BINARY", 0)
-            self._descriptor = os.open(self.path, flags, 0o666)
-            if self._cut_at is not None:
-                # The only bytes ever taken away: a line whose writer died, which no
-                # reader took for a record.
-                os.ftruncate(self._descriptor, self._cut_at)
-            if self._run_record is None:
-                lines = [_journal_line({"record": "resume", "sequence": sequence}), *lines]
-            else:
-                lines = [self._run_record, *lines]
-                sync = True
-        data = memoryview("".join(line + "\n" for line in lines).encode("ascii"))
-        while data:  # os.write may write less than it was given
-            data = data[os.write(self._descriptor, data) :]
-        if sync:
-            os.fsync(self._descriptor)
-        if self._run_record is not None:
-            _sync_directory(self.path)  # the new file's name survives a power loss too
-            self._run_record = None
-
-    def close(self) -> None:
-        if self._descriptor is not None:
-            os.close(self._descriptor)
-            self._descriptor = None
-
-
-def _sync_directory(path: str) -> None:
-    """Syncs the directory that holds ``path`` to disk, where the system can."""
-    try:
-        descriptor = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    except OSError:  # Windows opens no directory
-        return
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-def _journaled_run(
-    run: Generator[al.Event, None, al.RunResult],
-    recorded: _Recorded,
-    model: _JournaledModel,
-    writer: _JournalWriter,
-) -> Generator[al.Event, None, al.RunResult]:
-    """Passes the run's events on: those it gives again are compared with the journal,
-    the others written to it first."""
-    boundary = recorded.boundary()
-    with contextlib.closing(run):
-        try:
-            while True:
-                try:
-                    event = next(run)
-                except StopIteration as done:
-                    result: al.RunResult = done.value
-                    return result
-                line = _journal_line(event.to_dict())
-                if event.sequence < boundary and line == recorded.lines[event.sequence]:
-                    yield event  # given again, as recorded
-                    continue
-                if event.sequence < boundary and not _is_cancellation(event):
-                    number = recorded.numbers[event.sequence]
-                    again, held = _shortened_sides(line, recorded.lines[event.sequence])
-                    raise JournalError(
-                        writer.path,
-                        number,
-                        f"the run gives event {event.sequence} again as {again}, where the "
-                        f"journal holds {held}",
-                    )
-                lines = [line]
-                sync = event.type in ("tool.finished", "run.finished")
-                answer = model.take_answer() if event.type == "tool.started" else None
-                if answer is not None:  # the loop appended its message: record it
-                    lines.insert(
-                        0, _journal_line({"record": "response", "response": answer.to_dict()})
-                    )
-                    sync = True
-                writer.append(lines, event.sequence, sync)
-                yield event
-        finally:
-            writer.close()
-
-
-def _is_cancellation(event: al.Event) -> bool:
-    """The consumer's signal ended the run while it was being given again."""
-    return event.type == "run.finished" and event.payload["result"].status == "cancelled"
+def _timed_event(data: Any) -> Tuple[al.Event, Optional[float]]:
+    """The event of one line's JSON and its time; ValueError saying why it holds none."""
+    event = al.event_from_dict(data)
+    seconds = data.get("time")
+    if seconds is not None and (type(seconds) not in (int, float) or seconds < 0):
+        raise ValueError(f"time must be a number of seconds >= 0, got {seconds!r}")
+    return event, None if seconds is None else float(seconds)

@@ -1,7 +1,7 @@
 """Many durable runs as Ray tasks: a run whose worker dies is retried, and the retry resumes.
 
-A recipe for agent_loop (examples/ holds what needs a third-party engine; nothing imports
-it). It needs Ray and llmock, a mock OpenAI-compatible server (Python >= 3.10):
+A recipe for agent_loop_ray.py (examples/ holds what needs a third-party engine; only its
+tests import it). It needs Ray and llmock, a mock OpenAI-compatible server (Python >= 3.10):
 
     pip install . ray llmock==0.2.2
     python examples/ray_durable_runs.py --runs 200 --kill 8
@@ -14,8 +14,9 @@ without faults. ``--help`` lists the options.
 
 How it works:
 
-1. One run, one id, one journal. A run is a Ray task, ``run_durable(spec)``, that drains
-   ``agent_loop_replay.durable_run(journal, ...)`` with the journal at
+1. One run, one id, one journal. ``agent_loop_ray.run_on_ray(make_run, specs, ...)`` runs
+   each spec as a Ray task, which drains ``make_run(spec, signal)``: a
+   ``agent_loop_durable.durable_run(journal, ...)`` with the journal at
    ``DIR/journals/<run id>.jsonl``, in a directory that every worker reaches (here a
    local one; on a cluster, a shared filesystem).
 2. Ray retries a task whose worker died (``max_retries``). The retry opens the same
@@ -23,10 +24,10 @@ How it works:
    the last complete message. A run that ends ``failed`` is a result, not a crash:
    exceptions are not retried.
 3. Tools are at-least-once: a call that started and has no result in the journal runs
-   again after a crash. So each tool makes its effect idempotent with its call's id,
-   ``agent_loop.current_tool_call().id``: the effects ledger holds one effect per call,
-   linked into place once (a link fails where the file exists), and an attempt that finds
-   its call's effect returns it instead of acting again.
+   again after a crash. So each tool acts through ``agent_loop_ray.Ledger.once()``, which
+   keeps one effect per call under ``agent_loop_durable.effect_key()``, linked into place
+   once (a link fails where the file exists); an attempt that finds its call's effect
+   returns it instead of acting again. This recipe's ``Ledger`` also logs what ran where.
 4. The model is ``OpenAIChatModel`` against llmock, which answers a request with the
    reply scripted for its model name. Each request is sent as the model
    ``"<run id>/<request id>"``, so the answer is a function of the run and the step, as a
@@ -34,8 +35,8 @@ How it works:
    and a run that survived crashes ends as it would have without them, but for the ids
    the server draws at random (``canonical()`` renames those).
 
-Where Ray is local, the workers get this file and the agent_loop modules through Ray's
-``runtime_env`` (``py_modules``), as they would on a cluster.
+Where Ray is local (``agent_loop_ray.local_ray()``), the workers get this file and the
+agent_loop modules through Ray's ``runtime_env`` (``py_modules``), as on a cluster.
 """
 
 from __future__ import annotations
@@ -43,10 +44,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import hashlib
-import importlib
 import json
-import logging
 import os
 import random
 import re
@@ -61,7 +59,6 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import (
     Any,
     Callable,
@@ -77,11 +74,11 @@ from typing import (
 )
 
 import agent_loop as al
+import agent_loop_durable
 import agent_loop_providers as providers
-import agent_loop_replay
+import agent_loop_ray
+from agent_loop_ray import LOOPBACK
 
-LOOPBACK: Final = "127.0.0.1"
-"""Where the local Ray and llmock listen: nothing is reachable from another machine."""
 MAX_STEPS: Final = 8
 """Each run's step budget: the scripts take 2 to 4 steps."""
 TOOL_SECONDS: Final = 0.02
@@ -102,7 +99,7 @@ attempt as it starts (``"task started"``, with the size of the journal it found:
 replays), each tool attempt before the tool acts (``"tool attempt"``), and a task attempt
 as it finishes (``"task finished"``)."""
 EFFECTS: Final = "effects"
-"""One file per tool call that acted, ``effects/<run id>/<digest of the call id>.json``."""
+"""The effects, one file per tool call that acted: an ``agent_loop_ray.Ledger``'s directory."""
 
 
 # --- One run: a Ray task --------------------------------------------------------------
@@ -136,11 +133,12 @@ class RunSpec:
         return os.path.join(self.journal_dir, self.run_id + ".jsonl")
 
 
-def run_durable(spec: RunSpec) -> Dict[str, Any]:
-    """Runs, or resumes, one durable run; returns its ``RunResult.to_dict()``.
+def make_run(spec: RunSpec, signal: al.Signal) -> Generator[al.Event, None, al.RunResult]:
+    """Runs, or resumes, one durable run: the ``make_run`` of ``agent_loop_ray.run_on_ray``.
 
     Called again with the same spec after its process died, it replays the journal and
-    goes on: this is the function Ray retries.
+    goes on: this is what Ray retries. Each call logs a task attempt in the ledger, with
+    the size of the journal it found, and the run's end.
     """
     ledger = Ledger(spec.ledger_dir)
     try:
@@ -148,16 +146,24 @@ def run_durable(spec: RunSpec) -> Dict[str, Any]:
     except FileNotFoundError:
         found = 0  # the first attempt
     ledger.task_started(spec.run_id, found)
-    run = agent_loop_replay.durable_run(
+    run = agent_loop_durable.durable_run(
         spec.journal,
         messages=[al.UserMessage("user-001", f"Settle the accounts of {spec.run_id}.")],
         model=RunStepModel(spec.run_id, spec.base_url),
         tools=tools_for(spec.run_id, ledger, spec.tool_seconds),
         max_steps=spec.max_steps,
+        signal=signal,
     )
-    _, result = al.settle_run(run)
-    ledger.task_finished(spec.run_id, result.status)
-    return result.to_dict()
+    return _logged(run, ledger, spec.run_id)
+
+
+def _logged(
+    run: Generator[al.Event, None, al.RunResult], ledger: Ledger, run_id: str
+) -> Generator[al.Event, None, al.RunResult]:
+    """The run's events; its end is logged once it has its result."""
+    result = yield from run
+    ledger.task_finished(run_id, result.status)
+    return result
 
 
 # --- Tools whose effects are idempotent through the call id ---------------------------
@@ -191,27 +197,31 @@ class Ledger:
     ) -> Any:
         """Acts once for the tool call being executed; returns the result recorded for it.
 
-        The first attempt works for ``seconds``, then records ``result`` (the effect); an
-        attempt that finds its call's effect recorded returns that instead of acting again.
-        Raises RuntimeError outside a tool call.
+        The first attempt works for ``seconds``, then records ``result`` (the effect)
+        through ``agent_loop_ray.Ledger.once``; an attempt that finds its call's effect
+        recorded returns that instead of acting again. Raises RuntimeError outside a tool
+        call of a durable run.
         """
         call = al.current_tool_call()
         if call is None:
             raise RuntimeError(f"{tool} acts only inside a tool call: current_tool_call() is None")
         self._log("tool attempt", run_id, call=call.id, tool=tool)
-        path = self.directory / EFFECTS / run_id / (_digest(call.id) + ".json")
-        if not path.exists():
+
+        def act() -> al.JSON:
             time.sleep(seconds)  # the work, before the effect: a kill here loses nothing
-            record = {"run": run_id, "call": call.id, "tool": tool, "arguments": dict(arguments)}
-            _create_once(path, {**record, "result": result})
-        return json.loads(path.read_text(encoding="utf-8"))["result"]
+            return result
+
+        record: Dict[str, al.JSON] = {"arguments": dict(arguments)}
+        return self.effects_ledger.once(act, run=run_id, call=call.id, tool=tool, **record)
+
+    @property
+    def effects_ledger(self) -> agent_loop_ray.Ledger:
+        """The effects, one per tool call that acted."""
+        return agent_loop_ray.Ledger(self.directory / EFFECTS)
 
     def effects(self) -> List[Dict[str, Any]]:
         """Every effect recorded, one per tool call that acted."""
-        return [
-            json.loads(path.read_text(encoding="utf-8"))
-            for path in sorted(self.directory.glob(f"{EFFECTS}/*/*.json"))
-        ]
+        return self.effects_ledger.effects()
 
     def records(self, event: str) -> List[Dict[str, Any]]:
         """The log's records of one kind (``"task started"``, ``"tool attempt"``, ``"task
@@ -265,33 +275,6 @@ def tools_for(run_id: str, ledger: Ledger, seconds: float = TOOL_SECONDS) -> al.
         return ledger.effect(run_id, "notify", arguments, "sent", seconds)
 
     return al.ToolRegistry([al.Tool.from_function(charge), al.Tool.from_function(notify)])
-
-
-def _digest(call_id: str) -> str:
-    """A file name for a call id, which the model chose and may hold any character."""
-    return hashlib.sha256(call_id.encode("utf-8")).hexdigest()
-
-
-def _create_once(path: Path, record: Mapping[str, Any]) -> None:
-    """Writes the file whole (fsynced), unless it exists: a link never replaces a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    draft = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
-    with open(draft, "w", encoding="utf-8") as file:
-        json.dump(record, file)
-        file.flush()
-        os.fsync(file.fileno())
-    try:
-        os.link(draft, path)
-    except FileExistsError:
-        pass  # another attempt of the same call acted first: its effect stands
-    else:
-        directory = os.open(path.parent, os.O_RDONLY)  # the new name survives a power cut
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
-    finally:
-        os.unlink(draft)
 
 
 # --- The model: OpenAIChatModel against llmock, scripted per run and step -------------
@@ -398,69 +381,26 @@ def llmock_server() -> Iterator[str]:
 # --- Many runs: on Ray, or on a thread pool -------------------------------------------
 
 
-def import_ray() -> ModuleType:
-    """Imports Ray to run on this machine only: returns the ``ray`` module.
-
-    Ray binds its servers to the node's address, which it takes from the network unless
-    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (then 127.0.0.1), read when Ray is first
-    imported; this sets it where it is unset, and ``RAY_USAGE_STATS_ENABLED=0`` (nothing
-    is reported), then imports Ray.
-    """
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    return importlib.import_module("ray")
-
-
 @contextlib.contextmanager
 def local_ray(workers: int) -> Iterator[None]:
-    """Starts Ray on this machine, listening on 127.0.0.1 only, and shuts it down.
-
-    ``workers`` is Ray's CPU count, so as many runs go at once. No dashboard; Ray keeps
-    its files in ``ray/`` under ``$RAY_TMPDIR`` (else ``$TMPDIR``, else /tmp). The
-    workers get this file and the agent_loop modules through ``runtime_env``, as on a
-    cluster. Raises RuntimeError (Ray shut down) if Ray took another address than
-    127.0.0.1: it was imported before ``import_ray()`` could set what it reads.
-    """
-    ray = import_ray()
-    ray.init(
-        address="local",
-        num_cpus=workers,
-        include_dashboard=False,
-        log_to_driver=False,
-        logging_level=logging.WARNING,
-        runtime_env={"py_modules": modules_for_workers()},
-        _node_ip_address=LOOPBACK,
-    )
-    try:
-        address = ray.util.get_node_ip_address()
-        if address != LOOPBACK:
-            raise RuntimeError(
-                f"Ray took the address {address}, not {LOOPBACK}: it was imported before "
-                "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 was set (import it with import_ray())"
-            )
+    """``agent_loop_ray.local_ray(workers)``, sending the workers this file too."""
+    with agent_loop_ray.local_ray(workers, modules=[sys.modules[__name__]]):
         yield
-    finally:
-        ray.shutdown()
-
-
-def modules_for_workers() -> List[ModuleType]:
-    """What a worker imports to run ``run_durable``: the agent_loop files and this one."""
-    return [al, providers, agent_loop_replay, sys.modules[__name__]]
 
 
 def run_on_ray(specs: Sequence[RunSpec], *, max_retries: int) -> List[Dict[str, Any]]:
     """Runs every spec as a Ray task, retried up to max_retries times when its worker
-    dies; returns their results in the order of specs. Ray must be initialised."""
-    ray = import_ray()
-    task = ray.remote(max_retries=max_retries, retry_exceptions=False)(run_durable)
-    results: List[Dict[str, Any]] = ray.get([task.remote(spec) for spec in specs])
-    return results
+    dies; returns their results' dicts in the order of specs. Ray must be initialised."""
+    results = agent_loop_ray.run_on_ray(make_run, specs, max_retries=max_retries)
+    return [result.to_dict() for result in results]
 
 
 def run_on_threads(specs: Sequence[RunSpec], *, workers: int) -> List[Dict[str, Any]]:
-    """Runs every spec on a thread pool of that many threads; returns their results."""
+    """Runs every spec on a thread pool of that many threads, as a Ray task would
+    (``agent_loop_ray.settle_item``); returns their results' dicts."""
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(run_durable, specs))
+        finished = pool.map(functools.partial(agent_loop_ray.settle_item, make_run), specs)
+        return [event["payload"]["result"] for event in finished]
 
 
 def batch(

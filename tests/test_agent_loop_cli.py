@@ -522,8 +522,8 @@ class TestToolsAtOnceAndConsent:
         assert cli.main(argv(server, "openai", "--confirm", "2+3? Oslo?")) == 0
         captured = capsys.readouterr()
         refused = [
-            f"  4  tool.finished     request-001 add error: {REFUSED}",
-            f"  6  tool.finished     request-001 weather error: {REFUSED}",
+            f"  4  tool.finished     request-001 add refused: {REFUSED}",
+            f"  6  tool.finished     request-001 weather refused: {REFUSED}",
         ]
         outcomes = [
             ONE_BY_ONE[1] if runs[0] else refused[0],
@@ -557,7 +557,7 @@ class TestToolsAtOnceAndConsent:
         assert cli.main(argv(server, "openai", "--confirm", "2+3?")) == 0
         captured = capsys.readouterr()
         assert captured.out.splitlines()[3] == (
-            f"  3  tool.finished     request-001 add error: {REFUSED}"
+            f"  3  tool.finished     request-001 add refused: {REFUSED}"
         )
         assert before_times(captured.err) == 'run add({"left":2,"right":3}) [c1]? [y/N] \n'
 
@@ -575,7 +575,7 @@ class TestToolsAtOnceAndConsent:
         assert captured.out.splitlines()[3:7] == [
             ONE_BY_ONE[0],
             '  4  tool.started      request-001 weather({"city":"Oslo"}) [c2]',
-            f"  5  tool.finished     request-001 add error: {REFUSED}",
+            f"  5  tool.finished     request-001 add refused: {REFUSED}",
             "  6  tool.finished     request-001 weather ok: snow, -3 C",
         ]
         assert before_times(captured.err) == QUESTIONS

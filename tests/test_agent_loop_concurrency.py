@@ -21,6 +21,7 @@ Contents
 from __future__ import annotations
 
 import copy
+import io
 import json
 import pickle
 import queue
@@ -1020,6 +1021,85 @@ class TestConsent:
         assert model.requests[1].messages[3] == refused  # the model sees it next
         assert ("tool.started", "c2") in events_of_tools(events)
         assert ("tool.finished", "c2") in events_of_tools(events)
+
+    @pytest.mark.parametrize("concurrency", [1, 3])
+    def test_a_refused_calls_tool_finished_carries_refused_true_and_no_other_event_has_the_key(
+        self, concurrency: int
+    ) -> None:
+        """The rule: a refused call's tool.finished says ``refused=True`` (JSON ``"refused":
+        true``, read back by event_from_dict, shown by print_event); the key is absent from
+        every other event, so that a run without consent logs as the seed's."""
+
+        def ask(tool_call: al.ToolCall, signal: al.Signal) -> Optional[str]:
+            return "No." if tool_call.id == "c2" else None
+
+        calls = [echo_call("c1"), echo_call("c2"), echo_call("c3")]
+        events, _, _ = run(
+            one_batch(*calls), [echo_tool()], tool_concurrency=concurrency, before_tool_call=ask
+        )
+        finished = {e.payload["tool_call"].id: e for e in events if e.type == "tool.finished"}
+        assert [event for event in events if "refused" in event.payload] == [finished["c2"]]
+        assert finished["c2"].payload["refused"] is True
+        data = json.loads(json.dumps(finished["c2"].to_dict()))
+        assert data["payload"]["refused"] is True
+        assert al.event_from_dict(data) == finished["c2"]
+        assert "refused" not in finished["c1"].to_dict()["payload"]
+        shown = io.StringIO()
+        al.print_event(finished["c2"], shown)
+        sequence = finished["c2"].sequence
+        assert shown.getvalue() == f"{sequence:3d}  tool.finished     request-001 echo refused: No.\n"
+
+    def test_a_refusal_kept_after_an_interrupted_call_carries_refused_true(self) -> None:
+        def cancelling(arguments: Dict[str, Any], signal: Any) -> object:
+            signal.set()
+            return "interrupted"
+
+        events, result, _ = run(
+            one_batch(call("cancel", "c1", {}), echo_call("c2")),
+            [tool("cancel", cancelling), echo_tool()],
+            signal=threading.Event(),
+            tool_concurrency=2,
+            before_tool_call=lambda tool_call, signal: "No." if tool_call.id == "c2" else None,
+        )
+        assert result.status == "cancelled"
+        assert [dict(event.payload) for event in events if "refused" in event.payload] == [
+            {
+                "request_id": "request-001",
+                "tool_call": echo_call("c2"),
+                "tool_result": al.ToolResultMessage("tool-result-c2", "c2", "echo", "No.", True),
+                "refused": True,
+            }
+        ]
+
+    @pytest.mark.parametrize(
+        ("value", "error"),
+        [
+            pytest.param(False, None, id="false-read-as-given"),
+            pytest.param("yes", "event.payload.refused must be a boolean, got str", id="str"),
+            pytest.param(None, "event.payload.refused must be a boolean, got NoneType", id="null"),
+        ],
+    )
+    def test_event_from_dict_reads_refused_as_an_optional_bool(
+        self, value: object, error: Optional[str]
+    ) -> None:
+        call_data = echo_call("c1").to_dict()
+        result_data = echo_result("c1").to_dict()
+        data = {
+            "sequence": 3,
+            "type": "tool.finished",
+            "payload": {
+                "requestId": "request-001",
+                "toolCall": call_data,
+                "toolResult": result_data,
+                "refused": value,
+            },
+        }
+        if error is None:
+            assert al.event_from_dict(data).payload["refused"] is value
+            assert al.event_from_dict(data).to_dict() == data
+        else:
+            with pytest.raises(ValueError, match=error):
+                al.event_from_dict(data)
 
     def test_it_may_block_until_a_person_answers(self) -> None:
         questions: queue.Queue[al.ToolCall] = queue.Queue()

@@ -32,6 +32,7 @@ from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Tup
 import pytest
 
 import agent_loop as al
+import agent_loop_durable as ald
 import agent_loop_replay as alr
 from loop_testing import Fatal, RequestKeyedModel, add_tool, call, dicts_of, settle, text, user
 
@@ -144,7 +145,7 @@ class Process:
         options.setdefault("messages", [START])
         options.setdefault("max_steps", 8)
         tools = al.ToolRegistry(self.effects.tools())
-        return alr.durable_run(journal, model=self.model, tools=tools, **options)
+        return ald.durable_run(journal, model=self.model, tools=tools, **options)
 
     def settle(
         self, journal: Path, cancel_at: Any = None, **options: Any
@@ -182,8 +183,12 @@ def reference(cancel_at: Any = None, **options: Any) -> Tuple[List[al.Event], al
 
 
 def whole_lines(data: bytes) -> List[Dict[str, Any]]:
-    """The JSON of each whole line (one that ends with a newline) of journal bytes."""
-    return [json.loads(line) for line in data.split(b"\n")[:-1]]
+    """The JSON of each whole line (one that ends with a newline) of journal bytes, an
+    event line without its time."""
+    lines = [json.loads(line) for line in data.split(b"\n")[:-1]]
+    for line in lines:
+        line.pop("time", None)
+    return lines
 
 
 def kind_of(line: Dict[str, Any]) -> str:
@@ -228,16 +233,28 @@ class TestAnUninterruptedDurableRun:
         data = journal.read_bytes()
         assert data.isascii()
         assert data.endswith(b"\n")
+        times = [json.loads(line).get("time") for line in data.splitlines()[1:]]
         lines = whole_lines(data)
+        run_id = lines[0]["runId"]
         assert lines[0] == {
             "record": "run",
-            "format": 1,
+            "format": 2,
+            "runId": run_id,
             "messages": [user().to_dict()],
             "tools": [tool.spec().to_dict() for tool in Effects().tools()],
             "maxSteps": 8,
             "requestSequenceStart": 0,
+            "toolConcurrency": 1,
         }
+        assert list(lines[0])[:3] == ["record", "format", "runId"]
+        assert isinstance(run_id, str)
+        assert len(run_id) == 32
         event_lines = [line for line in lines[1:] if "record" not in line]
+        # Each event line holds its time: seconds since durable_run() was called, in order.
+        times = [seconds for seconds, line in zip(times, lines[1:]) if "record" not in line]
+        assert all(isinstance(seconds, float) for seconds in times)
+        assert times[0] >= 0
+        assert times == sorted(times)
         assert event_lines == dicts_of(events)
         responses = [line for line in lines if kind_of(line) == "response"]
         scripted = script()
@@ -289,10 +306,8 @@ class TestAnUninterruptedDurableRun:
         lines = whole_lines(journal.read_bytes())
         boundaries = [2]  # the run record with the first event, then its directory's entry
         for number, line in enumerate(lines, start=1):
-            if kind_of(line) in ("tool.finished", "run.finished"):
+            if kind_of(line) in ("response", "tool.finished", "run.finished"):
                 boundaries.append(number)
-            elif kind_of(line) == "tool.started" and kind_of(lines[number - 2]) == "response":
-                boundaries.append(number)  # the response and its first tool.started
         assert synced == [2, *boundaries]  # never at a chunk
 
     def test_nothing_is_written_until_the_run_is_iterated(self, tmp_path: Path) -> None:
@@ -311,7 +326,13 @@ class TestAnUninterruptedDurableRun:
         monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, bytes(data)[:7]))
         Process().settle(tmp_path / "short.jsonl")
         monkeypatch.undo()
-        assert (tmp_path / "short.jsonl").read_bytes() == (tmp_path / "whole.jsonl").read_bytes()
+        short, whole = (
+            (tmp_path / "short.jsonl").read_bytes(),
+            (tmp_path / "whole.jsonl").read_bytes(),
+        )
+        # The same lines but the run id and the times.
+        assert short.count(b"\n") == whole.count(b"\n")
+        assert whole_lines(short)[1:] == whole_lines(whole)[1:]
 
     def test_a_system_that_opens_no_directory_still_gets_the_journal(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -357,7 +378,7 @@ def endings() -> Dict[str, Callable[[Process, Path], Tuple[List[al.Event], al.Ru
 
         tools = [al.Tool("add", "Adds two numbers.", add_tool().parameters, fatal)]
         return settle(
-            alr.durable_run(
+            ald.durable_run(
                 journal,
                 messages=[user()],
                 model=process.model,
@@ -394,7 +415,7 @@ class TestAFinishedRunIsGivenAgain:
         options: Dict[str, Any] = {"max_steps": 2} if ending == "maxSteps" else {}
         if ending == "TOOL_PHASE_ERROR":
             process = Process()
-            run = alr.durable_run(
+            run = ald.durable_run(
                 journal,
                 messages=[user()],
                 model=process.model,
@@ -656,8 +677,8 @@ CORRUPT: Dict[str, Tuple[Callable[[List[bytes]], bytes], Callable[[List[bytes]],
     "a record of an unknown kind": (
         lambda lines: replaced(lines, 2, record({"record": "note"}), lines[2]),
         lambda lines: 3,
-        "a record 'note': after its first line a journal holds events, and 'response' and "
-        "'resume' records",
+        "a record 'note': after its first line a journal holds events, and 'response', "
+        "'decision', 'awaiting' and 'resume' records",
     ),
     "a second run record": (
         lambda lines: replaced(lines, 2, lines[0], lines[2]),
@@ -726,7 +747,7 @@ CORRUPT: Dict[str, Tuple[Callable[[List[bytes]], bytes], Callable[[List[bytes]],
     "a file without a whole line": (
         lambda lines: b"Dear diary",
         lambda lines: 1,
-        "the file holds no whole line, and its bytes are not the beginning of this run's "
+        "the file holds no whole line, and its bytes are not the beginning of a journal's "
         "first line: not a journal, or another run's",
     ),
     "the torn run record of another run": (
@@ -745,7 +766,7 @@ class TestRefusedJournals:
     def assert_refused(self, journal: Path, line: int, words: str, **options: Any) -> None:
         written = journal.read_bytes()
         process = Process()
-        with pytest.raises(alr.JournalError) as refused:
+        with pytest.raises(ald.JournalError) as refused:
             process.durable_run(journal, **options)
         assert isinstance(refused.value, ValueError)
         assert refused.value.path == str(journal)
@@ -797,9 +818,9 @@ class TestRefusedJournals:
         tools = al.ToolRegistry(Effects().tools()[:2])
         tools.register(al.Tool("refuse", "Says no.", {"type": "object"}, lambda a, s: "no"))
         with pytest.raises(
-            alr.JournalError, match="not the same tools, at tool 2: journal "
+            ald.JournalError, match="not the same tools, at tool 2: journal "
         ) as refused:
-            alr.durable_run(
+            ald.durable_run(
                 journal, messages=[user()], model=process.model, tools=tools, max_steps=8
             )
         assert "Refuses." in str(refused.value)
@@ -808,8 +829,9 @@ class TestRefusedJournals:
     def test_a_journal_of_another_format(self, tmp_path: Path) -> None:
         lines = journal_lines(tmp_path)
         journal = tmp_path / "run.jsonl"
-        journal.write_bytes(replaced(lines, 0, lines[0].replace(b'"format":1', b'"format":2')))
-        self.assert_refused(journal, 1, "a journal of format 2; this durable_run() reads format 1")
+        # Format 1 (1.3) had no run id: effect_key() could not key its effects.
+        journal.write_bytes(replaced(lines, 0, lines[0].replace(b'"format":2', b'"format":1')))
+        self.assert_refused(journal, 1, "a journal of format 1; this durable_run() reads format 2")
 
     @pytest.mark.parametrize("corruption", list(CORRUPT))
     def test_a_corrupt_journal(self, tmp_path: Path, corruption: str) -> None:
@@ -830,7 +852,7 @@ class TestRefusedJournals:
         )
         written = journal.read_bytes()
         run = Process().durable_run(journal)
-        with pytest.raises(alr.JournalError) as refused:
+        with pytest.raises(ald.JournalError) as refused:
             next(run)
         assert refused.value.line == 2
         assert str(refused.value).startswith(
@@ -877,7 +899,7 @@ class TestOptions:
         with pytest.raises((TypeError, ValueError)) as loop_refused:
             al.run_agent_loop(**options)
         with pytest.raises(type(loop_refused.value)) as refused:
-            alr.durable_run(tmp_path / "run.jsonl", **options)
+            ald.durable_run(tmp_path / "run.jsonl", **options)
         assert str(refused.value) == str(loop_refused.value)
         assert not (tmp_path / "run.jsonl").exists()
 
@@ -923,7 +945,7 @@ class TestOptions:
     def test_the_messages_and_the_tools_are_taken_when_it_is_called(self, tmp_path: Path) -> None:
         messages, process = [user()], Process()
         tools = al.ToolRegistry(process.effects.tools())
-        run = alr.durable_run(
+        run = ald.durable_run(
             tmp_path / "run.jsonl",
             messages=messages,
             model=process.model,
@@ -983,7 +1005,7 @@ class TestOptions:
             def stream(self, request: al.ModelRequest, signal: al.Signal) -> Any:
                 return [al.TextDelta(request.id, "Hi.")]
 
-        run = alr.durable_run(
+        run = ald.durable_run(
             tmp_path / "run.jsonl",
             messages=[user()],
             model=ListModel(),
@@ -999,6 +1021,313 @@ class TestOptions:
         assert result == expected
         assert result.error is not None
         assert result.error.message == "model.stream() must return a generator, got list"
+
+
+# --- Every option, decisions that come later, effect keys --------------------------------
+
+
+class Asker:
+    """A before_tool_call that answers from ``answers`` (call id -> None, a refusal or
+    LATER; None for a call it does not name) and notes each call it is asked about."""
+
+    def __init__(self, answers: Optional[Dict[str, object]] = None) -> None:
+        self.answers = dict(answers or {})
+        self.asked: List[str] = []
+
+    def __call__(self, call: al.ToolCall, signal: Any) -> object:
+        self.asked.append(call.id)
+        return self.answers.get(call.id)
+
+
+def untimed(events: List[al.Event]) -> List[Dict[str, Any]]:
+    return dicts_of(events)
+
+
+OPTIONS: Dict[str, Dict[str, Any]] = {
+    "tools at once": {"tool_concurrency": 3},
+    "consent": {"before_tool_call": "call-3"},
+    "tools at once and consent": {"tool_concurrency": 3, "before_tool_call": "call-4"},
+}
+"""Options a durable run takes as run_agent_loop() does; before_tool_call names the call
+its hook refuses."""
+
+
+def with_hook(options: Dict[str, Any]) -> Dict[str, Any]:
+    """The options, with a hook that refuses the call they name."""
+    refused = options.get("before_tool_call")
+    if refused is None:
+        return dict(options)
+    return {**options, "before_tool_call": Asker({refused: "Not this one."})}
+
+
+class TestEveryOptionOfRunAgentLoop:
+    """A durable run takes tool_concurrency and before_tool_call, gives the events and the
+    result of run_agent_loop() with them, and goes on from any point of its journal to the
+    same events, asking before_tool_call once per call across processes."""
+
+    @pytest.mark.parametrize("options", list(OPTIONS.values()), ids=list(OPTIONS))
+    def test_it_gives_what_run_agent_loop_gives_from_any_point(
+        self, tmp_path: Path, options: Dict[str, Any]
+    ) -> None:
+        model = RequestKeyedModel(script())
+        expected, expected_result = al.settle_run(
+            al.run_agent_loop(
+                messages=[START],
+                model=model,
+                tools=al.ToolRegistry(Effects().tools()),
+                max_steps=8,
+                **with_hook(options),
+            )
+        )
+        whole = tmp_path / "whole.jsonl"
+        events, result = al.settle_run(Process().durable_run(whole, **with_hook(options)))
+        assert untimed(events) == untimed(expected)
+        assert result == expected_result
+        data = whole.read_bytes()
+        for cut in cuts(data):
+            journal = tmp_path / f"cut-{cut}.jsonl"
+            journal.write_bytes(data[:cut])
+            results, _, _ = recorded_in(data[:cut])
+            decided = {line["callId"] for line in whole_lines(data[:cut]) if "callId" in line}
+            process, hook = Process(), with_hook(options)
+            events, result = al.settle_run(process.durable_run(journal, **hook))
+            assert untimed(events) == untimed(expected), cut
+            assert result == expected_result, cut
+            assert not results.intersection(process.effects.executions), cut
+            asker = hook.get("before_tool_call")
+            if isinstance(asker, Asker):  # an answer written is never asked again
+                assert not decided.intersection(asker.asked), cut
+                assert decided.union(asker.asked) >= set(EXECUTED_CALLS), cut
+
+    def test_each_answer_is_written_before_its_call_starts(self, tmp_path: Path) -> None:
+        journal = tmp_path / "run.jsonl"
+        Process().settle(journal, before_tool_call=Asker({"call-5": "No."}))
+        lines = whole_lines(journal.read_bytes())
+        kinds = [kind_of(line) for line in lines]
+        decisions = [line for line in lines if kind_of(line) == "decision"]
+        assert [(line["callId"], line["refusal"]) for line in decisions] == [
+            ("call-1", None),
+            ("call-2", None),
+            ("call-3", None),
+            ("call-4", None),
+            ("call-5", "No."),
+        ]
+        for line in decisions:
+            index = lines.index(line)
+            assert kinds[index + 1] == "tool.started"
+            assert lines[index + 1]["payload"]["toolCall"]["id"] == line["callId"]
+        # The response before the first answer about its calls.
+        assert kinds[kinds.index("decision") - 1] == "response"
+
+    def test_an_answer_that_is_neither_none_nor_a_str_fails_the_run_unwritten(
+        self, tmp_path: Path
+    ) -> None:
+        journal = tmp_path / "run.jsonl"
+        _, result = al.settle_run(
+            Process().durable_run(journal, before_tool_call=Asker({"call-1": 42}))
+        )
+        assert result.status == "failed"
+        assert result.error is not None
+        assert result.error.code == "TOOL_PHASE_ERROR"
+        assert "decision" not in [kind_of(line) for line in whole_lines(journal.read_bytes())]
+
+    def test_the_options_are_part_of_the_run(self, tmp_path: Path) -> None:
+        journal = tmp_path / "run.jsonl"
+        al.settle_run(Process().durable_run(journal, tool_concurrency=2))
+        with pytest.raises(ald.JournalError, match="not the same tool_concurrency: journal 2"):
+            Process().durable_run(journal)
+
+    def test_the_1_3_import_still_works(self) -> None:
+        from agent_loop_replay import JournalError, durable_run
+
+        assert (durable_run, JournalError) == (ald.durable_run, ald.JournalError)
+        with pytest.raises(AttributeError, match="has no attribute 'journal_run'"):
+            alr.journal_run  # noqa: B018
+
+
+class TestADecisionThatComesLater:
+    """before_tool_call may answer LATER: the run stops cancelled with the call open, the
+    journal awaits a decision (awaiting_decision), and called again the run asks again
+    for that call, waits again on LATER, and goes on once it is answered."""
+
+    @pytest.mark.parametrize("concurrency", [1, 3], ids=["one at a time", "at once"])
+    def test_the_run_stops_and_goes_on_once_answered(
+        self, tmp_path: Path, concurrency: int
+    ) -> None:
+        journal = tmp_path / "run.jsonl"
+        expected, expected_result = al.settle_run(
+            Process().durable_run(tmp_path / "approved.jsonl", tool_concurrency=concurrency)
+        )
+        assert ald.awaiting_decision(journal) == ()
+        first = Process()
+        asker = Asker({"call-4": ald.LATER})
+        events, result = al.settle_run(
+            first.durable_run(journal, tool_concurrency=concurrency, before_tool_call=asker)
+        )
+        assert result.status == "cancelled"
+        # call-3 ran one at a time; at once, its group waits with it.
+        assert first.effects.executions == ["call-1", "call-2", *(["call-3"] * (concurrency == 1))]
+        assert asker.asked == ["call-1", "call-2", "call-3", "call-4"]
+        opened = ["call-3", "call-4", "call-5"][concurrency == 1 :]
+        assert [call.id for call in al.open_tool_calls(result.messages)] == opened
+        (awaited,) = ald.awaiting_decision(journal)
+        assert awaited.id == "call-4"
+        assert awaited == script()["request-002"].content[2]
+        # Asked again: LATER again leaves the run as it was.
+        again = Asker({"call-4": ald.LATER})
+        events_again, result_again = al.settle_run(
+            Process().durable_run(journal, tool_concurrency=concurrency, before_tool_call=again)
+        )
+        assert again.asked == ["call-4"]
+        assert untimed(events_again) == untimed(events)
+        assert result_again == result
+        assert ald.awaiting_decision(journal) == (awaited,)
+        # Answered: the run goes on in the same journal, to the events of a run approved
+        # all along; nothing ran twice, nothing answered is asked again.
+        last, answer = Process(), Asker()
+        events, result = al.settle_run(
+            last.durable_run(journal, tool_concurrency=concurrency, before_tool_call=answer)
+        )
+        assert answer.asked == ["call-4", "call-5"]
+        assert untimed(events) == untimed(expected)
+        assert result == expected_result
+        assert sorted(first.effects.executions + last.effects.executions) == sorted(EXECUTED_CALLS)
+        assert ald.awaiting_decision(journal) == ()
+        assert ald.live_from(journal) == len(events)
+
+    def test_a_refusal_later_is_the_calls_error_result(self, tmp_path: Path) -> None:
+        journal = tmp_path / "run.jsonl"
+        al.settle_run(
+            Process().durable_run(journal, before_tool_call=Asker({"call-1": ald.LATER}))
+        )
+        process = Process()
+        _, result = al.settle_run(
+            process.durable_run(journal, before_tool_call=Asker({"call-1": "Not today."}))
+        )
+        assert result.status == "completed"
+        assert "call-1" not in process.effects.executions
+        refusal = next(
+            message
+            for message in result.messages
+            if isinstance(message, al.ToolResultMessage) and message.tool_call_id == "call-1"
+        )
+        assert (refusal.content, refusal.is_error) == ("Not today.", True)
+
+    def test_a_run_that_awaits_takes_no_line_but_a_resume_record_after_its_end(
+        self, tmp_path: Path
+    ) -> None:
+        journal = tmp_path / "run.jsonl"
+        al.settle_run(
+            Process().durable_run(journal, before_tool_call=Asker({"call-1": ald.LATER}))
+        )
+        data = journal.read_bytes()
+        assert kind_of(whole_lines(data)[-2]) == "awaiting"
+        journal.write_bytes(data + record({"record": "decision", "callId": "x", "refusal": None}))
+        with pytest.raises(ald.JournalError, match="where only a resume record comes"):
+            ald.awaiting_decision(journal)
+
+    @pytest.mark.parametrize(
+        ("line", "words"),
+        [
+            ({"record": "decision", "callId": 1, "refusal": None}, "a decision record holds"),
+            ({"record": "decision", "callId": "call-1", "refusal": 2}, "a decision record holds"),
+            ({"record": "awaiting", "toolCall": {"type": "text", "text": "Hi"}}, "a tool call"),
+            ({"record": "awaiting", "toolCall": 3}, "must be an object"),
+        ],
+        ids=["call id", "refusal", "no call", "not an object"],
+    )
+    def test_a_bad_decision_or_awaiting_record_is_refused(
+        self, tmp_path: Path, line: Dict[str, Any], words: str
+    ) -> None:
+        journal = tmp_path / "run.jsonl"
+        journal.write_bytes(journal_lines(tmp_path)[0] + record(line))
+        with pytest.raises(ald.JournalError, match="line 2: .*" + words):
+            ald.awaiting_decision(journal)
+
+
+class TestEffectKeys:
+    """effect_key(): inside a tool of a durable run, the run's id and the call's id, the same
+    in every process that goes on with the journal; another run's differ; None elsewhere."""
+
+    def keys(self, journal: Path, **options: Any) -> Dict[str, Optional[str]]:
+        keys: Dict[str, Optional[str]] = {}
+
+        def note(arguments: Dict[str, Any], signal: al.Signal) -> object:
+            call = al.current_tool_call()
+            assert call is not None
+            keys[call.id] = ald.effect_key()
+            return "noted"
+
+        tools = al.ToolRegistry([al.Tool("effect", "Notes.", {"type": "object"}, note)])
+        model = RequestKeyedModel(
+            {
+                "request-001": al.scripted_response(
+                    "response-001", [call("effect", "call_0", {})], "toolCall"
+                ),
+                "request-002": al.scripted_response("response-002", [text("Done.")], "stop"),
+            }
+        )
+        run = ald.durable_run(
+            journal, messages=[START], model=model, tools=tools, max_steps=4, **options
+        )
+        al.settle_run(run)
+        return keys
+
+    def test_the_same_call_has_the_same_key_in_every_process(self, tmp_path: Path) -> None:
+        journal = tmp_path / "run.jsonl"
+        first = self.keys(journal)
+        run_id = whole_lines(journal.read_bytes())[0]["runId"]
+        assert first == {"call_0": f"{run_id}:call_0"}
+        # Cut after the call started: the call runs again, with the same key.
+        lines = journal.read_bytes().splitlines(keepends=True)
+        started = next(i for i, line in enumerate(lines) if b"tool.started" in line)
+        journal.write_bytes(b"".join(lines[: started + 1]))
+        assert self.keys(journal) == first
+
+    def test_another_run_with_the_same_call_id_has_another_key(self, tmp_path: Path) -> None:
+        one = self.keys(tmp_path / "one.jsonl", tool_concurrency=2)
+        other = self.keys(tmp_path / "other.jsonl", tool_concurrency=2)
+        assert one.keys() == other.keys() == {"call_0"}
+        assert one["call_0"] != other["call_0"]
+
+    def test_there_is_no_key_outside_a_durable_runs_tool(self) -> None:
+        seen: List[Optional[str]] = []
+
+        def note(arguments: Dict[str, Any], signal: al.Signal) -> object:
+            seen.append(ald.effect_key())
+            return "noted"
+
+        tool = al.Tool("effect", "Notes.", {"type": "object"}, note)
+        registry = al.ToolRegistry([tool])
+        al.execute_tool_call(registry, call("effect", "call_0", {}), threading.Event())
+        assert seen == [None]
+        assert ald.effect_key() is None
+
+
+class TestLiveFrom:
+    """live_from(journal): the sequence from which durable_run() on the journal gives its
+    events live, told before the first of them."""
+
+    def test_the_events_before_it_are_given_again_and_the_others_written(
+        self, tmp_path: Path
+    ) -> None:
+        whole = tmp_path / "whole.jsonl"
+        assert ald.live_from(whole) == 0
+        expected, _ = Process().settle(whole)
+        assert ald.live_from(whole) == len(expected)
+        data = whole.read_bytes()
+        for cut in cuts(data):
+            journal = tmp_path / f"cut-{cut}.jsonl"
+            journal.write_bytes(data[:cut])
+            live = ald.live_from(journal)
+            kept = len(journal.read_bytes())
+            if live == len(expected) and recorded_in(data[:cut])[2]:
+                continue  # a finished run: nothing is live
+            Process().settle(journal)
+            added = whole_lines(journal.read_bytes()[data.rfind(b"\n", 0, cut) + 1 :])
+            written = [line["sequence"] for line in added if "record" not in line]
+            assert written[0] == live, cut
+            assert kept <= cut
 
 
 # --- Killed processes ----------------------------------------------------------------------
@@ -1019,6 +1348,7 @@ import threading
 
 import agent_loop as al
 import agent_loop_replay as alr
+import agent_loop_durable as ald
 
 JOURNAL, FOLDER, POINT = sys.argv[1:4]
 
@@ -1099,7 +1429,7 @@ if POINT.startswith("torn "):
     os.write = torn_write
 
 schema = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
-run = alr.durable_run(
+run = ald.durable_run(
     JOURNAL,
     messages=[al.UserMessage("user-001", "Note three things.")],
     model=ByRequest(),

@@ -862,14 +862,18 @@ class TestJsonLines:
         assert dicts_of(loaded) == dicts_of(events)
         assert_replays_exactly(loaded)
 
-    def test_text_where_other_readers_split_lines_stays_on_its_line(self) -> None:
-        """JSON leaves U+2028 and U+0085 as they are, and str.splitlines() splits there."""
-        events, _ = record_run([stop("response-001", "One\u2028two\x85three\r\nfour \u00e9")])
+    def test_the_lines_are_ascii_and_every_text_comes_back(self) -> None:
+        """Characters beyond ASCII are escapes: a reader that splits lines at U+2028 or
+        U+0085 (str.splitlines()) splits no line, and a lone surrogate comes back."""
+        content = "One\u2028two\x85three\r\nfour \u00e9 \ud800"
+        events, _ = record_run([stop("response-001", content)])
         written = io.StringIO()
         alr.dump_events(events, written)
-        assert written.getvalue().count("\n") == len(events)
-        assert len(written.getvalue().splitlines()) > len(events)
-        assert alr.load_events(io.StringIO(written.getvalue())) == events
+        assert written.getvalue().isascii()
+        assert len(written.getvalue().splitlines()) == len(events)
+        loaded = alr.load_events(io.StringIO(written.getvalue()))
+        assert loaded == events
+        assert loaded[-1].payload["result"].final_text == content
 
     def test_an_item_that_is_not_an_event_is_a_type_error_after_the_lines_before_it(
         self,

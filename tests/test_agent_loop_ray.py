@@ -1,8 +1,9 @@
-"""Tests of examples/ray_durable_runs.py: many durable runs on a local Ray, workers killed.
+"""Tests of agent_loop_ray.py and of its recipe, examples/ray_durable_runs.py: many
+durable runs on a local Ray, workers killed.
 
-Run by ``tox -e ray`` only: setup.cfg's testpaths (top-level test_*.py) never collect
-examples/. They skip where Ray or llmock is not importable, unless
-``AGENT_LOOP_REQUIRE_RAY=1`` (set by tox's ray env) turns the skip into a failure.
+Run by ``tox -e ray``: they skip where Ray or llmock is not importable, unless
+``AGENT_LOOP_REQUIRE_RAY=1`` (set by tox's ray env) turns the skip into a failure. The
+recipe and its benchmark are imported from examples/.
 
 The batch (``batch`` fixture, once for the module): 200 runs with tools against one llmock
 server, first on a thread pool without faults (the reference), then as Ray tasks while
@@ -16,6 +17,7 @@ that none is left.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.util
 import ipaddress
 import json
@@ -29,12 +31,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Sequence, Set, Tuple
 
 import pytest
 
 import agent_loop as al
-import agent_loop_replay
+import agent_loop_durable
 
 _REQUIRED = os.environ.get("AGENT_LOOP_REQUIRE_RAY") == "1"
 _MISSING = [name for name in ("ray", "llmock") if importlib.util.find_spec(name) is None]
@@ -45,7 +47,12 @@ if _MISSING:
         f"{' and '.join(_MISSING)} not installed: run `tox -e ray`", allow_module_level=True
     )
 
-import ray_durable_runs as recipe  # noqa: E402 (examples/ is on the path: pytest puts it there)
+REPOSITORY = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPOSITORY / "examples"))  # the recipe and its benchmark
+
+import ray_durable_runs as recipe  # noqa: E402
+
+import agent_loop_ray  # noqa: E402 (after the skip: it needs Ray when used)
 
 RUNS = 200
 KILLS = 8
@@ -169,6 +176,8 @@ class Batch:
     """Every process the batch started (and theirs), with its command line."""
     listening: List[str]
     left: List[str]
+    raised: str
+    """What run_on_ray raised for a make_run that raises."""
 
 
 @pytest.fixture(scope="module")
@@ -188,6 +197,9 @@ def batch(tmp_path_factory: pytest.TempPathFactory) -> Batch:
                     results = recipe.run_on_ray(specs, max_retries=KILLS + 3)
                 attempts_before_replay = len(ledger.records("tool attempt"))
                 replayed = recipe.run_on_ray(specs[:REPLAYED], max_retries=0)
+                not_a_spec: Any = "not a spec"
+                with pytest.raises(RuntimeError) as raised:
+                    agent_loop_ray.run_on_ray(recipe.make_run, [not_a_spec], max_retries=0)
                 seen = {process: command_line(process[0]) for process in descendants(os.getpid())}
                 listening = listening_addresses([pid for pid, _ in seen])
     finally:
@@ -217,6 +229,7 @@ def batch(tmp_path_factory: pytest.TempPathFactory) -> Batch:
         seen,
         listening,
         left,
+        str(raised.value),
     )
 
 
@@ -328,7 +341,7 @@ class TestManyRunsOnRay:
 
     def test_ray_and_llmock_listen_on_the_loopback_only(self, batch: Batch) -> None:
         assert batch.listening
-        assert set(batch.listening) == {recipe.LOOPBACK}
+        assert set(batch.listening) == {agent_loop_ray.LOOPBACK}
 
     def test_nothing_is_left_running(self, batch: Batch) -> None:
         seen = list(batch.seen.values())
@@ -370,8 +383,10 @@ class TestRunSpec:
             recipe.RunSpec(run_id, "http://127.0.0.1:1", "/journals", "/ledger")
 
 
-def _settle(journal: Path, ledger: recipe.Ledger, call_id: str) -> al.RunResult:
-    """One durable run whose model calls charge once, with that call id, then stops."""
+def _settle(
+    journal: Path, tool: Callable[[Dict[str, Any], al.Signal], object], call_id: str = "call-1"
+) -> al.RunResult:
+    """One durable run whose model calls ``tool`` (as "charge") once, then stops."""
     model = al.ScriptedModel(
         [
             al.scripted_response(
@@ -382,45 +397,109 @@ def _settle(journal: Path, ledger: recipe.Ledger, call_id: str) -> al.RunResult:
             al.scripted_response("response-2", [al.TextBlock("Charged.")], "stop"),
         ]
     )
-    run = agent_loop_replay.durable_run(
+    run = agent_loop_durable.durable_run(
         str(journal),
         messages=[al.UserMessage("user-001", "Charge Ada.")],
         model=model,
-        tools=recipe.tools_for("run-a", ledger, seconds=0.0),
+        tools=al.ToolRegistry([al.Tool("charge", "Charges.", {"type": "object"}, tool)]),
         max_steps=2,
     )
     return al.settle_run(run)[1]
 
 
-class TestLedger:
-    def test_a_call_attempted_again_acts_once_and_answers_as_it_did(self, tmp_path: Path) -> None:
-        """As after a crash between a tool's start and its result: the same call again."""
-        ledger = recipe.Ledger(str(tmp_path / "ledger"))
-        first = _settle(tmp_path / "first.jsonl", ledger, "call-1")
-        again = _settle(tmp_path / "again.jsonl", ledger, "call-1")
-        assert first.messages[2].content == '{"customer":"ada","charged":250}'
-        assert again.messages == first.messages
-        (effect,) = ledger.effects()
-        assert effect == {
-            "run": "run-a",
-            "call": "call-1",
-            "tool": "charge",
-            "arguments": {"customer": "ada", "cents": 250},
-            "result": {"customer": "ada", "charged": 250},
-        }
-        attempts = ledger.records("tool attempt")
-        assert [(record["call"], record["pid"]) for record in attempts] == [
-            ("call-1", os.getpid()),
-            ("call-1", os.getpid()),
-        ]
+def _attempts(ledger: agent_loop_ray.Ledger, acted: List[str], attempts: int = 1) -> Any:
+    """A tool that acts through the ledger ``attempts`` times in one execution, as
+    attempts in processes that went on with the same journal would (the same key), and
+    appends to ``acted`` each time it really acts; it returns the last attempt's result."""
 
-    def test_another_call_acts_again(self, tmp_path: Path) -> None:
-        ledger = recipe.Ledger(str(tmp_path / "ledger"))
-        _settle(tmp_path / "first.jsonl", ledger, "call-1")
-        _settle(tmp_path / "second.jsonl", ledger, "call-2")
-        assert [effect["call"] for effect in ledger.effects()] == sorted(
-            ["call-1", "call-2"], key=lambda call: recipe._digest(call)
+    def charge(arguments: Dict[str, Any], signal: al.Signal) -> object:
+        def act() -> al.JSON:
+            acted.append(f"charged {len(acted) + 1}")
+            return {"charged": arguments["cents"], "time": len(acted)}
+
+        results = [
+            ledger.once(act, tool="charge", cents=arguments["cents"]) for _ in range(attempts)
+        ]
+        assert all(result == results[0] for result in results)
+        return results[-1]
+
+    return charge
+
+
+class TestLedger:
+    """agent_loop_ray.Ledger: one effect per call, keyed by effect_key()."""
+
+    def test_a_call_attempted_again_acts_once_and_answers_as_it_did(self, tmp_path: Path) -> None:
+        ledger = agent_loop_ray.Ledger(tmp_path / "effects")
+        acted: List[str] = []
+        result = _settle(tmp_path / "run.jsonl", _attempts(ledger, acted, attempts=3))
+        assert acted == ["charged 1"]
+        assert result.messages[2].content == '{"charged":250,"time":1}'
+        (effect,) = ledger.effects()
+        assert effect["key"].endswith("call-1")  # the run's id, then the call's
+        assert {key: value for key, value in effect.items() if key != "key"} == {
+            "tool": "charge",
+            "cents": 250,
+            "result": {"charged": 250, "time": 1},
+        }
+
+    def test_the_same_call_id_in_another_run_acts_again(self, tmp_path: Path) -> None:
+        """Call ids repeat across runs; effect keys do not."""
+        ledger = agent_loop_ray.Ledger(tmp_path / "effects")
+        acted: List[str] = []
+        _settle(tmp_path / "first.jsonl", _attempts(ledger, acted))
+        _settle(tmp_path / "second.jsonl", _attempts(ledger, acted))
+        assert acted == ["charged 1", "charged 2"]
+        keys = {effect["key"] for effect in ledger.effects()}
+        assert len(keys) == 2
+
+    def test_outside_a_tool_of_a_durable_run_it_does_not_act(self, tmp_path: Path) -> None:
+        ledger = agent_loop_ray.Ledger(tmp_path)
+        acted: List[str] = []
+        with pytest.raises(RuntimeError, match=r"only inside a tool of a durable run"):
+            ledger.once(lambda: acted.append("acted"))
+        run = al.run_agent_loop(  # a tool of a run that is not durable: no key either
+            messages=[al.UserMessage("user-001", "Charge Ada.")],
+            model=al.ScriptedModel(
+                [
+                    al.scripted_response(
+                        "r1", [al.ToolCall("call-1", "charge", {"cents": 1})], "toolCall"
+                    )
+                ]
+            ),
+            tools=al.ToolRegistry(
+                [al.Tool("charge", "Charges.", {"type": "object"}, _attempts(ledger, acted))]
+            ),
+            max_steps=1,
         )
+        _, result = al.settle_run(run)
+        assert "only inside a tool of a durable run" in result.messages[2].content
+        assert acted == []
+        assert ledger.effects() == []
+
+    def test_an_effect_once_written_is_never_replaced(self, tmp_path: Path) -> None:
+        """Two attempts alive at once: the one whose effect was linked first stands, and
+        the other returns its result."""
+        ledger = agent_loop_ray.Ledger(tmp_path / "effects")
+
+        def charge(arguments: Dict[str, Any], signal: al.Signal) -> object:
+            def act() -> al.JSON:
+                # The other attempt links its effect while this one works.
+                other: al.JSON = ledger.once(lambda: "first")
+                assert other == "first"
+                return "second"
+
+            return ledger.once(act)
+
+        result = _settle(tmp_path / "run.jsonl", charge)
+        assert result.messages[2].content == "first"
+        assert [effect["result"] for effect in ledger.effects()] == ["first"]
+        assert sorted(os.listdir(tmp_path / "effects"))[0].endswith(".json")
+        assert len(os.listdir(tmp_path / "effects")) == 1  # no draft left
+
+
+class TestRecipeLedger:
+    """The recipe's Ledger: its log of what ran where, and its tools' effects."""
 
     def test_outside_a_tool_call_it_does_not_act(self, tmp_path: Path) -> None:
         ledger = recipe.Ledger(str(tmp_path))
@@ -429,20 +508,22 @@ class TestLedger:
         assert ledger.effects() == []
         assert ledger.records("") == []
 
-    def test_an_effect_once_written_is_never_replaced(self, tmp_path: Path) -> None:
-        path = tmp_path / "effects" / "run-a" / "call.json"
-        recipe._create_once(path, {"result": "first"})
-        recipe._create_once(path, {"result": "second"})
-        assert json.loads(path.read_text(encoding="utf-8")) == {"result": "first"}
-        assert sorted(os.listdir(path.parent)) == ["call.json"]  # no draft left
-
     def test_the_figures_count_attempts_and_calls(self, tmp_path: Path) -> None:
         ledger = recipe.Ledger(str(tmp_path / "ledger"))
         ledger.task_started("run-a", 0)
-        _settle(tmp_path / "first.jsonl", ledger, "call-1")
         ledger.task_started("run-a", 1234)  # a retry
-        _settle(tmp_path / "again.jsonl", ledger, "call-1")
+
+        def charge(arguments: Dict[str, Any], signal: al.Signal) -> object:
+            for _ in range(2):  # as the first attempt and the retry of the same call
+                result = ledger.effect("run-a", "charge", arguments, {"charged": 250}, 0.0)
+            return result
+
+        result = _settle(tmp_path / "run.jsonl", charge)
         ledger.task_finished("run-a", "completed")
+        assert result.messages[2].content == '{"charged":250}'
+        (effect,) = ledger.effects()
+        assert (effect["run"], effect["call"], effect["tool"]) == ("run-a", "call-1", "charge")
+        assert effect["arguments"] == {"customer": "ada", "cents": 250}
         assert ledger.figures() == {
             "task attempts": 2,
             "runs retried": 1,
@@ -451,6 +532,49 @@ class TestLedger:
             "calls run again": 1,
             "effects": 1,
         }
+
+
+class TestRunOnRay:
+    """run_on_ray's arguments, and a run that raises (the batch fixture's Ray runs it)."""
+
+    @pytest.mark.parametrize(
+        ("arguments", "error", "message"),
+        [
+            pytest.param({"max_retries": 1.0}, TypeError, "max_retries must be an int, got float"),
+            pytest.param({"max_retries": True}, TypeError, "max_retries must be an int, got bool"),
+            pytest.param(
+                {"max_retries": -1}, ValueError, "max_retries must be an int >= 0, got -1"
+            ),
+            pytest.param(
+                {"max_retries": 0, "options": {"max_retries": 2, "num_cpus": 1}},
+                ValueError,
+                "options must not set max_retries: run_on_ray sets them",
+            ),
+        ],
+    )
+    def test_a_bad_argument(self, arguments: Dict[str, Any], error: type, message: str) -> None:
+        with pytest.raises(error, match=re.escape(message)):
+            agent_loop_ray.run_on_ray(recipe.make_run, [], **arguments)
+
+    def test_no_items_no_runs(self) -> None:
+        assert agent_loop_ray.run_on_ray(recipe.make_run, [], max_retries=0) == []
+
+    def test_a_make_run_that_raises_names_its_item(self, batch: Batch) -> None:
+        assert batch.raised.startswith("run_on_ray: the run of item 'not a spec' raised: ")
+        assert "AttributeError" in batch.raised  # a str has no journal_dir
+
+    def test_without_ray_the_import_error_names_it(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setitem(sys.modules, "ray", None)
+        with pytest.raises(ImportError, match=r"agent_loop_ray.py needs Ray: pip install ray"):
+            agent_loop_ray.import_ray()
+
+    def test_what_ray_lacks_is_not_said_to_be_ray(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        def import_module(name: str) -> Any:
+            raise ModuleNotFoundError("No module named 'grpc'", name="grpc")
+
+        monkeypatch.setattr(importlib, "import_module", import_module)
+        with pytest.raises(ModuleNotFoundError, match="grpc"):
+            agent_loop_ray.import_ray()
 
 
 class TestJsonLinesTail:
@@ -548,7 +672,7 @@ class TestLocalRay:
     def test_ray_on_another_address_is_an_error_and_is_shut_down(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        ray = recipe.import_ray()
+        ray = agent_loop_ray.import_ray()
         monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "192.0.2.1")
         with pytest.raises(
             RuntimeError, match=r"Ray took the address 192\.0\.2\.1, not 127\.0\.0\.1"

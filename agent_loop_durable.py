@@ -1,0 +1,793 @@
+# agent_loop_durable.py 1.0.0: durable runs for agent_loop.py, which survive their process.
+# One file, standard library only; copy it next to agent_loop.py and agent_loop_replay.py.
+# Home: the agent_loop repository.
+"""Durable runs: ``run_agent_loop()`` written to a journal file as it goes, so that the
+run survives its process, and waits, if need be, for a person's decision.
+
+A durable run is a replay of its journal, then live: called again with the journal,
+``durable_run()`` runs the loop from the start on the journal's ``Recording``
+(agent_loop_replay.py), whose model streams each recorded step, whose tools give each
+recorded result and whose consent hook gives each recorded decision; where the journal
+holds nothing more, they ask the run's own model, tools and hook. Rules:
+
+- The journal is JSON lines and only grows: its first line says what the run is (its id,
+  starting messages, tools and options), then come the events, each written before the
+  consumer sees it with its ``"time"`` (seconds since ``durable_run()`` was called in the
+  process that wrote it), and what no event holds: the response of each step that called
+  tools, each answer of ``before_tool_call``, and the call a run awaits a decision on. It
+  is synced to disk at each complete message, each answer and at the end, not at each
+  chunk. A torn last line (the process died writing it) is dropped, and cut off before
+  the next write; no whole line is ever changed.
+- Called again with the journal, a finished run (any status) is given again as
+  recorded, calling nothing. An unfinished run gives its recorded events again up to its
+  last complete message (``live_from()`` says where the live events begin); from there
+  it is live: the step that was streaming is requested again, and a call that started
+  and has no recorded result runs again (at least once: ``effect_key()`` keys its
+  effect), while a call with a recorded result never runs again. A resume record voids
+  the events recorded past that point, which the run then gives live.
+- ``before_tool_call`` may return ``LATER``: the run stops ``cancelled`` right there,
+  with that call (and the calls after it in its response) open and none of them run, and
+  the journal records that it awaits a decision (``awaiting_decision()``). Called again,
+  the run asks ``before_tool_call`` again for that call, and goes on once it is answered.
+  An answer is written before the call runs, and never asked again.
+- A journal of another run (other starting messages, tools or options), or a line that
+  is not where the journal's order puts it, is refused: JournalError, naming the line.
+
+This file uses only the public names of ``agent_loop`` and ``agent_loop_replay``.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import contextlib
+import contextvars
+import dataclasses
+import enum
+import itertools
+import json
+import os
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    Final,
+    Generator,
+    Iterable,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+    cast,
+)
+
+import agent_loop as al
+import agent_loop_replay as alr
+
+if TYPE_CHECKING:  # annotations only
+    from os import PathLike
+
+__version__ = "1.0.0"
+
+__all__ = [
+    "durable_run",
+    "LATER",
+    "awaiting_decision",
+    "live_from",
+    "effect_key",
+    "JournalError",
+]
+
+# The journal is JSON lines (agent_loop_replay.json_line), one record per line, and only grows:
+#
+#   line 1   {"record":"run","format":2,"runId":R,"messages":[...],"tools":[...],
+#             "maxSteps":N,"requestSequenceStart":S,"toolConcurrency":C}
+#            what the run is (R is random, made once); compared on every call but R
+#   events   event.to_dict() plus "time", each before the consumer sees it
+#   response {"record":"response","response":{...}} a toolCall response, once the loop
+#            appended its message (no event holds it), before its first call is asked
+#            about or started
+#   decision {"record":"decision","callId":ID,"refusal":null or "..."} what
+#            before_tool_call answered for a call, before the call starts
+#   awaiting {"record":"awaiting","toolCall":{...}} before_tool_call answered LATER: the
+#            run stops cancelled, and goes on once a decision record answers the call
+#   resume   {"record":"resume","sequence":K}  a process took over: the events recorded
+#            before this line from sequence K on are void, and K comes next
+
+_JOURNAL_FORMAT: Final = 2
+"""The format of the journal's lines; a journal of another format is refused, not guessed at.
+Format 1 (1.3) had no run id, tool concurrency, decisions or times."""
+
+_FIRST_LINE_BEGINS: Final = f'{{"record":"run","format":{_JOURNAL_FORMAT},"runId":"'.encode(
+    "ascii"
+)
+"""How every journal this version writes begins (what a torn first line can be the start of)."""
+
+
+class JournalError(ValueError):
+    """A journal that ``durable_run()`` refuses: another run's, or not one it wrote.
+
+    ``path`` is the journal's path, ``line`` the number (from 1) of the line at fault,
+    and the message says what is wrong there.
+    """
+
+    def __init__(self, path: str, line: int, problem: str) -> None:
+        super().__init__(f"journal {path}, line {line}: {problem}")
+        self.path = path
+        self.line = line
+
+
+class _Later(enum.Enum):
+    """The type of LATER."""
+
+    LATER = "LATER"
+
+    def __repr__(self) -> str:
+        return "agent_loop_durable.LATER"
+
+
+LATER: Final = _Later.LATER
+"""What ``before_tool_call`` returns in a durable run when nobody can answer now: the run
+stops ``cancelled`` with the call open, and the journal says it awaits a decision."""
+
+_EFFECT_KEY: Final[contextvars.ContextVar[Optional[str]]] = contextvars.ContextVar(
+    "agent_loop_durable.effect_key", default=None
+)
+
+
+def effect_key() -> Optional[str]:
+    """Returns the key of the tool call executing in this thread (context) in a durable
+    run, or None outside a durable run's tool.
+
+    The key is the run's id (random, made once and written in the journal's first line)
+    and the call's id: the same for the same call in every process that goes on with the
+    journal, and different for every other run's calls, even when call ids repeat across
+    runs. A tool whose effect must happen once keys the effect by it: a call that started
+    and has no recorded result runs again when the run goes on.
+    """
+    return _EFFECT_KEY.get()
+
+
+def durable_run(
+    journal: Union[str, PathLike[str]],
+    *,
+    messages: Iterable[al.Message],
+    model: al.Model,
+    tools: al.ToolRegistry,
+    max_steps: int,
+    signal: Optional[al.Signal] = None,
+    request_sequence_start: int = 0,
+    tool_concurrency: int = 1,
+    before_tool_call: Optional[Callable[[al.ToolCall, Any], object]] = None,
+) -> Generator[al.Event, None, al.RunResult]:
+    """Returns the events of a run, as ``run_agent_loop()`` does with the same options,
+    that survives its process: it is written to the ``journal`` file as it goes, and a
+    call with the same journal goes on from there.
+
+    On a journal that does not exist yet (or holds nothing whole), the run starts. On a
+    journal of a finished run, the generator yields the recorded events and returns the
+    recorded result, and calls neither the model nor a tool (a result read back has no
+    ``error.exception``). On a journal of an unfinished run, the run gives its recorded
+    events again, with their sequence numbers and without calling the model, a tool or
+    ``before_tool_call``, up to its last complete message (``live_from(journal)``), and
+    goes on live from there: the step that was streaming is requested again, a call
+    whose result is recorded is not run again, and a call that started and has no
+    recorded result runs again (at least once: key its effect by ``effect_key()``).
+
+    ``before_tool_call`` is asked once per call, as ``run_agent_loop()`` asks it; its
+    answer is written to the journal before the call starts, and never asked again. It
+    may also return ``LATER``: the run stops there, ``cancelled``, with that call open,
+    and awaits a decision (``awaiting_decision(journal)``); called again, the run asks
+    for that call again.
+
+    Every event is written (flushed to the operating system) before the consumer sees
+    it; the journal is synced to disk (``os.fsync``) at each complete message, each
+    answer and at the end. The options are checked now, by ``run_agent_loop()`` itself,
+    and so is the journal: JournalError (a ValueError) for a journal of another run
+    (other starting messages, tools or options), or one that is not a journal this
+    function wrote. Raises ValueError for starting messages that cannot be written as
+    JSON (an item that is not a message; run_agent_loop() would fail that run
+    INVALID_TRANSCRIPT), TypeError for a journal that is not a path, and OSError as the
+    file does. While the run goes on: OSError from writing the journal, and JournalError
+    for recorded events that the run does not give again.
+    """
+    began = time.monotonic()
+    path = _journal_path(journal)
+    try:
+        items = iter(messages)
+        refused: Iterable[al.Message] = ()
+    except TypeError:
+        items, refused = iter(()), messages
+    # ValidateOptions, by run_agent_loop() itself: it checks the options now, and
+    # refuses messages that are not iterable.
+    al.run_agent_loop(
+        messages=refused,
+        model=model,
+        tools=tools,
+        max_steps=max_steps,
+        signal=signal,
+        request_sequence_start=request_sequence_start,
+        tool_concurrency=tool_concurrency,
+        before_tool_call=cast(Any, before_tool_call),  # may also return LATER
+    )
+    # SnapshotRun: as many starting messages as run_agent_loop() reads (one past the cap).
+    start = list(itertools.islice(items, al.MAX_INITIAL_MESSAGES + 1))
+    run_record = _run_record(start, tools, max_steps, request_sequence_start, tool_concurrency)
+    recorded = _read_journal(path, run_record)
+    if recorded.finished:
+        return _recorded_run(recorded.events)
+    run_id = recorded.run_id or secrets.token_hex(16)
+    # The run id right after the format: a torn first line shows it is a journal.
+    first_line = {"record": "run", "format": _JOURNAL_FORMAT, "runId": run_id, **run_record}
+    writer = _JournalWriter(path, recorded, first_line, began)
+    # A durable run is a replay of its journal, then live.
+    recording = alr.Recording(recorded.steps(), recorded.results(), recorded.decisions)
+    live_model = _KeptModel(model)
+    stop = _Stop(signal if signal is not None else threading.Event())
+    hook: Any = None
+    if before_tool_call is not None:
+        asking = _Asking(before_tool_call, writer, live_model, stop)
+        hook = recording.before_tool_call(asking)
+    run = al.run_agent_loop(
+        messages=start,
+        model=recording.model(live_model),
+        tools=al.ToolRegistry(_keyed(recording.tool(tool), run_id) for tool in tools),
+        max_steps=max_steps,
+        signal=stop,
+        request_sequence_start=request_sequence_start,
+        tool_concurrency=tool_concurrency,
+        # A LATER answer is None to the loop: the hook has set the signal.
+        before_tool_call=cast(Optional[Callable[[al.ToolCall, Any], Optional[str]]], hook),
+    )
+    return _journaled_run(run, recorded, live_model, writer)
+
+
+def live_from(journal: Union[str, PathLike[str]]) -> int:
+    """Returns the sequence of the first event that ``durable_run()`` on this journal, as
+    it is now, gives live: the events before it are given again as recorded.
+
+    0 for a journal that does not exist yet; for a finished run, the number of its
+    events (none is live). Call it before iterating the run. Raises JournalError for a
+    file that is not a durable run's journal, TypeError for a journal that is not a
+    path, and OSError as the file does.
+    """
+    recorded = _read_journal(_journal_path(journal), None)
+    return len(recorded.events) if recorded.finished else recorded.boundary()
+
+
+def awaiting_decision(journal: Union[str, PathLike[str]]) -> Tuple[al.ToolCall, ...]:
+    """Returns the tool calls whose decision the journal's run awaits (``before_tool_call``
+    answered ``LATER``), in assistant order; ``()`` when none (a journal that does not
+    exist yet too).
+
+    Raises JournalError for a file that is not a durable run's journal, TypeError for a
+    journal that is not a path, and OSError as the file does.
+    """
+    return tuple(_read_journal(_journal_path(journal), None).awaiting)
+
+
+def _journal_path(journal: object) -> str:
+    """ValidateOptions for the journal: a str or an os.PathLike of one."""
+    path = os.fspath(journal) if isinstance(journal, (str, os.PathLike)) else None
+    if not isinstance(path, str):
+        raise TypeError(
+            f"journal must be a path (a str or os.PathLike), got {type(journal).__name__}"
+        )
+    return path
+
+
+def _run_record(
+    start: Sequence[object],
+    tools: al.ToolRegistry,
+    max_steps: int,
+    request_sequence_start: int,
+    tool_concurrency: int,
+) -> Dict[str, Any]:
+    """The journal's first line but its run id: what the run is (starting messages, options)."""
+    messages = []
+    for index, message in enumerate(start):
+        try:
+            data = cast(Any, message).to_dict()
+            alr.json_line(data)
+        except Exception as error:  # no to_dict(), or a value that is not JSON
+            raise ValueError(
+                f"messages[{index}] cannot be written to the journal as JSON ({error}): a "
+                "durable run records its starting messages, and run_agent_loop() would "
+                "fail this run INVALID_TRANSCRIPT"
+            ) from None
+        messages.append(data)
+    return {
+        "record": "run",
+        "format": _JOURNAL_FORMAT,
+        "messages": messages,
+        "tools": [spec.to_dict() for spec in tools.specs()],
+        "maxSteps": max_steps,
+        "requestSequenceStart": request_sequence_start,
+        "toolConcurrency": tool_concurrency,
+    }
+
+
+# --- Reading the journal -------------------------------------------------------------
+
+
+@dataclass
+class _Recorded:
+    """What a journal holds for the run that reads it: its events and responses as the
+    resume records left them, where each came from, and the answers given."""
+
+    cut_at: Optional[int]  # where a torn last line begins, cut off before the next write
+    run_id: Optional[str] = None  # None: the journal holds no run record yet
+    events: List[al.Event] = dataclasses.field(default_factory=list)
+    lines: List[str] = dataclasses.field(default_factory=list)  # each event's line, no time
+    numbers: List[int] = dataclasses.field(default_factory=list)  # and its line number
+    # Request id -> (how many events were recorded before the response, the response).
+    responses: Dict[str, Tuple[int, al.ModelResponse]] = dataclasses.field(default_factory=dict)
+    decisions: Dict[str, Optional[str]] = dataclasses.field(default_factory=dict)
+    awaiting: List[al.ToolCall] = dataclasses.field(default_factory=list)
+
+    @property
+    def stopped(self) -> bool:
+        """Its last recorded event is run.finished (the run ended, or awaits a decision)."""
+        return bool(self.events) and self.events[-1].type == "run.finished"
+
+    @property
+    def finished(self) -> bool:
+        """The run ended, and awaits no decision."""
+        return self.stopped and not self.awaiting
+
+    def boundary(self) -> int:
+        """How many recorded events the run gives again: those up to its last complete
+        message (a response the loop appended, a tool result)."""
+        ends = [position for position, _ in self.responses.values()]
+        ends.extend(i + 1 for i, event in enumerate(self.events) if event.type == "tool.finished")
+        return max(ends, default=0)
+
+    def steps(self) -> Dict[str, Tuple[Tuple[al.ModelChunk, ...], al.ModelResponse]]:
+        """Each step whose response is recorded: its recorded chunks and its response."""
+        chunks: Dict[str, List[al.ModelChunk]] = {request_id: [] for request_id in self.responses}
+        for event in self.events[: self.boundary()]:
+            if event.type == "model.chunk" and event.payload["request_id"] in chunks:
+                chunks[event.payload["request_id"]].append(event.payload["chunk"])
+        return {
+            request_id: (tuple(chunks[request_id]), response)
+            for request_id, (_, response) in self.responses.items()
+        }
+
+    def results(self) -> Dict[str, al.ToolResultMessage]:
+        """Each recorded tool result, by its call's id."""
+        return {
+            event.payload["tool_call"].id: event.payload["tool_result"]
+            for event in self.events
+            if event.type == "tool.finished"
+        }
+
+
+def _read_journal(path: str, run_record: Optional[Dict[str, Any]]) -> _Recorded:
+    """Reads the journal at ``path`` for the run whose first line is ``run_record`` (any
+    run's for None).
+
+    Raises JournalError for another run's journal or a line that is not one of the
+    records the journal holds, in order; a torn last line (no newline: the process
+    died while writing it) is dropped.
+    """
+    try:
+        with open(path, "rb") as file:
+            data = file.read()
+    except FileNotFoundError:
+        data = b""
+    whole, newline, torn = data.rpartition(b"\n")
+    recorded = _Recorded(cut_at=len(whole) + len(newline) if torn else None)
+    if not newline:
+        # Nothing whole: a journal to begin, unless the bytes are another file's.
+        if not (_FIRST_LINE_BEGINS.startswith(torn) or torn.startswith(_FIRST_LINE_BEGINS)):
+            raise JournalError(
+                path,
+                1,
+                "the file holds no whole line, and its bytes are not the beginning of a "
+                "journal's first line: not a journal, or another run's",
+            )
+        return recorded
+    lines = whole.split(b"\n")
+    recorded.run_id = _checked_run_record(path, _record(path, 1, lines[0]), run_record)
+    for number, line in enumerate(lines[1:], start=2):
+        _read_line(path, number, line, recorded)
+    return recorded
+
+
+def _record(path: str, number: int, line: bytes) -> Dict[str, Any]:
+    """The JSON object of a whole line; JournalError if it holds none."""
+    try:
+        data = json.loads(line.decode("ascii"))
+    except ValueError as error:  # not ASCII, or a JSONDecodeError: not what the journal writes
+        raise JournalError(path, number, f"not a line of a journal ({error})") from None
+    if type(data) is not dict:
+        raise JournalError(path, number, f"not a JSON object but {type(data).__name__}")
+    return cast(Dict[str, Any], data)
+
+
+_COMPARED: Final = (
+    ("messages", "starting messages", "message"),
+    ("tools", "tools", "tool"),
+    ("maxSteps", "max_steps", ""),
+    ("requestSequenceStart", "request_sequence_start", ""),
+    ("toolConcurrency", "tool_concurrency", ""),
+)
+"""The run record's fields that say what the run is, with their names and item names."""
+
+
+def _checked_run_record(
+    path: str, data: Dict[str, Any], expected: Optional[Dict[str, Any]]
+) -> str:
+    """The run id of the journal's first line, which describes the ``expected`` run (any
+    run for None); JournalError says what differs."""
+    if data.get("record") != "run":
+        raise JournalError(path, 1, "not a durable run's journal: its first line is no run record")
+    if _canonical(data.get("format")) != _canonical(_JOURNAL_FORMAT):
+        raise JournalError(
+            path,
+            1,
+            f"a journal of format {data.get('format')!r}; this durable_run() reads format "
+            f"{_JOURNAL_FORMAT}",
+        )
+    run_id = data.get("runId")
+    if type(run_id) is not str or not run_id:
+        raise JournalError(path, 1, f"the run id must be a non-empty string, got {run_id!r}")
+    for key, what, item in _COMPARED if expected is not None else ():
+        recorded, wanted = data.get(key), cast(Dict[str, Any], expected)[key]
+        if _canonical(recorded) == _canonical(wanted):
+            continue
+        where = ""
+        if type(recorded) is list and type(wanted) is list:  # show the first item that differs
+            left, right = ([_canonical(value) for value in side] for side in (recorded, wanted))
+            index = next(i for i in itertools.count() if left[i : i + 1] != right[i : i + 1])
+            where = f", at {item} {index}"
+            recorded, wanted = (
+                side[index] if index < len(side) else "nothing" for side in (left, right)
+            )
+        shown = alr.shortened_difference(_shown(recorded), _shown(wanted))
+        raise JournalError(
+            path,
+            1,
+            f"the journal holds another run: not the same {what}{where}: journal "
+            f"{shown[0]}, this run {shown[1]}",
+        )
+    return run_id
+
+
+def _canonical(value: object) -> str:
+    """JSON text that two equal JSON values share (True is not 1 here, as in JSON)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _shown(value: object) -> str:
+    return value if isinstance(value, str) else _canonical(value)
+
+
+def _read_line(path: str, number: int, line: bytes, recorded: _Recorded) -> None:
+    """Reads a whole line after the run record into ``recorded``, checking its place."""
+    data = _record(path, number, line)
+    kind = data.get("record")
+    if recorded.finished:
+        raise JournalError(path, number, "a line after run.finished, which ends a run's journal")
+    if recorded.stopped and kind != "resume":
+        raise JournalError(
+            path,
+            number,
+            "a line after the run.finished of a run that awaits a decision, where only "
+            "a resume record comes",
+        )
+    try:
+        if kind is None:  # an event
+            _read_event(data, number, recorded)
+        elif kind == "response":
+            response = _response_from_dict(data.get("response"))
+            if response.request_id in recorded.responses:
+                raise ValueError(f"a second response to {response.request_id}")
+            recorded.responses[response.request_id] = (len(recorded.events), response)
+        elif kind == "decision":
+            call_id, refusal = data.get("callId"), data.get("refusal")
+            if type(call_id) is not str or not (refusal is None or type(refusal) is str):
+                raise ValueError(
+                    "a decision record holds a callId string and a refusal (null or a "
+                    f"string), got {call_id!r} and {refusal!r}"
+                )
+            recorded.decisions[call_id] = refusal
+            recorded.awaiting = [call for call in recorded.awaiting if call.id != call_id]
+        elif kind == "awaiting":
+            recorded.awaiting = [_tool_call_from_dict(data.get("toolCall"))]
+        elif kind == "resume":
+            _void_from(_resume_sequence(data, len(recorded.events)), recorded)
+        else:
+            raise ValueError(
+                f"a record {kind!r}: after its first line a journal holds events, and "
+                "'response', 'decision', 'awaiting' and 'resume' records"
+            )
+    except ValueError as error:
+        raise JournalError(path, number, str(error)) from None
+
+
+def _read_event(data: Dict[str, Any], number: int, recorded: _Recorded) -> None:
+    """An event line: the next event of the run; ValueError if it is not."""
+    event = al.event_from_dict(data)
+    if event.sequence != len(recorded.events):
+        raise ValueError(f"event {event.sequence} where event {len(recorded.events)} comes next")
+    recorded.events.append(event)
+    # As the run gives it again: without its time.
+    recorded.lines.append(alr.json_line({k: v for k, v in data.items() if k != "time"}))
+    recorded.numbers.append(number)
+
+
+def _resume_sequence(data: Dict[str, Any], recorded: int) -> int:
+    """The sequence a resume record names: the first of the events it voids."""
+    sequence = data.get("sequence")
+    if type(sequence) is not int or not 0 <= sequence <= recorded:
+        raise ValueError(
+            f"a resume record's sequence must be an int in 0..{recorded} (the events "
+            f"recorded before it), got {sequence!r}"
+        )
+    return sequence
+
+
+def _void_from(sequence: int, recorded: _Recorded) -> None:
+    """A resume record: the events from ``sequence`` on, and the responses recorded
+    after them, are void."""
+    del recorded.events[sequence:], recorded.lines[sequence:], recorded.numbers[sequence:]
+    recorded.responses = {
+        request_id: (position, response)
+        for request_id, (position, response) in recorded.responses.items()
+        if position <= sequence
+    }
+
+
+def _tool_call_from_dict(data: object) -> al.ToolCall:
+    """Reads a ToolCall from its ``to_dict()`` form, as an assistant message's block."""
+    message = al.message_from_dict({"role": "assistant", "id": "awaiting", "content": [data]})
+    call = cast(al.AssistantMessage, message).content[0]
+    if not isinstance(call, al.ToolCall):
+        raise ValueError(f"an awaiting record holds a tool call, got {type(call).__name__}")
+    return call
+
+
+def _response_from_dict(data: object) -> al.ModelResponse:
+    """Reads a ModelResponse from its ``to_dict()`` form; ValueError names the field.
+    Its content and usage are read as an assistant message's are."""
+    if type(data) is not dict:
+        raise ValueError(f"response must be an object, got {type(data).__name__}")
+    fields = cast(Dict[str, Any], data)
+    for key in ("id", "requestId", "stopReason"):
+        if type(fields.get(key)) is not str:
+            raise ValueError(
+                f"response.{key} must be a string, got {type(fields.get(key)).__name__}"
+            )
+    message = al.message_from_dict(
+        {
+            "role": "assistant",
+            "id": fields["id"],
+            "content": fields.get("content"),
+            "usage": fields.get("usage"),
+        }
+    )
+    return al.ModelResponse(
+        fields["id"],
+        fields["requestId"],
+        message.content,  # type: ignore[arg-type]  # an assistant message's
+        fields["stopReason"],
+        cast(al.AssistantMessage, message).usage,
+    )
+
+
+# --- Going on: the recording, then live ----------------------------------------------
+
+
+def _recorded_run(events: List[al.Event]) -> Generator[al.Event, None, al.RunResult]:
+    """A finished run, from its journal: its events, then its result."""
+    yield from events
+    result: al.RunResult = events[-1].payload["result"]
+    return result
+
+
+class _KeptModel:
+    """The run's own model, whose last response is kept for the journal until the loop
+    has appended its message."""
+
+    def __init__(self, model: al.Model) -> None:
+        self._model = model
+        self._answer: Optional[al.ModelResponse] = None
+
+    def stream(
+        self, request: al.ModelRequest, signal: al.Signal
+    ) -> Generator[al.ModelChunk, None, al.ModelResponse]:
+        """The run's model's stream, whose response is kept."""
+        stream: object = self._model.stream(request, signal)
+        if not isinstance(stream, collections.abc.Generator):
+            # run_agent_loop() refuses it, in its own words.
+            return cast(Generator[al.ModelChunk, None, al.ModelResponse], stream)
+        return self._kept(stream)
+
+    def _kept(
+        self, stream: Generator[al.ModelChunk, None, al.ModelResponse]
+    ) -> Generator[al.ModelChunk, None, al.ModelResponse]:
+        response = yield from stream
+        self._answer = response
+        return response
+
+    def take_answer(self) -> Optional[al.ModelResponse]:
+        """The response the run's model gave last, once (None: the step was recorded)."""
+        answer, self._answer = self._answer, None
+        return answer
+
+
+class _Stop:
+    """The run's signal: the consumer's, or a decision that comes LATER. A LATER is
+    answered only before a call starts, while nothing waits on the signal."""
+
+    def __init__(self, signal: al.Signal) -> None:
+        self._signal = signal
+        self.later = threading.Event()
+
+    def is_set(self) -> bool:
+        return self.later.is_set() or self._signal.is_set()
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        return self._signal.wait(timeout)
+
+
+def _keyed(tool: al.Tool, run_id: str) -> al.Tool:
+    """The tool, run with effect_key() telling its call's key."""
+
+    def execute(arguments: Dict[str, Any], signal: al.Signal) -> object:
+        call = al.current_tool_call()  # set: the loop runs the tool
+        token = _EFFECT_KEY.set(None if call is None else f"{run_id}:{call.id}")
+        try:
+            return tool.execute(arguments, signal)
+        finally:
+            _EFFECT_KEY.reset(token)
+
+    return dataclasses.replace(tool, execute=execute)
+
+
+class _JournalWriter:
+    """Appends a run's lines to its journal. The first write opens the file (cutting
+    off a torn last line) and begins with the run record, or with a resume record."""
+
+    def __init__(
+        self, path: str, recorded: _Recorded, run_record: Dict[str, Any], began: float
+    ) -> None:
+        self.path = path
+        self._cut_at = recorded.cut_at
+        self._run_record = None if recorded.run_id is not None else run_record
+        self._began = began
+        self._descriptor: Optional[int] = None
+        self.next_sequence = 0  # the sequence of the run's next event
+
+    def event_line(self, event: al.Event) -> str:
+        """The event's line: its ``to_dict()`` and the time since durable_run() was called."""
+        return alr.json_line({**event.to_dict(), "time": time.monotonic() - self._began})
+
+    def append(self, lines: List[str], sync: bool) -> None:
+        """Writes whole lines, and syncs them to disk if ``sync``."""
+        if self._descriptor is None:
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_BINARY", 0)
+            self._descriptor = os.open(self.path, flags, 0o666)
+            if self._cut_at is not None:
+                # The only bytes ever taken away: a line whose writer died, which no
+                # reader took for a record.
+                os.ftruncate(self._descriptor, self._cut_at)
+            if self._run_record is None:
+                resume = {"record": "resume", "sequence": self.next_sequence}
+                lines = [alr.json_line(resume), *lines]
+            else:
+                lines = [alr.json_line(self._run_record), *lines]
+                sync = True
+        data = memoryview("".join(line + "\n" for line in lines).encode("ascii"))
+        while data:  # os.write may write less than it was given
+            data = data[os.write(self._descriptor, data) :]
+        if sync:
+            os.fsync(self._descriptor)
+        if self._run_record is not None:
+            _sync_directory(self.path)  # the new file's name survives a power loss too
+            self._run_record = None
+
+    def record(self, data: Dict[str, Any]) -> None:
+        """Writes a record that is no event, synced to disk."""
+        self.append([alr.json_line(data)], True)
+
+    def close(self) -> None:
+        if self._descriptor is not None:
+            os.close(self._descriptor)
+            self._descriptor = None
+
+
+def _sync_directory(path: str) -> None:
+    """Syncs the directory that holds ``path`` to disk, where the system can."""
+    try:
+        descriptor = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    except OSError:  # Windows opens no directory
+        return
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _record_answer(model: _KeptModel, writer: _JournalWriter) -> None:
+    """The response the run's model gave, once the loop appended its message: no event
+    holds it, so a response record does."""
+    answer = model.take_answer()
+    if answer is not None:
+        writer.record({"record": "response", "response": answer.to_dict()})
+
+
+class _Asking:
+    """The run's own before_tool_call, whose answers are written before the call starts."""
+
+    def __init__(
+        self,
+        hook: Callable[[al.ToolCall, Any], object],
+        writer: _JournalWriter,
+        model: _KeptModel,
+        stop: _Stop,
+    ) -> None:
+        self._hook = hook
+        self._writer = writer
+        self._model = model
+        self._stop = stop
+
+    def __call__(self, call: al.ToolCall, signal: Any) -> object:
+        _record_answer(self._model, self._writer)  # asked after the loop appended it
+        answer = self._hook(call, signal)
+        if answer is LATER:
+            self._writer.record({"record": "awaiting", "toolCall": call.to_dict()})
+            self._stop.later.set()  # the loop looks at its signal once the hook returns
+            return None
+        if answer is None or type(answer) is str:  # any other answer fails the run
+            self._writer.record({"record": "decision", "callId": call.id, "refusal": answer})
+        return answer
+
+
+def _journaled_run(
+    run: Generator[al.Event, None, al.RunResult],
+    recorded: _Recorded,
+    model: _KeptModel,
+    writer: _JournalWriter,
+) -> Generator[al.Event, None, al.RunResult]:
+    """Passes the run's events on: those it gives again are compared with the journal,
+    the others written to it first."""
+    boundary = recorded.boundary()
+    with contextlib.closing(run):
+        try:
+            while True:
+                try:
+                    event = next(run)
+                except StopIteration as done:
+                    result: al.RunResult = done.value
+                    return result
+                line = alr.json_line(event.to_dict())
+                held = recorded.lines[event.sequence] if event.sequence < boundary else None
+                if held is not None and line != held and not _is_cancellation(event):
+                    again, held = alr.shortened_difference(line, held)
+                    raise JournalError(
+                        writer.path,
+                        recorded.numbers[event.sequence],
+                        f"the run gives event {event.sequence} again as {again}, where the "
+                        f"journal holds {held}",
+                    )
+                if line != held:  # live
+                    if event.type == "tool.started":
+                        _record_answer(model, writer)  # the loop appended its message
+                    sync = event.type in ("tool.finished", "run.finished")
+                    writer.append([writer.event_line(event)], sync)
+                writer.next_sequence = event.sequence + 1
+                yield event
+        finally:
+            writer.close()
+
+
+def _is_cancellation(event: al.Event) -> bool:
+    """The consumer's signal ended the run while it was being given again."""
+    return event.type == "run.finished" and event.payload["result"].status == "cancelled"
