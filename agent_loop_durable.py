@@ -358,10 +358,10 @@ class _Recorded:
             for request_id, (_, response) in self.responses.items()
         }
 
-    def results(self) -> Dict[str, al.ToolResultMessage]:
-        """Each recorded tool result, by its call's id."""
+    def results(self) -> Dict[al.ToolCall, al.ToolResultMessage]:
+        """Each recorded tool result, by its call."""
         return {
-            event.payload["tool_call"].id: event.payload["tool_result"]
+            event.payload["tool_call"]: event.payload["tool_result"]
             for event in self.events
             if event.type == "tool.finished"
         }
