@@ -680,6 +680,11 @@ CORRUPT: Dict[str, Tuple[Callable[[List[bytes]], bytes], Callable[[List[bytes]],
         "a record 'note': after its first line a journal holds events, and 'response', "
         "'decision', 'awaiting' and 'resume' records",
     ),
+    "a run record without a run id": (
+        lambda lines: replaced(lines, 0, lines[0].replace(b'"runId":"', b'"runID":"')),
+        lambda lines: 1,
+        "the run id must be a non-empty string, got None",
+    ),
     "a second run record": (
         lambda lines: replaced(lines, 2, lines[0], lines[2]),
         lambda lines: 3,
@@ -1136,6 +1141,37 @@ class TestEveryOptionOfRunAgentLoop:
         al.settle_run(Process().durable_run(journal, tool_concurrency=2))
         with pytest.raises(ald.JournalError, match="not the same tool_concurrency: journal 2"):
             Process().durable_run(journal)
+
+    def test_a_tool_waits_on_the_runs_signal(self, tmp_path: Path) -> None:
+        """The tools get the run's signal, the consumer's: set, it is set for them."""
+        seen: List[bool] = []
+
+        def waits(arguments: Dict[str, Any], signal: al.Signal) -> object:
+            seen.append(signal.wait(0))
+            consumer.set()
+            seen.append(signal.wait(0))
+            return "waited"
+
+        consumer = threading.Event()
+        model = RequestKeyedModel(
+            {"request-001": al.scripted_response("response-001", [call("w", "c", {})], "toolCall")}
+        )
+        tools = al.ToolRegistry([al.Tool("w", "Waits.", {"type": "object"}, waits)])
+        run = ald.durable_run(
+            tmp_path / "run.jsonl",
+            messages=[START],
+            model=model,
+            tools=tools,
+            max_steps=2,
+            signal=consumer,
+        )
+        _, result = al.settle_run(run)
+        assert seen == [False, True]
+        assert result.status == "cancelled"
+
+    def test_later_is_one_value_with_its_name(self) -> None:
+        assert repr(ald.LATER) == "agent_loop_durable.LATER"
+        assert ald.LATER is ald.LATER.__class__("LATER")
 
     def test_the_1_3_import_still_works(self) -> None:
         from agent_loop_replay import JournalError, durable_run
