@@ -1369,13 +1369,16 @@ class TestLiveFrom:
 # --- Killed processes ----------------------------------------------------------------------
 
 CHILD = r'''
-"""The durable run that TestKilledProcesses kills: python child.py JOURNAL FOLDER POINT.
+"""The durable run that TestKilledProcesses kills: python child.py JOURNAL FOLDER POINT MODE.
 
 When the run gets to POINT, it prints POINT and waits to be killed. POINT is "event N"
 (the consumer holds event N), "before-effect ID" or "after-effect ID" (inside the tool,
-on either side of its effect), "torn TEXT" (the journal write that holds TEXT stops
-halfway through that line), or "none": the run goes to its end, and its events and
-result are written into FOLDER.
+on either side of its effect), "asked ID" (before_tool_call asked about the call, before
+it answers), "torn TEXT" (the journal write that holds TEXT stops halfway through that
+line), or "none": the run goes to its end, and its events and result are written into
+FOLDER. MODE "one at a time": three notes over two steps, one call at a time; "at once":
+a batch of three notes, run at once, each asked about first (and answered from the file
+"answers" of FOLDER: "ID yes" or "ID no", LATER for a call it does not name).
 """
 import json
 import os
@@ -1386,7 +1389,7 @@ import agent_loop as al
 import agent_loop_replay as alr
 import agent_loop_durable as ald
 
-JOURNAL, FOLDER, POINT = sys.argv[1:4]
+JOURNAL, FOLDER, POINT, MODE = sys.argv[1:5]
 
 
 def stop_here(where):
@@ -1426,6 +1429,23 @@ SCRIPT = {
 }
 
 
+if MODE == "at once":
+    SCRIPT = {
+        "request-001": al.scripted_response(
+            "response-001",
+            [note("one", "call-1"), note("two", "call-2"), note("three", "call-3")],
+            "toolCall",
+            chunks=[note("one", "call-1"), note("two", "call-2"), note("three", "call-3")],
+        ),
+        "request-002": al.scripted_response(
+            "response-002",
+            [al.TextBlock("Noted.")],
+            "stop",
+            chunks=[al.TextBlock("No"), al.TextBlock("ted.")],
+        ),
+    }
+
+
 class ByRequest:
     """Deterministic as a resumed run needs it: the answer depends on the request alone."""
 
@@ -1434,16 +1454,32 @@ class ByRequest:
         return al.ScriptedModel([SCRIPT[request.id]]).stream(request, signal)
 
 
+def ask(call, signal):
+    """Answers from the file of answers; LATER for a call it does not name."""
+    log("asked", call.id)
+    stop_here("asked " + call.id)
+    path = os.path.join(FOLDER, "answers")
+    answers = {}
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as file:
+            answers = dict(line.split() for line in file if line.strip())
+    answer = answers.get(call.id)
+    if answer is None:
+        return ald.LATER
+    return None if answer == "yes" else "Refused."
+
+
 def execute(arguments, signal):
-    """Notes its text once per call: the effect is keyed by the call's id."""
+    """Notes its text once per call: the effect is keyed by effect_key()."""
     call = al.current_tool_call()
     log("executions", call.id)
     stop_here("before-effect " + call.id)
+    key = ald.effect_key()
     path = os.path.join(FOLDER, "effects")
     with open(path, "a+", encoding="utf-8") as effects:
         effects.seek(0)
-        if call.id not in effects.read().split():
-            effects.write(call.id + "\n")
+        if key not in effects.read().split():
+            effects.write(key + "\n")
     stop_here("after-effect " + call.id)
     return "noted " + arguments["text"]
 
@@ -1471,6 +1507,7 @@ run = ald.durable_run(
     model=ByRequest(),
     tools=al.ToolRegistry([al.Tool("note", "Notes a text.", schema, execute)]),
     max_steps=4,
+    **({"tool_concurrency": 3, "before_tool_call": ask} if MODE == "at once" else {}),
 )
 events, result = al.settle_run(run, on_event=lambda event: stop_here("event %d" % event.sequence))
 with open(os.path.join(FOLDER, "events.jsonl"), "w", encoding="utf-8") as file:
@@ -1489,10 +1526,24 @@ class Child:
     """The child's folder (its journal, its logs and what its last run wrote)."""
 
     folder: Path
+    mode: str = "one at a time"
+    answers: str = ""  # the file of answers, for mode "at once"
 
     def __post_init__(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / "child.py").write_text(CHILD, encoding="utf-8")
+        self.answer(self.answers)
+
+    def answer(self, answers: str) -> None:
+        """Writes the file of answers (a person decides)."""
+        (self.folder / "answers").write_text(answers, encoding="utf-8")
+
+    def effects(self) -> List[str]:
+        """The call ids of the effects applied, each keyed by effect_key(): the same run id
+        in every process."""
+        keys = self.log("effects")
+        assert len({key.split(":")[0] for key in keys}) == 1
+        return sorted(key.split(":")[1] for key in keys)
 
     @property
     def journal(self) -> Path:
@@ -1506,7 +1557,7 @@ class Child:
         """Runs the child; unless ``point`` is "none", kills it once it says it is there."""
         environment = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.abspath(al.__file__)))
         child = subprocess.Popen(
-            [sys.executable, "child.py", str(self.journal), str(self.folder), point],
+            [sys.executable, "child.py", str(self.journal), str(self.folder), point, self.mode],
             cwd=self.folder,
             env=environment,
             stdout=subprocess.PIPE,
@@ -1578,16 +1629,18 @@ class TestKilledProcesses:
     def kill_and_go_on(self, child: Child, points: List[str]) -> None:
         for point in points:
             child.run(point)
-            results, responses, finished = recorded_in(
-                child.journal.read_bytes() if child.journal.exists() else b""
-            )
+            data = child.journal.read_bytes() if child.journal.exists() else b""
+            results, responses, finished = recorded_in(data)
+            answered = {line["callId"] for line in whole_lines(data) if "callId" in line}
             executions, requests = len(child.log("executions")), len(child.log("requests"))
+            asked = len(child.log("asked"))
             child.run()  # goes on, or gives the finished run again
             # What the journal recorded when the child died is not done again.
             ran_again = child.log("executions")[executions:]
             assert not results.intersection(ran_again), point
             requested_again = child.log("requests")[requests:]
             assert not responses.intersection(requested_again), point
+            assert not answered.intersection(child.log("asked")[asked:]), point
             assert not finished or (ran_again, requested_again) == ([], []), point
 
     @pytest.mark.parametrize("point", kill_points())
@@ -1600,7 +1653,7 @@ class TestKilledProcesses:
         child = Child(tmp_path)
         self.kill_and_go_on(child, [point])
         assert child.outcome() == uninterrupted
-        assert sorted(child.log("effects")) == ["call-1", "call-2", "call-3"]
+        assert child.effects() == ["call-1", "call-2", "call-3"]
 
     def test_killed_several_times_in_a_row(
         self, tmp_path: Path, uninterrupted: Tuple[List[Dict[str, Any]], Dict[str, Any]]
@@ -1619,7 +1672,7 @@ class TestKilledProcesses:
             child.run(point)
         child.run()
         assert child.outcome() == uninterrupted
-        assert sorted(child.log("effects")) == ["call-1", "call-2", "call-3"]
+        assert child.effects() == ["call-1", "call-2", "call-3"]
         # Run again only: call-1 and call-3, killed inside the tool; and call-2, whose
         # result line was torn.
         assert sorted(child.log("executions")) == [
@@ -1634,3 +1687,79 @@ class TestKilledProcesses:
         # the one killed at event 4, while it gave recorded events again.
         records = [kind_of(line) for line in whole_lines(child.journal.read_bytes())]
         assert records.count("resume") == len(points) - 1
+
+
+AT_ONCE_EVENTS = 13
+"""The events of the child's batch: message.accepted, 3 chunks, 3 tool.started, 3
+tool.finished, 2 chunks, run.finished."""
+
+APPROVED = "call-1 yes\ncall-2 yes\ncall-3 yes\n"
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_at_once(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
+    """The events and result of the child's batch when nothing stops it, every call
+    approved."""
+    child = Child(tmp_path_factory.mktemp("at-once"), "at once", APPROVED)
+    child.run()
+    events, result = child.outcome()
+    assert len(events) == AT_ONCE_EVENTS
+    assert result["status"] == "completed"
+    assert sorted(child.log("executions")) == ["call-1", "call-2", "call-3"]
+    assert child.log("asked") == ["call-1", "call-2", "call-3"]
+    return events, result
+
+
+def kill_points_at_once() -> List[str]:
+    return [
+        *(f"event {sequence}" for sequence in range(AT_ONCE_EVENTS)),
+        *(f"{where} call-{n}" for n in (1, 2, 3) for where in ("asked", "before-effect")),
+        *(f"after-effect call-{n}" for n in (1, 2, 3)),
+    ]
+
+
+class TestKilledProcessesWithToolsAtOnce:
+    """The same, for a batch of three calls run at once, each asked about first: killed at
+    every event, while asked about each call, and before and after each tool's effect,
+    the run goes on to the uninterrupted run's events and result; a call that started
+    without a recorded result runs again, one with a result never does, an answer written
+    is never asked again, and each effect (keyed by effect_key()) is applied once."""
+
+    @pytest.mark.parametrize("point", kill_points_at_once())
+    def test_killed_once(
+        self,
+        tmp_path: Path,
+        point: str,
+        uninterrupted_at_once: Tuple[List[Dict[str, Any]], Dict[str, Any]],
+    ) -> None:
+        child = Child(tmp_path, "at once", APPROVED)
+        TestKilledProcesses().kill_and_go_on(child, [point])
+        assert child.outcome() == uninterrupted_at_once
+        assert child.effects() == ["call-1", "call-2", "call-3"]
+
+    def test_a_decision_that_comes_later_across_processes_killed_on_the_way(
+        self,
+        tmp_path: Path,
+        uninterrupted_at_once: Tuple[List[Dict[str, Any]], Dict[str, Any]],
+    ) -> None:
+        """call-2 awaits a decision, twice; answered, the process dies between two answers,
+        then after call-2's effect and before its result is written; the run ends as if
+        approved all along, with nothing run twice."""
+        child = Child(tmp_path, "at once", "call-1 yes\n")
+        child.run()
+        events, result = child.outcome()
+        assert result["status"] == "cancelled"
+        assert [call.id for call in ald.awaiting_decision(child.journal)] == ["call-2"]
+        assert child.log("executions") == []  # its group waits with it
+        child.run()  # asked again, nobody can answer yet
+        assert child.outcome() == (events, result)
+        child.answer(APPROVED)
+        child.run("asked call-3")  # call-2's answer is written, call-3's is not
+        assert ald.awaiting_decision(child.journal) == ()
+        child.run("after-effect call-2")
+        child.run()
+        assert child.outcome() == uninterrupted_at_once
+        assert child.effects() == ["call-1", "call-2", "call-3"]
+        assert child.log("asked") == ["call-1", "call-2", "call-2", "call-2", "call-3", "call-3"]
