@@ -21,9 +21,12 @@ Rules:
   the tool raised. An ``INVALID_TRANSCRIPT`` log holds no starting message: a ValueError.
 - A run with ``tool_concurrency`` > 1 replays exactly: calls whose ``tool.started``
   events came in a row ran together; the tools of no such group replay as sequential.
-  A cancelled group that kept a result after a call still open is a ValueError; a run
-  cancelled by ``before_tool_call`` before its last response's first call started
-  replays without that response.
+  A cancelled group replays exactly whatever the timing (once the loop sees the signal,
+  no more results join); a log where a result follows a call still open (1.3 could
+  write one) is a ValueError; a run cancelled by ``before_tool_call`` before its last
+  response's first call started replays without that response.
+- A call that ``before_tool_call`` refused (its ``tool.finished`` says ``refused``) is
+  refused again by ``ReplayedRun.before_tool_call``, with the recorded words.
 - The replayed model compares each request with the transcript that the recording
   implies; with real tools in place of the recorded ones, a tool that now answers
   differently fails the run (``MODEL_STREAM_ERROR``) at the next request, with the
@@ -50,7 +53,6 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import (
-    TYPE_CHECKING,
     Any,
     Callable,
     Dict,
@@ -67,9 +69,6 @@ from typing import (
 )
 
 import agent_loop as al
-
-if TYPE_CHECKING:  # annotations only
-    pass
 
 __version__ = "1.2.0"
 
@@ -524,11 +523,12 @@ class Recording:
     """What a recorded run gives again when ``run_agent_loop()`` runs it once more.
 
     ``steps``: by request id, the chunks the step streamed and the response it returned.
-    ``results``: by tool call (its id, name and arguments), the call's recorded result. ``decisions``: by tool call
-    id, what ``before_tool_call`` answered (None: run it; a str: refuse it with that
-    error result). Its ``model()``, ``tool()`` and ``before_tool_call()`` give these,
-    and pass what they do not hold to what stands behind them (the live model, tool and
-    hook of a durable run). Used by ``replay()`` and by ``agent_loop_durable``.
+    ``results``: by tool call (its id, name and arguments), the call's recorded result.
+    ``decisions``: by tool call id, what ``before_tool_call`` answered (None: run it; a
+    str: refuse it with that error result). Its ``model()``, ``tool()`` and
+    ``before_tool_call()`` give these, and pass what they do not hold to what stands
+    behind them (the live model, tool and hook of a durable run). Used by ``replay()``
+    and by ``agent_loop_durable``.
     """
 
     steps: Mapping[str, Tuple[Tuple[al.ModelChunk, ...], al.ModelResponse]]
