@@ -444,7 +444,9 @@ def _checked_run_record(
         where = ""
         if type(recorded) is list and type(wanted) is list:  # show the first item that differs
             left, right = ([_canonical(value) for value in side] for side in (recorded, wanted))
-            index = next(i for i in itertools.count() if left[i : i + 1] != right[i : i + 1])
+            pairs = enumerate(zip(left, right))
+            shorter = min(len(left), len(right))  # one is the start of the other
+            index = next((i for i, (one, other) in pairs if one != other), shorter)
             where = f", at {item} {index}"
             recorded, wanted = (
                 side[index] if index < len(side) else "nothing" for side in (left, right)
