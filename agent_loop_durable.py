@@ -180,10 +180,11 @@ def durable_run(
     recorded result runs again (at least once: key its effect by ``effect_key()``).
 
     ``before_tool_call`` is asked once per call, as ``run_agent_loop()`` asks it; its
-    answer is written to the journal before the call starts, and never asked again. It
-    may also return ``LATER``: the run stops there, ``cancelled``, with that call open,
-    and awaits a decision (``awaiting_decision(journal)``); called again, the run asks
-    for that call again.
+    answer is written to the journal before the call starts, and never asked again (a
+    recorded answer is given again even when no ``before_tool_call`` is given). It may
+    also return ``LATER``: the run stops there, ``cancelled``, with that call open, and
+    awaits a decision (``awaiting_decision(journal)``); called again, the run asks for
+    that call again (a ValueError without a ``before_tool_call`` to ask).
 
     Every event is written (flushed to the operating system) before the consumer sees
     it; the journal is synced to disk (``os.fsync``) at each complete message, each
@@ -221,6 +222,11 @@ def durable_run(
     recorded = _read_journal(path, run_record)
     if recorded.finished:
         return _recorded_run(recorded.events)
+    if recorded.awaiting and before_tool_call is None:
+        raise ValueError(
+            f"the journal's run awaits a decision on tool call {recorded.awaiting[0].id!r}: "
+            "call durable_run() with the before_tool_call that answers it"
+        )
     run_id = recorded.run_id or secrets.token_hex(16)
     # The run id right after the format: a torn first line shows it is a journal.
     first_line = {"record": "run", "format": _JOURNAL_FORMAT, "runId": run_id, **run_record}
@@ -229,9 +235,13 @@ def durable_run(
     recording = alr.Recording(recorded.steps(), recorded.results(), recorded.decisions)
     live_model = _KeptModel(model)
     stop = _Stop(signal if signal is not None else threading.Event())
+    # The recorded answers are given again even without a hook: a call refused before
+    # its process died is refused, not run.
     hook: Any = None
-    if before_tool_call is not None:
-        asking = _Asking(before_tool_call, writer, live_model, stop)
+    if before_tool_call is not None or recorded.decisions:
+        asking = None
+        if before_tool_call is not None:
+            asking = _Asking(before_tool_call, writer, live_model, stop)
         hook = recording.before_tool_call(asking)
     run = al.run_agent_loop(
         messages=start,

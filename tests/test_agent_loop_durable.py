@@ -1231,6 +1231,34 @@ class TestADecisionThatComesLater:
         assert ald.awaiting_decision(journal) == ()
         assert ald.live_from(journal) == len(events)
 
+    def test_a_run_that_awaits_a_decision_needs_a_hook_to_ask(self, tmp_path: Path) -> None:
+        """Without before_tool_call, the awaiting call would run unasked: a ValueError."""
+        journal = tmp_path / "run.jsonl"
+        al.settle_run(
+            Process().durable_run(journal, before_tool_call=Asker({"call-1": ald.LATER}))
+        )
+        written = journal.read_bytes()
+        with pytest.raises(ValueError, match="awaits a decision on tool call 'call-1': call"):
+            Process().durable_run(journal)
+        assert journal.read_bytes() == written
+
+    def test_a_recorded_refusal_is_given_again_without_a_hook(self, tmp_path: Path) -> None:
+        """The process died after writing call-5's refusal, before its tool.started."""
+        whole = tmp_path / "whole.jsonl"
+        asker = Asker({"call-5": "No."})
+        expected, expected_result = al.settle_run(
+            Process().durable_run(whole, before_tool_call=asker)
+        )
+        lines = whole.read_bytes().splitlines(keepends=True)
+        refusal = next(i for i, line in enumerate(lines) if b'"refusal":"No."' in line)
+        journal = tmp_path / "run.jsonl"
+        journal.write_bytes(b"".join(lines[: refusal + 1]))
+        process = Process()
+        events, result = al.settle_run(process.durable_run(journal))
+        assert untimed(events) == untimed(expected)
+        assert result == expected_result
+        assert "call-5" not in process.effects.executions
+
     def test_a_refusal_later_is_the_calls_error_result(self, tmp_path: Path) -> None:
         journal = tmp_path / "run.jsonl"
         al.settle_run(
