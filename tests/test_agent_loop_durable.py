@@ -1,7 +1,8 @@
-"""Tests for agent_loop_replay.durable_run(): a run written to its journal as it goes, which
+"""Tests for agent_loop_durable.durable_run(): a run written to its journal as it goes, which
 a later call (in another process, after a crash) finishes from where the last one stopped.
 
-The suite imports ``agent_loop_replay`` once, as ``alr`` (and ``agent_loop`` as ``al``).
+The suite imports ``agent_loop_durable`` once, as ``ald`` (``agent_loop`` as ``al``, and
+``agent_loop_replay`` as ``alr`` for its JSON lines).
 Every live run goes through the driver's settle() (loop_testing.py), which checks the
 run's invariants; a finished run given again from its journal is compared with the run
 that wrote it. The model is a RequestKeyedModel: deterministic in the sense a resumed run
@@ -14,7 +15,12 @@ Contents
     TestCancellation: the consumer's signal, in a live run and while a run is given again
     TestRefusedJournals: another run's or a corrupt journal: JournalError naming the line
     TestOptions: run_agent_loop()'s errors at call time, and the journal's own
+    TestEveryOptionOfRunAgentLoop: tools at once and consent, from any point of the journal
+    TestADecisionThatComesLater: LATER stops the run; called again, it asks again
+    TestEffectKeys: effect_key(), the same in every process, another run's differ
+    TestLiveFrom: live_from(), the first event given live
     TestKilledProcesses: a child process killed at every kind of point, then run again
+    TestKilledProcessesWithToolsAtOnce: the same for a batch at once, and a decision later
 """
 
 from __future__ import annotations
