@@ -10,12 +10,14 @@ which checks the run's invariants.
 Contents
     TestExactReplay: a completed or maxSteps run replays to_dict() for to_dict()
     TestReplayOfCancelledAndFailedRuns: replayed to where the log stops, then cancelled
+    TestReplayOfRefusedCalls: a call refused in the recording is refused again
     TestReplayDetectsDrift: a request that differs from the recording fails the run
     TestReplayRejectsLogsOfNoSingleRun: a ValueError that says what is wrong
     TestRandomRecordedRunsReplayExactly: random recorded runs
+    TestEveryCancelledConcurrentRunReplays: random cancelled batches of tools at once
     TestResumedRunsReplayExactly: a cancel-resume chain, each run replayed
     TestThinkingAndUsageReplayExactly: thinking blocks, deltas and usage, replayed exactly
-    TestJsonLines: dump_events() and load_events(), and the line load_events() cannot read
+    TestJsonLines: dump_events() and load_events(), times, journals, and unreadable lines
 """
 
 from __future__ import annotations
