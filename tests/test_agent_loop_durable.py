@@ -1751,6 +1751,9 @@ def kill_points_at_once() -> List[str]:
         *(f"event {sequence}" for sequence in range(AT_ONCE_EVENTS)),
         *(f"{where} call-{n}" for n in (1, 2, 3) for where in ("asked", "before-effect")),
         *(f"after-effect call-{n}" for n in (1, 2, 3)),
+        'torn {"record":"decision","callId":"call-2"',
+        'torn {"sequence":5,',
+        'torn {"sequence":8,',
     ]
 
 
