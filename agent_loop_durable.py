@@ -26,8 +26,8 @@ holds nothing more, they ask the run's own model, tools and hook. Rules:
   effect), while a call with a recorded result never runs again. A resume record voids
   the events recorded past that point, which the run then gives live.
 - ``before_tool_call`` may return ``LATER``: the run stops ``cancelled`` right there,
-  with that call (and the calls after it in its response) open and none of them run, and
-  the journal records that it awaits a decision (``awaiting_decision()``). Called again,
+  before the call's group runs (one at a time: before the call runs), so that the call,
+  the other calls of its group and the calls after it stay open, and the journal records that it awaits a decision (``awaiting_decision()``). Called again,
   the run asks ``before_tool_call`` again for that call, and goes on once it is answered.
   An answer is written before the call runs, and never asked again.
 - A journal of another run (other starting messages, tools or options), or a line that
