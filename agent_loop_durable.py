@@ -27,8 +27,9 @@ holds nothing more, they ask the run's own model, tools and hook. Rules:
   the events recorded past that point, which the run then gives live.
 - ``before_tool_call`` may return ``LATER``: the run stops ``cancelled`` right there,
   before the call's group runs (one at a time: before the call runs), so that the call,
-  the other calls of its group and the calls after it stay open, and the journal records that it awaits a decision (``awaiting_decision()``). Called again,
-  the run asks ``before_tool_call`` again for that call, and goes on once it is answered.
+  the other calls of its group and the calls after it stay open, and the journal
+  records that it awaits a decision (``awaiting_decision()``). Called again, the run
+  asks ``before_tool_call`` again for that call, and goes on once it is answered.
   An answer is written before the call runs, and never asked again.
 - A journal of another run (other starting messages, tools or options), or a line that
   is not where the journal's order puts it, is refused: JournalError, naming the line.
