@@ -671,8 +671,10 @@ def _timed_events(fp: Iterable[str], journal: bool) -> List[Tuple[al.Event, Opti
     timed: List[Tuple[al.Event, Optional[float]]] = []
     in_journal = False  # its first line is a run record
     for number, line in enumerate(fp, start=1):
-        if in_journal and not line.endswith("\n"):
-            break  # a journal's torn last line: its writer died
+        # A journal's torn last line (its writer died), the run record's too: no event.
+        begun = in_journal or (journal and line.startswith('{"record":"run"'))
+        if begun and not line.endswith("\n"):
+            break
         try:
             data = _json_value(line)
             record = data.get("record") if journal and type(data) is dict else None

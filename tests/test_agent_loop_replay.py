@@ -1059,6 +1059,8 @@ class TestJsonLines:
             read = alr.load_timed_events(file)
         assert [event for event, _ in read] == events
         assert all(isinstance(time, float) for _, time in read)
+        # A journal whose run record is torn holds no event yet.
+        assert alr.load_timed_events([data[: data.index("\n") // 2]]) == []
 
     @pytest.mark.parametrize(
         ("line", "message"),
