@@ -225,8 +225,6 @@ class _Run:
                 # After every event: the consumer ran, and may have set the signal.
                 self._check_signal()
         except _Cancelled:
-            # The waiting phase hears of it: a batch yields the results it completed, then ends.
-            yield from self._told(steps)
             result = self._result("cancelled")
         except _RunFailure as failure:
             error = RunError(failure.code, failure.message, failure.__cause__)
@@ -235,15 +233,6 @@ class _Run:
             # Cancelled, or closed by the consumer: the waiting phase ends, and its stream.
             steps.close()
         return (yield from self._finish(result))
-
-    @staticmethod
-    def _told(steps: Generator[Event, None, RunResult]) -> Generator[Event, None, None]:
-        """Any phase --> Cancelled: what the waiting phase still yields once told (if it runs)."""
-        with contextlib.suppress(_Cancelled):
-            event = steps.throw(_Cancelled())
-            while True:
-                yield event
-                event = next(steps)
 
     def _run_steps(self) -> Generator[Event, None, RunResult]:
         """From SnapshotRun to Completed or MaxSteps; the other endings raise."""
@@ -437,7 +426,6 @@ class _Run:
 
         pool = ThreadPoolExecutor(min(self.tool_concurrency, len(group)), "agent_loop-tool")
         outcomes: List[Union[ToolResultMessage, Future[ToolResultMessage]]] = []
-        kept = 0  # the calls whose results joined the transcript
         try:
             for call, refusal in zip(group, refusals):
                 try:
@@ -446,27 +434,18 @@ class _Run:
                     self._check_signal()  # cancellation wins over the error
                     what = f"starting tool call {call.id!r}"
                     raise _failure("TOOL_PHASE_ERROR", what, error) from error
-            for index, (call, outcome) in enumerate(zip(group, outcomes)):
+            for call, outcome in zip(group, outcomes):
                 # result() raises what ended the call: _Cancelled if the signal came first.
                 refused = isinstance(outcome, ToolResultMessage)  # a refusal, not a Future
                 result = outcome if isinstance(outcome, ToolResultMessage) else outcome.result()
-                kept = index + 1
                 yield self._finished(request, call, result, refused)
-        except _Cancelled:
-            # ExecuteTools --> Cancelled, once the running tools have returned, keeping the
-            # results completed before. Seed: "appends no fabricated result" for the others.
-            _stop(pool, outcomes)
-            for call, outcome in zip(group[kept:], outcomes[kept:]):
-                refused = isinstance(outcome, ToolResultMessage)
-                if isinstance(outcome, Future):
-                    if outcome.cancelled() or outcome.exception() is not None:
-                        continue
-                    outcome = outcome.result()
-                # The driver may tell of the signal again after this event: it is known.
-                with contextlib.suppress(_Cancelled):
-                    yield self._finished(request, call, outcome, refused)
-            raise
         finally:
+            # ExecuteTools --> Cancelled (or failed, or closed), once the running tools have
+            # returned. A group keeps the sequential loop's rule: once the loop sees the
+            # signal, no more results join, so a result completed behind a call still
+            # running is dropped and its call stays open, as that call does (the log is
+            # the same whatever the timing, and replays). Seed: "appends no fabricated
+            # result".
             _stop(pool, outcomes)
 
     def _finished(

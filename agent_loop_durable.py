@@ -26,9 +26,10 @@ holds nothing more, they ask the run's own model, tools and hook. Rules:
   effect), while a call with a recorded result never runs again. A resume record voids
   the events recorded past that point, which the run then gives live.
 - ``before_tool_call`` may return ``LATER``: the run stops ``cancelled`` right there,
-  with that call (and the calls after it in its response) open and none of them run, and
-  the journal records that it awaits a decision (``awaiting_decision()``). Called again,
-  the run asks ``before_tool_call`` again for that call, and goes on once it is answered.
+  before the call's group runs (one at a time: before the call runs), so that the call,
+  the other calls of its group and the calls after it stay open, and the journal
+  records that it awaits a decision (``awaiting_decision()``). Called again, the run
+  asks ``before_tool_call`` again for that call, and goes on once it is answered.
   An answer is written before the call runs, and never asked again.
 - A journal of another run (other starting messages, tools or options), or a line that
   is not where the journal's order puts it, is refused: JournalError, naming the line.
@@ -180,10 +181,11 @@ def durable_run(
     recorded result runs again (at least once: key its effect by ``effect_key()``).
 
     ``before_tool_call`` is asked once per call, as ``run_agent_loop()`` asks it; its
-    answer is written to the journal before the call starts, and never asked again. It
-    may also return ``LATER``: the run stops there, ``cancelled``, with that call open,
-    and awaits a decision (``awaiting_decision(journal)``); called again, the run asks
-    for that call again.
+    answer is written to the journal before the call starts, and never asked again (a
+    recorded answer is given again even when no ``before_tool_call`` is given). It may
+    also return ``LATER``: the run stops there, ``cancelled``, with that call open, and
+    awaits a decision (``awaiting_decision(journal)``); called again, the run asks for
+    that call again (a ValueError without a ``before_tool_call`` to ask).
 
     Every event is written (flushed to the operating system) before the consumer sees
     it; the journal is synced to disk (``os.fsync``) at each complete message, each
@@ -221,6 +223,11 @@ def durable_run(
     recorded = _read_journal(path, run_record)
     if recorded.finished:
         return _recorded_run(recorded.events)
+    if recorded.awaiting and before_tool_call is None:
+        raise ValueError(
+            f"the journal's run awaits a decision on tool call {recorded.awaiting[0].id!r}: "
+            "call durable_run() with the before_tool_call that answers it"
+        )
     run_id = recorded.run_id or secrets.token_hex(16)
     # The run id right after the format: a torn first line shows it is a journal.
     first_line = {"record": "run", "format": _JOURNAL_FORMAT, "runId": run_id, **run_record}
@@ -229,9 +236,13 @@ def durable_run(
     recording = alr.Recording(recorded.steps(), recorded.results(), recorded.decisions)
     live_model = _KeptModel(model)
     stop = _Stop(signal if signal is not None else threading.Event())
+    # The recorded answers are given again even without a hook: a call refused before
+    # its process died is refused, not run.
     hook: Any = None
-    if before_tool_call is not None:
-        asking = _Asking(before_tool_call, writer, live_model, stop)
+    if before_tool_call is not None or recorded.decisions:
+        asking = None
+        if before_tool_call is not None:
+            asking = _Asking(before_tool_call, writer, live_model, stop)
         hook = recording.before_tool_call(asking)
     run = al.run_agent_loop(
         messages=start,
@@ -358,10 +369,10 @@ class _Recorded:
             for request_id, (_, response) in self.responses.items()
         }
 
-    def results(self) -> Dict[str, al.ToolResultMessage]:
-        """Each recorded tool result, by its call's id."""
+    def results(self) -> Dict[al.ToolCall, al.ToolResultMessage]:
+        """Each recorded tool result, by its call."""
         return {
-            event.payload["tool_call"].id: event.payload["tool_result"]
+            event.payload["tool_call"]: event.payload["tool_result"]
             for event in self.events
             if event.type == "tool.finished"
         }
@@ -444,7 +455,9 @@ def _checked_run_record(
         where = ""
         if type(recorded) is list and type(wanted) is list:  # show the first item that differs
             left, right = ([_canonical(value) for value in side] for side in (recorded, wanted))
-            index = next(i for i in itertools.count() if left[i : i + 1] != right[i : i + 1])
+            pairs = enumerate(zip(left, right))
+            shorter = min(len(left), len(right))  # one is the start of the other
+            index = next((i for i, (one, other) in pairs if one != other), shorter)
             where = f", at {item} {index}"
             recorded, wanted = (
                 side[index] if index < len(side) else "nothing" for side in (left, right)

@@ -21,9 +21,12 @@ Rules:
   the tool raised. An ``INVALID_TRANSCRIPT`` log holds no starting message: a ValueError.
 - A run with ``tool_concurrency`` > 1 replays exactly: calls whose ``tool.started``
   events came in a row ran together; the tools of no such group replay as sequential.
-  A cancelled group that kept a result after a call still open is a ValueError; a run
-  cancelled by ``before_tool_call`` before its last response's first call started
-  replays without that response.
+  A cancelled group replays exactly whatever the timing (once the loop sees the signal,
+  no more results join); a log where a result follows a call still open (1.3 could
+  write one) is a ValueError; a run cancelled by ``before_tool_call`` before its last
+  response's first call started replays without that response.
+- A call that ``before_tool_call`` refused (its ``tool.finished`` says ``refused``) is
+  refused again by ``ReplayedRun.before_tool_call``, with the recorded words.
 - The replayed model compares each request with the transcript that the recording
   implies; with real tools in place of the recorded ones, a tool that now answers
   differently fails the run (``MODEL_STREAM_ERROR``) at the next request, with the
@@ -50,7 +53,6 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import (
-    TYPE_CHECKING,
     Any,
     Callable,
     Dict,
@@ -67,9 +69,6 @@ from typing import (
 )
 
 import agent_loop as al
-
-if TYPE_CHECKING:  # annotations only
-    pass
 
 __version__ = "1.2.0"
 
@@ -157,7 +156,17 @@ def replay(events: Iterable[al.Event]) -> ReplayedRun:
         raise ValueError("the result's transcript does not begin with the accepted messages")
     steps = _recorded_steps(log[len(accepted) : -1], result, len(messages))
     complete = result.status in ("completed", "maxSteps")
-    model = _ReplayedModel(steps, None if complete else len(log) - 2)
+    # Replay is the recording with nothing behind it.
+    recording = Recording(
+        {step.request_id: (step.chunks, step.response) for step in steps if step.response},
+        {call: result for step in steps for call, result in zip(step.calls, step.results)},
+        {
+            event.payload["tool_call"].id: event.payload["tool_result"].content
+            for event in log
+            if event.type == "tool.finished" and event.payload.get("refused", False)
+        },
+    )
+    model = _ReplayedModel(steps, recording, None if complete else len(log) - 2)
     names = dict.fromkeys(call.name for step in steps for call in step.calls)
     # A run with tool_concurrency > 1 scheduled groups: tool.started events in a row. A
     # tool whose calls were never in one replays as sequential (a barrier): a call alone
@@ -168,9 +177,13 @@ def replay(events: Iterable[al.Event]) -> ReplayedRun:
         if kind == "tool.started"
     ]
     together = {name for group in groups if len(group) > 1 for name in group}
-    tools = al.ToolRegistry(_recorded_tool(model, name, name not in together) for name in names)
+    tools = al.ToolRegistry(
+        recording.tool(_recorded_tool(model, name, name not in together)) for name in names
+    )
     concurrency = max((len(group) for group in groups), default=1)
-    return ReplayedRun(messages, model, tools, budget, start, concurrency)
+    # A call refused in the recording is refused again, by the same words.
+    hook = recording.before_tool_call(None) if recording.decisions else None
+    return ReplayedRun(messages, model, tools, budget, start, concurrency, hook)
 
 
 @dataclass(frozen=True)
@@ -189,6 +202,7 @@ class ReplayedRun:
     max_steps: int
     request_sequence_start: int = 0
     tool_concurrency: int = 1
+    before_tool_call: Optional[Callable[[al.ToolCall, Any], Optional[str]]] = None
 
     def run(self) -> Generator[al.Event, None, al.RunResult]:
         """Returns ``run_agent_loop()`` on these fields, with a signal of its own.
@@ -206,6 +220,7 @@ class ReplayedRun:
             signal=signal,
             request_sequence_start=self.request_sequence_start,
             tool_concurrency=self.tool_concurrency,
+            before_tool_call=self.before_tool_call,
         )
         if isinstance(self.model, _ReplayedModel) and self.model.stop_after is not None:
             return _cancelled_after(run, signal, self.model.stop_after)
@@ -383,15 +398,19 @@ def _first_difference(left: Sequence[Any], right: Sequence[Any]) -> Optional[int
 
 
 class _ReplayedModel:
-    """replay()'s model: checks each request against the recording and streams its step.
+    """replay()'s model: checks each request against the recording, then streams its
+    step from the Recording (a step the log stops inside: its chunks, then an error).
 
-    Its tools (``_recorded_tool``) ask it for the recorded result of the call that the
-    step being replayed runs next. ``stop_after`` is the sequence of a cancelled or
-    failed log's last event before run.finished (-1: it has none), else None.
+    Its tools (``_recorded_tool``) stand behind the Recording's: they are asked only
+    about a call without a recorded result. ``stop_after`` is the sequence of a cancelled
+    or failed log's last event before run.finished (-1: it has none), else None.
     """
 
-    def __init__(self, steps: Sequence[_RecordedStep], stop_after: Optional[int]) -> None:
+    def __init__(
+        self, steps: Sequence[_RecordedStep], recording: Recording, stop_after: Optional[int]
+    ) -> None:
         self._steps = {step.request_id: step for step in steps}
+        self._recorded = recording.model(self)
         self.stop_after = stop_after
         self._active: Optional[_RecordedStep] = None
 
@@ -414,33 +433,31 @@ class _ReplayedModel:
                 f"recorded {recorded}, got {got}"
             )
         self._active = step
-        return self._play(step)
+        if step.response is None:  # the Recording holds no such step: it comes back here
+            return self._unfinished(step)
+        return self._recorded.stream(request, signal)
 
     @staticmethod
-    def _play(step: _RecordedStep) -> Generator[al.ModelChunk, None, al.ModelResponse]:
+    def _unfinished(step: _RecordedStep) -> Generator[al.ModelChunk, None, al.ModelResponse]:
         yield from step.chunks
-        if step.response is None:  # ReplayedRun.run() cancels the run before this
-            raise RuntimeError(
-                f"the recording stops inside {step.request_id}: replay it with "
-                "ReplayedRun.run(), which cancels the run where its log stops"
-            )
-        return step.response
+        # ReplayedRun.run() cancels the run before this.
+        raise RuntimeError(
+            f"the recording stops inside {step.request_id}: replay it with "
+            "ReplayedRun.run(), which cancels the run where its log stops"
+        )
 
     def answer(self, name: str, signal: al.Signal) -> object:
-        """A recorded tool's execute: the recorded result of the call being executed, in
-        the active step (in any thread). A call the log left open (the run was cancelled
-        while it ran) waits for the replay's cancellation, whose signal discards it."""
+        """A recorded tool's execute, for a call without a recorded result: a call the log
+        left open in the active step (the run was cancelled while it ran) waits for the
+        replay's cancellation, whose signal discards it; any other is a RuntimeError."""
         step, call = self._active, al.current_tool_call()
         if step is None or call is None or call.name != name or call not in step.calls:
             raise RuntimeError(
                 f"the recording has no call of tool {name!r} with these arguments here "
                 "(the recorded tools answer the replayed model's calls)"
             )
-        index = step.calls.index(call)
-        if index >= len(step.results):  # results end at the first open call, if any
-            signal.wait()
-            return "interrupted in the recording"  # discarded: the signal is set
-        return _recorded_answer(step.results[index])
+        signal.wait()
+        return "interrupted in the recording"  # discarded: the signal is set
 
 
 def _recorded_answer(result: al.ToolResultMessage) -> object:
@@ -506,15 +523,16 @@ class Recording:
     """What a recorded run gives again when ``run_agent_loop()`` runs it once more.
 
     ``steps``: by request id, the chunks the step streamed and the response it returned.
-    ``results``: by tool call id, the call's recorded result. ``decisions``: by tool call
-    id, what ``before_tool_call`` answered (None: run it; a str: refuse it with that
-    error result). Its ``model()``, ``tool()`` and ``before_tool_call()`` give these,
-    and pass what they do not hold to what stands behind them (the live model, tool and
-    hook of a durable run). Used by ``replay()`` and by ``agent_loop_durable``.
+    ``results``: by tool call (its id, name and arguments), the call's recorded result.
+    ``decisions``: by tool call id, what ``before_tool_call`` answered (None: run it; a
+    str: refuse it with that error result). Its ``model()``, ``tool()`` and
+    ``before_tool_call()`` give these, and pass what they do not hold to what stands
+    behind them (the live model, tool and hook of a durable run). Used by ``replay()``
+    and by ``agent_loop_durable``.
     """
 
     steps: Mapping[str, Tuple[Tuple[al.ModelChunk, ...], al.ModelResponse]]
-    results: Mapping[str, al.ToolResultMessage]
+    results: Mapping[al.ToolCall, al.ToolResultMessage]
     decisions: Mapping[str, Optional[str]]
     __hash__ = None  # type: ignore[assignment]  # it holds mappings
 
@@ -530,7 +548,7 @@ class Recording:
 
         def execute(arguments: Dict[str, Any], signal: al.Signal) -> object:
             call = al.current_tool_call()
-            result = results.get(call.id) if call is not None else None
+            result = results.get(call) if call is not None else None
             if result is None:
                 return tool.execute(arguments, signal)
             return _recorded_answer(result)
@@ -548,7 +566,7 @@ class Recording:
         def before_tool_call(call: al.ToolCall, signal: Any) -> object:
             if call.id in decisions:
                 return decisions[call.id]
-            if call.id in results or live is None:
+            if call in results or live is None:
                 return None
             return live(call, signal)
 
@@ -653,8 +671,10 @@ def _timed_events(fp: Iterable[str], journal: bool) -> List[Tuple[al.Event, Opti
     timed: List[Tuple[al.Event, Optional[float]]] = []
     in_journal = False  # its first line is a run record
     for number, line in enumerate(fp, start=1):
-        if in_journal and not line.endswith("\n"):
-            break  # a journal's torn last line: its writer died
+        # A journal's torn last line (its writer died), the run record's too: no event.
+        begun = in_journal or (journal and line.startswith('{"record":"run"'))
+        if begun and not line.endswith("\n"):
+            break
         try:
             data = _json_value(line)
             record = data.get("record") if journal and type(data) is dict else None

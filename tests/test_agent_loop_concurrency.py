@@ -12,7 +12,7 @@ Contents
     TestCurrentToolCall: inside execute, the call; outside, None; each thread its own
     TestOptions: tool_concurrency, before_tool_call and Tool.sequential, checked at once
     TestConcurrentGroups: calls at once, in groups cut by barriers, events in order
-    TestCancellationInAConcurrentBatch: kept results, open calls, threads that end
+    TestCancellationInAConcurrentBatch: no result once the signal is seen, threads that end
     TestConsent: before_tool_call, in order, refusing, blocking, cancelling, failing
     TestConsentThatSurvivesARestart: a cancelled run, a person's decision, the resumed run
     TestReplayOfConcurrentRuns: a concurrent log replays exactly
@@ -719,10 +719,10 @@ class TestConcurrentGroups:
 
 
 class TestCancellationInAConcurrentBatch:
-    """The signal reaches every running tool; calls not yet begun never begin; the results
-    completed before the signal was seen are kept, in assistant order, with their
-    tool.finished; interrupted and never-run calls stay open; the run ends cancelled once
-    its running tools have returned."""
+    """The signal reaches every running tool; calls not yet begun never begin; once the
+    loop sees the signal no more results join (the sequential loop's rule), so that
+    interrupted calls, never-run calls and the calls behind them stay open; the run ends
+    cancelled once its running tools have returned."""
 
     def test_the_signal_reaches_every_running_tool_and_their_calls_stay_open(self) -> None:
         signal = threading.Event()
@@ -773,11 +773,10 @@ class TestCancellationInAConcurrentBatch:
         assert sorted(begun) == ["c1", "c2"]
         assert open_call_ids(result.messages) == ["c1", "c2", "c3", "c4"]
 
-    def test_results_completed_before_the_signal_are_kept_even_after_an_open_call(
-        self,
-    ) -> None:
-        """c1 is still running when c2 and c3 complete; then c1 sets the signal and is
-        interrupted. c2 and c3 keep their results and tool.finished events, in order."""
+    def test_once_the_loop_sees_the_signal_no_more_results(self) -> None:
+        """The sequential loop's rule, in a group: c2 and c3 complete while c1 still runs;
+        then c1 sets the signal and is interrupted. The results behind c1 are dropped:
+        every call stays open, whatever the timing, and the log replays exactly."""
         signal = WatchedSignal()
 
         def quick(arguments: Dict[str, Any], signal: Any) -> object:
@@ -785,7 +784,7 @@ class TestCancellationInAConcurrentBatch:
             return "quick"
 
         def slow(arguments: Dict[str, Any], signal: Any) -> object:
-            signal.wait_looked("c2", "c3")  # the loop kept both results
+            signal.wait_looked("c2", "c3")  # both completed, before the signal
             signal.set()
             return "interrupted"
 
@@ -797,14 +796,15 @@ class TestCancellationInAConcurrentBatch:
             ("tool.started", "c1"),
             ("tool.started", "c2"),
             ("tool.started", "c3"),
-            ("tool.finished", "c2"),
-            ("tool.finished", "c3"),
         ]
-        assert results_of(result) == {"c2": ("quick", False), "c3": ("quick", False)}
-        assert open_call_ids(result.messages) == ["c1"]
+        assert results_of(result) == {}
+        assert open_call_ids(result.messages) == ["c1", "c2", "c3"]
+        again, _ = settle(alr.replay(events).run(), tool_concurrency=3)
+        assert dicts_of(again) == dicts_of(events)
 
-    def test_a_refusal_after_an_interrupted_call_is_kept(self) -> None:
-        """A refused call's result was decided before the group ran: it is kept."""
+    def test_a_refusal_behind_an_interrupted_call_is_dropped_too(self) -> None:
+        """A refused call's result was decided before the group ran; behind an interrupted
+        call, it does not join either: the call stays open."""
 
         def cancelling(arguments: Dict[str, Any], signal: Any) -> object:
             signal.set()
@@ -821,12 +821,11 @@ class TestCancellationInAConcurrentBatch:
             before_tool_call=ask,
         )
         assert result.status == "cancelled"
-        assert events_of_tools(events)[2:] == [("tool.finished", "c2")]
-        assert results_of(result) == {"c2": ("No.", True)}
-        assert open_call_ids(result.messages) == ["c1"]
+        assert events_of_tools(events)[2:] == []
+        assert open_call_ids(result.messages) == ["c1", "c2"]
 
-    def test_a_consumer_that_cancels_at_a_tool_finished_keeps_what_completed(self) -> None:
-        """Cancelled on c1's tool.finished: c2 had completed (kept), c3 is interrupted."""
+    def test_a_consumer_that_cancels_at_a_tool_finished_gets_no_more_results(self) -> None:
+        """Cancelled on c1's tool.finished: c2 had completed (dropped), c3 is interrupted."""
         signal = WatchedSignal()
 
         def first(arguments: Dict[str, Any], signal: Any) -> object:
@@ -851,8 +850,8 @@ class TestCancellationInAConcurrentBatch:
             cancel_at=("tool.finished", 1),
         )
         assert result.status == "cancelled"
-        assert events_of_tools(events)[3:] == [("tool.finished", "c1"), ("tool.finished", "c2")]
-        assert open_call_ids(result.messages) == ["c3"]
+        assert events_of_tools(events)[3:] == [("tool.finished", "c1")]
+        assert open_call_ids(result.messages) == ["c2", "c3"]
 
     def test_cancelled_at_a_tool_started_no_tool_of_the_group_runs(self) -> None:
         """tool.started means scheduled: cancelled at the second, the group never runs."""
@@ -1396,23 +1395,3 @@ class TestReplayOfConcurrentRuns:
         }
         again, _ = settle(replayed.run(), tool_concurrency=3)
         assert dicts_of(again) == dicts_of(events)
-
-    def test_a_result_kept_after_an_open_call_cannot_be_replayed(self) -> None:
-        signal = WatchedSignal()
-
-        def quick(arguments: Dict[str, Any], signal: Any) -> object:
-            signal.returning()
-            return "quick"
-
-        def slow(arguments: Dict[str, Any], signal: Any) -> object:
-            signal.wait_looked("c2")
-            signal.set()
-            return "interrupted"
-
-        tools = [tool("slow", slow), tool("quick", quick)]
-        events, result = self.recorded(
-            one_batch(call("slow", "c1", {}), call("quick", "c2", {})), tools, signal=signal
-        )
-        assert open_call_ids(result.messages) == ["c1"]
-        with pytest.raises(ValueError, match="'c2' finished without starting, or before a call"):
-            alr.replay(events)

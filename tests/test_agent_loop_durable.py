@@ -1,7 +1,8 @@
-"""Tests for agent_loop_replay.durable_run(): a run written to its journal as it goes, which
+"""Tests for agent_loop_durable.durable_run(): a run written to its journal as it goes, which
 a later call (in another process, after a crash) finishes from where the last one stopped.
 
-The suite imports ``agent_loop_replay`` once, as ``alr`` (and ``agent_loop`` as ``al``).
+The suite imports ``agent_loop_durable`` once, as ``ald`` (``agent_loop`` as ``al``, and
+``agent_loop_replay`` as ``alr`` for its JSON lines).
 Every live run goes through the driver's settle() (loop_testing.py), which checks the
 run's invariants; a finished run given again from its journal is compared with the run
 that wrote it. The model is a RequestKeyedModel: deterministic in the sense a resumed run
@@ -14,7 +15,12 @@ Contents
     TestCancellation: the consumer's signal, in a live run and while a run is given again
     TestRefusedJournals: another run's or a corrupt journal: JournalError naming the line
     TestOptions: run_agent_loop()'s errors at call time, and the journal's own
+    TestEveryOptionOfRunAgentLoop: tools at once and consent, from any point of the journal
+    TestADecisionThatComesLater: LATER stops the run; called again, it asks again
+    TestEffectKeys: effect_key(), the same in every process, another run's differ
+    TestLiveFrom: live_from(), the first event given live
     TestKilledProcesses: a child process killed at every kind of point, then run again
+    TestKilledProcessesWithToolsAtOnce: the same for a batch at once, and a decision later
 """
 
 from __future__ import annotations
@@ -680,6 +686,11 @@ CORRUPT: Dict[str, Tuple[Callable[[List[bytes]], bytes], Callable[[List[bytes]],
         "a record 'note': after its first line a journal holds events, and 'response', "
         "'decision', 'awaiting' and 'resume' records",
     ),
+    "a run record without a run id": (
+        lambda lines: replaced(lines, 0, lines[0].replace(b'"runId":"', b'"runID":"')),
+        lambda lines: 1,
+        "the run id must be a non-empty string, got None",
+    ),
     "a second run record": (
         lambda lines: replaced(lines, 2, lines[0], lines[2]),
         lambda lines: 3,
@@ -1137,6 +1148,37 @@ class TestEveryOptionOfRunAgentLoop:
         with pytest.raises(ald.JournalError, match="not the same tool_concurrency: journal 2"):
             Process().durable_run(journal)
 
+    def test_a_tool_waits_on_the_runs_signal(self, tmp_path: Path) -> None:
+        """The tools get the run's signal, the consumer's: set, it is set for them."""
+        seen: List[bool] = []
+
+        def waits(arguments: Dict[str, Any], signal: al.Signal) -> object:
+            seen.append(signal.wait(0))
+            consumer.set()
+            seen.append(signal.wait(0))
+            return "waited"
+
+        consumer = threading.Event()
+        model = RequestKeyedModel(
+            {"request-001": al.scripted_response("response-001", [call("w", "c", {})], "toolCall")}
+        )
+        tools = al.ToolRegistry([al.Tool("w", "Waits.", {"type": "object"}, waits)])
+        run = ald.durable_run(
+            tmp_path / "run.jsonl",
+            messages=[START],
+            model=model,
+            tools=tools,
+            max_steps=2,
+            signal=consumer,
+        )
+        _, result = al.settle_run(run)
+        assert seen == [False, True]
+        assert result.status == "cancelled"
+
+    def test_later_is_one_value_with_its_name(self) -> None:
+        assert repr(ald.LATER) == "agent_loop_durable.LATER"
+        assert ald.LATER is ald.LATER.__class__("LATER")
+
     def test_the_1_3_import_still_works(self) -> None:
         from agent_loop_replay import JournalError, durable_run
 
@@ -1194,6 +1236,34 @@ class TestADecisionThatComesLater:
         assert sorted(first.effects.executions + last.effects.executions) == sorted(EXECUTED_CALLS)
         assert ald.awaiting_decision(journal) == ()
         assert ald.live_from(journal) == len(events)
+
+    def test_a_run_that_awaits_a_decision_needs_a_hook_to_ask(self, tmp_path: Path) -> None:
+        """Without before_tool_call, the awaiting call would run unasked: a ValueError."""
+        journal = tmp_path / "run.jsonl"
+        al.settle_run(
+            Process().durable_run(journal, before_tool_call=Asker({"call-1": ald.LATER}))
+        )
+        written = journal.read_bytes()
+        with pytest.raises(ValueError, match="awaits a decision on tool call 'call-1': call"):
+            Process().durable_run(journal)
+        assert journal.read_bytes() == written
+
+    def test_a_recorded_refusal_is_given_again_without_a_hook(self, tmp_path: Path) -> None:
+        """The process died after writing call-5's refusal, before its tool.started."""
+        whole = tmp_path / "whole.jsonl"
+        asker = Asker({"call-5": "No."})
+        expected, expected_result = al.settle_run(
+            Process().durable_run(whole, before_tool_call=asker)
+        )
+        lines = whole.read_bytes().splitlines(keepends=True)
+        refusal = next(i for i, line in enumerate(lines) if b'"refusal":"No."' in line)
+        journal = tmp_path / "run.jsonl"
+        journal.write_bytes(b"".join(lines[: refusal + 1]))
+        process = Process()
+        events, result = al.settle_run(process.durable_run(journal))
+        assert untimed(events) == untimed(expected)
+        assert result == expected_result
+        assert "call-5" not in process.effects.executions
 
     def test_a_refusal_later_is_the_calls_error_result(self, tmp_path: Path) -> None:
         journal = tmp_path / "run.jsonl"
@@ -1333,13 +1403,16 @@ class TestLiveFrom:
 # --- Killed processes ----------------------------------------------------------------------
 
 CHILD = r'''
-"""The durable run that TestKilledProcesses kills: python child.py JOURNAL FOLDER POINT.
+"""The durable run that TestKilledProcesses kills: python child.py JOURNAL FOLDER POINT MODE.
 
 When the run gets to POINT, it prints POINT and waits to be killed. POINT is "event N"
 (the consumer holds event N), "before-effect ID" or "after-effect ID" (inside the tool,
-on either side of its effect), "torn TEXT" (the journal write that holds TEXT stops
-halfway through that line), or "none": the run goes to its end, and its events and
-result are written into FOLDER.
+on either side of its effect), "asked ID" (before_tool_call asked about the call, before
+it answers), "torn TEXT" (the journal write that holds TEXT stops halfway through that
+line), or "none": the run goes to its end, and its events and result are written into
+FOLDER. MODE "one at a time": three notes over two steps, one call at a time; "at once":
+a batch of three notes, run at once, each asked about first (and answered from the file
+"answers" of FOLDER: "ID yes" or "ID no", LATER for a call it does not name).
 """
 import json
 import os
@@ -1350,7 +1423,7 @@ import agent_loop as al
 import agent_loop_replay as alr
 import agent_loop_durable as ald
 
-JOURNAL, FOLDER, POINT = sys.argv[1:4]
+JOURNAL, FOLDER, POINT, MODE = sys.argv[1:5]
 
 
 def stop_here(where):
@@ -1390,6 +1463,23 @@ SCRIPT = {
 }
 
 
+if MODE == "at once":
+    SCRIPT = {
+        "request-001": al.scripted_response(
+            "response-001",
+            [note("one", "call-1"), note("two", "call-2"), note("three", "call-3")],
+            "toolCall",
+            chunks=[note("one", "call-1"), note("two", "call-2"), note("three", "call-3")],
+        ),
+        "request-002": al.scripted_response(
+            "response-002",
+            [al.TextBlock("Noted.")],
+            "stop",
+            chunks=[al.TextBlock("No"), al.TextBlock("ted.")],
+        ),
+    }
+
+
 class ByRequest:
     """Deterministic as a resumed run needs it: the answer depends on the request alone."""
 
@@ -1398,16 +1488,32 @@ class ByRequest:
         return al.ScriptedModel([SCRIPT[request.id]]).stream(request, signal)
 
 
+def ask(call, signal):
+    """Answers from the file of answers; LATER for a call it does not name."""
+    log("asked", call.id)
+    stop_here("asked " + call.id)
+    path = os.path.join(FOLDER, "answers")
+    answers = {}
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as file:
+            answers = dict(line.split() for line in file if line.strip())
+    answer = answers.get(call.id)
+    if answer is None:
+        return ald.LATER
+    return None if answer == "yes" else "Refused."
+
+
 def execute(arguments, signal):
-    """Notes its text once per call: the effect is keyed by the call's id."""
+    """Notes its text once per call: the effect is keyed by effect_key()."""
     call = al.current_tool_call()
     log("executions", call.id)
     stop_here("before-effect " + call.id)
+    key = ald.effect_key()
     path = os.path.join(FOLDER, "effects")
     with open(path, "a+", encoding="utf-8") as effects:
         effects.seek(0)
-        if call.id not in effects.read().split():
-            effects.write(call.id + "\n")
+        if key not in effects.read().split():
+            effects.write(key + "\n")
     stop_here("after-effect " + call.id)
     return "noted " + arguments["text"]
 
@@ -1435,6 +1541,7 @@ run = ald.durable_run(
     model=ByRequest(),
     tools=al.ToolRegistry([al.Tool("note", "Notes a text.", schema, execute)]),
     max_steps=4,
+    **({"tool_concurrency": 3, "before_tool_call": ask} if MODE == "at once" else {}),
 )
 events, result = al.settle_run(run, on_event=lambda event: stop_here("event %d" % event.sequence))
 with open(os.path.join(FOLDER, "events.jsonl"), "w", encoding="utf-8") as file:
@@ -1453,10 +1560,24 @@ class Child:
     """The child's folder (its journal, its logs and what its last run wrote)."""
 
     folder: Path
+    mode: str = "one at a time"
+    answers: str = ""  # the file of answers, for mode "at once"
 
     def __post_init__(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / "child.py").write_text(CHILD, encoding="utf-8")
+        self.answer(self.answers)
+
+    def answer(self, answers: str) -> None:
+        """Writes the file of answers (a person decides)."""
+        (self.folder / "answers").write_text(answers, encoding="utf-8")
+
+    def effects(self) -> List[str]:
+        """The call ids of the effects applied, each keyed by effect_key(): the same run id
+        in every process."""
+        keys = self.log("effects")
+        assert len({key.split(":")[0] for key in keys}) == 1
+        return sorted(key.split(":")[1] for key in keys)
 
     @property
     def journal(self) -> Path:
@@ -1470,7 +1591,7 @@ class Child:
         """Runs the child; unless ``point`` is "none", kills it once it says it is there."""
         environment = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.abspath(al.__file__)))
         child = subprocess.Popen(
-            [sys.executable, "child.py", str(self.journal), str(self.folder), point],
+            [sys.executable, "child.py", str(self.journal), str(self.folder), point, self.mode],
             cwd=self.folder,
             env=environment,
             stdout=subprocess.PIPE,
@@ -1542,16 +1663,18 @@ class TestKilledProcesses:
     def kill_and_go_on(self, child: Child, points: List[str]) -> None:
         for point in points:
             child.run(point)
-            results, responses, finished = recorded_in(
-                child.journal.read_bytes() if child.journal.exists() else b""
-            )
+            data = child.journal.read_bytes() if child.journal.exists() else b""
+            results, responses, finished = recorded_in(data)
+            answered = {line["callId"] for line in whole_lines(data) if "callId" in line}
             executions, requests = len(child.log("executions")), len(child.log("requests"))
+            asked = len(child.log("asked"))
             child.run()  # goes on, or gives the finished run again
             # What the journal recorded when the child died is not done again.
             ran_again = child.log("executions")[executions:]
             assert not results.intersection(ran_again), point
             requested_again = child.log("requests")[requests:]
             assert not responses.intersection(requested_again), point
+            assert not answered.intersection(child.log("asked")[asked:]), point
             assert not finished or (ran_again, requested_again) == ([], []), point
 
     @pytest.mark.parametrize("point", kill_points())
@@ -1564,7 +1687,7 @@ class TestKilledProcesses:
         child = Child(tmp_path)
         self.kill_and_go_on(child, [point])
         assert child.outcome() == uninterrupted
-        assert sorted(child.log("effects")) == ["call-1", "call-2", "call-3"]
+        assert child.effects() == ["call-1", "call-2", "call-3"]
 
     def test_killed_several_times_in_a_row(
         self, tmp_path: Path, uninterrupted: Tuple[List[Dict[str, Any]], Dict[str, Any]]
@@ -1583,7 +1706,7 @@ class TestKilledProcesses:
             child.run(point)
         child.run()
         assert child.outcome() == uninterrupted
-        assert sorted(child.log("effects")) == ["call-1", "call-2", "call-3"]
+        assert child.effects() == ["call-1", "call-2", "call-3"]
         # Run again only: call-1 and call-3, killed inside the tool; and call-2, whose
         # result line was torn.
         assert sorted(child.log("executions")) == [
@@ -1598,3 +1721,82 @@ class TestKilledProcesses:
         # the one killed at event 4, while it gave recorded events again.
         records = [kind_of(line) for line in whole_lines(child.journal.read_bytes())]
         assert records.count("resume") == len(points) - 1
+
+
+AT_ONCE_EVENTS = 13
+"""The events of the child's batch: message.accepted, 3 chunks, 3 tool.started, 3
+tool.finished, 2 chunks, run.finished."""
+
+APPROVED = "call-1 yes\ncall-2 yes\ncall-3 yes\n"
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_at_once(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
+    """The events and result of the child's batch when nothing stops it, every call
+    approved."""
+    child = Child(tmp_path_factory.mktemp("at-once"), "at once", APPROVED)
+    child.run()
+    events, result = child.outcome()
+    assert len(events) == AT_ONCE_EVENTS
+    assert result["status"] == "completed"
+    assert sorted(child.log("executions")) == ["call-1", "call-2", "call-3"]
+    assert child.log("asked") == ["call-1", "call-2", "call-3"]
+    return events, result
+
+
+def kill_points_at_once() -> List[str]:
+    return [
+        *(f"event {sequence}" for sequence in range(AT_ONCE_EVENTS)),
+        *(f"{where} call-{n}" for n in (1, 2, 3) for where in ("asked", "before-effect")),
+        *(f"after-effect call-{n}" for n in (1, 2, 3)),
+        'torn {"record":"decision","callId":"call-2"',
+        'torn {"sequence":5,',
+        'torn {"sequence":8,',
+    ]
+
+
+class TestKilledProcessesWithToolsAtOnce:
+    """The same, for a batch of three calls run at once, each asked about first: killed at
+    every event, while asked about each call, and before and after each tool's effect,
+    the run goes on to the uninterrupted run's events and result; a call that started
+    without a recorded result runs again, one with a result never does, an answer written
+    is never asked again, and each effect (keyed by effect_key()) is applied once."""
+
+    @pytest.mark.parametrize("point", kill_points_at_once())
+    def test_killed_once(
+        self,
+        tmp_path: Path,
+        point: str,
+        uninterrupted_at_once: Tuple[List[Dict[str, Any]], Dict[str, Any]],
+    ) -> None:
+        child = Child(tmp_path, "at once", APPROVED)
+        TestKilledProcesses().kill_and_go_on(child, [point])
+        assert child.outcome() == uninterrupted_at_once
+        assert child.effects() == ["call-1", "call-2", "call-3"]
+
+    def test_a_decision_that_comes_later_across_processes_killed_on_the_way(
+        self,
+        tmp_path: Path,
+        uninterrupted_at_once: Tuple[List[Dict[str, Any]], Dict[str, Any]],
+    ) -> None:
+        """call-2 awaits a decision, twice; answered, the process dies between two answers,
+        then after call-2's effect and before its result is written; the run ends as if
+        approved all along, with nothing run twice."""
+        child = Child(tmp_path, "at once", "call-1 yes\n")
+        child.run()
+        events, result = child.outcome()
+        assert result["status"] == "cancelled"
+        assert [call.id for call in ald.awaiting_decision(child.journal)] == ["call-2"]
+        assert child.log("executions") == []  # its group waits with it
+        child.run()  # asked again, nobody can answer yet
+        assert child.outcome() == (events, result)
+        child.answer(APPROVED)
+        child.run("asked call-3")  # call-2's answer is written, call-3's is not
+        assert ald.awaiting_decision(child.journal) == ()
+        child.run("after-effect call-2")
+        child.run()
+        assert child.outcome() == uninterrupted_at_once
+        assert child.effects() == ["call-1", "call-2", "call-3"]
+        assert child.log("asked") == ["call-1", "call-2", "call-2", "call-2", "call-3", "call-3"]

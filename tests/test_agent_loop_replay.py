@@ -10,12 +10,14 @@ which checks the run's invariants.
 Contents
     TestExactReplay: a completed or maxSteps run replays to_dict() for to_dict()
     TestReplayOfCancelledAndFailedRuns: replayed to where the log stops, then cancelled
+    TestReplayOfRefusedCalls: a call refused in the recording is refused again
     TestReplayDetectsDrift: a request that differs from the recording fails the run
     TestReplayRejectsLogsOfNoSingleRun: a ValueError that says what is wrong
     TestRandomRecordedRunsReplayExactly: random recorded runs
+    TestEveryCancelledConcurrentRunReplays: random cancelled batches of tools at once
     TestResumedRunsReplayExactly: a cancel-resume chain, each run replayed
     TestThinkingAndUsageReplayExactly: thinking blocks, deltas and usage, replayed exactly
-    TestJsonLines: dump_events() and load_events(), and the line load_events() cannot read
+    TestJsonLines: dump_events() and load_events(), times, journals, and unreadable lines
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import agent_loop as al
 import agent_loop_replay as alr
 from loop_testing import (
     FakeModel,
+    RequestKeyedModel,
     add_tool,
     call,
     counter_tool,
@@ -208,8 +211,8 @@ class TestExactReplay:
 
     def test_the_replayed_run_is_run_agent_loop_on_its_fields(self) -> None:
         """A frozen dataclass with messages, model, tools, max_steps,
-        request_sequence_start and tool_concurrency, whose run() returns
-        run_agent_loop(...) on them."""
+        request_sequence_start, tool_concurrency and before_tool_call, whose run()
+        returns run_agent_loop(...) on them."""
         events, _ = record_run(three_step_script())
         replayed = alr.replay(iter(events))
         assert [field.name for field in dataclasses.fields(alr.ReplayedRun)] == [
@@ -219,8 +222,10 @@ class TestExactReplay:
             "max_steps",
             "request_sequence_start",
             "tool_concurrency",
+            "before_tool_call",
         ]
         assert replayed.tool_concurrency == 1  # a sequential recording
+        assert replayed.before_tool_call is None  # nothing refused
         with pytest.raises(dataclasses.FrozenInstanceError):
             replayed.max_steps = 4  # type: ignore[misc]
         assert [tool.name for tool in replayed.tools] == [
@@ -419,6 +424,46 @@ class TestReplayOfCancelledAndFailedRuns:
         assert "the recording stops inside request-001: replay it with ReplayedRun.run()" in (
             result.error.message
         )
+
+
+def refused_log() -> list[al.Event]:
+    """two_call_script() recorded with call-2 refused by before_tool_call: its
+    tool.finished says refused (the core marks it; marked here for a core that does not)."""
+
+    def consent(call: al.ToolCall, signal: Any) -> str | None:
+        return "Not this one." if call.id == "call-2" else None
+
+    events, result, _ = run(
+        two_call_script(), every_kind_of_tool(), before_tool_call=consent, signal=None
+    )
+    assert result.status == "completed"
+    return [
+        al.Event(event.sequence, event.type, {**event.payload, "refused": True})
+        if event.type == "tool.finished" and event.payload["tool_call"].id == "call-2"
+        else event
+        for event in events
+    ]
+
+
+class TestReplayOfRefusedCalls:
+    """A call that before_tool_call refused in the recording is refused again: the
+    replayed run's before_tool_call refuses exactly the calls whose recorded tool.finished
+    says refused, with the recorded words, and runs no tool for them."""
+
+    def test_the_replayed_run_refuses_exactly_the_refused_calls(self) -> None:
+        log = refused_log()
+        replayed = alr.replay(log)
+        assert replayed.before_tool_call is not None
+        calls = [event.payload["tool_call"] for event in log if event.type == "tool.started"]
+        answers = [replayed.before_tool_call(call, threading.Event()) for call in calls]
+        assert answers == [None, "Not this one.", None]
+        again, result = settle(replayed.run(), max_steps=replayed.max_steps, consent=True)
+        assert [event.type for event in again] == [event.type for event in log]
+        assert result == log[-1].payload["result"]
+
+    def test_a_recording_without_refusals_has_no_consent_hook(self) -> None:
+        events, _ = record_run(two_call_script())
+        assert alr.replay(events).before_tool_call is None
 
 
 def answer_tool(answer: str) -> al.Tool:
@@ -719,6 +764,68 @@ class TestRandomRecordedRunsReplayExactly:
         assert errors > 100
 
 
+def random_cancelled_batch(seed: int) -> tuple[list[al.Event], al.RunResult]:
+    """A batch of 2-5 calls run 2-4 at once, each taking a random time (under 4 ms),
+    cancelled by a signal set from another thread at a random time (under 8 ms)."""
+    rng = random.Random(seed)
+    count = rng.randint(2, 5)
+    takes = {f"call-{n}": rng.uniform(0, 0.004) for n in range(count)}
+
+    def work(arguments: dict[str, Any], signal: al.Signal) -> object:
+        current = al.current_tool_call()
+        assert current is not None
+        signal.wait(takes[current.id])  # returns early once the signal is set
+        return f"worked on {current.id}"
+
+    script = [
+        tool_turn("response-001", *(call("work", call_id, {}) for call_id in takes)),
+        stop("response-002", "Done."),
+    ]
+    signal = threading.Event()
+    timer = threading.Timer(rng.uniform(0, 0.008), signal.set)
+    timer.start()
+    try:
+        events, result, _ = run(
+            script,
+            [al.Tool("work", "Works.", {"type": "object"}, work)],
+            signal=signal,
+            tool_concurrency=rng.randint(2, 4),
+        )
+    finally:
+        timer.cancel()
+        timer.join()
+    return events, result
+
+
+class TestEveryCancelledConcurrentRunReplays:
+    """A group of tools at once keeps the sequential loop's rule, "once the loop sees the
+    signal, no more results": whatever the timing, its log replays exactly."""
+
+    def test_random_cancelled_batches_replay_exactly(self) -> None:
+        cut = 0  # runs cancelled with some results kept and some calls open
+        for seed in range(150):
+            events, result = random_cancelled_batch(seed)
+            replayed = alr.replay(events)
+            again, again_result = settle(
+                replayed.run(),
+                max_steps=replayed.max_steps,
+                tool_concurrency=replayed.tool_concurrency,
+            )
+            # Exactly, but a run cancelled inside a request before its first chunk, which
+            # the replay does not open (its steps is one less).
+            assert dicts_of(again[:-1]) == dicts_of(events[:-1]), seed
+            assert again_result.messages == result.messages, seed
+            assert again_result.steps in (result.steps, result.steps - 1), seed
+            finished = sum(event.type == "tool.finished" for event in events)
+            cut += result.status == "cancelled" and 0 < finished < len(started_in(events))
+        assert cut > 0
+
+
+def started_in(events: list[al.Event]) -> list[al.Event]:
+    """The tool.started events of a log."""
+    return [event for event in events if event.type == "tool.started"]
+
+
 class TestResumedRunsReplayExactly:
     """Each run of a cancel-resume chain replays exactly, and the chain's request ids go on
     (RunResult.next_request_sequence)."""
@@ -853,7 +960,7 @@ class TestJsonLines:
         with open(path, "w", encoding="utf-8") as file:
             alr.dump_events(events, file)
         assert path.read_text(encoding="utf-8") == "".join(
-            json.dumps(event.to_dict(), separators=(",", ":"), ensure_ascii=False) + "\n"
+            json.dumps(event.to_dict(), separators=(",", ":"), allow_nan=False) + "\n"
             for event in events
         )
         with open(path, encoding="utf-8") as file:
@@ -906,3 +1013,85 @@ class TestJsonLines:
         with pytest.raises(ValueError, match=r"^line 2: ") as refused:
             alr.load_events([lines[0], line, *lines[1:]])
         assert str(refused.value).startswith(message)
+
+    def test_times_are_written_when_asked_and_read_back_with_the_events(self) -> None:
+        events, _ = record_run(two_call_script())
+        timed, plain = io.StringIO(), io.StringIO()
+        alr.dump_events(iter(events), timed, times=True)
+        alr.dump_events(events, plain)
+        read = alr.load_timed_events(io.StringIO(timed.getvalue()))
+        assert [event for event, _ in read] == events
+        seconds = [time for _, time in read if isinstance(time, float)]
+        assert len(seconds) == len(events)
+        assert seconds == sorted(seconds)
+        assert seconds[0] >= 0
+        assert alr.load_events(io.StringIO(timed.getvalue())) == events  # time not read
+        assert alr.load_timed_events(io.StringIO(plain.getvalue())) == [
+            (event, None) for event in events
+        ]
+
+    def test_a_durable_journal_gives_its_runs_events_with_their_times(
+        self, tmp_path: Path
+    ) -> None:
+        """Its records are skipped, the events a resume record voids dropped, and so is a
+        torn last line."""
+        import agent_loop_durable as ald
+
+        journal = tmp_path / "run.jsonl"
+        script = {f"request-00{n}": step for n, step in enumerate(two_call_script(), start=1)}
+        model = RequestKeyedModel(script)
+        tools = al.ToolRegistry(every_kind_of_tool())
+        options: dict[str, Any] = {"messages": [user()], "tools": tools, "max_steps": 8}
+        events, _ = al.settle_run(ald.durable_run(journal, model=model, **options))
+        data = journal.read_text(encoding="ascii")
+        lines = data.splitlines(keepends=True)
+        # A process died after the second tool.started, writing a line; another went on.
+        second = [i for i, line in enumerate(lines) if '"tool.started"' in line][1]
+        journal.write_text("".join(lines[: second + 1]) + '{"sequ', encoding="ascii")
+        with open(journal, encoding="ascii") as file:
+            cut = alr.load_timed_events(file)
+        assert [event for event, _ in cut] == events[: len(cut)]
+        model = RequestKeyedModel(script)
+        options["tools"] = al.ToolRegistry(every_kind_of_tool())  # a new process's
+        again, _ = al.settle_run(ald.durable_run(journal, model=model, **options))
+        assert dicts_of(again) == dicts_of(events)
+        with open(journal, encoding="ascii") as file:
+            read = alr.load_timed_events(file)
+        assert [event for event, _ in read] == events
+        assert all(isinstance(time, float) for _, time in read)
+        # A journal whose run record is torn holds no event yet.
+        assert alr.load_timed_events([data[: data.index("\n") // 2]]) == []
+
+    @pytest.mark.parametrize(
+        ("line", "message"),
+        [
+            ('{"record": "resume", "sequence": 1}\n', "line 2: a 'resume' record, and the first"),
+            ('{"sequence": 1, "time": "soon"}\n', "line 2: time must be a number of seconds"),
+            ('{"sequence": 1, "time": -1}\n', "line 2: time must be a number of seconds"),
+        ],
+        ids=["a record outside a journal", "a time that is no number", "a negative time"],
+    )
+    def test_a_line_that_load_timed_events_cannot_read(self, line: str, message: str) -> None:
+        events, _ = record_run([stop("response-001", "The sum is 42.")])
+        written = io.StringIO()
+        alr.dump_events(events, written)
+        first = json.loads(written.getvalue().splitlines()[1])
+        if "time" in line:
+            first.update(json.loads(line))
+            line = json.dumps(first) + "\n"
+        with pytest.raises(ValueError, match=r"^line 2: ") as refused:
+            alr.load_timed_events([written.getvalue().splitlines(keepends=True)[0], line])
+        assert str(refused.value).startswith(message)
+
+    @pytest.mark.parametrize("sequence", [-1, 2, "1"], ids=["negative", "past", "a str"])
+    def test_a_journals_resume_record_names_a_recorded_sequence(self, sequence: Any) -> None:
+        events, _ = record_run([stop("response-001", "The sum is 42.")])
+        lines = [
+            '{"record":"run"}\n',
+            alr.json_line(events[0].to_dict()) + "\n",
+            alr.json_line({"record": "resume", "sequence": sequence}) + "\n",
+        ]
+        with pytest.raises(ValueError, match=r"^line 3: a resume record's sequence must be"):
+            alr.load_timed_events(lines)
+        lines[2] = alr.json_line({"record": "resume", "sequence": 1}) + "\n"
+        assert alr.load_timed_events(lines) == [(events[0], None)]
