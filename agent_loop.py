@@ -379,7 +379,8 @@ class _Run:
                 # Seed: "For each call, it emits tool.started, awaits executeToolCall(),
                 # appends the linked Tool-result message, then emits tool.finished."
                 yield self._event("tool.started", request_id=request.id, tool_call=call)
-                yield self._finished(request, call, refusal or self._execute(call), refusal is not None)
+                result = refusal or self._execute(call)
+                yield self._finished(request, call, result, refusal is not None)
         # Seed: "After the complete Tool batch, validateTranscript() proves that every
         # call has one later matching result." By construction: each got one, or it raised.
 
@@ -2090,7 +2091,9 @@ class Event:
             "sequence": self.sequence,
             "type": self.type,
             "payload": {
-                _PAYLOAD_JSON_KEYS[key]: value if isinstance(value, (str, bool)) else value.to_dict()
+                _PAYLOAD_JSON_KEYS[key]: (
+                    value if isinstance(value, (str, bool)) else value.to_dict()
+                )
                 for key, value in self.payload.items()
             },
         }

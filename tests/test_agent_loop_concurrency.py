@@ -971,8 +971,8 @@ class TestConsent:
         assert "refused" not in finished["c1"].to_dict()["payload"]
         shown = io.StringIO()
         al.print_event(finished["c2"], shown)
-        sequence = finished["c2"].sequence
-        assert shown.getvalue() == f"{sequence:3d}  tool.finished     request-001 echo refused: No.\n"
+        line = f"{finished['c2'].sequence:3d}  tool.finished     request-001 echo refused: No."
+        assert shown.getvalue() == line + "\n"
 
     def test_a_refusal_kept_after_an_interrupted_call_carries_refused_true(self) -> None:
         def cancelling(arguments: Dict[str, Any], signal: Any) -> object:
