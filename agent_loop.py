@@ -45,12 +45,12 @@ transformation, provider retries, persistent sessions.
 
 The README is the reference: the API, the choices where the seed is silent, the companion
 files (which use only this file's public names). This file reads top down: the limits,
-the loop, then what it uses in that order; ``python agent_loop.py --help`` runs the demo.
+the loop, then what it uses in that order. ``python agent_loop.py`` runs the demonstration,
+which is the command line's (``python agent_loop_cli.py --demo``, beside this file).
 """
 
 from __future__ import annotations
 
-import argparse
 import collections.abc
 import contextlib
 import contextvars
@@ -2504,98 +2504,15 @@ class ScriptedModel:
         )
 
 
-# --- The demonstration ------------------------------------------------------------
-
-
-def _demo_model() -> ScriptedModel:
-    """The script: thinking and one call, two calls (one fails), then the answer."""
-    thinking = ThinkingBlock("Two operations: the sum first, then the division.", "sig-demo-001")
-    add = ToolCall("call-add-001", "add", {"left": 20, "right": 22})
-    half = ToolCall("call-divide-001", "divide", {"dividend": 42, "divisor": 2})
-    by_zero = ToolCall("call-divide-002", "divide", {"dividend": 42, "divisor": 0})
-    answer = ["(20 + 22) / 2 = 21. ", "42 / 0 has no value: ", "division by zero."]
-    return ScriptedModel(
-        [
-            scripted_response(
-                "response-001",
-                [thinking, TextBlock("First the sum."), add],
-                "toolCall",
-                usage=Usage(412, 58, 0, 1024, 12),
-            ),
-            scripted_response(
-                "response-002", [half, by_zero], "toolCall", usage=Usage(96, 41, 1024, 0, 0)
-            ),
-            scripted_response(
-                "response-003",
-                [TextBlock("".join(answer))],
-                "stop",
-                chunks=[TextBlock(piece) for piece in answer],
-                usage=Usage(188, 19, 1024, 0, 0),
-            ),
-        ]
-    )
-
-
-def _main(argv: Optional[Sequence[str]] = None) -> int:
-    """The demonstration: a scripted run over two tools, printed one event per line."""
-    parser = argparse.ArgumentParser(
-        prog="python agent_loop.py",
-        description="Runs the Agent Loop on a scripted model with two tools (one call "
-        "fails, recoverably) and prints each event on one line, the result last.",
-    )
-    parser.add_argument("--json", action="store_true", help="print each event as JSON")
-    budget = f"the step budget, 1..{MAX_AGENT_STEPS} (the demo needs 3)"
-    parser.add_argument("--max-steps", type=int, default=MAX_AGENT_STEPS, metavar="N", help=budget)
-    parser.add_argument(
-        "--cancel-after", type=int, metavar="K", help="set the signal once event K is printed"
-    )
-    options = parser.parse_args(argv)
-    if not 1 <= options.max_steps <= MAX_AGENT_STEPS:
-        parser.error(f"argument --max-steps: {options.max_steps} is not in 1..{MAX_AGENT_STEPS}")
-    if options.cancel_after is not None and options.cancel_after < 0:
-        parser.error(f"argument --cancel-after: {options.cancel_after} is negative")
-    signal = threading.Event()
-
-    def show(event: Event) -> None:
-        if options.json:
-            print(json.dumps(event.to_dict(), ensure_ascii=False))
-        else:
-            print_event(event)
-        if event.sequence == options.cancel_after:
-            signal.set()
-
-    def numbers(*names: str) -> Dict[str, Any]:  # the schema of these numbers, required
-        properties = {name: {"type": "number"} for name in names}
-        return {"type": "object", "properties": properties, "required": list(names)}
-
-    def add(arguments: Dict[str, Any], signal: Signal) -> object:
-        return {"sum": arguments["left"] + arguments["right"]}
-
-    def divide(arguments: Dict[str, Any], signal: Signal) -> object:
-        return {"quotient": arguments["dividend"] / arguments["divisor"]}  # by 0: an error result
-
-    add_tool = Tool("add", "Adds two numbers.", numbers("left", "right"), add)
-    divide_tool = Tool("divide", "Divides a number.", numbers("dividend", "divisor"), divide)
-    settle_run(
-        run_agent_loop(
-            messages=[UserMessage("user-001", "What is (20 + 22) / 2? And 42 / 0?")],
-            model=_demo_model(),
-            tools=ToolRegistry([add_tool, divide_tool]),
-            max_steps=options.max_steps,
-            signal=signal,
-        ),
-        on_event=show,
-    )
-    return 0
-
-
 if __name__ == "__main__":
-    try:
-        status = _main()
-        sys.stdout.flush()  # here, where a broken pipe can still be caught
-    except BrokenPipeError:
-        # The reader left early (`--json | head`): stop quietly, and keep Python from
-        # reporting the broken pipe again when it flushes stdout.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        status = 1
-    sys.exit(status)
+    # The demonstration is the command line's (agent_loop_cli.py --demo): one copy of it.
+    import runpy
+
+    cli = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent_loop_cli.py")
+    if not os.path.exists(cli):
+        sys.exit(
+            "agent_loop.py: the demonstration is `python agent_loop_cli.py --demo`: copy "
+            "agent_loop_cli.py and its companions from the agent_loop repository beside this file"
+        )
+    sys.argv[1:1] = ["--demo"]
+    runpy.run_path(cli, run_name="__main__")

@@ -11,8 +11,10 @@ those of the MCP servers that ``--mcp "COMMAND ARGS"`` starts, and prints each e
 one line as ``agent_loop.print_event`` does (``--json``: JSON lines, as
 ``agent_loop_replay.dump_events`` writes them). ``--tool-concurrency N`` runs the calls of
 one response on up to N threads; ``--confirm`` asks on the terminal before each call.
-``python agent_loop_cli.py --help`` lists every option. It uses only the public names of
-``agent_loop``, ``agent_loop_providers``, ``agent_loop_replay`` and ``agent_loop_mcp``.
+``python agent_loop_cli.py --help`` lists every option. ``python agent_loop_cli.py --demo``
+(which ``python agent_loop.py`` runs) is the demonstration: a scripted model, no network.
+It uses only the public names of ``agent_loop``, ``agent_loop_providers``,
+``agent_loop_replay`` and ``agent_loop_mcp``.
 """
 
 from __future__ import annotations
@@ -330,10 +332,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     signal, so the run ends ``cancelled`` and its result is printed; a second Ctrl-C
     interrupts at once. Retries and accepted cut answers are logged on stderr. Bad
     options, an MCP server that cannot be used, and two tools of one name exit with
-    status 2.
+    status 2. With ``--demo`` first, it runs the scripted demonstration instead (no model;
+    ``python agent_loop.py`` runs it too: ``--json``, ``--max-steps N``, ``--cancel-after K``).
     """
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    if arguments[:1] == ["--demo"]:
+        return _demo(arguments[1:])
     parser = _parser()
-    options = parser.parse_args(argv)
+    options = parser.parse_args(arguments)
     model = _model(parser, options)
     with contextlib.ExitStack() as servers:  # the servers end whatever happens
         return _run(options, model, _tools(parser, options, servers))
@@ -371,6 +377,90 @@ def _run(options: argparse.Namespace, model: al.Model, tools: al.ToolRegistry) -
         os_signal.signal(os_signal.SIGINT, previous)
         logger.removeHandler(handler)
     return 0 if result.status == "completed" else 1
+
+
+# --- The demonstration (python agent_loop.py) ----------------------------------------
+
+
+def divide(dividend: float, divisor: float) -> Dict[str, float]:
+    """Divides a number."""
+    return {"quotient": dividend / divisor}  # by 0: an error result, which the model reads
+
+
+def _demo_model() -> al.ScriptedModel:
+    """The script: thinking and one call, two calls (one fails), then the answer."""
+    thinking = al.ThinkingBlock(
+        "Two operations: the sum first, then the division.", "sig-demo-001"
+    )
+    add_call = al.ToolCall("call-add-001", "add", {"left": 20, "right": 22})
+    half = al.ToolCall("call-divide-001", "divide", {"dividend": 42, "divisor": 2})
+    by_zero = al.ToolCall("call-divide-002", "divide", {"dividend": 42, "divisor": 0})
+    answer = ["(20 + 22) / 2 = 21. ", "42 / 0 has no value: ", "division by zero."]
+    return al.ScriptedModel(
+        [
+            al.scripted_response(
+                "response-001",
+                [thinking, al.TextBlock("First the sum."), add_call],
+                "toolCall",
+                usage=al.Usage(412, 58, 0, 1024, 12),
+            ),
+            al.scripted_response(
+                "response-002", [half, by_zero], "toolCall", usage=al.Usage(96, 41, 1024, 0, 0)
+            ),
+            al.scripted_response(
+                "response-003",
+                [al.TextBlock("".join(answer))],
+                "stop",
+                chunks=[al.TextBlock(piece) for piece in answer],
+                usage=al.Usage(188, 19, 1024, 0, 0),
+            ),
+        ]
+    )
+
+
+def _demo(argv: Sequence[str]) -> int:
+    """The demonstration: a scripted run over add and divide, printed one event per line."""
+    parser = argparse.ArgumentParser(
+        prog="python agent_loop.py",
+        description="Runs the Agent Loop on a scripted model with two tools (one call "
+        "fails, recoverably) and prints each event on one line, the result last.",
+    )
+    parser.add_argument("--json", action="store_true", help="print each event as JSON")
+    budget = f"the step budget, 1..{al.MAX_AGENT_STEPS} (the demo needs 3)"
+    parser.add_argument(
+        "--max-steps", type=int, default=al.MAX_AGENT_STEPS, metavar="N", help=budget
+    )
+    parser.add_argument(
+        "--cancel-after", type=int, metavar="K", help="set the signal once event K is printed"
+    )
+    options = parser.parse_args(argv)
+    if not 1 <= options.max_steps <= al.MAX_AGENT_STEPS:
+        parser.error(
+            f"argument --max-steps: {options.max_steps} is not in 1..{al.MAX_AGENT_STEPS}"
+        )
+    if options.cancel_after is not None and options.cancel_after < 0:
+        parser.error(f"argument --cancel-after: {options.cancel_after} is negative")
+    signal = threading.Event()
+
+    def show(event: al.Event) -> None:
+        if options.json:
+            print(json.dumps(event.to_dict(), ensure_ascii=False))
+        else:
+            al.print_event(event)
+        if event.sequence == options.cancel_after:
+            signal.set()
+
+    al.settle_run(
+        al.run_agent_loop(
+            messages=[al.UserMessage("user-001", "What is (20 + 22) / 2? And 42 / 0?")],
+            model=_demo_model(),
+            tools=al.ToolRegistry([TOOLS[0], al.Tool.from_function(divide)]),  # add, divide
+            max_steps=options.max_steps,
+            signal=signal,
+        ),
+        on_event=show,
+    )
+    return 0
 
 
 if __name__ == "__main__":
