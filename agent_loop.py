@@ -66,6 +66,7 @@ import os
 import reprlib
 import sys
 import threading
+import urllib.parse
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -1181,23 +1182,35 @@ class Model(Protocol):
 # --- Tools ------------------------------------------------------------------------
 
 _SCHEMA_TYPES: Final = ("object", "string", "number", "integer", "boolean", "array", "null")
-# The keywords of JSON Schema 2020-12 that the loop enforces, and what each value must be.
+# What the value of a keyword the loop enforces must be: the words an error says, and the test.
+_VALUE_KINDS: Final[Dict[str, Tuple[str, Callable[[Any], bool]]]] = {
+    "schema": ("a schema", lambda value: True),  # a bool or an object: _frozen_schema's own test
+    "schemas": ("a non-empty array of schemas", lambda value: _is_array(value) and len(value) > 0),
+    "schema map": ("an object of schemas", lambda value: isinstance(value, Mapping)),
+    "number": ("a number", lambda value: type(value) is int or _is_finite_float(value)),
+    "count": ("a non-negative integer", lambda value: type(value) is int and value >= 0),
+    "names": ("an array of property names", lambda v: _is_array(v) and all(map(_is_text, v))),
+    "array": ("an array", lambda value: _is_array(value)),
+    "JSON": ("a JSON value", lambda value: True),  # bounded as an argument is: _frozen_schema
+    "type": (
+        f"one of {', '.join(_SCHEMA_TYPES)}, or a non-empty array of distinct ones",
+        lambda value: _type_names(value) is not None,
+    ),
+    "$ref": ("a reference: '#', '', a JSON pointer '#/...', or the root's $id", _is_text),
+}
+# The keywords of JSON Schema 2020-12 that the loop enforces, and the kind of their values.
 # Any other keyword holds any JSON, ignored as JSON Schema ignores the keywords it does not know.
 _SCHEMA_KEYWORDS: Final = {
-    "type": f"one of {', '.join(_SCHEMA_TYPES)}, or a non-empty array of distinct ones",
-    "required": "an array of property names",
-    "enum": "an array",
-    "const": "a JSON value",
-    "$ref": "a reference within this schema: '#' or a JSON pointer '#/...'",
-    **dict.fromkeys(("items", "additionalProperties", "not"), "a schema"),
-    **dict.fromkeys(("allOf", "anyOf", "oneOf"), "a non-empty array of schemas"),
-    **dict.fromkeys(("properties", "$defs", "definitions"), "an object of schemas"),
-    **dict.fromkeys(("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"), "a number"),
+    "type": "type", "required": "names", "enum": "array", "const": "JSON", "$ref": "$ref",
+    **dict.fromkeys(("items", "additionalProperties", "not"), "schema"),
+    **dict.fromkeys(("allOf", "anyOf", "oneOf"), "schemas"),
+    **dict.fromkeys(("properties", "$defs", "definitions"), "schema map"),
+    **dict.fromkeys(("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"), "number"),
     **dict.fromkeys(
         ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties"),
-        "a non-negative integer",
+        "count",
     ),
-}
+}  # fmt: skip
 # The annotations of JSON Schema 2020-12: keywords that never refuse a value.
 _ANNOTATIONS: Final = frozenset(
     ("title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly",
@@ -1326,23 +1339,38 @@ def _checked_tool_fields(
         raise TypeError(
             f"{kind} {name!r}: description must be a str, got {type(description).__name__}"
         )
-    refs: List[Tuple[str, str]] = []
-    schema = _frozen_schema(parameters, f"{kind} {name!r} parameters", 0, refs)
+    found = _Found()
+    schema = _frozen_schema(parameters, f"{kind} {name!r} parameters", 0, found)
     if not isinstance(schema, Mapping) or schema.get("type") != "object":
         raise ValueError(
             f'{kind} {name!r} parameters must have "type": "object": '
             "a tool's arguments are always a JSON object"
         )
+    if found.refs and found.nested_ids:
+        # JSON Schema 2020-12, Core 8.2.1: "$id" below the root starts a new base URI for
+        # the references under it; the loop resolves every $ref against the root's.
+        raise ValueError(
+            f"{found.nested_ids[0]} is an $id below the root, beside a $ref: the loop resolves "
+            "$refs against the root only; move the schema into the root's $defs"
+        )
     checked = set()
-    for ref, where in refs:  # refs grows as the schemas they name are checked
+    for ref, where in found.refs:  # refs grows as the schemas they name are checked
         if ref not in checked:
             checked.add(ref)
             target = _ref_target(schema, ref)
             if target is None:
-                raise ValueError(f"{where} {ref!r} names nothing in this schema")
-            # A pointer may name any part of the document: what it names must be a schema.
-            _frozen_schema(target, f"{where} {ref!r}", 0, refs)
+                raise ValueError(f"{where} {ref!r} {_unresolved(schema, ref)}")
+            if target is not schema:  # a pointer may name any part: it must be a schema
+                _frozen_schema(target, f"{where} {ref!r}", 1, found)
     return schema
+
+
+class _Found:
+    """What a walk over a tool's schema found: its $refs, and each $id below the root."""
+
+    def __init__(self) -> None:
+        self.refs: List[Tuple[str, str]] = []  # (the reference, where it is)
+        self.nested_ids: List[str] = []
 
 
 def _check_execute(name: str, execute: object) -> None:
@@ -1363,75 +1391,78 @@ def _check_execute(name: str, execute: object) -> None:
 
 
 def _frozen_schema(
-    value: object,
-    where: str,
-    depth: int,
-    refs: List[Tuple[str, str]],
-    must: Optional[str] = "a schema",
+    value: object, where: str, depth: int, found: _Found, kind: Optional[str] = "schema"
 ) -> Any:
-    """Checks a schema, or a keyword's value (``must``: what it must be; None: any JSON), and
-    returns it frozen; each $ref goes to refs, resolved once the document is frozen."""
-    if must == "a schema" and not isinstance(value, (bool, Mapping)):
+    """Checks a schema, or a keyword's value of a kind of _VALUE_KINDS (None: any JSON), and
+    returns it frozen; each $ref goes to ``found``, resolved once the document is frozen."""
+    if kind == "schema" and not isinstance(value, (bool, Mapping)):
         raise TypeError(f"{where} must be a JSON Schema object, got {type(value).__name__}")
-    array: Sequence[Any] = value if isinstance(value, (list, tuple)) else ()
-    names = array or [value]  # of a type: one name, or a list of distinct ones
-    if not (
-        must in (None, "a schema", "a JSON value")
-        or (must == "a number" and type(value) is int)
-        or (must == "a number" and type(value) is float and math.isfinite(value))
-        or (must == "a non-negative integer" and type(value) is int and value >= 0)
-        or (must == "an object of schemas" and isinstance(value, Mapping))
-        or (must == "an array" and array is value)
-        or (must == "a non-empty array of schemas" and array)
-        or (must == "an array of property names" and array is value and all(map(_is_text, array)))
-        or (
-            must == _SCHEMA_KEYWORDS["type"]
-            and len(names) == sum(t in names for t in _SCHEMA_TYPES)
-        )
-        or (must == _SCHEMA_KEYWORDS["$ref"] and type(value) is str and value[:2] in ("#", "#/"))
-    ):
-        raise ValueError(f"{where} must be {must}, got {_quoted(value)}")
-    if must in ("an array", "a JSON value"):  # enum, const
+    if kind is not None and not _VALUE_KINDS[kind][1](value):
+        raise ValueError(f"{where} must be {_VALUE_KINDS[kind][0]}, got {_quoted(value)}")
+    if kind in ("array", "JSON"):  # enum, const
         # Each is bounded as an argument is; how many an enum lists is the schema's business.
-        members = array if must == "an array" else [value]
+        members = cast(Sequence[Any], value) if kind == "array" else [value]
         try:
             values = tuple(_frozen_json(member, 0, _ArgumentBudget()) for member in members)
         except _Problem as problem:
             raise ValueError(f"{where} holds a value no argument may be: {problem}") from None
-        return values if must == "an array" else values[0]
-    if must == _SCHEMA_KEYWORDS["$ref"]:
-        refs.append((cast(str, value), where))
-    if value is None or type(value) in (str, bool, int):
-        return value
-    if type(value) is float and math.isfinite(value):
+        return values if kind == "array" else values[0]
+    if kind == "$ref":
+        found.refs.append((cast(str, value), where))
+    if value is None or type(value) in (str, bool, int) or _is_finite_float(value):
         return value
     # Deeper than arguments may be, it would describe no call: schemas and containers count.
     if depth > MAX_ARGUMENT_DEPTH:
         raise ValueError(f"{where} nests deeper than {MAX_ARGUMENT_DEPTH} levels")
     if isinstance(value, Mapping):
+        if kind == "schema" and depth > 0 and "$id" in value:
+            found.nested_ids.append(f"{where}.$id")
         frozen = {}
         for key, item in value.items():
             if type(key) is not str:
                 raise TypeError(f"{where} has {_a(type(key).__name__)} key {_quoted(key)}")
-            inner = "a schema" if must == "an object of schemas" else None
-            if must == "a schema" and not (key == "items" and isinstance(item, (list, tuple))):
+            inner = "schema" if kind == "schema map" else None
+            if kind == "schema" and not (key == "items" and _is_array(item)):
                 inner = _SCHEMA_KEYWORDS.get(key)  # the array form of old items is not enforced
-            deeper = depth + (inner in (None, "a schema"))
-            frozen[key] = _frozen_schema(item, f"{where}.{key}", deeper, refs, inner)
+            deeper = depth + (inner in (None, "schema"))
+            frozen[key] = _frozen_schema(item, f"{where}.{key}", deeper, found, inner)
         return MappingProxyType(frozen)
-    if array is value:
-        inner = "a schema" if must == "a non-empty array of schemas" else None
+    if _is_array(value):
+        inner = "schema" if kind == "schemas" else None
         return tuple(
-            _frozen_schema(item, f"{where}[{index}]", depth + 1, refs, inner)
-            for index, item in enumerate(array)
+            _frozen_schema(item, f"{where}[{index}]", depth + 1, found, inner)
+            for index, item in enumerate(cast(Sequence[Any], value))
         )
     raise TypeError(f"{where} holds {_quoted(value)}, which is not JSON")
 
 
+def _is_array(value: object) -> bool:
+    return isinstance(value, (list, tuple))
+
+
+def _is_finite_float(value: object) -> bool:
+    return type(value) is float and math.isfinite(value)
+
+
+def _type_names(value: object) -> Optional[Sequence[object]]:
+    """The names a type keyword gives, if they are distinct names of JSON types, else None."""
+    names = cast(Sequence[object], value) if _is_array(value) and value else [value]
+    return names if len(names) == sum(name in names for name in _SCHEMA_TYPES) else None
+
+
 def _ref_target(root: Mapping[str, Any], ref: str) -> object:
-    """What a $ref ("#" or a JSON pointer "#/...") names in its schema, or None."""
+    """What a $ref names in the root's document, or None (JSON Schema 2020-12, Core 8.2).
+
+    The document is the root ("#", "", or the root's $id), or a part of it that a JSON
+    pointer names ("#/..."), percent-decoded first (RFC 6901, section 6).
+    """
+    address, _, fragment = ref.partition("#")
+    if address and urllib.parse.urljoin(_base(root), address) != _base(root):
+        return None  # another document
+    if fragment[:1] not in ("", "/"):
+        return None  # an anchor ("#name"), which the loop does not follow
     target: object = root
-    for token in ref.split("/")[1:]:
+    for token in urllib.parse.unquote(fragment).split("/")[1:]:
         token = token.replace("~1", "/").replace("~0", "~")
         if isinstance(target, tuple) and token.isdecimal() and int(token) < len(target):
             target = target[int(token)]
@@ -1440,6 +1471,21 @@ def _ref_target(root: Mapping[str, Any], ref: str) -> object:
         else:
             return None
     return target
+
+
+def _base(root: Mapping[str, Any]) -> str:
+    """The root's base URI: its $id without a fragment, or "" (a document without one)."""
+    return urllib.parse.urldefrag(root.get("$id", "")).url if _is_text(root.get("$id")) else ""
+
+
+def _unresolved(root: Mapping[str, Any], ref: str) -> str:
+    """Why _ref_target() found nothing for a $ref, for the error that refuses the Tool."""
+    address, _, fragment = ref.partition("#")
+    if address and urllib.parse.urljoin(_base(root), address) != _base(root):
+        return "names another document (the loop reads none: use a pointer '#/...')"
+    if fragment[:1] not in ("", "/"):
+        return "names an $anchor, which the loop does not follow: use a pointer '#/...'"
+    return "names nothing in this schema"
 
 
 def _schema_problem(value: object, schema: Mapping[str, Any], path: str) -> Optional[str]:
@@ -1546,11 +1592,11 @@ def _exact(schema: object, root: Mapping[str, Any], seen: Set[int]) -> bool:
         return False
     subschemas = [_ref_target(root, schema["$ref"])] if "$ref" in schema else []
     for key, value in schema.items():
-        must = _SCHEMA_KEYWORDS.get(key)
-        if must == "a schema":
+        kind = _SCHEMA_KEYWORDS.get(key)
+        if kind == "schema":
             subschemas.append(value)
-        elif must == "a non-empty array of schemas" or must == "an object of schemas":
-            subschemas.extend(value.values() if must == "an object of schemas" else value)
+        elif kind in ("schemas", "schema map"):
+            subschemas.extend(value.values() if kind == "schema map" else value)
     return type(schema.get("items")) is not tuple and all(
         _exact(subschema, root, seen) for subschema in subschemas
     )
