@@ -2146,29 +2146,34 @@ class Event:
 
 
 # --- Reading JSON back ------------------------------------------------------------
-# Each reader takes a value as json.loads gives it and the path that names it, and raises
-# ValueError naming the field.
+# A reader takes a value as json.loads gives it and the path that names it, and raises
+# ValueError naming the field. What a field holds is said by a table: a JSON type (exactly),
+# a tuple of the protocol values it may be, or a reader; a key ending in "?" may be absent
+# or null (None). A shape's table maps each value of its discriminator to how to build the
+# object and its fields, in the order the constructor takes them.
+
+_Reader = Union[type, Tuple[str, ...], Callable[[Any, str], Any]]
+_Fields = Tuple[Tuple[str, _Reader], ...]
 
 
 def message_from_dict(data: Dict[str, Any]) -> Message:
     """Reads a message from its ``to_dict()`` form; ValueError names a bad field."""
-    return _message_from_dict(data, "message")
+    return cast(Message, _shape_from_dict(data, "message", "role", _MESSAGE_SHAPES))
 
 
 def event_from_dict(data: Dict[str, Any]) -> Event:
     """Reads an event from its ``to_dict()`` form; ValueError names a bad field."""
     event = _typed(data, dict, "event")
-    event_type = _read_choice(event, "type", _EVENT_TYPES, "event")
-    payload_data = _read(event, "payload", dict, "event")
-    payload = {}
-    for key, reader in _PAYLOAD_READERS[event_type]:
-        json_key = _PAYLOAD_JSON_KEYS[key]
-        if json_key not in payload_data:
-            raise ValueError(f"event.payload.{json_key} is missing")
-        payload[key] = reader(payload_data[json_key], f"event.payload.{json_key}")
-    if event_type == "tool.finished" and "refused" in payload_data:  # optional: see _finished
-        payload["refused"] = _read(payload_data, "refused", bool, "event.payload")
-    return Event(_read(event, "sequence", int, "event"), event_type, MappingProxyType(payload))
+    head = (("sequence", int), ("type", _EVENT_TYPES), ("payload", dict))
+    sequence, event_type, payload_data = _fields(event, head, "event")
+    fields = _PAYLOAD_FIELDS[event_type]
+    values = _fields(payload_data, fields, "event.payload")
+    payload = {
+        _PAYLOAD_KEYS[key.rstrip("?")]: value
+        for (key, _), value in zip(fields, values)
+        if value is not None  # an optional key (refused) absent
+    }
+    return Event(sequence, event_type, MappingProxyType(payload))
 
 
 def _typed(value: Any, kind: type, where: str) -> Any:
@@ -2178,151 +2183,147 @@ def _typed(value: Any, kind: type, where: str) -> Any:
     return value
 
 
-def _read(data: Dict[str, Any], key: str, kind: type, where: str) -> Any:
-    """Returns data[key] if it has the JSON type ``kind``; a ValueError names the field if not."""
-    if key not in data:
-        raise ValueError(f"{where}.{key} is missing")
-    return _typed(data[key], kind, f"{where}.{key}")
+def _fields(data: Dict[str, Any], fields: _Fields, where: str) -> List[Any]:
+    """The values of a JSON object's fields, in the table's order, each read as it says."""
+    values: List[Any] = []
+    for key, reader in fields:
+        name = key.rstrip("?")
+        if data.get(name) is None and name != key:
+            values.append(None)
+        elif name not in data:
+            raise ValueError(f"{where}.{name} is missing")
+        elif isinstance(reader, type):
+            values.append(_typed(data[name], reader, f"{where}.{name}"))
+        elif isinstance(reader, tuple):
+            if _typed(data[name], str, f"{where}.{name}") not in reader:
+                raise ValueError(
+                    f"{where}.{name}: unknown value {data[name]!r} (expected one of {reader})"
+                )
+            values.append(data[name])
+        else:
+            values.append(reader(data[name], f"{where}.{name}"))
+    return values
 
 
-def _read_optional(data: Dict[str, Any], key: str, kind: type, where: str) -> Any:
-    """Like _read, for a key that may be absent or null."""
-    return None if data.get(key) is None else _read(data, key, kind, where)
+def _shape_from_dict(
+    data: object, where: str, key: str, shapes: Mapping[str, Tuple[Callable[..., Any], _Fields]]
+) -> Any:
+    """Reads the object whose discriminator ``key`` names its shape in ``shapes``."""
+    value = _typed(data, dict, where)
+    build, fields = shapes[_fields(value, ((key, tuple(shapes)),), where)[0]]
+    try:
+        return build(*_fields(value, fields, where))
+    except _Problem as problem:
+        raise ValueError(f"{where}: {problem}") from None
 
 
-def _read_choice(data: Dict[str, Any], key: str, choices: Tuple[str, ...], where: str) -> Any:
-    """Returns data[key] if it is one of the protocol values ``choices``."""
-    value = _read(data, key, str, where)
-    if value not in choices:
-        raise ValueError(f"{where}.{key}: unknown value {value!r} (expected one of {choices})")
-    return value
+def _list_of(key: str, shapes: Mapping[str, Tuple[Callable[..., Any], _Fields]]) -> _Reader:
+    """The reader of a JSON array of objects of these shapes, as a tuple."""
+    return lambda data, where: tuple(
+        _shape_from_dict(item, f"{where}[{index}]", key, shapes)
+        for index, item in enumerate(_typed(data, list, where))
+    )
 
 
-def _string_from_dict(data: object, where: str) -> str:
-    return cast(str, _typed(data, str, where))
+def _one_of(
+    key: str, shapes: Mapping[str, Tuple[Callable[..., Any], _Fields]], only: str = ""
+) -> _Reader:
+    """The reader of one JSON object of these shapes (``only``: of that one)."""
+
+    def read(data: object, where: str) -> Any:
+        value = _shape_from_dict(data, where, key, shapes)
+        if only and getattr(value, key) != only:
+            raise ValueError(f"{where} must be {_a(only)} {'block' if key == 'type' else 'message'}")
+        return value
+
+    return read
 
 
-def _usage_from_dict(data: Dict[str, Any], where: str) -> Optional[Usage]:
-    """Reads the optional ``usage`` key of an object that may hold one."""
-    if data.get("usage") is None:
-        return None
-    usage = _typed(data["usage"], dict, f"{where}.usage")
-    counts = [_read_optional(usage, key, int, f"{where}.usage") for _, key in _USAGE_KEYS]
+def _object_of(build: Callable[..., Any], fields: _Fields) -> _Reader:
+    """The reader of one JSON object of these fields (a shape without a discriminator)."""
+    return lambda data, where: build(*_fields(_typed(data, dict, where), fields, where))
+
+
+def _arguments_from_dict(data: object, where: str) -> Dict[str, Any]:
+    """A tool call's arguments, if they are plain bounded JSON."""
+    try:
+        _frozen_arguments(_typed(data, dict, where))
+    except _Problem as problem:
+        raise ValueError(f"{where}: {problem}") from None
+    return cast(Dict[str, Any], data)
+
+
+def _usage_from_dict(data: object, where: str) -> Usage:
+    """A Usage: each count absent, null, or an int >= 0."""
+    fields = tuple((key + "?", int) for _, key in _USAGE_KEYS)
+    counts = _fields(_typed(data, dict, where), fields, where)
     for (_, key), count in zip(_USAGE_KEYS, counts):
         if count is not None and count < 0:
-            raise ValueError(f"{where}.usage.{key} must be >= 0, got {count}")
+            raise ValueError(f"{where}.{key} must be >= 0, got {count}")
     return Usage(*counts)
 
 
-def _block_from_dict(data: object, where: str) -> Union[TextBlock, ThinkingBlock, ToolCall]:
-    """Reads a TextBlock, ThinkingBlock or ToolCall from its to_dict() form."""
-    block = _typed(data, dict, where)
-    kind = _read_choice(block, "type", ("text", "thinking", "toolCall"), where)
-    if kind == "text":
-        return TextBlock(_read(block, "text", str, where))
-    if kind == "thinking":
-        thinking = ThinkingBlock(
-            _read(block, "thinking", str, where),
-            _read_optional(block, "thinkingSignature", str, where),
-            _read_optional(block, "redacted", bool, where) is True,
-        )
-        try:
-            return _checked_thinking(thinking)
-        except _Problem as problem:
-            raise ValueError(f"{where}: {problem}") from None
-    arguments = _read(block, "arguments", dict, where)
-    try:
-        _frozen_arguments(arguments)
-    except _Problem as problem:
-        raise ValueError(f"{where}.arguments: {problem}") from None
-    return ToolCall(_read(block, "id", str, where), _read(block, "name", str, where), arguments)
+def _thinking_block(thinking: str, signature: Optional[str], redacted: Optional[bool]) -> Any:
+    return _checked_thinking(ThinkingBlock(thinking, signature, redacted is True))
 
 
-def _tool_call_from_dict(data: object, where: str) -> ToolCall:
-    block = _block_from_dict(data, where)
-    if not isinstance(block, ToolCall):
-        raise ValueError(f"{where} must be a toolCall block")
-    return block
+def _run_result(*fields: Any) -> RunResult:
+    """A RunResult from its JSON fields: requestSequenceStart absent is 0."""
+    status, messages, steps, final_text, max_steps, error, start, usage = fields
+    return RunResult(status, messages, steps, final_text, max_steps, error, start or 0, usage)
 
 
-def _chunk_from_dict(data: object, where: str) -> ModelChunk:
-    """Reads a chunk from its to_dict() form; ValueError naming the field if malformed."""
-    chunk = _typed(data, dict, where)
-    request_id = _read(chunk, "requestId", str, where)
-    kind = _read_choice(chunk, "type", ("text", "thinking", "toolCall"), where)
-    if kind == "text":
-        return TextDelta(request_id, _read(chunk, "text", str, where))
-    if kind == "thinking":
-        return ThinkingDelta(request_id, _read(chunk, "thinking", str, where))
-    return ToolCallChunk(
-        request_id,
-        _tool_call_from_dict(_read(chunk, "toolCall", dict, where), f"{where}.toolCall"),
-    )
-
-
-def _message_from_dict(data: object, where: str) -> Message:
-    message = _typed(data, dict, where)
-    role = _read_choice(message, "role", ("user", "assistant", "toolResult"), where)
-    message_id = _read(message, "id", str, where)
-    if role == "user":
-        return UserMessage(message_id, _read(message, "content", str, where))
-    if role == "assistant":
-        blocks = _read(message, "content", list, where)
-        return AssistantMessage(
-            message_id,
-            tuple(_block_from_dict(b, f"{where}.content[{i}]") for i, b in enumerate(blocks)),
-            _usage_from_dict(message, where),
-        )
-    return ToolResultMessage(
-        message_id,
-        _read(message, "toolCallId", str, where),
-        _read(message, "toolName", str, where),
-        _read(message, "content", str, where),
-        _read(message, "isError", bool, where),
-    )
-
-
-def _tool_result_from_dict(data: object, where: str) -> ToolResultMessage:
-    message = _message_from_dict(data, where)
-    if not isinstance(message, ToolResultMessage):
-        raise ValueError(f"{where} must be a toolResult message")
-    return message
-
-
-def _result_from_dict(data: object, where: str) -> RunResult:
-    result = _typed(data, dict, where)
-    error = None
-    if result.get("error") is not None:
-        error_data = _typed(result["error"], dict, f"{where}.error")
-        error = RunError(
-            _read_choice(error_data, "code", _FAILURE_CODES, f"{where}.error"),
-            _read(error_data, "message", str, f"{where}.error"),
-        )
-    messages = _read(result, "messages", list, where)
-    return RunResult(
-        _read_choice(result, "status", _RUN_STATUSES, where),
-        tuple(_message_from_dict(m, f"{where}.messages[{i}]") for i, m in enumerate(messages)),
-        _read(result, "steps", int, where),
-        final_text=_read_optional(result, "finalText", str, where),
-        max_steps=_read_optional(result, "maxSteps", int, where),
-        error=error,
-        request_sequence_start=_read_optional(result, "requestSequenceStart", int, where) or 0,
-        usage=_usage_from_dict(result, where),
-    )
-
-
-# For each event type: its payload keys (as in Python) and how to read each from JSON.
-_PAYLOAD_READERS: Final[Dict[str, Tuple[Tuple[str, Callable[[object, str], object]], ...]]] = {
-    "message.accepted": (("message", _message_from_dict),),
-    "model.chunk": (("request_id", _string_from_dict), ("chunk", _chunk_from_dict)),
-    "tool.started": (("request_id", _string_from_dict), ("tool_call", _tool_call_from_dict)),
-    "tool.finished": (
-        ("request_id", _string_from_dict),
-        ("tool_call", _tool_call_from_dict),
-        ("tool_result", _tool_result_from_dict),
+_BLOCK_SHAPES: Final[Dict[str, Tuple[Callable[..., Any], _Fields]]] = {
+    "text": (TextBlock, (("text", str),)),
+    "thinking": (
+        _thinking_block,
+        (("thinking", str), ("thinkingSignature?", str), ("redacted?", bool)),
     ),
-    "run.finished": (("result", _result_from_dict),),
+    "toolCall": (ToolCall, (("id", str), ("name", str), ("arguments", _arguments_from_dict))),
 }
+_MESSAGE_SHAPES: Final[Dict[str, Tuple[Callable[..., Any], _Fields]]] = {
+    "user": (UserMessage, (("id", str), ("content", str))),
+    "assistant": (
+        AssistantMessage,
+        (("id", str), ("content", _list_of("type", _BLOCK_SHAPES)), ("usage?", _usage_from_dict)),
+    ),
+    "toolResult": (
+        ToolResultMessage,
+        (("id", str), ("toolCallId", str), ("toolName", str), ("content", str), ("isError", bool)),
+    ),
+}
+_CHUNK_SHAPES: Final[Dict[str, Tuple[Callable[..., Any], _Fields]]] = {
+    "text": (TextDelta, (("requestId", str), ("text", str))),
+    "thinking": (ThinkingDelta, (("requestId", str), ("thinking", str))),
+    "toolCall": (
+        ToolCallChunk,
+        (("requestId", str), ("toolCall", _one_of("type", _BLOCK_SHAPES, "toolCall"))),
+    ),
+}
+_RESULT_FIELDS: Final[_Fields] = (
+    ("status", _RUN_STATUSES),
+    ("messages", _list_of("role", _MESSAGE_SHAPES)),
+    ("steps", int),
+    ("finalText?", str),
+    ("maxSteps?", int),
+    ("error?", _object_of(RunError, (("code", _FAILURE_CODES), ("message", str)))),
+    ("requestSequenceStart?", int),
+    ("usage?", _usage_from_dict),
+)
+# For each event type, its payload's fields (JSON keys; _PAYLOAD_KEYS names them in Python).
+_PAYLOAD_FIELDS: Final[Dict[str, _Fields]] = {
+    "message.accepted": (("message", _one_of("role", _MESSAGE_SHAPES)),),
+    "model.chunk": (("requestId", str), ("chunk", _one_of("type", _CHUNK_SHAPES))),
+    "tool.started": (("requestId", str), ("toolCall", _one_of("type", _BLOCK_SHAPES, "toolCall"))),
+    "tool.finished": (
+        ("requestId", str),
+        ("toolCall", _one_of("type", _BLOCK_SHAPES, "toolCall")),
+        ("toolResult", _one_of("role", _MESSAGE_SHAPES, "toolResult")),
+        ("refused?", bool),  # only a refused call's (see _Run._finished)
+    ),
+    "run.finished": (("result", _object_of(_run_result, _RESULT_FIELDS)),),
+}
+_PAYLOAD_KEYS: Final = {key: name for name, key in _PAYLOAD_JSON_KEYS.items()}
 
 
 # --- Resumption -------------------------------------------------------------------
