@@ -385,35 +385,6 @@ class _Run:
         # Seed: "After the complete Tool batch, validateTranscript() proves that every
         # call has one later matching result." By construction: each got one, or it raised.
 
-    def _groups(self, calls: List[ToolCall]) -> List[List[ToolCall]]:
-        """ExecuteTools: maximal runs of consecutive calls; a sequential tool's call alone."""
-        groups: List[List[ToolCall]] = []
-        together = False  # whether the last group takes the next call
-        for call in calls:
-            # An unknown tool's call joins its group: it only gets its error result.
-            tool = self.tools.get(call.name)
-            alone = tool is not None and tool.sequential
-            if together and not alone:
-                groups[-1].append(call)
-            else:
-                groups.append([call])
-            together = not alone
-        return groups
-
-    def _refusal(self, call: ToolCall) -> Optional[ToolResultMessage]:
-        """ExecuteTools, consent: the error result that refuses a call, or None to run it."""
-        if self.before_tool_call is None:
-            return None
-        what = f"before_tool_call for tool call {call.id!r}"
-        answer = self._call("TOOL_PHASE_ERROR", what, self.before_tool_call, call, self.signal)
-        if answer is not None and not _is_text(answer):
-            raise _RunFailure(
-                "TOOL_PHASE_ERROR",
-                f"{what} returned {_a(type(answer).__name__)}: it must return None "
-                "(run the call) or a str (refuse it, the str being the call's error result)",
-            )
-        return None if answer is None else _tool_result(call, answer, True)
-
     def _execute(self, call: ToolCall) -> ToolResultMessage:
         """ExecuteTools: runs one call, in whichever thread, and looks at the signal after."""
         # An Exception from the tool is a recoverable result; anything else ends the phase.
@@ -421,55 +392,6 @@ class _Run:
         return self._call(
             "TOOL_PHASE_ERROR", what, _execute_checked_call, self.tools, call, self.signal
         )
-
-    def _execute_group(
-        self, request: ModelRequest, group: List[ToolCall]
-    ) -> Generator[Event, None, None]:
-        """ExecuteTools, one group on threads: results join in assistant order; whichever way it
-        ends, it returns only once every running tool has returned, and no call begins after."""
-        # Consent, for each call of the group before any of them is scheduled.
-        refusals = [self._refusal(call) for call in group]
-        # In a group, tool.started means scheduled: all of them come first, in order.
-        for call in group:
-            yield self._event("tool.started", request_id=request.id, tool_call=call)
-
-        def execute(call: ToolCall) -> ToolResultMessage:  # in a worker thread
-            self._check_signal()  # a call not yet begun never begins once the signal is set
-            return self._execute(call)
-
-        pool = ThreadPoolExecutor(min(self.tool_concurrency, len(group)), "agent_loop-tool")
-        outcomes: List[Union[ToolResultMessage, Future[ToolResultMessage]]] = []
-        kept = 0  # the calls whose results joined the transcript
-        try:
-            for call, refusal in zip(group, refusals):
-                try:
-                    outcomes.append(refusal or pool.submit(execute, call))
-                except Exception as error:  # a thread that cannot start
-                    self._check_signal()  # cancellation wins over the error
-                    what = f"starting tool call {call.id!r}"
-                    raise _failure("TOOL_PHASE_ERROR", what, error) from error
-            for index, (call, outcome) in enumerate(zip(group, outcomes)):
-                # result() raises what ended the call: _Cancelled if the signal came first.
-                refused = isinstance(outcome, ToolResultMessage)  # a refusal, not a Future
-                result = outcome if isinstance(outcome, ToolResultMessage) else outcome.result()
-                kept = index + 1
-                yield self._finished(request, call, result, refused)
-        except _Cancelled:
-            # ExecuteTools --> Cancelled, once the running tools have returned, keeping the
-            # results completed before. Seed: "appends no fabricated result" for the others.
-            _stop(pool, outcomes)
-            for call, outcome in zip(group[kept:], outcomes[kept:]):
-                refused = isinstance(outcome, ToolResultMessage)
-                if isinstance(outcome, Future):
-                    if outcome.cancelled() or outcome.exception() is not None:
-                        continue
-                    outcome = outcome.result()
-                # The driver may tell of the signal again after this event: it is known.
-                with contextlib.suppress(_Cancelled):
-                    yield self._finished(request, call, outcome, refused)
-            raise
-        finally:
-            _stop(pool, outcomes)
 
     def _finished(
         self, request: ModelRequest, call: ToolCall, result: ToolResultMessage, refused: bool
@@ -526,6 +448,86 @@ class _Run:
             usage=self.usage,
             **fields,
         )
+
+    # --- Opt-in, beyond the seed: consent (before_tool_call) and tools at once -------
+
+    def _refusal(self, call: ToolCall) -> Optional[ToolResultMessage]:
+        """ExecuteTools, consent: the error result that refuses a call, or None to run it."""
+        if self.before_tool_call is None:
+            return None
+        what = f"before_tool_call for tool call {call.id!r}"
+        answer = self._call("TOOL_PHASE_ERROR", what, self.before_tool_call, call, self.signal)
+        if answer is not None and not _is_text(answer):
+            raise _RunFailure(
+                "TOOL_PHASE_ERROR",
+                f"{what} returned {_a(type(answer).__name__)}: it must return None "
+                "(run the call) or a str (refuse it, the str being the call's error result)",
+            )
+        return None if answer is None else _tool_result(call, answer, True)
+
+    def _groups(self, calls: List[ToolCall]) -> List[List[ToolCall]]:
+        """ExecuteTools: maximal runs of consecutive calls; a sequential tool's call alone."""
+        groups: List[List[ToolCall]] = []
+        together = False  # whether the last group takes the next call
+        for call in calls:
+            # An unknown tool's call joins its group: it only gets its error result.
+            tool = self.tools.get(call.name)
+            alone = tool is not None and tool.sequential
+            if together and not alone:
+                groups[-1].append(call)
+            else:
+                groups.append([call])
+            together = not alone
+        return groups
+
+    def _execute_group(
+        self, request: ModelRequest, group: List[ToolCall]
+    ) -> Generator[Event, None, None]:
+        """ExecuteTools, one group on threads: results join in assistant order; whichever way it
+        ends, it returns only once every running tool has returned, and no call begins after."""
+        # Consent, for each call of the group before any of them is scheduled.
+        refusals = [self._refusal(call) for call in group]
+        # In a group, tool.started means scheduled: all of them come first, in order.
+        for call in group:
+            yield self._event("tool.started", request_id=request.id, tool_call=call)
+
+        def execute(call: ToolCall) -> ToolResultMessage:  # in a worker thread
+            self._check_signal()  # a call not yet begun never begins once the signal is set
+            return self._execute(call)
+
+        pool = ThreadPoolExecutor(min(self.tool_concurrency, len(group)), "agent_loop-tool")
+        outcomes: List[Union[ToolResultMessage, Future[ToolResultMessage]]] = []
+        kept = 0  # the calls whose results joined the transcript
+        try:
+            for call, refusal in zip(group, refusals):
+                try:
+                    outcomes.append(refusal or pool.submit(execute, call))
+                except Exception as error:  # a thread that cannot start
+                    self._check_signal()  # cancellation wins over the error
+                    what = f"starting tool call {call.id!r}"
+                    raise _failure("TOOL_PHASE_ERROR", what, error) from error
+            for index, (call, outcome) in enumerate(zip(group, outcomes)):
+                # result() raises what ended the call: _Cancelled if the signal came first.
+                refused = isinstance(outcome, ToolResultMessage)  # a refusal, not a Future
+                result = outcome if isinstance(outcome, ToolResultMessage) else outcome.result()
+                kept = index + 1
+                yield self._finished(request, call, result, refused)
+        except _Cancelled:
+            # ExecuteTools --> Cancelled, once the running tools have returned, keeping the
+            # results completed before. Seed: "appends no fabricated result" for the others.
+            _stop(pool, outcomes)
+            for call, outcome in zip(group[kept:], outcomes[kept:]):
+                refused = isinstance(outcome, ToolResultMessage)
+                if isinstance(outcome, Future):
+                    if outcome.cancelled() or outcome.exception() is not None:
+                        continue
+                    outcome = outcome.result()
+                # The driver may tell of the signal again after this event: it is known.
+                with contextlib.suppress(_Cancelled):
+                    yield self._finished(request, call, outcome, refused)
+            raise
+        finally:
+            _stop(pool, outcomes)
 
 
 class _RunFailure(Exception):
@@ -2233,7 +2235,9 @@ def _one_of(
     def read(data: object, where: str) -> Any:
         value = _shape_from_dict(data, where, key, shapes)
         if only and getattr(value, key) != only:
-            raise ValueError(f"{where} must be {_a(only)} {'block' if key == 'type' else 'message'}")
+            raise ValueError(
+                f"{where} must be {_a(only)} {'block' if key == 'type' else 'message'}"
+            )
         return value
 
     return read
