@@ -1011,65 +1011,89 @@ def _shortened(blocks: List[_Normalized], index: int) -> str:
 # --- Model boundary ---------------------------------------------------------------
 
 
+class _Shape:
+    """A value with a JSON shape: ``_json`` lists its (JSON key, attribute) pairs in order; a
+    key ending in "?" is written only when its value is not the field's default."""
+
+    _json: ClassVar[Tuple[Tuple[str, str], ...]]
+
+    def to_dict(self) -> Dict[str, Any]:
+        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
+        data: Dict[str, Any] = {}
+        for key, name in self._json:
+            value = getattr(self, name)
+            if key[-1] != "?":
+                data[key] = _plain(value)
+            elif value != getattr(type(self), name):
+                data[key[:-1]] = _plain(value)
+        return data
+
+
+def _plain(value: object) -> Any:
+    """A value as JSON holds it: a shape as its dict, frozen JSON as plain dicts and lists."""
+    if isinstance(value, _Shape):
+        return value.to_dict()
+    return [_plain(item) for item in value] if type(value) is tuple else _thawed(value)
+
+
+def _thawed(value: object) -> Any:
+    """Returns a fresh plain copy (dicts and lists) of frozen JSON."""
+    if type(value) is MappingProxyType:
+        return {key: _thawed(item) for key, item in value.items()}
+    if type(value) is tuple:
+        return [_thawed(item) for item in value]
+    return value
+
+
+# Usage's fields, in order, and their JSON keys.
+_USAGE_KEYS: Final = (
+    ("input_tokens", "input"),
+    ("output_tokens", "output"),
+    ("cache_read_tokens", "cacheRead"),
+    ("cache_write_tokens", "cacheWrite"),
+    ("reasoning_tokens", "reasoning"),
+)
+
+
 @dataclass(frozen=True)
-class ModelRequest:
+class ModelRequest(_Shape):
     """One step's request: a frozen snapshot of the transcript and the tools' specs."""
 
     id: str
     messages: Tuple[Message, ...]
     tools: Tuple[ToolSpec, ...]
     __hash__ = None  # type: ignore[assignment]  # its tools hold schema mappings
-
-    def to_dict(self) -> Dict[str, Any]:
-        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
-        return {
-            "id": self.id,
-            "messages": [message.to_dict() for message in self.messages],
-            "tools": [spec.to_dict() for spec in self.tools],
-        }
+    _json = (("id", "id"), ("messages", "messages"), ("tools", "tools"))
 
 
 @dataclass(frozen=True)
-class TextDelta:
+class TextDelta(_Shape):
     """A streamed piece of assistant text."""
 
     request_id: str
     text: str
     type: ClassVar[Literal["text"]] = "text"
-
-    def to_dict(self) -> Dict[str, Any]:
-        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
-        return {"type": self.type, "requestId": self.request_id, "text": self.text}
+    _json = (("type", "type"), ("requestId", "request_id"), ("text", "text"))
 
 
 @dataclass(frozen=True)
-class ThinkingDelta:
+class ThinkingDelta(_Shape):
     """A streamed piece of the model's thinking (a signature comes only in the response)."""
 
     request_id: str
     thinking: str
     type: ClassVar[Literal["thinking"]] = "thinking"
-
-    def to_dict(self) -> Dict[str, Any]:
-        """Returns the JSON shape of this object (plain dicts and lists)."""
-        return {"type": self.type, "requestId": self.request_id, "thinking": self.thinking}
+    _json = (("type", "type"), ("requestId", "request_id"), ("thinking", "thinking"))
 
 
 @dataclass(frozen=True)
-class ToolCallChunk:
+class ToolCallChunk(_Shape):
     """A streamed, complete tool call."""
 
     request_id: str
     tool_call: ToolCall
     type: ClassVar[Literal["toolCall"]] = "toolCall"
-
-    def to_dict(self) -> Dict[str, Any]:
-        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
-        return {
-            "type": self.type,
-            "requestId": self.request_id,
-            "toolCall": self.tool_call.to_dict(),
-        }
+    _json = (("type", "type"), ("requestId", "request_id"), ("toolCall", "tool_call"))
 
 
 ModelChunk = Union[TextDelta, ThinkingDelta, ToolCallChunk]
@@ -1081,7 +1105,7 @@ _STOP_REASONS: Final = get_args(StopReason)
 
 
 @dataclass(frozen=True)
-class Usage:
+class Usage(_Shape):
     """The tokens one response (or, summed, one run) cost, as the provider reported them.
 
     Each field is an int >= 0, or None when the provider did not say. ``a + b`` sums field by
@@ -1094,6 +1118,7 @@ class Usage:
     cache_read_tokens: Optional[int] = None
     cache_write_tokens: Optional[int] = None
     reasoning_tokens: Optional[int] = None
+    _json = tuple((key + "?", name) for name, key in _USAGE_KEYS)
 
     def __post_init__(self) -> None:
         for name, _ in _USAGE_KEYS:
@@ -1112,29 +1137,13 @@ class Usage:
             sums.append(None if mine is None or theirs is None else mine + theirs)
         return Usage(*sums)
 
-    def to_dict(self) -> Dict[str, Any]:
-        """Returns the JSON shape of this object: Pi's keys, each absent when unknown."""
-        return {
-            key: getattr(self, name)
-            for name, key in _USAGE_KEYS
-            if getattr(self, name) is not None
-        }
 
-
-# Usage's fields, in order, and their JSON keys.
-_USAGE_KEYS: Final = (
-    ("input_tokens", "input"),
-    ("output_tokens", "output"),
-    ("cache_read_tokens", "cacheRead"),
-    ("cache_write_tokens", "cacheWrite"),
-    ("reasoning_tokens", "reasoning"),
-)
 _UNKNOWN_USAGE: Final = Usage()
 """A sum with an unknown part: every field unknown."""
 
 
 @dataclass(frozen=True)
-class ModelResponse:
+class ModelResponse(_Shape):
     """A model's terminal response to one request, and what it cost (None: unknown)."""
 
     id: str
@@ -1142,21 +1151,11 @@ class ModelResponse:
     content: Sequence[Union[TextBlock, ThinkingBlock, ToolCall]]  # stored as a tuple
     stop_reason: StopReason
     usage: Optional[Usage] = None
+    _json = (("id", "id"), ("requestId", "request_id"), ("content", "content"),
+             ("stopReason", "stop_reason"), ("usage?", "usage"))  # fmt: skip
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "content", tuple(self.content))
-
-    def to_dict(self) -> Dict[str, Any]:
-        """Returns the seed's JSON shape of this object, and ``usage`` when it is known."""
-        data: Dict[str, Any] = {
-            "id": self.id,
-            "requestId": self.request_id,
-            "content": [block.to_dict() for block in self.content],
-            "stopReason": self.stop_reason,
-        }
-        if self.usage is not None:
-            data["usage"] = self.usage.to_dict()
-        return data
 
 
 class Signal(Protocol):
@@ -1240,7 +1239,7 @@ _BOUNDS: Final = {
 
 
 @dataclass(frozen=True)
-class ToolSpec:
+class ToolSpec(_Shape):
     """What a model is told about a tool: its name, description and parameter schema.
 
     Checked as a Tool is (TypeError or ValueError naming the field), and its parameters are
@@ -1251,6 +1250,7 @@ class ToolSpec:
     description: str
     parameters: Mapping[str, Any]
     __hash__ = None  # type: ignore[assignment]  # it holds a mapping
+    _json = (("name", "name"), ("description", "description"), ("parameters", "parameters"))
 
     def __post_init__(self) -> None:
         parameters = _checked_tool_fields("ToolSpec", self.name, self.description, self.parameters)
@@ -1258,14 +1258,6 @@ class ToolSpec:
 
     def __reduce__(self) -> Tuple[Any, ...]:
         return _reduce_to_plain_fields(self)
-
-    def to_dict(self) -> Dict[str, Any]:
-        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
-        return {
-            "name": self.name,
-            "description": self.description,
-            "parameters": _thawed(self.parameters),
-        }
 
 
 @dataclass(frozen=True)
@@ -1822,15 +1814,6 @@ def _reduce_to_plain_fields(value: Any) -> Tuple[Any, ...]:
     return (type(value), tuple(_thawed(getattr(value, item.name)) for item in fields if item.init))
 
 
-def _thawed(value: object) -> Any:
-    """Returns a fresh plain copy (dicts and lists) of frozen JSON."""
-    if type(value) is MappingProxyType:
-        return {key: _thawed(item) for key, item in value.items()}
-    if type(value) is tuple:
-        return [_thawed(item) for item in value]
-    return value
-
-
 def _same_json(left: object, right: object) -> bool:
     """JSON equality at any depth: unlike ==, True is not 1 and 1 is not 1.0, in keys too."""
     if left is right:
@@ -1860,19 +1843,16 @@ JSON: TypeAlias = Union[bool, int, float, str, Sequence["JSON"], Mapping[str, "J
 
 
 @dataclass(frozen=True)
-class TextBlock:
+class TextBlock(_Shape):
     """Assistant text."""
 
     text: str
     type: ClassVar[Literal["text"]] = "text"
-
-    def to_dict(self) -> Dict[str, Any]:
-        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
-        return {"type": self.type, "text": self.text}
+    _json = (("type", "type"), ("text", "text"))
 
 
 @dataclass(frozen=True)
-class ThinkingBlock:
+class ThinkingBlock(_Shape):
     """The model's thinking, kept in the transcript so that it can be sent back exactly.
 
     ``signature`` is the provider's proof, if any; a redacted block holds its opaque data as a
@@ -1883,19 +1863,12 @@ class ThinkingBlock:
     signature: Optional[str] = None
     redacted: bool = False
     type: ClassVar[Literal["thinking"]] = "thinking"
-
-    def to_dict(self) -> Dict[str, Any]:
-        """Returns the JSON shape, as Pi writes it: optional keys only when set."""
-        data: Dict[str, Any] = {"type": self.type, "thinking": self.thinking}
-        if self.signature is not None:
-            data["thinkingSignature"] = self.signature
-        if self.redacted:
-            data["redacted"] = True
-        return data
+    _json = (("type", "type"), ("thinking", "thinking"), ("thinkingSignature?", "signature"),
+             ("redacted?", "redacted"))  # fmt: skip
 
 
 @dataclass(frozen=True, eq=False)
-class ToolCall:
+class ToolCall(_Shape):
     """A request from the model to run one tool.
 
     ``arguments`` is frozen when the call is built (read-only mappings, tuples). Arguments
@@ -1911,6 +1884,7 @@ class ToolCall:
     # every bound: the run trusts this flag (_check_arguments), never their type.
     _plain_json: bool = field(init=False, repr=False, compare=False)
     type: ClassVar[Literal["toolCall"]] = "toolCall"
+    _json = (("type", "type"), ("id", "id"), ("name", "name"), ("arguments", "arguments"))
 
     def __post_init__(self) -> None:
         # Normalises only; the run decides where the call enters it (_check_arguments).
@@ -1944,31 +1918,19 @@ class ToolCall:
         """Returns a fresh plain copy of the arguments (dicts and lists), for ``json.dumps``."""
         return cast("Dict[str, Any]", _thawed(self.arguments))
 
-    def to_dict(self) -> Dict[str, Any]:
-        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
-        return {
-            "type": self.type,
-            "id": self.id,
-            "name": self.name,
-            "arguments": self.plain_arguments(),
-        }
-
 
 @dataclass(frozen=True)
-class UserMessage:
+class UserMessage(_Shape):
     """A message from the user."""
 
     id: str
     content: str
     role: ClassVar[Literal["user"]] = "user"
-
-    def to_dict(self) -> Dict[str, Any]:
-        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
-        return {"id": self.id, "role": self.role, "content": self.content}
+    _json = (("id", "id"), ("role", "role"), ("content", "content"))
 
 
 @dataclass(frozen=True)
-class AssistantMessage:
+class AssistantMessage(_Shape):
     """A complete assistant response: its blocks in the model's order, and the usage of the
     response it came from (None: unknown), which is not sent back to a model.
     """
@@ -1977,24 +1939,14 @@ class AssistantMessage:
     content: Sequence[Union[TextBlock, ThinkingBlock, ToolCall]]  # stored as a tuple
     usage: Optional[Usage] = None
     role: ClassVar[Literal["assistant"]] = "assistant"
+    _json = (("id", "id"), ("role", "role"), ("content", "content"), ("usage?", "usage"))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "content", tuple(self.content))
 
-    def to_dict(self) -> Dict[str, Any]:
-        """Returns the seed's JSON shape of this object, and ``usage`` when it is known."""
-        data: Dict[str, Any] = {
-            "id": self.id,
-            "role": self.role,
-            "content": [block.to_dict() for block in self.content],
-        }
-        if self.usage is not None:
-            data["usage"] = self.usage.to_dict()
-        return data
-
 
 @dataclass(frozen=True)
-class ToolResultMessage:
+class ToolResultMessage(_Shape):
     """The result of one tool call, linked to it by ``tool_call_id``."""
 
     id: str
@@ -2003,17 +1955,9 @@ class ToolResultMessage:
     content: str
     is_error: bool
     role: ClassVar[Literal["toolResult"]] = "toolResult"
-
-    def to_dict(self) -> Dict[str, Any]:
-        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
-        return {
-            "id": self.id,
-            "role": self.role,
-            "toolCallId": self.tool_call_id,
-            "toolName": self.tool_name,
-            "content": self.content,
-            "isError": self.is_error,
-        }
+    _json = (("id", "id"), ("role", "role"), ("toolCallId", "tool_call_id"),
+             ("toolName", "tool_name"), ("content", "content"),
+             ("isError", "is_error"))  # fmt: skip
 
 
 Message = Union[UserMessage, AssistantMessage, ToolResultMessage]
@@ -2047,7 +1991,7 @@ _EVENT_TYPES: Final = get_args(EventType)
 
 
 @dataclass(frozen=True)
-class RunError:
+class RunError(_Shape):
     """Why a run failed: a failure code and a readable message.
 
     ``exception`` is what raised, if anything did, for the caller: it is not part of
@@ -2057,14 +2001,11 @@ class RunError:
     code: FailureCode
     message: str
     exception: Optional[BaseException] = field(default=None, compare=False, repr=False)
-
-    def to_dict(self) -> Dict[str, Any]:
-        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
-        return {"code": self.code, "message": self.message}
+    _json = (("code", "code"), ("message", "message"))
 
 
 @dataclass(frozen=True)
-class RunResult:
+class RunResult(_Shape):
     """How a run ended, and the transcript it ended with (complete messages only).
 
     ``usage`` sums the usage of the responses this run appended (see the README, "What a run
@@ -2079,30 +2020,14 @@ class RunResult:
     error: Optional[RunError] = None
     request_sequence_start: int = 0
     usage: Optional[Usage] = None
+    _json = (("status", "status"), ("messages", "messages"), ("steps", "steps"),
+             ("finalText?", "final_text"), ("maxSteps?", "max_steps"), ("error?", "error"),
+             ("requestSequenceStart?", "request_sequence_start"), ("usage?", "usage"))  # fmt: skip
 
     @property
     def next_request_sequence(self) -> int:
         """``request_sequence_start + steps``: the next run's ``request_sequence_start``."""
         return self.request_sequence_start + self.steps
-
-    def to_dict(self) -> Dict[str, Any]:
-        """Returns the seed's JSON shape of this result; optional keys only when set."""
-        data: Dict[str, Any] = {
-            "status": self.status,
-            "messages": [message.to_dict() for message in self.messages],
-            "steps": self.steps,
-        }
-        if self.final_text is not None:
-            data["finalText"] = self.final_text
-        if self.max_steps is not None:
-            data["maxSteps"] = self.max_steps
-        if self.error is not None:
-            data["error"] = self.error.to_dict()
-        if self.request_sequence_start != 0:
-            data["requestSequenceStart"] = self.request_sequence_start
-        if self.usage is not None:
-            data["usage"] = self.usage.to_dict()
-        return data
 
 
 _PAYLOAD_JSON_KEYS: Final = {
