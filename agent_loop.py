@@ -1193,12 +1193,10 @@ _VALUE_KINDS: Final[Dict[str, Tuple[str, Callable[[Any], bool]]]] = {
     "names": ("an array of property names", lambda v: _is_array(v) and all(map(_is_text, v))),
     "array": ("an array", lambda value: _is_array(value)),
     "JSON": ("a JSON value", lambda value: True),  # bounded as an argument is: _frozen_schema
-    "type": (
-        f"one of {', '.join(_SCHEMA_TYPES)}, or a non-empty array of distinct ones",
-        lambda value: _type_names(value) is not None,
-    ),
+    "type": (f"one of {', '.join(_SCHEMA_TYPES)}, or a non-empty array of distinct ones",
+             lambda value: _type_names(value) is not None),
     "$ref": ("a reference: '#', '', a JSON pointer '#/...', or the root's $id", _is_text),
-}
+}  # fmt: skip
 # The keywords of JSON Schema 2020-12 that the loop enforces, and the kind of their values.
 # Any other keyword holds any JSON, ignored as JSON Schema ignores the keywords it does not know.
 _SCHEMA_KEYWORDS: Final = {
@@ -1353,7 +1351,10 @@ def _checked_tool_fields(
             checked.add(ref)
             target = _ref_target(schema, ref)
             if target is None:
-                raise ValueError(f"{where} {ref!r} {_unresolved(schema, ref)}")
+                raise ValueError(
+                    f"{where} {ref!r} names nothing in this schema (the loop follows '#', '', "
+                    "pointers '#/...' and the root's $id; no $anchor, no other document)"
+                )
             if target is not schema:  # a pointer may name any part: it must be a schema
                 _frozen_schema(target, f"{where} {ref!r}", 1, found)
     return schema
@@ -1470,16 +1471,6 @@ def _ref_target(root: Mapping[str, Any], ref: str) -> object:
 def _base(root: Mapping[str, Any]) -> str:
     """The root's base URI: its $id without a fragment, or "" (a document without one)."""
     return urllib.parse.urldefrag(root.get("$id", "")).url if _is_text(root.get("$id")) else ""
-
-
-def _unresolved(root: Mapping[str, Any], ref: str) -> str:
-    """Why _ref_target() found nothing for a $ref, for the error that refuses the Tool."""
-    address, _, fragment = ref.partition("#")
-    if address and urllib.parse.urljoin(_base(root), address) != _base(root):
-        return "names another document (the loop reads none: use a pointer '#/...')"
-    if fragment[:1] not in ("", "/"):
-        return "names an $anchor, which the loop does not follow: use a pointer '#/...'"
-    return "names nothing in this schema"
 
 
 def _schema_problem(value: object, schema: Mapping[str, Any], path: str) -> Optional[str]:

@@ -370,12 +370,13 @@ REFUSED_TOOLS: dict[str, tuple[Callable[[], object], type[Exception], str]] = {
        for ref in (5, None)},
     **{f"ref-{ref}-to-another-document": (
            probe_with(one_property({"$ref": ref})), ValueError,
-           f"parameters.properties.v.$ref {ref!r} names another document (the loop reads none")
+           f"parameters.properties.v.$ref {ref!r} names nothing in this schema (the loop follows "
+           "'#', '', pointers '#/...' and the root's $id; no $anchor, no other document)")
        for ref in ("other.json#/$defs/a", "$defs/a", "urn:example:other#/properties/v")},
     "ref-to-an-anchor": (probe_with({**one_property({"$ref": "#a"}),
                                      "$defs": {"A": {"$anchor": "a"}}}), ValueError,
-                         "parameters.properties.v.$ref '#a' names an $anchor, which the loop "
-                         "does not follow: use a pointer '#/...'"),
+                         "parameters.properties.v.$ref '#a' names nothing in this schema (the "
+                         "loop follows '#', '', pointers '#/...' and the root's $id; no $anchor"),
     **{f"ref-{ref}-unresolved": (probe_with(one_property({"$ref": ref})), ValueError,
                                  f"parameters.properties.v.$ref {ref!r} names nothing in this "
                                  "schema")
