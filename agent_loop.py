@@ -168,8 +168,12 @@ def run_agent_loop(
     ``before_tool_call``, see the README, "Tools at once, and consent".
     """
     # ValidateOptions. Seed: "Invalid construction throws before an EventStream is returned."
-    _check_options(model, tools, max_steps, request_sequence_start)
-    _check_tool_options(tool_concurrency, before_tool_call)
+    _check_options(model, tools, max_steps, request_sequence_start, tool_concurrency)
+    if before_tool_call is not None and not callable(before_tool_call):
+        raise TypeError(
+            "before_tool_call must be None or a function (call, signal) -> Optional[str], "
+            f"got {type(before_tool_call).__name__}"
+        )
     signal = _checked_signal(signal)
     items = _iterated(messages)
     # SnapshotRun. Reading one past the cap tells "too many" without reading forever.
@@ -552,39 +556,33 @@ class _Problem(Exception):
     """What a check found wrong; the phase that ran the check decides what it becomes."""
 
 
-def _check_options(model: object, tools: object, max_steps: object, start: object) -> None:
+def _check_options(
+    model: object, tools: object, max_steps: object, start: object, concurrency: object
+) -> None:
     """ValidateOptions: raises TypeError or ValueError for an option the run cannot take."""
     # Seed: "maxSteps must be a positive safe integer no greater than MAX_AGENT_STEPS."
-    if not isinstance(max_steps, int) or isinstance(max_steps, bool):
-        raise TypeError(f"max_steps must be an int, got {type(max_steps).__name__}")
-    if not 1 <= max_steps <= MAX_AGENT_STEPS:
-        raise ValueError(f"max_steps must be an int in 1..{MAX_AGENT_STEPS}, got {max_steps}")
-    if not isinstance(start, int) or isinstance(start, bool):
-        raise TypeError(f"request_sequence_start must be an int, got {type(start).__name__}")
+    _check_int("max_steps", max_steps, f"in 1..{MAX_AGENT_STEPS}", 1, MAX_AGENT_STEPS)
+    _check_int("request_sequence_start", start, "", -math.inf, math.inf)
     # Seed: "Optional requestSequenceStart must keep the requested range within the same ceiling."
-    if start < 0 or start + max_steps > MAX_AGENT_STEPS:
+    if start < 0 or start + max_steps > MAX_AGENT_STEPS:  # type: ignore[operator]
         raise ValueError(
             f"request_sequence_start must be >= 0 with request_sequence_start + max_steps "
             f"<= {MAX_AGENT_STEPS}, got {start} + {max_steps}"
         )
+    # A group of tools at once never uses more threads than it has calls.
+    _check_int("tool_concurrency", concurrency, ">= 1", 1, math.inf)
     if not callable(getattr(model, "stream", None)):
         raise TypeError(f"model must have a callable stream(), got {type(model).__name__}")
     if not isinstance(tools, ToolRegistry):
         raise TypeError(f"tools must be a ToolRegistry, got {type(tools).__name__}")
 
 
-def _check_tool_options(tool_concurrency: object, before_tool_call: object) -> None:
-    """ValidateOptions for the tool phase (a group never uses more threads than calls)."""
-    if not isinstance(tool_concurrency, int) or isinstance(tool_concurrency, bool):
-        kind = type(tool_concurrency).__name__
-        raise TypeError(f"tool_concurrency must be an int, got {kind}")
-    if tool_concurrency < 1:
-        raise ValueError(f"tool_concurrency must be an int >= 1, got {tool_concurrency}")
-    if before_tool_call is not None and not callable(before_tool_call):
-        raise TypeError(
-            "before_tool_call must be None or a function (call, signal) -> Optional[str], "
-            f"got {type(before_tool_call).__name__}"
-        )
+def _check_int(name: str, value: object, rule: str, low: float, high: float) -> None:
+    """ValidateOptions: an int (not a bool) in low..high, or an error naming it and the rule."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be an int {rule}, got {value}")
 
 
 def _stop(pool: ThreadPoolExecutor, outcomes: List[Any]) -> None:
