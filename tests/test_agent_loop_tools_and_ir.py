@@ -1362,7 +1362,7 @@ class TestResumeAfterCancellation:
     def test_an_unresolved_transcript_cannot_start_a_new_run(self) -> None:
         """A cancelled run's transcript, its call still open, is an invalid start until
         resolve_open_tool_calls() answers the call (the rule's canonical test is
-        test_agent_loop.py's TestInvalidStartingTranscript)."""
+        test_agent_loop_transcript_and_model.py's TestInvalidStartingTranscript)."""
         events, result, model = run([stop("response-003", "No.")], messages=CANCELLED)
         assert_failed(events, result, "INVALID_TRANSCRIPT", "call-slow-001")
         assert model.call_count == 0
