@@ -175,7 +175,11 @@ def run_agent_loop(
             f"got {type(before_tool_call).__name__}"
         )
     signal = _checked_signal(signal)
-    items = _iterated(messages)
+    try:  # any iterable (typing aside), read at call time
+        items = iter(messages)
+    except TypeError:
+        kind = type(messages).__name__
+        raise TypeError(f"messages must be an iterable of messages, got {kind}") from None
     # SnapshotRun. Reading one past the cap tells "too many" without reading forever.
     start: List[object] = list(itertools.islice(items, MAX_INITIAL_MESSAGES + 1))
     options = (max_steps, signal, request_sequence_start, tool_concurrency, before_tool_call)
@@ -609,16 +613,6 @@ def _checked_signal(signal: object) -> Signal:
     return cast(Signal, signal)
 
 
-def _iterated(messages: Iterable[object]) -> Iterator[object]:
-    """ValidateOptions for the messages: any iterable (typing aside), read at call time."""
-    try:
-        return iter(messages)
-    except TypeError:
-        raise TypeError(
-            f"messages must be an iterable of messages, got {type(messages).__name__}"
-        ) from None
-
-
 # The ids the loop derives, public so that a companion derives them as the loop does. Seed:
 # "requestSnapshot() ... creates request-001, request-002, and so on"; its test derives the
 # others: response R's message is "message-" + R's id, call C's result "tool-result-" + C's.
@@ -910,7 +904,15 @@ class _StreamedBlocks:
         """Raises _Problem unless the terminal content agrees with the stream."""
         # Seed: "The resulting normalized block sequences must agree in content and
         # order; raw text-chunk segmentation may differ."
-        terminal = _normalized(_normalized_item(block) for block in content)
+        # A terminal block as the stream carries it: a thinking block's signature never streams.
+        terminal = _normalized(
+            block.text
+            if isinstance(block, TextBlock)
+            else ThinkingBlock(block.thinking)
+            if isinstance(block, ThinkingBlock)
+            else block
+            for block in content
+        )
         streamed = _normalized(self.items)
         if terminal == streamed:
             return
@@ -958,15 +960,6 @@ def _streamed_length(text: object, kind: str, so_far: int) -> int:
     if so_far + length > MAX_STEP_TEXT:
         raise _Problem(f"the model streamed more than {MAX_STEP_TEXT} code points of {kind}")
     return length
-
-
-def _normalized_item(block: Union[TextBlock, ThinkingBlock, ToolCall]) -> _Normalized:
-    """A terminal block as the stream carries it: a thinking block's signature does not stream."""
-    if isinstance(block, TextBlock):
-        return block.text
-    if isinstance(block, ThinkingBlock):
-        return ThinkingBlock(block.thinking)
-    return block
 
 
 def _normalized(items: Iterable[_Normalized]) -> List[_Normalized]:
@@ -1044,13 +1037,9 @@ def _thawed(value: object) -> Any:
 
 
 # Usage's fields, in order, and their JSON keys.
-_USAGE_KEYS: Final = (
-    ("input_tokens", "input"),
-    ("output_tokens", "output"),
-    ("cache_read_tokens", "cacheRead"),
-    ("cache_write_tokens", "cacheWrite"),
-    ("reasoning_tokens", "reasoning"),
-)
+_USAGE_KEYS: Final = (("input_tokens", "input"), ("output_tokens", "output"),
+    ("cache_read_tokens", "cacheRead"), ("cache_write_tokens", "cacheWrite"),
+    ("reasoning_tokens", "reasoning"))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -1471,14 +1460,6 @@ def _base(root: Mapping[str, Any]) -> str:
     return urllib.parse.urldefrag(root.get("$id", "")).url if _is_text(root.get("$id")) else ""
 
 
-def _schema_problem(value: object, schema: Mapping[str, Any], path: str) -> Optional[str]:
-    """Returns why frozen arguments fail a tool's frozen schema, or None when they pass."""
-    try:
-        return _value_problem(value, schema, path, schema)
-    except RecursionError:  # $refs that lead through hundreds of schemas, or in a loop
-        return f"{path} cannot be checked: its schema nests too deep, or its $refs loop"
-
-
 def _value_problem(
     value: object, schema: Any, path: str, root: Mapping[str, Any]
 ) -> Optional[str]:
@@ -1647,7 +1628,10 @@ def _execute_checked_call(
     if tool is None:
         known = ", ".join(registered.name for registered in registry) or "none"
         return _tool_result(call, f"unknown tool {call.name!r} (available: {known})", True)
-    problem = _schema_problem(call.arguments, tool.parameters, "$")
+    try:
+        problem = _value_problem(call.arguments, tool.parameters, "$", tool.parameters)
+    except RecursionError:  # $refs that lead through hundreds of schemas, or in a loop
+        problem = "$ cannot be checked: its schema nests too deep, or its $refs loop"
     if problem is not None:
         return _tool_result(call, f"invalid arguments for tool {call.name!r}: {problem}", True)
     token = _CURRENT_TOOL_CALL.set(call)  # in this thread's context only
@@ -2019,15 +2003,9 @@ class RunResult(_Shape):
         return self.request_sequence_start + self.steps
 
 
-_PAYLOAD_JSON_KEYS: Final = {
-    "message": "message",
-    "request_id": "requestId",
-    "chunk": "chunk",
-    "tool_call": "toolCall",
-    "tool_result": "toolResult",
-    "result": "result",
-    "refused": "refused",
-}
+_PAYLOAD_JSON_KEYS: Final = {"message": "message", "request_id": "requestId", "chunk": "chunk",
+    "tool_call": "toolCall", "tool_result": "toolResult", "result": "result",
+    "refused": "refused"}  # fmt: skip
 
 
 @dataclass(frozen=True)
