@@ -1003,15 +1003,16 @@ def _shortened(blocks: List[_Normalized], index: int) -> str:
 
 
 class _Shape:
-    """A value with a JSON shape: ``_json`` lists its (JSON key, attribute) pairs in order; a
-    key ending in "?" is written only when its value is not the field's default."""
+    """A value with a JSON shape: ``_json`` lists its fields in order as (JSON key, attribute,
+    how to read it back: see _read_fields); a key ending in "?" is written only when its value
+    is not the field's default."""
 
-    _json: ClassVar[Tuple[Tuple[str, str], ...]]
+    _json: ClassVar[_Fields]
 
     def to_dict(self) -> Dict[str, Any]:
         """Returns the seed's JSON shape of this object (plain dicts and lists)."""
         data: Dict[str, Any] = {}
-        for key, name in self._json:
+        for key, name, _ in self._json:
             value = getattr(self, name)
             if key[-1] != "?":
                 data[key] = _plain(value)
@@ -1050,7 +1051,7 @@ class ModelRequest(_Shape):
     messages: Tuple[Message, ...]
     tools: Tuple[ToolSpec, ...]
     __hash__ = None  # type: ignore[assignment]  # its tools hold schema mappings
-    _json = (("id", "id"), ("messages", "messages"), ("tools", "tools"))
+    _json = (("id", "id", None), ("messages", "messages", None), ("tools", "tools", None))
 
 
 @dataclass(frozen=True)
@@ -1060,7 +1061,7 @@ class TextDelta(_Shape):
     request_id: str
     text: str
     type: ClassVar[Literal["text"]] = "text"
-    _json = (("type", "type"), ("requestId", "request_id"), ("text", "text"))
+    _json = (("type", "type", None), ("requestId", "request_id", str), ("text", "text", str))
 
 
 @dataclass(frozen=True)
@@ -1070,7 +1071,8 @@ class ThinkingDelta(_Shape):
     request_id: str
     thinking: str
     type: ClassVar[Literal["thinking"]] = "thinking"
-    _json = (("type", "type"), ("requestId", "request_id"), ("thinking", "thinking"))
+    _json = (("type", "type", None), ("requestId", "request_id", str),
+             ("thinking", "thinking", str))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -1080,7 +1082,8 @@ class ToolCallChunk(_Shape):
     request_id: str
     tool_call: ToolCall
     type: ClassVar[Literal["toolCall"]] = "toolCall"
-    _json = (("type", "type"), ("requestId", "request_id"), ("toolCall", "tool_call"))
+    _json = (("type", "type", None), ("requestId", "request_id", str),
+             ("toolCall", "tool_call", "call"))  # fmt: skip
 
 
 ModelChunk = Union[TextDelta, ThinkingDelta, ToolCallChunk]
@@ -1105,7 +1108,7 @@ class Usage(_Shape):
     cache_read_tokens: Optional[int] = None
     cache_write_tokens: Optional[int] = None
     reasoning_tokens: Optional[int] = None
-    _json = tuple((key + "?", name) for name, key in _USAGE_KEYS)
+    _json = tuple((key + "?", name, int) for name, key in _USAGE_KEYS)
 
     def __post_init__(self) -> None:
         for name, _ in _USAGE_KEYS:
@@ -1138,8 +1141,8 @@ class ModelResponse(_Shape):
     content: Sequence[Union[TextBlock, ThinkingBlock, ToolCall]]  # stored as a tuple
     stop_reason: StopReason
     usage: Optional[Usage] = None
-    _json = (("id", "id"), ("requestId", "request_id"), ("content", "content"),
-             ("stopReason", "stop_reason"), ("usage?", "usage"))  # fmt: skip
+    _json = (("id", "id", None), ("requestId", "request_id", None), ("content", "content", None),
+             ("stopReason", "stop_reason", None), ("usage?", "usage", None))  # fmt: skip
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "content", tuple(self.content))
@@ -1235,7 +1238,8 @@ class ToolSpec(_Shape):
     description: str
     parameters: Mapping[str, Any]
     __hash__ = None  # type: ignore[assignment]  # it holds a mapping
-    _json = (("name", "name"), ("description", "description"), ("parameters", "parameters"))
+    _json = (("name", "name", None), ("description", "description", None),
+             ("parameters", "parameters", None))  # fmt: skip
 
     def __post_init__(self) -> None:
         parameters = _checked_tool_fields("ToolSpec", self.name, self.description, self.parameters)
@@ -1821,7 +1825,7 @@ class TextBlock(_Shape):
 
     text: str
     type: ClassVar[Literal["text"]] = "text"
-    _json = (("type", "type"), ("text", "text"))
+    _json = (("type", "type", None), ("text", "text", str))
 
 
 @dataclass(frozen=True)
@@ -1836,8 +1840,9 @@ class ThinkingBlock(_Shape):
     signature: Optional[str] = None
     redacted: bool = False
     type: ClassVar[Literal["thinking"]] = "thinking"
-    _json = (("type", "type"), ("thinking", "thinking"), ("thinkingSignature?", "signature"),
-             ("redacted?", "redacted"))  # fmt: skip
+    _json = (("type", "type", None), ("thinking", "thinking", str),
+             ("thinkingSignature?", "signature", str),
+             ("redacted?", "redacted", bool))  # fmt: skip
 
 
 @dataclass(frozen=True, eq=False)
@@ -1857,7 +1862,8 @@ class ToolCall(_Shape):
     # every bound: the run trusts this flag (_check_arguments), never their type.
     _plain_json: bool = field(init=False, repr=False, compare=False)
     type: ClassVar[Literal["toolCall"]] = "toolCall"
-    _json = (("type", "type"), ("id", "id"), ("name", "name"), ("arguments", "arguments"))
+    _json = (("type", "type", None), ("id", "id", str), ("name", "name", str),
+             ("arguments", "arguments", "arguments"))  # fmt: skip
 
     def __post_init__(self) -> None:
         # Normalises only; the run decides where the call enters it (_check_arguments).
@@ -1899,7 +1905,7 @@ class UserMessage(_Shape):
     id: str
     content: str
     role: ClassVar[Literal["user"]] = "user"
-    _json = (("id", "id"), ("role", "role"), ("content", "content"))
+    _json = (("id", "id", str), ("role", "role", None), ("content", "content", str))
 
 
 @dataclass(frozen=True)
@@ -1912,7 +1918,8 @@ class AssistantMessage(_Shape):
     content: Sequence[Union[TextBlock, ThinkingBlock, ToolCall]]  # stored as a tuple
     usage: Optional[Usage] = None
     role: ClassVar[Literal["assistant"]] = "assistant"
-    _json = (("id", "id"), ("role", "role"), ("content", "content"), ("usage?", "usage"))
+    _json = (("id", "id", str), ("role", "role", None), ("content", "content", "blocks"),
+             ("usage?", "usage", "usage"))  # fmt: skip
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "content", tuple(self.content))
@@ -1928,9 +1935,9 @@ class ToolResultMessage(_Shape):
     content: str
     is_error: bool
     role: ClassVar[Literal["toolResult"]] = "toolResult"
-    _json = (("id", "id"), ("role", "role"), ("toolCallId", "tool_call_id"),
-             ("toolName", "tool_name"), ("content", "content"),
-             ("isError", "is_error"))  # fmt: skip
+    _json = (("id", "id", str), ("role", "role", None), ("toolCallId", "tool_call_id", str),
+             ("toolName", "tool_name", str), ("content", "content", str),
+             ("isError", "is_error", bool))  # fmt: skip
 
 
 Message = Union[UserMessage, AssistantMessage, ToolResultMessage]
@@ -1974,7 +1981,7 @@ class RunError(_Shape):
     code: FailureCode
     message: str
     exception: Optional[BaseException] = field(default=None, compare=False, repr=False)
-    _json = (("code", "code"), ("message", "message"))
+    _json = (("code", "code", _FAILURE_CODES), ("message", "message", str))
 
 
 @dataclass(frozen=True)
@@ -1993,9 +2000,11 @@ class RunResult(_Shape):
     error: Optional[RunError] = None
     request_sequence_start: int = 0
     usage: Optional[Usage] = None
-    _json = (("status", "status"), ("messages", "messages"), ("steps", "steps"),
-             ("finalText?", "final_text"), ("maxSteps?", "max_steps"), ("error?", "error"),
-             ("requestSequenceStart?", "request_sequence_start"), ("usage?", "usage"))  # fmt: skip
+    _json = (("status", "status", _RUN_STATUSES), ("messages", "messages", "messages"),
+             ("steps", "steps", int), ("finalText?", "final_text", str),
+             ("maxSteps?", "max_steps", int), ("error?", "error", "error"),
+             ("requestSequenceStart?", "request_sequence_start", int),
+             ("usage?", "usage", "usage"))  # fmt: skip
 
     @property
     def next_request_sequence(self) -> int:
@@ -2041,33 +2050,26 @@ class Event:
 
 # --- Reading JSON back ------------------------------------------------------------
 # A reader takes a value as json.loads gives it and the path that names it, and raises
-# ValueError naming the field. What a field holds is said by a table: a JSON type (exactly),
-# a tuple of the protocol values it may be, or a reader; a key ending in "?" may be absent
-# or null (None). A shape's table maps each value of its discriminator to how to build the
-# object and its fields, in the order the constructor takes them.
+# ValueError naming the field. Each shape's _json table says how to read each field: a JSON
+# type (exactly), a tuple of the protocol values it may be, the name of a reader in _READERS,
+# or None (not read: a discriminator, or a shape the loop never reads back).
 
-_Reader = Union[type, Tuple[str, ...], Callable[[Any, str], Any]]
-_Fields = Tuple[Tuple[str, _Reader], ...]
+_Reader = Union[type, Tuple[str, ...], str, Callable[[Any, str], Any], None]
+_Fields = Tuple[Tuple[str, str, _Reader], ...]
 
 
 def message_from_dict(data: Dict[str, Any]) -> Message:
     """Reads a message from its ``to_dict()`` form; ValueError names a bad field."""
-    return cast(Message, _shape_from_dict(data, "message", "role", _MESSAGE_SHAPES))
+    return cast(Message, _one_of("role", _MESSAGES)(data, "message"))
 
 
 def event_from_dict(data: Dict[str, Any]) -> Event:
     """Reads an event from its ``to_dict()`` form; ValueError names a bad field."""
-    event = _typed(data, dict, "event")
-    head = (("sequence", int), ("type", _EVENT_TYPES), ("payload", dict))
-    sequence, event_type, payload_data = _fields(event, head, "event")
-    fields = _PAYLOAD_FIELDS[event_type]
-    values = _fields(payload_data, fields, "event.payload")
-    payload = {
-        _PAYLOAD_KEYS[key.rstrip("?")]: value
-        for (key, _), value in zip(fields, values)
-        if value is not None  # an optional key (refused) absent
-    }
-    return Event(sequence, event_type, MappingProxyType(payload))
+    head = (("sequence", "sequence", int), ("type", "type", _EVENT_TYPES),
+            ("payload", "payload", dict))  # fmt: skip
+    event = _read_fields(_typed(data, dict, "event"), head, "event")
+    payload = _read_fields(event["payload"], _PAYLOAD_FIELDS[event["type"]], "event.payload")
+    return Event(event["sequence"], event["type"], MappingProxyType(payload))
 
 
 def _typed(value: Any, kind: type, where: str) -> Any:
@@ -2077,67 +2079,50 @@ def _typed(value: Any, kind: type, where: str) -> Any:
     return value
 
 
-def _fields(data: Dict[str, Any], fields: _Fields, where: str) -> List[Any]:
-    """The values of a JSON object's fields, in the table's order, each read as it says."""
-    values: List[Any] = []
-    for key, reader in fields:
-        name = key.rstrip("?")
-        if data.get(name) is None and name != key:
-            values.append(None)
-        elif name not in data:
-            raise ValueError(f"{where}.{name} is missing")
-        elif isinstance(reader, type):
-            values.append(_typed(data[name], reader, f"{where}.{name}"))
+def _read_fields(data: Dict[str, Any], fields: _Fields, where: str) -> Dict[str, Any]:
+    """A JSON object's fields by attribute, each read as its table says; an optional field
+    (its key ends in "?") that is absent or null is left out, for its default."""
+    values: Dict[str, Any] = {}
+    for key, name, reader in fields:
+        json_key, path = key.rstrip("?"), f"{where}.{key.rstrip('?')}"
+        if reader is None or (json_key != key and data.get(json_key) is None):
+            continue
+        if json_key not in data:
+            raise ValueError(f"{path} is missing")
+        value = data[json_key]
+        if isinstance(reader, type):
+            values[name] = _typed(value, reader, path)
         elif isinstance(reader, tuple):
-            if _typed(data[name], str, f"{where}.{name}") not in reader:
-                raise ValueError(
-                    f"{where}.{name}: unknown value {data[name]!r} (expected one of {reader})"
-                )
-            values.append(data[name])
+            if _typed(value, str, path) not in reader:
+                raise ValueError(f"{path}: unknown value {value!r} (expected one of {reader})")
+            values[name] = value
         else:
-            values.append(reader(data[name], f"{where}.{name}"))
+            values[name] = (_READERS[reader] if isinstance(reader, str) else reader)(value, path)
     return values
 
 
-def _shape_from_dict(
-    data: object, where: str, key: str, shapes: Mapping[str, Tuple[Callable[..., Any], _Fields]]
-) -> Any:
-    """Reads the object whose discriminator ``key`` names its shape in ``shapes``."""
-    value = _typed(data, dict, where)
-    build, fields = shapes[_fields(value, ((key, tuple(shapes)),), where)[0]]
-    try:
-        return build(*_fields(value, fields, where))
-    except _Problem as problem:
-        raise ValueError(f"{where}: {problem}") from None
-
-
-def _list_of(key: str, shapes: Mapping[str, Tuple[Callable[..., Any], _Fields]]) -> _Reader:
-    """The reader of a JSON array of objects of these shapes, as a tuple."""
-    return lambda data, where: tuple(
-        _shape_from_dict(item, f"{where}[{index}]", key, shapes)
-        for index, item in enumerate(_typed(data, list, where))
-    )
-
-
-def _one_of(
-    key: str, shapes: Mapping[str, Tuple[Callable[..., Any], _Fields]], only: str = ""
-) -> _Reader:
-    """The reader of one JSON object of these shapes (``only``: of that one)."""
+def _one_of(key: str, shapes: Dict[str, Any], only: str = "") -> Callable[[Any, str], Any]:
+    """The reader of an object whose ``key`` names its class in ``shapes`` (``only``: that one)."""
 
     def read(data: object, where: str) -> Any:
-        value = _shape_from_dict(data, where, key, shapes)
-        if only and getattr(value, key) != only:
+        value = _typed(data, dict, where)
+        kind = _read_fields(value, ((key, key, tuple(shapes)),), where)[key]
+        if only and kind != only:
             raise ValueError(
                 f"{where} must be {_a(only)} {'block' if key == 'type' else 'message'}"
             )
-        return value
+        return _built(shapes[kind], value, where)
 
     return read
 
 
-def _object_of(build: Callable[..., Any], fields: _Fields) -> _Reader:
-    """The reader of one JSON object of these fields (a shape without a discriminator)."""
-    return lambda data, where: build(*_fields(_typed(data, dict, where), fields, where))
+def _built(shape: Any, data: Dict[str, Any], where: str) -> Any:
+    """The object of class ``shape`` that its JSON fields describe; ValueError if it is not one."""
+    try:
+        built = shape(**_read_fields(data, shape._json, where))
+        return _checked_thinking(built) if type(built) is ThinkingBlock else built
+    except _Problem as problem:
+        raise ValueError(f"{where}: {problem}") from None
 
 
 def _arguments_from_dict(data: object, where: str) -> Dict[str, Any]:
@@ -2151,75 +2136,65 @@ def _arguments_from_dict(data: object, where: str) -> Dict[str, Any]:
 
 def _usage_from_dict(data: object, where: str) -> Usage:
     """A Usage: each count absent, null, or an int >= 0."""
-    fields = tuple((key + "?", int) for _, key in _USAGE_KEYS)
-    counts = _fields(_typed(data, dict, where), fields, where)
-    for (_, key), count in zip(_USAGE_KEYS, counts):
-        if count is not None and count < 0:
-            raise ValueError(f"{where}.{key} must be >= 0, got {count}")
-    return Usage(*counts)
+    counts = _read_fields(_typed(data, dict, where), Usage._json, where)
+    for name, key in _USAGE_KEYS:
+        if counts.get(name, 0) < 0:
+            raise ValueError(f"{where}.{key} must be >= 0, got {counts[name]}")
+    return Usage(**counts)
 
 
-def _thinking_block(thinking: str, signature: Optional[str], redacted: Optional[bool]) -> Any:
-    return _checked_thinking(ThinkingBlock(thinking, signature, redacted is True))
+def _items(key: str, shapes: Dict[str, Any]) -> Callable[[Any, str], Any]:
+    """The reader of a JSON array of objects of these shapes, as a tuple."""
+    read = _one_of(key, shapes)
+    return lambda data, where: tuple(
+        read(item, f"{where}[{index}]") for index, item in enumerate(_typed(data, list, where))
+    )
 
 
-def _run_result(*fields: Any) -> RunResult:
-    """A RunResult from its JSON fields: requestSequenceStart absent is 0."""
-    status, messages, steps, final_text, max_steps, error, start, usage = fields
-    return RunResult(status, messages, steps, final_text, max_steps, error, start or 0, usage)
-
-
-_BLOCK_SHAPES: Final[Dict[str, Tuple[Callable[..., Any], _Fields]]] = {
-    "text": (TextBlock, (("text", str),)),
-    "thinking": (
-        _thinking_block,
-        (("thinking", str), ("thinkingSignature?", str), ("redacted?", bool)),
-    ),
-    "toolCall": (ToolCall, (("id", str), ("name", str), ("arguments", _arguments_from_dict))),
+# The classes of each discriminated shape, by the value of its "type" or "role".
+_BLOCKS: Final[Dict[str, Any]] = {
+    "text": TextBlock,
+    "thinking": ThinkingBlock,
+    "toolCall": ToolCall,
 }
-_MESSAGE_SHAPES: Final[Dict[str, Tuple[Callable[..., Any], _Fields]]] = {
-    "user": (UserMessage, (("id", str), ("content", str))),
-    "assistant": (
-        AssistantMessage,
-        (("id", str), ("content", _list_of("type", _BLOCK_SHAPES)), ("usage?", _usage_from_dict)),
-    ),
-    "toolResult": (
-        ToolResultMessage,
-        (("id", str), ("toolCallId", str), ("toolName", str), ("content", str), ("isError", bool)),
-    ),
+_MESSAGES: Final[Dict[str, Any]] = {
+    "user": UserMessage,
+    "assistant": AssistantMessage,
+    "toolResult": ToolResultMessage,
 }
-_CHUNK_SHAPES: Final[Dict[str, Tuple[Callable[..., Any], _Fields]]] = {
-    "text": (TextDelta, (("requestId", str), ("text", str))),
-    "thinking": (ThinkingDelta, (("requestId", str), ("thinking", str))),
-    "toolCall": (
-        ToolCallChunk,
-        (("requestId", str), ("toolCall", _one_of("type", _BLOCK_SHAPES, "toolCall"))),
-    ),
+_CHUNKS: Final[Dict[str, Any]] = {
+    "text": TextDelta, "thinking": ThinkingDelta, "toolCall": ToolCallChunk}  # fmt: skip
+# The readers that _json tables name (their shapes are defined after those tables).
+_READERS: Final[Dict[str, Callable[[Any, str], Any]]] = {
+    "arguments": _arguments_from_dict,
+    "usage": _usage_from_dict,
+    "blocks": _items("type", _BLOCKS),
+    "messages": _items("role", _MESSAGES),
+    "call": _one_of("type", _BLOCKS, "toolCall"),
+    "error": lambda data, where: _built(RunError, _typed(data, dict, where), where),
 }
-_RESULT_FIELDS: Final[_Fields] = (
-    ("status", _RUN_STATUSES),
-    ("messages", _list_of("role", _MESSAGE_SHAPES)),
-    ("steps", int),
-    ("finalText?", str),
-    ("maxSteps?", int),
-    ("error?", _object_of(RunError, (("code", _FAILURE_CODES), ("message", str)))),
-    ("requestSequenceStart?", int),
-    ("usage?", _usage_from_dict),
-)
-# For each event type, its payload's fields (JSON keys; _PAYLOAD_KEYS names them in Python).
+# For each event type, its payload's fields, named in Python as its Event holds them.
 _PAYLOAD_FIELDS: Final[Dict[str, _Fields]] = {
-    "message.accepted": (("message", _one_of("role", _MESSAGE_SHAPES)),),
-    "model.chunk": (("requestId", str), ("chunk", _one_of("type", _CHUNK_SHAPES))),
-    "tool.started": (("requestId", str), ("toolCall", _one_of("type", _BLOCK_SHAPES, "toolCall"))),
-    "tool.finished": (
-        ("requestId", str),
-        ("toolCall", _one_of("type", _BLOCK_SHAPES, "toolCall")),
-        ("toolResult", _one_of("role", _MESSAGE_SHAPES, "toolResult")),
-        ("refused?", bool),  # only a refused call's (see _Run._finished)
+    "message.accepted": (("message", "message", _one_of("role", _MESSAGES)),),
+    "model.chunk": (
+        ("requestId", "request_id", str),
+        ("chunk", "chunk", _one_of("type", _CHUNKS)),
     ),
-    "run.finished": (("result", _object_of(_run_result, _RESULT_FIELDS)),),
+    "tool.started": (("requestId", "request_id", str), ("toolCall", "tool_call", "call")),
+    "tool.finished": (
+        ("requestId", "request_id", str),
+        ("toolCall", "tool_call", "call"),
+        ("toolResult", "tool_result", _one_of("role", _MESSAGES, "toolResult")),
+        ("refused?", "refused", bool),  # only a refused call's (see _Run._finished)
+    ),
+    "run.finished": (
+        (
+            "result",
+            "result",
+            lambda data, where: _built(RunResult, _typed(data, dict, where), where),
+        ),
+    ),
 }
-_PAYLOAD_KEYS: Final = {key: name for name, key in _PAYLOAD_JSON_KEYS.items()}
 
 
 # --- Resumption -------------------------------------------------------------------
