@@ -2012,11 +2012,6 @@ class RunResult(_Shape):
         return self.request_sequence_start + self.steps
 
 
-_PAYLOAD_JSON_KEYS: Final = {"message": "message", "request_id": "requestId", "chunk": "chunk",
-    "tool_call": "toolCall", "tool_result": "toolResult", "result": "result",
-    "refused": "refused"}  # fmt: skip
-
-
 @dataclass(frozen=True)
 class Event:
     """One observable step of a run, numbered by the run's one counter; payload is read-only."""
@@ -2166,34 +2161,25 @@ _CHUNKS: Final[Dict[str, Any]] = {
     "text": TextDelta, "thinking": ThinkingDelta, "toolCall": ToolCallChunk}  # fmt: skip
 # The readers that _json tables name (their shapes are defined after those tables).
 _READERS: Final[Dict[str, Callable[[Any, str], Any]]] = {
-    "arguments": _arguments_from_dict,
-    "usage": _usage_from_dict,
-    "blocks": _items("type", _BLOCKS),
-    "messages": _items("role", _MESSAGES),
-    "call": _one_of("type", _BLOCKS, "toolCall"),
+    "arguments": _arguments_from_dict, "usage": _usage_from_dict,
+    "blocks": _items("type", _BLOCKS), "messages": _items("role", _MESSAGES),
+    "call": _one_of("type", _BLOCKS, "toolCall"), "chunk": _one_of("type", _CHUNKS),
     "error": lambda data, where: _built(RunError, _typed(data, dict, where), where),
-}
+    "result": lambda data, where: _built(RunResult, _typed(data, dict, where), where),
+}  # fmt: skip
 # For each event type, its payload's fields, named in Python as its Event holds them.
 _PAYLOAD_FIELDS: Final[Dict[str, _Fields]] = {
     "message.accepted": (("message", "message", _one_of("role", _MESSAGES)),),
-    "model.chunk": (
-        ("requestId", "request_id", str),
-        ("chunk", "chunk", _one_of("type", _CHUNKS)),
-    ),
+    "model.chunk": (("requestId", "request_id", str), ("chunk", "chunk", "chunk")),
     "tool.started": (("requestId", "request_id", str), ("toolCall", "tool_call", "call")),
-    "tool.finished": (
-        ("requestId", "request_id", str),
-        ("toolCall", "tool_call", "call"),
-        ("toolResult", "tool_result", _one_of("role", _MESSAGES, "toolResult")),
-        ("refused?", "refused", bool),  # only a refused call's (see _Run._finished)
-    ),
-    "run.finished": (
-        (
-            "result",
-            "result",
-            lambda data, where: _built(RunResult, _typed(data, dict, where), where),
-        ),
-    ),
+    "tool.finished": (("requestId", "request_id", str), ("toolCall", "tool_call", "call"),
+                      ("toolResult", "tool_result", _one_of("role", _MESSAGES, "toolResult")),
+                      ("refused?", "refused", bool)),  # refused: only a refused call's
+    "run.finished": (("result", "result", "result"),),
+}  # fmt: skip
+# The JSON key of each payload key, for Event.to_dict().
+_PAYLOAD_JSON_KEYS: Final = {
+    name: key.rstrip("?") for fields in _PAYLOAD_FIELDS.values() for key, name, _ in fields
 }
 
 
