@@ -666,11 +666,8 @@ def _is_id(value: object) -> bool:
 
 def _check_block(block: object) -> None:
     """Raises _Problem unless an assistant block keeps the IR's rules."""
-    if type(block) is TextBlock:
-        if not _is_text(block.text):
-            raise _Problem(_wrong_block_field("a text block", "text", "a str", block.text))
-    elif type(block) is ThinkingBlock:
-        _checked_thinking(block)
+    if type(block) is TextBlock or type(block) is ThinkingBlock:
+        _checked_fields(block, f"a {block.type} block")
     elif type(block) is not ToolCall:
         hint = ": wrap text in TextBlock(...)" if isinstance(block, str) else ""
         raise _Problem(
@@ -687,23 +684,21 @@ def _check_block(block: object) -> None:
             raise _Problem(f"tool call {block.id!r}: {problem}") from None
 
 
-def _checked_thinking(block: ThinkingBlock) -> ThinkingBlock:
-    """Returns a thinking block that keeps the IR's rules, or raises _Problem naming the field."""
-    kind = "a thinking block"
-    if not _is_text(block.thinking):
-        raise _Problem(_wrong_block_field(kind, "thinking", "a str", block.thinking))
-    if block.signature is not None and not _is_text(block.signature):
-        raise _Problem(_wrong_block_field(kind, "signature", "None or a str", block.signature))
-    if type(block.redacted) is not bool:
-        raise _Problem(_wrong_block_field(kind, "redacted", "a bool", block.redacted))
+def _checked_fields(value: _T, where: str) -> _T:
+    """Returns an IR value whose fields keep _FIELD_RULES (and a thinking block's own rule)."""
+    for name, test, expected in _FIELD_RULES[type(value)]:
+        if not test(getattr(value, name)):
+            given = f"{_quoted(getattr(value, name))} ({type(getattr(value, name)).__name__})"
+            raise _Problem(f"{where}: field {name!r} must be {expected}, got {given}")
     # A redacted block's opaque data is its signature: without it nothing can be sent back.
-    if block.redacted and (block.thinking != "" or not block.signature):
+    thinking = value if isinstance(value, ThinkingBlock) else None
+    if thinking and thinking.redacted and (thinking.thinking != "" or not thinking.signature):
         raise _Problem(
             "a redacted thinking block holds its data as a non-empty 'signature' and its "
-            f"'thinking' is \"\": got thinking {_quoted(block.thinking)}, signature "
-            f"{_quoted(block.signature)}"
+            f"'thinking' is \"\": got thinking {_quoted(thinking.thinking)}, signature "
+            f"{_quoted(thinking.signature)}"
         )
-    return block
+    return value
 
 
 _QUOTE: Final = reprlib.Repr()
@@ -721,46 +716,27 @@ def _quoted(value: object) -> str:
     return _QUOTE.repr(value)
 
 
-def _wrong_block_field(kind: str, name: str, expected: str, value: object) -> str:
-    """Says which field of a block has the wrong type: expected and given."""
-    given = f"{_quoted(value)} ({type(value).__name__})"
-    return f"{kind}: field {name!r} must be {expected}, got {given}"
-
-
 def _checked_message(message: object) -> Message:
     """Returns a message that keeps the IR's rules on its own (linkage aside), or _Problem."""
-    if type(message) is UserMessage:
-        if not _is_text(message.content):
-            raise _Problem(_wrong_field(message, "content", "a str"))
-    elif type(message) is AssistantMessage:
-        if message.usage is not None and type(message.usage) is not Usage:
-            raise _Problem(_wrong_field(message, "usage", "None or a Usage"))
-        for block in message.content:
-            try:
-                _check_block(block)
-            except _Problem as problem:  # the same problem, saying which message has it
-                raise _Problem(f"message {message.id!r}: {problem}") from None
-    elif type(message) is ToolResultMessage:
-        if not _is_id(message.tool_call_id):
-            raise _Problem(_wrong_field(message, "tool_call_id", "a non-empty str"))
-        if not _is_id(message.tool_name):
-            raise _Problem(_wrong_field(message, "tool_name", "a non-empty str"))
-        if not _is_text(message.content):
-            raise _Problem(_wrong_field(message, "content", "a str"))
-        if type(message.is_error) is not bool:
-            raise _Problem(_wrong_field(message, "is_error", "a bool"))
-    else:
+    if not (
+        type(message) is UserMessage
+        or type(message) is AssistantMessage
+        or type(message) is ToolResultMessage
+    ):
         hint = " (read a dict with message_from_dict())" if isinstance(message, dict) else ""
         raise _Problem(f"{_a(type(message).__name__)} is not a message{hint}")
+    _checked_fields(message, f"message {message.id!r}")
+    for block in message.content if isinstance(message, AssistantMessage) else ():
+        try:
+            _check_block(block)
+        except _Problem as problem:  # the same problem, saying which message has it
+            raise _Problem(f"message {message.id!r}: {problem}") from None
     if not _is_id(message.id):
-        raise _Problem(_wrong_field(message, "id", "a non-empty str"))
+        given = f"{_quoted(message.id)} ({type(message.id).__name__})"
+        raise _Problem(
+            f"{_a(message.role)} message: field 'id' must be a non-empty str, got {given}"
+        )
     return message
-
-
-def _wrong_field(message: Message, name: str, expected: str) -> str:
-    """Says which field of a message has the wrong type: expected and given."""
-    where = f"{_a(message.role)} message" if name == "id" else f"message {message.id!r}"
-    return _wrong_block_field(where, name, expected, getattr(message, name))
 
 
 class _Transcript:
@@ -1942,6 +1918,20 @@ class ToolResultMessage(_Shape):
 
 Message = Union[UserMessage, AssistantMessage, ToolResultMessage]
 
+# What each IR value's fields must be, checked where it enters a run: name, test, in words.
+_FIELD_RULES: Final[Dict[type, Tuple[Tuple[str, Callable[[Any], bool], str], ...]]] = {
+    UserMessage: (("content", _is_text, "a str"),),
+    AssistantMessage: (("usage", lambda usage: usage is None or type(usage) is Usage,
+                        "None or a Usage"),),
+    ToolResultMessage: (("tool_call_id", _is_id, "a non-empty str"),
+                        ("tool_name", _is_id, "a non-empty str"), ("content", _is_text, "a str"),
+                        ("is_error", lambda value: type(value) is bool, "a bool")),
+    TextBlock: (("text", _is_text, "a str"),),
+    ThinkingBlock: (("thinking", _is_text, "a str"),
+                    ("signature", lambda value: value is None or _is_text(value), "None or a str"),
+                    ("redacted", lambda value: type(value) is bool, "a bool")),
+}  # fmt: skip
+
 
 def text_from_assistant(message: AssistantMessage) -> str:
     """Returns the text blocks of an assistant message, concatenated (no thinking)."""
@@ -2035,10 +2025,7 @@ class Event:
             "sequence": self.sequence,
             "type": self.type,
             "payload": {
-                _PAYLOAD_JSON_KEYS[key]: (
-                    value if isinstance(value, (str, bool)) else value.to_dict()
-                )
-                for key, value in self.payload.items()
+                _PAYLOAD_JSON_KEYS[key]: _plain(value) for key, value in self.payload.items()
             },
         }
 
@@ -2115,7 +2102,9 @@ def _built(shape: Any, data: Dict[str, Any], where: str) -> Any:
     """The object of class ``shape`` that its JSON fields describe; ValueError if it is not one."""
     try:
         built = shape(**_read_fields(data, shape._json, where))
-        return _checked_thinking(built) if type(built) is ThinkingBlock else built
+        return (
+            _checked_fields(built, "a thinking block") if type(built) is ThinkingBlock else built
+        )
     except _Problem as problem:
         raise ValueError(f"{where}: {problem}") from None
 
