@@ -1097,11 +1097,8 @@ class Usage(_Shape):
     def __add__(self, other: object) -> Usage:
         if type(other) is not Usage:
             return NotImplemented
-        sums = []
-        for name, _ in _USAGE_KEYS:
-            mine, theirs = getattr(self, name), getattr(other, name)
-            sums.append(None if mine is None or theirs is None else mine + theirs)
-        return Usage(*sums)
+        pairs = ((getattr(self, name), getattr(other, name)) for name, _ in _USAGE_KEYS)
+        return Usage(*(None if a is None or b is None else a + b for a, b in pairs))
 
 
 _UNKNOWN_USAGE: Final = Usage()
@@ -1419,7 +1416,9 @@ def _ref_target(root: Mapping[str, Any], ref: str) -> object:
     pointer names ("#/..."), percent-decoded first (RFC 6901, section 6).
     """
     address, _, fragment = ref.partition("#")
-    if address and urllib.parse.urljoin(_base(root), address) != _base(root):
+    # The root's base URI: its $id without a fragment, or "" (a document without one).
+    base = urllib.parse.urldefrag(root["$id"]).url if _is_text(root.get("$id")) else ""
+    if address and urllib.parse.urljoin(base, address) != base:
         return None  # another document
     if fragment[:1] not in ("", "/"):
         return None  # an anchor ("#name"), which the loop does not follow
@@ -1433,11 +1432,6 @@ def _ref_target(root: Mapping[str, Any], ref: str) -> object:
         else:
             return None
     return target
-
-
-def _base(root: Mapping[str, Any]) -> str:
-    """The root's base URI: its $id without a fragment, or "" (a document without one)."""
-    return urllib.parse.urldefrag(root.get("$id", "")).url if _is_text(root.get("$id")) else ""
 
 
 def _value_problem(
@@ -2353,18 +2347,16 @@ class ScriptedModel:
     @classmethod
     def from_transcript(cls, messages: Iterable[Message]) -> ScriptedModel:
         """A model that replays a transcript's assistant messages in order (tools run again)."""
-        responses = []
-        for message in messages:
-            if isinstance(message, AssistantMessage):
-                stop_reason: StopReason = "toolCall" if _tool_calls(message) else "stop"
-                derived = response_id_of(message.id)
-                response_id = message.id if derived is None else derived
-                responses.append(
-                    scripted_response(
-                        response_id, message.content, stop_reason, usage=message.usage
-                    )
-                )
-        return cls(responses)
+        return cls(
+            scripted_response(
+                response_id_of(message.id) or message.id,
+                message.content,
+                "toolCall" if _tool_calls(message) else "stop",
+                usage=message.usage,
+            )
+            for message in messages
+            if isinstance(message, AssistantMessage)
+        )
 
     def stream(
         self, request: ModelRequest, signal: Signal
@@ -2397,8 +2389,7 @@ class ScriptedModel:
         )
 
 
-if __name__ == "__main__":
-    # The demonstration is the command line's (agent_loop_cli.py --demo): one copy of it.
+if __name__ == "__main__":  # the demonstration is the command line's: one copy of it
     import runpy
 
     cli = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent_loop_cli.py")
