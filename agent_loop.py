@@ -186,28 +186,21 @@ def run_agent_loop(
     return _Run(start, model, ToolRegistry(tools), *options).drive()
 
 
+@dataclass(eq=False)
 class _Run:
     """One run's private state: its snapshots, the transcript it owns, its one event counter."""
 
-    def __init__(
-        self,
-        start: List[object],
-        model: Model,
-        tools: ToolRegistry,
-        max_steps: int,
-        signal: Signal,
-        request_sequence_start: int,
-        tool_concurrency: int,
-        before_tool_call: Optional[Callable[[ToolCall, Any], Optional[str]]],
-    ) -> None:
-        self.model = model
-        self.tools = tools
-        self.specs = tools.specs()
-        self.max_steps = max_steps
-        self.signal = signal
-        self.request_sequence_start = request_sequence_start
-        self.tool_concurrency = tool_concurrency
-        self.before_tool_call = before_tool_call
+    start: dataclasses.InitVar[List[object]]
+    model: Model
+    tools: ToolRegistry
+    max_steps: int
+    signal: Signal
+    request_sequence_start: int
+    tool_concurrency: int
+    before_tool_call: Optional[Callable[[ToolCall, Any], Optional[str]]]
+
+    def __post_init__(self, start: List[object]) -> None:
+        self.specs = self.tools.specs()
         self.steps = 0
         self.next_sequence = 0
         self.usage: Optional[Usage] = None  # the sum over the responses appended so far
@@ -2226,7 +2219,14 @@ def print_event(event: Event, file: Optional[TextIO] = None) -> None:
     """
     payload = event.payload
     if event.type == "message.accepted":
-        detail = _message_text(payload["message"])
+        message = payload["message"]
+        if isinstance(message, UserMessage):
+            content = json.dumps(message.content, ensure_ascii=False)
+        elif isinstance(message, AssistantMessage):
+            content = ", ".join(_piece_text(block) for block in message.content)
+        else:
+            content = _outcome_text(message)
+        detail = f"{message.role} {message.id}: {content}"
     elif event.type == "model.chunk":
         chunk = payload["chunk"]
         shown = chunk.tool_call if isinstance(chunk, ToolCallChunk) else chunk
@@ -2237,22 +2237,24 @@ def print_event(event: Event, file: Optional[TextIO] = None) -> None:
         refused = payload.get("refused", False)
         detail = f"{payload['request_id']} {_outcome_text(payload['tool_result'], refused)}"
     else:
-        detail = _result_text(payload["result"])
+        result: RunResult = payload["result"]
+        parts = [
+            f"{result.status} after {result.steps} step(s)",
+            f"{len(result.messages)} messages",
+        ]
+        if result.usage is not None:  # the counts the model reported, by their JSON keys
+            counts = ", ".join(f"{key} {count}" for key, count in result.usage.to_dict().items())
+            parts.append(f"usage: {counts or 'unknown'}")
+        open_calls = open_tool_calls(result.messages)
+        if open_calls:
+            parts.append("left without a result: " + ", ".join(call.id for call in open_calls))
+        if result.error is not None:
+            parts.append(f"error: {result.error.code}: {result.error.message}")
+        detail = ", ".join(parts)
     line = f"{event.sequence:3d}  {event.type:<16}  {detail}"
     if not line.isprintable():  # a line break, say, in what a model or a tool wrote
         line = "".join(char if char.isprintable() else ascii(char)[1:-1] for char in line)
     print(line, file=file, flush=True)
-
-
-def _message_text(message: Message) -> str:
-    """A message as print_event shows it: its role and id, then its content."""
-    if isinstance(message, UserMessage):
-        content = json.dumps(message.content, ensure_ascii=False)
-    elif isinstance(message, AssistantMessage):
-        content = ", ".join(_piece_text(block) for block in message.content)
-    else:
-        content = _outcome_text(message)
-    return f"{message.role} {message.id}: {content}"
 
 
 def _piece_text(piece: Union[TextBlock, ThinkingBlock, ToolCall, TextDelta, ThinkingDelta]) -> str:
@@ -2273,20 +2275,6 @@ def _outcome_text(result: ToolResultMessage, refused: bool = False) -> str:
     """A tool result as print_event shows it: name ok, error or refused, then its content."""
     outcome = "refused" if refused else "error" if result.is_error else "ok"
     return f"{result.tool_name} {outcome}: {result.content}"
-
-
-def _result_text(result: RunResult) -> str:
-    """A RunResult as print_event shows it, on the run.finished line."""
-    parts = [f"{result.status} after {result.steps} step(s)", f"{len(result.messages)} messages"]
-    if result.usage is not None:  # the counts the model reported, by their JSON keys
-        counts = ", ".join(f"{key} {count}" for key, count in result.usage.to_dict().items())
-        parts.append(f"usage: {counts or 'unknown'}")
-    open_calls = open_tool_calls(result.messages)
-    if open_calls:
-        parts.append("left without a result: " + ", ".join(call.id for call in open_calls))
-    if result.error is not None:
-        parts.append(f"error: {result.error.code}: {result.error.message}")
-    return ", ".join(parts)
 
 
 @dataclass(frozen=True)
