@@ -2070,7 +2070,7 @@ def _read_fields(data: Dict[str, Any], fields: _Fields, where: str) -> Dict[str,
     return values
 
 
-def _one_of(key: str, shapes: Dict[str, Any], only: str = "") -> Callable[[Any, str], Any]:
+def _one_of(key: str, shapes: Mapping[str, Any], only: str = "") -> Callable[[Any, str], Any]:
     """The reader of an object whose ``key`` names its class in ``shapes`` (``only``: that one)."""
 
     def read(data: object, where: str) -> Any:
@@ -2114,7 +2114,7 @@ def _usage_from_dict(data: object, where: str) -> Usage:
     return Usage(**counts)
 
 
-def _items(key: str, shapes: Dict[str, Any]) -> Callable[[Any, str], Any]:
+def _items(key: str, shapes: Mapping[str, Any]) -> Callable[[Any, str], Any]:
     """The reader of a JSON array of objects of these shapes, as a tuple."""
     read = _one_of(key, shapes)
     return lambda data, where: tuple(
@@ -2123,18 +2123,10 @@ def _items(key: str, shapes: Dict[str, Any]) -> Callable[[Any, str], Any]:
 
 
 # The classes of each discriminated shape, by the value of its "type" or "role".
-_BLOCKS: Final[Dict[str, Any]] = {
-    "text": TextBlock,
-    "thinking": ThinkingBlock,
-    "toolCall": ToolCall,
-}
-_MESSAGES: Final[Dict[str, Any]] = {
-    "user": UserMessage,
-    "assistant": AssistantMessage,
-    "toolResult": ToolResultMessage,
-}
-_CHUNKS: Final[Dict[str, Any]] = {
-    "text": TextDelta, "thinking": ThinkingDelta, "toolCall": ToolCallChunk}  # fmt: skip
+_BLOCKS: Final = {"text": TextBlock, "thinking": ThinkingBlock, "toolCall": ToolCall}
+_MESSAGES: Final = {
+    "user": UserMessage, "assistant": AssistantMessage, "toolResult": ToolResultMessage}  # fmt: skip
+_CHUNKS: Final = {"text": TextDelta, "thinking": ThinkingDelta, "toolCall": ToolCallChunk}
 # The readers that _json tables name (their shapes are defined after those tables).
 _READERS: Final[Dict[str, Callable[[Any, str], Any]]] = {
     "arguments": _arguments_from_dict, "usage": _usage_from_dict,
