@@ -2124,8 +2124,8 @@ def _items(key: str, shapes: Mapping[str, Any]) -> Callable[[Any, str], Any]:
 
 # The classes of each discriminated shape, by the value of its "type" or "role".
 _BLOCKS: Final = {"text": TextBlock, "thinking": ThinkingBlock, "toolCall": ToolCall}
-_MESSAGES: Final = {
-    "user": UserMessage, "assistant": AssistantMessage, "toolResult": ToolResultMessage}  # fmt: skip
+_MESSAGES: Final = {"user": UserMessage, "assistant": AssistantMessage,
+                    "toolResult": ToolResultMessage}  # fmt: skip
 _CHUNKS: Final = {"text": TextDelta, "thinking": ThinkingDelta, "toolCall": ToolCallChunk}
 # The readers that _json tables name (their shapes are defined after those tables).
 _READERS: Final[Dict[str, Callable[[Any, str], Any]]] = {
