@@ -2271,7 +2271,12 @@ def _outcome_text(result: ToolResultMessage, refused: bool = False) -> str:
 
 @dataclass(frozen=True)
 class ScriptedResponse:
-    """One turn of a ScriptedModel; build it with ``scripted_response()``."""
+    """One scripted model turn (``scripted_response`` is this class, by the name it is built).
+
+    Each block of ``chunks`` (default: ``content``) streams as one chunk of the active
+    request, then the model returns ``ModelResponse(id, request_id or the active request's
+    id, content, stop_reason, usage)``. Raises TypeError for text given as a str.
+    """
 
     id: str
     content: Sequence[Union[TextBlock, ThinkingBlock, ToolCall]]  # stored as a tuple
@@ -2293,23 +2298,9 @@ class ScriptedResponse:
             object.__setattr__(self, "chunks", tuple(self.chunks))
 
 
-def scripted_response(
-    id: str,
-    content: Iterable[Union[TextBlock, ThinkingBlock, ToolCall]],
-    stop_reason: StopReason,
-    *,
-    chunks: Optional[Iterable[Union[TextBlock, ThinkingBlock, ToolCall]]] = None,
-    request_id: Optional[str] = None,
-    usage: Optional[Usage] = None,
-) -> ScriptedResponse:
-    """One scripted model turn.
-
-    Each block of ``chunks`` (default: ``content``) streams as one chunk of the active
-    request, then the model returns ``ModelResponse(id, request_id or the active request's
-    id, content, stop_reason, usage)``.
-    """
-    streamed = None if chunks is None else tuple(chunks)
-    return ScriptedResponse(id, tuple(content), stop_reason, streamed, request_id, usage)
+scripted_response = ScriptedResponse
+"""``scripted_response(id, content, stop_reason, *, chunks=None, request_id=None,
+usage=None)``: one ScriptedResponse (give chunks, request_id and usage by keyword)."""
 
 
 class ScriptedModel:
