@@ -161,11 +161,9 @@ def run_agent_loop(
 ) -> Generator[Event, None, RunResult]:
     """Validates the options, snapshots the run, and returns its event generator.
 
-    The generator yields the run's events and returns its ``RunResult`` (``result = yield
-    from run``, or ``settle_run(run)``); at most ``MAX_INITIAL_MESSAGES + 1`` messages are
-    read, now. Raises TypeError or ValueError for a bad option, now; a bad starting transcript
-    is a ``failed`` run (INVALID_TRANSCRIPT). For ``tool_concurrency`` and
-    ``before_tool_call``, see the README, "Tools at once, and consent".
+    The generator yields the run's events and returns its ``RunResult``; at most
+    ``MAX_INITIAL_MESSAGES + 1`` messages are read, now. Raises TypeError or ValueError for a
+    bad option, now; a bad starting transcript is a ``failed`` run (INVALID_TRANSCRIPT).
     """
     # ValidateOptions. Seed: "Invalid construction throws before an EventStream is returned."
     _check_options(model, tools, max_steps, request_sequence_start, tool_concurrency)
@@ -213,8 +211,7 @@ class _Run:
             self.invalid_start = _RunFailure("INVALID_TRANSCRIPT", str(problem))
 
     def drive(self) -> Generator[Event, None, RunResult]:
-        """The diagram from SnapshotRun to Finish: the one place where events leave the run, and
-        where _RunFailure (--> Failed) and _Cancelled (--> Cancelled) become the result."""
+        """SnapshotRun to Finish: where events leave the run and failures become its result."""
         steps = self._run_steps()
         try:
             while True:
@@ -397,8 +394,7 @@ class _Run:
     def _finished(
         self, request: ModelRequest, call: ToolCall, result: ToolResultMessage, refused: bool
     ) -> Event:
-        """ExecuteTools: a call's result joins the transcript; returns its tool.finished, which
-        says ``refused=True`` when the result is before_tool_call's refusal."""
+        """ExecuteTools: a call's result joins the transcript; returns its tool.finished."""
         # Linked by construction: derived from the call, whose result id was checked free.
         self.transcript.append(result)
         # The key is absent unless refused, so that a run without consent logs as the seed's.
@@ -484,8 +480,7 @@ class _Run:
     def _execute_group(
         self, request: ModelRequest, group: List[ToolCall]
     ) -> Generator[Event, None, None]:
-        """ExecuteTools, one group on threads: results join in assistant order; whichever way it
-        ends, it returns only once every running tool has returned, and no call begins after."""
+        """ExecuteTools, a group on threads: results in assistant order; returns once all have."""
         # Consent, for each call of the group before any of them is scheduled.
         refusals = [self._refusal(call) for call in group]
         # In a group, tool.started means scheduled: all of them come first, in order.
@@ -733,11 +728,9 @@ def _checked_message(message: object) -> Message:
 
 
 class _Transcript:
-    """The run's transcript, indexed so that a check costs what the message holds.
-
-    Valid: unique message and tool-call ids, each result answering an open call of an earlier
-    assistant message, with the same tool name, once. Complete: no call left open.
-    """
+    """The run's transcript, indexed so that a check costs what the message holds. Valid: unique
+    message and tool-call ids, each result answering an open call of an earlier assistant
+    message, with the same tool name, once. Complete: no call left open."""
 
     def __init__(self) -> None:
         self.messages: List[Message] = []
@@ -759,8 +752,7 @@ class _Transcript:
         return transcript
 
     def check(self, unchecked: object) -> Message:
-        """Returns the message if well formed, its ids free and a result answering an open call
-        (linkage); else raises _Problem."""
+        """Returns the message if well formed, its ids free and its linkage kept; else _Problem."""
         message = _checked_message(unchecked)
         if message.id in self._message_ids:
             raise _Problem(
@@ -972,9 +964,7 @@ def _shortened(blocks: List[_Normalized], index: int) -> str:
 
 
 class _Shape:
-    """A value with a JSON shape: ``_json`` lists its fields in order as (JSON key, attribute,
-    how to read it back: see _read_fields); a key ending in "?" is written only when its value
-    is not the field's default."""
+    """A value whose ``_json`` lists its JSON fields: (key, attribute, reader: _read_fields)."""
 
     _json: ClassVar[_Fields]
 
@@ -983,7 +973,7 @@ class _Shape:
         data: Dict[str, Any] = {}
         for key, name, _ in self._json:
             value = getattr(self, name)
-            if key[-1] != "?":
+            if key[-1] != "?":  # "?": an optional key, written unless the field's default
                 data[key] = _plain(value)
             elif value != getattr(type(self), name):
                 data[key[:-1]] = _plain(value)
@@ -1115,10 +1105,8 @@ class ModelResponse(_Shape):
 
 
 class Signal(Protocol):
-    """What the loop needs of a cancellation signal: threading.Event's reading side.
-
-    Any object with these two methods fits, if its ``wait`` blocks (is not a coroutine).
-    """
+    """What the loop needs of a cancellation signal: threading.Event's reading side (any object
+    with these two methods, if its ``wait`` blocks: not a coroutine)."""
 
     def is_set(self) -> bool:
         """True once cancellation was requested."""
@@ -1194,11 +1182,8 @@ _BOUNDS: Final = {
 
 @dataclass(frozen=True)
 class ToolSpec(_Shape):
-    """What a model is told about a tool: its name, description and parameter schema.
-
-    Checked as a Tool is (TypeError or ValueError naming the field), and its parameters are
-    frozen.
-    """
+    """What a model is told about a tool: its name, description and (frozen) parameter schema;
+    checked as a Tool is."""
 
     name: str
     description: str
@@ -1219,12 +1204,10 @@ class ToolSpec(_Shape):
 class Tool:
     """A named effect the model may request, with a JSON Schema for its arguments.
 
-    ``parameters`` (a root ``{"type": "object", ...}``) is checked and frozen when the Tool is
-    built, and each call's arguments are checked against it before the tool runs (see the
-    README, "Tool schemas"). ``execute(arguments, signal)`` gets a fresh plain dict and the
-    run's signal. ``sequential=True``: with ``tool_concurrency`` > 1, its calls run alone.
-
-    Raises TypeError or ValueError, naming the field, for a Tool the loop could not run.
+    ``parameters`` (a root ``{"type": "object", ...}``) is checked and frozen now, and each
+    call's arguments against it before the tool runs. ``execute(arguments, signal)`` gets a
+    fresh plain dict and the run's signal. ``sequential=True``: with ``tool_concurrency`` > 1,
+    its calls run alone. Raises TypeError or ValueError, naming the field, for a bad Tool.
     """
 
     name: str
@@ -1345,8 +1328,7 @@ def _check_execute(name: str, execute: object) -> None:
 def _frozen_schema(
     value: object, where: str, depth: int, found: _Found, kind: Optional[str] = "schema"
 ) -> Any:
-    """Checks a schema, or a keyword's value of a kind of _VALUE_KINDS (None: any JSON), and
-    returns it frozen; each $ref goes to ``found``, resolved once the document is frozen."""
+    """A schema, or a keyword value of a _VALUE_KINDS kind (None: any JSON), checked, frozen."""
     if kind == "schema" and not isinstance(value, (bool, Mapping)):
         raise TypeError(f"{where} must be a JSON Schema object, got {type(value).__name__}")
     if kind is not None and not _VALUE_KINDS[kind][1](value):
@@ -1634,10 +1616,8 @@ def current_tool_call() -> Optional[ToolCall]:
 
 
 class ToolError(Exception):
-    """Raised by a tool to tell the model what went wrong, in its own words.
-
-    The call's result is is_error=True with content exactly ``message``; it is not logged.
-    """
+    """Raised by a tool to tell the model what went wrong, in its own words: the call's result
+    is is_error=True with content exactly ``message``, and it is not logged."""
 
     def __init__(self, message: str) -> None:
         if not _is_text(message):
@@ -1949,11 +1929,8 @@ _EVENT_TYPES: Final = get_args(EventType)
 
 @dataclass(frozen=True)
 class RunError(_Shape):
-    """Why a run failed: a failure code and a readable message.
-
-    ``exception`` is what raised, if anything did, for the caller: it is not part of
-    ``to_dict()`` or of equality.
-    """
+    """Why a run failed: a failure code and a readable message; ``exception`` is what raised
+    (if anything did), for the caller, and not part of ``to_dict()`` or of equality."""
 
     code: FailureCode
     message: str
@@ -1963,11 +1940,8 @@ class RunError(_Shape):
 
 @dataclass(frozen=True)
 class RunResult(_Shape):
-    """How a run ended, and the transcript it ended with (complete messages only).
-
-    ``usage`` sums the usage of the responses this run appended (see the README, "What a run
-    cost").
-    """
+    """How a run ended, and the transcript it ended with (complete messages only); ``usage``
+    sums the usage of the responses this run appended."""
 
     status: RunStatus
     messages: Tuple[Message, ...]
@@ -2049,8 +2023,7 @@ def _typed(value: Any, kind: type, where: str) -> Any:
 
 
 def _read_fields(data: Dict[str, Any], fields: _Fields, where: str) -> Dict[str, Any]:
-    """A JSON object's fields by attribute, each read as its table says; an optional field
-    (its key ends in "?") that is absent or null is left out, for its default."""
+    """A JSON object's fields by attribute; an optional one absent or null is left out."""
     values: Dict[str, Any] = {}
     for key, name, reader in fields:
         json_key, path = key.rstrip("?"), f"{where}.{key.rstrip('?')}"
@@ -2186,11 +2159,8 @@ def settle_run(
     run: Generator[Event, None, RunResult],
     on_event: Optional[Callable[[Event], object]] = None,
 ) -> Tuple[List[Event], RunResult]:
-    """Drains a run; returns its events and its RunResult.
-
-    ``on_event`` is called with each event before the run goes on; if it raises, the run is
-    closed and the exception propagates.
-    """
+    """Drains a run; returns its events and its RunResult. ``on_event`` is called with each
+    event before the run goes on; if it raises, the run is closed and the exception propagates."""
     events: List[Event] = []
     with contextlib.closing(run):
         while True:
