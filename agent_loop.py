@@ -365,9 +365,7 @@ class _Run:
         else:
             self.usage = self.usage + message.usage
 
-    def _execute_tools(
-        self, request: ModelRequest, message: AssistantMessage
-    ) -> Generator[Event, None, None]:
+    def _execute_tools(self, request: ModelRequest, message: AssistantMessage) -> Iterator[Event]:
         """ExecuteTools: every call in assistant order, one at a time or group by group."""
         if self.tool_concurrency > 1:
             for group in self._groups(_tool_calls(message)):
@@ -895,13 +893,10 @@ class _StreamedBlocks:
 
 
 def check_stream_agreement(chunks: Iterable[ModelChunk], response: ModelResponse) -> None:
-    """Checks a step's chunks against its terminal response as the loop does.
-
-    The chunks must carry the response's ``request_id``, keep the step's limits, and agree
-    with its content once normalised (see the README, "Choices where the seed is silent");
-    the response's own fields are not checked. Raises TypeError if ``response`` is not a
-    ModelResponse, and ValueError naming the chunk or block that breaks a rule.
-    """
+    """Checks a step's chunks against its terminal response as the loop does: they carry its
+    ``request_id``, keep the step's limits, and agree with its content once normalised (its
+    own fields are not checked). Raises TypeError if ``response`` is not a ModelResponse, and
+    ValueError naming the chunk or block that breaks a rule."""
     if type(response) is not ModelResponse:
         raise TypeError(f"response must be a ModelResponse, got {type(response).__name__}")
     streamed = _StreamedBlocks(response.request_id)
@@ -1055,12 +1050,10 @@ _STOP_REASONS: Final = get_args(StopReason)
 
 @dataclass(frozen=True)
 class Usage(_Shape):
-    """The tokens one response (or, summed, one run) cost, as the provider reported them.
-
-    Each field is an int >= 0, or None when the provider did not say. ``a + b`` sums field by
-    field, None on either side giving None (see the README, "What a run cost"). Raises
-    TypeError for a field that is not None or an int, ValueError for a negative one.
-    """
+    """The tokens one response (or, summed, one run) cost, as the provider reported them: each
+    an int >= 0, or None when the provider did not say. ``a + b`` sums field by field, None on
+    either side giving None. Raises TypeError for a field neither None nor an int, ValueError
+    for a negative one."""
 
     input_tokens: Optional[int] = None
     output_tokens: Optional[int] = None
@@ -1126,6 +1119,7 @@ class Model(Protocol):
 
 # --- Tools ------------------------------------------------------------------------
 
+_Seen = Dict[str, List[Any]]  # what a walk over a schema saw: "$ref" and "$id" (below the root)
 _SCHEMA_TYPES: Final = ("object", "string", "number", "integer", "boolean", "array", "null")
 # What the value of a keyword the loop enforces must be: the words an error says, and the test.
 _VALUE_KINDS: Final[Dict[str, Tuple[str, Callable[[Any], bool]]]] = {
@@ -1243,12 +1237,9 @@ class Tool:
         description: Optional[str] = None,
         sequential: bool = False,
     ) -> Tool:
-        """Builds a Tool from a function that takes the arguments as keyword parameters.
-
-        The schema comes from the type hints (see the README, "Tools from functions"), made by
-        the companion file agent_loop_functions.py: ImportError without it. Raises TypeError,
-        naming the parameter, for what it cannot describe, and as ``Tool()`` does.
-        """
+        """Builds a Tool from a function that takes the arguments as keyword parameters, its
+        schema from the type hints, by the companion agent_loop_functions.py (ImportError
+        without it). Raises TypeError, naming the parameter, for what it cannot describe."""
         try:  # by name, so that a copy of this file alone still type-checks
             functions = importlib.import_module("agent_loop_functions")
         except ModuleNotFoundError as missing:
@@ -1271,22 +1262,22 @@ def _checked_tool_fields(
         raise TypeError(
             f"{kind} {name!r}: description must be a str, got {type(description).__name__}"
         )
-    found = _Found()
+    found: _Seen = {"$ref": [], "$id": []}  # each $ref, and each $id below the root
     schema = _frozen_schema(parameters, f"{kind} {name!r} parameters", 0, found)
     if not isinstance(schema, Mapping) or schema.get("type") != "object":
         raise ValueError(
             f'{kind} {name!r} parameters must have "type": "object": '
             "a tool's arguments are always a JSON object"
         )
-    if found.refs and found.nested_ids:
+    if found["$ref"] and found["$id"]:
         # JSON Schema 2020-12, Core 8.2.1: "$id" below the root starts a new base URI for
         # the references under it; the loop resolves every $ref against the root's.
         raise ValueError(
-            f"{found.nested_ids[0]} is an $id below the root, beside a $ref: the loop resolves "
+            f"{found['$id'][0]} is an $id below the root, beside a $ref: the loop resolves "
             "$refs against the root only; move the schema into the root's $defs"
         )
     checked = set()
-    for ref, where in found.refs:  # refs grows as the schemas they name are checked
+    for ref, where in found["$ref"]:  # it grows as the schemas they name are checked
         if ref not in checked:
             checked.add(ref)
             target = _ref_target(schema, ref)
@@ -1298,14 +1289,6 @@ def _checked_tool_fields(
             if target is not schema:  # a pointer may name any part: it must be a schema
                 _frozen_schema(target, f"{where} {ref!r}", 1, found)
     return schema
-
-
-class _Found:
-    """What a walk over a tool's schema found: its $refs, and each $id below the root."""
-
-    def __init__(self) -> None:
-        self.refs: List[Tuple[str, str]] = []  # (the reference, where it is)
-        self.nested_ids: List[str] = []
 
 
 def _check_execute(name: str, execute: object) -> None:
@@ -1326,9 +1309,10 @@ def _check_execute(name: str, execute: object) -> None:
 
 
 def _frozen_schema(
-    value: object, where: str, depth: int, found: _Found, kind: Optional[str] = "schema"
+    value: object, where: str, depth: int, seen: _Seen, kind: Optional[str] = "schema"
 ) -> Any:
-    """A schema, or a keyword value of a _VALUE_KINDS kind (None: any JSON), checked, frozen."""
+    """A schema, or a keyword value of a _VALUE_KINDS kind (None: any JSON), checked, frozen;
+    the $refs and the $ids below the root it holds go to ``seen``."""
     if kind == "schema" and not isinstance(value, (bool, Mapping)):
         raise TypeError(f"{where} must be a JSON Schema object, got {type(value).__name__}")
     if kind is not None and not _VALUE_KINDS[kind][1](value):
@@ -1342,7 +1326,7 @@ def _frozen_schema(
             raise ValueError(f"{where} holds a value no argument may be: {problem}") from None
         return values if kind == "array" else values[0]
     if kind == "$ref":
-        found.refs.append((cast(str, value), where))
+        seen["$ref"].append((value, where))
     if value is None or type(value) in (str, bool, int) or _is_finite_float(value):
         return value
     # Deeper than arguments may be, it would describe no call: schemas and containers count.
@@ -1350,7 +1334,7 @@ def _frozen_schema(
         raise ValueError(f"{where} nests deeper than {MAX_ARGUMENT_DEPTH} levels")
     if isinstance(value, Mapping):
         if kind == "schema" and depth > 0 and "$id" in value:
-            found.nested_ids.append(f"{where}.$id")
+            seen["$id"].append(f"{where}.$id")
         frozen = {}
         for key, item in value.items():
             if type(key) is not str:
@@ -1359,12 +1343,12 @@ def _frozen_schema(
             if kind == "schema" and not (key == "items" and _is_array(item)):
                 inner = _SCHEMA_KEYWORDS.get(key)  # the array form of old items is not enforced
             deeper = depth + (inner in (None, "schema"))
-            frozen[key] = _frozen_schema(item, f"{where}.{key}", deeper, found, inner)
+            frozen[key] = _frozen_schema(item, f"{where}.{key}", deeper, seen, inner)
         return MappingProxyType(frozen)
     if _is_array(value):
         inner = "schema" if kind == "schemas" else None
         return tuple(
-            _frozen_schema(item, f"{where}[{index}]", depth + 1, found, inner)
+            _frozen_schema(item, f"{where}[{index}]", depth + 1, seen, inner)
             for index, item in enumerate(cast(Sequence[Any], value))
         )
     raise TypeError(f"{where} holds {_quoted(value)}, which is not JSON")
@@ -1385,11 +1369,8 @@ def _type_names(value: object) -> Optional[Sequence[object]]:
 
 
 def _ref_target(root: Mapping[str, Any], ref: str) -> object:
-    """What a $ref names in the root's document, or None (JSON Schema 2020-12, Core 8.2).
-
-    The document is the root ("#", "", or the root's $id), or a part of it that a JSON
-    pointer names ("#/..."), percent-decoded first (RFC 6901, section 6).
-    """
+    """What a $ref names in the root's document, or None (JSON Schema 2020-12, Core 8.2): the
+    root ("#", "", its $id), or the part a pointer "#/..." names, percent-decoded first."""
     address, _, fragment = ref.partition("#")
     # The root's base URI: its $id without a fragment, or "" (a document without one).
     base = urllib.parse.urldefrag(root["$id"]).url if _is_text(root.get("$id")) else ""
@@ -1550,13 +1531,10 @@ class ToolRegistry:
 
 
 def execute_tool_call(registry: ToolRegistry, call: ToolCall, signal: Signal) -> ToolResultMessage:
-    """Runs one tool call and returns its linked result message.
-
-    What goes wrong with the call (an unknown tool, bad arguments, an exception, a value that
-    is not JSON) becomes an ``is_error=True`` result saying what; only BaseExceptions that are
-    not Exceptions propagate. A ``str`` is the content verbatim, other JSON is encoded. Raises
-    TypeError for a call whose id or name is not a non-empty str.
-    """
+    """Runs one tool call and returns its linked result message: a ``str`` is the content
+    verbatim, other JSON is encoded. What goes wrong with the call (an unknown tool, bad
+    arguments, an exception, a value that is not JSON) is an ``is_error=True`` result saying
+    what. Raises TypeError for a call whose id or name is not a non-empty str."""
     if not (_is_id(call.id) and _is_id(call.name)):
         raise TypeError(
             f"a call's id and name must be non-empty str, got {call.id!r} and {call.name!r}: "
@@ -1773,11 +1751,9 @@ class TextBlock(_Shape):
 
 @dataclass(frozen=True)
 class ThinkingBlock(_Shape):
-    """The model's thinking, kept in the transcript so that it can be sent back exactly.
-
-    ``signature`` is the provider's proof, if any; a redacted block holds its opaque data as a
-    non-empty ``signature``, and its ``thinking`` is ``""``.
-    """
+    """The model's thinking, kept so that it can be sent back exactly: ``signature`` is the
+    provider's proof, if any; a redacted block's opaque data is its ``signature``, its
+    ``thinking`` ``""``."""
 
     thinking: str
     signature: Optional[str] = None
@@ -1790,13 +1766,10 @@ class ThinkingBlock(_Shape):
 
 @dataclass(frozen=True, eq=False)
 class ToolCall(_Shape):
-    """A request from the model to run one tool.
-
-    ``arguments`` is frozen when the call is built (read-only mappings, tuples). Arguments
-    that are not plain bounded JSON are kept as given, and the run fails with
-    MODEL_PROTOCOL_ERROR before any tool runs. Calls are equal when their id, name and
-    arguments are, as JSON (``True`` is not ``1``).
-    """
+    """A request from the model to run one tool: ``arguments`` frozen (read-only mappings,
+    tuples), or kept as given if not plain bounded JSON (the run then fails with
+    MODEL_PROTOCOL_ERROR before any tool runs). Equal when id, name and arguments are, as JSON
+    (``True`` is not ``1``)."""
 
     id: str
     name: str
@@ -2139,11 +2112,8 @@ def open_tool_calls(messages: Iterable[Message]) -> Tuple[ToolCall, ...]:
 
 
 def resolve_open_tool_calls(messages: Iterable[Message], content: str) -> Tuple[Message, ...]:
-    """Returns the transcript with an is_error=True result of ``content`` for each open call.
-
-    The loop never writes such a result: whether an interrupted call failed is the caller's
-    decision. Raises TypeError if content is not a str.
-    """
+    """Returns the transcript with an is_error=True result of ``content`` for each open call
+    (which the loop never writes: the caller decides). TypeError if content is not a str."""
     if not _is_text(content):
         raise TypeError(f"content must be a str, got {type(content).__name__}")
     transcript = tuple(messages)
@@ -2174,11 +2144,8 @@ def settle_run(
 
 
 def print_event(event: Event, file: Optional[TextIO] = None) -> None:
-    """Prints one readable line for an event to ``file`` (default: ``sys.stdout``), flushed.
-
-    ``settle_run(run, on_event=print_event)`` prints a run as the README's demonstration
-    shows; unprintable characters are escaped, so that an event is one line.
-    """
+    """Prints one readable line for an event to ``file`` (default: ``sys.stdout``), flushed,
+    unprintable characters escaped: ``settle_run(run, on_event=print_event)`` prints a run."""
     payload = event.payload
     if event.type == "message.accepted":
         message = payload["message"]
@@ -2274,11 +2241,9 @@ usage=None)``: one ScriptedResponse (give chunks, request_id and usage by keywor
 
 
 class ScriptedModel:
-    """A deterministic model that replays scripted responses in order, for tests and demos.
-
-    ``requests`` records each ModelRequest and ``call_count`` counts ``stream()`` calls; a call
-    with no response left raises RuntimeError, so that the run fails.
-    """
+    """A deterministic model that replays scripted responses in order, for tests and demos:
+    ``requests`` records each ModelRequest, ``call_count`` counts ``stream()`` calls, and a
+    call with no response left raises RuntimeError, so that the run fails."""
 
     def __init__(self, responses: Iterable[ScriptedResponse]) -> None:
         self._responses = tuple(responses)
