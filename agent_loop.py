@@ -814,8 +814,7 @@ def _check_request_id(request_id: object, active: str) -> None:
         )
 
 
-# A normalised block: text as a str, thinking as a ThinkingBlock of its text alone (a
-# signature never streams), a tool call as itself.
+# A normalised block: text as a str, thinking as a ThinkingBlock of its text alone, a call.
 _Normalized: TypeAlias = Union[str, "ThinkingBlock", "ToolCall"]
 
 
@@ -862,16 +861,8 @@ class _StreamedBlocks:
     ) -> None:
         """Raises _Problem unless the terminal content agrees with the stream."""
         # Seed: "The resulting normalized block sequences must agree in content and
-        # order; raw text-chunk segmentation may differ."
-        # A terminal block as the stream carries it: a thinking block's signature never streams.
-        terminal = _normalized(
-            block.text
-            if isinstance(block, TextBlock)
-            else ThinkingBlock(block.thinking)
-            if isinstance(block, ThinkingBlock)
-            else block
-            for block in content
-        )
+        # order; raw text-chunk segmentation may differ." (A signature never streams.)
+        terminal = _normalized(content)
         streamed = _normalized(self.items)
         if terminal == streamed:
             return
@@ -918,16 +909,16 @@ def _streamed_length(text: object, kind: str, so_far: int) -> int:
     return length
 
 
-def _normalized(items: Iterable[_Normalized]) -> List[_Normalized]:
-    """Coalesces adjacent text and adjacent thinking; each kind bounds the others."""
+def _normalized(items: Iterable[Union[_Normalized, TextBlock]]) -> List[_Normalized]:
+    """Coalesces adjacent text and adjacent thinking (no signature); each bounds the others."""
     # Seed: "the loop coalesces adjacent streamed text deltas and adjacent terminal
     # text blocks, using Tool calls as boundaries." Thinking is coalesced as text is.
     normalized: List[_Normalized] = []
-    # Empty text and thinking carry nothing, and are no boundary either (a redacted block
-    # between two texts). Comparing each item with ThinkingBlock("") costs 15 times this.
+    # Empty text and thinking carry nothing, and are no boundary either (a redacted block).
+    texts = (item.text if isinstance(item, TextBlock) else item for item in items)
     carrying = (
         item
-        for item in items
+        for item in texts
         if item != "" and not (type(item) is ThinkingBlock and item.thinking == "")
     )
     for kind, run in itertools.groupby(carrying, key=type):
@@ -1158,8 +1149,7 @@ _ANNOTATIONS: Final = frozenset(
 _IN_PLACE_KEYWORDS: Final = frozenset(_SCHEMA_KEYWORDS).difference(
     ("type", "properties", "required", "additionalProperties", "items", "$defs", "definitions")
 )
-# The bounds of each JSON type: keyword, what a value must be (a number, or the length of a
-# string in code points as len() counts, of an array or of an object), and the test it fails.
+# The bounds of each JSON type (on a number, or on a length: code points, items, properties).
 _BOUNDS: Final = {
     **dict.fromkeys(("integer", "number"), (
         ("minimum", "be at least {}", operator.lt), ("maximum", "be at most {}", operator.gt),
@@ -1394,8 +1384,7 @@ def _value_problem(
     value: object, schema: Any, path: str, root: Mapping[str, Any]
 ) -> Optional[str]:
     """Why a frozen JSON value fails a schema of the document root, or None."""
-    # This runs for every call: a MappingProxyType's get() costs three times `in` and a
-    # subscript, and isinstance(value, typing.Mapping) ten times isinstance(MappingProxyType).
+    # This runs for every call: `in` and a subscript, never a MappingProxyType's slow get().
     if schema is True:
         return None
     if schema is False:
@@ -1774,8 +1763,7 @@ class ToolCall(_Shape):
     id: str
     name: str
     arguments: Mapping[str, JSON]
-    # True only when __post_init__ froze the arguments, which it does only when they keep
-    # every bound: the run trusts this flag (_check_arguments), never their type.
+    # True only when __post_init__ froze them, within every bound: the run trusts this flag.
     _plain_json: bool = field(init=False, repr=False, compare=False)
     type: ClassVar[Literal["toolCall"]] = "toolCall"
     _json = (("type", "type", None), ("id", "id", str), ("name", "name", str),
@@ -1965,10 +1953,9 @@ class Event:
 
 
 # --- Reading JSON back ------------------------------------------------------------
-# A reader takes a value as json.loads gives it and the path that names it, and raises
-# ValueError naming the field. Each shape's _json table says how to read each field: a JSON
-# type (exactly), a tuple of the protocol values it may be, the name of a reader in _READERS,
-# or None (not read: a discriminator, or a shape the loop never reads back).
+# A reader takes a value as json.loads gives it and the path naming it; ValueError names the
+# field. A _json table reads a field as a JSON type, one of a tuple of values, a _READERS
+# name, or not at all (None: a discriminator, or a shape the loop never reads back).
 
 _Reader = Union[type, Tuple[str, ...], str, Callable[[Any, str], Any], None]
 _Fields = Tuple[Tuple[str, str, _Reader], ...]
@@ -2208,12 +2195,10 @@ def _outcome_text(result: ToolResultMessage, refused: bool = False) -> str:
 
 @dataclass(frozen=True)
 class ScriptedResponse:
-    """One scripted model turn (``scripted_response`` is this class, by the name it is built).
-
-    Each block of ``chunks`` (default: ``content``) streams as one chunk of the active
-    request, then the model returns ``ModelResponse(id, request_id or the active request's
-    id, content, stop_reason, usage)``. Raises TypeError for text given as a str.
-    """
+    """One scripted model turn (built as ``scripted_response``): each block of ``chunks``
+    (default: ``content``) streams as one chunk of the active request, then the model returns
+    ``ModelResponse(id, request_id or the active request's id, content, stop_reason, usage)``.
+    Raises TypeError for text given as a str."""
 
     id: str
     content: Sequence[Union[TextBlock, ThinkingBlock, ToolCall]]  # stored as a tuple
