@@ -653,7 +653,7 @@ def _is_id(value: object) -> bool:
 def _check_block(block: object) -> None:
     """Raises _Problem unless an assistant block keeps the IR's rules."""
     if type(block) is TextBlock or type(block) is ThinkingBlock:
-        _checked_fields(block, f"a {block.type} block")
+        _checked_fields(block)
     elif type(block) is not ToolCall:
         hint = ": wrap text in TextBlock(...)" if isinstance(block, str) else ""
         raise _Problem(
@@ -670,10 +670,12 @@ def _check_block(block: object) -> None:
             raise _Problem(f"tool call {block.id!r}: {problem}") from None
 
 
-def _checked_fields(value: _T, where: str) -> _T:
+def _checked_fields(value: _T) -> _T:
     """Returns an IR value whose fields keep _FIELD_RULES (and a thinking block's own rule)."""
     for name, test, expected in _FIELD_RULES[type(value)]:
         if not test(getattr(value, name)):
+            kind = getattr(value, "type", None)  # a block's; a message is named by its id
+            where = f"a {kind} block" if kind else f"message {getattr(value, 'id', None)!r}"
             given = f"{_quoted(getattr(value, name))} ({type(getattr(value, name)).__name__})"
             raise _Problem(f"{where}: field {name!r} must be {expected}, got {given}")
     # A redacted block's opaque data is its signature: without it nothing can be sent back.
@@ -711,7 +713,7 @@ def _checked_message(message: object) -> Message:
     ):
         hint = " (read a dict with message_from_dict())" if isinstance(message, dict) else ""
         raise _Problem(f"{_a(type(message).__name__)} is not a message{hint}")
-    _checked_fields(message, f"message {message.id!r}")
+    _checked_fields(message)
     for block in message.content if isinstance(message, AssistantMessage) else ():
         try:
             _check_block(block)
@@ -2022,9 +2024,7 @@ def _built(shape: Any, data: Dict[str, Any], where: str) -> Any:
     """The object of class ``shape`` that its JSON fields describe; ValueError if it is not one."""
     try:
         built = shape(**_read_fields(data, shape._json, where))
-        return (
-            _checked_fields(built, "a thinking block") if type(built) is ThinkingBlock else built
-        )
+        return _checked_fields(built) if type(built) is ThinkingBlock else built
     except _Problem as problem:
         raise ValueError(f"{where}: {problem}") from None
 
