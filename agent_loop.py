@@ -435,14 +435,8 @@ class _Run:
 
     def _result(self, status: RunStatus, **fields: Any) -> RunResult:
         """The run's result: its transcript as it is now, complete messages only."""
-        return RunResult(
-            status,
-            tuple(self.transcript.messages),
-            self.steps,
-            request_sequence_start=self.request_sequence_start,
-            usage=self.usage,
-            **fields,
-        )
+        fields.update(request_sequence_start=self.request_sequence_start, usage=self.usage)
+        return RunResult(status, tuple(self.transcript.messages), self.steps, **fields)
 
     # --- Opt-in, beyond the seed: consent (before_tool_call) and tools at once -------
 
@@ -551,28 +545,29 @@ def _check_options(
 ) -> None:
     """ValidateOptions: raises TypeError or ValueError for an option the run cannot take."""
     # Seed: "maxSteps must be a positive safe integer no greater than MAX_AGENT_STEPS."
-    _check_int("max_steps", max_steps, f"in 1..{MAX_AGENT_STEPS}", 1, MAX_AGENT_STEPS)
-    _check_int("request_sequence_start", start, "", -math.inf, math.inf)
+    steps = _checked_int("max_steps", max_steps, f"in 1..{MAX_AGENT_STEPS}", 1, MAX_AGENT_STEPS)
+    first = _checked_int("request_sequence_start", start, "", -math.inf, math.inf)
     # Seed: "Optional requestSequenceStart must keep the requested range within the same ceiling."
-    if start < 0 or start + max_steps > MAX_AGENT_STEPS:  # type: ignore[operator]
+    if first < 0 or first + steps > MAX_AGENT_STEPS:
         raise ValueError(
             f"request_sequence_start must be >= 0 with request_sequence_start + max_steps "
             f"<= {MAX_AGENT_STEPS}, got {start} + {max_steps}"
         )
     # A group of tools at once never uses more threads than it has calls.
-    _check_int("tool_concurrency", concurrency, ">= 1", 1, math.inf)
+    _checked_int("tool_concurrency", concurrency, ">= 1", 1, math.inf)
     if not callable(getattr(model, "stream", None)):
         raise TypeError(f"model must have a callable stream(), got {type(model).__name__}")
     if not isinstance(tools, ToolRegistry):
         raise TypeError(f"tools must be a ToolRegistry, got {type(tools).__name__}")
 
 
-def _check_int(name: str, value: object, rule: str, low: float, high: float) -> None:
+def _checked_int(name: str, value: object, rule: str, low: float, high: float) -> int:
     """ValidateOptions: an int (not a bool) in low..high, or an error naming it and the rule."""
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if not low <= value <= high:
         raise ValueError(f"{name} must be an int {rule}, got {value}")
+    return value
 
 
 def _stop(pool: ThreadPoolExecutor, outcomes: List[Any]) -> None:
@@ -652,8 +647,11 @@ def _is_id(value: object) -> bool:
 
 def _check_block(block: object) -> None:
     """Raises _Problem unless an assistant block keeps the IR's rules."""
-    if type(block) is TextBlock or type(block) is ThinkingBlock:
-        _checked_fields(block)
+    if type(block) is TextBlock:
+        if not _is_text(block.text):
+            raise _Problem(_wrong_block_field("a text block", "text", "a str", block.text))
+    elif type(block) is ThinkingBlock:
+        _checked_thinking(block)
     elif type(block) is not ToolCall:
         hint = ": wrap text in TextBlock(...)" if isinstance(block, str) else ""
         raise _Problem(
@@ -670,23 +668,23 @@ def _check_block(block: object) -> None:
             raise _Problem(f"tool call {block.id!r}: {problem}") from None
 
 
-def _checked_fields(value: _T) -> _T:
-    """Returns an IR value whose fields keep _FIELD_RULES (and a thinking block's own rule)."""
-    for name, test, expected in _FIELD_RULES[type(value)]:
-        if not test(getattr(value, name)):
-            kind = getattr(value, "type", None)  # a block's; a message is named by its id
-            where = f"a {kind} block" if kind else f"message {getattr(value, 'id', None)!r}"
-            given = f"{_quoted(getattr(value, name))} ({type(getattr(value, name)).__name__})"
-            raise _Problem(f"{where}: field {name!r} must be {expected}, got {given}")
+def _checked_thinking(block: ThinkingBlock) -> ThinkingBlock:
+    """Returns a thinking block that keeps the IR's rules, or raises _Problem naming the field."""
+    kind = "a thinking block"
+    if not _is_text(block.thinking):
+        raise _Problem(_wrong_block_field(kind, "thinking", "a str", block.thinking))
+    if block.signature is not None and not _is_text(block.signature):
+        raise _Problem(_wrong_block_field(kind, "signature", "None or a str", block.signature))
+    if type(block.redacted) is not bool:
+        raise _Problem(_wrong_block_field(kind, "redacted", "a bool", block.redacted))
     # A redacted block's opaque data is its signature: without it nothing can be sent back.
-    thinking = value if isinstance(value, ThinkingBlock) else None
-    if thinking and thinking.redacted and (thinking.thinking != "" or not thinking.signature):
+    if block.redacted and (block.thinking != "" or not block.signature):
         raise _Problem(
             "a redacted thinking block holds its data as a non-empty 'signature' and its "
-            f"'thinking' is \"\": got thinking {_quoted(thinking.thinking)}, signature "
-            f"{_quoted(thinking.signature)}"
+            f"'thinking' is \"\": got thinking {_quoted(block.thinking)}, signature "
+            f"{_quoted(block.signature)}"
         )
-    return value
+    return block
 
 
 _QUOTE: Final = reprlib.Repr()
@@ -704,27 +702,46 @@ def _quoted(value: object) -> str:
     return _QUOTE.repr(value)
 
 
+def _wrong_block_field(kind: str, name: str, expected: str, value: object) -> str:
+    """Says which field of a block has the wrong type: expected and given."""
+    given = f"{_quoted(value)} ({type(value).__name__})"
+    return f"{kind}: field {name!r} must be {expected}, got {given}"
+
+
 def _checked_message(message: object) -> Message:
     """Returns a message that keeps the IR's rules on its own (linkage aside), or _Problem."""
-    if not (
-        type(message) is UserMessage
-        or type(message) is AssistantMessage
-        or type(message) is ToolResultMessage
-    ):
+    if type(message) is UserMessage:
+        if not _is_text(message.content):
+            raise _Problem(_wrong_field(message, "content", "a str"))
+    elif type(message) is AssistantMessage:
+        if message.usage is not None and type(message.usage) is not Usage:
+            raise _Problem(_wrong_field(message, "usage", "None or a Usage"))
+        for block in message.content:
+            try:
+                _check_block(block)
+            except _Problem as problem:  # the same problem, saying which message has it
+                raise _Problem(f"message {message.id!r}: {problem}") from None
+    elif type(message) is ToolResultMessage:
+        if not _is_id(message.tool_call_id):
+            raise _Problem(_wrong_field(message, "tool_call_id", "a non-empty str"))
+        if not _is_id(message.tool_name):
+            raise _Problem(_wrong_field(message, "tool_name", "a non-empty str"))
+        if not _is_text(message.content):
+            raise _Problem(_wrong_field(message, "content", "a str"))
+        if type(message.is_error) is not bool:
+            raise _Problem(_wrong_field(message, "is_error", "a bool"))
+    else:
         hint = " (read a dict with message_from_dict())" if isinstance(message, dict) else ""
         raise _Problem(f"{_a(type(message).__name__)} is not a message{hint}")
-    _checked_fields(message)
-    for block in message.content if isinstance(message, AssistantMessage) else ():
-        try:
-            _check_block(block)
-        except _Problem as problem:  # the same problem, saying which message has it
-            raise _Problem(f"message {message.id!r}: {problem}") from None
     if not _is_id(message.id):
-        given = f"{_quoted(message.id)} ({type(message.id).__name__})"
-        raise _Problem(
-            f"{_a(message.role)} message: field 'id' must be a non-empty str, got {given}"
-        )
+        raise _Problem(_wrong_field(message, "id", "a non-empty str"))
     return message
+
+
+def _wrong_field(message: Message, name: str, expected: str) -> str:
+    """Says which field of a message has the wrong type: expected and given."""
+    where = f"{_a(message.role)} message" if name == "id" else f"message {message.id!r}"
+    return _wrong_block_field(where, name, expected, getattr(message, name))
 
 
 class _Transcript:
@@ -1070,8 +1087,7 @@ class Usage(_Shape):
         return Usage(*(None if a is None or b is None else a + b for a, b in pairs))
 
 
-_UNKNOWN_USAGE: Final = Usage()
-"""A sum with an unknown part: every field unknown."""
+_UNKNOWN_USAGE: Final = Usage()  # a sum with an unknown part: every field unknown
 
 
 @dataclass(frozen=True)
@@ -1382,9 +1398,7 @@ def _ref_target(root: Mapping[str, Any], ref: str) -> object:
     return target
 
 
-def _value_problem(
-    value: object, schema: Any, path: str, root: Mapping[str, Any]
-) -> Optional[str]:
+def _value_problem(value: Any, schema: Any, path: str, root: Mapping[str, Any]) -> Optional[str]:
     """Why a frozen JSON value fails a schema of the document root, or None."""
     # This runs for every call: `in` and a subscript, never a MappingProxyType's slow get().
     if schema is True:
@@ -1848,20 +1862,6 @@ class ToolResultMessage(_Shape):
 
 Message = Union[UserMessage, AssistantMessage, ToolResultMessage]
 
-# What each IR value's fields must be, checked where it enters a run: name, test, in words.
-_FIELD_RULES: Final[Dict[type, Tuple[Tuple[str, Callable[[Any], bool], str], ...]]] = {
-    UserMessage: (("content", _is_text, "a str"),),
-    AssistantMessage: (("usage", lambda usage: usage is None or type(usage) is Usage,
-                        "None or a Usage"),),
-    ToolResultMessage: (("tool_call_id", _is_id, "a non-empty str"),
-                        ("tool_name", _is_id, "a non-empty str"), ("content", _is_text, "a str"),
-                        ("is_error", lambda value: type(value) is bool, "a bool")),
-    TextBlock: (("text", _is_text, "a str"),),
-    ThinkingBlock: (("thinking", _is_text, "a str"),
-                    ("signature", lambda value: value is None or _is_text(value), "None or a str"),
-                    ("redacted", lambda value: type(value) is bool, "a bool")),
-}  # fmt: skip
-
 
 def text_from_assistant(message: AssistantMessage) -> str:
     """Returns the text blocks of an assistant message, concatenated (no thinking)."""
@@ -2024,7 +2024,7 @@ def _built(shape: Any, data: Dict[str, Any], where: str) -> Any:
     """The object of class ``shape`` that its JSON fields describe; ValueError if it is not one."""
     try:
         built = shape(**_read_fields(data, shape._json, where))
-        return _checked_fields(built) if type(built) is ThinkingBlock else built
+        return _checked_thinking(built) if type(built) is ThinkingBlock else built
     except _Problem as problem:
         raise ValueError(f"{where}: {problem}") from None
 
