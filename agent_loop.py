@@ -45,12 +45,12 @@ transformation, provider retries, persistent sessions.
 
 The README and docs/ are the reference: the API, choices where the seed is silent, the companion
 files (which use only this file's public names). This file reads top down: the limits,
-the loop, then what it uses in that order; ``python agent_loop.py --help`` runs the demo.
+the loop, then what it uses in that order. ``python agent_loop.py`` runs the demonstration,
+which is the command line's (``python agent_loop_cli.py --demo``, beside this file).
 """
 
 from __future__ import annotations
 
-import argparse
 import collections.abc
 import contextlib
 import contextvars
@@ -66,6 +66,7 @@ import os
 import reprlib
 import sys
 import threading
+import urllib.parse
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -160,45 +161,44 @@ def run_agent_loop(
 ) -> Generator[Event, None, RunResult]:
     """Validates the options, snapshots the run, and returns its event generator.
 
-    The generator yields the run's events and returns its ``RunResult`` (``result = yield
-    from run``, or ``settle_run(run)``); at most ``MAX_INITIAL_MESSAGES + 1`` messages are
-    read, now. Raises TypeError or ValueError for a bad option, now; a bad starting transcript
-    is a ``failed`` run (INVALID_TRANSCRIPT). For ``tool_concurrency`` and
-    ``before_tool_call``, see docs/tools.md, "Tools at once, and consent".
+    The generator yields the run's events and returns its ``RunResult``; at most
+    ``MAX_INITIAL_MESSAGES + 1`` messages are read, now. Raises TypeError or ValueError for a
+    bad option, now; a bad starting transcript is a ``failed`` run (INVALID_TRANSCRIPT).
     """
     # ValidateOptions. Seed: "Invalid construction throws before an EventStream is returned."
-    _check_options(model, tools, max_steps, request_sequence_start)
-    _check_tool_options(tool_concurrency, before_tool_call)
+    _check_options(model, tools, max_steps, request_sequence_start, tool_concurrency)
+    if before_tool_call is not None and not callable(before_tool_call):
+        raise TypeError(
+            "before_tool_call must be None or a function (call, signal) -> Optional[str], "
+            f"got {type(before_tool_call).__name__}"
+        )
     signal = _checked_signal(signal)
-    items = _iterated(messages)
+    try:  # any iterable (typing aside), read at call time
+        items = iter(messages)
+    except TypeError:
+        kind = type(messages).__name__
+        raise TypeError(f"messages must be an iterable of messages, got {kind}") from None
     # SnapshotRun. Reading one past the cap tells "too many" without reading forever.
     start: List[object] = list(itertools.islice(items, MAX_INITIAL_MESSAGES + 1))
     options = (max_steps, signal, request_sequence_start, tool_concurrency, before_tool_call)
     return _Run(start, model, ToolRegistry(tools), *options).drive()
 
 
+@dataclass(eq=False)
 class _Run:
     """One run's private state: its snapshots, the transcript it owns, its one event counter."""
 
-    def __init__(
-        self,
-        start: List[object],
-        model: Model,
-        tools: ToolRegistry,
-        max_steps: int,
-        signal: Signal,
-        request_sequence_start: int,
-        tool_concurrency: int,
-        before_tool_call: Optional[Callable[[ToolCall, Any], Optional[str]]],
-    ) -> None:
-        self.model = model
-        self.tools = tools
-        self.specs = tools.specs()
-        self.max_steps = max_steps
-        self.signal = signal
-        self.request_sequence_start = request_sequence_start
-        self.tool_concurrency = tool_concurrency
-        self.before_tool_call = before_tool_call
+    start: dataclasses.InitVar[List[object]]
+    model: Model
+    tools: ToolRegistry
+    max_steps: int
+    signal: Signal
+    request_sequence_start: int
+    tool_concurrency: int
+    before_tool_call: Optional[Callable[[ToolCall, Any], Optional[str]]]
+
+    def __post_init__(self, start: List[object]) -> None:
+        self.specs = self.tools.specs()
         self.steps = 0
         self.next_sequence = 0
         self.usage: Optional[Usage] = None  # the sum over the responses appended so far
@@ -211,8 +211,7 @@ class _Run:
             self.invalid_start = _RunFailure("INVALID_TRANSCRIPT", str(problem))
 
     def drive(self) -> Generator[Event, None, RunResult]:
-        """The diagram from SnapshotRun to Finish: the one place where events leave the run, and
-        where _RunFailure (--> Failed) and _Cancelled (--> Cancelled) become the result."""
+        """SnapshotRun to Finish: where events leave the run and failures become its result."""
         steps = self._run_steps()
         try:
             while True:
@@ -355,9 +354,7 @@ class _Run:
         else:
             self.usage = self.usage + message.usage
 
-    def _execute_tools(
-        self, request: ModelRequest, message: AssistantMessage
-    ) -> Generator[Event, None, None]:
+    def _execute_tools(self, request: ModelRequest, message: AssistantMessage) -> Iterator[Event]:
         """ExecuteTools: every call in assistant order, one at a time or group by group."""
         if self.tool_concurrency > 1:
             for group in self._groups(_tool_calls(message)):
@@ -368,38 +365,10 @@ class _Run:
                 # Seed: "For each call, it emits tool.started, awaits executeToolCall(),
                 # appends the linked Tool-result message, then emits tool.finished."
                 yield self._event("tool.started", request_id=request.id, tool_call=call)
-                yield self._finished(request, call, refusal or self._execute(call), refusal is not None)
+                result = refusal or self._execute(call)
+                yield self._finished(request, call, result, refusal is not None)
         # Seed: "After the complete Tool batch, validateTranscript() proves that every
         # call has one later matching result." By construction: each got one, or it raised.
-
-    def _groups(self, calls: List[ToolCall]) -> List[List[ToolCall]]:
-        """ExecuteTools: maximal runs of consecutive calls; a sequential tool's call alone."""
-        groups: List[List[ToolCall]] = []
-        together = False  # whether the last group takes the next call
-        for call in calls:
-            # An unknown tool's call joins its group: it only gets its error result.
-            tool = self.tools.get(call.name)
-            alone = tool is not None and tool.sequential
-            if together and not alone:
-                groups[-1].append(call)
-            else:
-                groups.append([call])
-            together = not alone
-        return groups
-
-    def _refusal(self, call: ToolCall) -> Optional[ToolResultMessage]:
-        """ExecuteTools, consent: the error result that refuses a call, or None to run it."""
-        if self.before_tool_call is None:
-            return None
-        what = f"before_tool_call for tool call {call.id!r}"
-        answer = self._call("TOOL_PHASE_ERROR", what, self.before_tool_call, call, self.signal)
-        if answer is not None and not _is_text(answer):
-            raise _RunFailure(
-                "TOOL_PHASE_ERROR",
-                f"{what} returned {_a(type(answer).__name__)}: it must return None "
-                "(run the call) or a str (refuse it, the str being the call's error result)",
-            )
-        return None if answer is None else _tool_result(call, answer, True)
 
     def _execute(self, call: ToolCall) -> ToolResultMessage:
         """ExecuteTools: runs one call, in whichever thread, and looks at the signal after."""
@@ -409,50 +378,10 @@ class _Run:
             "TOOL_PHASE_ERROR", what, _execute_checked_call, self.tools, call, self.signal
         )
 
-    def _execute_group(
-        self, request: ModelRequest, group: List[ToolCall]
-    ) -> Generator[Event, None, None]:
-        """ExecuteTools, one group on threads: results join in assistant order; whichever way it
-        ends, it returns only once every running tool has returned, and no call begins after."""
-        # Consent, for each call of the group before any of them is scheduled.
-        refusals = [self._refusal(call) for call in group]
-        # In a group, tool.started means scheduled: all of them come first, in order.
-        for call in group:
-            yield self._event("tool.started", request_id=request.id, tool_call=call)
-
-        def execute(call: ToolCall) -> ToolResultMessage:  # in a worker thread
-            self._check_signal()  # a call not yet begun never begins once the signal is set
-            return self._execute(call)
-
-        pool = ThreadPoolExecutor(min(self.tool_concurrency, len(group)), "agent_loop-tool")
-        outcomes: List[Union[ToolResultMessage, Future[ToolResultMessage]]] = []
-        try:
-            for call, refusal in zip(group, refusals):
-                try:
-                    outcomes.append(refusal or pool.submit(execute, call))
-                except Exception as error:  # a thread that cannot start
-                    self._check_signal()  # cancellation wins over the error
-                    what = f"starting tool call {call.id!r}"
-                    raise _failure("TOOL_PHASE_ERROR", what, error) from error
-            for call, outcome in zip(group, outcomes):
-                # result() raises what ended the call: _Cancelled if the signal came first.
-                refused = isinstance(outcome, ToolResultMessage)  # a refusal, not a Future
-                result = outcome if isinstance(outcome, ToolResultMessage) else outcome.result()
-                yield self._finished(request, call, result, refused)
-        finally:
-            # ExecuteTools --> Cancelled (or failed, or closed), once the running tools have
-            # returned. A group keeps the sequential loop's rule: once the loop sees the
-            # signal, no more results join, so a result completed behind a call still
-            # running is dropped and its call stays open, as that call does (the log is
-            # the same whatever the timing, and replays). Seed: "appends no fabricated
-            # result".
-            _stop(pool, outcomes)
-
     def _finished(
         self, request: ModelRequest, call: ToolCall, result: ToolResultMessage, refused: bool
     ) -> Event:
-        """ExecuteTools: a call's result joins the transcript; returns its tool.finished, which
-        says ``refused=True`` when the result is before_tool_call's refusal."""
+        """ExecuteTools: a call's result joins the transcript; returns its tool.finished."""
         # Linked by construction: derived from the call, whose result id was checked free.
         self.transcript.append(result)
         # The key is absent unless refused, so that a run without consent logs as the seed's.
@@ -495,14 +424,77 @@ class _Run:
 
     def _result(self, status: RunStatus, **fields: Any) -> RunResult:
         """The run's result: its transcript as it is now, complete messages only."""
-        return RunResult(
-            status,
-            tuple(self.transcript.messages),
-            self.steps,
-            request_sequence_start=self.request_sequence_start,
-            usage=self.usage,
-            **fields,
-        )
+        fields.update(request_sequence_start=self.request_sequence_start, usage=self.usage)
+        return RunResult(status, tuple(self.transcript.messages), self.steps, **fields)
+
+    # --- Opt-in, beyond the seed: consent (before_tool_call) and tools at once -------
+
+    def _refusal(self, call: ToolCall) -> Optional[ToolResultMessage]:
+        """ExecuteTools, consent: the error result that refuses a call, or None to run it."""
+        if self.before_tool_call is None:
+            return None
+        what = f"before_tool_call for tool call {call.id!r}"
+        answer = self._call("TOOL_PHASE_ERROR", what, self.before_tool_call, call, self.signal)
+        if answer is not None and not _is_text(answer):
+            raise _RunFailure(
+                "TOOL_PHASE_ERROR",
+                f"{what} returned {_a(type(answer).__name__)}: it must return None "
+                "(run the call) or a str (refuse it, the str being the call's error result)",
+            )
+        return None if answer is None else _tool_result(call, answer, True)
+
+    def _groups(self, calls: List[ToolCall]) -> List[List[ToolCall]]:
+        """ExecuteTools: maximal runs of consecutive calls; a sequential tool's call alone."""
+        groups: List[List[ToolCall]] = []
+        together = False  # whether the last group takes the next call
+        for call in calls:
+            # An unknown tool's call joins its group: it only gets its error result.
+            tool = self.tools.get(call.name)
+            alone = tool is not None and tool.sequential
+            if together and not alone:
+                groups[-1].append(call)
+            else:
+                groups.append([call])
+            together = not alone
+        return groups
+
+    def _execute_group(
+        self, request: ModelRequest, group: List[ToolCall]
+    ) -> Generator[Event, None, None]:
+        """ExecuteTools, a group on threads: results in assistant order; returns once all have."""
+        # Consent, for each call of the group before any of them is scheduled.
+        refusals = [self._refusal(call) for call in group]
+        # In a group, tool.started means scheduled: all of them come first, in order.
+        for call in group:
+            yield self._event("tool.started", request_id=request.id, tool_call=call)
+
+        def execute(call: ToolCall) -> ToolResultMessage:  # in a worker thread
+            self._check_signal()  # a call not yet begun never begins once the signal is set
+            return self._execute(call)
+
+        pool = ThreadPoolExecutor(min(self.tool_concurrency, len(group)), "agent_loop-tool")
+        outcomes: List[Union[ToolResultMessage, Future[ToolResultMessage]]] = []
+        try:
+            for call, refusal in zip(group, refusals):
+                try:
+                    outcomes.append(refusal or pool.submit(execute, call))
+                except Exception as error:  # a thread that cannot start
+                    self._check_signal()  # cancellation wins over the error
+                    what = f"starting tool call {call.id!r}"
+                    raise _failure("TOOL_PHASE_ERROR", what, error) from error
+            for call, outcome in zip(group, outcomes):
+                # result() raises what ended the call: _Cancelled if the signal came first.
+                refused = isinstance(outcome, ToolResultMessage)  # a refusal, not a Future
+                result = outcome if isinstance(outcome, ToolResultMessage) else outcome.result()
+                yield self._finished(request, call, result, refused)
+        finally:
+            # ExecuteTools --> Cancelled (or failed, or closed), once the running tools have
+            # returned. A group keeps the sequential loop's rule: once the loop sees the
+            # signal, no more results join, so a result completed behind a call still
+            # running is dropped and its call stays open, as that call does (the log is
+            # the same whatever the timing, and replays). Seed: "appends no fabricated
+            # result".
+            _stop(pool, outcomes)
 
 
 class _RunFailure(Exception):
@@ -527,39 +519,34 @@ class _Problem(Exception):
     """What a check found wrong; the phase that ran the check decides what it becomes."""
 
 
-def _check_options(model: object, tools: object, max_steps: object, start: object) -> None:
+def _check_options(
+    model: object, tools: object, max_steps: object, start: object, concurrency: object
+) -> None:
     """ValidateOptions: raises TypeError or ValueError for an option the run cannot take."""
     # Seed: "maxSteps must be a positive safe integer no greater than MAX_AGENT_STEPS."
-    if not isinstance(max_steps, int) or isinstance(max_steps, bool):
-        raise TypeError(f"max_steps must be an int, got {type(max_steps).__name__}")
-    if not 1 <= max_steps <= MAX_AGENT_STEPS:
-        raise ValueError(f"max_steps must be an int in 1..{MAX_AGENT_STEPS}, got {max_steps}")
-    if not isinstance(start, int) or isinstance(start, bool):
-        raise TypeError(f"request_sequence_start must be an int, got {type(start).__name__}")
+    steps = _checked_int("max_steps", max_steps, f"in 1..{MAX_AGENT_STEPS}", 1, MAX_AGENT_STEPS)
+    first = _checked_int("request_sequence_start", start, "", -math.inf, math.inf)
     # Seed: "Optional requestSequenceStart must keep the requested range within the same ceiling."
-    if start < 0 or start + max_steps > MAX_AGENT_STEPS:
+    if first < 0 or first + steps > MAX_AGENT_STEPS:
         raise ValueError(
             f"request_sequence_start must be >= 0 with request_sequence_start + max_steps "
             f"<= {MAX_AGENT_STEPS}, got {start} + {max_steps}"
         )
+    # A group of tools at once never uses more threads than it has calls.
+    _checked_int("tool_concurrency", concurrency, ">= 1", 1, math.inf)
     if not callable(getattr(model, "stream", None)):
         raise TypeError(f"model must have a callable stream(), got {type(model).__name__}")
     if not isinstance(tools, ToolRegistry):
         raise TypeError(f"tools must be a ToolRegistry, got {type(tools).__name__}")
 
 
-def _check_tool_options(tool_concurrency: object, before_tool_call: object) -> None:
-    """ValidateOptions for the tool phase (a group never uses more threads than calls)."""
-    if not isinstance(tool_concurrency, int) or isinstance(tool_concurrency, bool):
-        kind = type(tool_concurrency).__name__
-        raise TypeError(f"tool_concurrency must be an int, got {kind}")
-    if tool_concurrency < 1:
-        raise ValueError(f"tool_concurrency must be an int >= 1, got {tool_concurrency}")
-    if before_tool_call is not None and not callable(before_tool_call):
-        raise TypeError(
-            "before_tool_call must be None or a function (call, signal) -> Optional[str], "
-            f"got {type(before_tool_call).__name__}"
-        )
+def _checked_int(name: str, value: object, rule: str, low: float, high: float) -> int:
+    """ValidateOptions: an int (not a bool) in low..high, or an error naming it and the rule."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be an int {rule}, got {value}")
+    return value
 
 
 def _stop(pool: ThreadPoolExecutor, outcomes: List[Any]) -> None:
@@ -584,16 +571,6 @@ def _checked_signal(signal: object) -> Signal:
             "(an asyncio.Event?): use threading.Event, and set it from your event loop"
         )
     return cast(Signal, signal)
-
-
-def _iterated(messages: Iterable[object]) -> Iterator[object]:
-    """ValidateOptions for the messages: any iterable (typing aside), read at call time."""
-    try:
-        return iter(messages)
-    except TypeError:
-        raise TypeError(
-            f"messages must be an iterable of messages, got {type(messages).__name__}"
-        ) from None
 
 
 # The ids the loop derives, public so that a companion derives them as the loop does. Seed:
@@ -747,11 +724,9 @@ def _wrong_field(message: Message, name: str, expected: str) -> str:
 
 
 class _Transcript:
-    """The run's transcript, indexed so that a check costs what the message holds.
-
-    Valid: unique message and tool-call ids, each result answering an open call of an earlier
-    assistant message, with the same tool name, once. Complete: no call left open.
-    """
+    """The run's transcript, indexed so that a check costs what the message holds. Valid: unique
+    message and tool-call ids, each result answering an open call of an earlier assistant
+    message, with the same tool name, once. Complete: no call left open."""
 
     def __init__(self) -> None:
         self.messages: List[Message] = []
@@ -773,8 +748,7 @@ class _Transcript:
         return transcript
 
     def check(self, unchecked: object) -> Message:
-        """Returns the message if well formed, its ids free and a result answering an open call
-        (linkage); else raises _Problem."""
+        """Returns the message if well formed, its ids free and its linkage kept; else _Problem."""
         message = _checked_message(unchecked)
         if message.id in self._message_ids:
             raise _Problem(
@@ -838,8 +812,7 @@ def _check_request_id(request_id: object, active: str) -> None:
         )
 
 
-# A normalised block: text as a str, thinking as a ThinkingBlock of its text alone (a
-# signature never streams), a tool call as itself.
+# A normalised block: text as a str, thinking as a ThinkingBlock of its text alone, a call.
 _Normalized: TypeAlias = Union[str, "ThinkingBlock", "ToolCall"]
 
 
@@ -886,8 +859,8 @@ class _StreamedBlocks:
     ) -> None:
         """Raises _Problem unless the terminal content agrees with the stream."""
         # Seed: "The resulting normalized block sequences must agree in content and
-        # order; raw text-chunk segmentation may differ."
-        terminal = _normalized(_normalized_item(block) for block in content)
+        # order; raw text-chunk segmentation may differ." (A signature never streams.)
+        terminal = _normalized(content)
         streamed = _normalized(self.items)
         if terminal == streamed:
             return
@@ -909,13 +882,10 @@ class _StreamedBlocks:
 
 
 def check_stream_agreement(chunks: Iterable[ModelChunk], response: ModelResponse) -> None:
-    """Checks a step's chunks against its terminal response as the loop does.
-
-    The chunks must carry the response's ``request_id``, keep the step's limits, and agree
-    with its content once normalised (see docs/design.md, "Choices where the seed is silent");
-    the response's own fields are not checked. Raises TypeError if ``response`` is not a
-    ModelResponse, and ValueError naming the chunk or block that breaks a rule.
-    """
+    """Checks a step's chunks against its terminal response as the loop does: they carry its
+    ``request_id``, keep the step's limits, and agree with its content once normalised (its
+    own fields are not checked). Raises TypeError if ``response`` is not a ModelResponse, and
+    ValueError naming the chunk or block that breaks a rule."""
     if type(response) is not ModelResponse:
         raise TypeError(f"response must be a ModelResponse, got {type(response).__name__}")
     streamed = _StreamedBlocks(response.request_id)
@@ -937,25 +907,16 @@ def _streamed_length(text: object, kind: str, so_far: int) -> int:
     return length
 
 
-def _normalized_item(block: Union[TextBlock, ThinkingBlock, ToolCall]) -> _Normalized:
-    """A terminal block as the stream carries it: a thinking block's signature does not stream."""
-    if isinstance(block, TextBlock):
-        return block.text
-    if isinstance(block, ThinkingBlock):
-        return ThinkingBlock(block.thinking)
-    return block
-
-
-def _normalized(items: Iterable[_Normalized]) -> List[_Normalized]:
-    """Coalesces adjacent text and adjacent thinking; each kind bounds the others."""
+def _normalized(items: Iterable[Union[_Normalized, TextBlock]]) -> List[_Normalized]:
+    """Coalesces adjacent text and adjacent thinking (no signature); each bounds the others."""
     # Seed: "the loop coalesces adjacent streamed text deltas and adjacent terminal
     # text blocks, using Tool calls as boundaries." Thinking is coalesced as text is.
     normalized: List[_Normalized] = []
-    # Empty text and thinking carry nothing, and are no boundary either (a redacted block
-    # between two texts). Comparing each item with ThinkingBlock("") costs 15 times this.
+    # Empty text and thinking carry nothing, and are no boundary either (a redacted block).
+    texts = (item.text if isinstance(item, TextBlock) else item for item in items)
     carrying = (
         item
-        for item in items
+        for item in texts
         if item != "" and not (type(item) is ThinkingBlock and item.thinking == "")
     )
     for kind, run in itertools.groupby(carrying, key=type):
@@ -986,65 +947,86 @@ def _shortened(blocks: List[_Normalized], index: int) -> str:
 # --- Model boundary ---------------------------------------------------------------
 
 
+class _Shape:
+    """A value whose ``_json`` lists its JSON fields: (key, attribute, reader: _read_fields)."""
+
+    _json: ClassVar[_Fields]
+
+    def to_dict(self) -> Dict[str, Any]:
+        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
+        data: Dict[str, Any] = {}
+        for key, name, _ in self._json:
+            value = getattr(self, name)
+            if key[-1] != "?":  # "?": an optional key, written unless the field's default
+                data[key] = _plain(value)
+            elif value != getattr(type(self), name):
+                data[key[:-1]] = _plain(value)
+        return data
+
+
+def _plain(value: object) -> Any:
+    """A value as JSON holds it: a shape as its dict, frozen JSON as plain dicts and lists."""
+    if isinstance(value, _Shape):
+        return value.to_dict()
+    return [_plain(item) for item in value] if type(value) is tuple else _thawed(value)
+
+
+def _thawed(value: object) -> Any:
+    """Returns a fresh plain copy (dicts and lists) of frozen JSON."""
+    if type(value) is MappingProxyType:
+        return {key: _thawed(item) for key, item in value.items()}
+    if type(value) is tuple:
+        return [_thawed(item) for item in value]
+    return value
+
+
+# Usage's fields, in order, and their JSON keys.
+_USAGE_KEYS: Final = (("input_tokens", "input"), ("output_tokens", "output"),
+    ("cache_read_tokens", "cacheRead"), ("cache_write_tokens", "cacheWrite"),
+    ("reasoning_tokens", "reasoning"))  # fmt: skip
+
+
 @dataclass(frozen=True)
-class ModelRequest:
+class ModelRequest(_Shape):
     """One step's request: a frozen snapshot of the transcript and the tools' specs."""
 
     id: str
     messages: Tuple[Message, ...]
     tools: Tuple[ToolSpec, ...]
     __hash__ = None  # type: ignore[assignment]  # its tools hold schema mappings
-
-    def to_dict(self) -> Dict[str, Any]:
-        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
-        return {
-            "id": self.id,
-            "messages": [message.to_dict() for message in self.messages],
-            "tools": [spec.to_dict() for spec in self.tools],
-        }
+    _json = (("id", "id", None), ("messages", "messages", None), ("tools", "tools", None))
 
 
 @dataclass(frozen=True)
-class TextDelta:
+class TextDelta(_Shape):
     """A streamed piece of assistant text."""
 
     request_id: str
     text: str
     type: ClassVar[Literal["text"]] = "text"
-
-    def to_dict(self) -> Dict[str, Any]:
-        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
-        return {"type": self.type, "requestId": self.request_id, "text": self.text}
+    _json = (("type", "type", None), ("requestId", "request_id", str), ("text", "text", str))
 
 
 @dataclass(frozen=True)
-class ThinkingDelta:
+class ThinkingDelta(_Shape):
     """A streamed piece of the model's thinking (a signature comes only in the response)."""
 
     request_id: str
     thinking: str
     type: ClassVar[Literal["thinking"]] = "thinking"
-
-    def to_dict(self) -> Dict[str, Any]:
-        """Returns the JSON shape of this object (plain dicts and lists)."""
-        return {"type": self.type, "requestId": self.request_id, "thinking": self.thinking}
+    _json = (("type", "type", None), ("requestId", "request_id", str),
+             ("thinking", "thinking", str))  # fmt: skip
 
 
 @dataclass(frozen=True)
-class ToolCallChunk:
+class ToolCallChunk(_Shape):
     """A streamed, complete tool call."""
 
     request_id: str
     tool_call: ToolCall
     type: ClassVar[Literal["toolCall"]] = "toolCall"
-
-    def to_dict(self) -> Dict[str, Any]:
-        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
-        return {
-            "type": self.type,
-            "requestId": self.request_id,
-            "toolCall": self.tool_call.to_dict(),
-        }
+    _json = (("type", "type", None), ("requestId", "request_id", str),
+             ("toolCall", "tool_call", "call"))  # fmt: skip
 
 
 ModelChunk = Union[TextDelta, ThinkingDelta, ToolCallChunk]
@@ -1056,19 +1038,18 @@ _STOP_REASONS: Final = get_args(StopReason)
 
 
 @dataclass(frozen=True)
-class Usage:
-    """The tokens one response (or, summed, one run) cost, as the provider reported them.
-
-    Each field is an int >= 0, or None when the provider did not say. ``a + b`` sums field by
-    field, None on either side giving None (see docs/runs.md, "What a run cost"). Raises
-    TypeError for a field that is not None or an int, ValueError for a negative one.
-    """
+class Usage(_Shape):
+    """The tokens one response (or, summed, one run) cost, as the provider reported them: each
+    an int >= 0, or None when the provider did not say. ``a + b`` sums field by field, None on
+    either side giving None. Raises TypeError for a field neither None nor an int, ValueError
+    for a negative one."""
 
     input_tokens: Optional[int] = None
     output_tokens: Optional[int] = None
     cache_read_tokens: Optional[int] = None
     cache_write_tokens: Optional[int] = None
     reasoning_tokens: Optional[int] = None
+    _json = tuple((key + "?", name, int) for name, key in _USAGE_KEYS)
 
     def __post_init__(self) -> None:
         for name, _ in _USAGE_KEYS:
@@ -1081,35 +1062,15 @@ class Usage:
     def __add__(self, other: object) -> Usage:
         if type(other) is not Usage:
             return NotImplemented
-        sums = []
-        for name, _ in _USAGE_KEYS:
-            mine, theirs = getattr(self, name), getattr(other, name)
-            sums.append(None if mine is None or theirs is None else mine + theirs)
-        return Usage(*sums)
-
-    def to_dict(self) -> Dict[str, Any]:
-        """Returns the JSON shape of this object: Pi's keys, each absent when unknown."""
-        return {
-            key: getattr(self, name)
-            for name, key in _USAGE_KEYS
-            if getattr(self, name) is not None
-        }
+        pairs = ((getattr(self, name), getattr(other, name)) for name, _ in _USAGE_KEYS)
+        return Usage(*(None if a is None or b is None else a + b for a, b in pairs))
 
 
-# Usage's fields, in order, and their JSON keys.
-_USAGE_KEYS: Final = (
-    ("input_tokens", "input"),
-    ("output_tokens", "output"),
-    ("cache_read_tokens", "cacheRead"),
-    ("cache_write_tokens", "cacheWrite"),
-    ("reasoning_tokens", "reasoning"),
-)
-_UNKNOWN_USAGE: Final = Usage()
-"""A sum with an unknown part: every field unknown."""
+_UNKNOWN_USAGE: Final = Usage()  # a sum with an unknown part: every field unknown
 
 
 @dataclass(frozen=True)
-class ModelResponse:
+class ModelResponse(_Shape):
     """A model's terminal response to one request, and what it cost (None: unknown)."""
 
     id: str
@@ -1117,28 +1078,16 @@ class ModelResponse:
     content: Sequence[Union[TextBlock, ThinkingBlock, ToolCall]]  # stored as a tuple
     stop_reason: StopReason
     usage: Optional[Usage] = None
+    _json = (("id", "id", None), ("requestId", "request_id", None), ("content", "content", None),
+             ("stopReason", "stop_reason", None), ("usage?", "usage", None))  # fmt: skip
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "content", tuple(self.content))
 
-    def to_dict(self) -> Dict[str, Any]:
-        """Returns the seed's JSON shape of this object, and ``usage`` when it is known."""
-        data: Dict[str, Any] = {
-            "id": self.id,
-            "requestId": self.request_id,
-            "content": [block.to_dict() for block in self.content],
-            "stopReason": self.stop_reason,
-        }
-        if self.usage is not None:
-            data["usage"] = self.usage.to_dict()
-        return data
-
 
 class Signal(Protocol):
-    """What the loop needs of a cancellation signal: threading.Event's reading side.
-
-    Any object with these two methods fits, if its ``wait`` blocks (is not a coroutine).
-    """
+    """What the loop needs of a cancellation signal: threading.Event's reading side (any object
+    with these two methods, if its ``wait`` blocks: not a coroutine)."""
 
     def is_set(self) -> bool:
         """True once cancellation was requested."""
@@ -1158,24 +1107,35 @@ class Model(Protocol):
 
 # --- Tools ------------------------------------------------------------------------
 
+_Seen = Dict[str, List[Any]]  # what a walk over a schema saw: "$ref" and "$id" (below the root)
 _SCHEMA_TYPES: Final = ("object", "string", "number", "integer", "boolean", "array", "null")
-# The keywords of JSON Schema 2020-12 that the loop enforces, and what each value must be.
+# What the value of a keyword the loop enforces must be: the words an error says, and the test.
+_VALUE_KINDS: Final[Dict[str, Tuple[str, Callable[[Any], bool]]]] = {
+    "schema": ("a schema", lambda value: True),  # a bool or an object: _frozen_schema's own test
+    "schemas": ("a non-empty array of schemas", lambda value: _is_array(value) and len(value) > 0),
+    "schema map": ("an object of schemas", lambda value: isinstance(value, Mapping)),
+    "number": ("a number", lambda value: type(value) is int or _is_finite_float(value)),
+    "count": ("a non-negative integer", lambda value: type(value) is int and value >= 0),
+    "names": ("an array of property names", lambda v: _is_array(v) and all(map(_is_text, v))),
+    "array": ("an array", lambda value: _is_array(value)),
+    "JSON": ("a JSON value", lambda value: True),  # bounded as an argument is: _frozen_schema
+    "type": (f"one of {', '.join(_SCHEMA_TYPES)}, or a non-empty array of distinct ones",
+             lambda value: _type_names(value) is not None),
+    "$ref": ("a reference: '#', '', a JSON pointer '#/...', or the root's $id", _is_text),
+}  # fmt: skip
+# The keywords of JSON Schema 2020-12 that the loop enforces, and the kind of their values.
 # Any other keyword holds any JSON, ignored as JSON Schema ignores the keywords it does not know.
 _SCHEMA_KEYWORDS: Final = {
-    "type": f"one of {', '.join(_SCHEMA_TYPES)}, or a non-empty array of distinct ones",
-    "required": "an array of property names",
-    "enum": "an array",
-    "const": "a JSON value",
-    "$ref": "a reference within this schema: '#' or a JSON pointer '#/...'",
-    **dict.fromkeys(("items", "additionalProperties", "not"), "a schema"),
-    **dict.fromkeys(("allOf", "anyOf", "oneOf"), "a non-empty array of schemas"),
-    **dict.fromkeys(("properties", "$defs", "definitions"), "an object of schemas"),
-    **dict.fromkeys(("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"), "a number"),
+    "type": "type", "required": "names", "enum": "array", "const": "JSON", "$ref": "$ref",
+    **dict.fromkeys(("items", "additionalProperties", "not"), "schema"),
+    **dict.fromkeys(("allOf", "anyOf", "oneOf"), "schemas"),
+    **dict.fromkeys(("properties", "$defs", "definitions"), "schema map"),
+    **dict.fromkeys(("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"), "number"),
     **dict.fromkeys(
         ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties"),
-        "a non-negative integer",
+        "count",
     ),
-}
+}  # fmt: skip
 # The annotations of JSON Schema 2020-12: keywords that never refuse a value.
 _ANNOTATIONS: Final = frozenset(
     ("title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly",
@@ -1186,8 +1146,7 @@ _ANNOTATIONS: Final = frozenset(
 _IN_PLACE_KEYWORDS: Final = frozenset(_SCHEMA_KEYWORDS).difference(
     ("type", "properties", "required", "additionalProperties", "items", "$defs", "definitions")
 )
-# The bounds of each JSON type: keyword, what a value must be (a number, or the length of a
-# string in code points as len() counts, of an array or of an object), and the test it fails.
+# The bounds of each JSON type (on a number, or on a length: code points, items, properties).
 _BOUNDS: Final = {
     **dict.fromkeys(("integer", "number"), (
         ("minimum", "be at least {}", operator.lt), ("maximum", "be at most {}", operator.gt),
@@ -1203,17 +1162,16 @@ _BOUNDS: Final = {
 
 
 @dataclass(frozen=True)
-class ToolSpec:
-    """What a model is told about a tool: its name, description and parameter schema.
-
-    Checked as a Tool is (TypeError or ValueError naming the field), and its parameters are
-    frozen.
-    """
+class ToolSpec(_Shape):
+    """What a model is told about a tool: its name, description and (frozen) parameter schema;
+    checked as a Tool is."""
 
     name: str
     description: str
     parameters: Mapping[str, Any]
     __hash__ = None  # type: ignore[assignment]  # it holds a mapping
+    _json = (("name", "name", None), ("description", "description", None),
+             ("parameters", "parameters", None))  # fmt: skip
 
     def __post_init__(self) -> None:
         parameters = _checked_tool_fields("ToolSpec", self.name, self.description, self.parameters)
@@ -1222,28 +1180,15 @@ class ToolSpec:
     def __reduce__(self) -> Tuple[Any, ...]:
         return _reduce_to_plain_fields(self)
 
-    def to_dict(self) -> Dict[str, Any]:
-        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
-        return {
-            "name": self.name,
-            "description": self.description,
-            "parameters": _thawed(self.parameters),
-        }
-
 
 @dataclass(frozen=True)
 class Tool:
     """A named effect the model may request, with a JSON Schema for its arguments.
 
-    ``parameters`` (a root ``{"type": "object", ...}``) is checked and frozen when the Tool is
-    built, and each call's arguments are checked against it before the tool runs (see the
-    guide docs/schemas.md). ``execute(arguments, signal)`` gets a fresh plain dict and the
-    run's signal. ``sequential=True``: with ``tool_concurrency`` > 1, its calls run alone.
-    ``annotations``: hints about the tool that the model is never sent (``title``,
-    ``readOnlyHint``, ``destructiveHint``, ``idempotentHint``, ``openWorldHint``, as MCP
-    names them), a mapping with str keys kept as a read-only copy (None: empty).
-
-    Raises TypeError or ValueError, naming the field, for a Tool the loop could not run.
+    ``parameters`` (a root ``{"type": "object", ...}``) is checked and frozen now, and each
+    call's arguments against it before the tool runs. ``execute(arguments, signal)`` gets a
+    fresh plain dict and the run's signal. ``sequential=True``: with ``tool_concurrency`` > 1,
+    its calls run alone. Raises TypeError or ValueError, naming the field, for a bad Tool.
     """
 
     name: str
@@ -1290,12 +1235,9 @@ class Tool:
         description: Optional[str] = None,
         sequential: bool = False,
     ) -> Tool:
-        """Builds a Tool from a function that takes the arguments as keyword parameters.
-
-        The schema comes from the type hints (see docs/tools.md, "Tools from functions"), made by
-        the companion file agent_loop_functions.py: ImportError without it. Raises TypeError,
-        naming the parameter, for what it cannot describe, and as ``Tool()`` does.
-        """
+        """Builds a Tool from a function that takes the arguments as keyword parameters, its
+        schema from the type hints, by the companion agent_loop_functions.py (ImportError
+        without it). Raises TypeError, naming the parameter, for what it cannot describe."""
         try:  # by name, so that a copy of this file alone still type-checks
             functions = importlib.import_module("agent_loop_functions")
         except ModuleNotFoundError as missing:
@@ -1318,22 +1260,32 @@ def _checked_tool_fields(
         raise TypeError(
             f"{kind} {name!r}: description must be a str, got {type(description).__name__}"
         )
-    refs: List[Tuple[str, str]] = []
-    schema = _frozen_schema(parameters, f"{kind} {name!r} parameters", 0, refs)
+    found: _Seen = {"$ref": [], "$id": []}  # each $ref, and each $id below the root
+    schema = _frozen_schema(parameters, f"{kind} {name!r} parameters", 0, found)
     if not isinstance(schema, Mapping) or schema.get("type") != "object":
         raise ValueError(
             f'{kind} {name!r} parameters must have "type": "object": '
             "a tool's arguments are always a JSON object"
         )
+    if found["$ref"] and found["$id"]:
+        # JSON Schema 2020-12, Core 8.2.1: "$id" below the root starts a new base URI for
+        # the references under it; the loop resolves every $ref against the root's.
+        raise ValueError(
+            f"{found['$id'][0]} is an $id below the root, beside a $ref: the loop resolves "
+            "$refs against the root only; move the schema into the root's $defs"
+        )
     checked = set()
-    for ref, where in refs:  # refs grows as the schemas they name are checked
+    for ref, where in found["$ref"]:  # it grows as the schemas they name are checked
         if ref not in checked:
             checked.add(ref)
             target = _ref_target(schema, ref)
             if target is None:
-                raise ValueError(f"{where} {ref!r} names nothing in this schema")
-            # A pointer may name any part of the document: what it names must be a schema.
-            _frozen_schema(target, f"{where} {ref!r}", 0, refs)
+                raise ValueError(
+                    f"{where} {ref!r} names nothing in this schema (the loop follows '#', '', "
+                    "pointers '#/...' and the root's $id; no $anchor, no other document)"
+                )
+            if target is not schema:  # a pointer may name any part: it must be a schema
+                _frozen_schema(target, f"{where} {ref!r}", 1, found)
     return schema
 
 
@@ -1355,75 +1307,77 @@ def _check_execute(name: str, execute: object) -> None:
 
 
 def _frozen_schema(
-    value: object,
-    where: str,
-    depth: int,
-    refs: List[Tuple[str, str]],
-    must: Optional[str] = "a schema",
+    value: object, where: str, depth: int, seen: _Seen, kind: Optional[str] = "schema"
 ) -> Any:
-    """Checks a schema, or a keyword's value (``must``: what it must be; None: any JSON), and
-    returns it frozen; each $ref goes to refs, resolved once the document is frozen."""
-    if must == "a schema" and not isinstance(value, (bool, Mapping)):
+    """A schema, or a keyword value of a _VALUE_KINDS kind (None: any JSON), checked, frozen;
+    the $refs and the $ids below the root it holds go to ``seen``."""
+    if kind == "schema" and not isinstance(value, (bool, Mapping)):
         raise TypeError(f"{where} must be a JSON Schema object, got {type(value).__name__}")
-    array: Sequence[Any] = value if isinstance(value, (list, tuple)) else ()
-    names = array or [value]  # of a type: one name, or a list of distinct ones
-    if not (
-        must in (None, "a schema", "a JSON value")
-        or (must == "a number" and type(value) is int)
-        or (must == "a number" and type(value) is float and math.isfinite(value))
-        or (must == "a non-negative integer" and type(value) is int and value >= 0)
-        or (must == "an object of schemas" and isinstance(value, Mapping))
-        or (must == "an array" and array is value)
-        or (must == "a non-empty array of schemas" and array)
-        or (must == "an array of property names" and array is value and all(map(_is_text, array)))
-        or (
-            must == _SCHEMA_KEYWORDS["type"]
-            and len(names) == sum(t in names for t in _SCHEMA_TYPES)
-        )
-        or (must == _SCHEMA_KEYWORDS["$ref"] and type(value) is str and value[:2] in ("#", "#/"))
-    ):
-        raise ValueError(f"{where} must be {must}, got {_quoted(value)}")
-    if must in ("an array", "a JSON value"):  # enum, const
+    if kind is not None and not _VALUE_KINDS[kind][1](value):
+        raise ValueError(f"{where} must be {_VALUE_KINDS[kind][0]}, got {_quoted(value)}")
+    if kind in ("array", "JSON"):  # enum, const
         # Each is bounded as an argument is; how many an enum lists is the schema's business.
-        members = array if must == "an array" else [value]
+        members = cast(Sequence[Any], value) if kind == "array" else [value]
         try:
             values = tuple(_frozen_json(member, 0, _ArgumentBudget()) for member in members)
         except _Problem as problem:
             raise ValueError(f"{where} holds a value no argument may be: {problem}") from None
-        return values if must == "an array" else values[0]
-    if must == _SCHEMA_KEYWORDS["$ref"]:
-        refs.append((cast(str, value), where))
-    if value is None or type(value) in (str, bool, int):
-        return value
-    if type(value) is float and math.isfinite(value):
+        return values if kind == "array" else values[0]
+    if kind == "$ref":
+        seen["$ref"].append((value, where))
+    if value is None or type(value) in (str, bool, int) or _is_finite_float(value):
         return value
     # Deeper than arguments may be, it would describe no call: schemas and containers count.
     if depth > MAX_ARGUMENT_DEPTH:
         raise ValueError(f"{where} nests deeper than {MAX_ARGUMENT_DEPTH} levels")
     if isinstance(value, Mapping):
+        if kind == "schema" and depth > 0 and "$id" in value:
+            seen["$id"].append(f"{where}.$id")
         frozen = {}
         for key, item in value.items():
             if type(key) is not str:
                 raise TypeError(f"{where} has {_a(type(key).__name__)} key {_quoted(key)}")
-            inner = "a schema" if must == "an object of schemas" else None
-            if must == "a schema" and not (key == "items" and isinstance(item, (list, tuple))):
+            inner = "schema" if kind == "schema map" else None
+            if kind == "schema" and not (key == "items" and _is_array(item)):
                 inner = _SCHEMA_KEYWORDS.get(key)  # the array form of old items is not enforced
-            deeper = depth + (inner in (None, "a schema"))
-            frozen[key] = _frozen_schema(item, f"{where}.{key}", deeper, refs, inner)
+            deeper = depth + (inner in (None, "schema"))
+            frozen[key] = _frozen_schema(item, f"{where}.{key}", deeper, seen, inner)
         return MappingProxyType(frozen)
-    if array is value:
-        inner = "a schema" if must == "a non-empty array of schemas" else None
+    if _is_array(value):
+        inner = "schema" if kind == "schemas" else None
         return tuple(
-            _frozen_schema(item, f"{where}[{index}]", depth + 1, refs, inner)
-            for index, item in enumerate(array)
+            _frozen_schema(item, f"{where}[{index}]", depth + 1, seen, inner)
+            for index, item in enumerate(cast(Sequence[Any], value))
         )
     raise TypeError(f"{where} holds {_quoted(value)}, which is not JSON")
 
 
+def _is_array(value: object) -> bool:
+    return isinstance(value, (list, tuple))
+
+
+def _is_finite_float(value: object) -> bool:
+    return type(value) is float and math.isfinite(value)
+
+
+def _type_names(value: object) -> Optional[Sequence[object]]:
+    """The names a type keyword gives, if they are distinct names of JSON types, else None."""
+    names = cast(Sequence[object], value) if _is_array(value) and value else [value]
+    return names if len(names) == sum(name in names for name in _SCHEMA_TYPES) else None
+
+
 def _ref_target(root: Mapping[str, Any], ref: str) -> object:
-    """What a $ref ("#" or a JSON pointer "#/...") names in its schema, or None."""
+    """What a $ref names in the root's document, or None (JSON Schema 2020-12, Core 8.2): the
+    root ("#", "", its $id), or the part a pointer "#/..." names, percent-decoded first."""
+    address, _, fragment = ref.partition("#")
+    # The root's base URI: its $id without a fragment, or "" (a document without one).
+    base = urllib.parse.urldefrag(root["$id"]).url if _is_text(root.get("$id")) else ""
+    if address and urllib.parse.urljoin(base, address) != base:
+        return None  # another document
+    if fragment[:1] not in ("", "/"):
+        return None  # an anchor ("#name"), which the loop does not follow
     target: object = root
-    for token in ref.split("/")[1:]:
+    for token in urllib.parse.unquote(fragment).split("/")[1:]:
         token = token.replace("~1", "/").replace("~0", "~")
         if isinstance(target, tuple) and token.isdecimal() and int(token) < len(target):
             target = target[int(token)]
@@ -1434,20 +1388,9 @@ def _ref_target(root: Mapping[str, Any], ref: str) -> object:
     return target
 
 
-def _schema_problem(value: object, schema: Mapping[str, Any], path: str) -> Optional[str]:
-    """Returns why frozen arguments fail a tool's frozen schema, or None when they pass."""
-    try:
-        return _value_problem(value, schema, path, schema)
-    except RecursionError:  # $refs that lead through hundreds of schemas, or in a loop
-        return f"{path} cannot be checked: its schema nests too deep, or its $refs loop"
-
-
-def _value_problem(
-    value: object, schema: Any, path: str, root: Mapping[str, Any]
-) -> Optional[str]:
+def _value_problem(value: Any, schema: Any, path: str, root: Mapping[str, Any]) -> Optional[str]:
     """Why a frozen JSON value fails a schema of the document root, or None."""
-    # This runs for every call: a MappingProxyType's get() costs three times `in` and a
-    # subscript, and isinstance(value, typing.Mapping) ten times isinstance(MappingProxyType).
+    # This runs for every call: `in` and a subscript, never a MappingProxyType's slow get().
     if schema is True:
         return None
     if schema is False:
@@ -1538,11 +1481,11 @@ def _exact(schema: object, root: Mapping[str, Any], seen: Set[int]) -> bool:
         return False
     subschemas = [_ref_target(root, schema["$ref"])] if "$ref" in schema else []
     for key, value in schema.items():
-        must = _SCHEMA_KEYWORDS.get(key)
-        if must == "a schema":
+        kind = _SCHEMA_KEYWORDS.get(key)
+        if kind == "schema":
             subschemas.append(value)
-        elif must == "a non-empty array of schemas" or must == "an object of schemas":
-            subschemas.extend(value.values() if must == "an object of schemas" else value)
+        elif kind in ("schemas", "schema map"):
+            subschemas.extend(value.values() if kind == "schema map" else value)
     return type(schema.get("items")) is not tuple and all(
         _exact(subschema, root, seen) for subschema in subschemas
     )
@@ -1583,13 +1526,10 @@ class ToolRegistry:
 
 
 def execute_tool_call(registry: ToolRegistry, call: ToolCall, signal: Signal) -> ToolResultMessage:
-    """Runs one tool call and returns its linked result message.
-
-    What goes wrong with the call (an unknown tool, bad arguments, an exception, a value that
-    is not JSON) becomes an ``is_error=True`` result saying what; only BaseExceptions that are
-    not Exceptions propagate. A ``str`` is the content verbatim, other JSON is encoded. Raises
-    TypeError for a call whose id or name is not a non-empty str.
-    """
+    """Runs one tool call and returns its linked result message: a ``str`` is the content
+    verbatim, other JSON is encoded. What goes wrong with the call (an unknown tool, bad
+    arguments, an exception, a value that is not JSON) is an ``is_error=True`` result saying
+    what. Raises TypeError for a call whose id or name is not a non-empty str."""
     if not (_is_id(call.id) and _is_id(call.name)):
         raise TypeError(
             f"a call's id and name must be non-empty str, got {call.id!r} and {call.name!r}: "
@@ -1610,7 +1550,10 @@ def _execute_checked_call(
     if tool is None:
         known = ", ".join(registered.name for registered in registry) or "none"
         return _tool_result(call, f"unknown tool {call.name!r} (available: {known})", True)
-    problem = _schema_problem(call.arguments, tool.parameters, "$")
+    try:
+        problem = _value_problem(call.arguments, tool.parameters, "$", tool.parameters)
+    except RecursionError:  # $refs that lead through hundreds of schemas, or in a loop
+        problem = "$ cannot be checked: its schema nests too deep, or its $refs loop"
     if problem is not None:
         return _tool_result(call, f"invalid arguments for tool {call.name!r}: {problem}", True)
     token = _CURRENT_TOOL_CALL.set(call)  # in this thread's context only
@@ -1646,10 +1589,8 @@ def current_tool_call() -> Optional[ToolCall]:
 
 
 class ToolError(Exception):
-    """Raised by a tool to tell the model what went wrong, in its own words.
-
-    The call's result is is_error=True with content exactly ``message``; it is not logged.
-    """
+    """Raised by a tool to tell the model what went wrong, in its own words: the call's result
+    is is_error=True with content exactly ``message``, and it is not logged."""
 
     def __init__(self, message: str) -> None:
         if not _is_text(message):
@@ -1766,15 +1707,6 @@ def _reduce_to_plain_fields(value: Any) -> Tuple[Any, ...]:
     return (type(value), tuple(_thawed(getattr(value, item.name)) for item in fields if item.init))
 
 
-def _thawed(value: object) -> Any:
-    """Returns a fresh plain copy (dicts and lists) of frozen JSON."""
-    if type(value) is MappingProxyType:
-        return {key: _thawed(item) for key, item in value.items()}
-    if type(value) is tuple:
-        return [_thawed(item) for item in value]
-    return value
-
-
 def _same_json(left: object, right: object) -> bool:
     """JSON equality at any depth: unlike ==, True is not 1 and 1 is not 1.0, in keys too."""
     if left is right:
@@ -1804,57 +1736,44 @@ JSON: TypeAlias = Union[bool, int, float, str, Sequence["JSON"], Mapping[str, "J
 
 
 @dataclass(frozen=True)
-class TextBlock:
+class TextBlock(_Shape):
     """Assistant text."""
 
     text: str
     type: ClassVar[Literal["text"]] = "text"
-
-    def to_dict(self) -> Dict[str, Any]:
-        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
-        return {"type": self.type, "text": self.text}
+    _json = (("type", "type", None), ("text", "text", str))
 
 
 @dataclass(frozen=True)
-class ThinkingBlock:
-    """The model's thinking, kept in the transcript so that it can be sent back exactly.
-
-    ``signature`` is the provider's proof, if any; a redacted block holds its opaque data as a
-    non-empty ``signature``, and its ``thinking`` is ``""``.
-    """
+class ThinkingBlock(_Shape):
+    """The model's thinking, kept so that it can be sent back exactly: ``signature`` is the
+    provider's proof, if any; a redacted block's opaque data is its ``signature``, its
+    ``thinking`` ``""``."""
 
     thinking: str
     signature: Optional[str] = None
     redacted: bool = False
     type: ClassVar[Literal["thinking"]] = "thinking"
-
-    def to_dict(self) -> Dict[str, Any]:
-        """Returns the JSON shape, as Pi writes it: optional keys only when set."""
-        data: Dict[str, Any] = {"type": self.type, "thinking": self.thinking}
-        if self.signature is not None:
-            data["thinkingSignature"] = self.signature
-        if self.redacted:
-            data["redacted"] = True
-        return data
+    _json = (("type", "type", None), ("thinking", "thinking", str),
+             ("thinkingSignature?", "signature", str),
+             ("redacted?", "redacted", bool))  # fmt: skip
 
 
 @dataclass(frozen=True, eq=False)
-class ToolCall:
-    """A request from the model to run one tool.
-
-    ``arguments`` is frozen when the call is built (read-only mappings, tuples). Arguments
-    that are not plain bounded JSON are kept as given, and the run fails with
-    MODEL_PROTOCOL_ERROR before any tool runs. Calls are equal when their id, name and
-    arguments are, as JSON (``True`` is not ``1``).
-    """
+class ToolCall(_Shape):
+    """A request from the model to run one tool: ``arguments`` frozen (read-only mappings,
+    tuples), or kept as given if not plain bounded JSON (the run then fails with
+    MODEL_PROTOCOL_ERROR before any tool runs). Equal when id, name and arguments are, as JSON
+    (``True`` is not ``1``)."""
 
     id: str
     name: str
     arguments: Mapping[str, JSON]
-    # True only when __post_init__ froze the arguments, which it does only when they keep
-    # every bound: the run trusts this flag (_check_arguments), never their type.
+    # True only when __post_init__ froze them, within every bound: the run trusts this flag.
     _plain_json: bool = field(init=False, repr=False, compare=False)
     type: ClassVar[Literal["toolCall"]] = "toolCall"
+    _json = (("type", "type", None), ("id", "id", str), ("name", "name", str),
+             ("arguments", "arguments", "arguments"))  # fmt: skip
 
     def __post_init__(self) -> None:
         # Normalises only; the run decides where the call enters it (_check_arguments).
@@ -1888,31 +1807,19 @@ class ToolCall:
         """Returns a fresh plain copy of the arguments (dicts and lists), for ``json.dumps``."""
         return cast("Dict[str, Any]", _thawed(self.arguments))
 
-    def to_dict(self) -> Dict[str, Any]:
-        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
-        return {
-            "type": self.type,
-            "id": self.id,
-            "name": self.name,
-            "arguments": self.plain_arguments(),
-        }
-
 
 @dataclass(frozen=True)
-class UserMessage:
+class UserMessage(_Shape):
     """A message from the user."""
 
     id: str
     content: str
     role: ClassVar[Literal["user"]] = "user"
-
-    def to_dict(self) -> Dict[str, Any]:
-        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
-        return {"id": self.id, "role": self.role, "content": self.content}
+    _json = (("id", "id", str), ("role", "role", None), ("content", "content", str))
 
 
 @dataclass(frozen=True)
-class AssistantMessage:
+class AssistantMessage(_Shape):
     """A complete assistant response: its blocks in the model's order, and the usage of the
     response it came from (None: unknown), which is not sent back to a model.
     """
@@ -1921,24 +1828,15 @@ class AssistantMessage:
     content: Sequence[Union[TextBlock, ThinkingBlock, ToolCall]]  # stored as a tuple
     usage: Optional[Usage] = None
     role: ClassVar[Literal["assistant"]] = "assistant"
+    _json = (("id", "id", str), ("role", "role", None), ("content", "content", "blocks"),
+             ("usage?", "usage", "usage"))  # fmt: skip
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "content", tuple(self.content))
 
-    def to_dict(self) -> Dict[str, Any]:
-        """Returns the seed's JSON shape of this object, and ``usage`` when it is known."""
-        data: Dict[str, Any] = {
-            "id": self.id,
-            "role": self.role,
-            "content": [block.to_dict() for block in self.content],
-        }
-        if self.usage is not None:
-            data["usage"] = self.usage.to_dict()
-        return data
-
 
 @dataclass(frozen=True)
-class ToolResultMessage:
+class ToolResultMessage(_Shape):
     """The result of one tool call, linked to it by ``tool_call_id``."""
 
     id: str
@@ -1947,17 +1845,9 @@ class ToolResultMessage:
     content: str
     is_error: bool
     role: ClassVar[Literal["toolResult"]] = "toolResult"
-
-    def to_dict(self) -> Dict[str, Any]:
-        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
-        return {
-            "id": self.id,
-            "role": self.role,
-            "toolCallId": self.tool_call_id,
-            "toolName": self.tool_name,
-            "content": self.content,
-            "isError": self.is_error,
-        }
+    _json = (("id", "id", str), ("role", "role", None), ("toolCallId", "tool_call_id", str),
+             ("toolName", "tool_name", str), ("content", "content", str),
+             ("isError", "is_error", bool))  # fmt: skip
 
 
 Message = Union[UserMessage, AssistantMessage, ToolResultMessage]
@@ -1991,29 +1881,20 @@ _EVENT_TYPES: Final = get_args(EventType)
 
 
 @dataclass(frozen=True)
-class RunError:
-    """Why a run failed: a failure code and a readable message.
-
-    ``exception`` is what raised, if anything did, for the caller: it is not part of
-    ``to_dict()`` or of equality.
-    """
+class RunError(_Shape):
+    """Why a run failed: a failure code and a readable message; ``exception`` is what raised
+    (if anything did), for the caller, and not part of ``to_dict()`` or of equality."""
 
     code: FailureCode
     message: str
     exception: Optional[BaseException] = field(default=None, compare=False, repr=False)
-
-    def to_dict(self) -> Dict[str, Any]:
-        """Returns the seed's JSON shape of this object (plain dicts and lists)."""
-        return {"code": self.code, "message": self.message}
+    _json = (("code", "code", _FAILURE_CODES), ("message", "message", str))
 
 
 @dataclass(frozen=True)
-class RunResult:
-    """How a run ended, and the transcript it ended with (complete messages only).
-
-    ``usage`` sums the usage of the responses this run appended (see docs/runs.md, "What a run
-    cost").
-    """
+class RunResult(_Shape):
+    """How a run ended, and the transcript it ended with (complete messages only); ``usage``
+    sums the usage of the responses this run appended."""
 
     status: RunStatus
     messages: Tuple[Message, ...]
@@ -2023,41 +1904,16 @@ class RunResult:
     error: Optional[RunError] = None
     request_sequence_start: int = 0
     usage: Optional[Usage] = None
+    _json = (("status", "status", _RUN_STATUSES), ("messages", "messages", "messages"),
+             ("steps", "steps", int), ("finalText?", "final_text", str),
+             ("maxSteps?", "max_steps", int), ("error?", "error", "error"),
+             ("requestSequenceStart?", "request_sequence_start", int),
+             ("usage?", "usage", "usage"))  # fmt: skip
 
     @property
     def next_request_sequence(self) -> int:
         """``request_sequence_start + steps``: the next run's ``request_sequence_start``."""
         return self.request_sequence_start + self.steps
-
-    def to_dict(self) -> Dict[str, Any]:
-        """Returns the seed's JSON shape of this result; optional keys only when set."""
-        data: Dict[str, Any] = {
-            "status": self.status,
-            "messages": [message.to_dict() for message in self.messages],
-            "steps": self.steps,
-        }
-        if self.final_text is not None:
-            data["finalText"] = self.final_text
-        if self.max_steps is not None:
-            data["maxSteps"] = self.max_steps
-        if self.error is not None:
-            data["error"] = self.error.to_dict()
-        if self.request_sequence_start != 0:
-            data["requestSequenceStart"] = self.request_sequence_start
-        if self.usage is not None:
-            data["usage"] = self.usage.to_dict()
-        return data
-
-
-_PAYLOAD_JSON_KEYS: Final = {
-    "message": "message",
-    "request_id": "requestId",
-    "chunk": "chunk",
-    "tool_call": "toolCall",
-    "tool_result": "toolResult",
-    "result": "result",
-    "refused": "refused",
-}
 
 
 @dataclass(frozen=True)
@@ -2083,36 +1939,32 @@ class Event:
             "sequence": self.sequence,
             "type": self.type,
             "payload": {
-                _PAYLOAD_JSON_KEYS[key]: value if isinstance(value, (str, bool)) else value.to_dict()
-                for key, value in self.payload.items()
+                _PAYLOAD_JSON_KEYS[key]: _plain(value) for key, value in self.payload.items()
             },
         }
 
 
 # --- Reading JSON back ------------------------------------------------------------
-# Each reader takes a value as json.loads gives it and the path that names it, and raises
-# ValueError naming the field.
+# A reader takes a value as json.loads gives it and the path naming it; ValueError names the
+# field. A _json table reads a field as a JSON type, one of a tuple of values, a _READERS
+# name, or not at all (None: a discriminator, or a shape the loop never reads back).
+
+_Reader = Union[type, Tuple[str, ...], str, Callable[[Any, str], Any], None]
+_Fields = Tuple[Tuple[str, str, _Reader], ...]
 
 
 def message_from_dict(data: Dict[str, Any]) -> Message:
     """Reads a message from its ``to_dict()`` form; ValueError names a bad field."""
-    return _message_from_dict(data, "message")
+    return cast(Message, _one_of("role", _MESSAGES)(data, "message"))
 
 
 def event_from_dict(data: Dict[str, Any]) -> Event:
     """Reads an event from its ``to_dict()`` form; ValueError names a bad field."""
-    event = _typed(data, dict, "event")
-    event_type = _read_choice(event, "type", _EVENT_TYPES, "event")
-    payload_data = _read(event, "payload", dict, "event")
-    payload = {}
-    for key, reader in _PAYLOAD_READERS[event_type]:
-        json_key = _PAYLOAD_JSON_KEYS[key]
-        if json_key not in payload_data:
-            raise ValueError(f"event.payload.{json_key} is missing")
-        payload[key] = reader(payload_data[json_key], f"event.payload.{json_key}")
-    if event_type == "tool.finished" and "refused" in payload_data:  # optional: see _finished
-        payload["refused"] = _read(payload_data, "refused", bool, "event.payload")
-    return Event(_read(event, "sequence", int, "event"), event_type, MappingProxyType(payload))
+    head = (("sequence", "sequence", int), ("type", "type", _EVENT_TYPES),
+            ("payload", "payload", dict))  # fmt: skip
+    event = _read_fields(_typed(data, dict, "event"), head, "event")
+    payload = _read_fields(event["payload"], _PAYLOAD_FIELDS[event["type"]], "event.payload")
+    return Event(event["sequence"], event["type"], MappingProxyType(payload))
 
 
 def _typed(value: Any, kind: type, where: str) -> Any:
@@ -2122,150 +1974,103 @@ def _typed(value: Any, kind: type, where: str) -> Any:
     return value
 
 
-def _read(data: Dict[str, Any], key: str, kind: type, where: str) -> Any:
-    """Returns data[key] if it has the JSON type ``kind``; a ValueError names the field if not."""
-    if key not in data:
-        raise ValueError(f"{where}.{key} is missing")
-    return _typed(data[key], kind, f"{where}.{key}")
+def _read_fields(data: Dict[str, Any], fields: _Fields, where: str) -> Dict[str, Any]:
+    """A JSON object's fields by attribute; an optional one absent or null is left out."""
+    values: Dict[str, Any] = {}
+    for key, name, reader in fields:
+        json_key, path = key.rstrip("?"), f"{where}.{key.rstrip('?')}"
+        if reader is None or (json_key != key and data.get(json_key) is None):
+            continue
+        if json_key not in data:
+            raise ValueError(f"{path} is missing")
+        value = data[json_key]
+        if isinstance(reader, type):
+            values[name] = _typed(value, reader, path)
+        elif isinstance(reader, tuple):
+            if _typed(value, str, path) not in reader:
+                raise ValueError(f"{path}: unknown value {value!r} (expected one of {reader})")
+            values[name] = value
+        else:
+            values[name] = (_READERS[reader] if isinstance(reader, str) else reader)(value, path)
+    return values
 
 
-def _read_optional(data: Dict[str, Any], key: str, kind: type, where: str) -> Any:
-    """Like _read, for a key that may be absent or null."""
-    return None if data.get(key) is None else _read(data, key, kind, where)
+def _one_of(key: str, shapes: Mapping[str, Any], only: str = "") -> Callable[[Any, str], Any]:
+    """The reader of an object whose ``key`` names its class in ``shapes`` (``only``: that one)."""
+
+    def read(data: object, where: str) -> Any:
+        value = _typed(data, dict, where)
+        kind = _read_fields(value, ((key, key, tuple(shapes)),), where)[key]
+        if only and kind != only:
+            raise ValueError(
+                f"{where} must be {_a(only)} {'block' if key == 'type' else 'message'}"
+            )
+        return _built(shapes[kind], value, where)
+
+    return read
 
 
-def _read_choice(data: Dict[str, Any], key: str, choices: Tuple[str, ...], where: str) -> Any:
-    """Returns data[key] if it is one of the protocol values ``choices``."""
-    value = _read(data, key, str, where)
-    if value not in choices:
-        raise ValueError(f"{where}.{key}: unknown value {value!r} (expected one of {choices})")
-    return value
-
-
-def _string_from_dict(data: object, where: str) -> str:
-    return cast(str, _typed(data, str, where))
-
-
-def _usage_from_dict(data: Dict[str, Any], where: str) -> Optional[Usage]:
-    """Reads the optional ``usage`` key of an object that may hold one."""
-    if data.get("usage") is None:
-        return None
-    usage = _typed(data["usage"], dict, f"{where}.usage")
-    counts = [_read_optional(usage, key, int, f"{where}.usage") for _, key in _USAGE_KEYS]
-    for (_, key), count in zip(_USAGE_KEYS, counts):
-        if count is not None and count < 0:
-            raise ValueError(f"{where}.usage.{key} must be >= 0, got {count}")
-    return Usage(*counts)
-
-
-def _block_from_dict(data: object, where: str) -> Union[TextBlock, ThinkingBlock, ToolCall]:
-    """Reads a TextBlock, ThinkingBlock or ToolCall from its to_dict() form."""
-    block = _typed(data, dict, where)
-    kind = _read_choice(block, "type", ("text", "thinking", "toolCall"), where)
-    if kind == "text":
-        return TextBlock(_read(block, "text", str, where))
-    if kind == "thinking":
-        thinking = ThinkingBlock(
-            _read(block, "thinking", str, where),
-            _read_optional(block, "thinkingSignature", str, where),
-            _read_optional(block, "redacted", bool, where) is True,
-        )
-        try:
-            return _checked_thinking(thinking)
-        except _Problem as problem:
-            raise ValueError(f"{where}: {problem}") from None
-    arguments = _read(block, "arguments", dict, where)
+def _built(shape: Any, data: Dict[str, Any], where: str) -> Any:
+    """The object of class ``shape`` that its JSON fields describe; ValueError if it is not one."""
     try:
-        _frozen_arguments(arguments)
+        built = shape(**_read_fields(data, shape._json, where))
+        return _checked_thinking(built) if type(built) is ThinkingBlock else built
     except _Problem as problem:
-        raise ValueError(f"{where}.arguments: {problem}") from None
-    return ToolCall(_read(block, "id", str, where), _read(block, "name", str, where), arguments)
+        raise ValueError(f"{where}: {problem}") from None
 
 
-def _tool_call_from_dict(data: object, where: str) -> ToolCall:
-    block = _block_from_dict(data, where)
-    if not isinstance(block, ToolCall):
-        raise ValueError(f"{where} must be a toolCall block")
-    return block
+def _arguments_from_dict(data: object, where: str) -> Dict[str, Any]:
+    """A tool call's arguments, if they are plain bounded JSON."""
+    try:
+        _frozen_arguments(_typed(data, dict, where))
+    except _Problem as problem:
+        raise ValueError(f"{where}: {problem}") from None
+    return cast(Dict[str, Any], data)
 
 
-def _chunk_from_dict(data: object, where: str) -> ModelChunk:
-    """Reads a chunk from its to_dict() form; ValueError naming the field if malformed."""
-    chunk = _typed(data, dict, where)
-    request_id = _read(chunk, "requestId", str, where)
-    kind = _read_choice(chunk, "type", ("text", "thinking", "toolCall"), where)
-    if kind == "text":
-        return TextDelta(request_id, _read(chunk, "text", str, where))
-    if kind == "thinking":
-        return ThinkingDelta(request_id, _read(chunk, "thinking", str, where))
-    return ToolCallChunk(
-        request_id,
-        _tool_call_from_dict(_read(chunk, "toolCall", dict, where), f"{where}.toolCall"),
+def _usage_from_dict(data: object, where: str) -> Usage:
+    """A Usage: each count absent, null, or an int >= 0."""
+    counts = _read_fields(_typed(data, dict, where), Usage._json, where)
+    for name, key in _USAGE_KEYS:
+        if counts.get(name, 0) < 0:
+            raise ValueError(f"{where}.{key} must be >= 0, got {counts[name]}")
+    return Usage(**counts)
+
+
+def _items(key: str, shapes: Mapping[str, Any]) -> Callable[[Any, str], Any]:
+    """The reader of a JSON array of objects of these shapes, as a tuple."""
+    read = _one_of(key, shapes)
+    return lambda data, where: tuple(
+        read(item, f"{where}[{index}]") for index, item in enumerate(_typed(data, list, where))
     )
 
 
-def _message_from_dict(data: object, where: str) -> Message:
-    message = _typed(data, dict, where)
-    role = _read_choice(message, "role", ("user", "assistant", "toolResult"), where)
-    message_id = _read(message, "id", str, where)
-    if role == "user":
-        return UserMessage(message_id, _read(message, "content", str, where))
-    if role == "assistant":
-        blocks = _read(message, "content", list, where)
-        return AssistantMessage(
-            message_id,
-            tuple(_block_from_dict(b, f"{where}.content[{i}]") for i, b in enumerate(blocks)),
-            _usage_from_dict(message, where),
-        )
-    return ToolResultMessage(
-        message_id,
-        _read(message, "toolCallId", str, where),
-        _read(message, "toolName", str, where),
-        _read(message, "content", str, where),
-        _read(message, "isError", bool, where),
-    )
-
-
-def _tool_result_from_dict(data: object, where: str) -> ToolResultMessage:
-    message = _message_from_dict(data, where)
-    if not isinstance(message, ToolResultMessage):
-        raise ValueError(f"{where} must be a toolResult message")
-    return message
-
-
-def _result_from_dict(data: object, where: str) -> RunResult:
-    result = _typed(data, dict, where)
-    error = None
-    if result.get("error") is not None:
-        error_data = _typed(result["error"], dict, f"{where}.error")
-        error = RunError(
-            _read_choice(error_data, "code", _FAILURE_CODES, f"{where}.error"),
-            _read(error_data, "message", str, f"{where}.error"),
-        )
-    messages = _read(result, "messages", list, where)
-    return RunResult(
-        _read_choice(result, "status", _RUN_STATUSES, where),
-        tuple(_message_from_dict(m, f"{where}.messages[{i}]") for i, m in enumerate(messages)),
-        _read(result, "steps", int, where),
-        final_text=_read_optional(result, "finalText", str, where),
-        max_steps=_read_optional(result, "maxSteps", int, where),
-        error=error,
-        request_sequence_start=_read_optional(result, "requestSequenceStart", int, where) or 0,
-        usage=_usage_from_dict(result, where),
-    )
-
-
-# For each event type: its payload keys (as in Python) and how to read each from JSON.
-_PAYLOAD_READERS: Final[Dict[str, Tuple[Tuple[str, Callable[[object, str], object]], ...]]] = {
-    "message.accepted": (("message", _message_from_dict),),
-    "model.chunk": (("request_id", _string_from_dict), ("chunk", _chunk_from_dict)),
-    "tool.started": (("request_id", _string_from_dict), ("tool_call", _tool_call_from_dict)),
-    "tool.finished": (
-        ("request_id", _string_from_dict),
-        ("tool_call", _tool_call_from_dict),
-        ("tool_result", _tool_result_from_dict),
-    ),
-    "run.finished": (("result", _result_from_dict),),
+# The classes of each discriminated shape, by the value of its "type" or "role".
+_BLOCKS: Final = {"text": TextBlock, "thinking": ThinkingBlock, "toolCall": ToolCall}
+_MESSAGES: Final = {"user": UserMessage, "assistant": AssistantMessage,
+                    "toolResult": ToolResultMessage}  # fmt: skip
+_CHUNKS: Final = {"text": TextDelta, "thinking": ThinkingDelta, "toolCall": ToolCallChunk}
+# The readers that _json tables name (their shapes are defined after those tables).
+_READERS: Final[Dict[str, Callable[[Any, str], Any]]] = {
+    "arguments": _arguments_from_dict, "usage": _usage_from_dict,
+    "blocks": _items("type", _BLOCKS), "messages": _items("role", _MESSAGES),
+    "call": _one_of("type", _BLOCKS, "toolCall"), "chunk": _one_of("type", _CHUNKS),
+    "error": lambda data, where: _built(RunError, _typed(data, dict, where), where),
+    "result": lambda data, where: _built(RunResult, _typed(data, dict, where), where),
+}  # fmt: skip
+# For each event type, its payload's fields, named in Python as its Event holds them.
+_PAYLOAD_FIELDS: Final[Dict[str, _Fields]] = {
+    "message.accepted": (("message", "message", _one_of("role", _MESSAGES)),),
+    "model.chunk": (("requestId", "request_id", str), ("chunk", "chunk", "chunk")),
+    "tool.started": (("requestId", "request_id", str), ("toolCall", "tool_call", "call")),
+    "tool.finished": (("requestId", "request_id", str), ("toolCall", "tool_call", "call"),
+                      ("toolResult", "tool_result", _one_of("role", _MESSAGES, "toolResult")),
+                      ("refused?", "refused", bool)),  # refused: only a refused call's
+    "run.finished": (("result", "result", "result"),),
+}  # fmt: skip
+# The JSON key of each payload key, for Event.to_dict().
+_PAYLOAD_JSON_KEYS: Final = {
+    name: key.rstrip("?") for fields in _PAYLOAD_FIELDS.values() for key, name, _ in fields
 }
 
 
@@ -2284,11 +2089,8 @@ def open_tool_calls(messages: Iterable[Message]) -> Tuple[ToolCall, ...]:
 
 
 def resolve_open_tool_calls(messages: Iterable[Message], content: str) -> Tuple[Message, ...]:
-    """Returns the transcript with an is_error=True result of ``content`` for each open call.
-
-    The loop never writes such a result: whether an interrupted call failed is the caller's
-    decision. Raises TypeError if content is not a str.
-    """
+    """Returns the transcript with an is_error=True result of ``content`` for each open call
+    (which the loop never writes: the caller decides). TypeError if content is not a str."""
     if not _is_text(content):
         raise TypeError(f"content must be a str, got {type(content).__name__}")
     transcript = tuple(messages)
@@ -2304,11 +2106,8 @@ def settle_run(
     run: Generator[Event, None, RunResult],
     on_event: Optional[Callable[[Event], object]] = None,
 ) -> Tuple[List[Event], RunResult]:
-    """Drains a run; returns its events and its RunResult.
-
-    ``on_event`` is called with each event before the run goes on; if it raises, the run is
-    closed and the exception propagates.
-    """
+    """Drains a run; returns its events and its RunResult. ``on_event`` is called with each
+    event before the run goes on; if it raises, the run is closed and the exception propagates."""
     events: List[Event] = []
     with contextlib.closing(run):
         while True:
@@ -2322,14 +2121,18 @@ def settle_run(
 
 
 def print_event(event: Event, file: Optional[TextIO] = None) -> None:
-    """Prints one readable line for an event to ``file`` (default: ``sys.stdout``), flushed.
-
-    ``settle_run(run, on_event=print_event)`` prints a run as the README's demonstration
-    shows; unprintable characters are escaped, so that an event is one line.
-    """
+    """Prints one readable line for an event to ``file`` (default: ``sys.stdout``), flushed,
+    unprintable characters escaped: ``settle_run(run, on_event=print_event)`` prints a run."""
     payload = event.payload
     if event.type == "message.accepted":
-        detail = _message_text(payload["message"])
+        message = payload["message"]
+        if isinstance(message, UserMessage):
+            content = json.dumps(message.content, ensure_ascii=False)
+        elif isinstance(message, AssistantMessage):
+            content = ", ".join(_piece_text(block) for block in message.content)
+        else:
+            content = _outcome_text(message)
+        detail = f"{message.role} {message.id}: {content}"
     elif event.type == "model.chunk":
         chunk = payload["chunk"]
         shown = chunk.tool_call if isinstance(chunk, ToolCallChunk) else chunk
@@ -2340,22 +2143,24 @@ def print_event(event: Event, file: Optional[TextIO] = None) -> None:
         refused = payload.get("refused", False)
         detail = f"{payload['request_id']} {_outcome_text(payload['tool_result'], refused)}"
     else:
-        detail = _result_text(payload["result"])
+        result: RunResult = payload["result"]
+        parts = [
+            f"{result.status} after {result.steps} step(s)",
+            f"{len(result.messages)} messages",
+        ]
+        if result.usage is not None:  # the counts the model reported, by their JSON keys
+            counts = ", ".join(f"{key} {count}" for key, count in result.usage.to_dict().items())
+            parts.append(f"usage: {counts or 'unknown'}")
+        open_calls = open_tool_calls(result.messages)
+        if open_calls:
+            parts.append("left without a result: " + ", ".join(call.id for call in open_calls))
+        if result.error is not None:
+            parts.append(f"error: {result.error.code}: {result.error.message}")
+        detail = ", ".join(parts)
     line = f"{event.sequence:3d}  {event.type:<16}  {detail}"
     if not line.isprintable():  # a line break, say, in what a model or a tool wrote
         line = "".join(char if char.isprintable() else ascii(char)[1:-1] for char in line)
     print(line, file=file, flush=True)
-
-
-def _message_text(message: Message) -> str:
-    """A message as print_event shows it: its role and id, then its content."""
-    if isinstance(message, UserMessage):
-        content = json.dumps(message.content, ensure_ascii=False)
-    elif isinstance(message, AssistantMessage):
-        content = ", ".join(_piece_text(block) for block in message.content)
-    else:
-        content = _outcome_text(message)
-    return f"{message.role} {message.id}: {content}"
 
 
 def _piece_text(piece: Union[TextBlock, ThinkingBlock, ToolCall, TextDelta, ThinkingDelta]) -> str:
@@ -2378,23 +2183,12 @@ def _outcome_text(result: ToolResultMessage, refused: bool = False) -> str:
     return f"{result.tool_name} {outcome}: {result.content}"
 
 
-def _result_text(result: RunResult) -> str:
-    """A RunResult as print_event shows it, on the run.finished line."""
-    parts = [f"{result.status} after {result.steps} step(s)", f"{len(result.messages)} messages"]
-    if result.usage is not None:  # the counts the model reported, by their JSON keys
-        counts = ", ".join(f"{key} {count}" for key, count in result.usage.to_dict().items())
-        parts.append(f"usage: {counts or 'unknown'}")
-    open_calls = open_tool_calls(result.messages)
-    if open_calls:
-        parts.append("left without a result: " + ", ".join(call.id for call in open_calls))
-    if result.error is not None:
-        parts.append(f"error: {result.error.code}: {result.error.message}")
-    return ", ".join(parts)
-
-
 @dataclass(frozen=True)
 class ScriptedResponse:
-    """One turn of a ScriptedModel; build it with ``scripted_response()``."""
+    """One scripted model turn (built as ``scripted_response``): each block of ``chunks``
+    (default: ``content``) streams as one chunk of the active request, then the model returns
+    ``ModelResponse(id, request_id or the active request's id, content, stop_reason, usage)``.
+    Raises TypeError for text given as a str."""
 
     id: str
     content: Sequence[Union[TextBlock, ThinkingBlock, ToolCall]]  # stored as a tuple
@@ -2416,31 +2210,15 @@ class ScriptedResponse:
             object.__setattr__(self, "chunks", tuple(self.chunks))
 
 
-def scripted_response(
-    id: str,
-    content: Iterable[Union[TextBlock, ThinkingBlock, ToolCall]],
-    stop_reason: StopReason,
-    *,
-    chunks: Optional[Iterable[Union[TextBlock, ThinkingBlock, ToolCall]]] = None,
-    request_id: Optional[str] = None,
-    usage: Optional[Usage] = None,
-) -> ScriptedResponse:
-    """One scripted model turn.
-
-    Each block of ``chunks`` (default: ``content``) streams as one chunk of the active
-    request, then the model returns ``ModelResponse(id, request_id or the active request's
-    id, content, stop_reason, usage)``.
-    """
-    streamed = None if chunks is None else tuple(chunks)
-    return ScriptedResponse(id, tuple(content), stop_reason, streamed, request_id, usage)
+scripted_response = ScriptedResponse
+"""``scripted_response(id, content, stop_reason, *, chunks=None, request_id=None,
+usage=None)``: one ScriptedResponse (give chunks, request_id and usage by keyword)."""
 
 
 class ScriptedModel:
-    """A deterministic model that replays scripted responses in order, for tests and demos.
-
-    ``requests`` records each ModelRequest and ``call_count`` counts ``stream()`` calls; a call
-    with no response left raises RuntimeError, so that the run fails.
-    """
+    """A deterministic model that replays scripted responses in order, for tests and demos:
+    ``requests`` records each ModelRequest, ``call_count`` counts ``stream()`` calls, and a
+    call with no response left raises RuntimeError, so that the run fails."""
 
     def __init__(self, responses: Iterable[ScriptedResponse]) -> None:
         self._responses = tuple(responses)
@@ -2450,18 +2228,16 @@ class ScriptedModel:
     @classmethod
     def from_transcript(cls, messages: Iterable[Message]) -> ScriptedModel:
         """A model that replays a transcript's assistant messages in order (tools run again)."""
-        responses = []
-        for message in messages:
-            if isinstance(message, AssistantMessage):
-                stop_reason: StopReason = "toolCall" if _tool_calls(message) else "stop"
-                derived = response_id_of(message.id)
-                response_id = message.id if derived is None else derived
-                responses.append(
-                    scripted_response(
-                        response_id, message.content, stop_reason, usage=message.usage
-                    )
-                )
-        return cls(responses)
+        return cls(
+            scripted_response(
+                response_id_of(message.id) or message.id,
+                message.content,
+                "toolCall" if _tool_calls(message) else "stop",
+                usage=message.usage,
+            )
+            for message in messages
+            if isinstance(message, AssistantMessage)
+        )
 
     def stream(
         self, request: ModelRequest, signal: Signal
@@ -2494,98 +2270,14 @@ class ScriptedModel:
         )
 
 
-# --- The demonstration ------------------------------------------------------------
+if __name__ == "__main__":  # the demonstration is the command line's: one copy of it
+    import runpy
 
-
-def _demo_model() -> ScriptedModel:
-    """The script: thinking and one call, two calls (one fails), then the answer."""
-    thinking = ThinkingBlock("Two operations: the sum first, then the division.", "sig-demo-001")
-    add = ToolCall("call-add-001", "add", {"left": 20, "right": 22})
-    half = ToolCall("call-divide-001", "divide", {"dividend": 42, "divisor": 2})
-    by_zero = ToolCall("call-divide-002", "divide", {"dividend": 42, "divisor": 0})
-    answer = ["(20 + 22) / 2 = 21. ", "42 / 0 has no value: ", "division by zero."]
-    return ScriptedModel(
-        [
-            scripted_response(
-                "response-001",
-                [thinking, TextBlock("First the sum."), add],
-                "toolCall",
-                usage=Usage(412, 58, 0, 1024, 12),
-            ),
-            scripted_response(
-                "response-002", [half, by_zero], "toolCall", usage=Usage(96, 41, 1024, 0, 0)
-            ),
-            scripted_response(
-                "response-003",
-                [TextBlock("".join(answer))],
-                "stop",
-                chunks=[TextBlock(piece) for piece in answer],
-                usage=Usage(188, 19, 1024, 0, 0),
-            ),
-        ]
-    )
-
-
-def _main(argv: Optional[Sequence[str]] = None) -> int:
-    """The demonstration: a scripted run over two tools, printed one event per line."""
-    parser = argparse.ArgumentParser(
-        prog="python agent_loop.py",
-        description="Runs the Agent Loop on a scripted model with two tools (one call "
-        "fails, recoverably) and prints each event on one line, the result last.",
-    )
-    parser.add_argument("--json", action="store_true", help="print each event as JSON")
-    budget = f"the step budget, 1..{MAX_AGENT_STEPS} (the demo needs 3)"
-    parser.add_argument("--max-steps", type=int, default=MAX_AGENT_STEPS, metavar="N", help=budget)
-    parser.add_argument(
-        "--cancel-after", type=int, metavar="K", help="set the signal once event K is printed"
-    )
-    options = parser.parse_args(argv)
-    if not 1 <= options.max_steps <= MAX_AGENT_STEPS:
-        parser.error(f"argument --max-steps: {options.max_steps} is not in 1..{MAX_AGENT_STEPS}")
-    if options.cancel_after is not None and options.cancel_after < 0:
-        parser.error(f"argument --cancel-after: {options.cancel_after} is negative")
-    signal = threading.Event()
-
-    def show(event: Event) -> None:
-        if options.json:
-            print(json.dumps(event.to_dict(), ensure_ascii=False))
-        else:
-            print_event(event)
-        if event.sequence == options.cancel_after:
-            signal.set()
-
-    def numbers(*names: str) -> Dict[str, Any]:  # the schema of these numbers, required
-        properties = {name: {"type": "number"} for name in names}
-        return {"type": "object", "properties": properties, "required": list(names)}
-
-    def add(arguments: Dict[str, Any], signal: Signal) -> object:
-        return {"sum": arguments["left"] + arguments["right"]}
-
-    def divide(arguments: Dict[str, Any], signal: Signal) -> object:
-        return {"quotient": arguments["dividend"] / arguments["divisor"]}  # by 0: an error result
-
-    add_tool = Tool("add", "Adds two numbers.", numbers("left", "right"), add)
-    divide_tool = Tool("divide", "Divides a number.", numbers("dividend", "divisor"), divide)
-    settle_run(
-        run_agent_loop(
-            messages=[UserMessage("user-001", "What is (20 + 22) / 2? And 42 / 0?")],
-            model=_demo_model(),
-            tools=ToolRegistry([add_tool, divide_tool]),
-            max_steps=options.max_steps,
-            signal=signal,
-        ),
-        on_event=show,
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    try:
-        status = _main()
-        sys.stdout.flush()  # here, where a broken pipe can still be caught
-    except BrokenPipeError:
-        # The reader left early (`--json | head`): stop quietly, and keep Python from
-        # reporting the broken pipe again when it flushes stdout.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        status = 1
-    sys.exit(status)
+    cli = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent_loop_cli.py")
+    if not os.path.exists(cli):
+        sys.exit(
+            "agent_loop.py: the demonstration is `python agent_loop_cli.py --demo`: copy "
+            "agent_loop_cli.py and its companions from the agent_loop repository beside this file"
+        )
+    sys.argv[1:1] = ["--demo"]
+    runpy.run_path(cli, run_name="__main__")

@@ -18,8 +18,11 @@ call. ``python agent_loop_cli.py --help`` lists every option.
 ``agent_loop_view.render_page`` for a recorded run: a ``--json`` log, a log of
 ``agent_loop_replay.dump_events`` or a durable run's journal.
 
+``python agent_loop_cli.py --demo`` (which ``python agent_loop.py`` runs) is the
+demonstration: a scripted model, no network.
+
 It uses only the public names of ``agent_loop``, ``agent_loop_providers``,
-``agent_loop_mcp`` and ``agent_loop_view``.
+``agent_loop_replay``, ``agent_loop_mcp`` and ``agent_loop_view``.
 """
 
 from __future__ import annotations
@@ -35,11 +38,12 @@ import signal as os_signal
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, Final, Iterable, List, Optional, Sequence, TextIO, Tuple
+from typing import Any, Callable, Dict, Final, List, Optional, Sequence, TextIO, Tuple
 
 import agent_loop as al
 import agent_loop_mcp as mcp
 import agent_loop_providers as providers
+import agent_loop_replay as replay
 import agent_loop_view as view
 
 __version__ = "1.0.0"
@@ -324,9 +328,8 @@ def _confirm(stdin: TextIO, stderr: TextIO) -> Callable[[al.ToolCall, al.Signal]
 
 def _json_line(event: al.Event, seconds: float) -> None:
     """--json's line: the event's to_dict() and "time", the seconds since the run began,
-    compact and ASCII as the logs of agent_loop_replay are."""
-    line = dict(event.to_dict(), time=seconds)
-    sys.stdout.write(json.dumps(line, separators=(",", ":"), allow_nan=False) + "\n")
+    written by agent_loop_replay's one line writer."""
+    sys.stdout.write(replay.json_line(dict(event.to_dict(), time=seconds)) + "\n")
     sys.stdout.flush()  # each event as it comes: the reader may be a pipe
 
 
@@ -347,10 +350,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ``view LOG -o PAGE.html`` as the first arguments writes the page of a recorded run
     (``agent_loop_view.render_page``) instead; exit status 0 when written, 2 for a log
     that holds no run, naming the line at fault.
+
+    With ``--demo`` first, it runs the scripted demonstration instead (no model;
+    ``python agent_loop.py`` runs it too: ``--json``, ``--max-steps N``, ``--cancel-after K``).
     """
     arguments = sys.argv[1:] if argv is None else list(argv)
     if arguments[:1] == ["view"]:
         return _view(arguments[1:])
+    if arguments[:1] == ["--demo"]:
+        return _demo(arguments[1:])
     parser = _parser()
     options = parser.parse_args(arguments)
     model = _model(parser, options)
@@ -427,7 +435,7 @@ def _view(argv: Sequence[str]) -> int:
     options = parser.parse_args(argv)
     try:
         with open(options.log, encoding="utf-8") as file:
-            timed = _load_timed_events(file)
+            timed = replay.load_timed_events(file)
     except (OSError, ValueError) as error:  # unreadable, not UTF-8, or no event on a line
         parser.error(f"{options.log}: {error}")
     if not timed:
@@ -441,35 +449,88 @@ def _view(argv: Sequence[str]) -> int:
     return 0
 
 
-def _load_timed_events(lines: Iterable[str]) -> List[Tuple[al.Event, Optional[float]]]:
-    """The events of a log or a journal, each with its time or None; ValueError names the
-    line. (Stands in for agent_loop_replay.load_timed_events, the one reader to use.)"""
-    timed: List[Tuple[al.Event, Optional[float]]] = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            data = json.loads(line)
-        except ValueError as error:
-            raise ValueError(f"line {number}: not JSON ({error})") from None
-        if type(data) is dict and "record" in data:
-            # A journal's record (its run, a response, a resume): a resume voids the events
-            # read so far from its sequence on.
-            sequence = data.get("sequence") if data["record"] == "resume" else len(timed)
-            if type(sequence) is not int or not 0 <= sequence <= len(timed):
-                raise ValueError(
-                    f"line {number}: a resume record's sequence must be an int in "
-                    f"0..{len(timed)} (the events recorded before it), got {sequence!r}"
-                )
-            del timed[sequence:]
-            continue
-        try:
-            event = al.event_from_dict(data)  # so data is a dict
-            seconds = data.get("time")
-            if seconds is not None and (type(seconds) not in (int, float) or seconds < 0):
-                raise ValueError(f"time must be a number of seconds >= 0, got {seconds!r}")
-            timed.append((event, seconds))
-        except ValueError as error:
-            raise ValueError(f"line {number}: {error}") from None
-    return timed
+# --- The demonstration (python agent_loop.py) ----------------------------------------
+
+
+def divide(dividend: float, divisor: float) -> Dict[str, float]:
+    """Divides a number."""
+    return {"quotient": dividend / divisor}  # by 0: an error result, which the model reads
+
+
+def _demo_model() -> al.ScriptedModel:
+    """The script: thinking and one call, two calls (one fails), then the answer."""
+    thinking = al.ThinkingBlock(
+        "Two operations: the sum first, then the division.", "sig-demo-001"
+    )
+    add_call = al.ToolCall("call-add-001", "add", {"left": 20, "right": 22})
+    half = al.ToolCall("call-divide-001", "divide", {"dividend": 42, "divisor": 2})
+    by_zero = al.ToolCall("call-divide-002", "divide", {"dividend": 42, "divisor": 0})
+    answer = ["(20 + 22) / 2 = 21. ", "42 / 0 has no value: ", "division by zero."]
+    return al.ScriptedModel(
+        [
+            al.scripted_response(
+                "response-001",
+                [thinking, al.TextBlock("First the sum."), add_call],
+                "toolCall",
+                usage=al.Usage(412, 58, 0, 1024, 12),
+            ),
+            al.scripted_response(
+                "response-002", [half, by_zero], "toolCall", usage=al.Usage(96, 41, 1024, 0, 0)
+            ),
+            al.scripted_response(
+                "response-003",
+                [al.TextBlock("".join(answer))],
+                "stop",
+                chunks=[al.TextBlock(piece) for piece in answer],
+                usage=al.Usage(188, 19, 1024, 0, 0),
+            ),
+        ]
+    )
+
+
+def _demo(argv: Sequence[str]) -> int:
+    """The demonstration: a scripted run over add and divide, printed one event per line."""
+    parser = argparse.ArgumentParser(
+        prog="python agent_loop.py",
+        description="Runs the Agent Loop on a scripted model with two tools (one call "
+        "fails, recoverably) and prints each event on one line, the result last.",
+    )
+    parser.add_argument("--json", action="store_true", help="print each event as JSON")
+    budget = f"the step budget, 1..{al.MAX_AGENT_STEPS} (the demo needs 3)"
+    parser.add_argument(
+        "--max-steps", type=int, default=al.MAX_AGENT_STEPS, metavar="N", help=budget
+    )
+    parser.add_argument(
+        "--cancel-after", type=int, metavar="K", help="set the signal once event K is printed"
+    )
+    options = parser.parse_args(argv)
+    if not 1 <= options.max_steps <= al.MAX_AGENT_STEPS:
+        parser.error(
+            f"argument --max-steps: {options.max_steps} is not in 1..{al.MAX_AGENT_STEPS}"
+        )
+    if options.cancel_after is not None and options.cancel_after < 0:
+        parser.error(f"argument --cancel-after: {options.cancel_after} is negative")
+    signal = threading.Event()
+
+    def show(event: al.Event) -> None:
+        if options.json:
+            print(replay.json_line(event.to_dict()))
+        else:
+            al.print_event(event)
+        if event.sequence == options.cancel_after:
+            signal.set()
+
+    al.settle_run(
+        al.run_agent_loop(
+            messages=[al.UserMessage("user-001", "What is (20 + 22) / 2? And 42 / 0?")],
+            model=_demo_model(),
+            tools=al.ToolRegistry([TOOLS[0], al.Tool.from_function(divide)]),  # add, divide
+            max_steps=options.max_steps,
+            signal=signal,
+        ),
+        on_event=show,
+    )
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Tests only (not collected by pytest, not installed): the core's builders and its driver.
 
-The core's tests (test_agent_loop.py, test_agent_loop_tools_and_ir.py,
+The core's tests (test_agent_loop.py, test_agent_loop_transcript_and_model.py,
+test_agent_loop_schemas.py, test_agent_loop_tools_and_ir.py,
 test_agent_loop_concurrency.py, test_agent_loop_replay.py, test_agent_loop_durable.py,
 test_docs_and_demo.py) and the MCP tests import their builders, their fake models and
 their one driver from here:

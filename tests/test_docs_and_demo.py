@@ -654,6 +654,37 @@ class TestDemonstrationAsAProcess:
         assert completed.stderr.startswith("usage: ")
         assert "--bogus" in completed.stderr
 
+    def test_it_is_the_command_lines_demo(
+        self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """One copy of the demonstration: ``python agent_loop_cli.py --demo`` prints the same."""
+        completed = subprocess.run(
+            [sys.executable, "agent_loop_cli.py", "--demo", "--json"],
+            cwd=Path(al.__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert (completed.returncode, completed.stderr) == (0, "")
+        assert completed.stdout == run_demo(monkeypatch, capsys, "--json").out
+
+    def test_a_copy_of_agent_loop_py_alone_says_where_the_demonstration_lives(
+        self, tmp_path: Path
+    ) -> None:
+        (tmp_path / "agent_loop.py").write_bytes(Path(al.__file__).read_bytes())
+        completed = subprocess.run(
+            [sys.executable, "agent_loop.py"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert (completed.returncode, completed.stdout) == (1, "")
+        assert "`python agent_loop_cli.py --demo`" in completed.stderr
+        assert "from the agent_loop repository beside this file" in completed.stderr
+
     def test_a_reader_that_leaves_early_gets_no_traceback(self) -> None:
         """`python agent_loop.py --json | head -1`: the demo stops quietly when its
         reader has gone (here, a pipe whose reading end is already closed)."""
