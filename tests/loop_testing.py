@@ -761,8 +761,9 @@ def dicts_of(events: Iterable[al.Event]) -> list[dict[str, Any]]:
 
 
 def json_lines(events: Iterable[al.Event]) -> str:
-    """A recording as the demo's --json writes it: one to_dict() per line."""
-    return "".join(json.dumps(event.to_dict(), ensure_ascii=False) + "\n" for event in events)
+    """A recording as the demo's --json writes it: one to_dict() per line, as every log is
+    written (agent_loop_replay.json_line: compact, ASCII)."""
+    return "".join(json.dumps(event.to_dict(), separators=(",", ":")) + "\n" for event in events)
 
 
 def read_json_lines(text: str) -> list[al.Event]:

@@ -828,6 +828,7 @@ class TestTheFile:
             "agent_loop",
             "agent_loop_mcp",
             "agent_loop_providers",
+            "agent_loop_replay",
             "agent_loop_view",
         ]
 

@@ -1048,7 +1048,9 @@ class TestConsent:
         line = f"{finished['c2'].sequence:3d}  tool.finished     request-001 echo refused: No."
         assert shown.getvalue() == line + "\n"
 
-    def test_a_refusal_kept_after_an_interrupted_call_carries_refused_true(self) -> None:
+    def test_a_refusal_behind_an_interrupted_call_is_dropped_as_any_result(self) -> None:
+        """Once the loop sees the signal no more results join: a refusal is a result."""
+
         def cancelling(arguments: Dict[str, Any], signal: Any) -> object:
             signal.set()
             return "interrupted"
@@ -1061,14 +1063,8 @@ class TestConsent:
             before_tool_call=lambda tool_call, signal: "No." if tool_call.id == "c2" else None,
         )
         assert result.status == "cancelled"
-        assert [dict(event.payload) for event in events if "refused" in event.payload] == [
-            {
-                "request_id": "request-001",
-                "tool_call": echo_call("c2"),
-                "tool_result": al.ToolResultMessage("tool-result-c2", "c2", "echo", "No.", True),
-                "refused": True,
-            }
-        ]
+        assert [event for event in events if event.type == "tool.finished"] == []
+        assert [call.id for call in al.open_tool_calls(result.messages)] == ["c1", "c2"]
 
     @pytest.mark.parametrize(
         ("value", "error"),

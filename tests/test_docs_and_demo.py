@@ -956,10 +956,11 @@ class TestRulesMap:
 
 
 def setup_cfg_list(section: str, option: str) -> List[str]:
-    """One comma-separated option of setup.cfg, as a list."""
+    """One list option of setup.cfg (one name a line, or comma-separated), as a list."""
     parser = configparser.ConfigParser()
     parser.read(REPOSITORY / "setup.cfg", encoding="utf-8")
-    return [name.strip() for name in parser[section][option].split(",")]
+    names = parser[section][option].replace(",", "\n").split()
+    return [name.strip() for name in names]
 
 
 ROOT_MODULES = sorted(path.stem for path in REPOSITORY.glob("agent_loop*.py"))
