@@ -907,9 +907,9 @@ class TestThinkingAndUsageReplayExactly:
         assert result.status == "completed"
         assert result.usage == al.Usage(942, 114, 4096, 0, None)
         recorded = json_lines(events)
-        for words in ('"thinkingSignature": "sig-001"', '"redacted": true', '"usage": {'):
+        for words in ('"thinkingSignature":"sig-001"', '"redacted":true', '"usage":{'):
             assert words in recorded
-        assert '"type": "thinking", "requestId": "request-001"' in recorded  # a delta
+        assert '"type":"thinking","requestId":"request-001"' in recorded  # a delta
         assert_replays_exactly(events)  # the result too, usage and thinking included
 
     @pytest.mark.parametrize(
