@@ -28,7 +28,8 @@ Rules:
   ``Ledger(directory).once(act)``, which keeps one effect per call under the key that
   ``agent_loop_durable.effect_key()`` gives inside a tool of a durable run: the same call
   has the same key in every process that goes on with the journal, and another run's
-  call another key.
+  call another key. The effect is recorded once ``act()`` returns: an attempt killed in
+  between recorded nothing, and the retry acts again.
 - ``local_ray(workers)`` starts Ray on this machine only (every server on 127.0.0.1) and
   sends the workers the agent_loop files, this one and the caller's modules, as they
   would go to a cluster. On a real cluster, connect with ``ray.init(address=...)``: the
@@ -142,8 +143,10 @@ class Ledger:
     """The effects of tool calls, one per call, in a directory that every worker reaches.
 
     A call that started and has no result in its journal runs again after a crash; a
-    tool that acts through ``once()`` acts once for it all the same (unless two attempts
-    of one run are alive at once: a node cut off from the cluster, not dead).
+    tool that acts through ``once()`` acts once for it all the same, unless an attempt
+    died after acting and before its record was linked (then the next one acts again),
+    or two attempts of one run are alive at once (a node cut off from the cluster, not
+    dead).
     """
 
     def __init__(self, directory: Union[str, os.PathLike[str]]) -> None:
@@ -151,7 +154,10 @@ class Ledger:
 
     def once(self, act: Callable[[], al.JSON], **record: al.JSON) -> al.JSON:
         """Calls ``act()`` for the tool call being executed unless an earlier attempt of
-        that call did; returns ``act()``'s result, or the result recorded by that attempt.
+        that call recorded its result; returns ``act()``'s result, or the result recorded
+        by that attempt. The record is written once ``act()`` has returned: an attempt
+        that died in between left none, and ``act()`` runs again (give ``effect_key()``
+        to the system that acts, as an idempotency key, where twice is never acceptable).
 
         ``act`` returns plain JSON, recorded with ``record``'s fields (what the effect
         was, for whoever reads the ledger) under the call's ``effect_key()``, in a file
