@@ -27,7 +27,9 @@ Rules (docs/many-runs.md says the same, with the figures):
    (``result`` is the exception for an item that raised).
 
 Threads are not daemons and are joined before ``run_many`` returns or raises, so none is
-left behind. It uses only agent_loop's public names.
+left behind, unless a second Ctrl-C interrupts that wait: then ``run_many`` raises at
+once, and the threads end on their runs' signals before the interpreter exits. It uses
+only agent_loop's public names.
 """
 
 from __future__ import annotations
