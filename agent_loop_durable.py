@@ -12,8 +12,10 @@ holds nothing more, they ask the run's own model, tools and hook. Rules:
 
 - The journal is JSON lines and only grows: its first line says what the run is (its id,
   starting messages, tools and options), then come the events, each written before the
-  consumer sees it with its ``"time"`` (seconds since ``durable_run()`` was called in the
-  process that wrote it), and what no event holds: the response of each step that called
+  consumer sees it with its ``"time"`` (seconds since the run began, from a monotonic
+  clock; a process that goes on with the journal goes on from the last recorded time, so
+  the times never go back and the time between processes counts nothing), and what no
+  event holds: the response of each step that called
   tools, each answer of ``before_tool_call``, and the call a run awaits a decision on. It
   is synced to disk at each complete message, each answer and at the end, not at each
   chunk. A torn last line (the process died writing it) is dropped, and cut off before
@@ -335,6 +337,7 @@ class _Recorded:
     run_id: Optional[str] = None  # None: the journal holds no run record yet
     events: List[al.Event] = dataclasses.field(default_factory=list)
     lines: List[str] = dataclasses.field(default_factory=list)  # each event's line, no time
+    times: List[Optional[float]] = dataclasses.field(default_factory=list)  # and its time
     numbers: List[int] = dataclasses.field(default_factory=list)  # and its line number
     # Request id -> (how many events were recorded before the response, the response).
     responses: Dict[str, Tuple[int, al.ModelResponse]] = dataclasses.field(default_factory=dict)
@@ -532,6 +535,8 @@ def _read_event(data: Dict[str, Any], number: int, recorded: _Recorded) -> None:
     recorded.events.append(event)
     # As the run gives it again: without its time.
     recorded.lines.append(alr.json_line({k: v for k, v in data.items() if k != "time"}))
+    seconds = data.get("time")
+    recorded.times.append(seconds if type(seconds) in (int, float) else None)
     recorded.numbers.append(number)
 
 
@@ -550,6 +555,7 @@ def _void_from(sequence: int, recorded: _Recorded) -> None:
     """A resume record: the events from ``sequence`` on, and the responses recorded
     after them, are void."""
     del recorded.events[sequence:], recorded.lines[sequence:], recorded.numbers[sequence:]
+    del recorded.times[sequence:]
     recorded.responses = {
         request_id: (position, response)
         for request_id, (position, response) in recorded.responses.items()
@@ -675,11 +681,21 @@ class _JournalWriter:
         self._cut_at = recorded.cut_at
         self._run_record = None if recorded.run_id is not None else run_record
         self._began = began
+        self._recorded_times = recorded.times
+        self._clock_goes_on = False  # whether the first live event set the clock
         self._descriptor: Optional[int] = None
         self.next_sequence = 0  # the sequence of the run's next event
 
     def event_line(self, event: al.Event) -> str:
-        """The event's line: its ``to_dict()`` and the time since durable_run() was called."""
+        """The event's line: its ``to_dict()`` and the time since the run began."""
+        if not self._clock_goes_on:
+            # A process that goes on with a journal goes on with its clock: from the last
+            # time recorded before this event, so that a journal's times never go back
+            # (the time between two processes, and the replay, count nothing).
+            kept = [t for t in self._recorded_times[: event.sequence] if t is not None]
+            if kept:
+                self._began = time.monotonic() - max(kept)
+            self._clock_goes_on = True
         return alr.json_line({**event.to_dict(), "time": time.monotonic() - self._began})
 
     def append(self, lines: List[str], sync: bool) -> None:

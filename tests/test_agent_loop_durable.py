@@ -511,6 +511,27 @@ class TestAnUnfinishedRunGoesOn:
             range(started["sequence"], len(events))
         )
 
+    def test_the_process_that_goes_on_goes_on_with_the_journals_clock(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A journal's times never go back: each process's clock starts anywhere (here the
+        second's reads far less than the first's), and the time between them counts nothing."""
+        journal = tmp_path / "run.jsonl"
+        journal.write_bytes(self._journal_cut_after(tmp_path, "tool.finished", 1))
+        with journal.open(encoding="utf-8") as lines:
+            first = [time for _, time in alr.load_timed_events(lines)]
+        last_recorded = max(time for time in first if time is not None)
+        ticks = itertools.count()
+        monkeypatch.setattr(ald.time, "monotonic", lambda: 0.001 * next(ticks))  # from 0
+        Process().settle(journal)
+        with journal.open(encoding="utf-8") as lines:
+            times = [time for _, time in alr.load_timed_events(lines)]
+        assert all(time is not None for time in times)
+        assert times == sorted(times)  # typing: the check above
+        live = times[len(first) :]
+        assert live[0] >= last_recorded
+        assert live[-1] - live[0] < 1  # this process's own time, a tick a read
+
     def _journal_cut_after(self, tmp_path: Path, kind: str, occurrence: int) -> bytes:
         """The journal of the script, cut after the ``occurrence``-th line of ``kind``."""
         whole = tmp_path / "whole.jsonl"
