@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import collections.abc
-import contextlib
 import threading
 import weakref
 from typing import Any, Final, Iterator, Optional, Tuple, Type, Union, cast
@@ -204,8 +203,8 @@ class _Handoff:
                 except StopIteration as done:
                     result = done.value
                     break
-                if not self.cancelled:
-                    self.post(("event", event))
+                if not self.cancelled and not self.post(("event", event)):
+                    self.cancel()  # the event loop was closed: nobody asks for more
             if not isinstance(result, al.RunResult):
                 raise TypeError(
                     f"the run's generator must return a RunResult, got {type(result).__name__}"
@@ -216,8 +215,10 @@ class _Handoff:
         self.ended = True
         self.post(outcome)
 
-    def post(self, item: _Item) -> None:
-        """Hands an item to the event loop's queue (nothing, once the loop is closed)."""
-        # RuntimeError: the event loop was closed, so nobody is left to read it.
-        with contextlib.suppress(RuntimeError):
+    def post(self, item: _Item) -> bool:
+        """Hands an item to the event loop's queue; False once the loop is closed."""
+        try:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the event loop was closed, so nobody is left to read it
+            return False
+        return True

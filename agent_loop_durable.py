@@ -796,17 +796,20 @@ def _journaled_run(
                 except StopIteration as done:
                     result: al.RunResult = done.value
                     return result
-                line = alr.json_line(event.to_dict())
-                held = recorded.lines[event.sequence] if event.sequence < boundary else None
-                if held is not None and line != held and not _is_cancellation(event):
-                    again, held = alr.shortened_difference(line, held)
-                    raise JournalError(
-                        writer.path,
-                        recorded.numbers[event.sequence],
-                        f"the run gives event {event.sequence} again as {again}, where the "
-                        f"journal holds {held}",
-                    )
-                if line != held:  # live
+                # Given again: compared with its line. Live: written, and only once.
+                live = event.sequence >= boundary
+                if not live:
+                    line, held = alr.json_line(event.to_dict()), recorded.lines[event.sequence]
+                    live = line != held  # a cancellation while given again is live
+                    if live and not _is_cancellation(event):
+                        again, held = alr.shortened_difference(line, held)
+                        raise JournalError(
+                            writer.path,
+                            recorded.numbers[event.sequence],
+                            f"the run gives event {event.sequence} again as {again}, where "
+                            f"the journal holds {held}",
+                        )
+                if live:
                     if event.type == "tool.started":
                         _record_answer(model, writer)  # the loop appended its message
                     sync = event.type in ("tool.finished", "run.finished")

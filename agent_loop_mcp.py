@@ -905,7 +905,7 @@ class StdioServer(_Session):
         # The threads hold a weak reference to the server, and the finalizer none, so that a
         # server dropped without close() is collected, and its process ended, all the same.
         self._holder: List[Optional[subprocess.Popen[bytes]]] = [None]
-        self._ending = weakref.finalize(self, _end_process, self._holder, self._outbox)
+        weakref.finalize(self, _end_process, self._holder, self._outbox)
 
     def _connect(self) -> None:
         try:
@@ -955,7 +955,9 @@ class StdioServer(_Session):
         return reason
 
     def _disconnect(self) -> None:
-        self._ending()
+        # Not the finalizer, which runs once: a close() that meets a handshake under way
+        # comes before its process starts, and that handshake's own close() ends it.
+        _end_process(self._holder, self._outbox)
 
 
 def _start(target: Callable[..., None], *args: object) -> threading.Thread:
@@ -1049,6 +1051,7 @@ def _end_process(
     # What the server started and left behind goes too: its group outlives it otherwise.
     _signal_group(process, signals.SIGKILL)
     process.wait()
+    holder[0] = None  # ended: a later call signals no group (its id may be reused)
 
 
 def _signal_group(process: subprocess.Popen[bytes], number: int) -> None:

@@ -166,8 +166,10 @@ def _traced(
         spans.interrupted(error)
         raise
     finally:
-        run.close()  # a consumer's close() ends the run at once; after its end, nothing
-        spans.end()
+        try:
+            run.close()  # a consumer's close() ends the run at once; after its end, nothing
+        finally:
+            spans.end()  # even when the run raises as it closes
 
 
 @dataclass

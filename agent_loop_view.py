@@ -95,14 +95,19 @@ def summarize_times(timed_events: Iterable[TimedEvent]) -> RunTimes:
     Raises TypeError for an item that is not an (Event, float or None) pair.
     """
     events, times = _checked_pairs(timed_events)
+    return _times(_steps(events), times)
+
+
+def _times(steps: List[_Step], times: List[Any]) -> RunTimes:
+    """The times of a run's steps, from the times of its events (checked pairs)."""
 
     def between(start: Optional[int], end: Optional[int]) -> Optional[float]:
         begun = 0.0 if start is None else times[start]
         ended = None if end is None else times[end]
         return None if begun is None or ended is None else float(ended - begun)
 
-    steps = []
-    for step in _steps(events):
+    step_times = []
+    for step in steps:
         first, last = (step.chunks[0], step.chunks[-1]) if step.chunks else (None, None)
         tools = tuple(
             ToolTimes(
@@ -113,7 +118,7 @@ def summarize_times(timed_events: Iterable[TimedEvent]) -> RunTimes:
             )
             for call in step.calls
         )
-        steps.append(
+        step_times.append(
             StepTimes(
                 step.request_id,
                 None if first is None else between(step.begins, first),
@@ -121,7 +126,7 @@ def summarize_times(timed_events: Iterable[TimedEvent]) -> RunTimes:
                 tools,
             )
         )
-    return RunTimes(tuple(steps), times[-1] if times else None)
+    return RunTimes(tuple(step_times), times[-1] if times else None)
 
 
 def format_times(times: RunTimes) -> str:
@@ -268,9 +273,10 @@ def _page_data(events: List[al.Event], times: List[Any], title: str) -> Dict[str
     def at(position: Optional[int]) -> float:
         return 0 if position is None else positions[position]
 
-    summary = summarize_times(zip(events, times))
+    run_steps = _steps(events)
+    summary = _times(run_steps, times)
     steps = []
-    for step, step_times in zip(_steps(events), summary.steps):
+    for step, step_times in zip(run_steps, summary.steps):
         chunks = [events[position].payload["chunk"] for position in step.chunks]
         steps.append(
             {

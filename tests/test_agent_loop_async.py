@@ -20,7 +20,7 @@ import gc
 import json
 import threading
 import time
-from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Tuple, cast
 
 import pytest
 
@@ -362,12 +362,60 @@ class TestCancellation:
             run = aio.arun(chatty_run(signal), signal)
             kept.append(run)  # still referenced: only the closed event loop tells
             await run.__anext__()
+            # Every credit used and its event handed over: the thread waits for a credit,
+            # and only its check of the event loop can tell that the loop is closed.
+            deadline = time.monotonic() + WAIT
+            while cast(Any, run)._queue.qsize() < aio.EVENTS_AHEAD - 1:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.001)
 
         asyncio.run(main())  # returns with 31 events not asked for
         for thread in run_threads():
             thread.join(WAIT)
             assert not thread.is_alive()
         assert signal.is_set()
+
+    def test_an_event_loop_closed_while_the_run_has_credits_cancels_it_at_once(self) -> None:
+        """The thread learns that the loop is closed from the first event it cannot hand
+        over, not only once it has used up its credits: the run's tool never runs."""
+        signal = threading.Event()
+        gate = threading.Event()
+        ran = threading.Event()
+        call = al.ToolCall("call-1", "act", {})
+
+        class Gated:
+            def stream(self, request: al.ModelRequest, signal: al.Signal) -> Any:
+                gate.wait(WAIT)  # until the event loop is closed
+                yield al.ToolCallChunk(request.id, call)
+                return al.ModelResponse("response-001", request.id, (call,), "toolCall")
+
+        def act(arguments: Dict[str, Any], tool_signal: al.Signal) -> object:
+            ran.set()
+            return "acted"
+
+        kept: List[aio.AsyncRun] = []
+
+        async def main() -> None:
+            run = aio.arun(
+                al.run_agent_loop(
+                    messages=[al.UserMessage("user-001", "Act.")],
+                    model=Gated(),
+                    tools=al.ToolRegistry([al.Tool("act", "Acts.", {"type": "object"}, act)]),
+                    max_steps=1,
+                    signal=signal,
+                ),
+                signal,
+            )
+            kept.append(run)  # still referenced: only the closed event loop tells
+            await run.__anext__()  # message.accepted; the thread has credits left
+
+        asyncio.run(main())
+        gate.set()
+        for thread in run_threads():
+            thread.join(WAIT)
+            assert not thread.is_alive()
+        assert signal.is_set()
+        assert not ran.is_set()
 
     def test_a_dropped_iterator_that_ended_leaves_its_signal_alone(self) -> None:
         signal = threading.Event()  # say, shared with other runs

@@ -602,7 +602,7 @@ class TestToolsAtOnceAndConsent:
 
         def interrupt() -> None:
             if stdin.asked.wait(SERVER_BOUND):
-                time.sleep(0.2)  # a person thinks it over
+                time.sleep(0.2)  # a person thinks it over: the question polls its signal a while
                 os.kill(os.getpid(), os_signal.SIGINT)
 
         interrupter = threading.Thread(target=interrupt)

@@ -948,6 +948,31 @@ class TestProcess:
             server.tools()
         assert not alive(canned.pid())
 
+    def test_a_close_while_the_server_starts_ends_it(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """close() from another thread after the handshake looked and before the process
+        started: the process that starts then is ended all the same."""
+        monkeypatch.setattr(mcp, "CLOSE_GRACE_SECONDS", 0.2)
+        canned = Canned(tmp_path, linger=True)  # its input closed, it stays
+        connect = mcp.StdioServer._connect
+
+        def closed_first(server: mcp.StdioServer) -> None:
+            closer = threading.Thread(target=server.close)
+            closer.start()
+            closer.join()
+            connect(server)
+            assert wait_for(lambda: canned.pid_file.exists() and canned.pid_file.read_text())
+
+        monkeypatch.setattr(mcp.StdioServer, "_connect", closed_first)
+        try:
+            with pytest.raises(mcp.McpError, match="the session was closed"):
+                canned.server().tools()
+            assert not alive(canned.pid())
+        finally:
+            if alive(canned.pid()):
+                os.kill(canned.pid(), 9)
+
     def test_close_during_a_call_ends_it_with_an_error(self, canned: Canned) -> None:
         with canned.server() as server:
             tools = al.ToolRegistry(server.tools())

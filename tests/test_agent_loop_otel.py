@@ -633,6 +633,26 @@ class TestEndings:
         assert attributes(recorded.run_span())["agent_loop.run.status"] == "completed"
         assert len(recorded.chat_spans()) == 2
 
+    def test_a_run_whose_closing_raises(self, recorded: Recorded) -> None:
+        """Closed mid-run, the run raises as it ends (its journal cannot be closed, say):
+        that goes on to the consumer, and the spans end all the same."""
+
+        def events() -> Generator[al.Event, None, al.RunResult]:
+            loop = start_run(al.ScriptedModel(two_steps()), [add_tool()])
+            try:
+                yield next(loop)
+                yield next(loop)
+            finally:
+                loop.close()
+                raise OSError("the journal cannot be closed")
+
+        run = otel.traced(events(), recorded.tracer)
+        next(run)
+        with pytest.raises(OSError, match="cannot be closed"):
+            run.close()
+        assert error_type(recorded.run_span()) == "closed"
+        recorded.check_tree()
+
     def test_a_run_that_raises(self, recorded: Recorded) -> None:
         """What the run raises goes on to the consumer, recorded on the run's span."""
 

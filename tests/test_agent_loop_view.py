@@ -26,6 +26,7 @@ import pytest
 
 import agent_loop as al
 import agent_loop_view as view
+from loop_testing import run
 
 TimedEvent = Tuple[al.Event, Optional[float]]
 
@@ -90,7 +91,7 @@ def refused(event: al.Event) -> al.Event:
 def sample_events() -> List[al.Event]:
     """A run of three steps: two calls at once (one fails), then a call and a refused
     one at once, then the answer; 18 events."""
-    tools = al.ToolRegistry([al.Tool.from_function(f) for f in (weather, add, send_report)])
+    tools = [al.Tool.from_function(f) for f in (weather, add, send_report)]
     lisbon, atlantis = ({"city": "Lisbon"}, {"city": "Atlantis"})
     model = al.ScriptedModel(
         [
@@ -122,15 +123,12 @@ def sample_events() -> List[al.Event]:
             ),
         ]
     )
-    events, _ = al.settle_run(
-        al.run_agent_loop(
-            messages=[al.UserMessage("user-001", "Weather in Lisbon and Atlantis? 20 + 22?")],
-            model=model,
-            tools=tools,
-            max_steps=4,
-            tool_concurrency=2,
-            before_tool_call=consent,
-        )
+    events, _, _ = run(
+        model,
+        tools,
+        messages=[al.UserMessage("user-001", "Weather in Lisbon and Atlantis? 20 + 22?")],
+        tool_concurrency=2,
+        before_tool_call=consent,
     )
     return [refused(e) if e.sequence == 14 else e for e in events]
 
@@ -142,7 +140,7 @@ def sample_run() -> List[TimedEvent]:
 
 def sequential_events() -> List[al.Event]:
     """Three steps of one call each, one after the other: 11 events."""
-    tools = al.ToolRegistry([al.Tool.from_function(add)])
+    tools = [al.Tool.from_function(add)]
     steps = [
         al.scripted_response(
             f"r{n}", [al.ToolCall(f"c{n}", "add", {"left": n, "right": 1})], "toolCall"
@@ -150,10 +148,7 @@ def sequential_events() -> List[al.Event]:
         for n in (1, 2)
     ]
     model = al.ScriptedModel([*steps, al.scripted_response("r3", [al.TextBlock("3")], "stop")])
-    run = al.run_agent_loop(
-        messages=[al.UserMessage("u", "Count")], model=model, tools=tools, max_steps=3
-    )
-    return al.settle_run(run)[0]
+    return run(model, tools, messages=[al.UserMessage("u", "Count")], max_steps=3)[0]
 
 
 def chunk(sequence: int, request_id: str, text: str = "t") -> al.Event:
@@ -492,11 +487,7 @@ class TestRenderPage:
             al.ToolResultMessage("t", "c1", "add", "3", False),
         ]
         model = al.ScriptedModel([])  # no response left: the run fails
-        events, result = al.settle_run(
-            al.run_agent_loop(
-                messages=messages, model=model, tools=al.ToolRegistry([]), max_steps=1
-            )
-        )
+        events, result, _ = run(model, messages=messages, max_steps=1)
         data = page_data(view.render_page((event, None) for event in events))
         assert data["messages"] == [
             {"role": "user", "id": "u", "text": "Add"},
