@@ -166,6 +166,17 @@ _ANTHROPIC_CUT: Final = {
 """Anthropic stop reasons that say the answer is incomplete, and what each means."""
 _TOKEN_LIMITS: Final = frozenset({"length", "max_tokens"})
 """The cuts that ``accept_truncated`` may accept: the answer's token limit."""
+_CONCURRENCY_HINT: Final = (
+    "more requests at once than the server serves (it ends an answer it interrupts so): "
+    "share one model object, built with max_concurrency=N (N: what the server serves at "
+    "once), among every run"
+)
+"""The likely cause of an OpenAI answer that ends without a ``finish_reason``."""
+_SERVER_LOG_HINT: Final = "the server failed on this request: its log says why"
+"""What an HTTP 500, or a stream cut after its head, most likely means."""
+_SERVER_RAISED: Final = "internal_server_error"
+"""The ``error_type`` of an HTTP 500 whose body says the server raised an exception
+(llama-cpp-python's server says so): the same request raises again, so it is not retried."""
 
 
 # --- Public classes: what fails -------------------------------------------------------
@@ -351,6 +362,10 @@ class _StreamingModel:
         self.max_concurrency = max_concurrency
         # The model object's slots, shared by every thread and run that streams from it.
         self._slots = None if max_concurrency is None else threading.Semaphore(max_concurrency)
+        # Until when (time.monotonic()) a 429's Retry-After pauses every attempt of this
+        # model object, across threads and runs; the lock keeps the latest end.
+        self._paused_until = 0.0
+        self._pause_lock = threading.Lock()
         if transport is not None and not callable(transport):
             raise TypeError(
                 "transport must be None or a callable (url, headers, body, signal) -> "
@@ -364,15 +379,20 @@ class _StreamingModel:
         """Streams the answer to one request; the generator returns the response.
 
         Raises ProviderError from the generator when the answer is not complete.
-        Each attempt holds a slot, opens an exchange, checks its head and feeds its bytes
-        to the answer, pacing the chunks; a failure before the first chunk is retried
-        when _transient() says so.
+        Each attempt holds a slot, waits out the model's pause (an HTTP 429's Retry-After,
+        _wait_for_pause()), opens an exchange, checks its head and feeds its bytes to the
+        answer, pacing the chunks; a failure before the first chunk is retried when
+        _transient() says so. A read's chunks are yielded once the whole read is parsed:
+        an error event in the same read as deltas drops them, and when no chunk was
+        yielded before, the request is retried.
         """
         url, headers, body = self._post(request)
         retried = 0
+        waited_until = 0.0  # the end of this stream's own retry wait (time.monotonic())
         while True:
             # A slot for each attempt: a retry's wait holds none.
             with self._slot(signal, url):
+                self._wait_for_pause(signal, url, waited_until)
                 answer = self._answer(request, url)
                 pacer = _Pacer(request.id)
                 try:
@@ -399,6 +419,8 @@ class _StreamingModel:
                     return answer.response()
                 except ProviderError as error:
                     error.usage = answer.reported_usage()  # what the failed answer cost
+                    if error.status == 429 and error.retry_after is not None:
+                        self._pause(error.retry_after)
                     delay = self._retry_delay(error, retried, pacer.yielded)
                     if delay is None:
                         raise _after_retries(error, retried, self.retries) from None
@@ -412,6 +434,7 @@ class _StreamingModel:
                 failure,
                 delay,
             )
+            waited_until = time.monotonic() + delay
             if signal.wait(delay):
                 raise ProviderError(f"the request to {url} was cancelled during a retry's wait")
 
@@ -433,8 +456,9 @@ class _StreamingModel:
     def _slot(self, signal: al.Signal, url: str) -> Iterator[None]:
         """One of the max_concurrency slots, held while the block runs (no limit: none).
 
-        The wait looks at the signal every _WATCH_INTERVAL: a cancelled wait raises, and
-        nothing was sent.
+        The wait has no time limit (a slot frees when an answer holding it ends, fails or
+        is closed) and looks at the signal every _WATCH_INTERVAL (50 ms): a cancelled
+        wait raises within that, and nothing was sent.
         """
         if self._slots is None:
             yield
@@ -449,6 +473,38 @@ class _StreamingModel:
             yield
         finally:
             self._slots.release()
+
+    def _pause(self, seconds: float) -> None:
+        """Pauses every attempt of this model object for seconds from now (a later end
+        kept)."""
+        until = time.monotonic() + seconds
+        with self._pause_lock:
+            self._paused_until = max(self._paused_until, until)
+
+    def _wait_for_pause(self, signal: al.Signal, url: str, waited_until: float) -> None:
+        """Waits until the model's pause, as it is now, is over; the signal cancels it.
+
+        Nothing to wait for when the pause ends by waited_until (this stream's own retry
+        wait covered it). A pause of more than _RETRY_AFTER_LIMIT from now is not waited
+        for: the attempt fails without sending, as its own Retry-After would.
+        """
+        paused_until = self._paused_until
+        remaining = paused_until - time.monotonic()
+        if paused_until <= waited_until or remaining <= 0:
+            return
+        if remaining > _RETRY_AFTER_LIMIT:
+            raise ProviderError(
+                f"the request to {url} was not sent: the server's Retry-After (HTTP 429) "
+                f"pauses this model for {remaining:.3g} s more, more than "
+                f"{_RETRY_AFTER_LIMIT:g} s",
+                status=429,
+                retry_after=remaining,
+            )
+        if signal.wait(remaining):
+            raise ProviderError(
+                f"the request to {url} was cancelled while it waited for the server's "
+                f"Retry-After (HTTP 429)"
+            )
 
     def _retry_delay(self, error: ProviderError, retried: int, yielded: int) -> Optional[float]:
         """Seconds to wait before the next attempt, or None: the error fails the run."""
@@ -485,10 +541,16 @@ def _transient(error: ProviderError) -> bool:
         return True
     if isinstance(error, ProviderProtocolError):  # malformed bytes come back the same
         return error.incomplete
-    if error.status is not None:
-        return error.status in _RETRIED_STATUSES
+    if error.status is not None:  # a 500 that says the server raised will raise again
+        return error.status in _RETRIED_STATUSES and not _raised(error)
     # An error event: Anthropic's overloaded_error is its HTTP 529, sent after the head.
     return error.error_type == "overloaded_error"
+
+
+def _raised(error: ProviderError) -> bool:
+    """Whether the server says it raised an exception on the request: an HTTP 500 whose
+    error body's type is internal_server_error."""
+    return error.status == 500 and error.error_type == _SERVER_RAISED
 
 
 def _backoff(retried: int, jitter: float) -> float:
@@ -505,6 +567,8 @@ def _after_retries(error: ProviderError, retried: int, retries: int) -> Provider
     long_wait = error.retry_after is not None and error.retry_after > _RETRY_AFTER_LIMIT
     if _transient(error) and long_wait and retried < retries:
         note = f"not retried: the Retry-After is more than {_RETRY_AFTER_LIMIT:g} s"
+    elif _raised(error):
+        note = f"not retried: the server says it raised an exception ({_SERVER_RAISED})"
     elif retried:
         note = f"after {retried} retr{'y' if retried == 1 else 'ies'}"
     else:
@@ -954,7 +1018,10 @@ class _Exchange:
         except socket.timeout:
             raise self._failure(f"{self.url} sent nothing for {self.timeout:g} s") from None
         except (OSError, http.client.HTTPException) as error:
-            broke = f"the connection to {self.url} broke: {_described(error)}"
+            broke = (
+                f"the connection to {self.url} broke: {_described(error)} (if the server "
+                f"closed it, {_SERVER_LOG_HINT})"
+            )
             raise self._failure(broke) from None
         if not data and self.signal.is_set():  # the end the watcher's shutdown made
             raise self._cancelled()
@@ -1135,6 +1202,8 @@ def check_response_head(
         retry_after = _retry_after(headers, time.time() if now is None else now)
         text, error_type = _error_text(_decoded(body()))
         message = f"{url} answered HTTP {status} {reason}: {text}"
+        if status == 500:
+            message += f" ({_SERVER_LOG_HINT})"
         if retry_after is not None:
             message += f" (Retry-After: {retry_after:g} s)"
         raise ProviderError(message, status=status, retry_after=retry_after, error_type=error_type)
@@ -1658,7 +1727,8 @@ class OpenAIAnswer(_Answer):
                 # came) with [DONE] right after the last chunk it sent, and no finish.
                 raise _incomplete(
                     f"the stream{self._source} ended with {self.end_marker} but no finish_reason",
-                    " (for a server that never sends one: require_finish_reason=False)",
+                    f" (likely cause: {_CONCURRENCY_HINT}; for a server that never sends a "
+                    "finish_reason: require_finish_reason=False)",
                 )
             self._close_calls(out)
             self.done = True
@@ -1723,7 +1793,8 @@ class OpenAIAnswer(_Answer):
         if self._finish is None:
             return _incomplete(
                 f"the stream{self._source} ended before {self.end_marker} and without a "
-                f"finish_reason"
+                f"finish_reason",
+                f" (the server stopped sending: {_SERVER_LOG_HINT}; or {_CONCURRENCY_HINT})",
             )
         return super()._incomplete()
 

@@ -1286,6 +1286,21 @@ NESTED = (
     "malformed event: JSON nested too deeply to read"
     " (in the event's data or in a tool call's arguments)"
 )
+# What an OpenAI answer without a finish_reason says: the likely cause (requests at once
+# that the server does not serve) first, then, at [DONE], the opt-out.
+CONCURRENCY_HINT = (
+    "more requests at once than the server serves (it ends an answer it interrupts so): "
+    "share one model object, built with max_concurrency=N (N: what the server serves at "
+    "once), among every run"
+)
+DONE_HINT = (
+    f"(likely cause: {CONCURRENCY_HINT}; for a server that never sends a finish_reason: "
+    "require_finish_reason=False)"
+)
+END_HINT = (
+    "(the server stopped sending: the server failed on this request: its log says why; "
+    f"or {CONCURRENCY_HINT})"
+)
 # Each broken answer, and the words of its refusal that no other row's refusal has (rows
 # that one check refuses share them): a refusal swapped for another one fails its row.
 OPENAI_BROKEN: List[Tuple[str, List[bytes], str]] = [
@@ -1297,8 +1312,8 @@ OPENAI_BROKEN: List[Tuple[str, List[bytes], str]] = [
     (
         "done-without-finish",
         [HI, DONE],
-        "the stream ended with data: [DONE] but no finish_reason: the answer is incomplete "
-        "(for a server that never sends one: require_finish_reason=False)",
+        f"the stream ended with data: [DONE] but no finish_reason: the answer is incomplete "
+        f"{DONE_HINT}",
     ),
     (
         "empty-finish",
@@ -1309,7 +1324,7 @@ OPENAI_BROKEN: List[Tuple[str, List[bytes], str]] = [
         "end-without-finish",
         [HI],
         "the stream ended before data: [DONE] and without a finish_reason: the answer is "
-        "incomplete",
+        f"incomplete {END_HINT}",
     ),
     (
         "finish-not-str",
@@ -2411,15 +2426,15 @@ UNFINISHED = [
         "openai",
         [ROLE],
         [DONE],
-        "ended with data: [DONE] but no finish_reason: the answer is incomplete (for a "
-        "server that never sends one: require_finish_reason=False)",
+        f"ended with data: [DONE] but no finish_reason: the answer is incomplete {DONE_HINT}",
         id="openai-end-marker-without-finish",
     ),
     pytest.param(
         "openai",
         [ROLE],
         [],
-        "ended before data: [DONE] and without a finish_reason: the answer is incomplete",
+        f"ended before data: [DONE] and without a finish_reason: the answer is incomplete "
+        f"{END_HINT}",
         id="openai-end-of-input-without-finish",
     ),
     pytest.param(

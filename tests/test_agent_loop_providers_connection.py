@@ -220,7 +220,8 @@ class TestRetries:
         first, second = retry_logs(caplog)
         assert first.startswith(
             f"request-001: attempt 1 of 3 failed ({server.url}/v1/chat/completions answered "
-            "HTTP 500 Internal Server Error: {}); retrying in "
+            "HTTP 500 Internal Server Error: {} (the server failed on this request: its log "
+            "says why)); retrying in "
         )
         assert second.startswith(
             f"request-001: attempt 2 of 3 failed ({server.url}/v1/chat/completions answered "
@@ -852,7 +853,10 @@ class TestHTTPFailures:
         headers = (("Content-Type", "application/json"), ("Content-Length", "100"))
         server.script(Reply([b"{"], status=500, headers=headers, stall=True))
         error = failure(openai(server, timeout=0.2))
-        assert str(error).endswith("answered HTTP 500 Internal Server Error: (no body)")
+        assert str(error).endswith(
+            "answered HTTP 500 Internal Server Error: (no body) (the server failed on this "
+            "request: its log says why)"
+        )
 
     def test_chunked_transfer_encoding_split_anywhere(self, server: Server) -> None:
         server.script(Reply(in_pieces(OPENAI_TOOL_STREAM), chunked=True))
