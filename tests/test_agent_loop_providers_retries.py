@@ -11,6 +11,7 @@ test_agent_loop_providers_connection.py.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import threading
 from typing import Any, Dict, List, Mapping, Optional, Tuple, cast
@@ -31,6 +32,7 @@ from loop_testing_providers import (
     ROLE,
     STOP,
     AnyModel,
+    Attempt,
     Canned,
     CannedTransport,
     Hurried,
@@ -379,3 +381,148 @@ class TestWhatIsRetried:
         model = canned_openai([openai_chunk({"content": "Hal"})], require_finish_reason=False)
         _, result = settle_prompt(model)
         assert_stream_error(result, "ended before data: [DONE] and without a finish_reason")
+
+
+def server_raised(error_type: str) -> Canned:
+    """An HTTP 500 whose JSON body names error_type, as llama-cpp-python's server answers
+    a request it raised an exception on (with the exception's text, here empty)."""
+    body = json.dumps({"error": {"message": "", "type": error_type, "param": None}})
+    return Canned([body.encode()], status=500, headers={"Content-Type": "application/json"})
+
+
+class TestAServerThatFailed:
+    """An HTTP 500 says the server failed and that its log says why; one whose body says
+    the server raised an exception (internal_server_error) is not retried."""
+
+    @pytest.mark.parametrize(
+        ("error_type", "retried"),
+        [("internal_server_error", False), ("server_error", True), ("api_error", True)],
+    )
+    def test_a_500_that_says_the_server_raised_is_not_retried(
+        self, error_type: str, retried: bool
+    ) -> None:
+        result, model = retried_once(server_raised(error_type))
+        assert cast(CannedTransport, model.transport).opened == 1 + retried
+        if retried:
+            assert result.status == "completed", result.error
+        else:
+            error = assert_stream_error(
+                result,
+                "answered HTTP 500 Internal Server Error: internal_server_error:  (the server "
+                "failed on this request: its log says why) (not retried: the server says it "
+                "raised an exception (internal_server_error))",
+            )
+            assert (error.status, error.error_type) == (500, "internal_server_error")
+
+    @pytest.mark.parametrize("status", [499, 500, 501])
+    def test_only_a_500_points_to_the_servers_log(self, status: int) -> None:
+        _, result = settle_prompt(canned_openai(Canned([b"oops"], status=status)))
+        said = "(the server failed on this request: its log says why)" in str(
+            assert_stream_error(result, f"HTTP {status}")
+        )
+        assert said is (status == 500)
+
+
+class Cancelling(threading.Event):
+    """A run's signal that is set by the first wait asked of it (which returns True)."""
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        self.set()
+        return True
+
+
+def paused_by(status: int, headers: Mapping[str, str], *then: Attempt) -> AnyModel:
+    """A model whose first run met status with headers (and failed: no retries), with
+    the attempts then for the runs after it."""
+    model = canned_openai(Canned([b"slow down"], status=status, headers=headers), *then)
+    _, first = settle_prompt(model, signal=Hurried())
+    assert_stream_error(first, f"HTTP {status}")
+    return model
+
+
+class TestARateLimitPausesTheModel:
+    """An HTTP 429 with a Retry-After pauses every attempt of that model object (across
+    threads and runs) until then: none sends before it. The waits are recorded by a
+    Hurried signal (which waits 10 ms at most); each is the pause left, within a generous
+    second of what the server said."""
+
+    @pytest.mark.parametrize(
+        ("status", "headers", "waited"),
+        [
+            pytest.param(429, {"Retry-After": "30"}, 30.0, id="429-retry-after-30-s"),
+            pytest.param(429, {"Retry-After-Ms": "2500"}, 2.5, id="429-retry-after-ms"),
+            pytest.param(429, {"Retry-After": "60"}, 60.0, id="429-60-s-the-limit"),
+            pytest.param(429, {"Retry-After": "0"}, None, id="429-a-pause-already-over"),
+            pytest.param(429, {}, None, id="429-without-retry-after"),
+            pytest.param(503, {"Retry-After": "30"}, None, id="503-is-no-rate-limit"),
+        ],
+    )
+    def test_the_next_run_waits_until_the_servers_retry_after(
+        self, status: int, headers: Mapping[str, str], waited: Optional[float]
+    ) -> None:
+        model = paused_by(status, headers, [OPENAI_TEXT_STREAM])
+        signal = Hurried()
+        _, result = settle_prompt(model, signal=signal)
+        assert result.status == "completed", result.error
+        if waited is None:
+            assert signal.waits == []
+        else:
+            (wait,) = signal.waits
+            assert wait is not None
+            assert waited - 1.0 < wait <= waited, wait
+
+    def test_a_pause_over_60_s_fails_the_next_run_without_sending(self) -> None:
+        unused = Canned([OPENAI_TEXT_STREAM])
+        model = paused_by(429, {"Retry-After": "61"}, unused)
+        signal = Hurried()
+        _, result = settle_prompt(model, signal=signal)
+        error = assert_stream_error(
+            result,
+            "the request to http://canned/v1/chat/completions was not sent: the server's "
+            "Retry-After (HTTP 429) pauses this model for ",
+            " s more, more than 60 s",
+        )
+        assert error.status == 429
+        assert error.retry_after is not None
+        assert 60.0 < error.retry_after <= 61.0
+        assert (signal.waits, unused.reads, cast(CannedTransport, model.transport).opened) == (
+            [],
+            0,
+            1,
+        )
+
+    def test_the_runs_signal_cancels_the_wait_and_nothing_is_sent(self) -> None:
+        unused = Canned([OPENAI_TEXT_STREAM])
+        model = paused_by(429, {"Retry-After": "30"}, unused)
+        with pytest.raises(providers.ProviderError) as caught:
+            stream(model, signal=Cancelling())
+        assert str(caught.value) == (
+            "the request to http://canned/v1/chat/completions was cancelled while it waited "
+            "for the server's Retry-After (HTTP 429)"
+        )
+        _, result = settle_prompt(model, signal=Cancelling())
+        assert result.status == "cancelled"
+        assert cast(CannedTransport, model.transport).opened == 1
+
+    def test_each_model_object_has_its_own_pause(self) -> None:
+        paused_by(429, {"Retry-After": "30"})
+        other = canned_openai([OPENAI_TEXT_STREAM])
+        signal = Hurried()
+        _, result = settle_prompt(other, signal=signal)
+        assert (result.status, signal.waits) == ("completed", [])
+
+    def test_a_later_end_is_kept(self) -> None:
+        # Two 429s: the pause ends at the later of the two ends, whichever came last.
+        model = paused_by(
+            429,
+            {"Retry-After": "40"},
+            Canned([b"slow"], status=429, headers={"Retry-After": "10"}),
+            [OPENAI_TEXT_STREAM],
+        )
+        first, second = Hurried(), Hurried()
+        settle_prompt(model, signal=first)  # waits the 40 s pause, then meets the 10 s 429
+        _, result = settle_prompt(model, signal=second)
+        assert result.status == "completed", result.error
+        (wait,) = second.waits
+        assert wait is not None
+        assert 39.0 < wait <= 40.0, wait
