@@ -26,7 +26,8 @@ Three layers, from the bytes up:
   timeout and the cancellation watch. What fails on the network is a
   ``ProviderConnectionError``.
 - The socket loop, ``stream()``: attempts around those two, each in a
-  ``max_concurrency`` slot. It alone decides whether another attempt is made, from the
+  ``max_concurrency`` slot, none sent while an HTTP 429's Retry-After pauses the model
+  object. It alone decides whether another attempt is made, from the
   error's type and status (``_transient()``), and it alone logs.
 
 The command line, an agent with a few small tools against any endpoint, is the
@@ -673,7 +674,10 @@ class OpenAIChatModel(_StreamingModel):
     first chunk; ``ssl_context`` verifies HTTPS (None: the system's CAs);
     ``accept_truncated=True`` accepts an answer cut by the token limit that ends in text.
     ``max_concurrency=N`` lets at most N answers of this model object stream at once,
-    across threads and runs (None: no limit). ``require_finish_reason=False`` accepts
+    across threads and runs (None: no limit): build the model once and share it. A run
+    that stops being read holds its slot until it is closed or collected. An HTTP 429
+    with a Retry-After pauses every attempt of this object until then.
+    ``require_finish_reason=False`` accepts
     an answer that ends with ``[DONE]`` but no ``finish_reason``, for a server that
     never sends one; by default such an answer is incomplete (a server that interrupts
     a stream ends it so). ``transport`` sends the requests (a ``Transport``); None is
@@ -1448,7 +1452,8 @@ class _Answer:
         """The chunks these bytes complete; nothing once the answer's end came.
 
         ``feed(b"")`` ends the input: it raises ProviderProtocolError (``incomplete``)
-        unless the end came. Raises ProviderProtocolError for what is malformed (JSON
+        unless the end came. When it raises, the chunks these bytes completed before the
+        failure are not returned. Raises ProviderProtocolError for what is malformed (JSON
         nested too deeply for the json module included), and ProviderError for an error
         event and for an answer the provider says was cut.
         """
@@ -1673,7 +1678,9 @@ class OpenAIAnswer(_Answer):
 
     ``feed(data)`` takes the response body's bytes as they arrive and returns the chunks
     they complete (``choices[0].delta``'s text, thinking and tool-call fragments; a call
-    is complete when something else begins); ``feed(b"")`` ends the input. ``done`` is
+    is complete when something else begins); ``feed(b"")`` ends the input. A ``feed()``
+    that raises returns nothing: the deltas its bytes held before the failing event are
+    dropped with it (``stream()`` then retries the request when it had yielded no chunk). ``done`` is
     True at ``data: [DONE]`` after a ``finish_reason`` (at ``[DONE]`` alone with
     ``require_finish_reason=False``); then ``response()`` is the ModelResponse, with the
     usage chunk's counts. ``reported_usage()`` is the usage reported so far, also of a

@@ -294,6 +294,11 @@ def settle(
     return al.settle_run(run, on_event)
 
 
+def add_(arguments: Dict[str, Any], signal: al.Signal) -> object:
+    """A tool that is never run."""
+    raise AssertionError("not run: the server fails first")
+
+
 def readme_function(name: str) -> Callable[..., Any]:
     """The function the README defines under that name: its python block, run."""
     blocks = re.findall(r"```python\n(.*?)```", documentation(), re.DOTALL)
@@ -410,6 +415,11 @@ class TestRealModel:
                 assert result.error is not None, result.status
                 assert result.error.code == "MODEL_STREAM_ERROR", result.error
                 assert "the answer is incomplete" in result.error.message, result.error
+                # The likely cause comes first, then the opt-out (at [DONE] only).
+                hint = result.error.message.index("max_concurrency=N")
+                assert hint < result.error.message.find("require_finish_reason") or (
+                    "require_finish_reason" not in result.error.message
+                ), result.error
         completed = [result for result in results if result.status == "completed"]
         # Each completed run read one answer that the server finished; the others were
         # interrupted (the premise of this test: at least one was).
@@ -438,10 +448,19 @@ class TestRealModel:
         self, llama_server: str, capsys: pytest.CaptureFixture[str]
     ) -> None:
         """The README's ask_local(), as a newcomer runs it (no grammar, no options), against
-        this server: the run completes with the model's text, and print_event printed one
-        line per event, the last the result."""
+        this server: its model is built once, at module level (``local``, with
+        max_concurrency=1), so that every call shares its slot; here it is that model on
+        this server's port. The run completes with the model's text, and print_event
+        printed one line per event, the last the result."""
         ask_local = readme_function("ask_local")
-        result = ask_local("Say hello.", base_url=llama_server + "/v1")
+        local = ask_local.__globals__.get("local")
+        assert isinstance(local, providers.OpenAIChatModel), (
+            "the README's ask_local() must use one model built at module level, `local`: "
+            "a model built at each call has a max_concurrency of its own, which limits nothing"
+        )
+        assert local.max_concurrency == 1
+        ask_local.__globals__["local"] = openai(llama_server, max_concurrency=1)
+        result = ask_local("Say hello.")
         assert result.status == "completed", result.error
         assert (result.final_text or "").strip()
         lines = capsys.readouterr().out.splitlines()
@@ -497,6 +516,23 @@ class TestRealModel:
         assert (tool_result.tool_call_id, tool_result.is_error) == (call.id, False)
         assert json.loads(tool_result.content) == {"sum": sum(received[0].values())}
         assert re.fullmatch(r"The sum is [0-9]{1,6}\.", result.final_text or "")
+
+    def test_a_request_the_server_raises_on_is_not_retried_and_points_to_its_log(
+        self, relay: Relay
+    ) -> None:
+        """tool_choice "required" makes this server raise an exception on the request (an
+        assertion in its chat format): it answers HTTP 500 with an internal_server_error,
+        and the same request raises again. The run fails at once, without a retry (one
+        request reached the server), and the error says to read the server's log."""
+        tools = al.ToolRegistry([al.Tool("add", "Adds two numbers.", {"type": "object"}, add_)])
+        model = openai(relay.url, options={"tool_choice": "required", "max_tokens": 16})
+        _, result = settle(model, "Add 2 and 3.", tools=tools)
+        assert result.status == "failed"
+        assert result.error is not None
+        assert "HTTP 500" in result.error.message, result.error
+        assert "the server failed on this request: its log says why" in result.error.message
+        assert "(not retried: the server says it raised an exception" in result.error.message
+        assert len(relay.answers) == 1
 
     @pytest.mark.parametrize(
         ("arguments", "status", "kind"),
