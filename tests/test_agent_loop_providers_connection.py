@@ -9,14 +9,17 @@ CA and certificates that the ``openssl`` command makes at test time (a missing o
 fails the TLS tests). Integration tests, marked ``llmock``, run both adapters through
 ``run_agent_loop`` against an ``llmock serve`` subprocess; they skip where llmock is not
 importable, unless ``AGENT_LOOP_REQUIRE_LLMOCK=1`` (set by tox's llmock env) turns the
-skip into a failure. No test reaches beyond 127.0.0.1. The wire formats themselves, and
-the retry rule on canned exchanges, are tested in test_agent_loop_providers.py, the
-command line in test_agent_loop_cli.py; the builders these files use, and the fixture
+skip into a failure. No test reaches beyond 127.0.0.1. The wire formats themselves are
+tested in test_agent_loop_providers.py and test_agent_loop_providers_failures.py, the
+retry rule on canned exchanges in test_agent_loop_providers_retries.py, the command line
+in test_agent_loop_cli.py; the builders these files use, and the fixture
 server, are in loop_testing_providers.py.
 """
 
 from __future__ import annotations
 
+import errno
+import http.client
 import importlib.util
 import json
 import logging
@@ -349,9 +352,10 @@ class TestRetries:
         model = providers.OpenAIChatModel("m", base_url=url, retries=2)
         with caplog.at_level(logging.WARNING):
             _, result = settle_prompt(model, signal=Hurried())
+        refused = f"[Errno {errno.ECONNREFUSED}] {os.strerror(errno.ECONNREFUSED)}"
         assert_stream_error(
             result,
-            f"cannot connect to {url}/chat/completions",
+            f"cannot connect to {url}/chat/completions: ConnectionRefusedError: {refused}",
             "(after 2 retries)",
             kind=providers.ProviderConnectionError,
         )
@@ -646,7 +650,9 @@ class TestConnecting:
         started = time.monotonic()
         _, result = settle_prompt(model)
         assert 0.3 <= time.monotonic() - started < 1.5
-        assert_stream_error(result, f"cannot connect to {blackhole}", "took more than 0.3 s")
+        assert_stream_error(
+            result, f"cannot connect to {blackhole}", "connecting took more than 0.3 s"
+        )
 
     def test_a_cancel_while_the_name_lookup_hangs(self, slow_lookup: _SlowLookup) -> None:
         model = providers.AnthropicMessagesModel(
@@ -728,7 +734,9 @@ class TestConnecting:
     def test_a_tls_handshake_that_takes_longer_than_the_timeout(self, silent: str) -> None:
         model = providers.OpenAIChatModel("m", base_url=silent, timeout=0.3, retries=0)
         _, result = settle_prompt(model)
-        assert_stream_error(result, "the TLS handshake failed", "took more than 0.3 s")
+        assert_stream_error(
+            result, "the TLS handshake failed", "the TLS handshake took more than 0.3 s"
+        )
 
 
 # --- HTTPS --------------------------------------------------------------------------
@@ -1274,3 +1282,73 @@ class TestLLMock:
             assert result.final_text == "cut short"
         else:
             assert_stream_error(result, "the answer was cut")
+
+
+# --- The default transport's parts ----------------------------------------------------
+
+
+class TestTheDefaultExchange:
+    """_Exchange, the one place with a socket: what it is made of, before and after open()."""
+
+    @pytest.mark.parametrize(
+        ("url", "host", "port", "tls"),
+        [
+            ("https://api.example.com/v1/messages", "api.example.com", 443, True),
+            ("http://localhost/v1/chat/completions", "localhost", 80, False),
+            ("http://127.0.0.1:8080/v1/chat/completions", "127.0.0.1", 8080, False),
+            ("https://h:8443/v1", "h", 8443, True),
+            ("http://:8080/v1", "", 8080, False),
+        ],
+    )
+    def test_the_address_the_default_ports_and_the_state_before_open(
+        self, url: str, host: str, port: int, tls: bool
+    ) -> None:
+        context = ssl.create_default_context()
+        exchange = providers._Exchange(url, {}, b"", 2.5, threading.Event(), context)
+        try:
+            assert (exchange.host, exchange.port, exchange.tls) == (host, port, tls)
+            assert (exchange.connection.host, exchange.connection.port) == (host, port)
+            assert exchange.connection.timeout == 2.5
+            assert (exchange.status, exchange.reason, exchange.headers) == (0, "", {})
+            assert exchange.response is None
+            assert isinstance(exchange.connection, http.client.HTTPSConnection) is tls
+            if tls:  # the context given, not one http.client would make
+                assert exchange.context is context
+                assert exchange.connection._context is context  # type: ignore[attr-defined]
+            else:
+                assert exchange.context is None
+        finally:
+            exchange.close()
+
+    def test_https_without_a_context_shares_one_default_context(self) -> None:
+        providers._default_contexts.clear()
+        first = providers._Exchange("https://h/v1", {}, b"", 1.0, threading.Event(), None)
+        second = providers._Exchange("https://g/v1", {}, b"", 1.0, threading.Event(), None)
+        assert isinstance(first.context, ssl.SSLContext)
+        assert first.context is second.context
+        assert providers._default_contexts == [first.context]
+
+    def test_open_starts_one_daemon_watcher_that_ends_with_close(self, server: Server) -> None:
+        server.script(STREAM)
+        before = set(threading.enumerate())
+        exchange = providers._Exchange(
+            server.url + "/v1/chat/completions", {}, b"{}", _BOUND, threading.Event(), None
+        )
+        exchange.open()
+        try:
+            (watcher,) = [thread for thread in threading.enumerate() if thread not in before]
+            assert (watcher.name, watcher.daemon) == ("agent_loop_providers watch", True)
+            assert exchange.status == 200
+        finally:
+            exchange.close()
+        watcher.join(_BOUND)
+        assert not watcher.is_alive()
+
+    def test_a_host_without_an_address_cannot_be_connected(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        exchange = providers._Exchange("http://h:9/v1", {}, b"", 1.0, threading.Event(), None)
+        monkeypatch.setattr(exchange, "_addresses", list)
+        with pytest.raises(providers.ProviderConnectionError) as caught:
+            exchange.open()
+        assert str(caught.value) == "cannot connect to http://h:9/v1: OSError: no address for h"

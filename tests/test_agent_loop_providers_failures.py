@@ -9,6 +9,7 @@ models' ``transport=`` seam (loop_testing_providers.py builds the streams); no s
 from __future__ import annotations
 
 import email.utils
+import json
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -46,6 +47,7 @@ from loop_testing_providers import (
     openai_chunk,
     openai_usage,
     parsed,
+    request,
     settle_prompt,
     sse,
 )
@@ -760,6 +762,11 @@ class TestHead:
             pytest.param("[1]", "[1]", None, id="array"),
             pytest.param("", "(no body)", None, id="empty"),
             pytest.param("x" * 300, "x" * 200 + "...", None, id="long"),
+            pytest.param("x" * 200, "x" * 200, None, id="200-characters-are-kept-whole"),
+            pytest.param("x" * 201, "x" * 200 + "...", None, id="201-are-cut"),
+            pytest.param(
+                '{"error": {"type": 5, "message": "m"}}', "m", None, id="a-type-that-is-no-str"
+            ),
             pytest.param("[" * 40_000, "[" * 200 + "...", None, id="nested-too-deeply"),
             pytest.param("caf\udce9", "caf\ufffd", None, id="not-utf-8"),
         ],
@@ -805,6 +812,20 @@ class TestHead:
         said = "" if retry_after is None else f" (Retry-After: {retry_after:g} s)"
         assert str(error) == f"http://h/x answered HTTP 503 Reason: busy{said}"
 
+    def test_a_utc_date_does_not_depend_on_the_local_time_zone(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # "-0000" parses to a date without a zone: it is UTC, not the machine's local time.
+        now = email.utils.parsedate_to_datetime("Wed, 21 Oct 2015 07:28:00 GMT").timestamp()
+        monkeypatch.setenv("TZ", "Asia/Tokyo")
+        time.tzset()
+        try:
+            error = self.error(503, {"retry-after": "Wed, 21 Oct 2015 07:28:30 -0000"}, "", now)
+        finally:
+            monkeypatch.undo()
+            time.tzset()
+        assert error.retry_after == 30.0
+
     def test_now_is_the_clock_when_not_given(self) -> None:
         # A date a day ahead: about 86,400 s from now, whatever the clock says.
         ahead = email.utils.formatdate(time.time() + 86_400, usegmt=True)
@@ -812,3 +833,50 @@ class TestHead:
             providers.check_response_head("u", 429, "", {"retry-after": ahead}, lambda: b"busy")
         assert caught.value.retry_after is not None
         assert 86_300 < caught.value.retry_after <= 86_400
+
+
+# Each malformed usage chunk: the message names the fault, then quotes the event's data.
+MALFORMED_USAGE = [
+    ({"usage": 5}, "usage is not an object"),
+    ({"usage": {"prompt_tokens": -1}}, "usage prompt_tokens is not an int >= 0"),
+    ({"usage": {"completion_tokens": 1.5}}, "usage completion_tokens is not an int >= 0"),
+    ({"usage": {"prompt_tokens_details": []}}, "prompt details is not an object"),
+    (
+        {"usage": {"prompt_tokens_details": {"cached_tokens": "2"}}},
+        "usage cached_tokens is not an int >= 0",
+    ),
+    ({"usage": {"completion_tokens_details": 1}}, "completion details is not an object"),
+    (
+        {"usage": {"completion_tokens_details": {"reasoning_tokens": -3}}},
+        "usage reasoning_tokens is not an int >= 0",
+    ),
+    (
+        {"usage": {"prompt_tokens": 1, "prompt_tokens_details": {"cached_tokens": 2}}},
+        "usage with more cached tokens than prompt tokens",
+    ),
+]
+
+
+@pytest.mark.parametrize(("fields", "fault"), MALFORMED_USAGE)
+def test_a_malformed_openai_usage_chunk_is_quoted(fields: Dict[str, Any], fault: str) -> None:
+    data = {"choices": [], **fields}
+    with pytest.raises(providers.ProviderProtocolError) as caught:
+        parsed(new_answer("openai"), HI, STOP, sse(data), DONE)
+    assert str(caught.value) == f"malformed event: {fault}: {json.dumps(data)}"
+
+
+def test_a_cut_answer_that_ends_in_text_within_one_read_is_accepted() -> None:
+    # The chunks of the read that carries the cut: thinking, thinking, then text (the last
+    # of them decides, not the first nor the one before it).
+    parts = [
+        openai_chunk({"reasoning_content": "a"}),
+        openai_chunk({"reasoning_content": "b"}),
+        openai_chunk({"content": "c"}),
+        openai_chunk({}, "length"),
+        DONE,
+    ]
+    answer = providers.OpenAIAnswer(request(), accept_truncated=True)
+    chunks = answer.feed(b"".join(parts))
+    assert [type(chunk) for chunk in chunks] == [al.ThinkingDelta, al.ThinkingDelta, al.TextDelta]
+    assert answer.done
+    assert answer.truncated == "the token limit (finish_reason 'length')"

@@ -129,6 +129,28 @@ class TestTheTransportSeam:
         assert result.status == "completed", result.error
         assert big.reads == 1  # the limit was reached: the rest is not read
 
+    @pytest.mark.parametrize(
+        ("parts", "body", "reads"),
+        [
+            pytest.param([b"ab", b"cd"], b"abcd", 3, id="every-read-joined-to-the-end"),
+            pytest.param(
+                [b"x" * 65_535, b"yz", b"unread"], b"x" * 65_535 + b"y", 2, id="cut-at-64-kib"
+            ),
+            pytest.param(
+                [b"x" * 40_000, b"y" * 40_000, b"unread"],
+                b"x" * 40_000 + b"y" * 25_536,
+                2,
+                id="the-reads-are-summed",
+            ),
+        ],
+    )
+    def test_the_error_body_is_its_reads_up_to_64_kib(
+        self, parts: List[bytes], body: bytes, reads: int
+    ) -> None:
+        exchange = Canned(parts, status=500)
+        assert providers._error_body(exchange) == body
+        assert exchange.reads == reads
+
     def test_an_error_body_that_cannot_be_read_is_no_body(self) -> None:
         class Broken(Canned):
             def read(self) -> bytes:
