@@ -8,6 +8,7 @@ models' ``transport=`` seam (loop_testing_providers.py builds the streams); no s
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import json
 import time
@@ -475,6 +476,24 @@ def failure_kind(words: str) -> Tuple[type, Optional[bool]]:
     return providers.ProviderProtocolError, "the answer is incomplete" in words
 
 
+UNQUOTED = (
+    "malformed event: its data is not",  # quotes the data as it came, not as JSON
+    "malformed event: JSON nested too deeply",
+)
+
+
+def quoted_events(parts: List[bytes]) -> List[str]:
+    """How a refusal quotes each JSON object event of parts: the object in JSON, cut to
+    200 characters."""
+    quoted = []
+    for line in b"".join(parts).decode().splitlines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            with contextlib.suppress(ValueError, RecursionError):
+                text = json.dumps(json.loads(line[len("data: ") :]))
+                quoted.append(text if len(text) <= 200 else text[:200] + "...")
+    return quoted
+
+
 class TestIncompleteAnswers:
     """Never accept a broken answer: the parser refuses each case and says what happened."""
 
@@ -489,6 +508,10 @@ class TestIncompleteAnswers:
         kind, incomplete = failure_kind(words)
         assert type(caught.value) is kind
         assert getattr(caught.value, "incomplete", None) is incomplete
+        message = str(caught.value)
+        if message.startswith("malformed event: ") and not message.startswith(UNQUOTED):
+            # The rest of a malformed event's refusal quotes the event that broke the rule.
+            assert any(message.endswith(": " + quoted) for quoted in quoted_events(parts)), message
 
     @PROVIDERS
     def test_a_broken_answer_fails_the_run_and_adds_nothing(self, provider: str) -> None:
