@@ -607,18 +607,23 @@ def silent() -> Iterator[str]:
 
 
 class _SlowLookup:
-    """getaddrinfo for the name slow.test that waits until released (or fails, if told)."""
+    """getaddrinfo for the name slow.test that waits until released (or fails, if told);
+    each lookup of it is recorded in ``lookups``: the thread's name, whether it is a
+    daemon, and the keyword arguments."""
 
     def __init__(self, error: Optional[OSError] = None) -> None:
         self.real = socket.getaddrinfo
         self.release = threading.Event()
         self.error = error
+        self.lookups: List[Tuple[str, bool, Dict[str, Any]]] = []
 
     def __call__(self, host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
         if host != "slow.test":
             return self.real(host, port, *args, **kwargs)
         if kwargs.get("flags", 0) & socket.AI_NUMERICHOST:
             raise socket.gaierror(socket.EAI_NONAME, "not a numeric host")
+        thread = threading.current_thread()
+        self.lookups.append((thread.name, thread.daemon, kwargs))
         if self.error is not None:
             raise self.error
         self.release.wait(_BOUND)
@@ -697,6 +702,10 @@ class TestConnecting:
         _, response = stream(model)
         assert response.content == (al.TextBlock("Hello, world"),)
         assert server.requests[0]["headers"]["host"] == f"slow.test:{port}"
+        # Looked up once, for TCP, in a daemon thread of its own (which a hang leaves).
+        assert slow_lookup.lookups == [
+            ("agent_loop_providers lookup", True, {"type": socket.SOCK_STREAM})
+        ]
 
     def test_the_next_address_is_tried(
         self, server: Server, monkeypatch: pytest.MonkeyPatch
