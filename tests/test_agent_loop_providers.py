@@ -790,6 +790,18 @@ class TestOpenAIStreaming:
         chunks, response = stream(canned_openai(parts, require_finish_reason=False))
         assert (len(chunks), response.stop_reason) == (2, "toolCall")
 
+    def test_a_fragment_without_a_function_belongs_to_its_call(self) -> None:
+        # The id may come alone first; the name and arguments follow under the same index.
+        id_only = {"index": 0, "id": "call_1", "type": "function"}
+        parts = [
+            openai_chunk({"tool_calls": [id_only]}),
+            openai_call(0, None, "add", '{"left": 1, "right": 2}'),
+            STOP,
+            DONE,
+        ]
+        _, response = stream(canned_openai(parts))
+        assert response.content == (al.ToolCall("call_1", "add", {"left": 1, "right": 2}),)
+
     def test_empty_arguments_are_an_empty_object(self) -> None:
         no_arguments = {"index": 1, "id": "b", "function": {"name": "now"}}
         parts = [
