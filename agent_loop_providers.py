@@ -565,7 +565,10 @@ def _backoff(retried: int, jitter: float) -> float:
 
 def _after_retries(error: ProviderError, retried: int, retries: int) -> ProviderError:
     """The error that fails the run: as raised, or saying why no more retries were made."""
-    long_wait = error.retry_after is not None and error.retry_after > _RETRY_AFTER_LIMIT
+    # At exactly the limit, a transient error was retried while retries were left: the
+    # comparison's mutant (>=) changes nothing that can be seen.
+    retry_after = error.retry_after
+    long_wait = retry_after is not None and retry_after > _RETRY_AFTER_LIMIT  # pragma: no mutate
     if _transient(error) and long_wait and retried < retries:
         note = f"not retried: the Retry-After is more than {_RETRY_AFTER_LIMIT:g} s"
     elif _raised(error):
@@ -1016,7 +1019,8 @@ class _Exchange:
 
     def read(self) -> bytes:
         """The next bytes of the response body (b"" at its end)."""
-        response = cast(http.client.HTTPResponse, self.response)  # open() succeeded
+        # open() succeeded; a cast does nothing at run time (and its mutants neither).
+        response = cast(http.client.HTTPResponse, self.response)  # pragma: no mutate
         try:
             data = response.read1(_READ_SIZE)
         except socket.timeout:
@@ -1043,11 +1047,13 @@ class _Exchange:
         addresses = self._addresses()
         failure: OSError = OSError(f"no address for {self.host}")
         for family, kind, protocol, _, address in addresses:
-            sock = socket.socket(family, kind, protocol)
+            # No mutants: the protocol is TCP's default, and a connection made at once (0)
+            # is a loopback race no test can choose.
+            sock = socket.socket(family, kind, protocol)  # pragma: no mutate
             try:
                 sock.setblocking(False)
                 code = sock.connect_ex(address)
-                if code not in (errno.EINPROGRESS, errno.EWOULDBLOCK, 0):
+                if code not in (errno.EINPROGRESS, errno.EWOULDBLOCK, 0):  # pragma: no mutate
                     raise OSError(code, os.strerror(code))
                 deadline = time.monotonic() + self.timeout
                 self._wait_for(sock, selectors.EVENT_WRITE, "connecting", deadline)
@@ -1097,17 +1103,18 @@ class _Exchange:
                 raise self._cancelled()
             if not lookup.is_alive():
                 break
-            if time.monotonic() >= deadline:
+            # No mutant: > and >= meet the deadline a tick apart, the same wait.
+            if time.monotonic() >= deadline:  # pragma: no mutate
                 raise self._connect_failure(
                     f"the name lookup of {self.host} took more than {self.timeout:g} s"
                 )
         if isinstance(found[0], OSError):
             raise self._connect_failure(f"the name lookup failed: {_described(found[0])}")
-        return cast(List[Any], found[0])
+        return cast(List[Any], found[0])  # pragma: no mutate
 
     def _handshake(self, sock: socket.socket) -> ssl.SSLSocket:
         """The TLS handshake, without blocking; the certificate and host name verified."""
-        context = cast(ssl.SSLContext, self.context)  # set for https
+        context = cast(ssl.SSLContext, self.context)  # pragma: no mutate (set for https)
         tls = context.wrap_socket(sock, server_hostname=self.host, do_handshake_on_connect=False)
         deadline = time.monotonic() + self.timeout  # for the whole handshake
         try:
@@ -1118,7 +1125,9 @@ class _Exchange:
                 except ssl.SSLWantReadError:
                     self._wait_for(tls, selectors.EVENT_READ, "the TLS handshake", deadline)
                 except ssl.SSLWantWriteError:  # pragma: no cover (a full send buffer)
-                    self._wait_for(tls, selectors.EVENT_WRITE, "the TLS handshake", deadline)
+                    self._wait_for(  # pragma: no mutate (never run by a test: see above)
+                        tls, selectors.EVENT_WRITE, "the TLS handshake", deadline
+                    )
         except ssl.SSLCertVerificationError as error:
             tls.close()
             raise ProviderError(  # not a connection failure: the same certificate comes back
@@ -1137,15 +1146,18 @@ class _Exchange:
 
         Raises socket.timeout once the deadline (time.monotonic()) has passed.
         """
+        # No mutants on the slice and the deadline: a slice up to 50 ms too long, or a
+        # deadline met one tick later, is the same wait.
         with selectors.DefaultSelector() as selector:
             selector.register(sock, event)
             while True:
-                ready = selector.select(min(_WATCH_INTERVAL, max(deadline - time.monotonic(), 0)))
+                left = max(deadline - time.monotonic(), 0)  # pragma: no mutate
+                ready = selector.select(min(_WATCH_INTERVAL, left))
                 if self.signal.is_set():
                     raise self._cancelled()
                 if ready:
                     return
-                if time.monotonic() >= deadline:
+                if time.monotonic() >= deadline:  # pragma: no mutate
                     raise socket.timeout(f"{what} took more than {self.timeout:g} s")
 
     def _watch(self, connection: socket.socket) -> None:
@@ -1680,8 +1692,8 @@ class OpenAIAnswer(_Answer):
     they complete (``choices[0].delta``'s text, thinking and tool-call fragments; a call
     is complete when something else begins); ``feed(b"")`` ends the input. A ``feed()``
     that raises returns nothing: the deltas its bytes held before the failing event are
-    dropped with it (``stream()`` then retries the request when it had yielded no chunk). ``done`` is
-    True at ``data: [DONE]`` after a ``finish_reason`` (at ``[DONE]`` alone with
+    dropped with it (``stream()`` then retries the request when it had yielded no chunk).
+    ``done`` is True at ``data: [DONE]`` after a ``finish_reason`` (at ``[DONE]`` alone with
     ``require_finish_reason=False``); then ``response()`` is the ModelResponse, with the
     usage chunk's counts. ``reported_usage()`` is the usage reported so far, also of a
     failed answer; ``truncated`` says what cut an answer that was accepted, else None.
@@ -1716,12 +1728,16 @@ class OpenAIAnswer(_Answer):
         """The chunks as blocks: adjacent text joined, adjacent thinking joined."""
         content: List[_Block] = []
         for kind, run in itertools.groupby(self._chunks, type):
+            # The casts do nothing at run time (and their mutants neither).
             if kind is al.ToolCallChunk:
-                content.extend(cast(al.ToolCallChunk, chunk).tool_call for chunk in run)
+                calls = cast(Iterator[al.ToolCallChunk], run)  # pragma: no mutate
+                content.extend(chunk.tool_call for chunk in calls)
             elif kind is al.TextDelta:
-                content.append(al.TextBlock("".join(cast(al.TextDelta, c).text for c in run)))
+                texts = cast(Iterator[al.TextDelta], run)  # pragma: no mutate
+                content.append(al.TextBlock("".join(chunk.text for chunk in texts)))
             else:
-                thinking = "".join(cast(al.ThinkingDelta, chunk).thinking for chunk in run)
+                thinkings = cast(Iterator[al.ThinkingDelta], run)  # pragma: no mutate
+                thinking = "".join(chunk.thinking for chunk in thinkings)
                 content.append(al.ThinkingBlock(thinking))
         return content
 

@@ -24,6 +24,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import socket
 import ssl
 import subprocess
@@ -734,7 +735,13 @@ class TestConnecting:
         # The kernel refuses a TCP connection to the broadcast address without a packet.
         model = providers.OpenAIChatModel("m", base_url="http://255.255.255.255:9/v1", retries=0)
         _, result = settle_prompt(model)
-        assert_stream_error(result, "cannot connect to http://255.255.255.255:9/v1")
+        error = assert_stream_error(
+            result, "cannot connect to http://255.255.255.255:9/v1/chat/completions: "
+        )
+        # The error of the kernel's refusal, with its number and text (which one varies).
+        assert re.search(r": OSError: \[Errno \d+\] \w[^:]*$", str(error)), str(error)
+        number = int(str(error).split("[Errno ")[1].split("]")[0])
+        assert str(error).endswith(f"[Errno {number}] {os.strerror(number)}")
 
     def test_a_cancel_while_the_tls_handshake_waits(self, silent: str) -> None:
         model = providers.OpenAIChatModel("m", base_url=silent, timeout=_BOUND, retries=0)
@@ -1345,8 +1352,12 @@ class TestTheDefaultExchange:
         )
         exchange.open()
         try:
-            (watcher,) = [thread for thread in threading.enumerate() if thread not in before]
-            assert (watcher.name, watcher.daemon) == ("agent_loop_providers watch", True)
+            (watcher,) = [
+                thread
+                for thread in threading.enumerate()
+                if thread not in before and thread.name == "agent_loop_providers watch"
+            ]
+            assert watcher.daemon
             assert exchange.status == 200
         finally:
             exchange.close()
@@ -1361,3 +1372,26 @@ class TestTheDefaultExchange:
         with pytest.raises(providers.ProviderConnectionError) as caught:
             exchange.open()
         assert str(caught.value) == "cannot connect to http://h:9/v1: OSError: no address for h"
+
+    def test_what_stops_the_handshakes_wait_is_raised_as_it_is(
+        self, silent: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # A cancellation (here any ProviderError) during the TLS handshake's wait is not a
+        # failed handshake: it passes through, and the TLS socket is closed.
+        exchange = providers._Exchange(silent, {}, b"", _BOUND, threading.Event(), None)
+        waits = exchange._wait_for
+        seen: List[socket.socket] = []
+
+        def wait_for(sock: socket.socket, event: int, what: str, deadline: float) -> None:
+            if what == "the TLS handshake":
+                seen.append(sock)
+                raise providers.ProviderError("stopped")
+            waits(sock, event, what, deadline)
+
+        monkeypatch.setattr(exchange, "_wait_for", wait_for)
+        with pytest.raises(providers.ProviderError) as caught:
+            exchange.open()
+        assert (type(caught.value), str(caught.value)) == (providers.ProviderError, "stopped")
+        (tls,) = seen
+        assert isinstance(tls, ssl.SSLSocket)
+        assert tls.fileno() == -1  # closed
