@@ -182,6 +182,9 @@ def assert_protocol_error(result: al.RunResult, words: str) -> None:
     assert len(result.messages) == 1
 
 
+HI_CHUNK = openai_chunk({"content": "Hi"})
+
+
 # --- Public classes -----------------------------------------------------------------
 
 
@@ -801,6 +804,17 @@ class TestOpenAIStreaming:
         ]
         _, response = stream(canned_openai(parts))
         assert response.content == (al.ToolCall("call_1", "add", {"left": 1, "right": 2}),)
+
+    def test_a_choice_without_a_delta_is_its_finish_alone(self) -> None:
+        parts = [HI_CHUNK, sse({"choices": [{"index": 0, "finish_reason": "stop"}]}), DONE]
+        chunks, response = stream(canned_openai(parts))
+        assert (len(chunks), response.content) == (1, (al.TextBlock("Hi"),))
+
+    def test_a_provider_id_repeated_in_one_response_is_taken_once(self) -> None:
+        parts = [openai_call(0, "call_0", "add", ""), openai_call(1, "call_0", "add", "")]
+        _, response = stream(canned_openai([*parts, STOP, DONE]))
+        ids = [block.id for block in response.content if isinstance(block, al.ToolCall)]
+        assert ids == ["call_0", "response-001-call-2"]
 
     def test_empty_arguments_are_an_empty_object(self) -> None:
         no_arguments = {"index": 1, "id": "b", "function": {"name": "now"}}
