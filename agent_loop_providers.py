@@ -2083,7 +2083,7 @@ class AnthropicAnswer(_Answer):
         kind = start.get("type")
         if kind not in ("text", "thinking", "redacted_thinking", "tool_use"):
             kind = ""  # server tools and other blocks: not the answer
-        block = self._open_blocks[index] = _OpenBlock(cast(str, kind), start)
+        block = self._open_blocks[index] = _OpenBlock(kind, start)
         if kind == "text":
             self._piece(block, al.TextDelta, start.get("text", ""), data, out)
         elif kind == "thinking":

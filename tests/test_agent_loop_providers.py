@@ -879,6 +879,25 @@ class TestAnthropicStreaming:
         assert chunks == [al.TextDelta("request-001", "Hi")]
         assert (response.content, response.stop_reason) == ((al.TextBlock("Hi"),), "stop")
 
+    def test_a_start_without_its_text_thinking_or_signature_starts_empty(self) -> None:
+        parts = [
+            MESSAGE_START,
+            anthropic_start(0, {"type": "thinking"}),
+            anthropic_delta(0, type="thinking_delta", thinking="Hm."),
+            anthropic_delta(0, type="signature_delta", signature="sig"),
+            anthropic_stop(0),
+            anthropic_start(1, {"type": "text"}),
+            anthropic_delta(1, type="text_delta", text="Hi."),
+            anthropic_stop(1),
+            *anthropic_end(),
+        ]
+        chunks, response = stream(canned_anthropic(parts))
+        assert chunks == [
+            al.ThinkingDelta("request-001", "Hm."),
+            al.TextDelta("request-001", "Hi."),
+        ]
+        assert response.content == (al.ThinkingBlock("Hm.", "sig"), al.TextBlock("Hi."))
+
     def test_a_tool_use_without_deltas_keeps_its_start_input(self) -> None:
         block = {"type": "tool_use", "id": "t", "name": "add", "input": ADD}
         parts = [MESSAGE_START, anthropic_start(0, block), anthropic_stop(0), *anthropic_end(None)]
