@@ -1805,9 +1805,7 @@ class OpenAIAnswer(_Answer):
                 )
                 return
             self._failure = self._cut("finish_reason", finish, _OPENAI_CUT[finish], out)
-            if self._failure is not None:
-                return
-        self._close_calls(out)
+        self._close_calls(out)  # none is open after a cut
 
     def _incomplete(self) -> ProviderError:
         """The input ended before [DONE]: the cut, if one came, else a broken stream."""

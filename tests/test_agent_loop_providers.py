@@ -898,6 +898,16 @@ class TestAnthropicStreaming:
         ]
         assert response.content == (al.ThinkingBlock("Hm.", "sig"), al.TextBlock("Hi."))
 
+    def test_an_empty_text_block_is_not_kept(self) -> None:
+        parts = [
+            MESSAGE_START,
+            *anthropic_text(0),
+            *anthropic_tool(1, "toolu_1", "add", '{"left": 1, "right": 2}'),
+            *anthropic_end("tool_use"),
+        ]
+        _, response = stream(canned_anthropic(parts))
+        assert response.content == (al.ToolCall("toolu_1", "add", {"left": 1, "right": 2}),)
+
     def test_a_tool_use_without_deltas_keeps_its_start_input(self) -> None:
         block = {"type": "tool_use", "id": "t", "name": "add", "input": ADD}
         parts = [MESSAGE_START, anthropic_start(0, block), anthropic_stop(0), *anthropic_end(None)]
