@@ -2080,7 +2080,7 @@ class AnthropicAnswer(_Answer):
             raise _malformed("content_block_start without a content_block object", data)
         kind = start.get("type")
         if kind not in ("text", "thinking", "redacted_thinking", "tool_use"):
-            kind = ""  # server tools and other blocks: not the answer
+            kind = ""  # pragma: no mutate (server tools...: not the answer; None is as falsy)
         block = self._open_blocks[index] = _OpenBlock(kind, start)
         if kind == "text":
             self._piece(block, al.TextDelta, start.get("text", ""), data, out)

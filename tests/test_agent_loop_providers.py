@@ -898,6 +898,42 @@ class TestAnthropicStreaming:
         ]
         assert response.content == (al.ThinkingBlock("Hm.", "sig"), al.TextBlock("Hi."))
 
+    @pytest.mark.parametrize(
+        ("start", "deltas", "signature"),
+        [
+            pytest.param({"signature": "s0"}, [], "s0", id="the-starts-signature"),
+            pytest.param({"signature": "s0"}, ["s1"], "s1", id="a-later-delta-wins"),
+            pytest.param({}, [], None, id="none-at-all"),
+            pytest.param({"signature": ""}, [], None, id="empty-is-none"),
+        ],
+    )
+    def test_a_thinking_blocks_signature(
+        self, start: Dict[str, Any], deltas: List[str], signature: Optional[str]
+    ) -> None:
+        parts = [
+            MESSAGE_START,
+            anthropic_start(0, {"type": "thinking", "thinking": "", **start}),
+            anthropic_delta(0, type="thinking_delta", thinking="Hm."),
+            *[anthropic_delta(0, type="signature_delta", signature=each) for each in deltas],
+            anthropic_stop(0),
+            *anthropic_text(1, "Hi."),
+            *anthropic_end(),
+        ]
+        _, response = stream(canned_anthropic(parts))
+        (thinking, _) = response.content
+        assert isinstance(thinking, al.ThinkingBlock)
+        assert (thinking.thinking, thinking.signature) == ("Hm.", signature)
+
+    def test_a_tool_use_without_input_or_deltas_has_no_arguments(self) -> None:
+        parts = [
+            MESSAGE_START,
+            anthropic_start(0, {"type": "tool_use", "id": "toolu_1", "name": "now"}),
+            anthropic_stop(0),
+            *anthropic_end("tool_use"),
+        ]
+        _, response = stream(canned_anthropic(parts))
+        assert response.content == (al.ToolCall("toolu_1", "now", {}),)
+
     def test_an_empty_text_block_is_not_kept(self) -> None:
         parts = [
             MESSAGE_START,
