@@ -1115,7 +1115,11 @@ class _Exchange:
     def _handshake(self, sock: socket.socket) -> ssl.SSLSocket:
         """The TLS handshake, without blocking; the certificate and host name verified."""
         context = cast(ssl.SSLContext, self.context)  # pragma: no mutate (set for https)
-        tls = context.wrap_socket(sock, server_hostname=self.host, do_handshake_on_connect=False)
+        tls = context.wrap_socket(
+            sock,
+            server_hostname=self.host,
+            do_handshake_on_connect=False,  # pragma: no mutate (None is as false)
+        )
         deadline = time.monotonic() + self.timeout  # for the whole handshake
         try:
             while True:
