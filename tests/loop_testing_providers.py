@@ -447,8 +447,9 @@ def assert_stream_error(
 
 
 class Hurried(threading.Event):
-    """A run's signal whose waits last at most 10 ms, each one recorded in ``waits``: the
-    retry tests wait for no backoff, and see the waits asked for."""
+    """A run's signal whose waits last at most 10 ms (each must have a bound), each one
+    recorded in ``waits``: the retry tests wait for no backoff, and see the waits asked
+    for."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -456,7 +457,9 @@ class Hurried(threading.Event):
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         self.waits.append(timeout)
-        return super().wait(None if timeout is None else min(timeout, 0.01))
+        # The adapters' waits are all bounded: one without a bound would hang the test.
+        assert timeout is not None, "a wait without a bound"
+        return super().wait(min(timeout, 0.01))
 
 
 def backoff_bounds(retried: int) -> Tuple[float, float]:
