@@ -294,11 +294,6 @@ def settle(
     return al.settle_run(run, on_event)
 
 
-def add_(arguments: Dict[str, Any], signal: al.Signal) -> object:
-    """A tool that is never run."""
-    raise AssertionError("not run: the server fails first")
-
-
 def readme_function(name: str) -> Callable[..., Any]:
     """The function the README defines under that name: its python block, run."""
     blocks = re.findall(r"```python\n(.*?)```", documentation(), re.DOTALL)
@@ -516,23 +511,6 @@ class TestRealModel:
         assert (tool_result.tool_call_id, tool_result.is_error) == (call.id, False)
         assert json.loads(tool_result.content) == {"sum": sum(received[0].values())}
         assert re.fullmatch(r"The sum is [0-9]{1,6}\.", result.final_text or "")
-
-    def test_a_request_the_server_raises_on_is_not_retried_and_points_to_its_log(
-        self, relay: Relay
-    ) -> None:
-        """tool_choice "required" makes this server raise an exception on the request (an
-        assertion in its chat format): it answers HTTP 500 with an internal_server_error,
-        and the same request raises again. The run fails at once, without a retry (one
-        request reached the server), and the error says to read the server's log."""
-        tools = al.ToolRegistry([al.Tool("add", "Adds two numbers.", {"type": "object"}, add_)])
-        model = openai(relay.url, options={"tool_choice": "required", "max_tokens": 16})
-        _, result = settle(model, "Add 2 and 3.", tools=tools)
-        assert result.status == "failed"
-        assert result.error is not None
-        assert "HTTP 500" in result.error.message, result.error
-        assert "the server failed on this request: its log says why" in result.error.message
-        assert "(not retried: the server says it raised an exception" in result.error.message
-        assert len(relay.answers) == 1
 
     @pytest.mark.parametrize(
         ("arguments", "status", "kind"),
