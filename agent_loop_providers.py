@@ -1129,7 +1129,7 @@ class _Exchange:
                 except ssl.SSLWantReadError:
                     self._wait_for(tls, selectors.EVENT_READ, "the TLS handshake", deadline)
                 except ssl.SSLWantWriteError:  # pragma: no cover (a full send buffer)
-                    self._wait_for(  # pragma: no mutate (never run by a test: see above)
+                    self._wait_for(  # pragma: no mutate block (never run by a test: above)
                         tls, selectors.EVENT_WRITE, "the TLS handshake", deadline
                     )
         except ssl.SSLCertVerificationError as error:

@@ -903,3 +903,33 @@ def test_a_cut_answer_that_ends_in_text_within_one_read_is_accepted() -> None:
     assert [type(chunk) for chunk in chunks] == [al.ThinkingDelta, al.ThinkingDelta, al.TextDelta]
     assert answer.done
     assert answer.truncated == "the token limit (finish_reason 'length')"
+
+
+# Anthropic events whose content is malformed: the refusal quotes the event.
+ANTHROPIC_MALFORMED = [
+    (
+        anthropic_event("message_start", message={"usage": {"input_tokens": -1}}),
+        "usage input_tokens is not an int >= 0",
+    ),
+    (anthropic_start(0, {"type": "thinking", "thinking": 5}), "thinking that is not a string"),
+    (
+        anthropic_start(0, {"type": "thinking", "thinking": "", "signature": 5}),
+        "a signature that is not a string",
+    ),
+]
+
+
+@pytest.mark.parametrize(("event", "fault"), ANTHROPIC_MALFORMED)
+def test_a_malformed_anthropic_event_is_quoted(event: bytes, fault: str) -> None:
+    data = json.loads(event.split(b"data: ", 1)[1])
+    with pytest.raises(providers.ProviderProtocolError) as caught:
+        parsed(new_answer("anthropic"), MESSAGE_START, event)
+    assert str(caught.value) == f"malformed event: {fault}: {json.dumps(data)}"
+
+
+def test_an_anthropic_cut_answer_in_one_read_is_accepted_when_it_ends_in_text() -> None:
+    parts = [MESSAGE_START, *anthropic_text(0, "Once"), *anthropic_end("max_tokens")]
+    answer = providers.AnthropicAnswer(request(), accept_truncated=True)
+    chunks = answer.feed(b"".join(parts))
+    assert (chunks, answer.done) == ([al.TextDelta("request-001", "Once")], True)
+    assert answer.truncated == "the max_tokens limit (stop_reason 'max_tokens')"
