@@ -548,3 +548,44 @@ class TestARateLimitPausesTheModel:
         (wait,) = second.waits
         assert wait is not None
         assert 39.0 < wait <= 40.0, wait
+
+
+@pytest.mark.parametrize(
+    ("provider", "url", "headers"),
+    [
+        (
+            "openai",
+            "http://canned/v1/chat/completions",
+            {
+                "Content-Type": "application/json",
+                "Accept": "text/event-stream",
+                "User-Agent": f"agent_loop_providers/{providers.__version__}",
+                "Authorization": "Bearer k",
+            },
+        ),
+        (
+            "anthropic",
+            "http://canned/v1/messages",
+            {
+                "Content-Type": "application/json",
+                "Accept": "text/event-stream",
+                "User-Agent": f"agent_loop_providers/{providers.__version__}",
+                "anthropic-version": "2023-06-01",
+                "x-api-key": "k",
+            },
+        ),
+    ],
+)
+def test_the_transport_gets_the_url_and_the_headers_as_spelled(
+    provider: str, url: str, headers: Dict[str, str]
+) -> None:
+    sent: List[Tuple[str, Dict[str, str]]] = []
+
+    def recording(to: str, given: Mapping[str, str], body: bytes, signal: al.Signal) -> Canned:
+        sent.append((to, dict(given)))
+        return Canned(answer_parts(provider, ["Hi."]))
+
+    base_url = {"openai": "http://canned/v1", "anthropic": "http://canned"}[provider]
+    model = MODEL_CLASSES[provider]("m", base_url=base_url, api_key="k", transport=recording)
+    stream(model)
+    assert sent == [(url, headers)]
