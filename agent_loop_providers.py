@@ -26,7 +26,8 @@ Three layers, from the bytes up:
   timeout and the cancellation watch. What fails on the network is a
   ``ProviderConnectionError``.
 - The socket loop, ``stream()``: attempts around those two, each in a
-  ``max_concurrency`` slot. It alone decides whether another attempt is made, from the
+  ``max_concurrency`` slot, none sent while an HTTP 429's Retry-After pauses the model
+  object. It alone decides whether another attempt is made, from the
   error's type and status (``_transient()``), and it alone logs.
 
 The command line, an agent with a few small tools against any endpoint, is the
@@ -166,6 +167,17 @@ _ANTHROPIC_CUT: Final = {
 """Anthropic stop reasons that say the answer is incomplete, and what each means."""
 _TOKEN_LIMITS: Final = frozenset({"length", "max_tokens"})
 """The cuts that ``accept_truncated`` may accept: the answer's token limit."""
+_CONCURRENCY_HINT: Final = (
+    "more requests at once than the server serves (it ends an answer it interrupts so): "
+    "share one model object, built with max_concurrency=N (N: what the server serves at "
+    "once), among every run"
+)
+"""The likely cause of an OpenAI answer that ends without a ``finish_reason``."""
+_SERVER_LOG_HINT: Final = "the server failed on this request: its log says why"
+"""What an HTTP 500, or a stream cut after its head, most likely means."""
+_SERVER_RAISED: Final = "internal_server_error"
+"""The ``error_type`` of an HTTP 500 whose body says the server raised an exception
+(llama-cpp-python's server says so): the same request raises again, so it is not retried."""
 
 
 # --- Public classes: what fails -------------------------------------------------------
@@ -351,6 +363,10 @@ class _StreamingModel:
         self.max_concurrency = max_concurrency
         # The model object's slots, shared by every thread and run that streams from it.
         self._slots = None if max_concurrency is None else threading.Semaphore(max_concurrency)
+        # Until when (time.monotonic()) a 429's Retry-After pauses every attempt of this
+        # model object, across threads and runs; the lock keeps the latest end.
+        self._paused_until = 0.0
+        self._pause_lock = threading.Lock()
         if transport is not None and not callable(transport):
             raise TypeError(
                 "transport must be None or a callable (url, headers, body, signal) -> "
@@ -364,15 +380,20 @@ class _StreamingModel:
         """Streams the answer to one request; the generator returns the response.
 
         Raises ProviderError from the generator when the answer is not complete.
-        Each attempt holds a slot, opens an exchange, checks its head and feeds its bytes
-        to the answer, pacing the chunks; a failure before the first chunk is retried
-        when _transient() says so.
+        Each attempt holds a slot, waits out the model's pause (an HTTP 429's Retry-After,
+        _wait_for_pause()), opens an exchange, checks its head and feeds its bytes to the
+        answer, pacing the chunks; a failure before the first chunk is retried when
+        _transient() says so. A read's chunks are yielded once the whole read is parsed:
+        an error event in the same read as deltas drops them, and when no chunk was
+        yielded before, the request is retried.
         """
         url, headers, body = self._post(request)
         retried = 0
+        waited_until = 0.0  # the end of this stream's own retry wait (time.monotonic())
         while True:
             # A slot for each attempt: a retry's wait holds none.
             with self._slot(signal, url):
+                self._wait_for_pause(signal, url, waited_until)
                 answer = self._answer(request, url)
                 pacer = _Pacer(request.id)
                 try:
@@ -399,6 +420,8 @@ class _StreamingModel:
                     return answer.response()
                 except ProviderError as error:
                     error.usage = answer.reported_usage()  # what the failed answer cost
+                    if error.status == 429 and error.retry_after is not None:
+                        self._pause(error.retry_after)
                     delay = self._retry_delay(error, retried, pacer.yielded)
                     if delay is None:
                         raise _after_retries(error, retried, self.retries) from None
@@ -412,6 +435,7 @@ class _StreamingModel:
                 failure,
                 delay,
             )
+            waited_until = time.monotonic() + delay
             if signal.wait(delay):
                 raise ProviderError(f"the request to {url} was cancelled during a retry's wait")
 
@@ -433,8 +457,9 @@ class _StreamingModel:
     def _slot(self, signal: al.Signal, url: str) -> Iterator[None]:
         """One of the max_concurrency slots, held while the block runs (no limit: none).
 
-        The wait looks at the signal every _WATCH_INTERVAL: a cancelled wait raises, and
-        nothing was sent.
+        The wait has no time limit (a slot frees when an answer holding it ends, fails or
+        is closed) and looks at the signal every _WATCH_INTERVAL (50 ms): a cancelled
+        wait raises within that, and nothing was sent.
         """
         if self._slots is None:
             yield
@@ -449,6 +474,38 @@ class _StreamingModel:
             yield
         finally:
             self._slots.release()
+
+    def _pause(self, seconds: float) -> None:
+        """Pauses every attempt of this model object for seconds from now (a later end
+        kept)."""
+        until = time.monotonic() + seconds
+        with self._pause_lock:
+            self._paused_until = max(self._paused_until, until)
+
+    def _wait_for_pause(self, signal: al.Signal, url: str, waited_until: float) -> None:
+        """Waits until the model's pause, as it is now, is over; the signal cancels it.
+
+        Nothing to wait for when the pause ends by waited_until (this stream's own retry
+        wait covered it). A pause of more than _RETRY_AFTER_LIMIT from now is not waited
+        for: the attempt fails without sending, as its own Retry-After would.
+        """
+        paused_until = self._paused_until
+        remaining = paused_until - time.monotonic()
+        if paused_until <= waited_until or remaining <= 0:
+            return
+        if remaining > _RETRY_AFTER_LIMIT:
+            raise ProviderError(
+                f"the request to {url} was not sent: the server's Retry-After (HTTP 429) "
+                f"pauses this model for {remaining:.3g} s more, more than "
+                f"{_RETRY_AFTER_LIMIT:g} s",
+                status=429,
+                retry_after=remaining,
+            )
+        if signal.wait(remaining):
+            raise ProviderError(
+                f"the request to {url} was cancelled while it waited for the server's "
+                f"Retry-After (HTTP 429)"
+            )
 
     def _retry_delay(self, error: ProviderError, retried: int, yielded: int) -> Optional[float]:
         """Seconds to wait before the next attempt, or None: the error fails the run."""
@@ -485,10 +542,16 @@ def _transient(error: ProviderError) -> bool:
         return True
     if isinstance(error, ProviderProtocolError):  # malformed bytes come back the same
         return error.incomplete
-    if error.status is not None:
-        return error.status in _RETRIED_STATUSES
+    if error.status is not None:  # a 500 that says the server raised will raise again
+        return error.status in _RETRIED_STATUSES and not _raised(error)
     # An error event: Anthropic's overloaded_error is its HTTP 529, sent after the head.
     return error.error_type == "overloaded_error"
+
+
+def _raised(error: ProviderError) -> bool:
+    """Whether the server says it raised an exception on the request: an HTTP 500 whose
+    error body's type is internal_server_error."""
+    return error.status == 500 and error.error_type == _SERVER_RAISED
 
 
 def _backoff(retried: int, jitter: float) -> float:
@@ -502,9 +565,14 @@ def _backoff(retried: int, jitter: float) -> float:
 
 def _after_retries(error: ProviderError, retried: int, retries: int) -> ProviderError:
     """The error that fails the run: as raised, or saying why no more retries were made."""
-    long_wait = error.retry_after is not None and error.retry_after > _RETRY_AFTER_LIMIT
+    # At exactly the limit, a transient error was retried while retries were left: the
+    # comparison's mutant (>=) changes nothing that can be seen.
+    retry_after = error.retry_after
+    long_wait = retry_after is not None and retry_after > _RETRY_AFTER_LIMIT  # pragma: no mutate
     if _transient(error) and long_wait and retried < retries:
         note = f"not retried: the Retry-After is more than {_RETRY_AFTER_LIMIT:g} s"
+    elif _raised(error):
+        note = f"not retried: the server says it raised an exception ({_SERVER_RAISED})"
     elif retried:
         note = f"after {retried} retr{'y' if retried == 1 else 'ies'}"
     else:
@@ -609,7 +677,10 @@ class OpenAIChatModel(_StreamingModel):
     first chunk; ``ssl_context`` verifies HTTPS (None: the system's CAs);
     ``accept_truncated=True`` accepts an answer cut by the token limit that ends in text.
     ``max_concurrency=N`` lets at most N answers of this model object stream at once,
-    across threads and runs (None: no limit). ``require_finish_reason=False`` accepts
+    across threads and runs (None: no limit): build the model once and share it. A run
+    that stops being read holds its slot until it is closed or collected. An HTTP 429
+    with a Retry-After pauses every attempt of this object until then.
+    ``require_finish_reason=False`` accepts
     an answer that ends with ``[DONE]`` but no ``finish_reason``, for a server that
     never sends one; by default such an answer is incomplete (a server that interrupts
     a stream ends it so). ``transport`` sends the requests (a ``Transport``); None is
@@ -948,13 +1019,17 @@ class _Exchange:
 
     def read(self) -> bytes:
         """The next bytes of the response body (b"" at its end)."""
-        response = cast(http.client.HTTPResponse, self.response)  # open() succeeded
+        # open() succeeded; a cast does nothing at run time (and its mutants neither).
+        response = cast(http.client.HTTPResponse, self.response)  # pragma: no mutate
         try:
             data = response.read1(_READ_SIZE)
         except socket.timeout:
             raise self._failure(f"{self.url} sent nothing for {self.timeout:g} s") from None
         except (OSError, http.client.HTTPException) as error:
-            broke = f"the connection to {self.url} broke: {_described(error)}"
+            broke = (
+                f"the connection to {self.url} broke: {_described(error)} (if the server "
+                f"closed it, {_SERVER_LOG_HINT})"
+            )
             raise self._failure(broke) from None
         if not data and self.signal.is_set():  # the end the watcher's shutdown made
             raise self._cancelled()
@@ -972,11 +1047,13 @@ class _Exchange:
         addresses = self._addresses()
         failure: OSError = OSError(f"no address for {self.host}")
         for family, kind, protocol, _, address in addresses:
-            sock = socket.socket(family, kind, protocol)
+            # No mutants: the protocol is TCP's default, and a connection made at once (0)
+            # is a loopback race no test can choose.
+            sock = socket.socket(family, kind, protocol)  # pragma: no mutate
             try:
                 sock.setblocking(False)
                 code = sock.connect_ex(address)
-                if code not in (errno.EINPROGRESS, errno.EWOULDBLOCK, 0):
+                if code not in (errno.EINPROGRESS, errno.EWOULDBLOCK, 0):  # pragma: no mutate
                     raise OSError(code, os.strerror(code))
                 deadline = time.monotonic() + self.timeout
                 self._wait_for(sock, selectors.EVENT_WRITE, "connecting", deadline)
@@ -1026,18 +1103,23 @@ class _Exchange:
                 raise self._cancelled()
             if not lookup.is_alive():
                 break
-            if time.monotonic() >= deadline:
+            # No mutant: > and >= meet the deadline a tick apart, the same wait.
+            if time.monotonic() >= deadline:  # pragma: no mutate
                 raise self._connect_failure(
                     f"the name lookup of {self.host} took more than {self.timeout:g} s"
                 )
         if isinstance(found[0], OSError):
             raise self._connect_failure(f"the name lookup failed: {_described(found[0])}")
-        return cast(List[Any], found[0])
+        return cast(List[Any], found[0])  # pragma: no mutate
 
     def _handshake(self, sock: socket.socket) -> ssl.SSLSocket:
         """The TLS handshake, without blocking; the certificate and host name verified."""
-        context = cast(ssl.SSLContext, self.context)  # set for https
-        tls = context.wrap_socket(sock, server_hostname=self.host, do_handshake_on_connect=False)
+        context = cast(ssl.SSLContext, self.context)  # pragma: no mutate (set for https)
+        tls = context.wrap_socket(
+            sock,
+            server_hostname=self.host,
+            do_handshake_on_connect=False,  # pragma: no mutate (None is as false)
+        )
         deadline = time.monotonic() + self.timeout  # for the whole handshake
         try:
             while True:
@@ -1047,7 +1129,9 @@ class _Exchange:
                 except ssl.SSLWantReadError:
                     self._wait_for(tls, selectors.EVENT_READ, "the TLS handshake", deadline)
                 except ssl.SSLWantWriteError:  # pragma: no cover (a full send buffer)
-                    self._wait_for(tls, selectors.EVENT_WRITE, "the TLS handshake", deadline)
+                    self._wait_for(  # pragma: no mutate block (never run by a test: above)
+                        tls, selectors.EVENT_WRITE, "the TLS handshake", deadline
+                    )
         except ssl.SSLCertVerificationError as error:
             tls.close()
             raise ProviderError(  # not a connection failure: the same certificate comes back
@@ -1066,15 +1150,18 @@ class _Exchange:
 
         Raises socket.timeout once the deadline (time.monotonic()) has passed.
         """
+        # No mutants on the slice and the deadline: a slice up to 50 ms too long, or a
+        # deadline met one tick later, is the same wait.
         with selectors.DefaultSelector() as selector:
             selector.register(sock, event)
             while True:
-                ready = selector.select(min(_WATCH_INTERVAL, max(deadline - time.monotonic(), 0)))
+                left = max(deadline - time.monotonic(), 0)  # pragma: no mutate
+                ready = selector.select(min(_WATCH_INTERVAL, left))
                 if self.signal.is_set():
                     raise self._cancelled()
                 if ready:
                     return
-                if time.monotonic() >= deadline:
+                if time.monotonic() >= deadline:  # pragma: no mutate
                     raise socket.timeout(f"{what} took more than {self.timeout:g} s")
 
     def _watch(self, connection: socket.socket) -> None:
@@ -1135,6 +1222,8 @@ def check_response_head(
         retry_after = _retry_after(headers, time.time() if now is None else now)
         text, error_type = _error_text(_decoded(body()))
         message = f"{url} answered HTTP {status} {reason}: {text}"
+        if status == 500:
+            message += f" ({_SERVER_LOG_HINT})"
         if retry_after is not None:
             message += f" (Retry-After: {retry_after:g} s)"
         raise ProviderError(message, status=status, retry_after=retry_after, error_type=error_type)
@@ -1393,7 +1482,8 @@ class _Answer:
         """The chunks these bytes complete; nothing once the answer's end came.
 
         ``feed(b"")`` ends the input: it raises ProviderProtocolError (``incomplete``)
-        unless the end came. Raises ProviderProtocolError for what is malformed (JSON
+        unless the end came. When it raises, the chunks these bytes completed before the
+        failure are not returned. Raises ProviderProtocolError for what is malformed (JSON
         nested too deeply for the json module included), and ProviderError for an error
         event and for an answer the provider says was cut.
         """
@@ -1618,8 +1708,10 @@ class OpenAIAnswer(_Answer):
 
     ``feed(data)`` takes the response body's bytes as they arrive and returns the chunks
     they complete (``choices[0].delta``'s text, thinking and tool-call fragments; a call
-    is complete when something else begins); ``feed(b"")`` ends the input. ``done`` is
-    True at ``data: [DONE]`` after a ``finish_reason`` (at ``[DONE]`` alone with
+    is complete when something else begins); ``feed(b"")`` ends the input. A ``feed()``
+    that raises returns nothing: the deltas its bytes held before the failing event are
+    dropped with it (``stream()`` then retries the request when it had yielded no chunk).
+    ``done`` is True at ``data: [DONE]`` after a ``finish_reason`` (at ``[DONE]`` alone with
     ``require_finish_reason=False``); then ``response()`` is the ModelResponse, with the
     usage chunk's counts. ``reported_usage()`` is the usage reported so far, also of a
     failed answer; ``truncated`` says what cut an answer that was accepted, else None.
@@ -1654,12 +1746,16 @@ class OpenAIAnswer(_Answer):
         """The chunks as blocks: adjacent text joined, adjacent thinking joined."""
         content: List[_Block] = []
         for kind, run in itertools.groupby(self._chunks, type):
+            # The casts do nothing at run time (and their mutants neither).
             if kind is al.ToolCallChunk:
-                content.extend(cast(al.ToolCallChunk, chunk).tool_call for chunk in run)
+                calls = cast(Iterator[al.ToolCallChunk], run)  # pragma: no mutate
+                content.extend(chunk.tool_call for chunk in calls)
             elif kind is al.TextDelta:
-                content.append(al.TextBlock("".join(cast(al.TextDelta, c).text for c in run)))
+                texts = cast(Iterator[al.TextDelta], run)  # pragma: no mutate
+                content.append(al.TextBlock("".join(chunk.text for chunk in texts)))
             else:
-                thinking = "".join(cast(al.ThinkingDelta, chunk).thinking for chunk in run)
+                thinkings = cast(Iterator[al.ThinkingDelta], run)  # pragma: no mutate
+                thinking = "".join(chunk.thinking for chunk in thinkings)
                 content.append(al.ThinkingBlock(thinking))
         return content
 
@@ -1672,7 +1768,8 @@ class OpenAIAnswer(_Answer):
                 # came) with [DONE] right after the last chunk it sent, and no finish.
                 raise _incomplete(
                     f"the stream{self._source} ended with {self.end_marker} but no finish_reason",
-                    " (for a server that never sends one: require_finish_reason=False)",
+                    f" (likely cause: {_CONCURRENCY_HINT}; for a server that never sends a "
+                    "finish_reason: require_finish_reason=False)",
                 )
             self._close_calls(out)
             self.done = True
@@ -1726,9 +1823,7 @@ class OpenAIAnswer(_Answer):
                 )
                 return
             self._failure = self._cut("finish_reason", finish, _OPENAI_CUT[finish], out)
-            if self._failure is not None:
-                return
-        self._close_calls(out)
+        self._close_calls(out)  # none is open after a cut
 
     def _incomplete(self) -> ProviderError:
         """The input ended before [DONE]: the cut, if one came, else a broken stream."""
@@ -1737,7 +1832,8 @@ class OpenAIAnswer(_Answer):
         if self._finish is None:
             return _incomplete(
                 f"the stream{self._source} ended before {self.end_marker} and without a "
-                f"finish_reason"
+                f"finish_reason",
+                f" (the server stopped sending: {_SERVER_LOG_HINT}; or {_CONCURRENCY_HINT})",
             )
         return super()._incomplete()
 
@@ -2002,8 +2098,8 @@ class AnthropicAnswer(_Answer):
             raise _malformed("content_block_start without a content_block object", data)
         kind = start.get("type")
         if kind not in ("text", "thinking", "redacted_thinking", "tool_use"):
-            kind = ""  # server tools and other blocks: not the answer
-        block = self._open_blocks[index] = _OpenBlock(cast(str, kind), start)
+            kind = ""  # pragma: no mutate (server tools...: not the answer; None is as falsy)
+        block = self._open_blocks[index] = _OpenBlock(kind, start)
         if kind == "text":
             self._piece(block, al.TextDelta, start.get("text", ""), data, out)
         elif kind == "thinking":

@@ -1,10 +1,11 @@
 """Tests only (not collected by pytest, not installed): the providers' builders and server.
 
-test_agent_loop_providers.py and test_agent_loop_providers_connection.py import the
-providers' builders from here: event streams built and recorded; the transport seam's
-builders (Canned, an Exchange with a head and scripted reads, given to a model through a
-CannedTransport; posted(), what a model sends; Hurried, a signal whose waits are short and
-recorded, for the retry tests); and settle_prompt(), their driver (with the command line's
+The providers' test files (test_agent_loop_providers.py, its _failures, _retries and
+_connection siblings) import the providers' builders from here: event streams built and
+recorded; the transport seam's builders (Canned, an Exchange with a head and scripted
+reads, given to a model through a CannedTransport; posted(), what a model sends; Hurried,
+a signal whose waits are short and recorded, for the retry tests); answers fed from bytes
+alone (new_answer(), parsed()); and settle_prompt(), their driver (with the command line's
 tools, agent_loop_cli.TOOLS). Its last section is the fixture server (serving()), a local
 http.server that test_agent_loop_providers_connection.py and test_agent_loop_cli.py run
 the adapters against, and free_port() for the tests that start a server of their own
@@ -446,8 +447,9 @@ def assert_stream_error(
 
 
 class Hurried(threading.Event):
-    """A run's signal whose waits last at most 10 ms, each one recorded in ``waits``: the
-    retry tests wait for no backoff, and see the waits asked for."""
+    """A run's signal whose waits last at most 10 ms (each must have a bound), each one
+    recorded in ``waits``: the retry tests wait for no backoff, and see the waits asked
+    for."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -455,7 +457,9 @@ class Hurried(threading.Event):
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         self.waits.append(timeout)
-        return super().wait(None if timeout is None else min(timeout, 0.01))
+        # The adapters' waits are all bounded: one without a bound would hang the test.
+        assert timeout is not None, "a wait without a bound"
+        return super().wait(min(timeout, 0.01))
 
 
 def backoff_bounds(retried: int) -> Tuple[float, float]:
@@ -529,6 +533,69 @@ def chunk_texts(events: Sequence[al.Event]) -> List[Union[str, al.ToolCall]]:
     """What the step streamed: each chunk's text, or its tool call."""
     chunks = [event.payload["chunk"] for event in events if event.type == "model.chunk"]
     return [chunk.text if isinstance(chunk, al.TextDelta) else chunk.tool_call for chunk in chunks]
+
+
+# --- Answers, from bytes alone (the three providers test files share them) -----------
+
+
+def anthropic_redacted(index: int, data: str) -> List[bytes]:
+    """A redacted_thinking block: whole in its start, no delta."""
+    block = {"type": "redacted_thinking", "data": data}
+    return [
+        anthropic_start(index, block),
+        anthropic_stop(index),
+    ]
+
+
+def openai_usage(usage: Any) -> bytes:
+    """The usage chunk: an empty choices list, and the usage of the whole request."""
+    data = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [], "usage": usage}
+    return b"data: " + json.dumps(data).encode() + b"\n\n"
+
+
+Answer = Union[providers.OpenAIAnswer, providers.AnthropicAnswer]
+
+
+def new_answer(provider: str, accept_truncated: bool = False) -> Answer:
+    """The provider's answer parser for request()."""
+    if provider == "openai":
+        return providers.OpenAIAnswer(request(), accept_truncated=accept_truncated)
+    return providers.AnthropicAnswer(request(), accept_truncated=accept_truncated)
+
+
+MODEL_CLASSES = {
+    "openai": providers.OpenAIChatModel,
+    "anthropic": providers.AnthropicMessagesModel,
+}
+ADD = {"left": 1, "right": 2}
+CANNED_URL = {
+    "openai": "http://canned/v1/chat/completions",
+    "anthropic": "http://canned/v1/messages",
+}
+
+
+def parsed(answer: Answer, *parts: bytes) -> Tuple[List[al.ModelChunk], al.ModelResponse]:
+    """Feeds an answer its parts, then the end of the input: its chunks and response."""
+    chunks = [chunk for part in parts for chunk in answer.feed(part)]
+    chunks.extend(answer.feed(b""))
+    return chunks, answer.response()
+
+
+# What an OpenAI answer without a finish_reason says: the likely cause (requests at once
+# that the server does not serve) first, then, at [DONE], the opt-out.
+CONCURRENCY_HINT = (
+    "more requests at once than the server serves (it ends an answer it interrupts so): "
+    "share one model object, built with max_concurrency=N (N: what the server serves at "
+    "once), among every run"
+)
+DONE_HINT = (
+    f"(likely cause: {CONCURRENCY_HINT}; for a server that never sends a finish_reason: "
+    "require_finish_reason=False)"
+)
+END_HINT = (
+    "(the server stopped sending: the server failed on this request: its log says why; "
+    f"or {CONCURRENCY_HINT})"
+)
 
 
 # --- The fixture server: a local http.server, for what needs a socket ------------------

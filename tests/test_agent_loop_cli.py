@@ -36,6 +36,7 @@ import agent_loop_cli as cli
 import agent_loop_replay as replay
 from loop_testing import REPOSITORY
 from loop_testing_providers import (
+    END_HINT,
     OPENAI_REASONING_STREAM,
     REASONING_USAGE,
     SERVER_BOUND,
@@ -219,7 +220,7 @@ class TestWhatItPrints:
             "  2  run.finished      failed after 1 step(s), 1 messages, error: "
             "MODEL_STREAM_ERROR: the model's stream raised ProviderProtocolError: the stream from "
             f"{server.url}/v1/chat/completions ended before data: [DONE] and without a "
-            "finish_reason: the answer is incomplete",
+            f"finish_reason: the answer is incomplete {END_HINT}",
         ]
 
     def test_reasoning_then_the_answer_and_the_usage(

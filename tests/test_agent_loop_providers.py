@@ -5,25 +5,24 @@ The layer tested here is sans-IO, through its public names: request bodies from
 answers by feeding byte-exact event streams to ``OpenAIAnswer`` / ``AnthropicAnswer``,
 heads to ``check_response_head()``. Streams through ``stream()`` and ``run_agent_loop``
 read canned bytes through the models' public seam, ``transport=`` (``CannedTransport``,
-below), so the loop's own limit checks judge them. No test here opens a socket or starts
-a process: what needs one (connecting, timeouts, TLS, the default transport's failures,
-cancellation, closing, llmock) is in test_agent_loop_providers_connection.py, and the
-command line in test_agent_loop_cli.py. The builders that both files use (event streams,
-the transport seam's ``Canned`` exchanges, ``settle_prompt``...) are in
-loop_testing_providers.py.
+below), so the loop's own limit checks judge them. What fails and what it says (the
+broken-answer tables, heads) is in test_agent_loop_providers_failures.py, the retries and
+the pauses a model's attempts share in test_agent_loop_providers_retries.py. No test in
+these three files opens a socket or starts a process: what needs one (connecting,
+timeouts, TLS, the default transport's failures, cancellation, closing, llmock) is in
+test_agent_loop_providers_connection.py, and the command line in test_agent_loop_cli.py.
+The builders that the files share (event streams, the transport seam's ``Canned``
+exchanges, ``settle_prompt``...) are in loop_testing_providers.py.
 """
 
 from __future__ import annotations
 
-import copy
-import email.utils
 import json
 import logging
 import re
 import ssl
 import threading
-import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union, cast
+from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 
 import pytest
 
@@ -31,47 +30,46 @@ import agent_loop as al
 import agent_loop_providers as providers
 from loop_testing import add_tool, documentation
 from loop_testing_providers import (
+    ADD,
     DONE,
     MESSAGE_START,
+    MODEL_CLASSES,
     OPENAI_REASONING_STREAM,
     OPENAI_TEXT_STREAM,
     OPENAI_TOOL_STREAM,
     PROVIDERS,
     REASONING_USAGE,
     REQUEST_HISTORY,
-    ROLE,
     SPECS,
     STOP,
     AnswerItem,
-    AnyModel,
     Attempt,
-    Canned,
     CannedTransport,
-    Hurried,
     answer_parts,
     anthropic_delta,
     anthropic_end,
     anthropic_event,
+    anthropic_redacted,
     anthropic_sent_result,
     anthropic_start,
     anthropic_stop,
     anthropic_text,
     anthropic_thinking,
     anthropic_tool,
-    assert_stream_error,
-    backoff_bounds,
     canned_anthropic,
     canned_model,
     canned_openai,
     chunk_texts,
     exchanges,
     in_pieces,
+    new_answer,
     openai_call,
     openai_chunk,
     openai_sent_call,
+    openai_usage,
+    parsed,
     posted,
     request,
-    retry_logs,
     settle_prompt,
     sse,
     stream,
@@ -80,45 +78,11 @@ from loop_testing_providers import (
 # --- Builders -----------------------------------------------------------------------
 
 
-def anthropic_redacted(index: int, data: str) -> List[bytes]:
-    """A redacted_thinking block: whole in its start, no delta."""
-    block = {"type": "redacted_thinking", "data": data}
-    return [
-        anthropic_start(index, block),
-        anthropic_stop(index),
-    ]
-
-
-def openai_usage(usage: Any) -> bytes:
-    """The usage chunk: an empty choices list, and the usage of the whole request."""
-    data = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [], "usage": usage}
-    return b"data: " + json.dumps(data).encode() + b"\n\n"
-
-
 def anthropic_sent_use(id: str, name: str, arguments: Dict[str, Any]) -> Dict[str, Any]:
     """A tool call as the Anthropic adapter sends it back."""
     return {"type": "tool_use", "id": id, "name": name, "input": arguments}
 
 
-Answer = Union[providers.OpenAIAnswer, providers.AnthropicAnswer]
-
-
-def new_answer(provider: str, accept_truncated: bool = False) -> Answer:
-    """The provider's answer parser for request()."""
-    if provider == "openai":
-        return providers.OpenAIAnswer(request(), accept_truncated=accept_truncated)
-    return providers.AnthropicAnswer(request(), accept_truncated=accept_truncated)
-
-
-MODEL_CLASSES = {
-    "openai": providers.OpenAIChatModel,
-    "anthropic": providers.AnthropicMessagesModel,
-}
-ADD = {"left": 1, "right": 2}
-CANNED_URL = {
-    "openai": "http://canned/v1/chat/completions",
-    "anthropic": "http://canned/v1/messages",
-}
 TOKEN_LIMIT = {"openai": "length", "anthropic": "max_tokens"}
 """The finish (OpenAI) or stop (Anthropic) reason of an answer cut by the token limit."""
 
@@ -209,13 +173,6 @@ ANTHROPIC_THINKING_STREAM = (
 )
 
 
-def parsed(answer: Answer, *parts: bytes) -> Tuple[List[al.ModelChunk], al.ModelResponse]:
-    """Feeds an answer its parts, then the end of the input: its chunks and response."""
-    chunks = [chunk for part in parts for chunk in answer.feed(part)]
-    chunks.extend(answer.feed(b""))
-    return chunks, answer.response()
-
-
 def assert_protocol_error(result: al.RunResult, words: str) -> None:
     """The run failed MODEL_PROTOCOL_ERROR saying words, and added nothing."""
     assert result.status == "failed"
@@ -223,6 +180,9 @@ def assert_protocol_error(result: al.RunResult, words: str) -> None:
     assert result.error.code == "MODEL_PROTOCOL_ERROR"
     assert words in result.error.message
     assert len(result.messages) == 1
+
+
+HI_CHUNK = openai_chunk({"content": "Hi"})
 
 
 # --- Public classes -----------------------------------------------------------------
@@ -833,6 +793,29 @@ class TestOpenAIStreaming:
         chunks, response = stream(canned_openai(parts, require_finish_reason=False))
         assert (len(chunks), response.stop_reason) == (2, "toolCall")
 
+    def test_a_fragment_without_a_function_belongs_to_its_call(self) -> None:
+        # The id may come alone first; the name and arguments follow under the same index.
+        id_only = {"index": 0, "id": "call_1", "type": "function"}
+        parts = [
+            openai_chunk({"tool_calls": [id_only]}),
+            openai_call(0, None, "add", '{"left": 1, "right": 2}'),
+            STOP,
+            DONE,
+        ]
+        _, response = stream(canned_openai(parts))
+        assert response.content == (al.ToolCall("call_1", "add", {"left": 1, "right": 2}),)
+
+    def test_a_choice_without_a_delta_is_its_finish_alone(self) -> None:
+        parts = [HI_CHUNK, sse({"choices": [{"index": 0, "finish_reason": "stop"}]}), DONE]
+        chunks, response = stream(canned_openai(parts))
+        assert (len(chunks), response.content) == (1, (al.TextBlock("Hi"),))
+
+    def test_a_provider_id_repeated_in_one_response_is_taken_once(self) -> None:
+        parts = [openai_call(0, "call_0", "add", ""), openai_call(1, "call_0", "add", "")]
+        _, response = stream(canned_openai([*parts, STOP, DONE]))
+        ids = [block.id for block in response.content if isinstance(block, al.ToolCall)]
+        assert ids == ["call_0", "response-001-call-2"]
+
     def test_empty_arguments_are_an_empty_object(self) -> None:
         no_arguments = {"index": 1, "id": "b", "function": {"name": "now"}}
         parts = [
@@ -895,6 +878,71 @@ class TestAnthropicStreaming:
         chunks, response = stream(canned_anthropic(parts))
         assert chunks == [al.TextDelta("request-001", "Hi")]
         assert (response.content, response.stop_reason) == ((al.TextBlock("Hi"),), "stop")
+
+    def test_a_start_without_its_text_thinking_or_signature_starts_empty(self) -> None:
+        parts = [
+            MESSAGE_START,
+            anthropic_start(0, {"type": "thinking"}),
+            anthropic_delta(0, type="thinking_delta", thinking="Hm."),
+            anthropic_delta(0, type="signature_delta", signature="sig"),
+            anthropic_stop(0),
+            anthropic_start(1, {"type": "text"}),
+            anthropic_delta(1, type="text_delta", text="Hi."),
+            anthropic_stop(1),
+            *anthropic_end(),
+        ]
+        chunks, response = stream(canned_anthropic(parts))
+        assert chunks == [
+            al.ThinkingDelta("request-001", "Hm."),
+            al.TextDelta("request-001", "Hi."),
+        ]
+        assert response.content == (al.ThinkingBlock("Hm.", "sig"), al.TextBlock("Hi."))
+
+    @pytest.mark.parametrize(
+        ("start", "deltas", "signature"),
+        [
+            pytest.param({"signature": "s0"}, [], "s0", id="the-starts-signature"),
+            pytest.param({"signature": "s0"}, ["s1"], "s1", id="a-later-delta-wins"),
+            pytest.param({}, [], None, id="none-at-all"),
+            pytest.param({"signature": ""}, [], None, id="empty-is-none"),
+        ],
+    )
+    def test_a_thinking_blocks_signature(
+        self, start: Dict[str, Any], deltas: List[str], signature: Optional[str]
+    ) -> None:
+        parts = [
+            MESSAGE_START,
+            anthropic_start(0, {"type": "thinking", "thinking": "", **start}),
+            anthropic_delta(0, type="thinking_delta", thinking="Hm."),
+            *[anthropic_delta(0, type="signature_delta", signature=each) for each in deltas],
+            anthropic_stop(0),
+            *anthropic_text(1, "Hi."),
+            *anthropic_end(),
+        ]
+        _, response = stream(canned_anthropic(parts))
+        (thinking, _) = response.content
+        assert isinstance(thinking, al.ThinkingBlock)
+        assert (thinking.thinking, thinking.signature) == ("Hm.", signature)
+
+    def test_a_tool_use_without_input_or_deltas_has_no_arguments(self) -> None:
+        parts = [
+            MESSAGE_START,
+            anthropic_start(0, {"type": "tool_use", "id": "toolu_1", "name": "now"}),
+            anthropic_stop(0),
+            *anthropic_end("tool_use"),
+        ]
+        _, response = stream(canned_anthropic(parts))
+        assert response.content == (al.ToolCall("toolu_1", "now", {}),)
+
+    def test_an_empty_text_block_is_not_kept(self) -> None:
+        parts = [
+            MESSAGE_START,
+            *anthropic_text(0),
+            *anthropic_tool(1, "toolu_1", "add", '{"left": 1, "right": 2}'),
+            *anthropic_end("tool_use"),
+        ]
+        _, response = stream(canned_anthropic(parts))
+        assert response.content == (al.ToolCall("toolu_1", "add", {"left": 1, "right": 2}),)
 
     def test_a_tool_use_without_deltas_keeps_its_start_input(self) -> None:
         block = {"type": "tool_use", "id": "t", "name": "add", "input": ADD}
@@ -1270,624 +1318,6 @@ class TestIds:
         assert replayed.messages == recorded.messages
 
 
-# --- Failures -----------------------------------------------------------------------
-
-
-def usage_delta(usage: Any) -> bytes:
-    return anthropic_event("message_delta", delta={}, usage=usage)
-
-
-TEXT_START, TOOL_START = anthropic_text(0)[0], anthropic_tool(0, "t", "add")[0]
-THINKING_START = anthropic_thinking(0)[0]
-HI = openai_chunk({"content": "Hi"})
-OBJECT = {"name": "add", "arguments": {}}  # arguments that are not a string
-DEEP = "[" * 200_000  # json's C code recurses per level: deeper than the recursion limit
-NESTED = (
-    "malformed event: JSON nested too deeply to read"
-    " (in the event's data or in a tool call's arguments)"
-)
-# Each broken answer, and the words of its refusal that no other row's refusal has (rows
-# that one check refuses share them): a refusal swapped for another one fails its row.
-OPENAI_BROKEN: List[Tuple[str, List[bytes], str]] = [
-    (
-        "no-done",
-        [HI, openai_chunk({}, "stop")],
-        "the stream ended before data: [DONE]: the answer is incomplete",
-    ),
-    (
-        "done-without-finish",
-        [HI, DONE],
-        "the stream ended with data: [DONE] but no finish_reason: the answer is incomplete "
-        "(for a server that never sends one: require_finish_reason=False)",
-    ),
-    (
-        "empty-finish",
-        [HI, openai_chunk({}, ""), DONE],
-        "the stream ended with data: [DONE] but no finish_reason: the answer is incomplete",
-    ),
-    (
-        "end-without-finish",
-        [HI],
-        "the stream ended before data: [DONE] and without a finish_reason: the answer is "
-        "incomplete",
-    ),
-    (
-        "finish-not-str",
-        [sse({"choices": [{"delta": {}, "finish_reason": ["stop"]}]})],
-        "malformed event: a finish_reason that is not a string",
-    ),
-    (
-        "length-then-the-end",
-        [HI, openai_chunk({}, "length")],
-        "the answer was cut: finish_reason 'length' (the token limit)",
-    ),
-    (
-        "length",
-        [HI, openai_chunk({}, "length"), DONE],
-        "the answer was cut: finish_reason 'length' (the token limit)",
-    ),
-    (
-        "filter",
-        [openai_chunk({}, "content_filter"), DONE],
-        "the answer was cut: finish_reason 'content_filter' (the provider's content filter)",
-    ),
-    (
-        "error",
-        [HI, sse({"error": {"message": "Crash", "type": "s_e"}})],
-        "the stream reported an error: s_e: Crash",
-    ),
-    ("error-event", [sse({"error": "busy"}, "error")], "the stream reported an error: busy"),
-    ("error-text", [b"event: error\ndata: gone\n\n"], "the stream reported an error: gone"),
-    (
-        "not-json",
-        [b'data: {"choices": [\n\n'],
-        'malformed event: its data is not JSON: {"choices": [',
-    ),
-    (
-        "not-object",
-        [b"data: [1, 2]\n\n"],
-        "malformed event: its data is not a JSON object: [1, 2]",
-    ),
-    ("no-choices", [sse({"id": "x"})], "malformed event: a chunk without a choices list"),
-    (
-        "choice",
-        [sse({"choices": [1]})],
-        "malformed event: a choice that is not an object with a delta object",
-    ),
-    (
-        "delta",
-        [sse({"choices": [{"delta": []}]})],
-        "malformed event: a choice that is not an object with a delta object",
-    ),
-    ("content", [openai_chunk({"content": 5})], "malformed event: delta.content is not a string"),
-    (
-        "calls",
-        [openai_chunk({"tool_calls": {}})],
-        "malformed event: delta.tool_calls is not a list",
-    ),
-    (
-        "fragment",
-        [openai_chunk({"tool_calls": [1]})],
-        "malformed event: a tool-call fragment that is not an object",
-    ),
-    (
-        "index",
-        [openai_chunk({"tool_calls": [{"index": "0"}]})],
-        "malformed event: a tool-call fragment without an int index or a function",
-    ),
-    (
-        "function",
-        [openai_chunk({"tool_calls": [{"function": []}]})],
-        "malformed event: a tool-call fragment without an int index or a function",
-    ),
-    (
-        "arguments",
-        [openai_chunk({"tool_calls": [{"function": OBJECT}]})],
-        "malformed event: tool-call arguments that are not a string",
-    ),
-    (
-        "continued",
-        [*[openai_call(n, str(n), "add", "{}") for n in (0, 1)], openai_call(0, None, None, "1")],
-        "malformed event: tool call 0 continues after it was complete",
-    ),
-    (
-        "no-name",
-        [openai_call(0, "a", None, "{}"), STOP, DONE],
-        "malformed event stream: a tool call has no name (None)",
-    ),
-    (
-        "bad-json",
-        [openai_call(0, "a", "add", '{"left": 1,'), STOP, DONE],
-        "tool call 'add' has arguments that are not JSON (",
-    ),
-    (
-        "bad-json-quoted",
-        [openai_call(0, "a", "add", '{"left": 1,'), STOP, DONE],
-        '): {"left": 1,',
-    ),
-    (
-        "array",
-        [openai_call(0, "a", "add", "[1]"), STOP, DONE],
-        "tool call 'add' has arguments that are not a JSON object: [1]",
-    ),
-    (
-        "utf-8",
-        [b"data: \xff\xfe\n\n"],
-        "malformed event stream: it is not UTF-8 ('utf-8' codec can't decode byte 0xff",
-    ),
-    (
-        "reasoning",
-        [openai_chunk({"reasoning_content": 1})],
-        "malformed event: delta.reasoning is not a string",
-    ),
-    ("deep", [b"data: " + DEEP.encode() + b"\n\n"], NESTED),
-    (
-        "deep-arguments",
-        [openai_call(0, "c1", "add", DEEP), openai_chunk({}, "tool_calls"), DONE],
-        NESTED,
-    ),
-    ("usage-list", [openai_usage([1]), DONE], "malformed event: usage is not an object"),
-    *[
-        (name, [openai_usage(usage), DONE], words)
-        for name, usage, words in [
-            (
-                "prompt-str",
-                {"prompt_tokens": "7"},
-                "malformed event: usage prompt_tokens is not an int >= 0",
-            ),
-            (
-                "output-bool",
-                {"completion_tokens": True},
-                "malformed event: usage completion_tokens is not an int >= 0",
-            ),
-            (
-                "prompt-negative",
-                {"prompt_tokens": -1},
-                "malformed event: usage prompt_tokens is not an int >= 0",
-            ),
-            (
-                "details-int",
-                {"prompt_tokens_details": 3},
-                "malformed event: prompt details is not an object",
-            ),
-            (
-                "completion-details",
-                {"completion_tokens_details": []},
-                "malformed event: completion details is not an object",
-            ),
-            (
-                "reasoning-float",
-                {"completion_tokens_details": {"reasoning_tokens": 1.0}},
-                "malformed event: usage reasoning_tokens is not an int >= 0",
-            ),
-            (
-                "cached-over-prompt",
-                {"prompt_tokens": 3, "prompt_tokens_details": {"cached_tokens": 4}},
-                "malformed event: usage with more cached tokens than prompt tokens",
-            ),
-        ]
-    ],
-]
-ANTHROPIC_BROKEN: List[Tuple[str, List[bytes], str]] = [
-    (
-        "no-stop",
-        [MESSAGE_START, *anthropic_text(0, "Hi"), anthropic_end()[0]],
-        "the stream ended before message_stop: the answer is incomplete",
-    ),
-    *[
-        (
-            stop,
-            [MESSAGE_START, *anthropic_end(stop)],
-            f"the answer was cut: stop_reason {stop!r} ({meaning})",
-        )
-        for stop, meaning in [
-            ("max_tokens", "the max_tokens limit"),
-            ("refusal", "the provider's safety classifier"),
-            ("pause_turn", "a paused turn, which this adapter does not resume"),
-            ("model_context_window_exceeded", "the model's context window"),
-        ]
-    ],
-    (
-        "error-event",
-        [MESSAGE_START, sse({"error": {"type": "o_e", "message": "Busy"}}, "error")],
-        "the stream reported an error: o_e: Busy",
-    ),
-    (
-        "error-type",
-        [sse({"type": "error", "error": {"type": "api_error", "message": "Boom"}})],
-        "the stream reported an error: api_error: Boom",
-    ),
-    (
-        "not-json",
-        [b"event: message_start\ndata: {\n\n"],
-        "malformed event: its data is not JSON: {",
-    ),
-    (
-        "unstarted-delta",
-        [anthropic_text(0, "x")[1]],
-        "malformed event: an index that is not a started block's",
-    ),
-    (
-        "unstarted-stop",
-        [anthropic_text(3)[1]],
-        "malformed event: an index that is not a started block's",
-    ),
-    ("restarted", [TEXT_START, TEXT_START], "malformed event: an index that is not a new block's"),
-    (
-        "reused",
-        [MESSAGE_START, *anthropic_text(0, "a"), TEXT_START],
-        "malformed event: an index that is not a new block's",
-    ),
-    (
-        "index",
-        [anthropic_start("0", {"type": "text"})],
-        "malformed event: an index that is not a new block's",
-    ),
-    (
-        "block",
-        [anthropic_start(0, "text")],
-        "malformed event: content_block_start without a content_block object",
-    ),
-    (
-        "start-text",
-        [anthropic_start(0, {"type": "text", "text": 1})],
-        "malformed event: text that is not a string",
-    ),
-    (
-        "delta",
-        [TEXT_START, anthropic_event("content_block_delta", index=0, delta="x")],
-        "malformed event: content_block_delta without a delta object",
-    ),
-    (
-        "delta-text",
-        [TEXT_START, anthropic_delta(0, type="text_delta", text=None)],
-        "malformed event: text that is not a string",
-    ),
-    (
-        "no-partial-json",
-        [TOOL_START, anthropic_delta(0, type="input_json_delta")],
-        "malformed event: input_json_delta without a tool_use block or partial_json",
-    ),
-    (
-        "message-delta",
-        [anthropic_event("message_delta", delta=None)],
-        "malformed event: message_delta without a delta object",
-    ),
-    (
-        "stop-reason-not-str",
-        [anthropic_event("message_delta", delta={"stop_reason": ["refusal"]})],
-        "malformed event: a stop_reason that is not a string",
-    ),
-    *[
-        (
-            f"open-{name}",
-            [MESSAGE_START, *block, *end],
-            f"malformed event: message_stop before block {i} stopped",
-        )
-        for name, block, end, i in [
-            ("tool", anthropic_tool(0, "t", "add", "{}")[:2], anthropic_end()[1:], 0),
-            ("thinking", anthropic_thinking(0, "hm", signature=None)[:2], anthropic_end()[1:], 0),
-            ("text", [*anthropic_text(0, "a"), *anthropic_text(1, "b")[:2]], anthropic_end(), 1),
-            ("other", [anthropic_start(0, {"type": "server_tool_use"})], anthropic_end()[1:], 0),
-        ]
-    ],
-    (
-        "bad-json",
-        [MESSAGE_START, *anthropic_tool(0, "t", "add", '{"a": '), *anthropic_end("tool_use")],
-        "tool call 'add' has arguments that are not JSON (",
-    ),
-    (
-        "no-name",
-        [MESSAGE_START, *anthropic_tool(0, "t", "", "{}"), *anthropic_end("tool_use")],
-        "malformed event stream: a tool call has no name ('')",
-    ),
-    ("deep", [b"event: message_start\ndata: " + DEEP.encode() + b"\n\n"], NESTED),
-    (
-        "deep-arguments",
-        [MESSAGE_START, *anthropic_tool(0, "t1", "add", DEEP), *anthropic_end()],
-        NESTED,
-    ),
-    *[
-        (name, [MESSAGE_START, start, delta], words)
-        for name, start, delta, words in [
-            (
-                "thinking-for-text",
-                TEXT_START,
-                anthropic_delta(0, type="thinking_delta", thinking="x"),
-                "malformed event: thinking_delta for a block that is not thinking",
-            ),
-            (
-                "signature-for-text",
-                TEXT_START,
-                anthropic_delta(0, type="signature_delta", signature="s"),
-                "malformed event: signature_delta for a block that is not thinking",
-            ),
-            (
-                "text-for-tool",
-                TOOL_START,
-                anthropic_delta(0, type="text_delta", text="x"),
-                "malformed event: text_delta for a block that is not text",
-            ),
-            (
-                "json-for-text",
-                TEXT_START,
-                anthropic_delta(0, type="input_json_delta", partial_json="{}"),
-                "malformed event: input_json_delta without a tool_use block or partial_json",
-            ),
-            (
-                "text-for-thinking",
-                THINKING_START,
-                anthropic_delta(0, type="text_delta", text="x"),
-                "malformed event: text_delta for a block that is not text",
-            ),
-            (
-                "json-for-thinking",
-                THINKING_START,
-                anthropic_delta(0, type="input_json_delta", partial_json="{}"),
-                "malformed event: input_json_delta without a tool_use block or partial_json",
-            ),
-            (
-                "thinking-not-str",
-                THINKING_START,
-                anthropic_delta(0, type="thinking_delta", thinking=5),
-                "malformed event: thinking that is not a string",
-            ),
-            (
-                "signature-not-str",
-                THINKING_START,
-                anthropic_delta(0, type="signature_delta", signature=["s"]),
-                "malformed event: a signature that is not a string",
-            ),
-        ]
-    ],
-    *[
-        (name, [MESSAGE_START, TEXT_START, usage_delta(usage)], words)
-        for name, usage, words in [
-            ("usage-list", [1], "malformed event: usage is not an object"),
-            (
-                "usage-negative",
-                {"output_tokens": -1},
-                "malformed event: usage output_tokens is not an int >= 0",
-            ),
-            (
-                "usage-bool",
-                {"input_tokens": True},
-                "malformed event: usage input_tokens is not an int >= 0",
-            ),
-            (
-                "usage-str",
-                {"cache_read_input_tokens": "5"},
-                "malformed event: usage cache_read_input_tokens is not an int >= 0",
-            ),
-        ]
-    ],
-    (
-        "redacted-empty",
-        [MESSAGE_START, *anthropic_redacted(0, "")],
-        "malformed event: a redacted_thinking block without its data",
-    ),
-    (
-        "redacted-no-data",
-        [MESSAGE_START, anthropic_start(0, {"type": "redacted_thinking"}), anthropic_text(0)[-1]],
-        "malformed event: a redacted_thinking block without its data",
-    ),
-    (
-        "message-not-object",
-        [anthropic_event("message_start", message="msg_1")],
-        "malformed event: message_start's message is not an object",
-    ),
-]
-BROKEN_ANSWERS = [
-    pytest.param(provider, parts, words, id=f"{provider}-{name}")
-    for provider, rows in [("openai", OPENAI_BROKEN), ("anthropic", ANTHROPIC_BROKEN)]
-    for name, parts, words in rows
-]
-
-
-def failure_kind(words: str) -> Tuple[type, Optional[bool]]:
-    """What a refusal is, by its words: what the provider said (a cut, an error event) is
-    a ProviderError; the rest is about the bytes, a ProviderProtocolError, incomplete or
-    malformed."""
-    if words.startswith(("the answer was cut", "the stream reported an error")):
-        return providers.ProviderError, None
-    return providers.ProviderProtocolError, "the answer is incomplete" in words
-
-
-class TestIncompleteAnswers:
-    """Never accept a broken answer: the parser refuses each case and says what happened."""
-
-    @pytest.mark.parametrize(("provider", "parts", "words"), BROKEN_ANSWERS)
-    def test_a_broken_answer_is_refused_saying_why(
-        self, provider: str, parts: List[bytes], words: str
-    ) -> None:
-        with pytest.raises(providers.ProviderError) as caught:
-            parsed(new_answer(provider), *parts)
-        assert words in str(caught.value)
-        assert (caught.value.status, caught.value.retry_after) == (None, None)
-        kind, incomplete = failure_kind(words)
-        assert type(caught.value) is kind
-        assert getattr(caught.value, "incomplete", None) is incomplete
-
-    @PROVIDERS
-    def test_a_broken_answer_fails_the_run_and_adds_nothing(self, provider: str) -> None:
-        events, result = settle_prompt(canned_model(provider, answer_parts(provider, ["Hi"])[:-2]))
-        error = assert_stream_error(
-            result,
-            "ended before",
-            "the answer is incomplete",
-            kind=providers.ProviderProtocolError,
-        )
-        assert (error.status, error.retry_after) == (None, None)
-        assert result.messages == (al.UserMessage("user-001", "What is 2 + 3?"),)
-        assert [event.type for event in events] == [
-            "message.accepted",
-            "model.chunk",
-            "run.finished",
-        ]
-
-    @PROVIDERS
-    def test_no_response_without_the_end_marker(self, provider: str) -> None:
-        with pytest.raises(providers.ProviderProtocolError, match="the answer is incomplete"):
-            new_answer(provider).response()
-
-    def test_an_error_event_nested_too_deeply_is_quoted(self) -> None:
-        with pytest.raises(providers.ProviderError) as caught:
-            parsed(new_answer("anthropic"), b"event: error\ndata: " + DEEP.encode() + b"\n\n")
-        assert str(caught.value) == "the stream reported an error: " + "[" * 200 + "..."
-
-    @pytest.mark.parametrize(
-        ("provider", "event", "error_type"),
-        [
-            pytest.param(
-                "anthropic",
-                sse({"type": "error", "error": {"type": "overloaded_error", "message": "O"}}),
-                "overloaded_error",
-                id="anthropic",
-            ),
-            pytest.param(
-                "openai",
-                sse({"error": {"message": "Crash", "type": "server_error"}}),
-                "server_error",
-                id="openai",
-            ),
-            pytest.param("openai", sse({"error": "busy"}, "error"), None, id="none-named"),
-        ],
-    )
-    def test_an_error_event_carries_the_providers_error_type(
-        self, provider: str, event: bytes, error_type: Optional[str]
-    ) -> None:
-        with pytest.raises(providers.ProviderError) as caught:
-            parsed(new_answer(provider), event)
-        assert caught.value.error_type == error_type
-
-    def test_the_end_of_the_input_after_the_marker_is_fine(self) -> None:
-        answer = new_answer("openai")
-        assert answer.feed(OPENAI_TEXT_STREAM) == [
-            al.TextDelta("request-001", "Hello"),
-            al.TextDelta("request-001", ", world"),
-        ]
-        assert answer.feed(b"") == []
-        assert answer.response().content == (al.TextBlock("Hello, world"),)
-
-
-def anthropic_message_start(usage: Dict[str, Any]) -> bytes:
-    """message_start with the usage of the answer so far."""
-    return anthropic_event("message_start", message={"id": "m", "content": [], "usage": usage})
-
-
-SEVEN_IN = {"prompt_tokens": 7, "completion_tokens": 2}
-CUT_CALL = openai_call(0, "c1", "add", '{"left": ')
-# Failed answers after the provider reported usage, the words of the failure, and the
-# usage it reported. OpenAI's usage chunk comes after the cut's finish, and is read.
-FAILED_WITH_USAGE = [
-    pytest.param(
-        "openai",
-        [HI, openai_chunk({}, "length"), openai_usage(SEVEN_IN), DONE],
-        "the answer was cut: finish_reason 'length' (the token limit)",
-        al.Usage(7, 2),
-        id="openai-length",
-    ),
-    pytest.param(
-        "openai",
-        [HI, openai_chunk({}, "length"), openai_usage(SEVEN_IN)],
-        "the answer was cut: finish_reason 'length' (the token limit)",
-        al.Usage(7, 2),
-        id="openai-length-then-the-end-of-the-input",
-    ),
-    pytest.param(
-        "openai",
-        [HI, openai_chunk({}, "content_filter"), openai_usage(SEVEN_IN), DONE],
-        "the answer was cut: finish_reason 'content_filter'",
-        al.Usage(7, 2),
-        id="openai-content-filter",
-    ),
-    pytest.param(
-        "openai",
-        [HI, CUT_CALL, openai_chunk({}, "length"), openai_usage(SEVEN_IN), DONE],
-        "the answer was cut: finish_reason 'length' (the token limit) while a tool call",
-        al.Usage(7, 2),
-        id="openai-length-in-a-tool-call",
-    ),
-    pytest.param(
-        "openai",
-        [HI, openai_chunk({}, "length"), DONE],
-        "the answer was cut: finish_reason 'length' (the token limit)",
-        None,
-        id="openai-no-usage-chunk",
-    ),
-    pytest.param(
-        "openai",
-        [HI, openai_chunk({}, "length"), openai_chunk({"content": "more"}), DONE],
-        "the answer was cut: finish_reason 'length' (the token limit)",
-        None,
-        id="openai-nothing-after-the-cut-is-the-answer",
-    ),
-    pytest.param(
-        "anthropic",
-        [
-            anthropic_message_start({"input_tokens": 9, "output_tokens": 1}),
-            *anthropic_text(0, "Hi"),
-            anthropic_end("refusal", {"output_tokens": 5})[0],  # it fails here, at once
-        ],
-        "the answer was cut: stop_reason 'refusal'",
-        al.Usage(9, 5),
-        id="anthropic-refusal",
-    ),
-    pytest.param(
-        "anthropic",
-        [
-            anthropic_message_start({"input_tokens": 9, "output_tokens": 1}),
-            *anthropic_text(0, "Hi")[:2],
-        ],
-        "the stream from http://canned/v1/messages ended before message_stop",
-        al.Usage(9, 1),
-        id="anthropic-broken",
-    ),
-]
-
-
-class TestWhatAFailedAnswerCost:
-    """ProviderError.usage: what the provider reported for an answer that then failed;
-    the run's own usage counts only the responses it appended."""
-
-    @pytest.mark.parametrize(("provider", "parts", "words", "usage"), FAILED_WITH_USAGE)
-    def test_the_error_carries_the_usage_the_provider_reported(
-        self, provider: str, parts: List[bytes], words: str, usage: Optional[al.Usage]
-    ) -> None:
-        model = canned_model(provider, parts)
-        (exchange,) = exchanges(model)
-        events, result = settle_prompt(model)
-        error = assert_stream_error(result, words)
-        assert error.usage == usage
-        assert chunk_texts(events) == ["Hi"]
-        assert exchange.reads >= len(parts)  # every part read: the usage after a cut too
-        assert result.usage is None  # no response was appended
-
-    def test_a_retried_answer_keeps_the_usage_of_its_last_attempt(self) -> None:
-        attempts = [
-            [anthropic_message_start({"input_tokens": tokens, "output_tokens": 1})]
-            for tokens in (9, 10)
-        ]
-        model = canned_anthropic(*attempts, retries=1)
-        _, result = settle_prompt(model, signal=Hurried())
-        error = assert_stream_error(result, "ended before message_stop", "(after 1 retry)")
-        assert error.usage == al.Usage(10, 1)
-
-    def test_the_run_sums_the_responses_it_appended_and_not_the_failed_one(self) -> None:
-        model = canned_openai(
-            [
-                *answer_parts("openai", [("c1", "add", ADD)])[:-1],
-                openai_usage({"prompt_tokens": 20, "completion_tokens": 5}),
-                DONE,
-            ],
-            [HI, openai_chunk({}, "length"), openai_usage(SEVEN_IN), DONE],
-        )
-        _, result = settle_prompt(model)
-        error = assert_stream_error(result, "finish_reason 'length'")
-        assert result.usage == al.Usage(20, 5)
-        assert error.usage == al.Usage(7, 2)
-
-
 # --- Long answers -------------------------------------------------------------------
 
 
@@ -2172,481 +1602,6 @@ class TestAcceptTruncated:
         answer = new_answer(provider, accept_truncated=True)
         with pytest.raises(providers.ProviderError, match=f"the answer was cut: .*{cut!r}"):
             parsed(answer, *answer_parts(provider, ["Text"], end=cut))
-
-
-# --- Heads: the status and headers that decide an error -----------------------------
-
-
-def unread() -> bytes:
-    raise AssertionError("this body is not read")
-
-
-class TestHead:
-    """The status and headers that decide an error, read by check_response_head()."""
-
-    def error(
-        self, status: int, headers: Dict[str, str], body: str = "", now: float = 0.0
-    ) -> providers.ProviderError:
-        with pytest.raises(providers.ProviderError) as caught:
-            providers.check_response_head(
-                "http://h/x", status, "Reason", headers, body.encode, now
-            )
-        return caught.value
-
-    @pytest.mark.parametrize("status", [200, 201, 299])
-    @pytest.mark.parametrize(
-        "content_type", ["text/event-stream", "text/event-stream; charset=x", ""]
-    )
-    def test_a_2xx_stream_is_no_error_and_its_body_is_not_read(
-        self, status: int, content_type: str
-    ) -> None:
-        headers = {"content-type": content_type}
-        providers.check_response_head("u", status, "OK", headers, unread)  # no error
-
-    @pytest.mark.parametrize(
-        ("status", "headers", "said"),
-        [
-            pytest.param(
-                301,
-                {"location": "https://h/y", "content-type": "text/event-stream"},
-                " (Location: https://h/y; redirects are not followed)",
-                id="redirect",
-            ),
-            pytest.param(
-                307,
-                {"location": "/x2"},
-                " (Location: /x2; redirects are not followed)",
-                id="temporary",
-            ),
-            pytest.param(304, {}, "", id="no-location"),
-            pytest.param(199, {}, "", id="below-200"),
-            pytest.param(399, {}, "", id="399"),
-        ],
-    )
-    def test_a_status_outside_2xx_is_an_error_naming_it(
-        self, status: int, headers: Dict[str, str], said: str
-    ) -> None:
-        with pytest.raises(providers.ProviderError) as caught:
-            providers.check_response_head("http://h/x", status, "Reason", headers, unread, 0.0)
-        error = caught.value
-        assert str(error) == f"http://h/x answered HTTP {status} Reason, not an event stream{said}"
-        assert type(error) is providers.ProviderError
-        assert (error.status, error.retry_after, error.error_type) == (status, None, None)
-
-    def test_json_instead_of_a_stream_is_a_protocol_error(self) -> None:
-        error = self.error(200, {"content-type": "application/json"}, '{"choices": []}')
-        assert str(error) == 'http://h/x answered with JSON, not an event stream: {"choices": []}'
-        assert isinstance(error, providers.ProviderProtocolError)
-        assert (error.status, error.retry_after, error.incomplete) == (None, None, False)
-
-    @pytest.mark.parametrize(
-        ("body", "text", "error_type"),
-        [
-            pytest.param(
-                '{"type": "error", "error": {"type": "authentication_error", '
-                '"message": "invalid x-api-key"}}',
-                "authentication_error: invalid x-api-key",
-                "authentication_error",
-                id="anthropic",
-            ),
-            pytest.param(
-                '{"error": {"message": "model not found"}}', "model not found", None, id="no-type"
-            ),
-            pytest.param(
-                '{"error": {"type": "server_error"}}',
-                '{"error": {"type": "server_error"}}',
-                "server_error",
-                id="type-without-message",
-            ),
-            pytest.param(
-                '{"error": "model \'x\' not found"}', "model 'x' not found", None, id="ollama"
-            ),
-            pytest.param('{"message": "Unauthorized"}', "Unauthorized", None, id="message"),
-            pytest.param('{"detail": "nope"}', '{"detail": "nope"}', None, id="other-json"),
-            pytest.param("[1]", "[1]", None, id="array"),
-            pytest.param("", "(no body)", None, id="empty"),
-            pytest.param("x" * 300, "x" * 200 + "...", None, id="long"),
-            pytest.param("[" * 40_000, "[" * 200 + "...", None, id="nested-too-deeply"),
-            pytest.param("caf\udce9", "caf\ufffd", None, id="not-utf-8"),
-        ],
-    )
-    def test_the_provider_error_text_and_type(
-        self, body: str, text: str, error_type: Optional[str]
-    ) -> None:
-        raw = body.encode("utf-8", "surrogateescape")  # not-utf-8: a lone byte 0xe9
-        with pytest.raises(providers.ProviderError) as caught:
-            providers.check_response_head("http://h/x", 401, "Reason", {}, lambda: raw, 0.0)
-        assert str(caught.value) == f"http://h/x answered HTTP 401 Reason: {text}"
-        assert (caught.value.status, caught.value.error_type) == (401, error_type)
-
-    @pytest.mark.parametrize(
-        ("headers", "retry_after"),
-        [
-            pytest.param({"retry-after-ms": "1500", "retry-after": "2"}, 1.5, id="ms-first"),
-            pytest.param({"retry-after": "0.25"}, 0.25, id="seconds"),
-            pytest.param({"retry-after": "0"}, 0.0, id="zero"),
-            pytest.param({"retry-after-ms": "x", "retry-after": "3"}, 3.0, id="bad-ms"),
-            pytest.param({"retry-after": "Wed, 21 Oct 2015 07:28:30 GMT"}, 30.0, id="date"),
-            pytest.param({"retry-after": "Wed, 21 Oct 2015 07:28:30 -0000"}, 30.0, id="utc"),
-            pytest.param({"retry-after": "Wed, 21 Oct 2015 07:27:00 GMT"}, 0.0, id="past"),
-            pytest.param({"retry-after": "soon"}, None, id="text"),
-            pytest.param(
-                {"retry-after": "Wed, 21 Oct 99999999999 07:28:30 GMT"}, None, id="huge-year"
-            ),
-            pytest.param(
-                {"retry-after": "Wed, 21 Oct 2015 99999999999:28:30 GMT"}, None, id="huge-hour"
-            ),
-            pytest.param({"retry-after": ""}, None, id="empty"),
-            pytest.param({"retry-after": "-1", "retry-after-ms": "nan"}, None, id="negative"),
-            pytest.param({"retry-after": "inf"}, None, id="infinite"),
-            pytest.param({}, None, id="none"),
-        ],
-    )
-    def test_retry_after_forms(
-        self, headers: Dict[str, str], retry_after: Optional[float]
-    ) -> None:
-        now = email.utils.parsedate_to_datetime("Wed, 21 Oct 2015 07:28:00 GMT").timestamp()
-        error = self.error(503, headers, "busy", now)
-        assert (error.status, error.retry_after) == (503, retry_after)
-        said = "" if retry_after is None else f" (Retry-After: {retry_after:g} s)"
-        assert str(error) == f"http://h/x answered HTTP 503 Reason: busy{said}"
-
-    def test_now_is_the_clock_when_not_given(self) -> None:
-        # A date a day ahead: about 86,400 s from now, whatever the clock says.
-        ahead = email.utils.formatdate(time.time() + 86_400, usegmt=True)
-        with pytest.raises(providers.ProviderError) as caught:
-            providers.check_response_head("u", 429, "", {"retry-after": ahead}, lambda: b"busy")
-        assert caught.value.retry_after is not None
-        assert 86_300 < caught.value.retry_after <= 86_400
-
-
-# --- The transport seam, and the one rule of retries ------------------------------------
-
-
-OVERLOADED_EVENT = sse(
-    {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}, "error"
-)
-
-
-def retried_once(first: Canned, provider: str = "openai") -> Tuple[al.RunResult, AnyModel]:
-    """A run whose first attempt meets first and whose second would answer "Done.", with
-    one retry allowed: its result, and its model (whose exchanges say what was opened)."""
-    model = canned_model(provider, first, answer_parts(provider, ["Done."]), retries=1)
-    return settle_prompt(model, signal=Hurried())[1], model
-
-
-class TestTheTransportSeam:
-    """transport=: what sends the requests; None is the default, over a socket."""
-
-    @PROVIDERS
-    def test_the_default_is_none_and_a_transport_is_kept(self, provider: str) -> None:
-        assert MODEL_CLASSES[provider]("m").transport is None
-        transport = CannedTransport()
-        assert MODEL_CLASSES[provider]("m", transport=transport).transport is transport
-
-    @pytest.mark.parametrize("transport", [1, "http", object()])
-    def test_a_transport_that_is_not_callable(self, transport: Any) -> None:
-        with pytest.raises(TypeError, match="transport must be None or a callable"):
-            providers.OpenAIChatModel("m", transport=transport)
-
-    @PROVIDERS
-    def test_each_attempt_opens_one_exchange_and_closes_it(self, provider: str) -> None:
-        result, model = retried_once(Canned([b"busy"], status=503), provider)
-        assert (result.status, result.final_text) == ("completed", "Done."), result.error
-        assert [exchange.closes for exchange in exchanges(model)] == [1, 1]
-        first, second = exchanges(model)
-        assert first.url == second.url == CANNED_URL[provider]
-        assert first.body == second.body  # the same request, sent again
-
-    def test_a_failed_open_closes_nothing_of_the_models(self) -> None:
-        refused = Canned(failure=providers.ProviderConnectionError("cannot connect to u: no"))
-        result, model = retried_once(refused)
-        assert result.status == "completed", result.error
-        assert [exchange.closes for exchange in exchanges(model)] == [0, 1]
-
-    def test_the_consumers_close_closes_the_exchange(self) -> None:
-        model = canned_openai([openai_chunk({"content": "Hi"}), openai_chunk({"content": "!"})])
-        generator = model.stream(request(), threading.Event())
-        assert next(generator) == al.TextDelta("request-001", "Hi")
-        generator.close()
-        assert exchanges(model)[0].closes == 1
-
-    def test_the_transport_gets_the_request_and_the_runs_signal(self) -> None:
-        got: List[Tuple[str, Dict[str, str], bytes, Any]] = []
-
-        def transport(
-            url: str, headers: Mapping[str, str], body: bytes, signal: al.Signal
-        ) -> Canned:
-            got.append((url, dict(headers), body, signal))
-            return Canned([OPENAI_TEXT_STREAM])
-
-        model = providers.OpenAIChatModel("m", base_url="http://h/v1", transport=transport)
-        signal = threading.Event()
-        _, response = stream(model, request(), signal)
-        assert response.content == (al.TextBlock("Hello, world"),)
-        ((url, headers, body, given),) = got
-        assert (url, given) == ("http://h/v1/chat/completions", signal)
-        assert headers["Accept"] == "text/event-stream"
-        assert body == providers.openai_request_body(request(), "m")
-
-    def test_an_error_body_is_read_up_to_64_kib(self) -> None:
-        big = Canned([b"x" * 65_536, b"more"], status=500)
-        result, _ = retried_once(big)
-        assert result.status == "completed", result.error
-        assert big.reads == 1  # the limit was reached: the rest is not read
-
-    def test_an_error_body_that_cannot_be_read_is_no_body(self) -> None:
-        class Broken(Canned):
-            def read(self) -> bytes:
-                raise providers.ProviderConnectionError("the connection to u broke")
-
-        _, result = settle_prompt(canned_openai(Broken(status=401)))
-        assert_stream_error(result, "answered HTTP 401 Unauthorized: (no body)")
-
-
-# Answers that the server did not finish: the parts before the text (none: no chunk), the
-# unfinished end, and what the error says after the URL.
-UNFINISHED = [
-    pytest.param(
-        "openai",
-        [ROLE],
-        [DONE],
-        "ended with data: [DONE] but no finish_reason: the answer is incomplete (for a "
-        "server that never sends one: require_finish_reason=False)",
-        id="openai-end-marker-without-finish",
-    ),
-    pytest.param(
-        "openai",
-        [ROLE],
-        [],
-        "ended before data: [DONE] and without a finish_reason: the answer is incomplete",
-        id="openai-end-of-input-without-finish",
-    ),
-    pytest.param(
-        "openai",
-        [ROLE],
-        [STOP],
-        "ended before data: [DONE]: the answer is incomplete",
-        id="openai-end-of-input-after-the-finish",
-    ),
-    pytest.param(
-        "anthropic",
-        [MESSAGE_START, anthropic_text(0)[0]],
-        [],
-        "ended before message_stop: the answer is incomplete",
-        id="anthropic-end-of-input",
-    ),
-]
-TEXT = {
-    "openai": openai_chunk({"content": "Hal"}),
-    "anthropic": anthropic_delta(0, type="text_delta", text="Hal"),
-}
-
-
-class TestWhatIsRetried:
-    """The one rule, decided by the socket loop from the error's type and the status:
-    retried before the first chunk, as many times as retries says."""
-
-    @pytest.mark.parametrize(
-        ("status", "retried"),
-        [
-            *[(400, False), (401, False), (404, False), (407, False), (408, True), (409, True)],
-            *[(410, False), (422, False), (429, True), (499, False), (500, True), (503, True)],
-            *[(529, True), (599, True), (301, False), (304, False)],
-        ],
-    )
-    def test_which_statuses_are_retried(self, status: int, retried: bool) -> None:
-        result, model = retried_once(Canned([b"no"], status=status))
-        assert (result.status == "completed") is retried, result.error
-        assert cast(CannedTransport, model.transport).opened == 1 + retried
-        if not retried:
-            assert assert_stream_error(result, f"HTTP {status}").status == status
-
-    @pytest.mark.parametrize(
-        ("provider", "first", "retried", "kind"),
-        [
-            pytest.param(
-                "openai",
-                Canned(failure=providers.ProviderConnectionError("cannot connect to u: refused")),
-                True,
-                providers.ProviderConnectionError,
-                id="a-connection-that-cannot-be-made",
-            ),
-            pytest.param(
-                "openai",
-                Canned([providers.ProviderConnectionError("the connection to u broke")]),
-                True,
-                providers.ProviderConnectionError,
-                id="a-connection-that-breaks-after-the-head",
-            ),
-            pytest.param(
-                "anthropic",
-                Canned([MESSAGE_START]),
-                True,
-                providers.ProviderProtocolError,
-                id="an-incomplete-answer",
-            ),
-            pytest.param(
-                "anthropic",
-                Canned([MESSAGE_START, OVERLOADED_EVENT]),
-                True,
-                providers.ProviderError,
-                id="an-overloaded-error-event",
-            ),
-            pytest.param(
-                "anthropic",
-                Canned(
-                    [MESSAGE_START, sse({"type": "error", "error": {"type": "overloaded_error"}})]
-                ),
-                True,
-                providers.ProviderError,
-                id="an-overloaded-error-event-without-a-message",
-            ),
-            pytest.param(
-                "anthropic",
-                Canned([MESSAGE_START, sse({"type": "error", "error": {"type": "api_error"}})]),
-                False,
-                providers.ProviderError,
-                id="another-error-event",
-            ),
-            pytest.param(
-                "openai",
-                Canned([b"data: {oops\n\n"]),
-                False,
-                providers.ProviderProtocolError,
-                id="a-malformed-event",
-            ),
-            pytest.param(
-                "openai",
-                Canned([b"{}"], headers={"Content-Type": "application/json"}),
-                False,
-                providers.ProviderProtocolError,
-                id="an-answer-in-json",
-            ),
-            pytest.param(
-                "anthropic",
-                Canned([MESSAGE_START, *anthropic_end("refusal")]),
-                False,
-                providers.ProviderError,
-                id="a-cut-answer",
-            ),
-            pytest.param(
-                "openai",
-                Canned(failure=providers.ProviderError("cannot connect to u: the certificate")),
-                False,
-                providers.ProviderError,
-                id="what-the-transport-says-would-come-again",
-            ),
-        ],
-    )
-    def test_which_failures_are_retried(
-        self, provider: str, first: Canned, retried: bool, kind: type
-    ) -> None:
-        first = copy.deepcopy(first)  # a parameter is made once: each run reads its own
-        result, model = retried_once(first, provider)
-        assert (result.status == "completed") is retried, result.error
-        assert cast(CannedTransport, model.transport).opened == 1 + retried
-        if not retried:
-            assert type(assert_stream_error(result)) is kind
-
-    def test_the_backoff_doubles_from_half_a_second_to_at_most_8_with_jitter(self) -> None:
-        busy = [Canned([b"busy"], status=503) for _ in range(7)]
-        signal = Hurried()
-        _, result = settle_prompt(canned_openai(*busy, retries=6), signal=signal)
-        assert_stream_error(result, "HTTP 503", "(after 6 retries)")
-        assert len(signal.waits) == 6
-        for retried, waited in enumerate(signal.waits):
-            low, high = backoff_bounds(retried)
-            assert waited is not None
-            assert low < waited <= high, (retried, waited)
-
-    @pytest.mark.parametrize(
-        ("retry_after", "waited"),
-        [
-            pytest.param("0.25", 0.25, id="seconds"),
-            pytest.param("60", 60.0, id="60-s-the-limit-is-waited-for"),
-            pytest.param("61", None, id="61-s-is-not-waited-for"),
-        ],
-    )
-    def test_the_wait_is_the_servers_retry_after_up_to_60_s(
-        self, retry_after: str, waited: Optional[float]
-    ) -> None:
-        busy = Canned([b"busy"], status=429, headers={"Retry-After": retry_after})
-        signal = Hurried()
-        _, result = settle_prompt(
-            canned_openai(busy, [OPENAI_TEXT_STREAM], retries=1), signal=signal
-        )
-        assert signal.waits == ([] if waited is None else [waited])
-        assert (result.status == "completed") is (waited is not None), result.error
-
-    def test_nothing_is_retried_after_the_first_chunk(self) -> None:
-        first = Canned([MESSAGE_START, *anthropic_text(0, "Hi")[:2], OVERLOADED_EVENT])
-        result, model = retried_once(first, "anthropic")
-        assert_stream_error(result, "overloaded_error: Overloaded")
-        assert cast(CannedTransport, model.transport).opened == 1
-
-    def test_a_transport_may_raise_one_error_twice(self) -> None:
-        # The error of the last attempt is said with its retries, on a copy of it.
-        shared = providers.ProviderConnectionError("cannot connect to u: refused")
-        model = canned_openai(Canned(failure=shared), Canned(failure=shared), retries=1)
-        _, result = settle_prompt(model, signal=Hurried())
-        error = assert_stream_error(
-            result, "refused (after 1 retry)", kind=providers.ProviderConnectionError
-        )
-        assert error is not shared
-        assert str(shared) == "cannot connect to u: refused"
-
-    @pytest.mark.parametrize(("provider", "head", "end", "words"), UNFINISHED)
-    def test_an_unfinished_answer_before_any_chunk_is_retried(
-        self,
-        provider: str,
-        head: List[bytes],
-        end: List[bytes],
-        words: str,
-        caplog: pytest.LogCaptureFixture,
-    ) -> None:
-        # Nothing was yielded: as after a broken connection, the answer is asked for again.
-        model = canned_model(provider, [*head, *end], answer_parts(provider, ["Done."]), retries=1)
-        with caplog.at_level(logging.WARNING):
-            _, result = settle_prompt(model, signal=Hurried())
-        assert (result.status, result.final_text) == ("completed", "Done."), result.error
-        (logged,) = retry_logs(caplog)
-        assert f"attempt 1 of 2 failed (the stream from {CANNED_URL[provider]} {words})" in logged
-        assert [bool(exchange.reads) for exchange in exchanges(model)] == [True, True]
-
-    @pytest.mark.parametrize(("provider", "head", "end", "words"), UNFINISHED)
-    def test_an_unfinished_answer_fails_the_run_once_the_retries_are_spent(
-        self, provider: str, head: List[bytes], end: List[bytes], words: str
-    ) -> None:
-        attempts = [Canned([*head, *end]) for _ in range(3)]
-        model = canned_model(provider, *attempts, retries=2)
-        _, result = settle_prompt(model, signal=Hurried())
-        url = CANNED_URL[provider]
-        assert_stream_error(
-            result,
-            f"the stream from {url} {words} (after 2 retries)",
-            kind=providers.ProviderProtocolError,
-        )
-        assert [bool(attempt.reads) for attempt in attempts] == [True, True, True]
-        assert len(result.messages) == 1
-
-    @pytest.mark.parametrize(("provider", "head", "end", "words"), UNFINISHED)
-    def test_an_unfinished_answer_after_a_chunk_fails_the_run_at_once(
-        self, provider: str, head: List[bytes], end: List[bytes], words: str
-    ) -> None:
-        # Once a chunk was yielded, the loop has reported it: no retry.
-        unused = Canned(answer_parts(provider, ["Done."]))
-        model = canned_model(provider, [*head, TEXT[provider], *end], unused, retries=2)
-        events, result = settle_prompt(model, signal=Hurried())
-        error = assert_stream_error(result, f"the stream from {CANNED_URL[provider]} {words}")
-        assert "(after" not in str(error)
-        assert chunk_texts(events) == ["Hal"]
-        assert unused.reads == 0
-
-    def test_without_require_finish_reason_the_end_of_input_is_still_incomplete(self) -> None:
-        model = canned_openai([openai_chunk({"content": "Hal"})], require_finish_reason=False)
-        _, result = settle_prompt(model)
-        assert_stream_error(result, "ended before data: [DONE] and without a finish_reason")
 
 
 # --- Wire formats -------------------------------------------------------------------

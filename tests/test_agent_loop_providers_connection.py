@@ -9,18 +9,22 @@ CA and certificates that the ``openssl`` command makes at test time (a missing o
 fails the TLS tests). Integration tests, marked ``llmock``, run both adapters through
 ``run_agent_loop`` against an ``llmock serve`` subprocess; they skip where llmock is not
 importable, unless ``AGENT_LOOP_REQUIRE_LLMOCK=1`` (set by tox's llmock env) turns the
-skip into a failure. No test reaches beyond 127.0.0.1. The wire formats themselves, and
-the retry rule on canned exchanges, are tested in test_agent_loop_providers.py, the
-command line in test_agent_loop_cli.py; the builders these files use, and the fixture
+skip into a failure. No test reaches beyond 127.0.0.1. The wire formats themselves are
+tested in test_agent_loop_providers.py and test_agent_loop_providers_failures.py, the
+retry rule on canned exchanges in test_agent_loop_providers_retries.py, the command line
+in test_agent_loop_cli.py; the builders these files use, and the fixture
 server, are in loop_testing_providers.py.
 """
 
 from __future__ import annotations
 
+import errno
+import http.client
 import importlib.util
 import json
 import logging
 import os
+import re
 import socket
 import ssl
 import subprocess
@@ -220,7 +224,8 @@ class TestRetries:
         first, second = retry_logs(caplog)
         assert first.startswith(
             f"request-001: attempt 1 of 3 failed ({server.url}/v1/chat/completions answered "
-            "HTTP 500 Internal Server Error: {}); retrying in "
+            "HTTP 500 Internal Server Error: {} (the server failed on this request: its log "
+            "says why)); retrying in "
         )
         assert second.startswith(
             f"request-001: attempt 2 of 3 failed ({server.url}/v1/chat/completions answered "
@@ -348,9 +353,10 @@ class TestRetries:
         model = providers.OpenAIChatModel("m", base_url=url, retries=2)
         with caplog.at_level(logging.WARNING):
             _, result = settle_prompt(model, signal=Hurried())
+        refused = f"[Errno {errno.ECONNREFUSED}] {os.strerror(errno.ECONNREFUSED)}"
         assert_stream_error(
             result,
-            f"cannot connect to {url}/chat/completions",
+            f"cannot connect to {url}/chat/completions: ConnectionRefusedError: {refused}",
             "(after 2 retries)",
             kind=providers.ProviderConnectionError,
         )
@@ -602,18 +608,23 @@ def silent() -> Iterator[str]:
 
 
 class _SlowLookup:
-    """getaddrinfo for the name slow.test that waits until released (or fails, if told)."""
+    """getaddrinfo for the name slow.test that waits until released (or fails, if told);
+    each lookup of it is recorded in ``lookups``: the thread's name, whether it is a
+    daemon, and the keyword arguments."""
 
     def __init__(self, error: Optional[OSError] = None) -> None:
         self.real = socket.getaddrinfo
         self.release = threading.Event()
         self.error = error
+        self.lookups: List[Tuple[str, bool, Dict[str, Any]]] = []
 
     def __call__(self, host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
         if host != "slow.test":
             return self.real(host, port, *args, **kwargs)
         if kwargs.get("flags", 0) & socket.AI_NUMERICHOST:
             raise socket.gaierror(socket.EAI_NONAME, "not a numeric host")
+        thread = threading.current_thread()
+        self.lookups.append((thread.name, thread.daemon, kwargs))
         if self.error is not None:
             raise self.error
         self.release.wait(_BOUND)
@@ -645,7 +656,9 @@ class TestConnecting:
         started = time.monotonic()
         _, result = settle_prompt(model)
         assert 0.3 <= time.monotonic() - started < 1.5
-        assert_stream_error(result, f"cannot connect to {blackhole}", "took more than 0.3 s")
+        assert_stream_error(
+            result, f"cannot connect to {blackhole}", "connecting took more than 0.3 s"
+        )
 
     def test_a_cancel_while_the_name_lookup_hangs(self, slow_lookup: _SlowLookup) -> None:
         model = providers.AnthropicMessagesModel(
@@ -690,6 +703,10 @@ class TestConnecting:
         _, response = stream(model)
         assert response.content == (al.TextBlock("Hello, world"),)
         assert server.requests[0]["headers"]["host"] == f"slow.test:{port}"
+        # Looked up once, for TCP, in a daemon thread of its own (which a hang leaves).
+        assert slow_lookup.lookups == [
+            ("agent_loop_providers lookup", True, {"type": socket.SOCK_STREAM})
+        ]
 
     def test_the_next_address_is_tried(
         self, server: Server, monkeypatch: pytest.MonkeyPatch
@@ -718,7 +735,13 @@ class TestConnecting:
         # The kernel refuses a TCP connection to the broadcast address without a packet.
         model = providers.OpenAIChatModel("m", base_url="http://255.255.255.255:9/v1", retries=0)
         _, result = settle_prompt(model)
-        assert_stream_error(result, "cannot connect to http://255.255.255.255:9/v1")
+        error = assert_stream_error(
+            result, "cannot connect to http://255.255.255.255:9/v1/chat/completions: "
+        )
+        # The error of the kernel's refusal, with its number and text (which one varies).
+        assert re.search(r": OSError: \[Errno \d+\] \w[^:]*$", str(error)), str(error)
+        number = int(str(error).split("[Errno ")[1].split("]")[0])
+        assert str(error).endswith(f"[Errno {number}] {os.strerror(number)}")
 
     def test_a_cancel_while_the_tls_handshake_waits(self, silent: str) -> None:
         model = providers.OpenAIChatModel("m", base_url=silent, timeout=_BOUND, retries=0)
@@ -727,7 +750,9 @@ class TestConnecting:
     def test_a_tls_handshake_that_takes_longer_than_the_timeout(self, silent: str) -> None:
         model = providers.OpenAIChatModel("m", base_url=silent, timeout=0.3, retries=0)
         _, result = settle_prompt(model)
-        assert_stream_error(result, "the TLS handshake failed", "took more than 0.3 s")
+        assert_stream_error(
+            result, "the TLS handshake failed", "the TLS handshake took more than 0.3 s"
+        )
 
 
 # --- HTTPS --------------------------------------------------------------------------
@@ -852,7 +877,10 @@ class TestHTTPFailures:
         headers = (("Content-Type", "application/json"), ("Content-Length", "100"))
         server.script(Reply([b"{"], status=500, headers=headers, stall=True))
         error = failure(openai(server, timeout=0.2))
-        assert str(error).endswith("answered HTTP 500 Internal Server Error: (no body)")
+        assert str(error).endswith(
+            "answered HTTP 500 Internal Server Error: (no body) (the server failed on this "
+            "request: its log says why)"
+        )
 
     def test_chunked_transfer_encoding_split_anywhere(self, server: Server) -> None:
         server.script(Reply(in_pieces(OPENAI_TOOL_STREAM), chunked=True))
@@ -1270,3 +1298,100 @@ class TestLLMock:
             assert result.final_text == "cut short"
         else:
             assert_stream_error(result, "the answer was cut")
+
+
+# --- The default transport's parts ----------------------------------------------------
+
+
+class TestTheDefaultExchange:
+    """_Exchange, the one place with a socket: what it is made of, before and after open()."""
+
+    @pytest.mark.parametrize(
+        ("url", "host", "port", "tls"),
+        [
+            ("https://api.example.com/v1/messages", "api.example.com", 443, True),
+            ("http://localhost/v1/chat/completions", "localhost", 80, False),
+            ("http://127.0.0.1:8080/v1/chat/completions", "127.0.0.1", 8080, False),
+            ("https://h:8443/v1", "h", 8443, True),
+            ("http://:8080/v1", "", 8080, False),
+        ],
+    )
+    def test_the_address_the_default_ports_and_the_state_before_open(
+        self, url: str, host: str, port: int, tls: bool
+    ) -> None:
+        context = ssl.create_default_context()
+        exchange = providers._Exchange(url, {}, b"", 2.5, threading.Event(), context)
+        try:
+            assert (exchange.host, exchange.port, exchange.tls) == (host, port, tls)
+            assert (exchange.connection.host, exchange.connection.port) == (host, port)
+            assert exchange.connection.timeout == 2.5
+            assert (exchange.status, exchange.reason, exchange.headers) == (0, "", {})
+            assert exchange.response is None
+            assert isinstance(exchange.connection, http.client.HTTPSConnection) is tls
+            if tls:  # the context given, not one http.client would make
+                assert exchange.context is context
+                assert exchange.connection._context is context  # type: ignore[attr-defined]
+            else:
+                assert exchange.context is None
+        finally:
+            exchange.close()
+
+    def test_https_without_a_context_shares_one_default_context(self) -> None:
+        providers._default_contexts.clear()
+        first = providers._Exchange("https://h/v1", {}, b"", 1.0, threading.Event(), None)
+        second = providers._Exchange("https://g/v1", {}, b"", 1.0, threading.Event(), None)
+        assert isinstance(first.context, ssl.SSLContext)
+        assert first.context is second.context
+        assert providers._default_contexts == [first.context]
+
+    def test_open_starts_one_daemon_watcher_that_ends_with_close(self, server: Server) -> None:
+        server.script(STREAM)
+        before = set(threading.enumerate())
+        exchange = providers._Exchange(
+            server.url + "/v1/chat/completions", {}, b"{}", _BOUND, threading.Event(), None
+        )
+        exchange.open()
+        try:
+            (watcher,) = [
+                thread
+                for thread in threading.enumerate()
+                if thread not in before and thread.name == "agent_loop_providers watch"
+            ]
+            assert watcher.daemon
+            assert exchange.status == 200
+        finally:
+            exchange.close()
+        watcher.join(_BOUND)
+        assert not watcher.is_alive()
+
+    def test_a_host_without_an_address_cannot_be_connected(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        exchange = providers._Exchange("http://h:9/v1", {}, b"", 1.0, threading.Event(), None)
+        monkeypatch.setattr(exchange, "_addresses", list)
+        with pytest.raises(providers.ProviderConnectionError) as caught:
+            exchange.open()
+        assert str(caught.value) == "cannot connect to http://h:9/v1: OSError: no address for h"
+
+    def test_what_stops_the_handshakes_wait_is_raised_as_it_is(
+        self, silent: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # A cancellation (here any ProviderError) during the TLS handshake's wait is not a
+        # failed handshake: it passes through, and the TLS socket is closed.
+        exchange = providers._Exchange(silent, {}, b"", _BOUND, threading.Event(), None)
+        waits = exchange._wait_for
+        seen: List[socket.socket] = []
+
+        def wait_for(sock: socket.socket, event: int, what: str, deadline: float) -> None:
+            if what == "the TLS handshake":
+                seen.append(sock)
+                raise providers.ProviderError("stopped")
+            waits(sock, event, what, deadline)
+
+        monkeypatch.setattr(exchange, "_wait_for", wait_for)
+        with pytest.raises(providers.ProviderError) as caught:
+            exchange.open()
+        assert (type(caught.value), str(caught.value)) == (providers.ProviderError, "stopped")
+        (tls,) = seen
+        assert isinstance(tls, ssl.SSLSocket)
+        assert tls.fileno() == -1  # closed

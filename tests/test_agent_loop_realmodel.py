@@ -410,6 +410,11 @@ class TestRealModel:
                 assert result.error is not None, result.status
                 assert result.error.code == "MODEL_STREAM_ERROR", result.error
                 assert "the answer is incomplete" in result.error.message, result.error
+                # The likely cause comes first, then the opt-out (at [DONE] only).
+                hint = result.error.message.index("max_concurrency=N")
+                assert hint < result.error.message.find("require_finish_reason") or (
+                    "require_finish_reason" not in result.error.message
+                ), result.error
         completed = [result for result in results if result.status == "completed"]
         # Each completed run read one answer that the server finished; the others were
         # interrupted (the premise of this test: at least one was).
@@ -438,10 +443,19 @@ class TestRealModel:
         self, llama_server: str, capsys: pytest.CaptureFixture[str]
     ) -> None:
         """The README's ask_local(), as a newcomer runs it (no grammar, no options), against
-        this server: the run completes with the model's text, and print_event printed one
-        line per event, the last the result."""
+        this server: its model is built once, at module level (``local``, with
+        max_concurrency=1), so that every call shares its slot; here it is that model on
+        this server's port. The run completes with the model's text, and print_event
+        printed one line per event, the last the result."""
         ask_local = readme_function("ask_local")
-        result = ask_local("Say hello.", base_url=llama_server + "/v1")
+        local = ask_local.__globals__.get("local")
+        assert isinstance(local, providers.OpenAIChatModel), (
+            "the README's ask_local() must use one model built at module level, `local`: "
+            "a model built at each call has a max_concurrency of its own, which limits nothing"
+        )
+        assert local.max_concurrency == 1
+        ask_local.__globals__["local"] = openai(llama_server, max_concurrency=1)
+        result = ask_local("Say hello.")
         assert result.status == "completed", result.error
         assert (result.final_text or "").strip()
         lines = capsys.readouterr().out.splitlines()
