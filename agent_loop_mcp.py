@@ -1,4 +1,4 @@
-# agent_loop_mcp.py 1.0.0: tools from MCP servers for agent_loop.py.
+# agent_loop_mcp.py 1.1.0: tools from MCP servers for agent_loop.py.
 # Standard library only; copy it next to agent_loop.py and agent_loop_providers.py (which
 # reads its event streams). Home: the agent_loop repository.
 """Tools from MCP servers (the Model Context Protocol) for the Agent Loop.
@@ -60,7 +60,7 @@ from typing import (
 import agent_loop
 import agent_loop_providers as providers
 
-__version__ = "1.0.0"
+__version__ = "1.1.0"
 
 __all__ = [
     "StdioServer",

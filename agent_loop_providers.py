@@ -1,4 +1,4 @@
-# agent_loop_providers.py 1.3.0: streaming provider adapters for agent_loop.py.
+# agent_loop_providers.py 1.4.0: streaming provider adapters for agent_loop.py.
 # One file, standard library only; copy it next to agent_loop.py. Home: the agent_loop repository.
 """Real models for the Agent Loop: OpenAI-compatible and Anthropic streaming APIs.
 
@@ -78,7 +78,7 @@ from typing import (
 
 import agent_loop as al
 
-__version__ = "1.3.0"
+__version__ = "1.4.0"
 
 __all__ = [
     # The models
