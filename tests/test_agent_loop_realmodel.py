@@ -552,6 +552,10 @@ class TestRealModel:
         )
         assert finished.returncode == (0 if status == "completed" else 1), finished.stderr
         recording = [json.loads(line) for line in finished.stdout.splitlines()]
+        # Each line is the event's to_dict() and the time it came, which replay leaves out.
+        times = [line.pop("time") for line in recording]
+        assert all(type(time) is float for time in times)
+        assert times == sorted(times)
         assert recording[-1]["payload"]["result"]["status"] == status
         assert any(line["type"] == kind for line in recording)
         replayed = replay([al.event_from_dict(line) for line in recording])
