@@ -470,7 +470,8 @@ def backoff_bounds(retried: int) -> Tuple[float, float]:
 
 
 def logged_delay(line: str) -> float:
-    """The seconds a retry's log line says it waits."""
+    """The seconds a retry's log line says it waits, rounded to 3 significant digits: a
+    wait just above the jitter's lower bound is logged as the bound itself."""
     found = re.search(r"; retrying in (\S+) s$", line)
     assert found is not None, line
     return float(found.group(1))

@@ -233,7 +233,7 @@ class TestRetries:
         )
         for retried, line in enumerate([first, second]):
             low, high = backoff_bounds(retried)
-            assert low < logged_delay(line) <= high
+            assert low <= logged_delay(line) <= high  # the log rounds to 3 digits
 
     def test_the_last_error_says_how_many_retries(self, server: Server) -> None:
         server.script(BUSY, BUSY, BUSY)
@@ -286,7 +286,7 @@ class TestRetries:
         if wait is None:  # the backoff's
             assert logged in line
             low, high = backoff_bounds(0)
-            assert low < logged_delay(line) <= high
+            assert low <= logged_delay(line) <= high  # the log rounds to 3 digits
         else:
             assert line.endswith(logged)
 
