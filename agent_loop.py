@@ -860,7 +860,7 @@ class _StreamedBlocks:
         """Raises _Problem unless the terminal content agrees with the stream."""
         # Seed: "The resulting normalized block sequences must agree in content and
         # order; raw text-chunk segmentation may differ." (A signature never streams.)
-        terminal = _normalized(content)
+        terminal = _normalized(b.text if isinstance(b, TextBlock) else b for b in content)
         streamed = _normalized(self.items)
         if terminal == streamed:
             return
@@ -907,16 +907,15 @@ def _streamed_length(text: object, kind: str, so_far: int) -> int:
     return length
 
 
-def _normalized(items: Iterable[Union[_Normalized, TextBlock]]) -> List[_Normalized]:
+def _normalized(items: Iterable[_Normalized]) -> List[_Normalized]:
     """Coalesces adjacent text and adjacent thinking (no signature); each bounds the others."""
     # Seed: "the loop coalesces adjacent streamed text deltas and adjacent terminal
     # text blocks, using Tool calls as boundaries." Thinking is coalesced as text is.
     normalized: List[_Normalized] = []
     # Empty text and thinking carry nothing, and are no boundary either (a redacted block).
-    texts = (item.text if isinstance(item, TextBlock) else item for item in items)
     carrying = (
         item
-        for item in texts
+        for item in items
         if item != "" and not (type(item) is ThinkingBlock and item.thinking == "")
     )
     for kind, run in itertools.groupby(carrying, key=type):
