@@ -80,7 +80,8 @@ HISTORY_LENGTH = 4000
 # --- Workloads ----------------------------------------------------------------------
 
 ScriptedStep = Any
-"""What al.scripted_response() returns (its class is private)."""
+"""What al.scripted_response() returns: al.ScriptedResponse since 1.4, named loosely so
+that the script also times 1.3 (AGENT_LOOP_DIR)."""
 
 
 def echo(arguments: dict[str, Any], signal: object) -> object:
