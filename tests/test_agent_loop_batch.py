@@ -531,7 +531,9 @@ class TestProgress:
             monkeypatch.undo()
             terminal.close()
             written = b""
-            while select.select([master], [], [], 0)[0]:
+            # The pty hands what the slave wrote to the master asynchronously: wait (at
+            # most WAIT) for each read instead of taking what has arrived by now.
+            while select.select([master], [], [], WAIT)[0]:
                 try:
                     chunk = os.read(master, 65536)
                 except OSError:  # Linux: EIO once the slave is closed and all was read
