@@ -103,8 +103,14 @@ class Waiting:
 
 async def until(flag: threading.Event) -> None:
     """Waits for a flag that another thread sets (at most WAIT seconds)."""
+    await until_true(flag.is_set)
+
+
+async def until_true(check: Callable[[], bool]) -> None:
+    """Waits until `check()` is true, giving the event loop's other tasks their turns (at
+    most WAIT seconds)."""
     deadline = time.monotonic() + WAIT
-    while not flag.is_set():
+    while not check():
         assert time.monotonic() < deadline
         await asyncio.sleep(0.001)
 
@@ -256,6 +262,9 @@ class TestCancellation:
         async def main() -> float:
             task = asyncio.ensure_future(consume())
             await until(waiting.started)
+            # The tool runs, so tool.started is handed over; the consumer takes it in its
+            # own turn of the event loop, which may come after this one.
+            await until_true(lambda: "tool.started" in seen)
             began = time.monotonic()
             task.cancel()
             with pytest.raises(asyncio.CancelledError):

@@ -498,6 +498,12 @@ class TestProgress:
         assert out.getvalue().count("\r") == draws
 
     def test_a_terminal_line_ends_with_a_newline(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        # No tick: one draws "0/2 runs" first whenever no run has ended within
+        # POLL_SECONDS (a slow start, a loaded machine), and may hold back the redraw of
+        # the first end. Without ticks the first line is the one the first run's end
+        # draws. Ticks have their own tests (test_the_report_ticks_while_no_run_ends,
+        # test_a_terminal_line_moves_on_once_a_second_while_nothing_ends).
+        monkeypatch.setattr(batch, "POLL_SECONDS", WAIT)
         terminal = Terminal()
         monkeypatch.setattr(sys, "stderr", terminal)
         batch.run_many(answer_run, ["a", "b"], concurrency=2)
@@ -517,12 +523,17 @@ class TestProgress:
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
         terminal = os.fdopen(slave, "w", encoding="utf-8")
         try:
+            # No tick, as in test_a_terminal_line_ends_with_a_newline: the first line drawn
+            # is the one the first run's end draws, never a "0/3 runs" of a slow start.
+            monkeypatch.setattr(batch, "POLL_SECONDS", WAIT)
             monkeypatch.setattr(sys, "stderr", terminal)
             results = batch.run_many(answer_run, ["a", "b", "c"], concurrency=1)
             monkeypatch.undo()
             terminal.close()
             written = b""
-            while select.select([master], [], [], 0)[0]:
+            # The pty hands what the slave wrote to the master asynchronously: wait (at
+            # most WAIT) for each read instead of taking what has arrived by now.
+            while select.select([master], [], [], WAIT)[0]:
                 try:
                     chunk = os.read(master, 65536)
                 except OSError:  # Linux: EIO once the slave is closed and all was read
