@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Sequence, Set, Tuple
@@ -656,6 +657,20 @@ class TestLLMockServer:
             encoding="utf-8",
         )
         stubborn.chmod(0o755)
+        started = tmp_path / "started"
+
+        def popen(*args: Any, **kwargs: Any) -> Any:
+            """Starts the stub, and returns once it ignores SIGTERM: the recipe's 0.5 s
+            to answer begin then, however long /bin/sh and Python took to start."""
+            process = subprocess.Popen(*args, **kwargs)
+            deadline = time.monotonic() + GONE_SECONDS
+            while not started.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return process
+
+        # The recipe's own subprocess names: only its Popen waits for the stub.
+        names = {name: getattr(subprocess, name) for name in ("DEVNULL", "TimeoutExpired")}
+        monkeypatch.setattr(recipe, "subprocess", types.SimpleNamespace(Popen=popen, **names))
         monkeypatch.setattr(sys, "executable", str(stubborn))
         monkeypatch.setattr(recipe, "LLMOCK_START_SECONDS", 0.5)
         monkeypatch.setattr(recipe, "HTTP_SECONDS", 0.5)
@@ -664,7 +679,7 @@ class TestLLMockServer:
             RuntimeError, match=r"llmock serve did not start on http://127\.0\.0\.1:"
         ), recipe.llmock_server():
             pass  # never reached
-        assert (tmp_path / "started").exists()
+        assert started.exists()
         assert {process for process in descendants(os.getpid()) if alive(process)} <= before
 
 
