@@ -105,6 +105,16 @@ def alive(process: Process) -> bool:
     return started == process[1] and state != "Z"
 
 
+def started_by(pid: int, ray_dir: str) -> bool:
+    """Whether a process has this module's Ray directory in its environment (RAY_TMPDIR,
+    which Ray's processes inherit): a pid reused since by another process has not."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as file:
+            return f"RAY_TMPDIR={ray_dir}".encode() in file.read().split(b"\0")
+    except OSError:
+        return False
+
+
 def command_line(pid: int) -> str:
     with open(f"/proc/{pid}/cmdline", "rb") as file:
         return file.read().replace(b"\0", b" ").decode("utf-8", "replace")
@@ -182,7 +192,7 @@ class Batch:
 
 
 @pytest.fixture(scope="module")
-def batch(tmp_path_factory: pytest.TempPathFactory) -> Batch:
+def batch(tmp_path_factory: pytest.TempPathFactory, ray_temp_dir: str) -> Batch:
     directory = tmp_path_factory.mktemp("batch")
     seen: Dict[Process, str] = {}
     try:
@@ -205,10 +215,13 @@ def batch(tmp_path_factory: pytest.TempPathFactory) -> Batch:
                 listening = listening_addresses([pid for pid, _ in seen])
     finally:
         # Whatever happened: wait (bounded) for every process seen to end, then say which
-        # did not. Ray's workers also report their pids in the ledger's task log.
+        # did not. Ray's workers also report their pids in the ledger's task log (a pid
+        # counts if its process is still one of this Ray's: a killed worker's may be reused).
         log = recipe.Ledger(str(directory / "ray" / "ledger")).records("")
         for process in descendants(1):
-            if process[0] in {record["pid"] for record in log}:
+            if process[0] in {record["pid"] for record in log} and started_by(
+                process[0], ray_temp_dir
+            ):
                 seen.setdefault(process, command_line_or_gone(process[0]))
         deadline = time.monotonic() + GONE_SECONDS
         while any(alive(process) for process in seen) and time.monotonic() < deadline:
