@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import types
 from dataclasses import dataclass
@@ -191,6 +192,20 @@ class Batch:
     """What run_on_ray raised for a make_run that raises."""
 
 
+class Releasing(recipe.WorkerKiller):
+    """The recipe's WorkerKiller that removes the batch's hold file once it has sent its
+    first kill: until then every tool call waits before it acts."""
+
+    def __init__(self, hold: Path, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.hold = hold
+
+    def _send(self, pid: int) -> None:
+        super()._send(pid)
+        with contextlib.suppress(FileNotFoundError):
+            self.hold.unlink()
+
+
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory: pytest.TempPathFactory, ray_temp_dir: str) -> Batch:
     directory = tmp_path_factory.mktemp("batch")
@@ -200,10 +215,14 @@ def batch(tmp_path_factory: pytest.TempPathFactory, ray_temp_dir: str) -> Batch:
             reference_specs = recipe.batch(RUNS, url, str(directory / "reference"))
             recipe.script_llmock(url, [spec.run_id for spec in reference_specs], SEED)
             reference = recipe.run_on_threads(reference_specs, workers=THREADS)
-            specs = recipe.batch(RUNS, url, str(directory / "ray"))
+            # The tools wait while the hold file exists: it is removed once the first kill
+            # is sent, so that kill lands in the middle of a call, whatever its delay.
+            hold = directory / "hold"
+            hold.touch()
+            specs = recipe.batch(RUNS, url, str(directory / "ray"), hold=str(hold))
             ledger = recipe.Ledger(specs[0].ledger_dir)
             with recipe.local_ray(WORKERS):
-                killer = recipe.WorkerKiller(ledger, kills=KILLS, runs=RUNS, seed=SEED)
+                killer = Releasing(hold, ledger, kills=KILLS, runs=RUNS, seed=SEED)
                 with killer:
                     results = recipe.run_on_ray(specs, max_retries=KILLS + 3)
                 attempts_before_replay = len(ledger.records("tool attempt"))
@@ -324,6 +343,7 @@ class TestManyRunsOnRay:
         earlier = [pid for pids in repeated for pid in pids]
         assert set(earlier) <= set(batch.killed)
         assert len(earlier) == len(set(earlier))
+        # The first kill lands while the tools are held (Releasing): that call ran again.
         assert repeated, "a kill in the middle of a call: it ran again (at-least-once)"
 
     def test_each_call_acted_once_with_the_result_in_its_transcript(self, batch: Batch) -> None:
@@ -546,6 +566,33 @@ class TestRecipeLedger:
             "calls run again": 1,
             "effects": 1,
         }
+
+    def test_a_tool_waits_to_act_while_the_hold_file_exists(self, tmp_path: Path) -> None:
+        """What lets the batch kill a worker in the middle of a call: its tool has logged
+        its attempt, and acts only once the hold file is gone."""
+        ledger = recipe.Ledger(str(tmp_path / "ledger"))
+        hold = tmp_path / "hold"
+        hold.touch()
+
+        def charge(arguments: Dict[str, Any], signal: al.Signal) -> object:
+            return ledger.effect("run-a", "charge", arguments, "charged", 0.0, str(hold))
+
+        results: List[al.RunResult] = []
+        runner = threading.Thread(
+            target=lambda: results.append(_settle(tmp_path / "run.jsonl", charge))
+        )
+        runner.start()
+        try:
+            deadline = time.monotonic() + GONE_SECONDS
+            while not ledger.records("tool attempt") and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert ledger.records("tool attempt")
+            assert ledger.effects() == []  # held: it has not acted
+        finally:
+            hold.unlink()
+            runner.join(GONE_SECONDS)
+        assert results[0].messages[2].content == "charged"
+        assert [effect["result"] for effect in ledger.effects()] == ["charged"]
 
 
 class TestRunOnRay:
