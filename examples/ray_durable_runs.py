@@ -83,6 +83,8 @@ MAX_STEPS: Final = 8
 """Each run's step budget: the scripts take 2 to 4 steps."""
 TOOL_SECONDS: Final = 0.02
 """How long a tool works before its effect, by default: a window for a kill mid-call."""
+HOLD_SECONDS: Final = 60.0
+"""How long a tool waits, at most, while its spec's ``hold`` file exists."""
 LLMOCK_START_SECONDS: Final = 30.0
 """How long llmock may take to answer its health check after it was started."""
 HTTP_SECONDS: Final = 10.0
@@ -110,7 +112,11 @@ class RunSpec:
     """What a task needs to run (or resume) one run; plain values, sent to the worker.
 
     ``base_url`` is llmock's root URL, ``journal_dir`` and ``ledger_dir`` directories that
-    every worker reaches. Raises ValueError for a run id that is not a plain file name.
+    every worker reaches. ``hold``, a file that every worker reaches: while it exists, a
+    tool that is about to act waits (at most HOLD_SECONDS), so that a worker killed then
+    is killed in the middle of a call, whatever the delay (the tests' batch holds its
+    tools until its first kill). Raises ValueError for a run id that is not a plain file
+    name.
     """
 
     run_id: str
@@ -119,6 +125,7 @@ class RunSpec:
     ledger_dir: str
     max_steps: int = MAX_STEPS
     tool_seconds: float = TOOL_SECONDS
+    hold: Optional[str] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.run_id, str) or not RUN_ID.fullmatch(self.run_id):
@@ -150,7 +157,7 @@ def make_run(spec: RunSpec, signal: al.Signal) -> Generator[al.Event, None, al.R
         spec.journal,
         messages=[al.UserMessage("user-001", f"Settle the accounts of {spec.run_id}.")],
         model=RunStepModel(spec.run_id, spec.base_url),
-        tools=tools_for(spec.run_id, ledger, spec.tool_seconds),
+        tools=tools_for(spec.run_id, ledger, spec.tool_seconds, spec.hold),
         max_steps=spec.max_steps,
         signal=signal,
     )
@@ -194,13 +201,15 @@ class Ledger:
         arguments: Mapping[str, al.JSON],
         result: al.JSON,
         seconds: float,
+        hold: Optional[str] = None,
     ) -> Any:
         """Acts once for the tool call being executed; returns the result recorded for it.
 
-        The first attempt works for ``seconds``, then records ``result`` (the effect)
-        through ``agent_loop_ray.Ledger.once``; an attempt that finds its call's effect
-        recorded returns that instead of acting again. Raises RuntimeError outside a tool
-        call of a durable run.
+        The first attempt works for ``seconds`` (first waiting, at most HOLD_SECONDS,
+        while the file ``hold`` exists), then records ``result`` (the effect) through
+        ``agent_loop_ray.Ledger.once``; an attempt that finds its call's effect recorded
+        returns that instead of acting again. Raises RuntimeError outside a tool call of a
+        durable run.
         """
         call = al.current_tool_call()
         if call is None:
@@ -208,6 +217,10 @@ class Ledger:
         self._log("tool attempt", run_id, call=call.id, tool=tool)
 
         def act() -> al.JSON:
+            if hold is not None:
+                deadline = time.monotonic() + HOLD_SECONDS
+                while os.path.exists(hold) and time.monotonic() < deadline:
+                    time.sleep(0.005)
             time.sleep(seconds)  # the work, before the effect: a kill here loses nothing
             return result
 
@@ -260,19 +273,22 @@ class Ledger:
             os.close(descriptor)
 
 
-def tools_for(run_id: str, ledger: Ledger, seconds: float = TOOL_SECONDS) -> al.ToolRegistry:
-    """The run's tools: each acts once per call id, through the ledger."""
+def tools_for(
+    run_id: str, ledger: Ledger, seconds: float = TOOL_SECONDS, hold: Optional[str] = None
+) -> al.ToolRegistry:
+    """The run's tools: each acts once per call id, through the ledger (``hold``: see
+    RunSpec)."""
 
     def charge(customer: str, cents: int) -> Any:
         """Charges a customer's card, once per tool call."""
         arguments: Dict[str, al.JSON] = {"customer": customer, "cents": cents}
         result: Dict[str, al.JSON] = {"customer": customer, "charged": cents}
-        return ledger.effect(run_id, "charge", arguments, result, seconds)
+        return ledger.effect(run_id, "charge", arguments, result, seconds, hold)
 
     def notify(customer: str, text: str) -> Any:
         """Sends a customer a message, once per tool call."""
         arguments: Dict[str, al.JSON] = {"customer": customer, "text": text}
-        return ledger.effect(run_id, "notify", arguments, "sent", seconds)
+        return ledger.effect(run_id, "notify", arguments, "sent", seconds, hold)
 
     return al.ToolRegistry([al.Tool.from_function(charge), al.Tool.from_function(notify)])
 
@@ -404,15 +420,26 @@ def run_on_threads(specs: Sequence[RunSpec], *, workers: int) -> List[Dict[str, 
 
 
 def batch(
-    count: int, base_url: str, directory: str, tool_seconds: float = TOOL_SECONDS
+    count: int,
+    base_url: str,
+    directory: str,
+    tool_seconds: float = TOOL_SECONDS,
+    hold: Optional[str] = None,
 ) -> List[RunSpec]:
     """Specs for runs run-0001..., with their journals in directory/journals and their
-    effects ledger in directory/ledger."""
+    effects ledger in directory/ledger (``hold``: see RunSpec)."""
     journal_dir = os.path.join(directory, "journals")
     ledger_dir = os.path.join(directory, "ledger")
     os.makedirs(journal_dir, exist_ok=True)
     return [
-        RunSpec(f"run-{number:04d}", base_url, journal_dir, ledger_dir, tool_seconds=tool_seconds)
+        RunSpec(
+            f"run-{number:04d}",
+            base_url,
+            journal_dir,
+            ledger_dir,
+            tool_seconds=tool_seconds,
+            hold=hold,
+        )
         for number in range(1, count + 1)
     ]
 
@@ -469,6 +496,7 @@ class WorkerKiller:
     runs have finished, then for the next tool call to start, and kills its worker a
     random delay of 0 to ``delay`` seconds later: before the tool acted, after it acted
     but before the result reached the journal, or later still (streaming the next step).
+    A tool call of a worker it killed already (logged before it died) is not waited for.
     Only a process whose command line is a Ray worker's (``ray::``) is killed; ``killed``
     lists their pids. Local Ray only (Linux: it reads /proc).
     """
@@ -512,10 +540,14 @@ class WorkerKiller:
 
     def _ready(self, number: int) -> bool:
         """Kill number's moment: number * runs / kills runs have finished, and since then a
-        tool call has started (it is in ``_fresh``)."""
+        tool call has started in a worker not killed yet (it is in ``_fresh``)."""
         records = self._log.read()
         self._finished += sum(record["event"] == "task finished" for record in records)
-        self._fresh = [record for record in records if record["event"] == "tool attempt"]
+        self._fresh = [
+            record
+            for record in records
+            if record["event"] == "tool attempt" and record["pid"] not in self.killed
+        ]
         return self._finished * self.kills >= number * self.runs and bool(self._fresh)
 
     def _send(self, pid: int) -> None:

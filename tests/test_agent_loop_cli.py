@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Optional, TextIO, Tuple
 
 import pytest
 
@@ -726,24 +726,30 @@ class TestCancellation:
     """Ctrl-C sets the run's signal: the run ends cancelled and its result is printed."""
 
     def test_sigint_sets_the_signal(
-        self, server: Server, capsys: pytest.CaptureFixture[str]
+        self,
+        server: Server,
+        capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch,
     ) -> None:
         server.script(Reply([openai_chunk({"content": "Thinking"})], stall=True))
+        print_event = al.print_event
 
-        def interrupt() -> None:
-            # Once the request arrived, main() has installed its handler: the server
-            # holds the stream open, so main() is still running when SIGINT comes.
-            if eventually(lambda: bool(server.requests)):
-                time.sleep(0.1)
+        def interrupting(event: al.Event, file: Optional[TextIO] = None) -> None:
+            """Prints the line as main() does; SIGINT comes once the chunk is printed.
+
+            main() is still running (the server holds the stream open), with its handler
+            installed. The signal is sent from the main thread, between two reads: Python
+            runs the handler before the next read blocks. (Sent from another thread, it
+            could come while the main thread is on its way into the read, and be handled
+            only once the read returns, when the server gives up.)
+            """
+            print_event(event, file)
+            if event.type == "model.chunk":
                 os.kill(os.getpid(), os_signal.SIGINT)
 
+        monkeypatch.setattr(al, "print_event", interrupting)
         before = os_signal.getsignal(os_signal.SIGINT)
-        interrupter = threading.Thread(target=interrupt)
-        interrupter.start()
-        try:
-            status = cli.main(argv(server, "openai", "Hi"))
-        finally:
-            interrupter.join(SERVER_BOUND)
+        status = cli.main(argv(server, "openai", "Hi"))
         assert status == 1
         assert capsys.readouterr().out.splitlines()[1:] == [
             '  1  model.chunk       request-001 text "Thinking"',
@@ -753,25 +759,57 @@ class TestCancellation:
 
     def test_ctrl_c_cancels_and_prints_the_result(self, server: Server) -> None:
         server.script(Reply([openai_chunk({"content": "Thinking"})], stall=True))
-        process = start(server, "Hi")
-        try:
-            # The request arrives once main() has installed its handler; the server then
-            # holds the stream open, so the run is waiting on the network.
-            assert eventually(lambda: bool(server.requests))
-            time.sleep(0.2)
-            process.send_signal(os_signal.SIGINT)
-            out, err = process.communicate(timeout=SERVER_BOUND)
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.communicate()
+        lines: List[str] = []
+        printed = threading.Event()
+        with start(server, "Hi") as process:
+            assert process.stdout is not None
+            assert process.stderr is not None
+            stdout = process.stdout
+
+            def read() -> None:
+                """The child's stdout, each line as it is printed (print_event flushes)."""
+                for line in stdout:
+                    lines.append(line)
+                    if " model.chunk " in line:
+                        printed.set()
+
+            reader = threading.Thread(target=read)
+            reader.start()
+            try:
+                # Once the chunk is printed, main() has installed its handler; the server
+                # holds the stream open, so the run waits on the network: SIGINT comes
+                # once it is blocked there.
+                assert printed.wait(SERVER_BOUND)
+                assert eventually(lambda: asleep(process.pid))
+                process.send_signal(os_signal.SIGINT)
+                process.wait(SERVER_BOUND)
+            finally:
+                if process.poll() is None:
+                    process.kill()
+                reader.join(SERVER_BOUND)  # the child has ended: its stdout ends
+            err = process.stderr.read()
         assert process.returncode == 1
-        assert out.splitlines()[1:] == [
+        assert "".join(lines).splitlines()[1:] == [
             '  1  model.chunk       request-001 text "Thinking"',
             "  2  run.finished      cancelled after 1 step(s), 1 messages",
         ]
         assert before_times(err) == ""
         assert server.disconnected.wait(SERVER_BOUND)
+
+
+def asleep(pid: int) -> bool:
+    """Whether the process's main thread sleeps in the kernel (the run's read, here).
+
+    A signal then interrupts the read, and Python runs its handler at once. One that
+    comes while the thread is on its way into the read is handled only once the read
+    returns. Where there is no /proc, True (the chunk line is then all there is to wait
+    for).
+    """
+    stat = Path(f"/proc/{pid}/stat")
+    if not stat.exists():
+        return True
+    text = stat.read_text()
+    return text[text.rindex(")") + 2] == "S"  # the name, in parentheses, may hold spaces
 
 
 class TestTheFile:

@@ -8,6 +8,7 @@ tests against servers built with the official SDK are in test_agent_loop_mcp_sdk
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import http.server
 import json
@@ -50,11 +51,10 @@ class Canned:
     def command(self) -> List[str]:
         return [sys.executable, str(self.script), json.dumps(self.config)]
 
-    def server(self, timeout: Optional[float] = None) -> mcp.StdioServer:
-        """The server; with ``timeout``, its session is open and its requests from now on
-        wait that long (the handshake waits 10 s, however slow the machine)."""
-        server: mcp.StdioServer = shortened(mcp.StdioServer(self.command, timeout=10.0), timeout)
-        return server
+    def server(self) -> mcp.StdioServer:
+        """The server; its requests wait 10 s, however slow the machine (a test shortens
+        one request with ``only_now``)."""
+        return mcp.StdioServer(self.command, timeout=10.0)
 
     def lines(self) -> List[bytes]:
         return self.log.read_bytes().splitlines() if self.log.exists() else []
@@ -71,6 +71,22 @@ def shortened(server: Any, timeout: Optional[float]) -> Any:
         server.__enter__()
         server.timeout = timeout
     return server
+
+
+@contextlib.contextmanager
+def only_now(server: Any, timeout: float) -> Iterator[None]:
+    """Requests sent inside the block wait ``timeout``; those before and after it wait
+    the server's own (10 s), so that only the request meant to time out can.
+
+    A request takes its deadline when it is sent: setting the timeout back once the
+    block's call has ended leaves that call's deadline as it was.
+    """
+    before = server.timeout
+    server.timeout = timeout
+    try:
+        yield
+    finally:
+        server.timeout = before
 
 
 def alive(pid: int) -> bool:
@@ -758,9 +774,10 @@ class TestTimeAndCancellation:
     """A request waits at most timeout (progress restarts it); a cancel reaches the server."""
 
     def test_a_timed_out_call_is_cancelled_and_the_server_goes_on(self, canned: Canned) -> None:
-        with canned.server(timeout=0.3) as server:
-            server.tools()
-            result = call(server, "slow")
+        with canned.server() as server:
+            server.tools()  # the list is kept: call() below sends only tools/call
+            with only_now(server, 0.3):
+                result = call(server, "slow")
             assert result.is_error
             assert re.fullmatch(
                 r"MCP tool 'slow': tools/call got no answer within 0\.3\d* s, and was cancelled",
@@ -1409,8 +1426,13 @@ class TestHttp:
             assert call(server, "echo", {"text": "next"}).content == "next"
 
     def test_a_timed_out_call(self, http_fake: HttpFake) -> None:
-        with shortened(mcp.HttpServer(http_fake.url), 0.3) as server:
-            assert "and was cancelled" in call(server, "slow").content
+        with mcp.HttpServer(http_fake.url, timeout=10.0) as server:
+            tools = registry(server)  # HTTP lists again in each call(): list it only here
+            with only_now(server, 0.3):
+                result = al.execute_tool_call(
+                    tools, al.ToolCall("c", "slow", {}), threading.Event()
+                )
+            assert "and was cancelled" in result.content
             assert wait_for(lambda: cancelled_from(http_fake.posted(), 3))
 
     def test_a_call_waiting_for_another_threads_handshake_is_cancelled(self) -> None:

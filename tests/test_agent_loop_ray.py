@@ -28,7 +28,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Sequence, Set, Tuple
@@ -102,6 +104,16 @@ def alive(process: Process) -> bool:
     except OSError:
         return False
     return started == process[1] and state != "Z"
+
+
+def started_by(pid: int, ray_dir: str) -> bool:
+    """Whether a process has this module's Ray directory in its environment (RAY_TMPDIR,
+    which Ray's processes inherit): a pid reused since by another process has not."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as file:
+            return f"RAY_TMPDIR={ray_dir}".encode() in file.read().split(b"\0")
+    except OSError:
+        return False
 
 
 def command_line(pid: int) -> str:
@@ -180,8 +192,22 @@ class Batch:
     """What run_on_ray raised for a make_run that raises."""
 
 
+class Releasing(recipe.WorkerKiller):
+    """The recipe's WorkerKiller that removes the batch's hold file once it has sent its
+    first kill: until then every tool call waits before it acts."""
+
+    def __init__(self, hold: Path, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.hold = hold
+
+    def _send(self, pid: int) -> None:
+        super()._send(pid)
+        with contextlib.suppress(FileNotFoundError):
+            self.hold.unlink()
+
+
 @pytest.fixture(scope="module")
-def batch(tmp_path_factory: pytest.TempPathFactory) -> Batch:
+def batch(tmp_path_factory: pytest.TempPathFactory, ray_temp_dir: str) -> Batch:
     directory = tmp_path_factory.mktemp("batch")
     seen: Dict[Process, str] = {}
     try:
@@ -189,10 +215,14 @@ def batch(tmp_path_factory: pytest.TempPathFactory) -> Batch:
             reference_specs = recipe.batch(RUNS, url, str(directory / "reference"))
             recipe.script_llmock(url, [spec.run_id for spec in reference_specs], SEED)
             reference = recipe.run_on_threads(reference_specs, workers=THREADS)
-            specs = recipe.batch(RUNS, url, str(directory / "ray"))
+            # The tools wait while the hold file exists: it is removed once the first kill
+            # is sent, so that kill lands in the middle of a call, whatever its delay.
+            hold = directory / "hold"
+            hold.touch()
+            specs = recipe.batch(RUNS, url, str(directory / "ray"), hold=str(hold))
             ledger = recipe.Ledger(specs[0].ledger_dir)
             with recipe.local_ray(WORKERS):
-                killer = recipe.WorkerKiller(ledger, kills=KILLS, runs=RUNS, seed=SEED)
+                killer = Releasing(hold, ledger, kills=KILLS, runs=RUNS, seed=SEED)
                 with killer:
                     results = recipe.run_on_ray(specs, max_retries=KILLS + 3)
                 attempts_before_replay = len(ledger.records("tool attempt"))
@@ -204,10 +234,13 @@ def batch(tmp_path_factory: pytest.TempPathFactory) -> Batch:
                 listening = listening_addresses([pid for pid, _ in seen])
     finally:
         # Whatever happened: wait (bounded) for every process seen to end, then say which
-        # did not. Ray's workers also report their pids in the ledger's task log.
+        # did not. Ray's workers also report their pids in the ledger's task log (a pid
+        # counts if its process is still one of this Ray's: a killed worker's may be reused).
         log = recipe.Ledger(str(directory / "ray" / "ledger")).records("")
         for process in descendants(1):
-            if process[0] in {record["pid"] for record in log}:
+            if process[0] in {record["pid"] for record in log} and started_by(
+                process[0], ray_temp_dir
+            ):
                 seen.setdefault(process, command_line_or_gone(process[0]))
         deadline = time.monotonic() + GONE_SECONDS
         while any(alive(process) for process in seen) and time.monotonic() < deadline:
@@ -310,6 +343,7 @@ class TestManyRunsOnRay:
         earlier = [pid for pids in repeated for pid in pids]
         assert set(earlier) <= set(batch.killed)
         assert len(earlier) == len(set(earlier))
+        # The first kill lands while the tools are held (Releasing): that call ran again.
         assert repeated, "a kill in the middle of a call: it ran again (at-least-once)"
 
     def test_each_call_acted_once_with_the_result_in_its_transcript(self, batch: Batch) -> None:
@@ -533,6 +567,33 @@ class TestRecipeLedger:
             "effects": 1,
         }
 
+    def test_a_tool_waits_to_act_while_the_hold_file_exists(self, tmp_path: Path) -> None:
+        """What lets the batch kill a worker in the middle of a call: its tool has logged
+        its attempt, and acts only once the hold file is gone."""
+        ledger = recipe.Ledger(str(tmp_path / "ledger"))
+        hold = tmp_path / "hold"
+        hold.touch()
+
+        def charge(arguments: Dict[str, Any], signal: al.Signal) -> object:
+            return ledger.effect("run-a", "charge", arguments, "charged", 0.0, str(hold))
+
+        results: List[al.RunResult] = []
+        runner = threading.Thread(
+            target=lambda: results.append(_settle(tmp_path / "run.jsonl", charge))
+        )
+        runner.start()
+        try:
+            deadline = time.monotonic() + GONE_SECONDS
+            while not ledger.records("tool attempt") and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert ledger.records("tool attempt")
+            assert ledger.effects() == []  # held: it has not acted
+        finally:
+            hold.unlink()
+            runner.join(GONE_SECONDS)
+        assert results[0].messages[2].content == "charged"
+        assert [effect["result"] for effect in ledger.effects()] == ["charged"]
+
 
 class TestRunOnRay:
     """run_on_ray's arguments, and a run that raises (the batch fixture's Ray runs it)."""
@@ -656,6 +717,20 @@ class TestLLMockServer:
             encoding="utf-8",
         )
         stubborn.chmod(0o755)
+        started = tmp_path / "started"
+
+        def popen(*args: Any, **kwargs: Any) -> Any:
+            """Starts the stub, and returns once it ignores SIGTERM: the recipe's 0.5 s
+            to answer begin then, however long /bin/sh and Python took to start."""
+            process = subprocess.Popen(*args, **kwargs)
+            deadline = time.monotonic() + GONE_SECONDS
+            while not started.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return process
+
+        # The recipe's own subprocess names: only its Popen waits for the stub.
+        names = {name: getattr(subprocess, name) for name in ("DEVNULL", "TimeoutExpired")}
+        monkeypatch.setattr(recipe, "subprocess", types.SimpleNamespace(Popen=popen, **names))
         monkeypatch.setattr(sys, "executable", str(stubborn))
         monkeypatch.setattr(recipe, "LLMOCK_START_SECONDS", 0.5)
         monkeypatch.setattr(recipe, "HTTP_SECONDS", 0.5)
@@ -664,7 +739,7 @@ class TestLLMockServer:
             RuntimeError, match=r"llmock serve did not start on http://127\.0\.0\.1:"
         ), recipe.llmock_server():
             pass  # never reached
-        assert (tmp_path / "started").exists()
+        assert started.exists()
         assert {process for process in descendants(os.getpid()) if alive(process)} <= before
 
 
