@@ -368,14 +368,22 @@ class TestRetries:
         assert result.status == "completed", result.error
 
     def test_an_error_after_the_first_chunk_is_not_retried(self, server: Server) -> None:
-        # The pause: the error comes in a read of its own, after the text was yielded.
-        # (An error in the same read as the first text is retried: nothing was yielded.)
+        # The gate: the server sends the error only once the run has the first chunk, so
+        # the error comes in a read of its own, after the text was yielded, however slow
+        # the client. (An error in the same read as the first text is retried: nothing
+        # was yielded.)
+        chunked = threading.Event()
         server.script(
-            Reply([MESSAGE_START, *anthropic_text(0, "Hi")[:2], OVERLOADED], pause=0.1),
+            Reply([MESSAGE_START, *anthropic_text(0, "Hi")[:2], OVERLOADED], gate=chunked),
             Reply([MESSAGE_START, *anthropic_text(0, "Again"), *anthropic_end()]),
         )
+
+        def on_event(event: al.Event) -> None:
+            if event.type == "model.chunk":
+                chunked.set()
+
         events, result = settle_prompt(
-            anthropic(server, retries=2, timeout=_BOUND), signal=Hurried()
+            anthropic(server, retries=2, timeout=_BOUND), signal=Hurried(), on_event=on_event
         )
         assert_stream_error(result, "overloaded_error: Overloaded")
         assert "(after" not in str(cast(al.RunError, result.error).exception)
