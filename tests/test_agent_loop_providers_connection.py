@@ -412,7 +412,9 @@ class TestRetries:
         self, server: Server, broken: Reply
     ) -> None:
         server.script(broken, STREAM)
-        _, result = settle_prompt(openai(server, retries=1, timeout=0.3), signal=Hurried())
+        # The timeout also bounds the healthy retry's connection and head: 2 s leaves a
+        # loaded machine room for them (the stall waits it out once).
+        _, result = settle_prompt(openai(server, retries=1, timeout=2.0), signal=Hurried())
         assert (result.status, result.final_text) == ("completed", "5"), result.error
         assert len(server.requests) == 2
 
@@ -932,8 +934,10 @@ class TestHTTPFailures:
 
     def test_pauses_shorter_than_the_timeout_are_fine(self, server: Server) -> None:
         parts = [openai_chunk({"content": "a"}), openai_chunk({"content": "b"}), STOP, DONE]
+        # A generous timeout: a loaded machine may add a scheduling gap to each pause, and
+        # 0.15 s is still much shorter than 5 s.
         server.script(Reply(parts, pause=0.15))
-        _, result = settle_prompt(openai(server, timeout=0.5))
+        _, result = settle_prompt(openai(server, timeout=5.0))
         assert result.status == "completed"
         assert result.final_text == "ab"
 
