@@ -728,22 +728,27 @@ class TestConnecting:
     ) -> None:
         port = int(server.url.rsplit(":", 1)[1])
         real = socket.getaddrinfo
-        closed = ("127.0.0.1", free_port())
+        # The closed address: a port bound but not listening, held for the whole test. A
+        # connection to it is refused, and no other process can take the port meanwhile.
+        with socket.socket() as refusing:
+            refusing.bind(("127.0.0.1", 0))
+            closed = refusing.getsockname()
 
-        def two_addresses(host: Any, *args: Any, **kwargs: Any) -> Any:
-            if host != "two.test":
-                return real(host, *args, **kwargs)
-            if kwargs.get("flags", 0) & socket.AI_NUMERICHOST:
-                raise socket.gaierror(socket.EAI_NONAME, "not a numeric host")
-            family, kind, protocol, name, _ = real("127.0.0.1", port, **kwargs)[0]
-            return [
-                (family, kind, protocol, name, closed),
-                (family, kind, protocol, name, ("127.0.0.1", port)),
-            ]
+            def two_addresses(host: Any, *args: Any, **kwargs: Any) -> Any:
+                if host != "two.test":
+                    return real(host, *args, **kwargs)
+                if kwargs.get("flags", 0) & socket.AI_NUMERICHOST:
+                    raise socket.gaierror(socket.EAI_NONAME, "not a numeric host")
+                family, kind, protocol, name, _ = real("127.0.0.1", port, **kwargs)[0]
+                return [
+                    (family, kind, protocol, name, closed),
+                    (family, kind, protocol, name, ("127.0.0.1", port)),
+                ]
 
-        monkeypatch.setattr(socket, "getaddrinfo", two_addresses)
-        server.script(Reply([OPENAI_TEXT_STREAM]))
-        _, response = stream(providers.OpenAIChatModel("m", base_url=f"http://two.test:{port}/v1"))
+            monkeypatch.setattr(socket, "getaddrinfo", two_addresses)
+            server.script(Reply([OPENAI_TEXT_STREAM]))
+            model = providers.OpenAIChatModel("m", base_url=f"http://two.test:{port}/v1")
+            _, response = stream(model)
         assert response.content == (al.TextBlock("Hello, world"),)
 
     def test_an_address_that_fails_at_once(self) -> None:
