@@ -423,23 +423,29 @@ class TestRetries:
         assert len(server.requests) == 2
 
     @pytest.mark.parametrize(
-        ("broken", "words"),
+        ("broken", "timeout", "words"),
         [
+            # No attempt waits for the timeout here; it only bounds each head, so it is
+            # generous: a head later than 0.3 s on a loaded machine said "sent nothing".
             pytest.param(
                 Reply([b"40\r\ndata: {"], headers=CHUNKED),
+                2.0,
                 "broke: IncompleteRead",
                 id="the-connection-breaks",
             ),
             pytest.param(
-                Reply([ROLE], stall=True), "sent nothing for 0.3 s", id="no-byte-for-the-timeout"
+                Reply([ROLE], stall=True),
+                0.3,
+                "sent nothing for 0.3 s",
+                id="no-byte-for-the-timeout",
             ),
         ],
     )
     def test_a_stream_that_breaks_before_any_chunk_fails_once_the_retries_are_spent(
-        self, server: Server, broken: Reply, words: str
+        self, server: Server, broken: Reply, timeout: float, words: str
     ) -> None:
         server.script(broken, broken, broken)
-        _, result = settle_prompt(openai(server, retries=2, timeout=0.3), signal=Hurried())
+        _, result = settle_prompt(openai(server, retries=2, timeout=timeout), signal=Hurried())
         assert_stream_error(result, words, "(after 2 retries)")
         assert len(server.requests) == 3
 
