@@ -490,10 +490,14 @@ ROLE = openai_chunk({"role": "assistant", "content": ""})  # a first chunk with 
 
 
 def settle_prompt(
-    model: al.Model, prompt: str = "What is 2 + 3?", signal: Any = None, max_steps: int = 4
+    model: al.Model,
+    prompt: str = "What is 2 + 3?",
+    signal: Any = None,
+    max_steps: int = 4,
+    on_event: Optional[Callable[[al.Event], object]] = None,
 ) -> Tuple[List[al.Event], al.RunResult]:
     """A run of model on one user message with the command line's tools, drained by
-    al.settle_run: its events and its result."""
+    al.settle_run (on_event called with each event): its events and its result."""
     return al.settle_run(
         al.run_agent_loop(
             messages=[al.UserMessage("user-001", prompt)],
@@ -501,7 +505,8 @@ def settle_prompt(
             tools=al.ToolRegistry(cli.TOOLS),
             max_steps=max_steps,
             signal=signal,
-        )
+        ),
+        on_event,
     )
 
 
@@ -622,6 +627,7 @@ class Reply:
     chunked: bool = False  # HTTP/1.1 chunked framing, as uvicorn sends it
     hang_up: bool = False  # close the connection without any answer
     held: bool = False  # after the first part, wait for one of the server's go tokens
+    gate: Optional[threading.Event] = None  # set: the last part waits for it (SERVER_BOUND)
 
 
 @dataclass
@@ -696,6 +702,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         for number, part in enumerate(reply.parts):
             if number and reply.pause:
                 state.release.wait(reply.pause)
+            if reply.gate is not None and number == len(reply.parts) - 1:
+                reply.gate.wait(SERVER_BOUND)
             if reply.chunked:
                 part = b"%x\r\n%s\r\n" % (len(part), part) if part else b""
             self.wfile.write(part)
