@@ -31,7 +31,7 @@ from loop_testing import REPOSITORY, TESTS, run
 from mcp_fake_server import Fake
 
 FAKE_SOURCE = (TESTS / "mcp_fake_server.py").read_text(encoding="utf-8")
-CANCEL_BOUND = 0.25  # seconds from the signal to the run's end, as the README promises
+CANCEL_BOUND = 0.25  # seconds from the signal to the run's end, as docs/mcp.md states
 
 
 # --- Helpers --------------------------------------------------------------------------
