@@ -23,9 +23,12 @@ import re
 import select
 import socket
 import ssl
+import subprocess
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import (
     Any,
     Callable,
@@ -33,6 +36,7 @@ from typing import (
     Iterator,
     List,
     Mapping,
+    NoReturn,
     Optional,
     Sequence,
     Tuple,
@@ -793,3 +797,53 @@ def free_port() -> int:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
         return port
+
+
+@contextlib.contextmanager
+def server_process(
+    name: str,
+    command: Sequence[str],
+    ready_url: str,
+    start_bound: float,
+    log: Optional[Path] = None,
+) -> Iterator[None]:
+    """Runs ``command``, a server on 127.0.0.1, for the block, and stops it whatever happens.
+
+    Waits until a GET of ``ready_url`` succeeds, else fails the test naming ``name``: it
+    exited, or did not answer within ``start_bound`` seconds (with the end of its output
+    when ``log`` keeps it). Stops it with SIGTERM, then SIGKILL after SERVER_BOUND seconds.
+    """
+
+    def failed(why: str) -> NoReturn:
+        printed = "" if log is None else log.read_bytes().decode("utf-8", "replace")[-4000:]
+        pytest.fail(f"{name} {why}" + (printed and ":\n" + printed))
+
+    with contextlib.ExitStack() as stack:
+        output = subprocess.DEVNULL if log is None else stack.enter_context(log.open("wb"))
+        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + start_bound
+            while not _answers(ready_url):
+                if process.poll() is not None:
+                    failed(f"exited with {process.returncode}")
+                if time.monotonic() > deadline:
+                    failed(f"did not answer on {ready_url} within {start_bound:.0f} s")
+                time.sleep(0.1)
+            yield
+        finally:
+            process.terminate()
+            try:
+                process.wait(SERVER_BOUND)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(SERVER_BOUND)
+
+
+def _answers(url: str) -> bool:
+    """Whether a GET of url succeeds (urlopen raises OSError on a failed connection or an
+    error status)."""
+    try:
+        with urllib.request.urlopen(url, timeout=1.0):
+            return True
+    except OSError:
+        return False

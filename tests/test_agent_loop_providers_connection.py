@@ -82,6 +82,7 @@ from loop_testing_providers import (
     posted,
     request,
     retry_logs,
+    server_process,
     serving,
     settle_prompt,
     sse,
@@ -1073,37 +1074,10 @@ def llmock_process() -> Iterator[LLMock]:
         pytest.skip("llmock (Python >= 3.10) is not installed: run `tox -e llmock`")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    command = [
-        sys.executable,
-        "-m",
-        "llmock.cli",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
-    process = subprocess.Popen(
-        [*command, "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        deadline = time.monotonic() + 30.0
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=1.0):
-                    break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"llmock serve did not start on {url}")
-                time.sleep(0.1)
+    command = [sys.executable, "-m", "llmock.cli", "serve", "--host", "127.0.0.1"]
+    command += ["--port", str(port), "--log-level", "warning"]
+    with server_process("llmock serve", command, url + "/health", start_bound=30.0):
         yield LLMock(url)
-    finally:
-        process.terminate()
-        try:
-            process.wait(_BOUND)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(_BOUND)
 
 
 @pytest.fixture

@@ -35,9 +35,7 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
@@ -46,7 +44,7 @@ import agent_loop as al
 import agent_loop_providers as providers
 from agent_loop_replay import replay
 from loop_testing import documentation
-from loop_testing_providers import free_port
+from loop_testing_providers import free_port, server_process
 
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _REQUIRED = os.environ.get("AGENT_LOOP_REQUIRE_REALMODEL") == "1"
@@ -94,11 +92,6 @@ def _model_file() -> Optional[str]:
     return None
 
 
-def _output(path: Path) -> str:
-    """The end of what the server printed, for a failure message."""
-    return path.read_bytes().decode("utf-8", "replace")[-4000:]
-
-
 @pytest.fixture(scope="session")
 def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``python -m llama_cpp.server`` with SmolLM2 on 127.0.0.1; yields its base URL."""
@@ -129,35 +122,11 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "--n_ctx",
         "4096",
     ]
-    output = tmp_path_factory.mktemp("llama_server") / "output.log"
-    with output.open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + _START_BOUND
-            while True:
-                try:
-                    with urllib.request.urlopen(url + "/v1/models", timeout=1.0):
-                        break
-                except OSError:
-                    if process.poll() is not None:
-                        pytest.fail(
-                            f"the llama_cpp server exited with {process.returncode}:\n"
-                            + _output(output)
-                        )
-                    if time.monotonic() > deadline:
-                        pytest.fail(
-                            f"the llama_cpp server did not answer on {url} within "
-                            f"{_START_BOUND:.0f} s:\n" + _output(output)
-                        )
-                    time.sleep(0.2)
-            yield url
-        finally:
-            process.terminate()
-            try:
-                process.wait(_BOUND)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(_BOUND)
+    log = tmp_path_factory.mktemp("llama_server") / "output.log"
+    with server_process(
+        "the llama_cpp server", command, url + "/v1/models", start_bound=_START_BOUND, log=log
+    ):
+        yield url
 
 
 # --- A relay that keeps what the server sent ------------------------------------------
