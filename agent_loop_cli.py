@@ -35,10 +35,22 @@ import logging
 import os
 import shlex
 import signal as os_signal
+import socket
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, Final, List, Optional, Sequence, TextIO, Tuple
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Final,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    TextIO,
+    Tuple,
+)
 
 import agent_loop as al
 import agent_loop_mcp as mcp
@@ -342,8 +354,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     run's times follow on stderr (``agent_loop_view.format_times``). ``--confirm``
     writes its question to stderr and reads the answer from stdin. The ``--mcp`` servers
     start before the run and are closed when it ends, whatever way. Returns 0 when the
-    run completed, 1 otherwise. Ctrl-C sets the run's signal, so the run ends
-    ``cancelled`` and its result is printed; a second Ctrl-C interrupts at once. Retries
+    run completed, 1 otherwise. Ctrl-C sets the run's signal at once, even while the run
+    waits on the network, so the run ends ``cancelled`` and its result is printed; a
+    second Ctrl-C interrupts at once. Retries
     and accepted cut answers are logged on stderr. Bad options, an MCP server that cannot
     be used, and two tools of one name exit with status 2.
 
@@ -402,14 +415,47 @@ def _run(options: argparse.Namespace, model: al.Model, tools: al.ToolRegistry) -
             tool_concurrency=options.tool_concurrency,
             before_tool_call=_confirm(sys.stdin, sys.stderr) if options.confirm else None,
         )
-        began = time.monotonic()
-        _, result = al.settle_run(run, on_event=on_event)
+        with _ctrl_c_sets(signal):
+            began = time.monotonic()
+            _, result = al.settle_run(run, on_event=on_event)
     finally:
         os_signal.signal(os_signal.SIGINT, previous)
         logger.removeHandler(handler)
     # On stderr, so that stdout holds the events only (with --json, one per line).
     print(view.format_times(view.summarize_times(timed)), file=sys.stderr, flush=True)
     return 0 if result.status == "completed" else 1
+
+
+@contextlib.contextmanager
+def _ctrl_c_sets(signal: threading.Event) -> Iterator[None]:
+    """Within the block, a thread sets ``signal`` as soon as SIGINT arrives.
+
+    Python runs a signal's handler in the main thread between two bytecodes: a SIGINT that
+    lands while that thread is on its way into a blocking read (the adapters' socket) is
+    handled only once the read returns, up to ``--timeout`` later. The C-level handler
+    writes the signal's number to the wakeup fd at once, in whatever thread it lands: the
+    thread reading it sets the run's signal, the adapter's watcher shuts the socket down,
+    and the read returns. Other signals with a Python handler write there too: they do
+    not cancel the run.
+    """
+    receiving, sending = socket.socketpair()
+    sending.setblocking(False)  # set_wakeup_fd's rule: the handler must never block
+
+    def wait() -> None:
+        for number in iter(lambda: receiving.recv(1), b""):  # b"": the block has ended
+            if number[0] == os_signal.SIGINT:
+                signal.set()
+
+    waiter = threading.Thread(target=wait, name="agent_loop_cli Ctrl-C", daemon=True)
+    waiter.start()
+    previous = os_signal.set_wakeup_fd(sending.fileno())
+    try:
+        yield
+    finally:
+        os_signal.set_wakeup_fd(previous)
+        sending.close()
+        waiter.join()
+        receiving.close()
 
 
 # --- view: the page of a recorded run ------------------------------------------------

@@ -22,6 +22,7 @@ import os
 import re
 import shlex
 import signal as os_signal
+import socket
 import subprocess
 import sys
 import threading
@@ -49,7 +50,6 @@ from loop_testing_providers import (
     anthropic_text,
     anthropic_thinking,
     anthropic_tool,
-    eventually,
     openai_chunk,
     openai_sent_call,
     serving,
@@ -738,10 +738,7 @@ class TestCancellation:
             """Prints the line as main() does; SIGINT comes once the chunk is printed.
 
             main() is still running (the server holds the stream open), with its handler
-            installed. The signal is sent from the main thread, between two reads: Python
-            runs the handler before the next read blocks. (Sent from another thread, it
-            could come while the main thread is on its way into the read, and be handled
-            only once the read returns, when the server gives up.)
+            installed. (A signal that lands in another thread: TestCtrlCInAnyThread.)
             """
             print_event(event, file)
             if event.type == "model.chunk":
@@ -777,10 +774,8 @@ class TestCancellation:
             reader.start()
             try:
                 # Once the chunk is printed, main() has installed its handler; the server
-                # holds the stream open, so the run waits on the network: SIGINT comes
-                # once it is blocked there.
+                # holds the stream open, so the run waits on the network.
                 assert printed.wait(SERVER_BOUND)
-                assert eventually(lambda: asleep(process.pid))
                 process.send_signal(os_signal.SIGINT)
                 process.wait(SERVER_BOUND)
             finally:
@@ -797,19 +792,50 @@ class TestCancellation:
         assert server.disconnected.wait(SERVER_BOUND)
 
 
-def asleep(pid: int) -> bool:
-    """Whether the process's main thread sleeps in the kernel (the run's read, here).
+class TestCtrlCInAnyThread:
+    """A SIGINT that lands in another thread than the main one sets the run's signal at
+    once: Python would run its handler only when the main thread's wait returns."""
 
-    A signal then interrupts the read, and Python runs its handler at once. One that
-    comes while the thread is on its way into the read is handled only once the read
-    returns. Where there is no /proc, True (the chunk line is then all there is to wait
-    for).
-    """
-    stat = Path(f"/proc/{pid}/stat")
-    if not stat.exists():
-        return True
-    text = stat.read_text()
-    return text[text.rindex(")") + 2] == "S"  # the name, in parentheses, may hold spaces
+    def test_it_sets_the_signal_while_the_main_thread_blocks(self) -> None:
+        signal = threading.Event()
+        handled: List[int] = []
+        before = os_signal.signal(os_signal.SIGINT, lambda number, frame: handled.append(number))
+        try:
+            with cli._ctrl_c_sets(signal):
+                # pthread_kill: the signal lands in the sending thread, so no signal
+                # interrupts the main thread's wait, as none interrupts a socket read then.
+                sender = threading.Thread(
+                    target=lambda: os_signal.pthread_kill(threading.get_ident(), os_signal.SIGINT)
+                )
+                sender.start()
+                assert signal.wait(SERVER_BOUND)
+                sender.join()
+        finally:
+            os_signal.signal(os_signal.SIGINT, before)
+        assert handled == [os_signal.SIGINT]  # Python's handler ran too, once main woke
+
+    def test_another_signal_does_not_set_it(self) -> None:
+        signal = threading.Event()
+        before = os_signal.signal(os_signal.SIGUSR1, lambda number, frame: None)
+        try:
+            with cli._ctrl_c_sets(signal):
+                os_signal.raise_signal(os_signal.SIGUSR1)
+        finally:
+            os_signal.signal(os_signal.SIGUSR1, before)
+        # The block's end waits for the thread, which read SIGUSR1's number first.
+        assert not signal.is_set()
+
+    def test_the_wakeup_fd_before_it_is_given_back(self) -> None:
+        receiving, sending = socket.socketpair()
+        with receiving, sending:
+            sending.setblocking(False)
+            before = os_signal.set_wakeup_fd(sending.fileno())
+            try:
+                with cli._ctrl_c_sets(threading.Event()):
+                    pass
+                assert os_signal.set_wakeup_fd(before) == sending.fileno()
+            finally:
+                os_signal.set_wakeup_fd(before)
 
 
 class TestTheFile:
@@ -861,6 +887,7 @@ class TestTheFile:
             "os",
             "shlex",
             "signal",
+            "socket",
             "sys",
             "threading",
             "time",
