@@ -815,8 +815,10 @@ def server_process(
     """
 
     def failed(why: str) -> NoReturn:
-        printed = "" if log is None else log.read_bytes().decode("utf-8", "replace")[-4000:]
-        pytest.fail(f"{name} {why}" + (printed and ":\n" + printed))
+        said = f"{name} {why}"
+        if log is not None:  # the end of what it printed
+            said += ":\n" + log.read_bytes().decode("utf-8", "replace")[-4000:]
+        pytest.fail(said)
 
     with contextlib.ExitStack() as stack:
         output = subprocess.DEVNULL if log is None else stack.enter_context(log.open("wb"))
