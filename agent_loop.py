@@ -104,7 +104,7 @@ __version__ = "1.4.0"
 
 __all__ = [  # grouped as the README presents the API
     # Entry point
-    "run_agent_loop", "settle_run", "print_event", "Signal",
+    "run_agent_loop", "settle_run", "print_event", "Signal", "WATCH_SECONDS",
     # Message IR
     "JSON", "TextBlock", "ThinkingBlock", "ToolCall", "UserMessage", "AssistantMessage",
     "ToolResultMessage", "Message", "text_from_assistant", "message_from_dict",
@@ -1082,6 +1082,11 @@ class ModelResponse(_Shape):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "content", tuple(self.content))
+
+
+# How often code that blocks on something other than the signal (a socket, a queue, a lock, a
+# child process) looks at the signal: a cancel is seen within this. One name for every file.
+WATCH_SECONDS: Final = 0.05
 
 
 class Signal(Protocol):

@@ -120,6 +120,7 @@ API_NAMES = [
     "event_from_dict",
     "open_tool_calls",
     "resolve_open_tool_calls",
+    "WATCH_SECONDS",
 ]
 
 
