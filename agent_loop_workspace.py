@@ -114,8 +114,8 @@ _CEILINGS: Final[Dict[str, float]] = {
 @dataclasses.dataclass(frozen=True)
 class Limits:
     """Every limit of a Workspace's tools, each with its default; ``Limits()`` is the
-    defaults. Raises ValueError, naming the field, for a value below 1 (0 for ``drain_s``)
-    or above its hard maximum, or a ``timeout_s`` above ``max_timeout_s``; TypeError for a
+    defaults. Raises ValueError, naming the field, for a count below 1, a time not above 0
+    (``drain_s`` may be 0), a value above its hard maximum, or a ``timeout_s`` above ``max_timeout_s``; TypeError for a
     value that is not a number (an int for the counts and sizes)."""
 
     path_bytes: int = 4096  # a path argument, UTF-8 encoded
@@ -147,10 +147,15 @@ class Limits:
             if type(value) not in kinds:
                 wanted = "a number" if timed else "an int"
                 raise TypeError(f"Limits.{field.name} must be {wanted}, got {value!r}")
-            low = 0 if field.name == "drain_s" else 1
             high = _CEILINGS[field.name]
-            if not low <= value <= high:
-                raise ValueError(f"Limits.{field.name} must be in {low}..{high}, got {value!r}")
+            if field.name == "drain_s":
+                low, fits = "0..", 0 <= value <= high
+            elif timed:
+                low, fits = "above 0 and at most ", 0 < value <= high
+            else:
+                low, fits = "1..", 1 <= value <= high
+            if not fits:
+                raise ValueError(f"Limits.{field.name} must be {low}{high}, got {value!r}")
         if self.timeout_s > self.max_timeout_s:
             raise ValueError(
                 f"Limits.timeout_s must be at most max_timeout_s ({self.max_timeout_s}), "
