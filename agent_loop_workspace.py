@@ -115,8 +115,9 @@ _CEILINGS: Final[Dict[str, float]] = {
 class Limits:
     """Every limit of a Workspace's tools, each with its default; ``Limits()`` is the
     defaults. Raises ValueError, naming the field, for a count below 1, a time not above 0
-    (``drain_s`` may be 0), a value above its hard maximum, or a ``timeout_s`` above ``max_timeout_s``; TypeError for a
-    value that is not a number (an int for the counts and sizes)."""
+    (``drain_s`` may be 0), a value above its hard maximum, or a ``timeout_s`` above
+    ``max_timeout_s``; TypeError for a value that is not a number (an int for the counts
+    and sizes)."""
 
     path_bytes: int = 4096  # a path argument, UTF-8 encoded
     read_lines: int = 2000  # lines in one read_file window (the most ``limit`` may ask)
@@ -224,9 +225,7 @@ class Workspace:
         )
         try:
             self._root_fd = os.open(self.root, _DIR_FLAGS)
-        except OSError as error:
-            if self._made:
-                shutil.rmtree(self.root, ignore_errors=True)
+        except OSError as error:  # a given root (a temporary one is a directory)
             raise ValueError(f"root must be a directory: {error}") from None
         self._root_parts = tuple(part for part in self.root.split("/") if part)
         self._env = _command_environment(os.environ, extra)
@@ -905,13 +904,10 @@ def _lines(file: IO[bytes], keep: int, signal: al.Signal) -> Iterator[Tuple[byte
         while not line.endswith(b"\n") and len(line) == keep:
             rest = file.readline(_CHUNK)  # the rest of a long line, read and dropped
             unwatched += len(rest)
-            if rest in (b"", b"\n"):
+            skipped = skipped or rest not in (b"", b"\n")
+            if not rest or rest.endswith(b"\n"):
                 break
-            skipped = True
-            if rest.endswith(b"\n"):
-                break
-            if unwatched >= _CHUNK:
-                unwatched = _checked(signal)
+            unwatched = _checked(signal)  # a whole chunk of the line was read
         if unwatched >= _CHUNK:
             unwatched = _checked(signal)
         yield line, skipped
