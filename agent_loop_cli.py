@@ -1,6 +1,6 @@
 # agent_loop_cli.py 1.1.0: the command line of agent_loop.py, an agent against a real model.
 # One file, standard library only; copy it next to agent_loop.py and its companions
-# agent_loop_providers.py, agent_loop_mcp.py and agent_loop_view.py.
+# agent_loop_providers.py, agent_loop_mcp.py, agent_loop_view.py and agent_loop_workspace.py.
 # Home: the agent_loop repository.
 """An agent on the command line: the Agent Loop, a real model and a few small tools.
 
@@ -18,11 +18,16 @@ call. ``python agent_loop_cli.py --help`` lists every option.
 ``agent_loop_view.render_page`` for a recorded run: a ``--json`` log, a log of
 ``agent_loop_replay.dump_events`` or a durable run's journal.
 
+``python agent_loop_cli.py code --workspace DIR PROMPT`` (and the model's options) is a
+coding agent: the tools of ``agent_loop_workspace.Workspace(DIR)`` (files and commands kept
+inside DIR), asking on the terminal before each call that changes something (``--yes``:
+never; ``--confirm``: before every call).
+
 ``python agent_loop_cli.py --demo`` (which ``python agent_loop.py`` runs) is the
 demonstration: a scripted model, no network.
 
 It uses only the public names of ``agent_loop``, ``agent_loop_providers``,
-``agent_loop_replay``, ``agent_loop_mcp`` and ``agent_loop_view``.
+``agent_loop_replay``, ``agent_loop_mcp``, ``agent_loop_view`` and ``agent_loop_workspace``.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ import agent_loop_mcp as mcp
 import agent_loop_providers as providers
 import agent_loop_replay as replay
 import agent_loop_view as view
+import agent_loop_workspace as workspace
 
 __version__ = "1.1.0"
 
@@ -274,12 +280,15 @@ def _model(parser: argparse.ArgumentParser, options: argparse.Namespace) -> al.M
 
 
 def _tools(
-    parser: argparse.ArgumentParser, options: argparse.Namespace, servers: contextlib.ExitStack
+    parser: argparse.ArgumentParser,
+    options: argparse.Namespace,
+    servers: contextlib.ExitStack,
+    own: Sequence[al.Tool] = TOOLS,
 ) -> al.ToolRegistry:
-    """TOOLS and the tools of each --mcp server, whose session ``servers`` ends; a server
-    that cannot be used, or a tool name given twice, is a usage error (exit status 2)."""
-    registry = al.ToolRegistry(TOOLS)
-    whose = {tool.name: "the command line's own tools" for tool in TOOLS}
+    """``own`` (TOOLS) and the tools of each --mcp server, whose session ``servers`` ends; a
+    server that cannot be used, or a tool name given twice, is a usage error (exit status 2)."""
+    registry = al.ToolRegistry(own)
+    whose = {tool.name: "the command line's own tools" for tool in own}
     for argv in options.mcp:
         where = f"--mcp {shlex.join(argv)!r}"
         try:
@@ -372,6 +381,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _view(arguments[1:])
     if arguments[:1] == ["--demo"]:
         return _demo(arguments[1:])
+    if arguments[:1] == ["code"]:
+        return _code(arguments[1:])
     parser = _parser()
     options = parser.parse_args(arguments)
     model = _model(parser, options)
@@ -379,8 +390,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _run(options, model, _tools(parser, options, servers))
 
 
-def _run(options: argparse.Namespace, model: al.Model, tools: al.ToolRegistry) -> int:
-    """Runs the agent and prints its events; 0 when the run completed, else 1."""
+def _run(
+    options: argparse.Namespace,
+    model: al.Model,
+    tools: al.ToolRegistry,
+    consent: Optional[Callable[[al.ToolCall, al.Signal], Optional[str]]] = None,
+) -> int:
+    """Runs the agent and prints its events; 0 when the run completed, else 1. ``consent``:
+    the before_tool_call, when not --confirm's."""
     signal = threading.Event()
 
     def interrupt(number: int, frame: object) -> None:
@@ -413,7 +430,7 @@ def _run(options: argparse.Namespace, model: al.Model, tools: al.ToolRegistry) -
             max_steps=options.max_steps,
             signal=signal,
             tool_concurrency=options.tool_concurrency,
-            before_tool_call=_confirm(sys.stdin, sys.stderr) if options.confirm else None,
+            before_tool_call=_confirm(sys.stdin, sys.stderr) if options.confirm else consent,
         )
         with _ctrl_c_sets(signal):
             began = time.monotonic()
@@ -456,6 +473,51 @@ def _ctrl_c_sets(signal: threading.Event) -> Iterator[None]:
         sending.close()
         waiter.join()
         receiving.close()
+
+
+# --- code: a coding agent in a workspace ---------------------------------------------
+
+
+def _code(argv: Sequence[str]) -> int:
+    """``code --workspace DIR PROMPT``: the run of ``main`` with the workspace's tools (and
+    the --mcp servers'), asking before each call of a tool that is not read-only."""
+    parser = _parser()
+    parser.prog = "python agent_loop_cli.py code"
+    parser.description = (
+        "A coding agent: runs the Agent Loop against a streaming model API with the tools "
+        "of agent_loop_workspace (read_file, write_file, edit_file, list_dir, find_files, "
+        "grep, run_command), whose files and commands stay inside the workspace, and asks "
+        "y/n on the terminal before each call that changes something. Ctrl-C cancels the run."
+    )
+    parser.add_argument(
+        "--workspace",
+        required=True,
+        metavar="DIR",
+        help="the directory the agent works in (commands run under Landlock where the "
+        "kernel has it)",
+    )
+    parser.add_argument(
+        "--yes", action="store_true", help="run every call without asking (no question)"
+    )
+    options = parser.parse_args(argv)
+    model = _model(parser, options)
+    try:
+        space = workspace.Workspace(options.workspace)
+    except ValueError as error:
+        parser.error(f"--workspace {options.workspace}: {error}")
+    with space, contextlib.ExitStack() as servers:
+        sandbox = "sandboxed by Landlock" if space.sandboxed else "commands not sandboxed"
+        print(f"workspace: {space.root} ({sandbox})", file=sys.stderr, flush=True)
+        tools = _tools(parser, options, servers, own=space.tools())
+        ask = _confirm(sys.stdin, sys.stderr)
+
+        def before_tool_call(call: al.ToolCall, signal: al.Signal) -> Optional[str]:
+            tool = tools.get(call.name)
+            if tool is not None and tool.annotations.get("readOnlyHint") is True:
+                return None  # it changes nothing: no question
+            return ask(call, signal)
+
+        return _run(options, model, tools, None if options.yes else before_tool_call)
 
 
 # --- view: the page of a recorded run ------------------------------------------------

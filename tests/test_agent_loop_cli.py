@@ -877,7 +877,7 @@ class TestTheFile:
 
     def test_it_uses_only_public_names_of_the_modules_it_imports(self) -> None:
         source = (REPOSITORY / "agent_loop_cli.py").read_text(encoding="utf-8")
-        assert re.findall(r"\b(?:al|providers|replay|mcp|view)\._\w+", source) == []
+        assert re.findall(r"\b(?:al|providers|replay|mcp|view|workspace)\._\w+", source) == []
         assert re.findall(r"^import (\w+)", source, flags=re.MULTILINE) == [
             "argparse",
             "contextlib",
@@ -896,6 +896,7 @@ class TestTheFile:
             "agent_loop_providers",
             "agent_loop_replay",
             "agent_loop_view",
+            "agent_loop_workspace",
         ]
 
     def test_the_header_names_the_file_and_its_version(self) -> None:

@@ -26,6 +26,7 @@ import agent_loop as al
 import agent_loop_workspace as workspace
 from agent_loop_workspace import Limits, Workspace
 from loop_testing import call, run, stop, tool_turn
+from test_agent_loop_providers_connection import llmock_process  # noqa: F401
 
 ABI = workspace._landlock_abi()
 BOUND = 5.0  # seconds: the longest any wait of these tests may take
@@ -1215,3 +1216,113 @@ def test_the_tools_carry_their_hints_and_run_in_a_loop(space: Workspace) -> None
     assert result.status == "completed"
     outputs = [message for message in result.messages if isinstance(message, al.ToolResultMessage)]
     assert outputs[1].content.startswith("42\n[exit status 0")
+
+
+# --- The command line's coding agent ------------------------------------------------------
+
+# A scripted session: each step, the model's text and its one call; then its last words.
+SESSION: List[Tuple[str, str, Dict[str, Any]]] = [
+    ("Looking.", "list_dir", {}),
+    (
+        "Writing.",
+        "write_file",
+        {"path": "calc.py", "content": "def add(a, b):\n    return a - b\n"},
+    ),
+    ("Running.", "run_command", {"command": "python3 -B -c 'import calc; print(calc.add(2, 3))'"}),
+    ("Fixing.", "edit_file", {"path": "calc.py", "old_text": "a - b", "new_text": "a + b"}),
+    (
+        "Testing.",
+        "run_command",
+        {"command": "python3 -B -c 'import calc; assert calc.add(2, 3) == 5' && echo passed"},
+    ),
+]
+
+
+def code_session(
+    directory: Path, model_options: List[str], monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> Tuple[str, str]:
+    """Runs ``agent_loop_cli.py code`` on the session, answering y to each question."""
+    import agent_loop_cli as cli
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("y\n" * 10))
+    command = ["code", "--workspace", str(directory), "--max-steps", "8", *model_options]
+    assert cli.main([*command, "Fix calc.py"]) == 0
+    out, err = capsys.readouterr()
+    assert (directory / "calc.py").read_text() == "def add(a, b):\n    return a + b\n"
+    # A question before each call that changes something, none before list_dir.
+    assert err.count("? [y/N]") == 4
+    assert "run list_dir" not in err
+    assert f"workspace: {os.path.realpath(directory)} (" in err
+    return out, err
+
+
+def test_the_coding_agent_asks_before_each_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    from loop_testing_providers import Reply, answer_parts, serving
+
+    with serving() as server:
+        server.script(
+            *[
+                Reply(answer_parts("openai", [text, (f"c{index}", name, arguments)]))
+                for index, (text, name, arguments) in enumerate(SESSION)
+            ],
+            Reply(answer_parts("openai", ["Fixed."])),
+        )
+        options = ["--provider", "openai", "--base-url", server.url + "/v1", "--model", "m"]
+        out, _ = code_session(tmp_path, options, monkeypatch, capsys)
+        results = [message for message in server.body(5)["messages"] if message["role"] == "tool"]
+    assert results[2]["content"].startswith("-1\n[exit status 0")
+    assert results[4]["content"].startswith("passed\n[exit status 0")
+    assert "completed after 6 step(s)" in out
+
+
+def test_the_coding_agent_needs_a_directory(tmp_path: Path, capsys: Any) -> None:
+    import agent_loop_cli as cli
+
+    with pytest.raises(SystemExit) as exit:
+        cli.main(
+            [
+                "code",
+                "--workspace",
+                str(tmp_path / "nope"),
+                "--provider",
+                "openai",
+                "--base-url",
+                "http://127.0.0.1:9/v1",
+                "--model",
+                "m",
+                "--yes",
+                "hi",
+            ]
+        )
+    assert exit.value.code == 2
+    assert "--workspace" in capsys.readouterr().err
+
+
+@pytest.mark.llmock
+def test_the_coding_agent_against_llmock(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: Any,
+    llmock_process: Any,  # noqa: F811
+) -> None:
+    llmock_process.admin("POST", "/_llmock/reset", {})
+    llmock_process.scenario(
+        *[
+            {"type": "reply", "text": text, "tool_calls": [{"name": name, "arguments": arguments}]}
+            for text, name, arguments in SESSION
+        ],
+        {"type": "reply", "text": "Fixed."},
+    )
+    options = [
+        "--provider",
+        "openai",
+        "--base-url",
+        llmock_process.url + "/v1",
+        "--model",
+        "gpt-4o",
+    ]
+    out, _ = code_session(tmp_path, options, monkeypatch, capsys)
+    assert "completed after 6 step(s)" in out
+    assert "passed" in out
