@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 import json
 import threading
 import time
@@ -126,17 +125,13 @@ def replay(events: Iterable[al.Event]) -> ReplayedRun:
     response, a result whose transcript disagrees with the events, or a run that failed
     ``INVALID_TRANSCRIPT``.
     """
-    log = tuple(events)
-    for position, event in enumerate(log):
+    run = RunSteps()
+    for position, event in enumerate(events):
         _check_event("replay()", event, position)
-        if event.sequence != position:
-            raise ValueError(
-                f"the event at position {position} has sequence {event.sequence}: a run's "
-                "events are numbered 0, 1, 2... in order, with no gap"
-            )
-    if not log or log[-1].type != "run.finished":
+        run.feed(event)
+    result = run.result
+    if result is None:
         raise ValueError("the log does not end with run.finished: it is not a whole run's")
-    result: al.RunResult = log[-1].payload["result"]
     if result.error is not None and result.error.code == "INVALID_TRANSCRIPT":
         raise ValueError(
             "the run failed INVALID_TRANSCRIPT: its log holds none of the starting "
@@ -149,41 +144,39 @@ def replay(events: Iterable[al.Event]) -> ReplayedRun:
             f"the result's request_sequence_start {start} and steps {result.steps} do not "
             f"fit in {al.MAX_AGENT_STEPS} requests"
         )
-    accepted = tuple(
-        event.payload["message"]
-        for event in itertools.takewhile(lambda event: event.type == "message.accepted", log)
-    )
+    accepted = run.accepted
     # A run cancelled before its first request holds every starting message, accepted or not.
     messages = result.messages if result.steps == 0 else accepted
     if result.messages[: len(accepted)] != accepted:
         raise ValueError("the result's transcript does not begin with the accepted messages")
-    steps = _recorded_steps(log[len(accepted) : -1], result, len(messages))
+    steps = _recorded_steps(run, result, len(messages))
     complete = result.status in ("completed", "maxSteps")
+    calls = [call for step in run.steps for call in step.calls]
     # Replay is the recording with nothing behind it.
     recording = Recording(
         {step.request_id: (step.chunks, step.response) for step in steps if step.response},
         {call: result for step in steps for call, result in zip(step.calls, step.results)},
         {
-            event.payload["tool_call"].id: event.payload["tool_result"].content
-            for event in log
-            if event.type == "tool.finished" and event.payload.get("refused", False)
+            call.tool_call.id: cast(al.ToolResultMessage, call.result).content
+            for call in calls
+            if call.refused
         },
     )
-    model = _ReplayedModel(steps, recording, None if complete else len(log) - 2)
-    names = dict.fromkeys(call.name for step in steps for call in step.calls)
+    model = _ReplayedModel(steps, recording, None if complete else len(run.events) - 2)
+    names = dict.fromkeys(call.tool_call.name for call in calls)
     # A run with tool_concurrency > 1 scheduled groups: tool.started events in a row. A
     # tool whose calls were never in one replays as sequential (a barrier): a call alone
     # stays alone, and the groups are the recorded ones.
-    groups = [
-        [event.payload["tool_call"].name for event in group]
-        for kind, group in itertools.groupby(log, key=lambda event: event.type)
-        if kind == "tool.started"
-    ]
-    together = {name for group in groups if len(group) > 1 for name in group}
+    together = {
+        name
+        for one, next_one in zip(calls, calls[1:])
+        if next_one.started == one.started + 1
+        for name in (one.tool_call.name, next_one.tool_call.name)
+    }
     tools = al.ToolRegistry(
         recording.tool(_recorded_tool(model, name, name not in together)) for name in names
     )
-    concurrency = max((len(group) for group in groups), default=1)
+    concurrency = _largest_group(calls)
     # A call refused in the recording is refused again, by the same words.
     hook = recording.before_tool_call(None) if recording.decisions else None
     return ReplayedRun(messages, model, tools, budget, start, concurrency, hook)
@@ -261,59 +254,44 @@ class _RecordedStep:
     results: Tuple[al.ToolResultMessage, ...]  # fewer than calls where the log stops
 
 
-def _recorded_steps(
-    body: Sequence[al.Event], result: al.RunResult, start_length: int
-) -> List[_RecordedStep]:
-    """The steps of a log, from its events after the accepted messages and before
-    run.finished, checked against the result's transcript."""
+def _largest_group(calls: Sequence[Call]) -> int:
+    """The most calls whose tool.started events came in a row (at least 1)."""
+    largest = length = 1
+    for one, next_one in zip(calls, calls[1:]):
+        length = length + 1 if next_one.started == one.started + 1 else 1
+        largest = max(largest, length)
+    return largest
+
+
+def _recorded_steps(run: RunSteps, result: al.RunResult, start_length: int) -> List[_RecordedStep]:
+    """The steps of a whole log, as RunSteps read them, checked against the result's
+    transcript."""
     request_ids = [
         al.request_id(result.request_sequence_start + step) for step in range(1, result.steps + 1)
     ]
-    positions = {request_id: index for index, request_id in enumerate(request_ids)}
-    chunks: List[List[al.ModelChunk]] = [[] for _ in request_ids]
-    started: List[List[al.ToolCall]] = [[] for _ in request_ids]
-    finished: List[List[al.ToolResultMessage]] = [[] for _ in request_ids]
-    current = 0
-    previous = ""  # the type of the event before
-    for event in body:
-        where = f"event {event.sequence} ({event.type})"
-        if event.type == "message.accepted" or event.type == "run.finished":
-            raise ValueError(
-                f"{where}: a run's message.accepted events come before its first request, "
-                "and its one run.finished last"
-            )
-        request_id = event.payload["request_id"]
-        index = positions.get(request_id, -1)
-        if index < current:
-            raise ValueError(
-                f"{where} names {request_id!r}, which is not the run's current or next "
-                f"request (it opened {', '.join(request_ids) or 'none'}, in that order)"
-            )
-        current = index
-        if event.type == "model.chunk":
-            if event.payload["chunk"].request_id != request_id or started[index]:
-                raise ValueError(
-                    f"{where}: a chunk carries its event's request id, and comes before "
-                    "the request's tool calls"
-                )
-            chunks[index].append(event.payload["chunk"])
-        elif event.type == "tool.started":
-            # A group's calls start in a row; the next group once they have finished.
-            if len(started[index]) != len(finished[index]) and previous != "tool.started":
-                raise ValueError(f"{where}: a tool call started before the previous one finished")
-            started[index].append(event.payload["tool_call"])
-        else:
-            call = event.payload["tool_call"]
-            pending = started[index][len(finished[index]) :]
-            if not pending or pending[0] != call:
-                raise ValueError(
-                    f"{where}: tool call {call.id!r} finished without starting, or before a "
-                    "call started earlier (a cancelled batch that kept a result after an "
-                    "interrupted call cannot be replayed: which calls the cancellation "
-                    "interrupted depended on timing)"
-                )
-            finished[index].append(event.payload["tool_result"])
-        previous = event.type
+    read = {step.request_id: step for step in run.steps}
+    if list(read) != request_ids[: len(read)]:
+        raise ValueError(
+            f"the log's requests ({', '.join(read)}) are not the result's "
+            f"({', '.join(request_ids) or 'none'}, in that order)"
+        )
+    events = run.events
+    chunks = [
+        [events[position].payload["chunk"] for position in read[request_id].chunks]
+        if request_id in read
+        else []
+        for request_id in request_ids
+    ]
+    started = [
+        [call.tool_call for call in read[request_id].calls] if request_id in read else []
+        for request_id in request_ids
+    ]
+    finished = [
+        [call.result for call in read[request_id].calls if call.result is not None]
+        if request_id in read
+        else []
+        for request_id in request_ids
+    ]
 
     # The transcript the run added: each assistant message, then its tool results.
     groups: List[Tuple[al.AssistantMessage, List[al.ToolResultMessage]]] = []
