@@ -12,9 +12,10 @@ holds nothing more, they ask the run's own model, tools and hook. Rules:
 
 - The journal is JSON lines and only grows: its first line says what the run is (its id,
   starting messages, tools and options), then come the events, each written before the
-  consumer sees it with its ``"time"`` (seconds since the run began, from a monotonic
-  clock; a process that goes on with the journal goes on from the last recorded time, so
-  the times never go back and the time between processes counts nothing), and what no
+  consumer sees it with its ``"time"`` (seconds since the run began, to the event's
+  ``time``; a process that goes on with the journal counts its own time from its call,
+  after the last time recorded before the events it gives live, so the times never go
+  back and the time between processes counts nothing), and what no
   event holds: the response of each step that called
   tools, each answer of ``before_tool_call``, and the call a run awaits a decision on. It
   is synced to disk at each complete message, each answer and at the end, not at each
@@ -34,7 +35,9 @@ holds nothing more, they ask the run's own model, tools and hook. Rules:
   asks ``before_tool_call`` again for that call, and goes on once it is answered.
   An answer is written before the call runs, and never asked again.
 - A journal of another run (other starting messages, tools or options), or a line that
-  is not where the journal's order puts it, is refused: JournalError, naming the line.
+  is not where the journal's order puts it (its events are read by
+  ``agent_loop_replay.RunSteps``), is refused: JournalError, naming the line.
+  ``read_journal()`` gives what a journal holds (the page reads journals with it).
 
 This file uses only the public names of ``agent_loop`` and ``agent_loop_replay``.
 """

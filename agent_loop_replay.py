@@ -872,18 +872,22 @@ def dump_events(events: Iterable[al.Event], fp: _TextFile, *, times: bool = Fals
     The lines are ASCII (a character beyond it is a ``\\u`` escape, so any encoding
     reads them, and a str holding a lone surrogate comes back as it was); one writer
     makes the lines of logs and of durable journals. With ``times=True`` each line also
-    holds ``"time"``: the seconds (a float, from a monotonic clock) from the first
-    ``next()`` on ``events`` to the moment the event was received from it.
+    holds ``"time"``: the seconds (a float, on the clock of ``time.time()``) from the first
+    ``next()`` on ``events`` to ``event.time`` (when what it reports happened: for a
+    ``tool.finished``, when its tool returned), or to the moment the event was received
+    where the event has no time.
     ``load_events()`` reads the lines back, ``load_timed_events()`` with their times.
     Raises TypeError for an item that is not an Event (the lines before it are written).
     """
     items = iter(events)
-    began = time.monotonic()
+    began = time.time()  # the clock of Event.time
     for position, event in enumerate(items):
         _check_event("dump_events()", event, position)
         data = event.to_dict()
         if times:
-            data["time"] = time.monotonic() - began
+            happened = getattr(event, "time", None)
+            happened = time.time() if happened is None else happened
+            data["time"] = max(0.0, happened - began)
         fp.write(json_line(data) + "\n")
 
 
