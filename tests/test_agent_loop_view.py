@@ -642,11 +642,11 @@ class TestInABrowser:
             "request-002first chunk after 370 ms, streamed 20 ms",
             "request-003first chunk after 540 ms, streamed 210 ms",
         ]
-        assert [label for label in dom.having("div", "label") if label.startswith("lane")] == [
-            "lane 1",
-            "lane 2",
-            "lane 1",
-            "lane 2",
+        assert [label for label in dom.having("div", "label") if "[call-" in label] == [
+            "weather [call-1]",
+            "weather [call-2]",
+            "add [call-3]",
+            "send_report [call-4]",
         ]
         assert dom.having("a", "note call ok") == ["weather 270 ms", "add 10 ms"]
         assert dom.having("a", "note call error") == ["weather error 490 ms"]
