@@ -480,13 +480,13 @@ def _view(argv: Sequence[str]) -> int:
     )
     options = parser.parse_args(argv)
     try:
-        with open(options.log, encoding="utf-8") as file:
-            timed = replay.load_timed_events(file)
+        timed, journal = view.read_run(options.log)  # a journal or a log, by its first line
     except (OSError, ValueError) as error:  # unreadable, not UTF-8, or no event on a line
         parser.error(f"{options.log}: {error}")
     if not timed:
         parser.error(f"{options.log}: no event in the file")
-    page = view.render_page(timed, title=f"Agent run: {os.path.basename(options.log)}")
+    title = f"Agent run: {os.path.basename(options.log)}"
+    page = view.render_page(timed, title=title, journal=journal)
     try:
         with open(options.output, "w", encoding="utf-8") as file:
             file.write(page)
