@@ -138,6 +138,7 @@ class AsyncRun:
             self._handoff.credits.release()  # the consumer is done with the last event
         self._asked = True
         try:
+            # As long as the run takes to give its next event; a cancel ends the wait.
             kind, value = await queue.get()
         except asyncio.CancelledError:
             self._handoff.cancel()

@@ -277,7 +277,8 @@ class TestCancellation:
             async for event in run:
                 seen.append(event.type)
                 if where == "in-the-loop-body" and event.type == "tool.started":
-                    await asyncio.Event().wait()  # never set: the consumer's own slow await
+                    # Never set: the consumer's own slow await, which the test cancels.
+                    await asyncio.Event().wait()
 
         async def main() -> float:
             task = asyncio.ensure_future(consume())
