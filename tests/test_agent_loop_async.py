@@ -10,7 +10,8 @@ Contents
     TestEvents: in order, the result once they end, back-pressure, what the run raises
     TestCancellation: the iterating task cancelled, aclose, async with, a dropped iterator
     TestManyRuns: many runs at once in one event loop
-    TestServerSentEvents: sse()'s framing, a run streamed over HTTP, the client leaving midway
+    TestServerSentEvents: sse()'s framing (a client that leaves: test_agent_loop_web.py, and
+        the asyncio streams server of docs/many-runs.md)
 """
 
 from __future__ import annotations
@@ -500,7 +501,7 @@ class TestManyRuns:
 
 
 class TestServerSentEvents:
-    """sse(): a run streamed as server-sent events; a client that leaves cancels it."""
+    """sse(): a run's events as server-sent events."""
 
     def test_each_event_is_framed_with_its_type_sequence_and_json_line(self) -> None:
         expected_events, expected = al.settle_run(chatty_run(threading.Event(), chunks=3))
@@ -508,7 +509,9 @@ class TestServerSentEvents:
         async def main() -> Tuple[bytes, aio.EventStreamBody]:
             signal = threading.Event()
             body = aio.sse(chatty_run(signal, chunks=3), signal)
-            return b"".join([chunk async for chunk in body]), body
+            streamed = b"".join([chunk async for chunk in body])
+            await body.aclose()  # ended: nothing to close
+            return streamed, body
 
         streamed, body = asyncio.run(main())
         assert streamed == b"".join(
@@ -521,57 +524,3 @@ class TestServerSentEvents:
             (e.type, e) for e in expected_events
         ]
         assert body.result == expected
-
-    def test_the_client_leaving_midway_cancels_the_run(self) -> None:
-        signal = threading.Event()
-        waiting = Waiting(signal)
-        bodies: List[aio.EventStreamBody] = []
-        handled = threading.Event()
-
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await reader.readuntil(b"\r\n\r\n")  # the request's head
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n")
-            body = aio.sse(waiting.run, signal)
-            bodies.append(body)
-
-            async def stream() -> None:
-                async for chunk in body:
-                    writer.write(chunk)
-                    await writer.drain()
-
-            streaming = asyncio.ensure_future(stream())
-            gone = asyncio.ensure_future(reader.read())  # b"": the client closed
-            await asyncio.wait([streaming, gone], return_when=asyncio.FIRST_COMPLETED)
-            streaming.cancel()
-            gone.cancel()
-            await asyncio.gather(streaming, gone, return_exceptions=True)
-            await body.aclose()  # already ended: returns at once
-            writer.close()
-            handled.set()
-
-        async def main() -> List[str]:
-            server = await asyncio.start_server(handle, "127.0.0.1", 0)
-            port = server.sockets[0].getsockname()[1]
-            try:
-                reader, writer = await asyncio.open_connection("127.0.0.1", port)
-                writer.write(b"GET /runs/1/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-                await writer.drain()
-                head = await reader.readuntil(b"\r\n\r\n")
-                assert head.startswith(b"HTTP/1.1 200 OK\r\n")
-                received: List[str] = []
-                while not received or received[-1] != "tool.started":
-                    frame = await asyncio.wait_for(reader.readuntil(b"\n\n"), WAIT)
-                    received.append(frame.split(b"\n")[0][len(b"event: ") :].decode())
-                await until(waiting.started)
-                writer.close()  # the client leaves in the middle of the run
-                await until(handled)
-                return received
-            finally:
-                server.close()
-                await server.wait_closed()
-
-        received = asyncio.run(main())
-        assert received[-2:] == ["model.chunk", "tool.started"]
-        assert bodies[0].result.status == "cancelled"
-        assert waiting.stopped.is_set()  # the tool saw the signal and stopped
-        assert waiting.model.call_count == 1  # and the model was not asked again
