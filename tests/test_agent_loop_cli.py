@@ -809,7 +809,7 @@ class TestCtrlCInAnyThread:
                 )
                 sender.start()
                 assert signal.wait(SERVER_BOUND)
-                sender.join()
+                sender.join(SERVER_BOUND)
         finally:
             os_signal.signal(os_signal.SIGINT, before)
         assert handled == [os_signal.SIGINT]  # Python's handler ran too, once main woke
