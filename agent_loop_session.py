@@ -397,8 +397,9 @@ class Session:
             self._append([("result", number, replay.json_line(summary))])
             return turn_result
         finally:
-            self._owner = None
-            self._store.release(self.session_id, owner)
+            if self._owner == owner:  # else close() gave the lock back
+                self._owner = None
+                self._store.release(self.session_id, owner)
 
     def _run(
         self,
@@ -535,6 +536,7 @@ class Session:
             self._closed = True
             if self._owner is not None:
                 self._store.release(self.session_id, self._owner)
+                self._owner = None
             self._store.close()
 
     def __enter__(self) -> Session:
@@ -584,9 +586,8 @@ def _fold_line(fold: context_.Fold) -> str:
         "tokensBefore": fold.tokens_before,
         "tokensAfter": fold.tokens_after,
         "requestId": fold.request_id,
+        "usage": None if fold.usage is None else fold.usage.to_dict(),
     }
-    if fold.usage is not None:
-        data["usage"] = fold.usage.to_dict()
     return replay.json_line(data)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
-from typing import Any, Dict, Generator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Generator, List, Sequence, Tuple
 
 import pytest
 
@@ -117,7 +117,7 @@ def answer(request: al.ModelRequest, number: int) -> Any:
 
 class TestContextWindow:
     @pytest.mark.parametrize(
-        "arguments, error",
+        ("arguments", "error"),
         [
             ({"max_tokens": 0}, ValueError),
             ({"max_tokens": True}, ValueError),
@@ -138,7 +138,7 @@ class TestContextWindow:
         assert ctx.ContextWindow(10).keep_recent_tokens == 5
 
     @pytest.mark.parametrize(
-        "model, window", [(object(), ctx.ContextWindow(10)), (al.ScriptedModel([]), 10)]
+        ("model", "window"), [(object(), ctx.ContextWindow(10)), (al.ScriptedModel([]), 10)]
     )
     def test_fit_refuses_what_is_not_a_model_or_a_window(self, model: Any, window: Any) -> None:
         with pytest.raises(TypeError):
@@ -162,7 +162,8 @@ class TestFolding:
             results[0].messages[:1],
             results[0].messages[:3],
         ]
-        assert fitted.folds == [] and model.summaries == []
+        assert fitted.folds == []
+        assert model.summaries == []
 
     def test_older_turns_fold_into_one_summary_made_once_and_reused(self) -> None:
         model = ViewModel(answer)
@@ -177,9 +178,11 @@ class TestFolding:
             assert not view.messages[-1].id.startswith("summary")  # the newest verbatim
         # A later fold summarizes the previous summary and what it folds.
         second = model.summaries[1].messages
-        assert second[0] == fitted.folds[0].message() and second[-1].content == ctx.SUMMARY_PROMPT
+        assert second[0] == fitted.folds[0].message()
+        assert second[-1].content == ctx.SUMMARY_PROMPT
         fold = fitted.folds[0]
-        assert fold.tokens_before > 300 >= fold.tokens_after and fold.usage is None
+        assert fold.tokens_before > 300 >= fold.tokens_after
+        assert fold.usage is None
 
     def test_the_provider_reported_input_tokens_count_for_what_it_saw(self) -> None:
         """Reported tokens plus the estimate after them: a model that reports 100x what it
@@ -211,16 +214,23 @@ class TestFolding:
 
     def test_count_tokens_and_summarize_replace_the_defaults(self) -> None:
         seen: List[int] = []
+
+        def summarize(messages: Tuple[al.Message, ...]) -> str:
+            seen.append(len(messages))
+            return "short"
+
         window = ctx.ContextWindow(
             5,
             keep_recent_tokens=1,
             count_tokens=lambda request: len(request.messages),
-            summarize=lambda messages: seen.append(len(messages)) or "short",
+            summarize=summarize,
         )
         model = ViewModel(answer)
-        results, fitted = chat(model, window, ["a", "b", "c"])
+        _results, fitted = chat(model, window, ["a", "b", "c"])
         assert all(len(view.messages) <= 5 for view in model.views)
-        assert model.summaries == [] and seen and fitted.folds[0].summary == "short"
+        assert model.summaries == []
+        assert seen
+        assert fitted.folds[0].summary == "short"
 
     def test_the_default_summary_is_asked_of_the_model_with_no_tools_and_its_usage_kept(
         self,
@@ -240,8 +250,10 @@ class TestFolding:
         for number in range(4):
             start = [*messages, user("words " * 10, f"u{number}")]
             messages = run(fitted, [echo_tool()], messages=start)[1].messages
-        assert folds == fitted.folds and folds
-        assert model.summaries[0].tools == () and folds[0].usage == al.Usage(output_tokens=3)
+        assert folds == fitted.folds
+        assert folds
+        assert model.summaries[0].tools == ()
+        assert folds[0].usage == al.Usage(output_tokens=3)
         assert folds[0].message().content == ctx.SUMMARY_HEADER + "the gist"
 
 
@@ -262,7 +274,8 @@ class TestRules:
         results, fitted = chat(
             model, ctx.ContextWindow(600, keep_recent_tokens=300), ["a", "b", "c"]
         )
-        assert fitted.folds and all(r.status == "completed" for r in results)
+        assert fitted.folds
+        assert all(r.status == "completed" for r in results)
         for view in model.views:
             _check_view(view)
 
@@ -274,7 +287,8 @@ class TestRules:
         results, _ = chat(model, ctx.ContextWindow(300, keep_recent_tokens=100), ["a", "b", "c"])
         assert all(result.status == "completed" for result in results)
         ids = [message.id for message in results[-1].messages]
-        assert ids.count("message-response-002") == 1 and "message-response-002-2" in ids
+        assert ids.count("message-response-002") == 1
+        assert "message-response-002-2" in ids
         assert len(set(ids)) == len(ids)
 
     def test_taken_ids_are_never_used(self) -> None:
@@ -287,7 +301,7 @@ class TestRules:
                        "message-response-002"]  # fmt: skip
 
     @pytest.mark.parametrize(
-        "room, status", [(0, "completed"), (-1, "failed")], ids=["at-limit", "over-limit"]
+        ("room", "status"), [(0, "completed"), (-1, "failed")], ids=["at-limit", "over-limit"]
     )
     def test_a_request_that_cannot_fit_fails_the_run_naming_the_window(
         self, room: int, status: str
@@ -300,14 +314,15 @@ class TestRules:
         _, result, _ = run(fitted, messages=[message])
         assert result.status == status
         if status == "failed":
-            assert result.error is not None and result.error.code == "MODEL_STREAM_ERROR"
+            assert result.error is not None
+            assert result.error.code == "MODEL_STREAM_ERROR"
             assert (
                 f"does not fit the context window of {needed - 1} tokens" in result.error.message
             )
             assert isinstance(result.error.exception, ctx.ContextOverflow)
 
     @pytest.mark.parametrize(
-        "refusals, turns, status",
+        ("refusals", "turns", "status"),
         [(1, 3, "completed"), (2, 3, "failed"), (1, 1, "failed"), (0, 1, "completed")],
         ids=["folds-and-asks-again", "refused-twice", "nothing-to-fold", "no-refusal"],
     )
@@ -330,7 +345,7 @@ class TestRules:
         assert len(fitted.folds) == (1 if turns > 1 and refusals else 0)
 
     @pytest.mark.parametrize(
-        "window, plan, what",
+        ("window", "plan", "what"),
         [
             (ctx.ContextWindow(1, count_tokens=lambda r: "1"), answer, "count_tokens"),  # type: ignore[arg-type,return-value]
             (ctx.ContextWindow(200, summarize=lambda m: 1), answer, "summarize"),  # type: ignore[arg-type,return-value]
@@ -343,7 +358,9 @@ class TestRules:
     ) -> None:
         results, _ = chat(ViewModel(plan), window, ["a" * 200, "b" * 200])
         failed = [r for r in results if r.status == "failed"]
-        assert failed and what in failed[0].error.message  # type: ignore[union-attr]
+        assert failed
+        assert failed[0].error is not None
+        assert what in failed[0].error.message
 
     def test_a_summary_stream_that_returns_no_response_fails_the_run(self) -> None:
         def nothing() -> Generator[al.ModelChunk, None, None]:
@@ -360,14 +377,19 @@ class TestRules:
         assert "the summary request's stream returned" in str(results)
 
     @pytest.mark.parametrize(
-        "response, kept",
+        ("response", "kept"),
         [
             (lambda request: al.ModelResponse("response-001", request.id, [], "stop"), False),
             (lambda request: "not a response", True),
             (
-                lambda r: al.ModelResponse("r", r.id, [al.ToolCall(5, "echo", {})], "toolCall"),
+                lambda r: al.ModelResponse(
+                    "r",
+                    r.id,
+                    [al.ToolCall(5, "echo", {})],  # type: ignore[arg-type]
+                    "toolCall",
+                ),
                 True,
-            ),  # type: ignore[arg-type]
+            ),
         ],
         ids=["no-chunk", "not-a-response", "call-id-not-a-str"],
     )
@@ -376,13 +398,14 @@ class TestRules:
     ) -> None:
         class Bare:
             def stream(self, request: al.ModelRequest, signal: Any) -> Any:
+                yield from ()  # a generator
                 return response(request)
-                yield  # a generator
 
         fitted = ctx.fit(Bare(), ctx.ContextWindow(10_000), taken={"message-response-001"})
         _, result, _ = run(fitted, max_steps=1)
         if kept:
-            assert result.error is not None and result.error.code == "MODEL_PROTOCOL_ERROR"
+            assert result.error is not None
+            assert result.error.code == "MODEL_PROTOCOL_ERROR"
         else:
             assert [m.id for m in result.messages][-1] == "message-response-001-2"
 
@@ -401,7 +424,8 @@ def _check_view(view: al.ModelRequest) -> None:
                     seen_calls.append(block.id)
         elif isinstance(message, al.ToolResultMessage):
             assert open_calls.pop(message.tool_call_id) == message.tool_name
-    assert open_calls == {} and len(set(seen_calls)) == len(seen_calls)
+    assert open_calls == {}
+    assert len(set(seen_calls)) == len(seen_calls)
 
 
 # --- The property: over random conversations --------------------------------------------------
@@ -454,7 +478,8 @@ class TestProperty:
                 else None,
             )
             if result.status == "failed":
-                assert result.error is not None and result.error.code == "MODEL_STREAM_ERROR"
+                assert result.error is not None
+                assert result.error.code == "MODEL_STREAM_ERROR"
             messages = result.messages
         for view in model.views:
             _check_view(view)
