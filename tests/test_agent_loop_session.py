@@ -112,11 +112,14 @@ class TestTurns:
 
     def test_the_turn_ends_as_its_last_run_and_the_next_resolves_what_it_left_open(self) -> None:
         signal = threading.Event()
+
+        def cancel() -> bool:
+            signal.set()
+            return True
+
         with sessions.Session() as session:
             turn = session.run("go", model=Looping(5), tools=TOOLS, signal=signal)
-            _, cancelled = settle(
-                turn, on_event=lambda e: e.type == "tool.started" and signal.set()
-            )
+            _, cancelled = settle(turn, on_event=lambda e: e.type == "tool.started" and cancel())
             assert cancelled.status == "cancelled"
             assert al.open_tool_calls(session.history())
             bad = type("Bad", (), {"stream": lambda self, request, signal: [1]})()
