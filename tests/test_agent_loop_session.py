@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import select
 import sqlite3
@@ -14,9 +16,11 @@ from typing import Any, Callable, Dict, Generator, List
 import pytest
 
 import agent_loop as al
+import agent_loop_cli as cli
 import agent_loop_context as ctx
 import agent_loop_session as sessions
 from loop_testing import echo_tool, stop, text, tool_turn
+from loop_testing_providers import Reply, answer_parts, serving
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 TOOLS = al.ToolRegistry([echo_tool()])
@@ -346,3 +350,41 @@ class TestContext:
             assert again.messages == messages
             ids = [fold.id for fold in folds]
             assert len(set(ids)) == len(ids)
+
+
+# --- The command line: chat --session FILE ----------------------------------------------
+
+
+class TestChatCommand:
+    def test_chat_keeps_the_conversation_in_the_session_file(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        path = str(tmp_path / "chat.sqlite")
+        with serving() as server:
+            model = ["--provider", "openai", "--base-url", server.url + "/v1", "--model", "m"]
+            chat = ["chat", "--session", path, *model, "--retries", "0"]
+            server.script(
+                *(Reply(answer_parts("openai", [words])) for words in ("Hello.", "Fine.", "Yes."))
+            )
+            assert cli.main([*chat, "Hi"]) == 0
+            assert "completed after 1 step(s)" in capsys.readouterr().out
+            monkeypatch.setattr(sys, "stdin", io.StringIO("How?\n\nAnd?\n"))
+            assert cli.main([*chat, "--json", "--context-window", "10000", "-"]) == 0
+            lines = capsys.readouterr().out.splitlines()
+            assert [json.loads(line)["type"] for line in lines].count("run.finished") == 2
+            sent = [(m["role"], m["content"]) for m in server.body(2)["messages"]]
+            assert sent == [("user", "Hi"), ("assistant", "Hello."), ("user", "How?"),
+                            ("assistant", "Fine."), ("user", "And?")]  # fmt: skip
+            assert cli.main([*chat, "Again?"]) == 1  # no reply left: the turn fails
+            with pytest.raises(SystemExit) as exited:
+                cli.main([*chat, "--max-steps", "3", "Hi"])
+            assert exited.value.code == 2
+            assert "--max-requests N, not --max-steps" in capsys.readouterr().err
+            lock_row(path, "elsewhere.invalid", 1)
+            assert cli.main([*chat, "Hi"]) == 1
+            assert (
+                "chat: session 'default' is in a turn of another owner" in capsys.readouterr().err
+            )
+        with sessions.Session(path) as session:
+            assert session.turns == 4
+            assert len(session.history()) == 7
