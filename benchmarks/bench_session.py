@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any, Iterator, List, Optional
 
 # Import the modules of this checkout (and the tests' server helper), not installed copies.
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import agent_loop as al
 import agent_loop_context as ctx
@@ -113,7 +113,8 @@ def long_session(url: str, turns: int, folder: str) -> bool:
                 tenth = times[-max(1, turns // 10) :]
                 print(
                     f"   {number:>5}   {1000 * sum(tenth) / len(tenth):>8.2f}"
-                    f"               {store_bytes(path):>11,}   {row_bytes(path):>9,}   {len(session.folds):>5}"
+                    f"               {store_bytes(path):>11,}   {row_bytes(path):>9,}"
+                    f"   {len(session.folds):>5}"
                 )
         first, last = times[:20], times[-20:]
         print(
