@@ -397,9 +397,13 @@ class Session:
             self._append([("result", number, replay.json_line(summary))])
             return turn_result
         finally:
-            if self._owner == owner:  # else close() gave the lock back
-                self._owner = None
-                self._store.release(self.session_id, owner)
+            self._release(owner)
+
+    def _release(self, owner: str) -> None:
+        """The turn's end: its lock given back, unless close() gave it back already."""
+        if self._owner == owner:
+            self._owner = None
+            self._store.release(self.session_id, owner)
 
     def _run(
         self,
@@ -535,8 +539,7 @@ class Session:
         if not self._closed:
             self._closed = True
             if self._owner is not None:
-                self._store.release(self.session_id, self._owner)
-                self._owner = None
+                self._release(self._owner)
             self._store.close()
 
     def __enter__(self) -> Session:
