@@ -1,6 +1,6 @@
 # agent_loop_mcp.py 1.1.0: tools from MCP servers for agent_loop.py.
-# Standard library only; copy it next to agent_loop.py and agent_loop_providers.py (which
-# reads its event streams). Home: the agent_loop repository.
+# Standard library only; copy it next to agent_loop.py and agent_loop_wire.py (which reads
+# its event streams). Home: the agent_loop repository.
 """Tools from MCP servers (the Model Context Protocol) for the Agent Loop.
 
 ``StdioServer(command)`` runs a server as a process and speaks MCP over its standard
@@ -18,7 +18,7 @@ argument); ``_Session``, the I/O both transports share around it (callers that w
 watching their run's signal; tools); ``render_tool_result``, the sans-IO rendering of a
 result (values in and out); then each transport, a pipe or socket loop that only moves
 bytes: ``StdioServer``, and ``HttpServer``, whose event streams are read by
-agent_loop_providers' ``ServerSentEvents``. What the client does, and its rules, are in
+agent_loop_wire's ``ServerSentEvents``. What the client does, and its rules, are in
 docs/mcp.md; the specification's words are quoted at the checks (``# MCP: "..."``).
 """
 
@@ -58,7 +58,7 @@ from typing import (
 )
 
 import agent_loop
-import agent_loop_providers as providers
+import agent_loop_wire as wire
 
 __version__ = "1.1.0"
 
@@ -1234,7 +1234,7 @@ class HttpServer(_Session):
                 return f"the answer has more than {MAX_MESSAGE_BYTES} bytes"
             self._receive(data, waiter)
         elif kind == "text/event-stream":
-            stream = providers.ServerSentEvents(MAX_MESSAGE_BYTES)
+            stream = wire.ServerSentEvents(MAX_MESSAGE_BYTES)
             while True:
                 try:
                     data = response.read1(_READ_SIZE)
@@ -1242,7 +1242,7 @@ class HttpServer(_Session):
                     data = b""  # a chunked body cut off: the stream ended (named below)
                 try:
                     events = stream.feed(data)
-                except providers.ProviderProtocolError as malformed:
+                except wire.ProviderProtocolError as malformed:
                     return f"the answer's stream is {malformed}"
                 for event in events:
                     # MCP: "The server SHOULD immediately send an SSE event consisting of an
