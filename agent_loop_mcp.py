@@ -470,6 +470,10 @@ class McpProtocol:
         return events
 
 
+McpSession = McpProtocol
+"""The 1.4 name of ``McpProtocol``, kept so that 1.4 code runs; removed in 2.0."""
+
+
 @dataclass
 class _Pending:
     """A request waiting for its answer: its method, when it was sent, its deadline, and

@@ -215,6 +215,7 @@ _Options = Union[Mapping[str, Any], Callable[[al.ModelRequest], Optional[Mapping
 class _StreamingModel:
     """What both adapters share: arguments, and the one stream() around the exchange."""
 
+    _provider_name: str = ""
     _key_variable: str = ""
     _owned_keys: AbstractSet[str] = frozenset()
 
@@ -283,6 +284,12 @@ class _StreamingModel:
                 f"Exchange, got {type(transport).__name__}"
             )
         self.transport = transport
+
+    @property
+    def provider_name(self) -> str:
+        """The provider's format, as the GenAI conventions name it: ``"openai"`` (every
+        Chat Completions server) or ``"anthropic"``; read-only."""
+        return self._provider_name
 
     def stream(
         self, request: al.ModelRequest, signal: al.Signal
@@ -597,9 +604,14 @@ class OpenAIChatModel(_StreamingModel):
     the standard library's HTTP over a socket made and watched here, which ``timeout``
     and ``ssl_context`` configure (a transport given brings its own).
 
+    The arguments, checked, are its attributes of the same names (``model``: the name
+    sent; ``base_url``: without its trailing /; ``timeout`` as a float...), which the
+    spans read; ``provider_name`` is ``"openai"``.
+
     Raises TypeError or ValueError, naming the parameter, for an argument it cannot use.
     """
 
+    _provider_name = "openai"
     _key_variable = "OPENAI_API_KEY"
     _owned_keys = wire.OPENAI_OWNED_KEYS
 
@@ -673,11 +685,13 @@ class AnthropicMessagesModel(_StreamingModel):
     ``"adaptive"`` is ``{"type": "adaptive"}``. ``options`` (temperature,
     tool_choice...) is merged into the body: a mapping, or a function of the request
     that returns one. ``timeout``, ``retries``, ``ssl_context``, ``max_concurrency``
-    and ``transport`` as for ``OpenAIChatModel``.
+    and ``transport`` as for ``OpenAIChatModel``; so are its attributes, and
+    ``provider_name`` is ``"anthropic"``.
 
     Raises TypeError or ValueError, naming the parameter, for an argument it cannot use.
     """
 
+    _provider_name = "anthropic"
     _key_variable = "ANTHROPIC_API_KEY"
     _owned_keys = wire.ANTHROPIC_OWNED_KEYS
 

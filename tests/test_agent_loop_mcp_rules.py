@@ -384,8 +384,7 @@ class TestHttp:
         # MCP: "When a client receives HTTP 404 in response to a request containing an
         # MCP-Session-Id, it MUST start a new session"
         assert answer.failure == (
-            "tools/call: the server ended the session (HTTP 404); the next request opens a "
-            "new one"
+            "tools/call: the server ended the session (HTTP 404); the next request opens a new one"
         )
         assert (session.session_id, session.protocol_version) == (None, None)
 
