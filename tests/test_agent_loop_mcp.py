@@ -845,6 +845,17 @@ class TestTimeAndCancellation:
             assert result.content == "MCP tool 'slow': tools/call was cancelled with the run"
             assert waited < CANCEL_BOUND
 
+    def test_a_call_closed_while_it_reports_progress_is_cancelled(self, tmp_path: Path) -> None:
+        """The run's loop closes a cancelled tool's generator: its request is cancelled."""
+        canned = Canned(tmp_path, hold_progress=True)
+        with canned.server() as server:
+            tool = al.ToolRegistry(server.tools()).get("progress")
+            assert tool is not None
+            steps = tool.execute({"steps": 1}, threading.Event())
+            assert next(steps) == {"progress": 1}  # type: ignore[call-overload]
+            steps.close()  # type: ignore[attr-defined]
+            assert wait_for(lambda: cancelled_from(canned.received(), 3))
+
     def test_the_signal_cancels_a_call_within_the_bound(self, canned: Canned) -> None:
         signal = threading.Event()
         with canned.server() as server:

@@ -377,6 +377,7 @@ class TestHttp:
         session.start_session(session_id)
         request_id = call(session)
         [answer] = session.http_error(request_id, 404, lambda: "Not Found")
+        assert isinstance(answer, mcp.Answer)
         if session_id is None:  # no session to end: an HTTP error like any other
             assert answer.failure == "tools/call: HTTP 404: Not Found"
             assert session.protocol_version is not None

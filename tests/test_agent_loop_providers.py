@@ -205,6 +205,12 @@ class TestConstruction:
         assert not anthropic_model.accept_truncated
         assert (openai_model.max_concurrency, anthropic_model.max_concurrency) == (None, None)
         assert openai_model.require_finish_reason is True
+        # What the spans read: the provider, the model's name, where it is served.
+        assert (openai_model.provider_name, anthropic_model.provider_name) == (
+            "openai",
+            "anthropic",
+        )
+        assert (openai_model.model, anthropic_model.model) == ("gpt-4o", "claude")
 
     def test_a_trailing_slash_is_dropped_and_an_int_timeout_is_seconds(self) -> None:
         model = providers.OpenAIChatModel("m", base_url="http://localhost:11434/v1/", timeout=2)

@@ -1089,20 +1089,25 @@ def llmock_process() -> Iterator[LLMock]:
 
 
 @pytest.mark.llmock
-@PROVIDERS
-def test_a_request_longer_than_the_context_is_told_from_other_refusals(provider: str) -> None:
-    """llmock --context-window N refuses a longer prompt as each provider does (HTTP 400:
-    OpenAI's code context_length_exceeded; Anthropic's "prompt is too long"); a prompt
-    within it is answered."""
-    with llmock_serving("--context-window", "50") as served:
-        model = _model(served, provider)
-        short = stream(model, request([al.UserMessage("user-001", "Hi.")]))
-        assert short[1].stop_reason == "stop"
-        with pytest.raises(providers.ProviderError) as caught:
-            stream(model, request([al.UserMessage("user-001", "word " * 300)]))
-    code = "context_length_exceeded" if provider == "openai" else None
-    error = caught.value
-    assert (error.status, error.code, error.context_exceeded) == (400, code, True)
+class TestContextWindow:
+    """llmock --context-window: a request refused as longer than the context."""
+
+    @PROVIDERS
+    def test_a_request_longer_than_the_context_is_told_from_other_refusals(
+        self, provider: str
+    ) -> None:
+        """llmock --context-window N refuses a longer prompt as each provider does (HTTP 400:
+        OpenAI's code context_length_exceeded; Anthropic's "prompt is too long"); a prompt
+        within it is answered."""
+        with llmock_serving("--context-window", "50") as served:
+            model = _model(served, provider)
+            short = stream(model, request([al.UserMessage("user-001", "Hi.")]))
+            assert short[1].stop_reason == "stop"
+            with pytest.raises(providers.ProviderError) as caught:
+                stream(model, request([al.UserMessage("user-001", "word " * 300)]))
+        code = "context_length_exceeded" if provider == "openai" else None
+        error = caught.value
+        assert (error.status, error.code, error.context_exceeded) == (400, code, True)
 
 
 @pytest.fixture

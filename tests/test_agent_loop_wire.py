@@ -445,93 +445,107 @@ ERROR_BODIES = [
 ]
 
 
-@pytest.mark.parametrize(("body", "code", "exceeded"), ERROR_BODIES)
-def test_a_refusal_says_its_code_and_whether_the_request_exceeded_the_context(
-    body: str, code: Optional[str], exceeded: bool
-) -> None:
-    with pytest.raises(wire.ProviderError) as caught:
-        wire.check_response_head("http://h/x", 400, "Bad Request", {}, body.encode, 0.0)
-    assert (caught.value.code, caught.value.context_exceeded) == (code, exceeded)
-    assert caught.value.finish_reason is None
-    # The same words in an error event say the same.
-    answer = wire.OpenAIAnswer(request())
-    with pytest.raises(wire.ProviderError) as event:
-        answer.feed(b"event: error\ndata: " + body.encode() + b"\n\n")
-    assert (event.value.code, event.value.context_exceeded) == (code, exceeded)
+class TestWhatARefusalAndACutSay:
+    """The provider's error code, a request longer than the context, a cut's reason, and
+    the provider's own id of an answer."""
 
+    @pytest.mark.parametrize(("body", "code", "exceeded"), ERROR_BODIES)
+    def test_a_refusal_says_its_code_and_whether_the_request_exceeded_the_context(
+        self, body: str, code: Optional[str], exceeded: bool
+    ) -> None:
+        with pytest.raises(wire.ProviderError) as caught:
+            wire.check_response_head("http://h/x", 400, "Bad Request", {}, body.encode, 0.0)
+        assert (caught.value.code, caught.value.context_exceeded) == (code, exceeded)
+        assert caught.value.finish_reason is None
+        # The same words in an error event say the same.
+        answer = wire.OpenAIAnswer(request())
+        with pytest.raises(wire.ProviderError) as event:
+            answer.feed(b"event: error\ndata: " + body.encode() + b"\n\n")
+        assert (event.value.code, event.value.context_exceeded) == (code, exceeded)
 
-@pytest.mark.parametrize(
-    ("provider", "reason", "exceeded"),
-    [
-        ("openai", "length", False),
-        ("openai", "content_filter", False),
-        ("anthropic", "max_tokens", False),
-        ("anthropic", "refusal", False),
-        ("anthropic", "pause_turn", False),
-        ("anthropic", "model_context_window_exceeded", True),
-    ],
-)
-def test_a_cut_answer_says_its_finish_reason(provider: str, reason: str, exceeded: bool) -> None:
-    if provider == "openai":
-        answer: Any = wire.OpenAIAnswer(request())
-        parts = [openai_chunk({"content": "Hi"}), openai_chunk({}, reason), DONE]
-    else:
-        answer = wire.AnthropicAnswer(request())
-        parts = [MESSAGE_START, *anthropic_text(0, "Hi"), *anthropic_end(reason)]
-    with pytest.raises(wire.ProviderError) as caught:
-        answered(answer, *parts)
-    error = caught.value
-    assert (error.finish_reason, error.context_exceeded, error.code) == (reason, exceeded, None)
-
-
-def test_a_call_cut_while_it_streamed_says_its_finish_reason() -> None:
-    answer = wire.OpenAIAnswer(request())
-    with pytest.raises(wire.ProviderError, match="while a tool call") as caught:
-        answered(answer, openai_call(0, "a", "add", "{"), openai_chunk({}, "length"), DONE)
-    assert caught.value.finish_reason == "length"
-
-
-@pytest.mark.parametrize(
-    ("provider", "parts", "provider_id"),
-    [
-        ("openai", [openai_chunk({"content": "Hi"}), STOP, DONE], "chatcmpl-1"),
-        (
-            "openai",
-            [sse({"choices": [{"delta": {"content": "Hi"}, "finish_reason": "stop"}]}), DONE],
-            None,
-        ),
-        (
-            "openai",
-            [sse({"id": 7, "choices": []}), openai_chunk({}, "stop"), DONE],
-            "chatcmpl-1",
-        ),
-        ("anthropic", [MESSAGE_START, *anthropic_text(0, "Hi"), *anthropic_end()], "msg_1"),
-        ("anthropic", [*anthropic_text(0, "Hi"), *anthropic_end()], None),
-    ],
-    ids=["openai", "openai-without", "openai-first-str", "anthropic", "anthropic-without"],
-)
-def test_the_response_carries_the_providers_own_id(
-    provider: str, parts: List[bytes], provider_id: Optional[str]
-) -> None:
-    answer = (
-        wire.OpenAIAnswer(request()) if provider == "openai" else wire.AnthropicAnswer(request())
+    @pytest.mark.parametrize(
+        ("provider", "reason", "exceeded"),
+        [
+            ("openai", "length", False),
+            ("openai", "content_filter", False),
+            ("anthropic", "max_tokens", False),
+            ("anthropic", "refusal", False),
+            ("anthropic", "pause_turn", False),
+            ("anthropic", "model_context_window_exceeded", True),
+        ],
     )
-    _, response = answered(answer, *parts)
-    assert response.provider_response_id == provider_id
-    assert response.id == "response-001"  # the loop's own id is the library's, as before
+    def test_a_cut_answer_says_its_finish_reason(
+        self, provider: str, reason: str, exceeded: bool
+    ) -> None:
+        if provider == "openai":
+            answer: Any = wire.OpenAIAnswer(request())
+            parts = [openai_chunk({"content": "Hi"}), openai_chunk({}, reason), DONE]
+        else:
+            answer = wire.AnthropicAnswer(request())
+            parts = [MESSAGE_START, *anthropic_text(0, "Hi"), *anthropic_end(reason)]
+        with pytest.raises(wire.ProviderError) as caught:
+            answered(answer, *parts)
+        error = caught.value
+        assert (error.finish_reason, error.context_exceeded, error.code) == (
+            reason,
+            exceeded,
+            None,
+        )
+
+    def test_a_call_cut_while_it_streamed_says_its_finish_reason(self) -> None:
+        answer = wire.OpenAIAnswer(request())
+        with pytest.raises(wire.ProviderError, match="while a tool call") as caught:
+            answered(answer, openai_call(0, "a", "add", "{"), openai_chunk({}, "length"), DONE)
+        assert caught.value.finish_reason == "length"
+
+    @pytest.mark.parametrize(
+        ("provider", "parts", "provider_id"),
+        [
+            ("openai", [openai_chunk({"content": "Hi"}), STOP, DONE], "chatcmpl-1"),
+            (
+                "openai",
+                [sse({"choices": [{"delta": {"content": "Hi"}, "finish_reason": "stop"}]}), DONE],
+                None,
+            ),
+            (
+                "openai",
+                [sse({"id": 7, "choices": []}), openai_chunk({}, "stop"), DONE],
+                "chatcmpl-1",
+            ),
+            ("anthropic", [MESSAGE_START, *anthropic_text(0, "Hi"), *anthropic_end()], "msg_1"),
+            ("anthropic", [*anthropic_text(0, "Hi"), *anthropic_end()], None),
+        ],
+        ids=["openai", "openai-without", "openai-first-str", "anthropic", "anthropic-without"],
+    )
+    def test_the_response_carries_the_providers_own_id(
+        self, provider: str, parts: List[bytes], provider_id: Optional[str]
+    ) -> None:
+        answer = (
+            wire.OpenAIAnswer(request())
+            if provider == "openai"
+            else wire.AnthropicAnswer(request())
+        )
+        _, response = answered(answer, *parts)
+        assert response.provider_response_id == provider_id
+        assert response.id == "response-001"  # the loop's own id is the library's, as before
 
 
 # --- Ids ---------------------------------------------------------------------------------
 
 
-def test_response_ids_are_free_in_the_transcript_and_take_the_providers_when_free() -> None:
-    taken = al.AssistantMessage("message-response-001", [al.ToolCall("call_1", "add", {})])
-    ids = wire.ResponseIds(request(messages=[al.UserMessage("user-001", "hi"), taken]))
-    assert ids.response_id == "response-001-2"  # response-001 is taken
-    assert [ids.call_id("call_1"), ids.call_id("call_2"), ids.call_id(None)] == [
-        "response-001-2-call-1",  # the provider's is taken
-        "call_2",
-        "response-001-2-call-3",
-    ]
-    with pytest.raises(TypeError, match="request must be a ModelRequest, got str"):
-        wire.ResponseIds("request-001")  # type: ignore[arg-type]
+class TestIds:
+    """ResponseIds: unique in the transcript, deterministic."""
+
+    def test_response_ids_are_free_in_the_transcript_and_take_the_providers_when_free(
+        self,
+    ) -> None:
+        taken = al.AssistantMessage("message-response-001", [al.ToolCall("call_1", "add", {})])
+        ids = wire.ResponseIds(request(messages=[al.UserMessage("user-001", "hi"), taken]))
+        assert ids.response_id == "response-001-2"  # response-001 is taken
+        assert [ids.call_id("call_1"), ids.call_id("call_2"), ids.call_id(None)] == [
+            "response-001-2-call-1",  # the provider's is taken
+            "call_2",
+            "response-001-2-call-3",
+        ]
+        with pytest.raises(TypeError, match="request must be a ModelRequest, got str"):
+            wire.ResponseIds("request-001")  # type: ignore[arg-type]
