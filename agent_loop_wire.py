@@ -680,6 +680,7 @@ class _Answer:
             content,
             "toolCall" if has_calls else "stop",
             self.reported_usage(),
+            provider_response_id=self._provider_id,
         )
 
     def reported_usage(self) -> Optional[al.Usage]:
