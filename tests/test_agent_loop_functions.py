@@ -148,7 +148,7 @@ NEWER_HINT_SCHEMAS = [
 UNEXPRESSIBLE_HINTS = [
     ("Dict[int, str]", "Dict[int, str] has keys that are not str, as no JSON object has"),
     ("Tuple[int, int]", "has no schema here; use str, int, float, bool, None, list, dict, "
-                        "Literal, or a Union or Optional of them"),
+                        "Literal, a dataclass, a TypedDict, or a Union or Optional of them"),
     ("Any", "has no schema here"),
     ("set", "has no schema here"),
     ("Optional[set]", "has no schema here"),
