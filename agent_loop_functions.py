@@ -1,4 +1,4 @@
-# agent_loop_functions.py 1.0.0: Tool.from_function's schemas from type hints, for agent_loop.py.
+# agent_loop_functions.py 1.1.0: Tool.from_function's schemas from type hints, for agent_loop.py.
 # One file, standard library only; copy it next to agent_loop.py. Home: the agent_loop repository.
 """A tool's fields from a plain function, for ``agent_loop.Tool.from_function``.
 
@@ -36,7 +36,7 @@ import agent_loop as al
 if TYPE_CHECKING:  # annotations only
     from typing_extensions import TypeGuard
 
-__version__ = "1.0.0"
+__version__ = "1.1.0"
 
 __all__ = ["tool_fields", "hint_schema", "hint_value"]
 
