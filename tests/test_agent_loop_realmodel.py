@@ -10,7 +10,9 @@ command line's (agent_loop_cli.py) ``--json`` log of a real run, replayed exactl
 ten runs from ten threads at once: without a limit (the server interrupts a stream when
 another request arrives: no run may complete with an answer it did not finish), and
 sharing one model object with ``max_concurrency=1`` through the README's
-``ask_together()`` (all complete).
+``ask_together()`` (all complete), and ten typed answers in native mode
+(agent_loop_output's ``run_for_output(native="json_object")``), each valid on its first
+request.
 
 Each answer is held by a grammar at temperature 0, so that it is bounded and ends by
 itself: a GBNF grammar in the server's ``grammar`` field, or for a forced tool call the
