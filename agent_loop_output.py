@@ -83,9 +83,9 @@ def output_tool(
     """Returns an ``ends_run`` tool whose arguments are the typed answer.
 
     ``spec`` is a JSON Schema (a mapping, an object at the root), a dataclass or a
-    TypedDict. The tool returns its arguments, the answer as JSON (a dict); for a
-    dataclass it first builds the instance, so that what its constructor raises (a
-    ``__post_init__`` check, say) is an error result the model reads. Raises TypeError
+    TypedDict. The tool returns its arguments, the answer as JSON (a dict); for a class
+    it first builds the value (each dataclass in it), so that what a constructor raises
+    (a ``__post_init__`` check, say) is an error result the model reads. Raises TypeError
     for a spec it cannot make a schema of, and what ``Tool`` raises for a bad name,
     description or schema.
     """
