@@ -68,7 +68,6 @@ import json
 import os
 import time
 import urllib.parse
-from dataclasses import dataclass
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -80,9 +79,11 @@ from typing import (
     Sequence,
     Tuple,
     Union,
+    cast,
 )
 
 import agent_loop as al
+from agent_loop_replay import Call, RunSteps, Step
 
 if TYPE_CHECKING:
     from contextvars import Token
@@ -287,17 +288,9 @@ def _traced(
             spans.end()  # even when the run raises as it closes
 
 
-@dataclass
-class _Step:
-    """One model request's times (nanoseconds since the epoch, as OpenTelemetry counts)."""
-
-    started: int
-    first_chunk: Optional[int] = None
-    ended: Optional[int] = None
-
-
 class _RunSpans:
-    """The spans of one run: its own, then each request's and each call's, from its events."""
+    """The spans of one run: its own, then each request's and each call's, projected from
+    the run's steps as RunSteps reads them from its events."""
 
     def __init__(
         self,
@@ -312,14 +305,10 @@ class _RunSpans:
         self.model_attributes = model_attributes
         self.server_attributes = server_attributes
         self.capture = capture  # whether message content goes on the spans
+        self.log = RunSteps()  # the run's steps, fed each event as it passes
         self.resumed_at = 0  # when the run's generator was last resumed
-        self.accepted = 0  # the starting messages (message.accepted events)
-        self.steps: Dict[str, _Step] = {}  # by request id, in the order the requests began
-        self.streaming: Optional[_Step] = None  # the request whose chunks come now
-        # The open calls' spans, by (request id, call id).
-        self.calls: Dict[Tuple[str, str], Tuple[al.ToolCall, trace.Span]] = {}
-        self.running: Optional[Tuple[str, str]] = None  # the call started last
-        self.result: Optional[al.RunResult] = None  # from run.finished
+        self.began: Dict[str, int] = {}  # when each request began, by request id
+        self.calls: Dict[int, trace.Span] = {}  # the open calls' spans, by tool.started
         self.ending: Optional[str] = None  # error.type when the run ended without a result
 
     def start(self) -> None:
@@ -341,78 +330,68 @@ class _RunSpans:
         return token
 
     def observe(self, event: al.Event) -> None:
-        """An event of the run: a request's first chunk, a call's start, progress or end."""
-        at = _when(event)
-        if event.type == "model.chunk":
-            request_id = event.payload["request_id"]
-            if request_id not in self.steps:
-                # The request began in this resume: the loop opens it as it is resumed.
-                self.streaming = self.steps[request_id] = _Step(self.resumed_at, at)
+        """An event of the run: a request begins, a call starts, progresses or ends."""
+        # When the event does not say when it happened, it happened as it passes here.
+        self.log.feed(event, time.time() if getattr(event, "time", None) is None else None)
+        position = len(self.log.events) - 1
+        if event.type in ("message.accepted", "run.finished"):
             return
-        self._stream_ended(at)
-        if event.type == "message.accepted":
-            self.accepted += 1
-        elif event.type == "tool.started":
-            self._start_call(event, at)
+        step = self.log.steps[-1]
+        if step.first == position:  # the loop opened the request in this resume
+            self.began[step.request_id] = self.resumed_at
+        at = self._time(position)
+        if event.type == "tool.started":
+            self._start_call(step.calls[-1], at)
         elif event.type == "tool.progress":
-            key = (event.payload["request_id"], event.payload["tool_call_id"])
+            (call,) = [call for call in step.calls if position in call.progress]
             value = event.payload["progress"]
             attributes = {PROGRESS_VALUE: _json(value)} if self.capture else {}
-            self.calls[key][1].add_event(PROGRESS, attributes, timestamp=at)
-        elif event.type == "run.finished":
-            # The result the run returns: a consumer may close the run once it has seen it.
-            self.result = event.payload["result"]
-        else:  # tool.finished, the one kind of event left
-            self._finish_call(event, at)
+            self.calls[call.started].add_event(PROGRESS, attributes, timestamp=at)
+        elif event.type == "tool.finished":
+            (call,) = [call for call in step.calls if call.finished == position]
+            self._finish_call(call, at)
+        # The call started last runs in the next resume while it is open (a sequential
+        # tool's is the only one open then; calls at once run in their workers).
+        last = step.calls[-1] if step.calls else None
+        if last is None or last.finished is not None:
+            self.current = self.parent
+        else:
+            self.current = trace.set_span_in_context(self.calls[last.started], self.parent)
 
-    def _start_call(self, event: al.Event, at: int, keep: bool = True) -> trace.Span:
+    def _time(self, position: int) -> int:
+        """When the event fed at ``position`` happened, in nanoseconds."""
+        return int(cast(float, self.log.times[position]) * 1e9)  # every feed has a time
+
+    def _start_call(self, call: Call, at: int) -> None:
         """ExecuteTools: a call's span opens; its tool runs in the next resume or a worker."""
-        call: al.ToolCall = event.payload["tool_call"]
+        tool_call = call.tool_call
         attributes = {
             OPERATION_NAME: "execute_tool",
-            TOOL_NAME: call.name,
-            TOOL_CALL_ID: call.id,
+            TOOL_NAME: tool_call.name,
+            TOOL_CALL_ID: tool_call.id,
             TOOL_TYPE: "function",
         }
         if self.capture:
-            attributes[TOOL_CALL_ARGUMENTS] = _json(call.plain_arguments())
-        span = self.tracer.start_span(
-            f"execute_tool {call.name}",
+            attributes[TOOL_CALL_ARGUMENTS] = _json(tool_call.plain_arguments())
+        self.calls[call.started] = span = self.tracer.start_span(
+            f"execute_tool {tool_call.name}",
             context=self.parent,
             kind=trace.SpanKind.INTERNAL,
             attributes=attributes,
             start_time=at,
         )
-        if keep:
-            key = self.running = (event.payload["request_id"], call.id)
-            self.calls[key] = _OPEN_CALLS[id(call)] = (call, span)
-            self.current = trace.set_span_in_context(span, self.parent)
-        return span
+        _OPEN_CALLS[id(tool_call)] = (tool_call, span)
 
-    def _finish_call(self, event: al.Event, at: int) -> None:
+    def _finish_call(self, call: Call, at: int) -> None:
         """ExecuteTools: a call's result is handed on; its span ends when its tool returned."""
-        call: al.ToolCall = event.payload["tool_call"]
-        key = (event.payload["request_id"], call.id)
-        opened = self.calls.pop(key, None)
-        if opened is None:  # a tool.finished with no tool.started (not a loop's run)
-            span = self._start_call(event, at, keep=False)  # a span of no length
-        else:  # its tool.started's ToolCall: a log read back has equal, not the same, ones
-            _OPEN_CALLS.pop(id(opened[0]))
-            span = opened[1]
-        if key == self.running:
-            self.current = self.parent
-        result: al.ToolResultMessage = event.payload["tool_result"]
+        span = self.calls.pop(call.started)
+        del _OPEN_CALLS[id(call.tool_call)]  # its tool.started's: the one registered
+        result = cast(al.ToolResultMessage, call.result)  # a finished call has its result
         if result.is_error:
-            _mark(span, REFUSED if event.payload.get("refused", False) else TOOL_ERROR)
+            _mark(span, REFUSED if call.refused else TOOL_ERROR)
         elif self.capture:
             span.set_attribute(TOOL_CALL_RESULT, result.content)
         span.end(at)
-
-    def _stream_ended(self, at: int) -> None:
-        """An event that is not a chunk: the request that was streaming has ended."""
-        if self.streaming is not None:
-            self.streaming.ended = at
-            self.streaming = None
 
     def interrupted(self, error: BaseException) -> None:
         """The run's generator was closed by its consumer, or raised ``error``."""
@@ -424,54 +403,71 @@ class _RunSpans:
 
     def end(self) -> None:
         """The run has ended: the request spans are recorded, and every open span ends."""
-        now, result = time.time_ns(), self.result
-        self._stream_ended(now)
+        now, result, log = time.time_ns(), self.log.result, self.log
         error, description, reason = self.ending, None, None
+        steps: Dict[str, Optional[Step]] = {step.request_id: step for step in log.steps}
         messages: Tuple[al.Message, ...] = ()  # the final transcript, when the run returned
         if result is not None:  # the run ended: its result says how, whatever came after
             error = CANCELLED if result.status == "cancelled" else None
             if result.error is not None:
                 error, description = result.error.code, result.error.message
                 reason = _unfinished(result.error.exception)
-            # A request with no chunk (the run's last) began when the loop was last resumed.
-            first = result.next_request_sequence - result.steps
-            for number in range(first + 1, first + result.steps + 1):
-                self.steps.setdefault(al.request_id(number), _Step(self.resumed_at))
             messages = result.messages
+            # A request that yielded no event (the run's last) has no step.
+            first = result.next_request_sequence - result.steps
+            numbers = range(first + 1, first + result.steps + 1)
+            steps.update(
+                {al.request_id(n): None for n in numbers if al.request_id(n) not in steps}
+            )
         # Each response the run appended is its request's, in order; the request after the
         # last response was sent the whole final transcript.
         answers = [
             (position, message)
             for position, message in enumerate(messages)
-            if position >= self.accepted and isinstance(message, al.AssistantMessage)
+            if position >= len(log.accepted) and isinstance(message, al.AssistantMessage)
         ]
-        for index, step in enumerate(self.steps.values()):
+        for index, (request_id, step) in enumerate(steps.items()):
+            began = self.began.get(request_id, self.resumed_at)  # no event: the last resume
+            times = (began, *self._chunk_times(step, now))
             if index < len(answers):
                 position, answer = answers[index]
-                self._record_chat(step, messages[:position], answer, None, now)
+                self._record_chat(times, messages[:position], answer, None, now)
             else:
-                self._record_chat(step, messages, None, error, now, reason)
-        for call, span in self.calls.values():  # calls that have no tool.finished
-            _OPEN_CALLS.pop(id(call), None)
-            _mark(span, error)
-            span.end(now)
+                self._record_chat(times, messages, None, error, now, reason)
+        for step in log.steps:
+            for call in step.calls:
+                if call.finished is None:  # no tool.finished: the run ended while it ran
+                    del _OPEN_CALLS[id(call.tool_call)]
+                    span = self.calls[call.started]
+                    _mark(span, error)
+                    span.end(now)
         if result is not None:
             self.run_span.set_attribute(RUN_STATUS, result.status)
             self.run_span.set_attributes(_usage_attributes(result.usage))
         _mark(self.run_span, error, description)
         self.run_span.end(now)
 
+    def _chunk_times(self, step: Optional[Step], now: int) -> Tuple[Optional[int], int]:
+        """When a request's first chunk came (None: none did) and when it ended: at the
+        first event after its last chunk (or its first, a tool.started), else now."""
+        if step is None:
+            return None, now
+        after = step.chunks[-1] + 1 if step.chunks else step.first
+        first = self._time(step.chunks[0]) if step.chunks else None
+        return first, self._time(after) if after < len(self.log.events) else now
+
     def _record_chat(
         self,
-        step: _Step,
+        times: Tuple[int, Optional[int], int],
         inputs: Sequence[al.Message],
         response: Optional[al.AssistantMessage],
         error: Optional[str],
         now: int,
         reason: Optional[str] = None,
     ) -> None:
-        """A request's span: what it was sent, and its response when the run appended one
-        (else ``error``, and the finish ``reason`` of a request that failed)."""
+        """A request's span (begun, first chunk, ended): what it was sent, and its response
+        when the run appended one (else ``error``, and the finish ``reason`` of a failure)."""
+        started, first_chunk, ended = times
         model = self.model_attributes.get(REQUEST_MODEL)
         attributes: Dict[str, Any] = {
             OPERATION_NAME: "chat",
@@ -479,8 +475,8 @@ class _RunSpans:
             **self.model_attributes,
             **self.server_attributes,
         }
-        if step.first_chunk is not None:
-            waited = max(step.first_chunk - step.started, 0)  # two clocks' readings
+        if first_chunk is not None:
+            waited = max(first_chunk - started, 0)  # two clocks' readings
             attributes[RESPONSE_TIME_TO_FIRST_CHUNK] = waited / 1e9
         if self.capture and inputs:
             attributes[INPUT_MESSAGES] = _json([_message(message) for message in inputs])
@@ -492,8 +488,8 @@ class _RunSpans:
             attributes.update(_usage_attributes(response.usage))
             if self.capture:
                 # The output messages' schema spells it tool_call.
-                ended = {"finish_reason": "tool_call" if calls else STOP}
-                attributes[OUTPUT_MESSAGES] = _json([{**_message(response), **ended}])
+                ended_by = {"finish_reason": "tool_call" if calls else STOP}
+                attributes[OUTPUT_MESSAGES] = _json([{**_message(response), **ended_by}])
         elif reason is not None:
             attributes[RESPONSE_FINISH_REASONS] = (reason,)
         span = self.tracer.start_span(
@@ -501,10 +497,10 @@ class _RunSpans:
             context=self.parent,
             kind=trace.SpanKind.CLIENT,
             attributes=attributes,
-            start_time=step.started,
+            start_time=started,
         )
         _mark(span, error)
-        span.end(max(step.ended or now, step.started))
+        span.end(max(ended, started))
 
 
 def _parent() -> Optional[context.Context]:
@@ -514,12 +510,6 @@ def _parent() -> Optional[context.Context]:
         return None
     entry = _OPEN_CALLS.get(id(al.current_tool_call()))
     return None if entry is None else trace.set_span_in_context(entry[1])
-
-
-def _when(event: al.Event) -> int:
-    """When what the event reports happened, in nanoseconds: its time, else now."""
-    seconds: Optional[float] = getattr(event, "time", None)
-    return time.time_ns() if seconds is None else int(seconds * 1e9)
 
 
 def _unfinished(exception: Optional[BaseException]) -> str:

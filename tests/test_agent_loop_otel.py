@@ -39,6 +39,7 @@ import agent_loop as al
 import agent_loop_durable
 from loop_testing import (
     add_call,
+    add_result,
     add_tool,
     call,
     echo_call,
@@ -537,30 +538,23 @@ class TestToolSpans:
         assert [error_type(span) for span in spans.values()] == ["cancelled", "cancelled"]
         recorded.check_tree()
 
-    def test_a_tool_finished_with_no_tool_started_still_has_a_span(
-        self, recorded: Recorded
-    ) -> None:
-        """Not a loop's run (the loop always starts a call first): a span of no length."""
+    def test_a_log_no_loop_yields_is_refused_and_its_spans_end(self, recorded: Recorded) -> None:
+        """The run is read through RunSteps: a tool.finished with no tool.started is its
+        ValueError, raised to the consumer as the run's own error would be."""
         finished = al.Event(
             0,
             "tool.finished",
-            {
-                "request_id": "request-001",
-                "tool_call": add_call(),
-                "tool_result": al.ToolResultMessage(
-                    "tool-result-call-add-001", "call-add-001", "add", "no", True
-                ),
-            },
+            {"request_id": "request-001", "tool_call": add_call(), "tool_result": add_result()},
         )
 
         def events() -> Generator[al.Event, None, al.RunResult]:
             yield finished
             return al.RunResult("completed", (), 0, final_text="")
 
-        assert list(otel.traced(events(), recorded.tracer)) == [finished]
-        span = recorded.tool_spans()["call-add-001"]
-        assert span.start_time == span.end_time
-        assert error_type(span) == "tool_error"
+        with pytest.raises(ValueError, match="finished without starting"):
+            list(otel.traced(events(), recorded.tracer))
+        assert error_type(recorded.run_span()) == "ValueError"
+        assert recorded.tool_spans() == {}
 
 
 class TestDurableRuns:
@@ -934,8 +928,9 @@ class TestContent:
         assert json.loads(second_chat[gen_ai.GEN_AI_INPUT_MESSAGES]) == [asked, answer, *results]
         assert gen_ai.GEN_AI_OUTPUT_MESSAGES not in second_chat
         tools = {key: attributes(span) for key, span in recorded.tool_spans().items()}
-        assert json.loads(tools["call-add-001"][gen_ai.GEN_AI_TOOL_CALL_ARGUMENTS]) == (
-            ADD_ARGUMENTS["arguments"]
+        assert (
+            json.loads(tools["call-add-001"][gen_ai.GEN_AI_TOOL_CALL_ARGUMENTS])
+            == (ADD_ARGUMENTS["arguments"])
         )
         assert tools["call-add-001"][gen_ai.GEN_AI_TOOL_CALL_RESULT] == '{"sum":42}'
         assert gen_ai.GEN_AI_TOOL_CALL_RESULT not in tools["call-2"]  # an error result
@@ -972,7 +967,7 @@ class TestProgressAndTimes:
             assert [event.name for event in span.events] == ["tool.progress"] * 2
             assert [event.timestamp for event in span.events] == [nanoseconds(e) for e in progress]
             values = [dict(event.attributes or {}) for event in span.events]
-            expected = [{"agent_loop.tool.progress": '{"done":%d}' % n} for n in (1, 2)]
+            expected = [{"agent_loop.tool.progress": f'{{"done":{n}}}'} for n in (1, 2)]
             assert values == (expected if capture else [{}, {}])
 
     def test_a_calls_span_ends_when_its_tool_returned(self, recorded: Recorded) -> None:
@@ -1018,7 +1013,9 @@ def nanoseconds(event: al.Event) -> int:
 def is_first_chunk(event: al.Event, events: List[al.Event]) -> bool:
     chunks = [e for e in events if e.type == "model.chunk"]
     request_ids = [e.payload["request_id"] for e in chunks]
-    return event in chunks and request_ids.index(event.payload["request_id"]) == chunks.index(event)
+    return event in chunks and request_ids.index(event.payload["request_id"]) == chunks.index(
+        event
+    )
 
 
 class TestOptions:
