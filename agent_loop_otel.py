@@ -1,5 +1,6 @@
 # agent_loop_otel.py 1.1.0: OpenTelemetry spans of agent_loop.py's runs, by the GenAI conventions.
-# Needs opentelemetry-api; copy it next to agent_loop.py. Home: the agent_loop repository.
+# Needs opentelemetry-api; copy it next to agent_loop.py and agent_loop_replay.py.
+# Home: the agent_loop repository.
 """Record a run of the Agent Loop as OpenTelemetry spans, named and attributed as the GenAI
 semantic conventions say.
 
@@ -57,8 +58,9 @@ Rules:
   and the exception's class name when the run raised (the exception is recorded on the
   run's span). A request whose response never joined the transcript was open at the end.
 
-It uses only agent_loop's public names, and the attribute names are written here as
-strings, so that only opentelemetry-api is needed.
+It reads the run through ``agent_loop_replay.RunSteps`` (fed each event as it passes; a
+log that no loop yields is its ValueError) and uses only public names; the attribute
+names are written here as strings, so that only opentelemetry-api is needed.
 """
 
 from __future__ import annotations
