@@ -2331,8 +2331,12 @@ def print_event(event: Event, file: Optional[TextIO] = None) -> None:
         if result.usage is not None:  # the counts the model reported, by their JSON keys
             counts = ", ".join(f"{key} {count}" for key, count in result.usage.to_dict().items())
             parts.append(f"usage: {counts or 'unknown'}")
+        if result.output is not None:
+            parts.append("output: " + json.dumps(result.output, ensure_ascii=False))
         open_calls = open_tool_calls(result.messages)
-        if open_calls:
+        if result.awaiting:  # a durable run that waits for a person, not a cancelled one
+            parts.append("awaiting a decision: " + ", ".join(c.id for c in result.awaiting))
+        elif open_calls:
             parts.append("left without a result: " + ", ".join(call.id for call in open_calls))
         if result.error is not None:
             parts.append(f"error: {result.error.code}: {result.error.message}")

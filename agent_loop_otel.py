@@ -334,7 +334,7 @@ class _RunSpans:
     def observe(self, event: al.Event) -> None:
         """An event of the run: a request begins, a call starts, progresses or ends."""
         # When the event does not say when it happened, it happened as it passes here.
-        self.log.feed(event, time.time() if getattr(event, "time", None) is None else None)
+        self.log.feed(event, time.time() if event.time is None else None)
         position = len(self.log.events) - 1
         if event.type in ("message.accepted", "run.finished"):
             return
@@ -484,7 +484,7 @@ class _RunSpans:
             attributes[INPUT_MESSAGES] = _json([_message(message) for message in inputs])
         if response is not None:
             own_id = al.response_id_of(response.id) or response.id
-            attributes[RESPONSE_ID] = getattr(response, "provider_response_id", None) or own_id
+            attributes[RESPONSE_ID] = response.provider_response_id or own_id
             calls = any(isinstance(block, al.ToolCall) for block in response.content)
             attributes[RESPONSE_FINISH_REASONS] = (TOOL_CALLS if calls else STOP,)
             attributes.update(_usage_attributes(response.usage))

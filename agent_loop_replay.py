@@ -34,11 +34,16 @@ Rules:
 
 ``dump_events(events, fp)`` writes an event log as JSON lines (one compact ASCII
 ``to_dict()`` per line, with ``times=True`` each with its time), ``load_events(fp)`` reads
-it back, and ``load_timed_events(fp)`` reads it, or a durable run's journal, with times.
+it back, and ``load_timed_events(fp)`` reads it with times. This file knows no journal:
+agent_loop_durable.py reads and writes those.
+
+``RunSteps`` is the one reader of a run's log: fed its events in order, it holds its
+steps (each request, its chunks and its calls) and refuses an event out of order.
+Replay, durable runs, the page and the spans read runs through it.
 
 ``durable_run()`` and ``JournalError`` (agent_loop_durable.py since 1.4) can still be
-imported from here. A ``Recording`` is what both features give again: replay runs on
-one, a durable run on one read from its journal, and then live.
+imported from here until 2.0. A ``Recording`` is what both features give again: replay
+runs on one, a durable run on one read from its journal, and then live.
 
 This file uses only the public names of ``agent_loop``.
 """
@@ -47,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import json
 import threading
 import time
@@ -88,12 +94,10 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     """``durable_run`` and ``JournalError``, here since 1.3, live in agent_loop_durable.py,
-    which builds on this module: imported on first use, so that neither file imports the
-    other while it loads."""
+    which builds on this module: loaded by name on first use, for 1.3's imports only.
+    Deprecated: this re-export goes in 2.0; import them from agent_loop_durable."""
     if name in ("durable_run", "JournalError"):
-        import agent_loop_durable
-
-        return getattr(agent_loop_durable, name)
+        return getattr(importlib.import_module("agent_loop_durable"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -868,18 +872,22 @@ def dump_events(events: Iterable[al.Event], fp: _TextFile, *, times: bool = Fals
     The lines are ASCII (a character beyond it is a ``\\u`` escape, so any encoding
     reads them, and a str holding a lone surrogate comes back as it was); one writer
     makes the lines of logs and of durable journals. With ``times=True`` each line also
-    holds ``"time"``: the seconds (a float, from a monotonic clock) from the first
-    ``next()`` on ``events`` to the moment the event was received from it.
+    holds ``"time"``: the seconds (a float, on the clock of ``time.time()``) from the first
+    ``next()`` on ``events`` to ``event.time`` (when what it reports happened: for a
+    ``tool.finished``, when its tool returned), or to the moment the event was received
+    where the event has no time.
     ``load_events()`` reads the lines back, ``load_timed_events()`` with their times.
     Raises TypeError for an item that is not an Event (the lines before it are written).
     """
     items = iter(events)
-    began = time.monotonic()
+    began = time.time()  # the clock of Event.time
     for position, event in enumerate(items):
         _check_event("dump_events()", event, position)
         data = event.to_dict()
         if times:
-            data["time"] = time.monotonic() - began
+            happened = getattr(event, "time", None)
+            happened = time.time() if happened is None else happened
+            data["time"] = max(0.0, happened - began)
         fp.write(json_line(data) + "\n")
 
 
@@ -891,57 +899,25 @@ def load_events(fp: Iterable[str]) -> List[al.Event]:
     Raises ValueError naming the line (counted from 1) that holds no event: not JSON (a
     blank line too), or JSON that ``event_from_dict()`` refuses, with its reason.
     """
-    return [event for event, _ in _timed_events(fp, journal=False)]
+    return [event for event, _ in load_timed_events(fp)]
 
 
 def load_timed_events(fp: Iterable[str]) -> List[Tuple[al.Event, Optional[float]]]:
     """Reads a log with its times: the lines of ``dump_events()`` (``times`` or not) or
-    of the command line's ``--json``, or a durable run's journal.
+    of the command line's ``--json``.
 
     Returns each event with its ``"time"`` (seconds since the run began in the process
-    that wrote the line), or None for a line without one. A journal (its first line is
-    a run record) gives its run's events: its other records are skipped, the events
-    that a resume record voids are dropped, and so is a torn last line (no newline).
-    Raises ValueError naming the line (counted from 1) that holds no event.
+    that wrote the line), or None for a line without one. (A durable run's journal is
+    read by agent_loop_durable.py's ``read_journal``.) Raises ValueError naming the line
+    (counted from 1) that holds no event.
     """
-    return _timed_events(fp, journal=True)
-
-
-def _timed_events(fp: Iterable[str], journal: bool) -> List[Tuple[al.Event, Optional[float]]]:
-    """The events of JSON lines and their times; a journal's too if ``journal``."""
-    timed: List[Tuple[al.Event, Optional[float]]] = []
-    in_journal = False  # its first line is a run record
+    timed = []
     for number, line in enumerate(fp, start=1):
-        # A journal's torn last line (its writer died), the run record's too: no event.
-        begun = in_journal or (journal and line.startswith('{"record":"run"'))
-        if begun and not line.endswith("\n"):
-            break
         try:
-            data = _json_value(line)
-            record = data.get("record") if journal and type(data) is dict else None
-            if record is None:
-                timed.append(_timed_event(data))
-            elif number == 1 and record == "run":
-                in_journal = True
-            elif not in_journal:
-                raise ValueError(f"a {record!r} record, and the first line is no run record")
-            elif record == "resume":
-                del timed[_resume_sequence(data, len(timed)) :]
+            timed.append(_timed_event(_json_value(line)))
         except ValueError as error:
             raise ValueError(f"line {number}: {error}") from None
     return timed
-
-
-def _resume_sequence(data: Mapping[str, Any], recorded: int) -> int:
-    """The sequence a journal's resume record names: the first of the events it voids
-    (the events recorded before it from that sequence on)."""
-    sequence = data.get("sequence")
-    if type(sequence) is not int or not 0 <= sequence <= recorded:
-        raise ValueError(
-            f"a resume record's sequence must be an int in 0..{recorded} (the events "
-            f"recorded before it), got {sequence!r}"
-        )
-    return sequence
 
 
 def _json_value(line: str) -> Any:

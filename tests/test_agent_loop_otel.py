@@ -702,8 +702,8 @@ class TestContext:
             parent = runs[f"invoke_agent {call_id}"].parent
             assert parent is not None
             assert parent.span_id == span.context.span_id
-            if concurrency == 1:  # in the consumer's thread: the call's span is current
-                assert current[call_id] == span.context.span_id
+            # In the consumer's thread or a worker, the call's span is current in its tool.
+            assert current[call_id] == span.context.span_id
 
     def test_between_events_the_consumers_context_is_its_own(self, recorded: Recorded) -> None:
         run = otel.traced(start_run(al.ScriptedModel(two_steps()), [add_tool()]), recorded.tracer)

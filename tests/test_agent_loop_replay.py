@@ -38,7 +38,6 @@ import agent_loop as al
 import agent_loop_replay as alr
 from loop_testing import (
     FakeModel,
-    RequestKeyedModel,
     add_tool,
     call,
     counter_tool,
@@ -1041,46 +1040,13 @@ class TestJsonLines:
             (event, None) for event in events
         ]
 
-    def test_a_durable_journal_gives_its_runs_events_with_their_times(
-        self, tmp_path: Path
-    ) -> None:
-        """Its records are skipped, the events a resume record voids dropped, and so is a
-        torn last line."""
-        import agent_loop_durable as ald
-
-        journal = tmp_path / "run.jsonl"
-        script = {f"request-00{n}": step for n, step in enumerate(two_call_script(), start=1)}
-        model = RequestKeyedModel(script)
-        tools = al.ToolRegistry(every_kind_of_tool())
-        options: dict[str, Any] = {"messages": [user()], "tools": tools, "max_steps": 8}
-        events, _ = al.settle_run(ald.durable_run(journal, model=model, **options))
-        data = journal.read_text(encoding="ascii")
-        lines = data.splitlines(keepends=True)
-        # A process died after the second tool.started, writing a line; another went on.
-        second = [i for i, line in enumerate(lines) if '"tool.started"' in line][1]
-        journal.write_text("".join(lines[: second + 1]) + '{"sequ', encoding="ascii")
-        with open(journal, encoding="ascii") as file:
-            cut = alr.load_timed_events(file)
-        assert [event for event, _ in cut] == events[: len(cut)]
-        model = RequestKeyedModel(script)
-        options["tools"] = al.ToolRegistry(every_kind_of_tool())  # a new process's
-        again, _ = al.settle_run(ald.durable_run(journal, model=model, **options))
-        assert dicts_of(again) == dicts_of(events)
-        with open(journal, encoding="ascii") as file:
-            read = alr.load_timed_events(file)
-        assert [event for event, _ in read] == events
-        assert all(isinstance(time, float) for _, time in read)
-        # A journal whose run record is torn holds no event yet.
-        assert alr.load_timed_events([data[: data.index("\n") // 2]]) == []
-
     @pytest.mark.parametrize(
         ("line", "message"),
         [
-            ('{"record": "resume", "sequence": 1}\n', "line 2: a 'resume' record, and the first"),
             ('{"sequence": 1, "time": "soon"}\n', "line 2: time must be a number of seconds"),
             ('{"sequence": 1, "time": -1}\n', "line 2: time must be a number of seconds"),
         ],
-        ids=["a record outside a journal", "a time that is no number", "a negative time"],
+        ids=["a time that is no number", "a negative time"],
     )
     def test_a_line_that_load_timed_events_cannot_read(self, line: str, message: str) -> None:
         events, _ = record_run([stop("response-001", "The sum is 42.")])
@@ -1093,16 +1059,3 @@ class TestJsonLines:
         with pytest.raises(ValueError, match=r"^line 2: ") as refused:
             alr.load_timed_events([written.getvalue().splitlines(keepends=True)[0], line])
         assert str(refused.value).startswith(message)
-
-    @pytest.mark.parametrize("sequence", [-1, 2, "1"], ids=["negative", "past", "a str"])
-    def test_a_journals_resume_record_names_a_recorded_sequence(self, sequence: Any) -> None:
-        events, _ = record_run([stop("response-001", "The sum is 42.")])
-        lines = [
-            '{"record":"run"}\n',
-            alr.json_line(events[0].to_dict()) + "\n",
-            alr.json_line({"record": "resume", "sequence": sequence}) + "\n",
-        ]
-        with pytest.raises(ValueError, match=r"^line 3: a resume record's sequence must be"):
-            alr.load_timed_events(lines)
-        lines[2] = alr.json_line({"record": "resume", "sequence": 1}) + "\n"
-        assert alr.load_timed_events(lines) == [(events[0], None)]

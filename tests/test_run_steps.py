@@ -141,19 +141,6 @@ READS: List[Tuple[str, List[str], List[StepRow]]] = [
 ]
 
 
-@pytest.mark.parametrize(("name", "words", "expected"), READS, ids=[row[0] for row in READS])
-def test_a_log_reads_to_its_steps(name: str, words: List[str], expected: List[StepRow]) -> None:
-    steps = alr.RunSteps()
-    events = log(*words)
-    for position, item in enumerate(events):
-        steps.feed(item, time=position / 10 if position % 2 else None)
-    assert rows(steps) == expected
-    assert steps.events == tuple(events)
-    assert steps.times == tuple(p / 10 if p % 2 else None for p in range(len(events)))
-    assert steps.accepted == (user(),)
-    assert steps.result == (RESULT if words[-1] == "run" else None)
-
-
 REFUSED: List[Tuple[str, List[str], str]] = [
     ("a gap in the sequences", ["accepted", "@2 chunk 1"], "has sequence 2"),
     ("an event after run.finished", ["accepted", "run", "accepted"], "after run.finished"),
@@ -177,27 +164,43 @@ REFUSED: List[Tuple[str, List[str], str]] = [
 ]
 
 
-def test_an_event_of_no_run_is_refused() -> None:
-    steps = alr.RunSteps()
-    with pytest.raises(ValueError, match=r"event 0 \(tool.waiting\): not an event type"):
-        steps.feed(al.Event(0, cast(Any, "tool.waiting"), {}))
-    with pytest.raises(TypeError, match=r"RunSteps.feed\(\) takes Events, got dict"):
-        steps.feed(cast(Any, {}))
-    with pytest.raises(TypeError, match="time must be a number"):
-        steps.feed(event(0, "accepted"), cast(Any, "1"))
-    assert (steps.events, steps.times) == ((), ())
+class TestRunSteps:
+    """The one reader of a run's log, by its table."""
 
+    @pytest.mark.parametrize(("name", "words", "expected"), READS, ids=[row[0] for row in READS])
+    def test_a_log_reads_to_its_steps(
+        self, name: str, words: List[str], expected: List[StepRow]
+    ) -> None:
+        steps = alr.RunSteps()
+        events = log(*words)
+        for position, item in enumerate(events):
+            steps.feed(item, time=position / 10 if position % 2 else None)
+        assert rows(steps) == expected
+        assert steps.events == tuple(events)
+        assert steps.times == tuple(p / 10 if p % 2 else None for p in range(len(events)))
+        assert steps.accepted == (user(),)
+        assert steps.result == (RESULT if words[-1] == "run" else None)
 
-@pytest.mark.parametrize(("name", "words", "match"), REFUSED, ids=[row[0] for row in REFUSED])
-def test_a_log_out_of_order_is_refused_and_changes_nothing(
-    name: str, words: List[str], match: str
-) -> None:
-    events = log(*words)
-    steps = alr.RunSteps()
-    for item in events[:-1]:
-        steps.feed(item)
-    before = (rows(steps), steps.events, steps.times, steps.accepted, steps.result)
-    with pytest.raises(ValueError, match=match) as refused:
-        steps.feed(events[-1])
-    assert f"event {len(events) - 1} ({events[-1].type})" in str(refused.value)
-    assert (rows(steps), steps.events, steps.times, steps.accepted, steps.result) == before
+    def test_an_event_of_no_run_is_refused(self) -> None:
+        steps = alr.RunSteps()
+        with pytest.raises(ValueError, match=r"event 0 \(tool.waiting\): not an event type"):
+            steps.feed(al.Event(0, cast(Any, "tool.waiting"), {}))
+        with pytest.raises(TypeError, match=r"RunSteps.feed\(\) takes Events, got dict"):
+            steps.feed(cast(Any, {}))
+        with pytest.raises(TypeError, match="time must be a number"):
+            steps.feed(event(0, "accepted"), cast(Any, "1"))
+        assert (steps.events, steps.times) == ((), ())
+
+    @pytest.mark.parametrize(("name", "words", "match"), REFUSED, ids=[row[0] for row in REFUSED])
+    def test_a_log_out_of_order_is_refused_and_changes_nothing(
+        self, name: str, words: List[str], match: str
+    ) -> None:
+        events = log(*words)
+        steps = alr.RunSteps()
+        for item in events[:-1]:
+            steps.feed(item)
+        before = (rows(steps), steps.events, steps.times, steps.accepted, steps.result)
+        with pytest.raises(ValueError, match=match) as refused:
+            steps.feed(events[-1])
+        assert f"event {len(events) - 1} ({events[-1].type})" in str(refused.value)
+        assert (rows(steps), steps.events, steps.times, steps.accepted, steps.result) == before
