@@ -1074,8 +1074,8 @@ class TestLLMock:
         loop = al.run_agent_loop(
             messages=[user()], model=model, tools=al.ToolRegistry([add_tool()]), max_steps=4
         )
-        # The model object says its name and server (and, once it has one, its provider).
-        run = otel.traced(loop, recorded.tracer, model=model, provider_name="openai")
+        # The model object says its provider, its name and its server.
+        run = otel.traced(loop, recorded.tracer, model=model)
         _, result = settle(run)
         assert result.status == "completed", result.error
         recorded.check_tree()
@@ -1084,6 +1084,7 @@ class TestLLMock:
         assert [span.name for span in chats] == ["chat gpt-4o", "chat gpt-4o"]
         port = int(server.url.rsplit(":", 1)[1])
         for span, response in zip(chats, responses):
+            assert attributes(span)[gen_ai.GEN_AI_PROVIDER_NAME] == "openai"
             assert attributes(span)[SERVER_ADDRESS] == "127.0.0.1"
             assert attributes(span)[SERVER_PORT] == port
             # The provider's own id of each answer, as llmock sent it.
