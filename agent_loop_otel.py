@@ -19,12 +19,14 @@ yields the same events and returns the same result, and it records, with the tra
   spans open at once, each with its own duration. A ``tool.progress`` event is a span
   event of its call's span.
 
-The chat and tool spans are children of the run's span. While the run's generator is
-resumed the run's span is the current span, and the span of the call whose tool runs in
-that resume (a sequential tool runs in the consumer's thread), so a span that the model or
-a tool starts there is its child. A run traced inside a tool is a child of that tool's
-``execute_tool`` span, in whichever thread the tool runs. Every span ends whatever way the
-run ends: completed, ``maxSteps``, cancelled, failed, closed by its consumer, or raising.
+The chat and tool spans are children of the run's span, and the run's span a child of
+the span current when the run began. While the run's generator is resumed the run's span
+is the current span, and after a ``tool.started`` that call's span (the loop runs a
+sequential tool in that resume, and a call at once in a copy of its context), so a span
+that the model or a tool starts is its child: a run traced inside a tool is a child of
+that call's ``execute_tool`` span, in whichever thread the tool runs. Every span ends
+whatever way the run ends: completed, ``maxSteps``, cancelled, failed, closed by its
+consumer, or raising.
 
 Rules:
 
@@ -165,11 +167,6 @@ _USAGE_COUNTS: Final = (
     ("cache_write_tokens", USAGE_CACHE_CREATION_INPUT_TOKENS),
     ("reasoning_tokens", USAGE_REASONING_OUTPUT_TOKENS),
 )
-
-# Every traced run's open calls, by the id() of their ToolCall (kept alive here, so no
-# other object has that id meanwhile): where a run traced inside a tool finds its parent
-# span in a thread that has no current span (a worker of tool_concurrency).
-_OPEN_CALLS: Dict[int, Tuple[al.ToolCall, trace.Span]] = {}
 
 
 def traced(
@@ -314,13 +311,14 @@ class _RunSpans:
         self.ending: Optional[str] = None  # error.type when the run ended without a result
 
     def start(self) -> None:
-        """The run begins: its span opens, under the current span or the running call's."""
+        """The run begins: its span opens, a child of the current span (a tool's call's,
+        when the run is traced inside a tool)."""
         name = "invoke_agent" if self.agent_name is None else f"invoke_agent {self.agent_name}"
         attributes = {OPERATION_NAME: "invoke_agent", **self.model_attributes}
         if self.agent_name is not None:
             attributes[AGENT_NAME] = self.agent_name
         self.run_span = self.tracer.start_span(
-            name, context=_parent(), kind=trace.SpanKind.INTERNAL, attributes=attributes
+            name, kind=trace.SpanKind.INTERNAL, attributes=attributes
         )
         self.parent = self.current = trace.set_span_in_context(self.run_span)
 
@@ -352,8 +350,10 @@ class _RunSpans:
         elif event.type == "tool.finished":
             (call,) = [call for call in step.calls if call.finished == position]
             self._finish_call(call, at)
-        # The call started last runs in the next resume while it is open (a sequential
-        # tool's is the only one open then; calls at once run in their workers).
+        # The call started last is current in the next resume while it is open: a
+        # sequential tool runs in that resume, and each call at once in a copy of the
+        # context of the resume after its tool.started (the loop's rule), so every tool
+        # runs with its own call's span current.
         last = step.calls[-1] if step.calls else None
         if last is None or last.finished is not None:
             self.current = self.parent
@@ -375,19 +375,17 @@ class _RunSpans:
         }
         if self.capture:
             attributes[TOOL_CALL_ARGUMENTS] = _json(tool_call.plain_arguments())
-        self.calls[call.started] = span = self.tracer.start_span(
+        self.calls[call.started] = self.tracer.start_span(
             f"execute_tool {tool_call.name}",
             context=self.parent,
             kind=trace.SpanKind.INTERNAL,
             attributes=attributes,
             start_time=at,
         )
-        _OPEN_CALLS[id(tool_call)] = (tool_call, span)
 
     def _finish_call(self, call: Call, at: int) -> None:
         """ExecuteTools: a call's result is handed on; its span ends when its tool returned."""
         span = self.calls.pop(call.started)
-        del _OPEN_CALLS[id(call.tool_call)]  # its tool.started's: the one registered
         result = cast(al.ToolResultMessage, call.result)  # a finished call has its result
         if result.is_error:
             _mark(span, REFUSED if call.refused else TOOL_ERROR)
@@ -439,7 +437,6 @@ class _RunSpans:
         for step in log.steps:
             for call in step.calls:
                 if call.finished is None:  # no tool.finished: the run ended while it ran
-                    del _OPEN_CALLS[id(call.tool_call)]
                     span = self.calls[call.started]
                     _mark(span, error)
                     span.end(now)
@@ -503,15 +500,6 @@ class _RunSpans:
         )
         _mark(span, error)
         span.end(max(ended, started))
-
-
-def _parent() -> Optional[context.Context]:
-    """A run's parent: the current span (None), else, in a thread with none, the span of the
-    call whose tool runs there, when a traced run holds it open."""
-    if trace.get_current_span().get_span_context().is_valid:
-        return None
-    entry = _OPEN_CALLS.get(id(al.current_tool_call()))
-    return None if entry is None else trace.set_span_in_context(entry[1])
 
 
 def _unfinished(exception: Optional[BaseException]) -> str:
