@@ -313,6 +313,24 @@ class TestTheRunSpan:
         assert gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS not in attributes(unknown.run_span())
 
 
+# Each request's (response id, error.type, whether a first chunk came), by how it ended.
+ANSWERED = [("response-001", None, True), ("response-002", None, True)]
+HISTORY = [user(), al.AssistantMessage("old", [al.TextBlock("Earlier.")])]
+REQUESTS: Dict[str, Tuple[Script, Dict[str, Any], List[Any]]] = {
+    # An empty answer streams nothing; its request still has a span, its response.
+    "no-chunk": ([al.scripted_response("r1", [], "stop")], {}, [("r1", None, False)]),
+    "failed": (two_steps()[:1], {}, [ANSWERED[0], (None, "MODEL_STREAM_ERROR", False)]),
+    "cancelled-streaming": (
+        [stop("r1", "Hi.")],
+        {"cancel_at": ("model.chunk", 1)},
+        [(None, "cancelled", True)],
+    ),
+    # The responses are the ones the run appended, after its starting messages.
+    "after-history": ([stop("r-new", "Now.")], {"messages": HISTORY}, [("r-new", None, True)]),
+    "resumed": (two_steps(), {"request_sequence_start": 5}, ANSWERED),
+}
+
+
 class TestChatSpans:
     """A chat span per model request, with its response where the run appended one."""
 
@@ -371,46 +389,20 @@ class TestChatSpans:
         counts = {k: v for k, v in attributes(span).items() if k.startswith("gen_ai.usage.")}
         assert counts == {getattr(gen_ai, name): count for name, count in expected.items()}
 
-    def test_a_request_with_no_chunk_has_its_span(self, recorded: Recorded) -> None:
-        """An empty answer streams nothing; its request still has a span, its response."""
-        traced_run(recorded, [al.scripted_response("r1", [], "stop")])
-        (span,) = recorded.chat_spans()
-        assert attributes(span)[gen_ai.GEN_AI_RESPONSE_ID] == "r1"
-        assert gen_ai.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK not in attributes(span)
-
-    def test_a_request_that_failed_is_marked_and_has_no_response(self, recorded: Recorded) -> None:
-        ending_run(recorded, "failed")
-        first, second = recorded.chat_spans()
-        assert error_type(first) is None
-        assert error_type(second) == "MODEL_STREAM_ERROR"
-        assert gen_ai.GEN_AI_RESPONSE_ID not in attributes(second)
-
-    def test_a_request_cancelled_while_streaming_is_marked_cancelled(
-        self, recorded: Recorded
+    @pytest.mark.parametrize("ending", REQUESTS)
+    def test_each_request_has_its_response_or_its_error(
+        self, recorded: Recorded, ending: str
     ) -> None:
-        chunks = [al.TextBlock("The "), al.TextBlock("sum.")]
-        script = [al.scripted_response("r1", [al.TextBlock("The sum.")], "stop", chunks=chunks)]
-        traced_run(recorded, script, cancel_at=("model.chunk", 1))
-        (span,) = recorded.chat_spans()
-        assert error_type(span) == "cancelled"
-        assert attributes(span)[gen_ai.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] >= 0
-
-    def test_history_in_the_starting_messages_is_no_response(self, recorded: Recorded) -> None:
-        """The responses are the ones the run appended, after its starting messages."""
-        history = [
-            user(),
-            al.AssistantMessage("message-old", [al.TextBlock("Earlier.")]),
-            user("Again.", id="user-002"),
-        ]
-        traced_run(recorded, [stop("response-new", "Now.")], messages=history)
-        (span,) = recorded.chat_spans()
-        assert attributes(span)[gen_ai.GEN_AI_RESPONSE_ID] == "response-new"
-
-    def test_a_run_resumed_at_a_later_request(self, recorded: Recorded) -> None:
-        _, result = traced_run(recorded, two_steps(), [add_tool()], request_sequence_start=5)
-        assert result.next_request_sequence == 7
-        ids = [attributes(span)[gen_ai.GEN_AI_RESPONSE_ID] for span in recorded.chat_spans()]
-        assert ids == ["response-001", "response-002"]
+        script, options, expected = REQUESTS[ending]
+        traced_run(recorded, script, [add_tool()], **options)
+        assert [
+            (
+                attributes(span).get(gen_ai.GEN_AI_RESPONSE_ID),
+                error_type(span),
+                gen_ai.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK in attributes(span),
+            )
+            for span in recorded.chat_spans()
+        ] == expected
 
 
 class TestToolSpans:
