@@ -2059,7 +2059,9 @@ class RunResult(_Shape):
     error: Optional[RunError] = None
     request_sequence_start: int = 0
     usage: Optional[Usage] = None
-    output: JSON = None  # what the ends_run tool that ended the run returned
+    # What the ends_run tool that ended the run returned (JSON); Any, since a companion such as
+    # agent_loop_output puts a value of the caller's own type there.
+    output: Any = None
     awaiting: Tuple[ToolCall, ...] = ()  # the calls a durable run left awaiting a decision
     __hash__ = None  # type: ignore[assignment]  # its output may be a mapping
     _json = (("status", "status", _RUN_STATUSES), ("messages", "messages", "messages"),
