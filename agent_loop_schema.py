@@ -199,7 +199,7 @@ def _frozen(
     if (
         value is None
         or type(value) in (str, bool, int)
-        or (type(value) is float and math.isfinite(cast(float, value)))
+        or (type(value) is float and math.isfinite(value))
     ):
         return value
     # Deeper than arguments may be, it would describe no call: schemas and containers count.
@@ -263,7 +263,7 @@ def _pointed(resource: _Located, uri: str, pointer: str) -> Optional[Tuple[Any, 
     """What a JSON pointer names in a resource (RFC 6901; percent-decoded first, as a URI
     fragment is), the base around it, and whether it stands where a schema does."""
     target, around = resource
-    inner, kind = uri, "schema"
+    inner, kind = uri, cast(Optional[str], "schema")
     for token in urllib.parse.unquote(pointer).split("/")[1:]:
         token = token.replace("~1", "/").replace("~0", "~")
         if type(target) is tuple and token.isdecimal() and int(token) < len(target):
@@ -272,16 +272,14 @@ def _pointed(resource: _Located, uri: str, pointer: str) -> Optional[Tuple[Any, 
             target = target[token]
         else:
             return None
-        kind = "schema" if kind in ("schemas", "schema map") else _part(kind, token)
+        if kind in ("schemas", "schema map"):
+            kind = "schema"
+        else:  # what a keyword of a schema holds; inside plain JSON, plain JSON
+            kind = _KEYWORDS.get(token) if kind == "schema" else None
         around = inner
         if kind == "schema" and type(target) is MappingProxyType and "$id" in target:
             inner = _joined(inner, target["$id"])  # a pointer may pass into a resource
     return target, around, kind == "schema" and isinstance(target, (bool, MappingProxyType))
-
-
-def _part(kind: Optional[str], token: str) -> Optional[str]:
-    """The kind of what a token names in a value of this kind (None: plain JSON)."""
-    return _KEYWORDS.get(token) if kind == "schema" else None
 
 
 # --- Checked at each call ------------------------------------------------------------------
