@@ -62,9 +62,11 @@ import json
 import logging
 import math
 import os
+import queue
 import reprlib
 import sys
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -200,6 +202,8 @@ class _Run:
         self.steps = 0
         self.next_sequence = 0
         self.usage: Optional[Usage] = None  # the sum over the responses appended so far
+        self.ended = False  # whether a call of an ends_run tool returned (beyond the seed)
+        self.output: JSON = None  # what the first such call returned
         # SnapshotRun, now at call time: the generator's body would wait for next().
         self.transcript = _Transcript()  # stays empty when the start is invalid
         self.invalid_start: Optional[_RunFailure] = None
@@ -247,6 +251,11 @@ class _Run:
                 return self._result("completed", final_text=text_from_assistant(message))
             # AppendAssistant --> ExecuteTools: stopReason toolCall
             yield from self._execute_tools(request, message)
+            if self.ended:
+                # ExecuteTools --> Completed, beyond the seed: a call of an ends_run tool
+                # returned, and every call of the response has its result.
+                text = text_from_assistant(message)
+                return self._result("completed", final_text=text, output=self.output)
             # ExecuteTools --> OpenModel: continuation allowed, while steps remain
         # ExecuteTools --> MaxSteps. Seed: "If the current step equals maxSteps, the
         # loop emits run.finished with status maxSteps and does not open another
@@ -329,8 +338,11 @@ class _Run:
         # Seed: "... and 1024 assistant blocks."
         if len(response.content) > MAX_ASSISTANT_BLOCKS:
             raise _Problem(f"the response holds more than {MAX_ASSISTANT_BLOCKS} blocks")
+        provider_id = response.provider_response_id
+        if provider_id is not None and not _is_id(provider_id):
+            raise _Problem(f"a provider response id must be None or a str, got {provider_id!r}")
         message = AssistantMessage(
-            assistant_message_id(response.id), response.content, response.usage
+            assistant_message_id(response.id), response.content, response.usage, provider_id
         )
         self.transcript.check(message)
         calls = _tool_calls(message)
@@ -353,39 +365,60 @@ class _Run:
             self.usage = self.usage + message.usage
 
     def _execute_tools(self, request: ModelRequest, message: AssistantMessage) -> Iterator[Event]:
-        """ExecuteTools: every call in assistant order, one at a time or group by group."""
-        if self.tool_concurrency > 1:
-            for group in self._groups(_tool_calls(message)):
-                yield from self._execute_group(request, group)
-        else:
-            for call in _tool_calls(message):
-                refusal = self._refusal(call)  # consent, before the call's tool.started
-                # Seed: "For each call, it emits tool.started, awaits executeToolCall(),
-                # appends the linked Tool-result message, then emits tool.finished."
-                yield self._event("tool.started", request_id=request.id, tool_call=call)
-                result = refusal or self._execute(call)
-                yield self._finished(request, call, result, refusal is not None)
+        """ExecuteTools: every call in assistant order; returns once each has its result."""
+        if self.tool_concurrency > 1:  # opt-in, beyond the seed: groups of calls at once
+            yield from self._execute_groups(request, _tool_calls(message))
+            return
+        for call in _tool_calls(message):
+            refusal = self._refusal(call)  # consent, before the call's tool.started
+            # Seed: "For each call, it emits tool.started, awaits executeToolCall(),
+            # appends the linked Tool-result message, then emits tool.finished."
+            yield self._event("tool.started", request_id=request.id, tool_call=call)
+            outcome = refusal or (yield from self._execute(request, call))
+            yield self._finished(request, call, outcome)
         # Seed: "After the complete Tool batch, validateTranscript() proves that every
         # call has one later matching result." By construction: each got one, or it raised.
 
-    def _execute(self, call: ToolCall) -> ToolResultMessage:
-        """ExecuteTools: runs one call, in whichever thread, and looks at the signal after."""
-        # An Exception from the tool is a recoverable result; anything else ends the phase.
-        what = f"tool call {call.id!r}"
-        return self._call(
-            "TOOL_PHASE_ERROR", what, _execute_checked_call, self.tools, call, self.signal
+    def _execute(self, request: ModelRequest, call: ToolCall) -> Generator[Event, None, _Outcome]:
+        """ExecuteTools: runs one call in the loop's thread, a tool.progress per value its tool
+        yields; looks at the signal after each, and closes the tool when the run ends."""
+        # The tool runs in a copy of the context that resumed the run after its tool.started.
+        context = contextvars.copy_context()
+        steps = _tool_steps(self.tools, call, self.signal)
+        try:
+            while True:
+                step = self._call("TOOL_PHASE_ERROR", _what(call), context.run, _next_step, steps)
+                if isinstance(step, _Outcome):
+                    return step
+                yield self._progress(request, call, step)
+        finally:
+            context.run(steps.close)
+
+    def _progress(self, request: ModelRequest, call: ToolCall, progress: JSON) -> Event:
+        """ExecuteTools: one tool.progress of a running call (beyond the seed)."""
+        return self._event(
+            "tool.progress", request_id=request.id, tool_call_id=call.id, progress=progress
         )
 
-    def _finished(
-        self, request: ModelRequest, call: ToolCall, result: ToolResultMessage, refused: bool
-    ) -> Event:
+    def _finished(self, request: ModelRequest, call: ToolCall, outcome: _Outcome) -> Event:
         """ExecuteTools: a call's result joins the transcript; returns its tool.finished."""
         # Linked by construction: derived from the call, whose result id was checked free.
-        self.transcript.append(result)
-        # The key is absent unless refused, so that a run without consent logs as the seed's.
-        flag = {"refused": True} if refused else {}
+        self.transcript.append(outcome.result)
+        # The keys are absent unless set, so that a run without them logs as the seed's.
+        flags: Dict[str, bool] = {}
+        if outcome.refused:
+            flags["refused"] = True
+        elif outcome.ends_run:
+            flags["ends_run"] = True
+            if not self.ended:  # the first in assistant order
+                self.ended, self.output = True, outcome.output
         return self._event(
-            "tool.finished", request_id=request.id, tool_call=call, tool_result=result, **flag
+            "tool.finished",
+            request_id=request.id,
+            tool_call=call,
+            tool_result=outcome.result,
+            at=outcome.time,
+            **flags,
         )
 
     def _finish(self, result: RunResult) -> Generator[Event, None, RunResult]:
@@ -393,11 +426,13 @@ class _Run:
         yield self._event("run.finished", result=result)
         return result
 
-    def _event(self, type: EventType, **payload: Any) -> Event:
-        """The run's next event: the one counter numbers it."""
+    def _event(self, type: EventType, at: Optional[float] = None, **payload: Any) -> Event:
+        """The run's next event, which happened ``at`` (default: now); the one counter
+        numbers it."""
         # Seed: "Each event receives the next integer sequence; no component owns a
         # separate counter."
-        event = Event(self.next_sequence, type, MappingProxyType(payload))
+        when = time.time() if at is None else at
+        event = Event(self.next_sequence, type, MappingProxyType(payload), when)
         self.next_sequence += 1
         return event
 
@@ -427,7 +462,7 @@ class _Run:
 
     # --- Opt-in, beyond the seed: consent (before_tool_call) and tools at once -------
 
-    def _refusal(self, call: ToolCall) -> Optional[ToolResultMessage]:
+    def _refusal(self, call: ToolCall) -> Optional[_Outcome]:
         """ExecuteTools, consent: the error result that refuses a call, or None to run it."""
         if self.before_tool_call is None:
             return None
@@ -439,7 +474,14 @@ class _Run:
                 f"{what} returned {_a(type(answer).__name__)}: it must return None "
                 "(run the call) or a str (refuse it, the str being the call's error result)",
             )
-        return None if answer is None else _tool_result(call, answer, True)
+        if answer is None:
+            return None
+        return _Outcome(_tool_result(call, answer, True), refused=True, time=None)
+
+    def _execute_groups(self, request: ModelRequest, calls: List[ToolCall]) -> Iterator[Event]:
+        """ExecuteTools, tools at once: each group of calls on threads, in assistant order."""
+        for group in self._groups(calls):
+            yield from self._execute_group(request, group)
 
     def _groups(self, calls: List[ToolCall]) -> List[List[ToolCall]]:
         """ExecuteTools: maximal runs of consecutive calls; a sequential tool's call alone."""
@@ -459,32 +501,63 @@ class _Run:
     def _execute_group(
         self, request: ModelRequest, group: List[ToolCall]
     ) -> Generator[Event, None, None]:
-        """ExecuteTools, a group on threads: results in assistant order; returns once all have."""
+        """ExecuteTools, a group on threads: progress as it comes, results in assistant order;
+        returns once all have."""
         # Consent, for each call of the group before any of them is scheduled.
         refusals = [self._refusal(call) for call in group]
         # In a group, tool.started means scheduled: all of them come first, in order.
+        contexts = []
         for call in group:
             yield self._event("tool.started", request_id=request.id, tool_call=call)
+            contexts.append(contextvars.copy_context())  # as a sequential call's: _execute
+        # What the workers report, in the order they report it: a call's progress values,
+        # then its outcome, or what ended it (an exception). A JSON value is neither.
+        updates: queue.SimpleQueue[Tuple[int, Any]] = queue.SimpleQueue()
 
-        def execute(call: ToolCall) -> ToolResultMessage:  # in a worker thread
-            self._check_signal()  # a call not yet begun never begins once the signal is set
-            return self._execute(call)
+        def execute(call: ToolCall, index: int) -> None:  # in a worker thread
+            try:
+                self._check_signal()  # a call not yet begun never begins once the signal is set
+                steps = _tool_steps(self.tools, call, self.signal)
+                try:
+                    while True:
+                        step = self._call(
+                            "TOOL_PHASE_ERROR", _what(call), contexts[index].run, _next_step, steps
+                        )
+                        updates.put((index, step))
+                        if isinstance(step, _Outcome):
+                            return
+                finally:
+                    contexts[index].run(steps.close)
+            except BaseException as error:  # the loop's thread raises it in the call's turn
+                updates.put((index, error))
 
         pool = ThreadPoolExecutor(min(self.tool_concurrency, len(group)), "agent_loop-tool")
-        outcomes: List[Union[ToolResultMessage, Future[ToolResultMessage]]] = []
+        futures: List[Future[None]] = []
+        ended: Dict[int, Union[_Outcome, BaseException]] = {}
         try:
-            for call, refusal in zip(group, refusals):
+            for index, (call, refusal) in enumerate(zip(group, refusals)):
+                if refusal is not None:
+                    ended[index] = refusal
+                    continue
                 try:
-                    outcomes.append(refusal or pool.submit(execute, call))
+                    futures.append(pool.submit(execute, call, index))
                 except Exception as error:  # a thread that cannot start
                     self._check_signal()  # cancellation wins over the error
                     what = f"starting tool call {call.id!r}"
                     raise _failure("TOOL_PHASE_ERROR", what, error) from error
-            for call, outcome in zip(group, outcomes):
-                # result() raises what ended the call: _Cancelled if the signal came first.
-                refused = isinstance(outcome, ToolResultMessage)  # a refusal, not a Future
-                result = outcome if isinstance(outcome, ToolResultMessage) else outcome.result()
-                yield self._finished(request, call, result, refused)
+            for index, call in enumerate(group):
+                while index not in ended:
+                    # Bounded by the running tools: each worker's last update is its end.
+                    who, update = updates.get()
+                    self._check_signal()  # once the loop sees the signal, nothing more joins
+                    if isinstance(update, (_Outcome, BaseException)):
+                        ended[who] = update
+                    else:
+                        yield self._progress(request, group[who], update)
+                outcome = ended[index]
+                if isinstance(outcome, BaseException):
+                    raise outcome  # _Cancelled if the signal came first
+                yield self._finished(request, call, outcome)
         finally:
             # ExecuteTools --> Cancelled (or failed, or closed), once the running tools have
             # returned. A group keeps the sequential loop's rule: once the loop sees the
@@ -492,7 +565,33 @@ class _Run:
             # running is dropped and its call stays open, as that call does (the log is
             # the same whatever the timing, and replays). Seed: "appends no fabricated
             # result".
-            _stop(pool, outcomes)
+            _stop(pool, futures)
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """How one call ended: its result, whether consent refused it or it ends the run (and
+    then what its tool returned), and when its tool returned (None: when it is reported)."""
+
+    result: ToolResultMessage
+    refused: bool = False
+    ends_run: bool = False
+    output: JSON = None
+    time: Optional[float] = field(default_factory=time.time)
+
+
+def _what(call: ToolCall) -> str:
+    """How a failure names the call whose tool phase failed."""
+    return f"tool call {call.id!r}"
+
+
+def _next_step(steps: Generator[JSON, None, _Outcome]) -> Union[JSON, _Outcome]:
+    """A call's next progress value, or its outcome once its tool has returned."""
+    try:
+        return next(steps)
+    except StopIteration as done:
+        outcome: _Outcome = done.value
+        return outcome
 
 
 class _RunFailure(Exception):
@@ -547,11 +646,10 @@ def _checked_int(name: str, value: object, rule: str, low: float, high: float) -
     return value
 
 
-def _stop(pool: ThreadPoolExecutor, outcomes: List[Any]) -> None:
+def _stop(pool: ThreadPoolExecutor, futures: List[Future[None]]) -> None:
     """ExecuteTools: no call of the group begins any more; returns once the running ones have."""
-    for outcome in outcomes:
-        if isinstance(outcome, Future):
-            outcome.cancel()  # a call not yet begun; one running cannot be cancelled
+    for future in futures:
+        future.cancel()  # a call not yet begun; one running cannot be cancelled
     pool.shutdown(wait=True)
 
 
@@ -1075,8 +1173,10 @@ class ModelResponse(_Shape):
     content: Sequence[Union[TextBlock, ThinkingBlock, ToolCall]]  # stored as a tuple
     stop_reason: StopReason
     usage: Optional[Usage] = None
+    provider_response_id: Optional[str] = None  # the provider's own id of the answer, if any
     _json = (("id", "id", None), ("requestId", "request_id", None), ("content", "content", None),
-             ("stopReason", "stop_reason", None), ("usage?", "usage", None))  # fmt: skip
+             ("stopReason", "stop_reason", None), ("usage?", "usage", None),
+             ("providerResponseId?", "provider_response_id", None))  # fmt: skip
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "content", tuple(self.content))
@@ -1160,8 +1260,12 @@ class Tool:
 
     ``parameters`` (a root ``{"type": "object", ...}``) is checked and frozen now, and each
     call's arguments against it before the tool runs. ``execute(arguments, signal)`` gets a
-    fresh plain dict and the run's signal. ``sequential=True``: with ``tool_concurrency`` > 1,
-    its calls run alone. Raises TypeError or ValueError, naming the field, for a bad Tool.
+    fresh plain dict and the run's signal; it returns the result's value, or is a generator
+    function whose yields are the call's ``tool.progress`` events and whose return is that
+    value. ``sequential=True``: with ``tool_concurrency`` > 1, its calls run alone.
+    ``ends_run=True``: a call of it that returns (not a ToolError, not refused) ends the run
+    ``completed`` once the response's calls all have results; ``RunResult.output`` is what the
+    first such call returned. Raises TypeError or ValueError, naming the field, for a bad Tool.
     """
 
     name: str
@@ -1172,15 +1276,17 @@ class Tool:
     sequential: bool = False  # given by keyword: with tool_concurrency > 1, runs alone
     # Given by keyword; None is read as no hints, so that the field is always a mapping.
     annotations: Mapping[str, Any] = None  # type: ignore[assignment]
+    ends_run: bool = False  # given by keyword: a call that returns ends the run, completed
     __hash__ = None  # type: ignore[assignment]  # it holds a mapping
 
     def __post_init__(self) -> None:
         parameters = _checked_tool_fields("Tool", self.name, self.description, self.parameters)
         _check_execute(self.name, self.execute)
-        sequential: object = self.sequential  # typing aside: it comes from the caller
-        if type(sequential) is not bool:
-            kind = type(sequential).__name__
-            raise TypeError(f"Tool {self.name!r}: sequential must be a bool, got {kind}")
+        for flag in ("sequential", "ends_run"):
+            value: object = getattr(self, flag)  # typing aside: it comes from the caller
+            if type(value) is not bool:
+                kind = type(value).__name__
+                raise TypeError(f"Tool {self.name!r}: {flag} must be a bool, got {kind}")
         annotations: object = {} if self.annotations is None else self.annotations
         if not isinstance(annotations, Mapping) or not all(
             isinstance(key, str) for key in annotations
@@ -1429,40 +1535,73 @@ def execute_tool_call(registry: ToolRegistry, call: ToolCall, signal: Signal) ->
         _check_arguments(call)
     except _Problem as problem:
         return _tool_result(call, f"invalid arguments for tool {call.name!r}: {problem}", True)
-    return _execute_checked_call(registry, call, signal)
+    steps, context = _tool_steps(registry, call, signal), contextvars.copy_context()
+    step = None
+    while not isinstance(step, _Outcome):  # a generator tool's progress is dropped
+        step = context.run(_next_step, steps)
+    return step.result
 
 
-def _execute_checked_call(
+def _tool_steps(
     registry: ToolRegistry, call: ToolCall, signal: Signal
-) -> ToolResultMessage:
-    """execute_tool_call() for a call whose arguments are known to be plain bounded JSON."""
+) -> Generator[JSON, None, _Outcome]:
+    """Runs a call whose arguments are plain bounded JSON, in the context it is given: yields
+    what its tool yields (a plain copy of each), and returns the call's outcome."""
     tool = registry.get(call.name)
     if tool is None:
         known = ", ".join(registered.name for registered in registry) or "none"
-        return _tool_result(call, f"unknown tool {call.name!r} (available: {known})", True)
+        return _Outcome(
+            _tool_result(call, f"unknown tool {call.name!r} (available: {known})", True)
+        )
     problems = _argument_problems(call.arguments, tool.parameters)
     if problems:
-        return _tool_result(call, f"invalid arguments for tool {call.name!r}: {problems}", True)
-    token = _CURRENT_TOOL_CALL.set(call)  # in this thread's context only
+        content = f"invalid arguments for tool {call.name!r}: {problems}"
+        return _Outcome(_tool_result(call, content, True))
+    _CURRENT_TOOL_CALL.set(call)  # in the call's own context: see current_tool_call()
     try:
         value = tool.execute(call.plain_arguments(), signal)
-    except ToolError as error:
-        return _tool_result(call, error.message, True)  # the tool's own words, as it chose them
+        if isinstance(value, collections.abc.Generator):  # a tool that reports its progress
+            value = yield from _progress_of(call, value)
+    except ToolError as error:  # the tool's own words, as it chose them
+        return _Outcome(_tool_result(call, error.message, True))
     except Exception as error:
         _logger.warning("tool %r raised; the model gets an error result", call.name, exc_info=True)
-        return _tool_result(call, f"tool {call.name!r} raised {_describe(error)}", True)
-    finally:
-        _CURRENT_TOOL_CALL.reset(token)
+        return _Outcome(_tool_result(call, f"tool {call.name!r} raised {_describe(error)}", True))
     if _is_text(value):
-        return _tool_result(call, value, False)
+        return _Outcome(_tool_result(call, value, False), ends_run=tool.ends_run, output=value)
     try:
-        content = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        content = _encoded(value)
     except Exception as error:  # json.dumps runs the value's own code (a dict subclass's items())
         _logger.warning("tool %r returned a value that is not JSON", call.name, exc_info=True)
-        return _tool_result(
-            call, f"tool {call.name!r} returned a value that is not JSON: {error}", True
-        )
-    return _tool_result(call, content, False)
+        content = f"tool {call.name!r} returned a value that is not JSON: {error}"
+        return _Outcome(_tool_result(call, content, True))
+    # What an ends_run tool returned is the run's output, as JSON reads it back: a plain copy.
+    output = json.loads(content) if tool.ends_run else None
+    return _Outcome(_tool_result(call, content, False), ends_run=tool.ends_run, output=output)
+
+
+def _progress_of(
+    call: ToolCall, tool: Generator[object, None, object]
+) -> Generator[JSON, None, object]:
+    """A generator tool's progress, each value a plain copy; returns what the tool returns."""
+    with contextlib.closing(tool):  # a cancelled run closes the tool, which cleans up
+        while True:
+            try:
+                value = next(tool)
+            except StopIteration as done:
+                return done.value
+            try:
+                progress: JSON = json.loads(_encoded(value))
+            except Exception as error:
+                raise ToolError(
+                    f"tool {call.name!r} yielded progress that is not JSON: {error}"
+                ) from None
+            yield progress
+
+
+def _encoded(value: object) -> str:
+    """A value as the compact JSON text of a result (ValueError or TypeError if not JSON)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 _CURRENT_TOOL_CALL: Final[contextvars.ContextVar[Optional[ToolCall]]] = contextvars.ContextVar(
@@ -1707,16 +1846,19 @@ class UserMessage(_Shape):
 
 @dataclass(frozen=True)
 class AssistantMessage(_Shape):
-    """A complete assistant response: its blocks in the model's order, and the usage of the
-    response it came from (None: unknown), which is not sent back to a model.
+    """A complete assistant response: its blocks in the model's order, the usage of the
+    response it came from (None: unknown) and the provider's own id of that response (None:
+    none given), neither of which is sent back to a model.
     """
 
     id: str
     content: Sequence[Union[TextBlock, ThinkingBlock, ToolCall]]  # stored as a tuple
     usage: Optional[Usage] = None
+    provider_response_id: Optional[str] = None  # its response's, not sent back to a model
     role: ClassVar[Literal["assistant"]] = "assistant"
     _json = (("id", "id", str), ("role", "role", None), ("content", "content", "blocks"),
-             ("usage?", "usage", "usage"))  # fmt: skip
+             ("usage?", "usage", "usage"),
+             ("providerResponseId?", "provider_response_id", str))  # fmt: skip
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "content", tuple(self.content))
@@ -1759,9 +1901,15 @@ FailureCode = Literal[
 ]
 """Why a run failed (see the table of failure codes in docs/runs.md)."""
 EventType = Literal[
-    "message.accepted", "model.chunk", "tool.started", "tool.finished", "run.finished"
+    "message.accepted",
+    "model.chunk",
+    "tool.started",
+    "tool.progress",
+    "tool.finished",
+    "run.finished",
 ]
-"""The five kinds of event a run yields."""
+"""The kinds of event a run yields: the seed's five, and tool.progress (only from a tool that
+yields progress)."""
 _RUN_STATUSES: Final = get_args(RunStatus)
 _FAILURE_CODES: Final = get_args(FailureCode)
 _EVENT_TYPES: Final = get_args(EventType)
@@ -1781,7 +1929,10 @@ class RunError(_Shape):
 @dataclass(frozen=True)
 class RunResult(_Shape):
     """How a run ended, and the transcript it ended with (complete messages only); ``usage``
-    sums the usage of the responses this run appended."""
+    sums the usage of the responses this run appended. ``output``: what the ``ends_run``
+    tool that ended a ``completed`` run returned, as JSON reads it back (a str as it is);
+    None for every other ending. ``awaiting``: the calls a durable run left awaiting a
+    person's decision (the loop itself leaves it empty)."""
 
     status: RunStatus
     messages: Tuple[Message, ...]
@@ -1791,11 +1942,15 @@ class RunResult(_Shape):
     error: Optional[RunError] = None
     request_sequence_start: int = 0
     usage: Optional[Usage] = None
+    output: JSON = None  # what the ends_run tool that ended the run returned
+    awaiting: Tuple[ToolCall, ...] = ()  # the calls a durable run left awaiting a decision
+    __hash__ = None  # type: ignore[assignment]  # its output may be a mapping
     _json = (("status", "status", _RUN_STATUSES), ("messages", "messages", "messages"),
              ("steps", "steps", int), ("finalText?", "final_text", str),
              ("maxSteps?", "max_steps", int), ("error?", "error", "error"),
              ("requestSequenceStart?", "request_sequence_start", int),
-             ("usage?", "usage", "usage"))  # fmt: skip
+             ("usage?", "usage", "usage"), ("output?", "output", "json"),
+             ("awaiting?", "awaiting", "calls"))  # fmt: skip
 
     @property
     def next_request_sequence(self) -> int:
@@ -1810,6 +1965,9 @@ class Event:
     sequence: int
     type: EventType
     payload: Mapping[str, Any]
+    # When what it reports happened (time.time()): set by the loop, None when read back; for
+    # a tool.finished, when its tool returned. Not part of equality, nor of to_dict().
+    time: Optional[float] = field(default=None, compare=False, repr=False)
     __hash__ = None  # type: ignore[assignment]  # it holds a mapping
 
     def __post_init__(self) -> None:
@@ -1915,6 +2073,15 @@ def _arguments_from_dict(data: object, where: str) -> Dict[str, Any]:
     return cast(Dict[str, Any], data)
 
 
+def _json_from_dict(data: object, where: str) -> JSON:
+    """Any JSON value (no NaN or infinity), as it is."""
+    try:
+        _encoded(data)
+    except (TypeError, ValueError) as problem:
+        raise ValueError(f"{where} must be JSON: {problem}") from None
+    return cast(JSON, data)
+
+
 def _usage_from_dict(data: object, where: str) -> Usage:
     """A Usage: each count absent, null, or an int >= 0."""
     counts = _read_fields(_typed(data, dict, where), Usage._json, where)
@@ -1939,7 +2106,8 @@ _MESSAGES: Final = {"user": UserMessage, "assistant": AssistantMessage,
 _CHUNKS: Final = {"text": TextDelta, "thinking": ThinkingDelta, "toolCall": ToolCallChunk}
 # The readers that _json tables name (their shapes are defined after those tables).
 _READERS: Final[Dict[str, Callable[[Any, str], Any]]] = {
-    "arguments": _arguments_from_dict, "usage": _usage_from_dict,
+    "arguments": _arguments_from_dict, "usage": _usage_from_dict, "json": _json_from_dict,
+    "calls": _items("type", {"toolCall": ToolCall}),
     "blocks": _items("type", _BLOCKS), "messages": _items("role", _MESSAGES),
     "call": _one_of("type", _BLOCKS, "toolCall"), "chunk": _one_of("type", _CHUNKS),
     "error": lambda data, where: _built(RunError, _typed(data, dict, where), where),
@@ -1952,7 +2120,10 @@ _PAYLOAD_FIELDS: Final[Dict[str, _Fields]] = {
     "tool.started": (("requestId", "request_id", str), ("toolCall", "tool_call", "call")),
     "tool.finished": (("requestId", "request_id", str), ("toolCall", "tool_call", "call"),
                       ("toolResult", "tool_result", _one_of("role", _MESSAGES, "toolResult")),
-                      ("refused?", "refused", bool)),  # refused: only a refused call's
+                      ("refused?", "refused", bool),  # refused: only a refused call's
+                      ("endsRun?", "ends_run", bool)),  # only a call that ends the run
+    "tool.progress": (("requestId", "request_id", str), ("toolCallId", "tool_call_id", str),
+                      ("progress", "progress", "json")),
     "run.finished": (("result", "result", "result"),),
 }  # fmt: skip
 # The JSON key of each payload key, for Event.to_dict().
@@ -2026,9 +2197,14 @@ def print_event(event: Event, file: Optional[TextIO] = None) -> None:
         detail = f"{payload['request_id']} {_piece_text(shown)}"
     elif event.type == "tool.started":
         detail = f"{payload['request_id']} {_call_text(payload['tool_call'])}"
+    elif event.type == "tool.progress":
+        progress = json.dumps(payload["progress"], ensure_ascii=False, separators=(",", ":"))
+        detail = f"{payload['request_id']} [{payload['tool_call_id']}] {progress}"
     elif event.type == "tool.finished":
         refused = payload.get("refused", False)
         detail = f"{payload['request_id']} {_outcome_text(payload['tool_result'], refused)}"
+        if payload.get("ends_run", False):
+            detail += " (ends the run)"
     else:
         result: RunResult = payload["result"]
         parts = [
@@ -2038,8 +2214,12 @@ def print_event(event: Event, file: Optional[TextIO] = None) -> None:
         if result.usage is not None:  # the counts the model reported, by their JSON keys
             counts = ", ".join(f"{key} {count}" for key, count in result.usage.to_dict().items())
             parts.append(f"usage: {counts or 'unknown'}")
+        if result.output is not None:
+            parts.append("output: " + json.dumps(result.output, ensure_ascii=False))
         open_calls = open_tool_calls(result.messages)
-        if open_calls:
+        if result.awaiting:  # a durable run that waits for a person, not a cancelled one
+            parts.append("awaiting a decision: " + ", ".join(c.id for c in result.awaiting))
+        elif open_calls:
             parts.append("left without a result: " + ", ".join(call.id for call in open_calls))
         if result.error is not None:
             parts.append(f"error: {result.error.code}: {result.error.message}")
@@ -2074,7 +2254,8 @@ def _outcome_text(result: ToolResultMessage, refused: bool = False) -> str:
 class ScriptedResponse:
     """One scripted model turn (built as ``scripted_response``): each block of ``chunks``
     (default: ``content``) streams as one chunk of the active request, then the model returns
-    ``ModelResponse(id, request_id or the active request's id, content, stop_reason, usage)``.
+    ``ModelResponse(id, request_id or the active request's id, content, stop_reason, usage,
+    provider_response_id)``.
     Raises TypeError for text given as a str."""
 
     id: str
@@ -2083,6 +2264,7 @@ class ScriptedResponse:
     chunks: Optional[Sequence[Union[TextBlock, ThinkingBlock, ToolCall]]] = None  # a tuple
     request_id: Optional[str] = None
     usage: Optional[Usage] = None
+    provider_response_id: Optional[str] = None
 
     def __post_init__(self) -> None:
         # A str is a sequence too, of characters: never what a script means.
@@ -2121,6 +2303,7 @@ class ScriptedModel:
                 message.content,
                 "toolCall" if _tool_calls(message) else "stop",
                 usage=message.usage,
+                provider_response_id=message.provider_response_id,
             )
             for message in messages
             if isinstance(message, AssistantMessage)
@@ -2153,7 +2336,12 @@ class ScriptedModel:
                 yield ToolCallChunk(request.id, block)
         request_id = request.id if scripted.request_id is None else scripted.request_id
         return ModelResponse(
-            scripted.id, request_id, scripted.content, scripted.stop_reason, scripted.usage
+            scripted.id,
+            request_id,
+            scripted.content,
+            scripted.stop_reason,
+            scripted.usage,
+            scripted.provider_response_id,
         )
 
 

@@ -391,7 +391,7 @@ def llmock_server() -> Iterator[str]:
             process.wait(HTTP_SECONDS)
         except subprocess.TimeoutExpired:
             process.kill()
-            process.wait()
+            process.wait(HTTP_SECONDS)
 
 
 # --- Many runs: on Ray, or on a thread pool -------------------------------------------
@@ -521,6 +521,8 @@ class WorkerKiller:
 
     def __exit__(self, *exception: object) -> None:
         self._stop.set()
+        # Bounded: each of its waits is a _stop.wait() (its reads of the log and its kill
+        # do not block), so it returns once _stop is set.
         self._thread.join()
 
     def _kill(self) -> None:

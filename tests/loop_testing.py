@@ -686,6 +686,54 @@ def open_call_ids(messages: Iterable[al.Message]) -> list[str]:
     return [open_call.id for open_call in al.open_tool_calls(messages)]
 
 
+# Tools at once: builders and readers (tests/test_agent_loop_concurrency.py and others).
+
+WAIT: float = 10.0
+"""Seconds a test thread waits for another before the test fails: generous, so that a
+loaded machine never fails a test, and finite, so that a broken loop cannot hang one."""
+
+
+def tool(
+    name: str,
+    execute: Callable[[dict[str, Any], Any], object],
+    sequential: bool = False,
+) -> al.Tool:
+    """A tool that takes any arguments."""
+    return al.Tool(name, f"The {name} tool.", {"type": "object"}, execute, sequential=sequential)
+
+
+def calls_of(name: str, *ids: str) -> list[al.ToolCall]:
+    return [call(name, id, {}) for id in ids]
+
+
+def one_batch(*calls: al.ToolCall) -> list[al.ScriptedResponse]:
+    """One step that asks for ``calls``, then a step that stops with "Done."."""
+    return [tool_turn("response-001", *calls), stop("response-002", "Done.")]
+
+
+def events_of_tools(events: Sequence[al.Event]) -> list[tuple[str, str]]:
+    """The tool events as (type, call id)."""
+    return [
+        (event.type, event.payload["tool_call"].id)
+        for event in events
+        if event.type in ("tool.started", "tool.finished")
+    ]
+
+
+def results_of(result: al.RunResult) -> dict[str, tuple[str, bool]]:
+    """The run's tool results by call id: (content, is_error)."""
+    return {
+        message.tool_call_id: (message.content, message.is_error)
+        for message in result.messages
+        if isinstance(message, al.ToolResultMessage)
+    }
+
+
+def tool_threads() -> list[threading.Thread]:
+    """The loop's tool threads still alive."""
+    return [thread for thread in threading.enumerate() if thread.name.startswith("agent_loop")]
+
+
 def cancelled_signal() -> threading.Event:
     """A signal that is already set."""
     signal = threading.Event()

@@ -33,7 +33,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Tuple, cast
 
 import pytest
 
@@ -515,23 +515,45 @@ class TestAnUnfinishedRunGoesOn:
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """A journal's times never go back: each process's clock starts anywhere (here the
-        second's reads far less than the first's), and the time between them counts nothing."""
+        second's reads far less than the first's), the time between them counts nothing,
+        and this process's time before its first live event (its replay) counts."""
         journal = tmp_path / "run.jsonl"
         journal.write_bytes(self._journal_cut_after(tmp_path, "tool.finished", 1))
-        with journal.open(encoding="utf-8") as lines:
-            first = [time for _, time in alr.load_timed_events(lines)]
+        first = ald.read_journal(journal).times
         last_recorded = max(time for time in first if time is not None)
         ticks = itertools.count()
-        monkeypatch.setattr("agent_loop_durable.time.monotonic", lambda: 0.001 * next(ticks))
+        monkeypatch.setattr("time.time", lambda: 1.0 + 0.001 * next(ticks))
         Process().settle(journal)
-        with journal.open(encoding="utf-8") as lines:
-            timed = [time for _, time in alr.load_timed_events(lines)]
-        times = [time for time in timed if time is not None]
-        assert times == timed  # every event has its time
-        assert times == sorted(times)
-        live = times[len(first) :]
-        assert live[0] >= last_recorded
+        times = ald.read_journal(journal).times
+        assert None not in times  # every event has its time
+        assert list(times) == sorted(cast(Tuple[float, ...], times))
+        live = cast(Tuple[float, ...], times[len(first) :])
+        assert live[0] > last_recorded  # a tick or more after it
         assert live[-1] - live[0] < 1  # this process's own time, a tick a read
+
+    def test_read_journal_gives_the_runs_events_times_and_resumes(self, tmp_path: Path) -> None:
+        """Its other entries are skipped, the events a resume entry voids dropped, and so is
+        a torn last line; the page reads a journal with it (view.read_run, by the first line)."""
+        import agent_loop_view as view
+
+        events, _ = reference()
+        journal = tmp_path / "run.jsonl"
+        cut = self._journal_cut_after(tmp_path, "tool.started", 2)
+        journal.write_bytes(cut + b'{"sequ')  # a process died writing a line
+        read = ald.read_journal(journal)
+        assert dicts_of(read.events) == dicts_of(events[: len(read.events)])
+        assert (read.resumes, read.awaiting) == ((), ())
+        boundary = ald.live_from(journal)
+        Process().settle(journal)  # another went on from its last complete message
+        read = ald.read_journal(journal)
+        assert dicts_of(read.events) == dicts_of(events)
+        assert read.resumes == (boundary,)
+        assert None not in read.times
+        timed, held = view.read_run(str(journal))
+        assert (timed, held) == (list(zip(read.events, read.times)), read)
+        # A journal whose first line is torn holds nothing yet.
+        journal.write_bytes(cut[: cut.index(b"\n") // 2])
+        assert ald.read_journal(journal).events == ()
 
     def _journal_cut_after(self, tmp_path: Path, kind: str, occurrence: int) -> bytes:
         """The journal of the script, cut after the ``occurrence``-th line of ``kind``."""
@@ -690,7 +712,7 @@ CORRUPT: Dict[str, Tuple[Callable[[List[bytes]], bytes], Callable[[List[bytes]],
     "an event out of order": (
         lambda lines: replaced(lines, 2),
         lambda lines: 3,
-        "event 2 where event 1 comes next",
+        "event 1 (model.chunk) has sequence 2",
     ),
     "an event that event_from_dict refuses": (
         lambda lines: replaced(lines, 2, lines[2].replace(b'"model.chunk"', b'"model.chunks"')),
@@ -705,8 +727,8 @@ CORRUPT: Dict[str, Tuple[Callable[[List[bytes]], bytes], Callable[[List[bytes]],
     "a record of an unknown kind": (
         lambda lines: replaced(lines, 2, record({"record": "note"}), lines[2]),
         lambda lines: 3,
-        "a record 'note': after its first line a journal holds events, and 'response', "
-        "'decision', 'awaiting' and 'resume' records",
+        "an entry 'note': after its first line a journal holds events, and 'response', "
+        "'decision', 'awaiting' and 'resume' entries",
     ),
     "a run record without a run id": (
         lambda lines: replaced(lines, 0, lines[0].replace(b'"runId":"', b'"runID":"')),
@@ -716,12 +738,12 @@ CORRUPT: Dict[str, Tuple[Callable[[List[bytes]], bytes], Callable[[List[bytes]],
     "a second run record": (
         lambda lines: replaced(lines, 2, lines[0], lines[2]),
         lambda lines: 3,
-        "a record 'run'",
+        "an entry 'run'",
     ),
     "a resume record beyond the events": (
         lambda lines: replaced(lines, 3, lines[3], record({"record": "resume", "sequence": 4})),
         lambda lines: 5,
-        "a resume record's sequence must be an int in 0..3 (the events recorded before it), got 4",
+        "a resume entry's sequence must be an int in 0..3 (the events recorded before it), got 4",
     ),
     "a resume record with a bool": (
         lambda lines: replaced(lines, 3, lines[3], record({"record": "resume", "sequence": True})),
@@ -775,7 +797,7 @@ CORRUPT: Dict[str, Tuple[Callable[[List[bytes]], bytes], Callable[[List[bytes]],
     "the JSON lines of a run (no run record)": (
         lambda lines: b"".join(line for line in lines if b'"record"' not in line),
         lambda lines: 1,
-        "not a durable run's journal: its first line is no run record",
+        "not a durable run's journal: its first line is no run entry",
     ),
     "a file without a whole line": (
         lambda lines: b"Dear diary",
@@ -1315,14 +1337,14 @@ class TestADecisionThatComesLater:
         data = journal.read_bytes()
         assert kind_of(whole_lines(data)[-2]) == "awaiting"
         journal.write_bytes(data + record({"record": "decision", "callId": "x", "refusal": None}))
-        with pytest.raises(ald.JournalError, match="where only a resume record comes"):
+        with pytest.raises(ald.JournalError, match="where only a resume entry comes"):
             ald.awaiting_decision(journal)
 
     @pytest.mark.parametrize(
         ("line", "words"),
         [
-            ({"record": "decision", "callId": 1, "refusal": None}, "a decision record holds"),
-            ({"record": "decision", "callId": "call-1", "refusal": 2}, "a decision record holds"),
+            ({"record": "decision", "callId": 1, "refusal": None}, "a decision entry holds"),
+            ({"record": "decision", "callId": "call-1", "refusal": 2}, "a decision entry holds"),
             ({"record": "awaiting", "toolCall": {"type": "text", "text": "Hi"}}, "a tool call"),
             ({"record": "awaiting", "toolCall": 3}, "must be an object"),
         ],

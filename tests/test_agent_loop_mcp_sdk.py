@@ -420,6 +420,24 @@ class TestTypedTools:
             server.timeout = before
         assert (result.content, result.is_error) == ("done", False)
 
+    def test_progress_is_the_calls_tool_progress_events(self, server: Any) -> None:
+        """ctx.report_progress(n, total) reaches the run as tool.progress events, in order,
+        between the call's tool.started and tool.finished."""
+        script = [
+            al.scripted_response(
+                "r1", [al.ToolCall("c1", "progress", {"steps": 3, "interval": 0})], "toolCall"
+            ),
+            al.scripted_response("r2", [al.TextBlock("done")], "stop"),
+        ]
+        events, result, _ = run(al.ScriptedModel(script), server.tools())
+        assert result.status == "completed"
+        types = [event.type for event in events]
+        progress = [e.payload["progress"] for e in events if e.type == "tool.progress"]
+        assert progress == [{"progress": n, "total": 3} for n in (1, 2, 3)]
+        first = types.index("tool.progress")
+        assert types[first - 1] == "tool.started"
+        assert types[first + 3] == "tool.finished"
+
     def test_the_tool_list_changes(self, server: Any) -> None:
         name = f"added_{type(server).__name__}"
         assert name not in {tool.name for tool in server.tools()}

@@ -205,6 +205,12 @@ class TestConstruction:
         assert not anthropic_model.accept_truncated
         assert (openai_model.max_concurrency, anthropic_model.max_concurrency) == (None, None)
         assert openai_model.require_finish_reason is True
+        # What the spans read: the provider, the model's name, where it is served.
+        assert (openai_model.provider_name, anthropic_model.provider_name) == (
+            "openai",
+            "anthropic",
+        )
+        assert (openai_model.model, anthropic_model.model) == ("gpt-4o", "claude")
 
     def test_a_trailing_slash_is_dropped_and_an_int_timeout_is_seconds(self) -> None:
         model = providers.OpenAIChatModel("m", base_url="http://localhost:11434/v1/", timeout=2)
@@ -1732,106 +1738,3 @@ class TestAnswers:
         answer = answer_class[provider](request(), url="http://h/x")
         with pytest.raises(providers.ProviderProtocolError, match="the stream from http://h/x "):
             parsed(answer, *answer_parts(provider, ["Hi"])[:-1])
-
-
-class TestServerEvents:
-    """The event-stream parser, from byte strings alone."""
-
-    def parse(self, *reads: bytes) -> List[Tuple[str, str]]:
-        parser = providers.ServerSentEvents()
-        return [(event.event, event.data) for data in reads for event in parser.feed(data)]
-
-    @pytest.mark.parametrize("ending", [b"\n", b"\r\n", b"\r"], ids=["lf", "crlf", "cr"])
-    def test_line_endings(self, ending: bytes) -> None:
-        stream = b"event: a" + ending + b"data: 1" + ending + b"data:2" + ending + ending
-        assert self.parse(stream) == [("a", "1\n2")]
-
-    def test_any_split_gives_the_same_events(self) -> None:
-        whole = (
-            b': comment\r\nevent: x\r\ndata: {"a": "\xc3\xa9"}\r\nid: 7\r\nretry: 9\r\n\r\n'
-            b"data\r\n\r\n"
-        )
-        expected = [("x", '{"a": "\u00e9"}'), ("", "")]
-        assert self.parse(whole) == expected
-        assert self.parse(*[whole[i : i + 1] for i in range(len(whole))]) == expected
-        for cut in range(len(whole)):
-            assert self.parse(whole[:cut], whole[cut:]) == expected
-
-    def test_a_cr_at_the_end_of_a_read_then_another_line(self) -> None:
-        assert self.parse(b"data: a\r", b"\r", b"data: b\r\r") == [("", "a"), ("", "b")]
-
-    def test_a_blank_line_without_data_dispatches_nothing_and_resets_the_type(self) -> None:
-        assert self.parse(b"event: a\n\ndata: b\n\n") == [("", "b")]
-
-    def test_an_event_open_at_the_end_is_not_dispatched(self) -> None:
-        assert self.parse(b"data: a\n\ndata: b\n") == [("", "a")]
-
-    def test_the_end_of_the_input_drops_what_is_open(self) -> None:
-        parser = providers.ServerSentEvents()
-        assert parser.feed(b"event: x\ndata: a\ndata: b") == []
-        assert parser.feed(b"") == []
-        assert parser.feed(b"data: c\n\n") == [providers.ServerSentEvent("", "c")]  # none before
-
-    def test_a_character_cut_by_the_end_of_the_input_is_malformed(self) -> None:
-        parser = providers.ServerSentEvents()
-        assert parser.feed("data: \u00e9".encode()[:-1]) == []
-        with pytest.raises(providers.ProviderProtocolError, match="not UTF-8"):
-            parser.feed(b"")
-
-    def test_invalid_utf_8_is_malformed(self) -> None:
-        with pytest.raises(providers.ProviderProtocolError, match="not UTF-8") as caught:
-            self.parse(b"data: \xff\n\n")
-        assert not caught.value.incomplete
-
-    def test_a_leading_byte_order_mark_is_dropped(self) -> None:
-        bom = "\ufeff".encode()
-        assert self.parse(bom[:1], bom[1:] + b"data: a\n\n") == [("", "a")]
-        assert self.parse(b"data: \xef\xbb\xbfa\n\n") == [("", "\ufeffa")]  # only the first
-
-    def test_a_line_at_the_limit_passes_and_one_longer_is_malformed(self) -> None:
-        limit = providers.MAX_EVENT_SIZE
-        line = b"data:" + b"x" * (limit - len("data:"))
-        assert self.parse(line, b"\n\n") == [("", "x" * (limit - 5))]
-        with pytest.raises(providers.ProviderProtocolError, match="a line longer than 1,048,576"):
-            self.parse(line + b"x")
-
-    def test_an_event_at_the_limit_passes_and_one_longer_is_malformed(self) -> None:
-        # The LF that joins the two lines counts: the data is exactly the limit.
-        first = b"data: " + b"y" * (providers.MAX_EVENT_SIZE // 2) + b"\n"
-        second = b"data: " + b"y" * (providers.MAX_EVENT_SIZE // 2 - 1) + b"\n"
-        assert len(self.parse(first, second, b"\n")[0][1]) == providers.MAX_EVENT_SIZE
-        with pytest.raises(
-            providers.ProviderProtocolError, match="an event longer than 1,048,576"
-        ):
-            self.parse(first, second.replace(b" ", b" z"))
-
-    def test_a_long_run_of_empty_data_lines_is_an_oversized_event(self) -> None:
-        # A server that sends "data:" lines forever: the limit ends it, a read at a time.
-        lines = b"data:\n" * (providers.MAX_EVENT_SIZE + 2)
-        reads = [lines[start : start + 65_536] for start in range(0, len(lines), 65_536)]
-        assert self.parse(*reads[:-1], reads[-1][: -len(b"data:\n")], b"\n") == [
-            ("", "\n" * providers.MAX_EVENT_SIZE)
-        ]
-        with pytest.raises(
-            providers.ProviderError, match="malformed event stream: an event longer than 1,048,576"
-        ):
-            self.parse(*reads)
-
-    def test_the_size_starts_again_after_each_event_and_at_the_end_of_the_input(self) -> None:
-        # An event of the limit's size, twice: the first one's size is not counted in the
-        # second's, dispatched or dropped at the end of the input.
-        full = b"data: " + b"z" * providers.MAX_EVENT_SIZE + b"\n"
-        parser = providers.ServerSentEvents()
-        assert [len(event.data) for event in parser.feed(full + b"\n" + full + b"\n")] == [
-            providers.MAX_EVENT_SIZE,
-            providers.MAX_EVENT_SIZE,
-        ]
-        assert parser.feed(full) == []
-        assert parser.feed(b"") == []  # dropped
-        assert len(parser.feed(full + b"\n")[0].data) == providers.MAX_EVENT_SIZE
-
-    def test_events_are_frozen_values(self) -> None:
-        event = providers.ServerSentEvent("message_stop", "{}")
-        assert event == providers.ServerSentEvent("message_stop", "{}")
-        with pytest.raises(AttributeError):
-            event.data = "x"  # type: ignore[misc]

@@ -18,6 +18,7 @@ server, are in loop_testing_providers.py.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import http.client
 import importlib.util
@@ -1066,8 +1067,9 @@ class LLMock:
         )
 
 
-@pytest.fixture(scope="module")
-def llmock_process() -> Iterator[LLMock]:
+@contextlib.contextmanager
+def llmock_serving(*options: str) -> Iterator[LLMock]:
+    """An ``llmock serve`` subprocess with these options, stopped whatever happens."""
     if not _HAS_LLMOCK:
         if _LLMOCK_REQUIRED:
             pytest.fail("AGENT_LOOP_REQUIRE_LLMOCK=1 but llmock is not importable")
@@ -1075,9 +1077,37 @@ def llmock_process() -> Iterator[LLMock]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "llmock.cli", "serve", "--host", "127.0.0.1"]
-    command += ["--port", str(port), "--log-level", "warning"]
+    command += ["--port", str(port), "--log-level", "warning", *options]
     with server_process("llmock serve", command, url + "/health", start_bound=30.0):
         yield LLMock(url)
+
+
+@pytest.fixture(scope="module")
+def llmock_process() -> Iterator[LLMock]:
+    with llmock_serving() as served:
+        yield served
+
+
+@pytest.mark.llmock
+class TestContextWindow:
+    """llmock --context-window: a request refused as longer than the context."""
+
+    @PROVIDERS
+    def test_a_request_longer_than_the_context_is_told_from_other_refusals(
+        self, provider: str
+    ) -> None:
+        """llmock --context-window N refuses a longer prompt as each provider does (HTTP 400:
+        OpenAI's code context_length_exceeded; Anthropic's "prompt is too long"); a prompt
+        within it is answered."""
+        with llmock_serving("--context-window", "50") as served:
+            model = _model(served, provider)
+            short = stream(model, request([al.UserMessage("user-001", "Hi.")]))
+            assert short[1].stop_reason == "stop"
+            with pytest.raises(providers.ProviderError) as caught:
+                stream(model, request([al.UserMessage("user-001", "word " * 300)]))
+        code = "context_length_exceeded" if provider == "openai" else None
+        error = caught.value
+        assert (error.status, error.code, error.context_exceeded) == (400, code, True)
 
 
 @pytest.fixture

@@ -686,7 +686,7 @@ class TestWorkerKiller:
     def test_it_kills_nothing_but_ray_workers(self, tmp_path: Path) -> None:
         killer = recipe.WorkerKiller(recipe.Ledger(str(tmp_path)), kills=2, runs=2, seed=0)
         child = subprocess.Popen([sys.executable, "-c", "pass"])
-        child.wait()
+        child.wait(GONE_SECONDS)
         killer._send(os.getpid())  # this process is no Ray worker
         killer._send(child.pid)  # gone
         assert killer.killed == []

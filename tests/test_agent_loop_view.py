@@ -19,8 +19,9 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, cast
 
 import pytest
 
@@ -29,6 +30,8 @@ import agent_loop_view as view
 from loop_testing import run
 
 TimedEvent = Tuple[al.Event, Optional[float]]
+
+R = "request-001"
 
 HOSTILE = (
     "<script>document.body.remove()</script></div>"
@@ -213,13 +216,11 @@ class TestSummarizeTimes:
     @pytest.mark.parametrize(
         ("events", "expected"),
         [
-            pytest.param(
-                [chunk(0, "r", "a"), chunk(1, "r", "b")], 0.5, id="first-event-of-the-run"
-            ),
+            pytest.param([chunk(0, R, "a"), chunk(1, R, "b")], 0.5, id="first-event-of-the-run"),
             pytest.param(
                 [
                     al.Event(0, "message.accepted", {"message": al.UserMessage("u", "Hi")}),
-                    chunk(1, "r"),
+                    chunk(1, R),
                 ],
                 0.5 - 0.25,
                 id="after-the-event-before-it",
@@ -243,16 +244,30 @@ class TestSummarizeTimes:
         assert {tool.duration for step in times.steps for tool in step.tools} == {None}
         assert len(times.steps) == 3
 
-    def test_a_step_without_chunks_and_calls_without_both_ends(self) -> None:
-        # A log can hold a call's tool.started and not its tool.finished (the run ended),
-        # or, read from a cut log, a tool.finished alone.
-        events = [started(0, "r", "open"), finished(1, "r", "alone")]
-        step = view.summarize_times(zip(events, [1.0, 2.0])).steps[0]
+    def test_a_step_without_chunks_and_a_call_without_its_end(self) -> None:
+        # A log can hold a call's tool.started and not its tool.finished (the run ended).
+        step = view.summarize_times([(started(0, R, "open"), 1.0)]).steps[0]
         assert (step.time_to_first_chunk, step.stream_time) == (None, None)
-        assert [(t.call_id, t.duration) for t in step.tools] == [("open", None), ("alone", None)]
+        assert [(t.call_id, t.duration) for t in step.tools] == [("open", None)]
+
+    def test_each_call_at_once_has_its_own_duration(self) -> None:
+        """A call's end is the time of its tool.finished, which for calls at once is when
+        its tool returned (Event.time), not when the loop emitted the event: calls of
+        400, 200 and 100 ms, finished in assistant order."""
+        events = [started(0, R, "a"), started(1, R, "b"), started(2, R, "c")]
+        events += [finished(3, R, "a"), finished(4, R, "b"), finished(5, R, "c")]
+        timed = list(zip(events, [0.0, 0.0, 0.0, 0.4, 0.2, 0.1]))
+        durations = [tool.duration for tool in view.summarize_times(timed).steps[0].tools]
+        assert durations == [0.4, 0.2, 0.1]
+        calls = page_data(view.render_page(timed))["steps"][0]["calls"]
+        assert [(c["lane"], c["end"], c["duration"]) for c in calls] == [
+            (0, 0.4, "400 ms"),
+            (1, 0.2, "200 ms"),
+            (2, 0.1, "100 ms"),
+        ]
 
     def test_a_time_missing_on_one_side_leaves_that_figure_unknown(self) -> None:
-        events = [chunk(0, "r"), chunk(1, "r"), started(2, "r", "c"), finished(3, "r", "c")]
+        events = [chunk(0, R), chunk(1, R), started(2, R, "c"), finished(3, R, "c")]
         times = view.summarize_times(zip(events, [0.5, None, 0.75, 1.0]))
         assert (times.steps[0].time_to_first_chunk, times.steps[0].stream_time) == (0.5, None)
         assert times.steps[0].tools[0].duration == 0.25
@@ -265,18 +280,18 @@ class TestSummarizeTimes:
         "item",
         [
             pytest.param("event", id="not-a-pair"),
-            pytest.param((chunk(0, "r"),), id="one-item"),
-            pytest.param((chunk(0, "r"), 1.0, 2.0), id="three-items"),
+            pytest.param((chunk(0, R),), id="one-item"),
+            pytest.param((chunk(0, R), 1.0, 2.0), id="three-items"),
             pytest.param(({"sequence": 0}, 1.0), id="not-an-event"),
-            pytest.param((chunk(0, "r"), "1.0"), id="time-a-str"),
-            pytest.param((chunk(0, "r"), True), id="time-a-bool"),
+            pytest.param((chunk(0, R), "1.0"), id="time-a-str"),
+            pytest.param((chunk(0, R), True), id="time-a-bool"),
         ],
     )
     def test_an_item_that_is_no_timed_event_is_a_type_error(self, item: object) -> None:
         with pytest.raises(
             TypeError, match=r"\(Event, float or None\) pairs, got .* at position 1"
         ):
-            view.summarize_times([(chunk(0, "r"), 0), item])  # type: ignore[list-item]
+            view.summarize_times([(chunk(0, R), 0), item])  # type: ignore[list-item]
 
 
 class TestFormatTimes:
@@ -318,7 +333,11 @@ class TestLanes:
 
     def test_calls_at_once_take_a_lane_each_and_free_it_when_finished(self) -> None:
         data = page_data(view.render_page(sample_run()))
-        assert [step["lanes"] for step in data["steps"]] == [2, 2, 0]
+        assert [step["lanes"] for step in data["steps"]] == [
+            ["weather [call-1]", "weather [call-2]"],
+            ["add [call-3]", "send_report [call-4]"],
+            [],
+        ]
         assert [[call["lane"] for call in step["calls"]] for step in data["steps"]] == [
             [0, 1],
             [0, 1],
@@ -328,19 +347,20 @@ class TestLanes:
     def test_calls_one_after_the_other_share_one_lane(self) -> None:
         events = sequential_events()
         data = page_data(view.render_page((event, None) for event in events))
-        assert [step["lanes"] for step in data["steps"]] == [1, 1, 0]
+        assert [step["lanes"] for step in data["steps"]] == [["add [c1]"], ["add [c2]"], []]
 
     def test_a_freed_lane_is_taken_again_before_a_new_one(self) -> None:
         events = [
-            started(0, "r", "a"),
-            started(1, "r", "b"),
-            finished(2, "r", "a"),
-            started(3, "r", "c"),  # lane 0 is free again
-            finished(4, "r", "b"),
-            finished(5, "r", "c"),
+            started(0, R, "a"),
+            started(1, R, "b"),
+            finished(2, R, "a"),
+            finished(3, R, "b"),
+            started(4, R, "c"),  # lanes 0 and 1 are free again
+            finished(5, R, "c"),
         ]
         data = page_data(view.render_page((event, None) for event in events))
         assert [call["lane"] for call in data["steps"][0]["calls"]] == [0, 1, 0]
+        assert data["steps"][0]["lanes"] == ["add [a], add [c]", "add [b]"]
 
 
 class TestRenderPage:
@@ -457,7 +477,7 @@ class TestRenderPage:
 
     def test_an_empty_run_and_a_run_without_its_end(self) -> None:
         assert page_data(view.render_page([]))["result"] is None
-        data = page_data(view.render_page([(started(0, "r", "c"), 0.5)]))
+        data = page_data(view.render_page([(started(0, R, "c"), 0.5)]))
         assert data["result"] is None
         (call,) = data["steps"][0]["calls"]
         assert (call["status"], call["result"], call["start"], call["end"]) == (
@@ -467,17 +487,10 @@ class TestRenderPage:
             0.5,
         )
 
-    def test_a_call_finished_without_its_start_is_drawn_at_its_finish(self) -> None:
-        data = page_data(
-            view.render_page([(chunk(0, "r"), 0.25), (finished(1, "r", "c", True), 0.5)])
-        )
-        (call,) = data["steps"][0]["calls"]
-        assert (call["status"], call["start"], call["end"], call["duration"]) == (
-            "error",
-            0.5,
-            0.5,
-            None,
-        )
+    def test_events_out_of_a_runs_order_are_a_value_error(self) -> None:
+        # RunSteps' rule (tests/test_run_steps.py holds its table).
+        with pytest.raises(ValueError, match="finished without starting"):
+            view.render_page([(chunk(0, R), 0.25), (finished(1, R, "c", True), 0.5)])
 
     def test_starting_messages_of_each_role_and_a_failed_run(self) -> None:
         call = al.ToolCall("c1", "add", {"left": 1, "right": 2})
@@ -499,9 +512,40 @@ class TestRenderPage:
         assert data["result"]["error"] == result.error.to_dict()
         assert data["result"]["usage"] is None
 
+    def test_progress_shows_on_its_call_and_a_journal_its_decisions_and_resumes(self) -> None:
+        import agent_loop_durable as ald
+
+        progress = {"request_id": R, "tool_call_id": "a", "progress": {"done": 0.5}}
+        events = [started(0, R, "a"), al.Event(1, cast(Any, "tool.progress"), progress)]
+        events += [finished(2, R, "a"), started(3, R, "b")]
+        awaiting = (events[3].payload["tool_call"],)
+        times = (0.5, 0.75, 1.0, 1.5)
+        journal = ald.Journal(tuple(events), times, {"a": None}, awaiting, (0, 3))
+        data = page_data(view.render_page(zip(events, times), journal=journal))
+        assert data["journal"] == {
+            "awaiting": ["add [b]"],
+            "answers": ["a: run it"],
+            "resumes": [
+                "a process went on from event 0",
+                "a process went on from event 3, at 1.00 s",
+            ],
+        }
+        calls = data["steps"][0]["calls"]
+        assert [call["status"] for call in calls] == ["ok", "awaiting"]
+        assert calls[0]["progress"] == [{"at": 0.75, "text": '{"done": 0.5}'}]
+
+    def test_a_journal_is_read_with_agent_loop_durable_only(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        journal = tmp_path / "run.jsonl"
+        journal.write_text('{"record":"run"}\n', encoding="ascii")
+        monkeypatch.setitem(sys.modules, "agent_loop_durable", None)
+        with pytest.raises(ImportError, match=r"needs agent_loop_durable\.py beside"):
+            view.read_run(str(journal))
+
     def test_an_item_that_is_no_timed_event_is_a_type_error(self) -> None:
         with pytest.raises(TypeError, match="at position 0"):
-            view.render_page([chunk(0, "r")])  # type: ignore[list-item]
+            view.render_page([chunk(0, R)])  # type: ignore[list-item]
 
 
 # --- In a real browser --------------------------------------------------------------
@@ -598,11 +642,11 @@ class TestInABrowser:
             "request-002first chunk after 370 ms, streamed 20 ms",
             "request-003first chunk after 540 ms, streamed 210 ms",
         ]
-        assert [label for label in dom.having("div", "label") if label.startswith("lane")] == [
-            "lane 1",
-            "lane 2",
-            "lane 1",
-            "lane 2",
+        assert [label for label in dom.having("div", "label") if "[call-" in label] == [
+            "weather [call-1]",
+            "weather [call-2]",
+            "add [call-3]",
+            "send_report [call-4]",
         ]
         assert dom.having("a", "note call ok") == ["weather 270 ms", "add 10 ms"]
         assert dom.having("a", "note call error") == ["weather error 490 ms"]
