@@ -61,14 +61,12 @@ import itertools
 import json
 import logging
 import math
-import operator
 import os
 import queue
 import reprlib
 import sys
 import threading
 import time
-import urllib.parse
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -1211,58 +1209,29 @@ class Model(Protocol):
 
 # --- Tools ------------------------------------------------------------------------
 
-_Seen = Dict[str, List[Any]]  # what a walk over a schema saw: "$ref" and "$id" (below the root)
+_SCHEMA_ENGINE: Final = "agent_loop_schema"  # the companion that enforces JSON Schema in full
 _SCHEMA_TYPES: Final = ("object", "string", "number", "integer", "boolean", "array", "null")
-# What the value of a keyword the loop enforces must be: the words an error says, and the test.
+# What the value of a keyword the core checks must be: the words an error says, and the test.
 _VALUE_KINDS: Final[Dict[str, Tuple[str, Callable[[Any], bool]]]] = {
-    "schema": ("a schema", lambda value: True),  # a bool or an object: _frozen_schema's own test
-    "schemas": ("a non-empty array of schemas", lambda value: _is_array(value) and len(value) > 0),
+    "schema": ("a JSON Schema object", lambda value: isinstance(value, (bool, Mapping))),
     "schema map": ("an object of schemas", lambda value: isinstance(value, Mapping)),
-    "number": ("a number", lambda value: type(value) is int or _is_finite_float(value)),
-    "count": ("a non-negative integer", lambda value: type(value) is int and value >= 0),
     "names": ("an array of property names", lambda v: _is_array(v) and all(map(_is_text, v))),
     "array": ("an array", lambda value: _is_array(value)),
-    "JSON": ("a JSON value", lambda value: True),  # bounded as an argument is: _frozen_schema
     "type": (f"one of {', '.join(_SCHEMA_TYPES)}, or a non-empty array of distinct ones",
              lambda value: _type_names(value) is not None),
-    "$ref": ("a reference: '#', '', a JSON pointer '#/...', or the root's $id", _is_text),
 }  # fmt: skip
-# The keywords of JSON Schema 2020-12 that the loop enforces, and the kind of their values.
-# Any other keyword holds any JSON, ignored as JSON Schema ignores the keywords it does not know.
-_SCHEMA_KEYWORDS: Final = {
-    "type": "type", "required": "names", "enum": "array", "const": "JSON", "$ref": "$ref",
-    **dict.fromkeys(("items", "additionalProperties", "not"), "schema"),
-    **dict.fromkeys(("allOf", "anyOf", "oneOf"), "schemas"),
-    **dict.fromkeys(("properties", "$defs", "definitions"), "schema map"),
-    **dict.fromkeys(("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"), "number"),
-    **dict.fromkeys(
-        ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties"),
-        "count",
-    ),
-}  # fmt: skip
-# The annotations of JSON Schema 2020-12: keywords that never refuse a value.
-_ANNOTATIONS: Final = frozenset(
-    ("title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly",
-     "$schema", "$id", "$anchor", "$dynamicAnchor", "$comment", "$vocabulary",
-     "contentEncoding", "contentMediaType", "contentSchema")
+# The keywords of JSON Schema 2020-12 that the core checks by itself, and their kinds.
+_CORE_KEYWORDS: Final = {"type": "type", "properties": "schema map", "required": "names",
+    "additionalProperties": "schema", "items": "schema", "enum": "array"}  # fmt: skip
+# The others that agent_loop_schema.py enforces: without it, a schema with one is refused,
+# so that no call is checked looser than its schema says. Any other keyword is JSON that
+# refuses nothing here (annotations, and what the engine leaves to the tool as well).
+_ENGINE_KEYWORDS: Final = frozenset(
+    ("const", "allOf", "anyOf", "oneOf", "not", "if", "then", "else", "$ref", "minimum",
+     "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength", "minItems",
+     "maxItems", "minProperties", "maxProperties")
 )  # fmt: skip
-# The keywords that apply to a value itself (besides type), which few schemas hold.
-_IN_PLACE_KEYWORDS: Final = frozenset(_SCHEMA_KEYWORDS).difference(
-    ("type", "properties", "required", "additionalProperties", "items", "$defs", "definitions")
-)
-# The bounds of each JSON type (on a number, or on a length: code points, items, properties).
-_BOUNDS: Final = {
-    **dict.fromkeys(("integer", "number"), (
-        ("minimum", "be at least {}", operator.lt), ("maximum", "be at most {}", operator.gt),
-        ("exclusiveMinimum", "be more than {}", operator.le),
-        ("exclusiveMaximum", "be less than {}", operator.ge))),
-    "string": (("minLength", "have at least {} characters", operator.lt),
-               ("maxLength", "have at most {} characters", operator.gt)),
-    "array": (("minItems", "have at least {} items", operator.lt),
-              ("maxItems", "have at most {} items", operator.gt)),
-    "object": (("minProperties", "have at least {} properties", operator.lt),
-               ("maxProperties", "have at most {} properties", operator.gt)),
-}  # fmt: skip
+_LISTED_PROBLEMS: Final = 10  # violations an argument error lists; it counts the others
 
 
 @dataclass(frozen=True)
@@ -1370,33 +1339,28 @@ def _checked_tool_fields(
         raise TypeError(
             f"{kind} {name!r}: description must be a str, got {type(description).__name__}"
         )
-    found: _Seen = {"$ref": [], "$id": []}  # each $ref, and each $id below the root
-    schema = _frozen_schema(parameters, f"{kind} {name!r} parameters", 0, found)
+    where = f"{kind} {name!r} parameters"
+    engine = _schema_engine()
+    if engine is None:
+        schema = _frozen_schema(parameters, where, 0)
+    else:  # the whole schema is the engine's: checked, frozen, its $refs resolved
+        schema = engine.frozen_schema(parameters, where)
     if not isinstance(schema, Mapping) or schema.get("type") != "object":
         raise ValueError(
             f'{kind} {name!r} parameters must have "type": "object": '
             "a tool's arguments are always a JSON object"
         )
-    if found["$ref"] and found["$id"]:
-        # JSON Schema 2020-12, Core 8.2.1: "$id" below the root starts a new base URI for
-        # the references under it; the loop resolves every $ref against the root's.
-        raise ValueError(
-            f"{found['$id'][0]} is an $id below the root, beside a $ref: the loop resolves "
-            "$refs against the root only; move the schema into the root's $defs"
-        )
-    checked = set()
-    for ref, where in found["$ref"]:  # it grows as the schemas they name are checked
-        if ref not in checked:
-            checked.add(ref)
-            target = _ref_target(schema, ref)
-            if target is None:
-                raise ValueError(
-                    f"{where} {ref!r} names nothing in this schema (the loop follows '#', '', "
-                    "pointers '#/...' and the root's $id; no $anchor, no other document)"
-                )
-            if target is not schema:  # a pointer may name any part: it must be a schema
-                _frozen_schema(target, f"{where} {ref!r}", 1, found)
     return schema
+
+
+def _schema_engine() -> Any:
+    """agent_loop_schema.py, loaded by name when it is beside this file, else None."""
+    try:  # by name, so that a copy of this file alone still works (on the core's keywords)
+        return importlib.import_module(_SCHEMA_ENGINE)
+    except ModuleNotFoundError as missing:
+        if missing.name != _SCHEMA_ENGINE:
+            raise  # the companion is there, and something it imports is not
+        return None
 
 
 def _check_execute(name: str, execute: object) -> None:
@@ -1416,47 +1380,38 @@ def _check_execute(name: str, execute: object) -> None:
         ) from None
 
 
-def _frozen_schema(
-    value: object, where: str, depth: int, seen: _Seen, kind: Optional[str] = "schema"
-) -> Any:
-    """A schema, or a keyword value of a _VALUE_KINDS kind (None: any JSON), checked, frozen;
-    the $refs and the $ids below the root it holds go to ``seen``."""
+def _frozen_schema(value: object, where: str, depth: int, kind: Optional[str] = "schema") -> Any:
+    """A schema of the core's keywords, or a keyword value of a _VALUE_KINDS kind (None: any
+    JSON), checked and frozen, without agent_loop_schema.py."""
     if kind == "schema" and not isinstance(value, (bool, Mapping)):
         raise TypeError(f"{where} must be a JSON Schema object, got {type(value).__name__}")
     if kind is not None and not _VALUE_KINDS[kind][1](value):
         raise ValueError(f"{where} must be {_VALUE_KINDS[kind][0]}, got {_quoted(value)}")
-    if kind in ("array", "JSON"):  # enum, const
-        # Each is bounded as an argument is; how many an enum lists is the schema's business.
-        members = cast(Sequence[Any], value) if kind == "array" else [value]
-        try:
-            values = tuple(_frozen_json(member, 0, _ArgumentBudget()) for member in members)
-        except _Problem as problem:
-            raise ValueError(f"{where} holds a value no argument may be: {problem}") from None
-        return values if kind == "array" else values[0]
-    if kind == "$ref":
-        seen["$ref"].append((value, where))
     if value is None or type(value) in (str, bool, int) or _is_finite_float(value):
         return value
     # Deeper than arguments may be, it would describe no call: schemas and containers count.
     if depth > MAX_ARGUMENT_DEPTH:
         raise ValueError(f"{where} nests deeper than {MAX_ARGUMENT_DEPTH} levels")
     if isinstance(value, Mapping):
-        if kind == "schema" and depth > 0 and "$id" in value:
-            seen["$id"].append(f"{where}.$id")
         frozen = {}
         for key, item in value.items():
             if type(key) is not str:
                 raise TypeError(f"{where} has {_a(type(key).__name__)} key {_quoted(key)}")
+            if kind == "schema" and key in _ENGINE_KEYWORDS:
+                raise ValueError(
+                    f"{where}.{key} needs agent_loop_schema.py: copy it beside agent_loop.py "
+                    "(alone, the core checks type, properties, required, additionalProperties, "
+                    "items and enum)"
+                )
             inner = "schema" if kind == "schema map" else None
             if kind == "schema" and not (key == "items" and _is_array(item)):
-                inner = _SCHEMA_KEYWORDS.get(key)  # the array form of old items is not enforced
+                inner = _CORE_KEYWORDS.get(key)  # the array form of old items is not enforced
             deeper = depth + (inner in (None, "schema"))
-            frozen[key] = _frozen_schema(item, f"{where}.{key}", deeper, seen, inner)
+            frozen[key] = _frozen_schema(item, f"{where}.{key}", deeper, inner)
         return MappingProxyType(frozen)
     if _is_array(value):
-        inner = "schema" if kind == "schemas" else None
         return tuple(
-            _frozen_schema(item, f"{where}[{index}]", depth + 1, seen, inner)
+            _frozen_schema(item, f"{where}[{index}]", depth + 1, None)
             for index, item in enumerate(cast(Sequence[Any], value))
         )
     raise TypeError(f"{where} holds {_quoted(value)}, which is not JSON")
@@ -1476,129 +1431,60 @@ def _type_names(value: object) -> Optional[Sequence[object]]:
     return names if len(names) == sum(name in names for name in _SCHEMA_TYPES) else None
 
 
-def _ref_target(root: Mapping[str, Any], ref: str) -> object:
-    """What a $ref names in the root's document, or None (JSON Schema 2020-12, Core 8.2): the
-    root ("#", "", its $id), or the part a pointer "#/..." names, percent-decoded first."""
-    address, _, fragment = ref.partition("#")
-    # The root's base URI: its $id without a fragment, or "" (a document without one).
-    base = urllib.parse.urldefrag(root["$id"]).url if _is_text(root.get("$id")) else ""
-    if address and urllib.parse.urljoin(base, address) != base:
-        return None  # another document
-    if fragment[:1] not in ("", "/"):
-        return None  # an anchor ("#name"), which the loop does not follow
-    target: object = root
-    for token in urllib.parse.unquote(fragment).split("/")[1:]:
-        token = token.replace("~1", "/").replace("~0", "~")
-        if isinstance(target, tuple) and token.isdecimal() and int(token) < len(target):
-            target = target[int(token)]
-        elif isinstance(target, Mapping) and token in target:
-            target = target[token]
-        else:
-            return None
-    return target
-
-
-def _value_problem(value: Any, schema: Any, path: str, root: Mapping[str, Any]) -> Optional[str]:
-    """Why a frozen JSON value fails a schema of the document root, or None."""
-    # This runs for every call: `in` and a subscript, never a MappingProxyType's slow get().
+def _core_problems(value: Any, schema: Any, path: str, found: List[str]) -> None:
+    """Every way a frozen JSON value fails a schema of the core's keywords, to ``found``."""
     if schema is True:
-        return None
+        return
     if schema is False:
-        return f"{path} is not allowed (its schema is false)"
+        found.append(f"{path} is not allowed (its schema is false)")
+        return
+    if not _ENGINE_KEYWORDS.isdisjoint(schema):  # built with agent_loop_schema.py, gone since
+        found.append(f"{path} cannot be checked without agent_loop_schema.py")
+        return
     kind = _JSON_TYPES[type(value)]
     if "type" in schema and schema["type"] != kind:  # a name or a tuple of names
         names = (schema["type"],) if type(schema["type"]) is str else schema["type"]
         # A JSON integer is also a JSON number; bool is neither (it is not an int here).
         if kind not in names and (kind != "integer" or "number" not in names):
-            return f"{path} must be {' or '.join(names)}, got {kind}"
-    # Most schemas hold none of the other keywords: one look at their keys spares the rest.
-    if not _IN_PLACE_KEYWORDS.isdisjoint(schema):
-        problem = _in_place_problem(value, kind, schema, path, root)
-        if problem is not None:
-            return problem
-    if isinstance(value, MappingProxyType):
+            found.append(f"{path} must be {' or '.join(names)}, got {kind}")
+    if "enum" in schema and not any(_same_json(value, option) for option in schema["enum"]):
+        found.append(f"{path} must be one of {json.dumps(_thawed(schema['enum']))}")
+    if kind == "object":
         properties = schema.get("properties", {})
         for name in schema.get("required", ()):
             if name not in value:
-                return f"{path} is missing the required property {name!r}"
+                found.append(f"{path} is missing the required property {name!r}")
         # Beside patternProperties (not enforced), additionalProperties is not enforced.
         others = True
         if "additionalProperties" in schema and "patternProperties" not in schema:
             others = schema["additionalProperties"]
         for name, item in value.items():
             if name in properties:
-                problem = _value_problem(item, properties[name], f"{path}.{name}", root)
+                _core_problems(item, properties[name], f"{path}.{name}", found)
             elif others is False:
-                return f"{path} has the unexpected property {name!r}"
+                found.append(f"{path} has the unexpected property {name!r}")
             else:
-                problem = _value_problem(item, others, f"{path}.{name}", root)
-            if problem is not None:
-                return problem
-    elif isinstance(value, tuple) and "items" in schema and type(schema["items"]) is not tuple:
-        items = schema["items"]  # not the array form of old, which is not enforced
-        prefix = schema.get("prefixItems")  # not enforced either: items applies after it
+                _core_problems(item, others, f"{path}.{name}", found)
+    elif kind == "array" and "items" in schema and type(schema["items"]) is not tuple:
+        prefix = schema.get("prefixItems")  # not enforced: items applies after it
         for index in range(len(prefix) if type(prefix) is tuple else 0, len(value)):
-            problem = _value_problem(value[index], items, f"{path}[{index}]", root)
-            if problem is not None:
-                return problem
-    return None
+            _core_problems(value[index], schema["items"], f"{path}[{index}]", found)
 
 
-def _in_place_problem(
-    value: Any, kind: str, schema: Mapping[str, Any], path: str, root: Mapping[str, Any]
-) -> Optional[str]:
-    """_value_problem() for the keywords that apply to the value itself, not its parts."""
-    if "enum" in schema and not any(_same_json(value, option) for option in schema["enum"]):
-        return f"{path} must be one of {json.dumps(_thawed(schema['enum']))}"
-    if "const" in schema and not _same_json(value, schema["const"]):
-        return f"{path} must be {json.dumps(_thawed(schema['const']))}"
-    measure = len(value) if isinstance(value, (str, tuple, MappingProxyType)) else value
-    for keyword, must, fails in _BOUNDS.get(kind, ()):
-        if keyword in schema and fails(measure, schema[keyword]):
-            return f"{path} must {must.format(schema[keyword])}, got {measure}"
-    subschemas = schema.get("allOf", ())
-    if "$ref" in schema:
-        subschemas = (_ref_target(root, schema["$ref"]), *subschemas)
-    for subschema in subschemas:
-        problem = _value_problem(value, subschema, path, root)
-        if problem is not None:
-            return problem
-    for keyword in ("anyOf", "oneOf"):
-        problems: List[Optional[str]] = []
-        for subschema in schema.get(keyword, ()):
-            problems.append(_value_problem(value, subschema, path, root))
-            if problems[-1] is None and keyword == "anyOf":
-                break  # one match is enough, and its siblings may be costly
-        if problems and None not in problems:
-            return f"{path} matches no schema of {keyword}: {'; '.join(cast(List[str], problems))}"
-    # problems are oneOf's now. Only in a document the loop enforces in full may a second
-    # match fail oneOf, or a match fail not: in part, it admits more than JSON Schema.
-    matches = problems.count(None)
-    if matches > 1 and _exact(root, root, set()):
-        return f"{path} matches {matches} schemas of oneOf, not exactly one"
-    passes_not = "not" in schema and _value_problem(value, schema["not"], path, root) is None
-    if passes_not and _exact(root, root, set()):
-        return f"{path} must not match the schema of not"
-    return None
-
-
-def _exact(schema: object, root: Mapping[str, Any], seen: Set[int]) -> bool:
-    """Whether a schema holds only the keywords the loop enforces, and annotations."""
-    if type(schema) is not MappingProxyType or id(schema) in seen:
-        return True
-    seen.add(id(schema))  # a schema that refers to itself is looked at once
-    if any(key not in _SCHEMA_KEYWORDS and key not in _ANNOTATIONS for key in schema):
-        return False
-    subschemas = [_ref_target(root, schema["$ref"])] if "$ref" in schema else []
-    for key, value in schema.items():
-        kind = _SCHEMA_KEYWORDS.get(key)
-        if kind == "schema":
-            subschemas.append(value)
-        elif kind in ("schemas", "schema map"):
-            subschemas.extend(value.values() if kind == "schema map" else value)
-    return type(schema.get("items")) is not tuple and all(
-        _exact(subschema, root, seen) for subschema in subschemas
-    )
+def _argument_problems(arguments: Mapping[str, JSON], schema: Mapping[str, Any]) -> str:
+    """What an argument error says: every violation, the first _LISTED_PROBLEMS of them
+    named and the others counted; "" when the arguments pass."""
+    engine = sys.modules.get(_SCHEMA_ENGINE)  # Tool() loaded it, if it was there
+    found: List[str] = []
+    try:
+        if engine is None:  # the schema holds the core's keywords only: Tool() said so
+            _core_problems(arguments, schema, "$", found)
+        else:
+            found = engine.problems(arguments, schema)
+    except RecursionError:  # $refs that lead through hundreds of schemas, or in a loop
+        found = ["$ cannot be checked: its schema nests too deep, or its $refs loop"]
+    more = len(found) - _LISTED_PROBLEMS
+    return "; ".join(found[:_LISTED_PROBLEMS]) + (f"; and {more} more" if more > 0 else "")
 
 
 class ToolRegistry:
@@ -1667,12 +1553,9 @@ def _tool_steps(
         return _Outcome(
             _tool_result(call, f"unknown tool {call.name!r} (available: {known})", True)
         )
-    try:
-        problem = _value_problem(call.arguments, tool.parameters, "$", tool.parameters)
-    except RecursionError:  # $refs that lead through hundreds of schemas, or in a loop
-        problem = "$ cannot be checked: its schema nests too deep, or its $refs loop"
-    if problem is not None:
-        content = f"invalid arguments for tool {call.name!r}: {problem}"
+    problems = _argument_problems(call.arguments, tool.parameters)
+    if problems:
+        content = f"invalid arguments for tool {call.name!r}: {problems}"
         return _Outcome(_tool_result(call, content, True))
     _CURRENT_TOOL_CALL.set(call)  # in the call's own context: see current_tool_call()
     try:
