@@ -731,7 +731,9 @@ def results_of(result: al.RunResult) -> dict[str, tuple[str, bool]]:
 
 def tool_threads() -> list[threading.Thread]:
     """The loop's tool threads still alive."""
-    return [thread for thread in threading.enumerate() if thread.name.startswith("agent_loop-tool")]
+    return [
+        thread for thread in threading.enumerate() if thread.name.startswith("agent_loop-tool")
+    ]
 
 
 def cancelled_signal() -> threading.Event:
