@@ -39,8 +39,9 @@ transcript holds complete messages only (no unfinished response, no fabricated t
 result); options are checked and the run snapshotted when ``run_agent_loop()`` is called;
 a value from outside is checked once, where it enters; cancellation wins over an error
 that arrives after the signal was set. Beyond the seed, opt-in: tools at once
-(``tool_concurrency``, events and results still in assistant order) and consent
-(``before_tool_call``). Not here, as the seed says: steering queues, context
+(``tool_concurrency``, events and results still in assistant order), consent
+(``before_tool_call``), tools that end the run (``ends_run``) and tool progress (a tool that
+is a generator function). Not here, as the seed says: steering queues, context
 transformation, provider retries, persistent sessions.
 
 The README and docs/ are the reference: the API, choices where the seed is silent, the companion
@@ -368,7 +369,8 @@ class _Run:
     def _execute_tools(self, request: ModelRequest, message: AssistantMessage) -> Iterator[Event]:
         """ExecuteTools: every call in assistant order; returns once each has its result."""
         if self.tool_concurrency > 1:  # opt-in, beyond the seed: groups of calls at once
-            yield from self._execute_groups(request, _tool_calls(message))
+            for group in self._groups(_tool_calls(message)):
+                yield from self._execute_group(request, group)
             return
         for call in _tool_calls(message):
             refusal = self._refusal(call)  # consent, before the call's tool.started
@@ -479,11 +481,6 @@ class _Run:
             return None
         return _Outcome(_tool_result(call, answer, True), refused=True, time=None)
 
-    def _execute_groups(self, request: ModelRequest, calls: List[ToolCall]) -> Iterator[Event]:
-        """ExecuteTools, tools at once: each group of calls on threads, in assistant order."""
-        for group in self._groups(calls):
-            yield from self._execute_group(request, group)
-
     def _groups(self, calls: List[ToolCall]) -> List[List[ToolCall]]:
         """ExecuteTools: maximal runs of consecutive calls; a sequential tool's call alone."""
         groups: List[List[ToolCall]] = []
@@ -566,7 +563,9 @@ class _Run:
             # running is dropped and its call stays open, as that call does (the log is
             # the same whatever the timing, and replays). Seed: "appends no fabricated
             # result".
-            _stop(pool, futures)
+            for future in futures:
+                future.cancel()  # a call not yet begun; one running cannot be cancelled
+            pool.shutdown(wait=True)
 
 
 @dataclass(frozen=True)
@@ -645,13 +644,6 @@ def _checked_int(name: str, value: object, rule: str, low: float, high: float) -
     if not low <= value <= high:
         raise ValueError(f"{name} must be an int {rule}, got {value}")
     return value
-
-
-def _stop(pool: ThreadPoolExecutor, futures: List[Future[None]]) -> None:
-    """ExecuteTools: no call of the group begins any more; returns once the running ones have."""
-    for future in futures:
-        future.cancel()  # a call not yet begun; one running cannot be cancelled
-    pool.shutdown(wait=True)
 
 
 def _checked_signal(signal: object) -> Signal:
@@ -766,16 +758,12 @@ def _checked_thinking(block: ThinkingBlock) -> ThinkingBlock:
 _QUOTE: Final = reprlib.Repr()
 # A rejected value quoted in an error (which a log keeps): recognisable, never a megabyte.
 _QUOTE.maxstring = _QUOTE.maxother = 160
+_quoted: Final = _QUOTE.repr
 
 
 def _a(noun: str) -> str:
     """The noun with its indefinite article, for an error message: "an int", "a str"."""
     return ("an " if noun[:1].lower() in ("a", "e", "i", "o") else "a ") + noun  # "a user"
-
-
-def _quoted(value: object) -> str:
-    """A rejected value as an error message quotes it: its repr, shortened."""
-    return _QUOTE.repr(value)
 
 
 def _wrong_block_field(kind: str, name: str, expected: str, value: object) -> str:
@@ -1303,14 +1291,11 @@ class Tool:
         """Builds a Tool from a function that takes the arguments as keyword parameters, its
         schema from the type hints, by the companion agent_loop_functions.py (ImportError
         without it). Raises TypeError, naming the parameter, for what it cannot describe."""
-        try:  # by name, so that a copy of this file alone still type-checks
-            functions = importlib.import_module("agent_loop_functions")
-        except ModuleNotFoundError as missing:
-            if missing.name != "agent_loop_functions":
-                raise  # the companion is there, and something it imports is not
+        functions = _companion("agent_loop_functions")
+        if functions is None:
             raise ImportError(
                 "Tool.from_function needs agent_loop_functions.py beside agent_loop.py"
-            ) from None
+            )
         name, description, parameters, execute = functions.tool_fields(fn, name, description)
         return cls(name, description, parameters, execute, sequential=sequential)
 
@@ -1326,7 +1311,7 @@ def _checked_tool_fields(
             f"{kind} {name!r}: description must be a str, got {type(description).__name__}"
         )
     where = f"{kind} {name!r} parameters"
-    engine = _schema_engine()
+    engine = _companion(_SCHEMA_ENGINE)
     if engine is None:
         schema = _frozen_schema(parameters, where, 0)
     else:  # the whole schema is the engine's: checked, frozen, its $refs resolved
@@ -1339,12 +1324,12 @@ def _checked_tool_fields(
     return schema
 
 
-def _schema_engine() -> Any:
-    """agent_loop_schema.py, loaded by name when it is beside this file, else None."""
-    try:  # by name, so that a copy of this file alone still works (on the core's keywords)
-        return importlib.import_module(_SCHEMA_ENGINE)
+def _companion(name: str) -> Any:
+    """The companion module ``name``, loaded by name when it is beside this file, else None."""
+    try:  # by name, so that a copy of this file alone still type-checks and runs
+        return importlib.import_module(name)
     except ModuleNotFoundError as missing:
-        if missing.name != _SCHEMA_ENGINE:
+        if missing.name != name:
             raise  # the companion is there, and something it imports is not
         return None
 
@@ -1686,12 +1671,7 @@ def _frozen_json(value: object, depth: int, budget: _ArgumentBudget) -> JSON:
         if not math.isfinite(value):
             raise _Problem(f"arguments hold {value}, which is not a JSON number")
         return value
-    if not (
-        type(value) is dict
-        or type(value) is MappingProxyType
-        or type(value) is list
-        or type(value) is tuple
-    ):
+    if type(value) not in (dict, MappingProxyType, list, tuple):
         raise _Problem(f"arguments hold {_a(type(value).__name__)}, which is not plain JSON")
     # Seed: "depth 32". Checked before descending, so depth 100,000 costs 33 frames.
     if depth == MAX_ARGUMENT_DEPTH:
@@ -1705,7 +1685,7 @@ def _frozen_json(value: object, depth: int, budget: _ArgumentBudget) -> JSON:
     if isinstance(value, (list, tuple)):
         return tuple(_frozen_json(item, depth + 1, budget) for item in value)
     frozen: Dict[str, JSON] = {}
-    for key, item in value.items():
+    for key, item in cast("Mapping[object, object]", value).items():  # a dict or a proxy
         if type(key) is not str:
             raise _Problem(f"arguments hold {_a(type(key).__name__)} key, not a string")
         budget.spend_text(key)
@@ -2245,10 +2225,7 @@ def print_event(event: Event, file: Optional[TextIO] = None) -> None:
             detail += " (ends the run)"
     else:
         result: RunResult = payload["result"]
-        parts = [
-            f"{result.status} after {result.steps} step(s)",
-            f"{len(result.messages)} messages",
-        ]
+        parts = [f"{result.status} after {result.steps} step(s), {len(result.messages)} messages"]
         if result.usage is not None:  # the counts the model reported, by their JSON keys
             counts = ", ".join(f"{key} {count}" for key, count in result.usage.to_dict().items())
             parts.append(f"usage: {counts or 'unknown'}")
@@ -2318,8 +2295,9 @@ class ScriptedResponse:
 
 
 scripted_response = ScriptedResponse
-"""``scripted_response(id, content, stop_reason, *, chunks=None, request_id=None,
-usage=None)``: one ScriptedResponse (give chunks, request_id and usage by keyword)."""
+"""``scripted_response(id, content, stop_reason, chunks=None, request_id=None, usage=None,
+provider_response_id=None)``: ScriptedResponse by another name (give the optional fields by
+keyword)."""
 
 
 class ScriptedModel:
