@@ -629,7 +629,7 @@ def _check_options(
             f"request_sequence_start must be >= 0 with request_sequence_start + max_steps "
             f"<= {MAX_AGENT_STEPS}, got {start} + {max_steps}"
         )
-    # A group of tools at once never uses more threads than it has calls.
+    # No upper bound: a group of tools at once never uses more threads than it has calls.
     _checked_int("tool_concurrency", concurrency, ">= 1", 1, math.inf)
     if not callable(getattr(model, "stream", None)):
         raise TypeError(f"model must have a callable stream(), got {type(model).__name__}")
@@ -1894,10 +1894,8 @@ class RunResult(_Shape):
     error: Optional[RunError] = None
     request_sequence_start: int = 0
     usage: Optional[Usage] = None
-    # What the ends_run tool that ended the run returned (JSON); Any, since a companion such as
-    # agent_loop_output puts a value of the caller's own type there.
-    output: Any = None
-    awaiting: Tuple[ToolCall, ...] = ()  # the calls a durable run left awaiting a decision
+    output: Any = None  # Any: a companion (agent_loop_output) puts the caller's own type there
+    awaiting: Tuple[ToolCall, ...] = ()
     __hash__ = None  # type: ignore[assignment]  # its output may be a mapping
 
     @property
