@@ -39,8 +39,9 @@ transcript holds complete messages only (no unfinished response, no fabricated t
 result); options are checked and the run snapshotted when ``run_agent_loop()`` is called;
 a value from outside is checked once, where it enters; cancellation wins over an error
 that arrives after the signal was set. Beyond the seed, opt-in: tools at once
-(``tool_concurrency``, events and results still in assistant order) and consent
-(``before_tool_call``). Not here, as the seed says: steering queues, context
+(``tool_concurrency``, events and results still in assistant order), consent
+(``before_tool_call``), tools that end the run (``ends_run``) and tool progress (a tool that
+is a generator function). Not here, as the seed says: steering queues, context
 transformation, provider retries, persistent sessions.
 
 The README and docs/ are the reference: the API, choices where the seed is silent, the companion
@@ -83,6 +84,7 @@ from typing import (
     List,
     Literal,
     Mapping,
+    NamedTuple,
     Optional,
     Protocol,
     Sequence,
@@ -367,7 +369,8 @@ class _Run:
     def _execute_tools(self, request: ModelRequest, message: AssistantMessage) -> Iterator[Event]:
         """ExecuteTools: every call in assistant order; returns once each has its result."""
         if self.tool_concurrency > 1:  # opt-in, beyond the seed: groups of calls at once
-            yield from self._execute_groups(request, _tool_calls(message))
+            for group in self._groups(_tool_calls(message)):
+                yield from self._execute_group(request, group)
             return
         for call in _tool_calls(message):
             refusal = self._refusal(call)  # consent, before the call's tool.started
@@ -478,11 +481,6 @@ class _Run:
             return None
         return _Outcome(_tool_result(call, answer, True), refused=True, time=None)
 
-    def _execute_groups(self, request: ModelRequest, calls: List[ToolCall]) -> Iterator[Event]:
-        """ExecuteTools, tools at once: each group of calls on threads, in assistant order."""
-        for group in self._groups(calls):
-            yield from self._execute_group(request, group)
-
     def _groups(self, calls: List[ToolCall]) -> List[List[ToolCall]]:
         """ExecuteTools: maximal runs of consecutive calls; a sequential tool's call alone."""
         groups: List[List[ToolCall]] = []
@@ -565,7 +563,9 @@ class _Run:
             # running is dropped and its call stays open, as that call does (the log is
             # the same whatever the timing, and replays). Seed: "appends no fabricated
             # result".
-            _stop(pool, futures)
+            for future in futures:
+                future.cancel()  # a call not yet begun; one running cannot be cancelled
+            pool.shutdown(wait=True)
 
 
 @dataclass(frozen=True)
@@ -629,7 +629,7 @@ def _check_options(
             f"request_sequence_start must be >= 0 with request_sequence_start + max_steps "
             f"<= {MAX_AGENT_STEPS}, got {start} + {max_steps}"
         )
-    # A group of tools at once never uses more threads than it has calls.
+    # No upper bound: a group of tools at once never uses more threads than it has calls.
     _checked_int("tool_concurrency", concurrency, ">= 1", 1, math.inf)
     if not callable(getattr(model, "stream", None)):
         raise TypeError(f"model must have a callable stream(), got {type(model).__name__}")
@@ -644,13 +644,6 @@ def _checked_int(name: str, value: object, rule: str, low: float, high: float) -
     if not low <= value <= high:
         raise ValueError(f"{name} must be an int {rule}, got {value}")
     return value
-
-
-def _stop(pool: ThreadPoolExecutor, futures: List[Future[None]]) -> None:
-    """ExecuteTools: no call of the group begins any more; returns once the running ones have."""
-    for future in futures:
-        future.cancel()  # a call not yet begun; one running cannot be cancelled
-    pool.shutdown(wait=True)
 
 
 def _checked_signal(signal: object) -> Signal:
@@ -765,16 +758,12 @@ def _checked_thinking(block: ThinkingBlock) -> ThinkingBlock:
 _QUOTE: Final = reprlib.Repr()
 # A rejected value quoted in an error (which a log keeps): recognisable, never a megabyte.
 _QUOTE.maxstring = _QUOTE.maxother = 160
+_quoted: Final = _QUOTE.repr
 
 
 def _a(noun: str) -> str:
     """The noun with its indefinite article, for an error message: "an int", "a str"."""
     return ("an " if noun[:1].lower() in ("a", "e", "i", "o") else "a ") + noun  # "a user"
-
-
-def _quoted(value: object) -> str:
-    """A rejected value as an error message quotes it: its repr, shortened."""
-    return _QUOTE.repr(value)
 
 
 def _wrong_block_field(kind: str, name: str, expected: str, value: object) -> str:
@@ -1043,19 +1032,16 @@ def _shortened(blocks: List[_Normalized], index: int) -> str:
 
 
 class _Shape:
-    """A value whose ``_json`` lists its JSON fields: (key, attribute, reader: _read_fields)."""
-
-    _json: ClassVar[_Fields]
+    """A value with a JSON form, whose fields _FIELDS lists (in "Reading JSON back")."""
 
     def to_dict(self) -> Dict[str, Any]:
         """Returns the seed's JSON shape of this object (plain dicts and lists)."""
         data: Dict[str, Any] = {}
-        for key, name, _ in self._json:
+        for key, name, _, optional in _FIELDS[type(self)]:
             value = getattr(self, name)
-            if key[-1] != "?":  # "?": an optional key, written unless the field's default
+            # An optional key is written unless the field holds its default.
+            if not optional or value != getattr(type(self), name):
                 data[key] = _plain(value)
-            elif value != getattr(type(self), name):
-                data[key[:-1]] = _plain(value)
         return data
 
 
@@ -1089,7 +1075,6 @@ class ModelRequest(_Shape):
     messages: Tuple[Message, ...]
     tools: Tuple[ToolSpec, ...]
     __hash__ = None  # type: ignore[assignment]  # its tools hold schema mappings
-    _json = (("id", "id", None), ("messages", "messages", None), ("tools", "tools", None))
 
 
 @dataclass(frozen=True)
@@ -1099,7 +1084,6 @@ class TextDelta(_Shape):
     request_id: str
     text: str
     type: ClassVar[Literal["text"]] = "text"
-    _json = (("type", "type", None), ("requestId", "request_id", str), ("text", "text", str))
 
 
 @dataclass(frozen=True)
@@ -1109,8 +1093,6 @@ class ThinkingDelta(_Shape):
     request_id: str
     thinking: str
     type: ClassVar[Literal["thinking"]] = "thinking"
-    _json = (("type", "type", None), ("requestId", "request_id", str),
-             ("thinking", "thinking", str))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -1120,8 +1102,6 @@ class ToolCallChunk(_Shape):
     request_id: str
     tool_call: ToolCall
     type: ClassVar[Literal["toolCall"]] = "toolCall"
-    _json = (("type", "type", None), ("requestId", "request_id", str),
-             ("toolCall", "tool_call", "call"))  # fmt: skip
 
 
 ModelChunk = Union[TextDelta, ThinkingDelta, ToolCallChunk]
@@ -1144,7 +1124,6 @@ class Usage(_Shape):
     cache_read_tokens: Optional[int] = None
     cache_write_tokens: Optional[int] = None
     reasoning_tokens: Optional[int] = None
-    _json = tuple((key + "?", name, int) for name, key in _USAGE_KEYS)
 
     def __post_init__(self) -> None:
         for name, _ in _USAGE_KEYS:
@@ -1174,9 +1153,6 @@ class ModelResponse(_Shape):
     stop_reason: StopReason
     usage: Optional[Usage] = None
     provider_response_id: Optional[str] = None  # the provider's own id of the answer, if any
-    _json = (("id", "id", None), ("requestId", "request_id", None), ("content", "content", None),
-             ("stopReason", "stop_reason", None), ("usage?", "usage", None),
-             ("providerResponseId?", "provider_response_id", None))  # fmt: skip
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "content", tuple(self.content))
@@ -1243,8 +1219,6 @@ class ToolSpec(_Shape):
     description: str
     parameters: Mapping[str, Any]
     __hash__ = None  # type: ignore[assignment]  # it holds a mapping
-    _json = (("name", "name", None), ("description", "description", None),
-             ("parameters", "parameters", None))  # fmt: skip
 
     def __post_init__(self) -> None:
         parameters = _checked_tool_fields("ToolSpec", self.name, self.description, self.parameters)
@@ -1317,14 +1291,11 @@ class Tool:
         """Builds a Tool from a function that takes the arguments as keyword parameters, its
         schema from the type hints, by the companion agent_loop_functions.py (ImportError
         without it). Raises TypeError, naming the parameter, for what it cannot describe."""
-        try:  # by name, so that a copy of this file alone still type-checks
-            functions = importlib.import_module("agent_loop_functions")
-        except ModuleNotFoundError as missing:
-            if missing.name != "agent_loop_functions":
-                raise  # the companion is there, and something it imports is not
+        functions = _companion("agent_loop_functions")
+        if functions is None:
             raise ImportError(
                 "Tool.from_function needs agent_loop_functions.py beside agent_loop.py"
-            ) from None
+            )
         name, description, parameters, execute = functions.tool_fields(fn, name, description)
         return cls(name, description, parameters, execute, sequential=sequential)
 
@@ -1340,7 +1311,7 @@ def _checked_tool_fields(
             f"{kind} {name!r}: description must be a str, got {type(description).__name__}"
         )
     where = f"{kind} {name!r} parameters"
-    engine = _schema_engine()
+    engine = _companion(_SCHEMA_ENGINE)
     if engine is None:
         schema = _frozen_schema(parameters, where, 0)
     else:  # the whole schema is the engine's: checked, frozen, its $refs resolved
@@ -1353,12 +1324,12 @@ def _checked_tool_fields(
     return schema
 
 
-def _schema_engine() -> Any:
-    """agent_loop_schema.py, loaded by name when it is beside this file, else None."""
-    try:  # by name, so that a copy of this file alone still works (on the core's keywords)
-        return importlib.import_module(_SCHEMA_ENGINE)
+def _companion(name: str) -> Any:
+    """The companion module ``name``, loaded by name when it is beside this file, else None."""
+    try:  # by name, so that a copy of this file alone still type-checks and runs
+        return importlib.import_module(name)
     except ModuleNotFoundError as missing:
-        if missing.name != _SCHEMA_ENGINE:
+        if missing.name != name:
             raise  # the companion is there, and something it imports is not
         return None
 
@@ -1700,12 +1671,7 @@ def _frozen_json(value: object, depth: int, budget: _ArgumentBudget) -> JSON:
         if not math.isfinite(value):
             raise _Problem(f"arguments hold {value}, which is not a JSON number")
         return value
-    if not (
-        type(value) is dict
-        or type(value) is MappingProxyType
-        or type(value) is list
-        or type(value) is tuple
-    ):
+    if type(value) not in (dict, MappingProxyType, list, tuple):
         raise _Problem(f"arguments hold {_a(type(value).__name__)}, which is not plain JSON")
     # Seed: "depth 32". Checked before descending, so depth 100,000 costs 33 frames.
     if depth == MAX_ARGUMENT_DEPTH:
@@ -1719,7 +1685,7 @@ def _frozen_json(value: object, depth: int, budget: _ArgumentBudget) -> JSON:
     if isinstance(value, (list, tuple)):
         return tuple(_frozen_json(item, depth + 1, budget) for item in value)
     frozen: Dict[str, JSON] = {}
-    for key, item in value.items():
+    for key, item in cast("Mapping[object, object]", value).items():  # a dict or a proxy
         if type(key) is not str:
             raise _Problem(f"arguments hold {_a(type(key).__name__)} key, not a string")
         budget.spend_text(key)
@@ -1767,7 +1733,6 @@ class TextBlock(_Shape):
 
     text: str
     type: ClassVar[Literal["text"]] = "text"
-    _json = (("type", "type", None), ("text", "text", str))
 
 
 @dataclass(frozen=True)
@@ -1780,9 +1745,6 @@ class ThinkingBlock(_Shape):
     signature: Optional[str] = None
     redacted: bool = False
     type: ClassVar[Literal["thinking"]] = "thinking"
-    _json = (("type", "type", None), ("thinking", "thinking", str),
-             ("thinkingSignature?", "signature", str),
-             ("redacted?", "redacted", bool))  # fmt: skip
 
 
 @dataclass(frozen=True, eq=False)
@@ -1798,8 +1760,6 @@ class ToolCall(_Shape):
     # True only when __post_init__ froze them, within every bound: the run trusts this flag.
     _plain_json: bool = field(init=False, repr=False, compare=False)
     type: ClassVar[Literal["toolCall"]] = "toolCall"
-    _json = (("type", "type", None), ("id", "id", str), ("name", "name", str),
-             ("arguments", "arguments", "arguments"))  # fmt: skip
 
     def __post_init__(self) -> None:
         # Normalises only; the run decides where the call enters it (_check_arguments).
@@ -1841,7 +1801,6 @@ class UserMessage(_Shape):
     id: str
     content: str
     role: ClassVar[Literal["user"]] = "user"
-    _json = (("id", "id", str), ("role", "role", None), ("content", "content", str))
 
 
 @dataclass(frozen=True)
@@ -1856,9 +1815,6 @@ class AssistantMessage(_Shape):
     usage: Optional[Usage] = None
     provider_response_id: Optional[str] = None  # its response's, not sent back to a model
     role: ClassVar[Literal["assistant"]] = "assistant"
-    _json = (("id", "id", str), ("role", "role", None), ("content", "content", "blocks"),
-             ("usage?", "usage", "usage"),
-             ("providerResponseId?", "provider_response_id", str))  # fmt: skip
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "content", tuple(self.content))
@@ -1874,9 +1830,6 @@ class ToolResultMessage(_Shape):
     content: str
     is_error: bool
     role: ClassVar[Literal["toolResult"]] = "toolResult"
-    _json = (("id", "id", str), ("role", "role", None), ("toolCallId", "tool_call_id", str),
-             ("toolName", "tool_name", str), ("content", "content", str),
-             ("isError", "is_error", bool))  # fmt: skip
 
 
 Message = Union[UserMessage, AssistantMessage, ToolResultMessage]
@@ -1923,7 +1876,6 @@ class RunError(_Shape):
     code: FailureCode
     message: str
     exception: Optional[BaseException] = field(default=None, compare=False, repr=False)
-    _json = (("code", "code", _FAILURE_CODES), ("message", "message", str))
 
 
 @dataclass(frozen=True)
@@ -1942,17 +1894,9 @@ class RunResult(_Shape):
     error: Optional[RunError] = None
     request_sequence_start: int = 0
     usage: Optional[Usage] = None
-    # What the ends_run tool that ended the run returned (JSON); Any, since a companion such as
-    # agent_loop_output puts a value of the caller's own type there.
-    output: Any = None
-    awaiting: Tuple[ToolCall, ...] = ()  # the calls a durable run left awaiting a decision
+    output: Any = None  # Any: a companion (agent_loop_output) puts the caller's own type there
+    awaiting: Tuple[ToolCall, ...] = ()
     __hash__ = None  # type: ignore[assignment]  # its output may be a mapping
-    _json = (("status", "status", _RUN_STATUSES), ("messages", "messages", "messages"),
-             ("steps", "steps", int), ("finalText?", "final_text", str),
-             ("maxSteps?", "max_steps", int), ("error?", "error", "error"),
-             ("requestSequenceStart?", "request_sequence_start", int),
-             ("usage?", "usage", "usage"), ("output?", "output", "json"),
-             ("awaiting?", "awaiting", "calls"))  # fmt: skip
 
     @property
     def next_request_sequence(self) -> int:
@@ -1992,24 +1936,31 @@ class Event:
 
 
 # --- Reading JSON back ------------------------------------------------------------
-# A reader takes a value as json.loads gives it and the path naming it; ValueError names the
-# field. A _json table reads a field as a JSON type, one of a tuple of values, a _READERS
-# name, or not at all (None: a discriminator, or a shape the loop never reads back).
 
-_Reader = Union[type, Tuple[str, ...], str, Callable[[Any, str], Any], None]
-_Fields = Tuple[Tuple[str, str, _Reader], ...]
+# A reader takes a value as json.loads gives it and the path naming it, and returns what the
+# field holds; its ValueError names the field.
+_Reader: TypeAlias = Callable[[Any, str], Any]
+
+
+class _Field(NamedTuple):
+    """One JSON field of a shape: its key, its attribute, its reader (None: not read back, as a
+    discriminator, or a shape the loop only writes), and whether it is optional (written
+    unless it holds its default; read back absent or null as the default)."""
+
+    key: str
+    name: str
+    read: Optional[_Reader] = None
+    optional: bool = False
 
 
 def message_from_dict(data: Dict[str, Any]) -> Message:
     """Reads a message from its ``to_dict()`` form; ValueError names a bad field."""
-    return cast(Message, _one_of("role", _MESSAGES)(data, "message"))
+    return cast(Message, _read_message(data, "message"))
 
 
 def event_from_dict(data: Dict[str, Any]) -> Event:
     """Reads an event from its ``to_dict()`` form; ValueError names a bad field."""
-    head = (("sequence", "sequence", int), ("type", "type", _EVENT_TYPES),
-            ("payload", "payload", dict))  # fmt: skip
-    event = _read_fields(_typed(data, dict, "event"), head, "event")
+    event = _read_fields(_typed(data, dict, "event"), _EVENT_FIELDS, "event")
     payload = _read_fields(event["payload"], _PAYLOAD_FIELDS[event["type"]], "event.payload")
     return Event(event["sequence"], event["type"], MappingProxyType(payload))
 
@@ -2021,33 +1972,41 @@ def _typed(value: Any, kind: type, where: str) -> Any:
     return value
 
 
-def _read_fields(data: Dict[str, Any], fields: _Fields, where: str) -> Dict[str, Any]:
+def _read_fields(data: Dict[str, Any], fields: Sequence[_Field], where: str) -> Dict[str, Any]:
     """A JSON object's fields by attribute; an optional one absent or null is left out."""
     values: Dict[str, Any] = {}
-    for key, name, reader in fields:
-        json_key, path = key.rstrip("?"), f"{where}.{key.rstrip('?')}"
-        if reader is None or (json_key != key and data.get(json_key) is None):
+    for key, name, read, optional in fields:
+        if read is None or (optional and data.get(key) is None):
             continue
-        if json_key not in data:
-            raise ValueError(f"{path} is missing")
-        value = data[json_key]
-        if isinstance(reader, type):
-            values[name] = _typed(value, reader, path)
-        elif isinstance(reader, tuple):
-            if _typed(value, str, path) not in reader:
-                raise ValueError(f"{path}: unknown value {value!r} (expected one of {reader})")
-            values[name] = value
-        else:
-            values[name] = (_READERS[reader] if isinstance(reader, str) else reader)(value, path)
+        if key not in data:
+            raise ValueError(f"{where}.{key} is missing")
+        values[name] = read(data[key], f"{where}.{key}")
     return values
 
 
-def _one_of(key: str, shapes: Mapping[str, Any], only: str = "") -> Callable[[Any, str], Any]:
+def _of_type(kind: type) -> _Reader:
+    """The reader of a value of exactly the JSON type ``kind``."""
+    return lambda data, where: _typed(data, kind, where)
+
+
+def _among(values: Tuple[str, ...]) -> _Reader:
+    """The reader of a str that is one of ``values``."""
+
+    def read(data: object, where: str) -> str:
+        if _typed(data, str, where) not in values:
+            raise ValueError(f"{where}: unknown value {data!r} (expected one of {values})")
+        return cast(str, data)
+
+    return read
+
+
+def _one_of(key: str, shapes: Mapping[str, Any], only: str = "") -> _Reader:
     """The reader of an object whose ``key`` names its class in ``shapes`` (``only``: that one)."""
+    discriminator = (_Field(key, key, _among(tuple(shapes))),)
 
     def read(data: object, where: str) -> Any:
         value = _typed(data, dict, where)
-        kind = _read_fields(value, ((key, key, tuple(shapes)),), where)[key]
+        kind = _read_fields(value, discriminator, where)[key]
         if only and kind != only:
             raise ValueError(
                 f"{where} must be {_a(only)} {'block' if key == 'type' else 'message'}"
@@ -2060,10 +2019,15 @@ def _one_of(key: str, shapes: Mapping[str, Any], only: str = "") -> Callable[[An
 def _built(shape: Any, data: Dict[str, Any], where: str) -> Any:
     """The object of class ``shape`` that its JSON fields describe; ValueError if it is not one."""
     try:
-        built = shape(**_read_fields(data, shape._json, where))
+        built = shape(**_read_fields(data, _FIELDS[shape], where))
         return _checked_thinking(built) if type(built) is ThinkingBlock else built
     except _Problem as problem:
         raise ValueError(f"{where}: {problem}") from None
+
+
+def _shape_from_dict(shape: type) -> _Reader:
+    """The reader of an object of class ``shape``, which has no discriminator."""
+    return lambda data, where: _built(shape, _typed(data, dict, where), where)
 
 
 def _arguments_from_dict(data: object, where: str) -> Dict[str, Any]:
@@ -2086,51 +2050,101 @@ def _json_from_dict(data: object, where: str) -> JSON:
 
 def _usage_from_dict(data: object, where: str) -> Usage:
     """A Usage: each count absent, null, or an int >= 0."""
-    counts = _read_fields(_typed(data, dict, where), Usage._json, where)
+    counts = _read_fields(_typed(data, dict, where), _FIELDS[Usage], where)
     for name, key in _USAGE_KEYS:
         if counts.get(name, 0) < 0:
             raise ValueError(f"{where}.{key} must be >= 0, got {counts[name]}")
     return Usage(**counts)
 
 
-def _items(key: str, shapes: Mapping[str, Any]) -> Callable[[Any, str], Any]:
-    """The reader of a JSON array of objects of these shapes, as a tuple."""
-    read = _one_of(key, shapes)
+def _items(read: _Reader) -> _Reader:
+    """The reader of a JSON array whose items ``read`` reads, as a tuple."""
     return lambda data, where: tuple(
         read(item, f"{where}[{index}]") for index, item in enumerate(_typed(data, list, where))
     )
 
 
-# The classes of each discriminated shape, by the value of its "type" or "role".
+# The tables come last: a class's fields name readers, and readers name classes. The classes
+# of each discriminated shape, by the value of its "type" or "role":
 _BLOCKS: Final = {"text": TextBlock, "thinking": ThinkingBlock, "toolCall": ToolCall}
 _MESSAGES: Final = {"user": UserMessage, "assistant": AssistantMessage,
                     "toolResult": ToolResultMessage}  # fmt: skip
 _CHUNKS: Final = {"text": TextDelta, "thinking": ThinkingDelta, "toolCall": ToolCallChunk}
-# The readers that _json tables name (their shapes are defined after those tables).
-_READERS: Final[Dict[str, Callable[[Any, str], Any]]] = {
-    "arguments": _arguments_from_dict, "usage": _usage_from_dict, "json": _json_from_dict,
-    "calls": _items("type", {"toolCall": ToolCall}),
-    "blocks": _items("type", _BLOCKS), "messages": _items("role", _MESSAGES),
-    "call": _one_of("type", _BLOCKS, "toolCall"), "chunk": _one_of("type", _CHUNKS),
-    "error": lambda data, where: _built(RunError, _typed(data, dict, where), where),
-    "result": lambda data, where: _built(RunResult, _typed(data, dict, where), where),
+_TEXT, _INT, _BOOL = _of_type(str), _of_type(int), _of_type(bool)
+_read_message: Final = _one_of("role", _MESSAGES)
+_read_call: Final = _one_of("type", _BLOCKS, "toolCall")
+# Each shape's JSON fields, in the order to_dict() writes them.
+_FIELDS: Final[Dict[type, Tuple[_Field, ...]]] = {
+    ModelRequest: (_Field("id", "id"), _Field("messages", "messages"), _Field("tools", "tools")),
+    TextDelta: (_Field("type", "type"), _Field("requestId", "request_id", _TEXT),
+                _Field("text", "text", _TEXT)),
+    ThinkingDelta: (_Field("type", "type"), _Field("requestId", "request_id", _TEXT),
+                    _Field("thinking", "thinking", _TEXT)),
+    ToolCallChunk: (_Field("type", "type"), _Field("requestId", "request_id", _TEXT),
+                    _Field("toolCall", "tool_call", _read_call)),
+    Usage: tuple(_Field(key, name, _INT, optional=True) for name, key in _USAGE_KEYS),
+    ModelResponse: (_Field("id", "id"), _Field("requestId", "request_id"),
+                    _Field("content", "content"), _Field("stopReason", "stop_reason"),
+                    _Field("usage", "usage", optional=True),
+                    _Field("providerResponseId", "provider_response_id", optional=True)),
+    ToolSpec: (_Field("name", "name"), _Field("description", "description"),
+               _Field("parameters", "parameters")),
+    TextBlock: (_Field("type", "type"), _Field("text", "text", _TEXT)),
+    ThinkingBlock: (_Field("type", "type"), _Field("thinking", "thinking", _TEXT),
+                    _Field("thinkingSignature", "signature", _TEXT, optional=True),
+                    _Field("redacted", "redacted", _BOOL, optional=True)),
+    ToolCall: (_Field("type", "type"), _Field("id", "id", _TEXT), _Field("name", "name", _TEXT),
+               _Field("arguments", "arguments", _arguments_from_dict)),
+    UserMessage: (_Field("id", "id", _TEXT), _Field("role", "role"),
+                  _Field("content", "content", _TEXT)),
+    AssistantMessage: (_Field("id", "id", _TEXT), _Field("role", "role"),
+                       _Field("content", "content", _items(_one_of("type", _BLOCKS))),
+                       _Field("usage", "usage", _usage_from_dict, optional=True),
+                       _Field("providerResponseId", "provider_response_id", _TEXT,
+                              optional=True)),
+    ToolResultMessage: (_Field("id", "id", _TEXT), _Field("role", "role"),
+                        _Field("toolCallId", "tool_call_id", _TEXT),
+                        _Field("toolName", "tool_name", _TEXT),
+                        _Field("content", "content", _TEXT),
+                        _Field("isError", "is_error", _BOOL)),
+    RunError: (_Field("code", "code", _among(_FAILURE_CODES)),
+               _Field("message", "message", _TEXT)),
+    RunResult: (_Field("status", "status", _among(_RUN_STATUSES)),
+                _Field("messages", "messages", _items(_read_message)),
+                _Field("steps", "steps", _INT),
+                _Field("finalText", "final_text", _TEXT, optional=True),
+                _Field("maxSteps", "max_steps", _INT, optional=True),
+                _Field("error", "error", _shape_from_dict(RunError), optional=True),
+                _Field("requestSequenceStart", "request_sequence_start", _INT, optional=True),
+                _Field("usage", "usage", _usage_from_dict, optional=True),
+                _Field("output", "output", _json_from_dict, optional=True),
+                _Field("awaiting", "awaiting", _items(_one_of("type", {"toolCall": ToolCall})),
+                       optional=True)),
 }  # fmt: skip
+_EVENT_FIELDS: Final = (_Field("sequence", "sequence", _INT),
+                        _Field("type", "type", _among(_EVENT_TYPES)),
+                        _Field("payload", "payload", _of_type(dict)))  # fmt: skip
 # For each event type, its payload's fields, named in Python as its Event holds them.
-_PAYLOAD_FIELDS: Final[Dict[str, _Fields]] = {
-    "message.accepted": (("message", "message", _one_of("role", _MESSAGES)),),
-    "model.chunk": (("requestId", "request_id", str), ("chunk", "chunk", "chunk")),
-    "tool.started": (("requestId", "request_id", str), ("toolCall", "tool_call", "call")),
-    "tool.finished": (("requestId", "request_id", str), ("toolCall", "tool_call", "call"),
-                      ("toolResult", "tool_result", _one_of("role", _MESSAGES, "toolResult")),
-                      ("refused?", "refused", bool),  # refused: only a refused call's
-                      ("endsRun?", "ends_run", bool)),  # only a call that ends the run
-    "tool.progress": (("requestId", "request_id", str), ("toolCallId", "tool_call_id", str),
-                      ("progress", "progress", "json")),
-    "run.finished": (("result", "result", "result"),),
+_PAYLOAD_FIELDS: Final[Dict[str, Tuple[_Field, ...]]] = {
+    "message.accepted": (_Field("message", "message", _read_message),),
+    "model.chunk": (_Field("requestId", "request_id", _TEXT),
+                    _Field("chunk", "chunk", _one_of("type", _CHUNKS))),
+    "tool.started": (_Field("requestId", "request_id", _TEXT),
+                     _Field("toolCall", "tool_call", _read_call)),
+    "tool.finished": (_Field("requestId", "request_id", _TEXT),
+                      _Field("toolCall", "tool_call", _read_call),
+                      _Field("toolResult", "tool_result",
+                             _one_of("role", _MESSAGES, "toolResult")),
+                      _Field("refused", "refused", _BOOL, optional=True),  # a refused call's
+                      _Field("endsRun", "ends_run", _BOOL, optional=True)),  # a call's that ends
+    "tool.progress": (_Field("requestId", "request_id", _TEXT),
+                      _Field("toolCallId", "tool_call_id", _TEXT),
+                      _Field("progress", "progress", _json_from_dict)),
+    "run.finished": (_Field("result", "result", _shape_from_dict(RunResult)),),
 }  # fmt: skip
 # The JSON key of each payload key, for Event.to_dict().
 _PAYLOAD_JSON_KEYS: Final = {
-    name: key.rstrip("?") for fields in _PAYLOAD_FIELDS.values() for key, name, _ in fields
+    field.name: field.key for fields in _PAYLOAD_FIELDS.values() for field in fields
 }
 
 
@@ -2209,10 +2223,7 @@ def print_event(event: Event, file: Optional[TextIO] = None) -> None:
             detail += " (ends the run)"
     else:
         result: RunResult = payload["result"]
-        parts = [
-            f"{result.status} after {result.steps} step(s)",
-            f"{len(result.messages)} messages",
-        ]
+        parts = [f"{result.status} after {result.steps} step(s), {len(result.messages)} messages"]
         if result.usage is not None:  # the counts the model reported, by their JSON keys
             counts = ", ".join(f"{key} {count}" for key, count in result.usage.to_dict().items())
             parts.append(f"usage: {counts or 'unknown'}")
@@ -2282,8 +2293,9 @@ class ScriptedResponse:
 
 
 scripted_response = ScriptedResponse
-"""``scripted_response(id, content, stop_reason, *, chunks=None, request_id=None,
-usage=None)``: one ScriptedResponse (give chunks, request_id and usage by keyword)."""
+"""``scripted_response(id, content, stop_reason, chunks=None, request_id=None, usage=None,
+provider_response_id=None)``: ScriptedResponse by another name (give the optional fields by
+keyword)."""
 
 
 class ScriptedModel:
