@@ -175,7 +175,9 @@ def _read(timed_events: Iterable[TimedEvent]) -> alr.RunSteps:
                 f"timed events are (Event, float or None) pairs, got {pair!r:.80} at "
                 f"position {position}"
             )
-        run.feed(event, time)
+        # The pair's time is the event's: None is unknown, whatever event.time holds (the
+        # loop's own clock, not seconds since the run began).
+        run.feed(dataclasses.replace(event, time=None) if time is None else event, time)
     return run
 
 
