@@ -455,14 +455,12 @@ class _ReplayedModel:
             )
         # ReplayedRun.run() sets the signal once the log's last event is given; bounded, so
         # that a replay run by hand (which nothing cancels) fails instead of hanging.
-        deadline = time.monotonic() + _TURN_SECONDS
-        while not signal.wait(al.WATCH_SECONDS):
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"tool call {call.id!r} was open when the recording ended, and the "
-                    f"replay was not cancelled within {_TURN_SECONDS:.0f} s: replay it with "
-                    "ReplayedRun.run(), which cancels the run where its log stops"
-                )
+        if not signal.wait(_TURN_SECONDS):
+            raise RuntimeError(
+                f"tool call {call.id!r} was open when the recording ended, and the "
+                f"replay was not cancelled within {_TURN_SECONDS:.0f} s: replay it with "
+                "ReplayedRun.run(), which cancels the run where its log stops"
+            )
         return "interrupted in the recording"  # discarded: the signal is set
 
 

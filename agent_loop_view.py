@@ -404,6 +404,8 @@ def _result_data(result: al.RunResult) -> Dict[str, Any]:
         "finalText": result.final_text,
         "error": None if result.error is None else result.error.to_dict(),
         "usage": None if result.usage is None else result.usage.to_dict(),
+        # A durable run that stopped on LATER: a pause, not a cancel.
+        "awaiting": [f"{call.name} [{call.id}]" for call in result.awaiting],
     }
 
 
@@ -448,6 +450,7 @@ h2 { font-size: 15px; margin: 22px 0 8px; color: var(--muted); text-transform: u
 .status.cancelled, .status.maxSteps { background: var(--refused); }
 .run-error { margin: 10px 0 0; padding: 8px 10px; border-left: 4px solid var(--error);
   background: #fdeeed; }
+.run-awaiting { margin: 10px 0 0; padding: 8px 10px; border-left: 4px solid var(--refused); }
 .final { margin: 10px 0 0; white-space: pre-wrap; }
 .messages p { margin: 4px 0; }
 .role { display: inline-block; min-width: 70px; color: var(--muted); }
@@ -573,6 +576,9 @@ _SCRIPT: Final = """
   }
   if (result && result.error) {
     add(head, el("p", "run-error", result.error.code + ": " + result.error.message));
+  }
+  if (result && result.awaiting.length) {
+    add(head, el("p", "run-awaiting", "awaiting a decision: " + result.awaiting.join(", ")));
   }
   if (result && result.finalText !== null) { add(head, el("p", "final", result.finalText)); }
 
