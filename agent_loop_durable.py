@@ -26,12 +26,16 @@ holds nothing more, they ask the run's own model, tools and hook. Rules:
   last complete message (``live_from()`` says where the live events begin); from there
   it is live: the step that was streaming is requested again, and a call that started
   and has no recorded result runs again (at least once: ``effect_key()`` keys its
-  effect), while a call with a recorded result never runs again. A resume entry voids
-  the events recorded past that point, which the run then gives live.
+  effect), while a call with a recorded result never runs again. A group of calls at
+  once with such a call is given again up to its tool.started events only: from there
+  it is live (its recorded calls give their recorded progress and results again, the
+  others run again and report their progress anew). A resume entry voids the events
+  recorded past that point, which the run then gives live.
 - ``before_tool_call`` may return ``LATER``: the run stops ``cancelled`` right there,
   before the call's group runs (one at a time: before the call runs), so that the call,
   the other calls of its group and the calls after it stay open, and the journal
-  records that it awaits a decision (``awaiting_decision()``). Called again, the run
+  records that it awaits a decision (``awaiting_decision()``); the result (and its
+  run.finished) lists those calls in ``awaiting``. Called again, the run
   asks ``before_tool_call`` again for that call, and goes on once it is answered.
   An answer is written before the call runs, and never asked again.
 - A journal of another run (other starting messages, tools or options), or a line that

@@ -25,6 +25,11 @@ Rules:
   no more results join); a log where a result follows a call still open (1.3 could
   write one) is a ValueError; a run cancelled by ``before_tool_call`` before its last
   response's first call started replays without that response.
+- A recorded call yields its recorded progress again before its result, so a log with
+  ``tool.progress`` events replays byte for byte; calls at once give their progress and
+  results in the log's order (``run()`` passes its events through ``Recording.ordered``,
+  and a recorded call waits, bounded, for the events before its turn). A run that ended
+  on an ``ends_run`` tool replays ``completed``, with its output.
 - A call that ``before_tool_call`` refused (its ``tool.finished`` says ``refused``) is
   refused again by ``ReplayedRun.before_tool_call``, with the recorded words.
 - The replayed model compares each request with the transcript that the recording
