@@ -30,7 +30,8 @@ draws the run: each step on a timeline (its wait for the first chunk, its stream
 calls, calls that ran at once in parallel lanes), each call's arguments and result on
 demand (a click on its bar, or a link to ``#call-S-C``, opens the C-th call of the S-th
 step, from 0), errors and refusals marked, the final status (with the calls a durable
-run awaits a decision on), usage and times. Without times the timeline is ordinal: one unit per event. The run's data is embedded as JSON in a
+run awaits a decision on), usage and times. Without times the timeline is ordinal:
+one unit per event. The run's data is embedded as JSON in a
 ``<script type="application/json">`` element with ``<``, ``>`` and ``&`` escaped, and
 the page's script builds the page with ``textContent`` only: text from a model or a
 tool is shown, never read as HTML.
