@@ -26,12 +26,16 @@ holds nothing more, they ask the run's own model, tools and hook. Rules:
   last complete message (``live_from()`` says where the live events begin); from there
   it is live: the step that was streaming is requested again, and a call that started
   and has no recorded result runs again (at least once: ``effect_key()`` keys its
-  effect), while a call with a recorded result never runs again. A resume entry voids
-  the events recorded past that point, which the run then gives live.
+  effect), while a call with a recorded result never runs again. A group of calls at
+  once with such a call is given again up to its tool.started events only: from there
+  it is live (its recorded calls give their recorded progress and results again, the
+  others run again and report their progress anew). A resume entry voids the events
+  recorded past that point, which the run then gives live.
 - ``before_tool_call`` may return ``LATER``: the run stops ``cancelled`` right there,
   before the call's group runs (one at a time: before the call runs), so that the call,
   the other calls of its group and the calls after it stay open, and the journal
-  records that it awaits a decision (``awaiting_decision()``). Called again, the run
+  records that it awaits a decision (``awaiting_decision()``); the result (and its
+  run.finished) lists those calls in ``awaiting``. Called again, the run
   asks ``before_tool_call`` again for that call, and goes on once it is answered.
   An answer is written before the call runs, and never asked again.
 - A journal of another run (other starting messages, tools or options), or a line that
@@ -242,14 +246,16 @@ def durable_run(
     first_line = {"record": "run", "format": _JOURNAL_FORMAT, "runId": run_id, **run_entry}
     writer = _JournalWriter(path, entries, first_line, began)
     # A durable run is a replay of its journal, then live.
-    recording = alr.Recording(entries.steps(), entries.results(), entries.decisions)
+    recording = alr.Recording(
+        entries.steps(), entries.results(), entries.decisions, entries.run, entries.boundary()
+    )
     live_model = _KeptModel(model)
     stop = _Stop(signal if signal is not None else threading.Event())
     # The recorded answers are given again even without a hook: a call refused before
     # its process died is refused, not run.
     hook: Any = None
+    asking = None
     if before_tool_call is not None or entries.decisions:
-        asking = None
         if before_tool_call is not None:
             asking = _Asking(before_tool_call, writer, live_model, stop)
         hook = recording.before_tool_call(asking)
@@ -264,7 +270,8 @@ def durable_run(
         # A LATER answer is None to the loop: the hook has set the signal.
         before_tool_call=cast(Optional[Callable[[al.ToolCall, Any], Optional[str]]], hook),
     )
-    return _journaled_run(run, entries, live_model, writer)
+    # Calls at once give their recorded progress and results in the journal's order.
+    return _journaled_run(recording.ordered(run), entries, live_model, writer, asking)
 
 
 def live_from(journal: Union[str, PathLike[str]]) -> int:
@@ -404,10 +411,22 @@ class _Entries:
 
     def boundary(self) -> int:
         """How many recorded events the run gives again: those up to its last complete
-        message (a response the loop appended, a tool result)."""
+        message (a response the loop appended, a tool result), but no further than the
+        tool.started events of a group of calls at once with a call that has no result:
+        that call runs again, and its progress may come anywhere among the others'."""
         ends = [position for position, _ in self.responses.values()]
         ends.extend(call.finished + 1 for call in self.calls() if call.finished is not None)
-        return max(ends, default=0)
+        boundary = max(ends, default=0)
+        calls = self.calls()
+        for index, call in enumerate(calls):
+            group = [call]
+            for other in calls[index + 1 :]:
+                if other.started != group[-1].started + 1:
+                    break
+                group.append(other)
+            if len(group) > 1 and any(member.finished is None for member in group):
+                boundary = min(boundary, group[-1].started + 1)
+        return boundary
 
     def steps(self) -> Dict[str, Tuple[Tuple[al.ModelChunk, ...], al.ModelResponse]]:
         """Each step whose response is recorded: its recorded chunks (all before the
@@ -706,11 +725,11 @@ def _keyed(tool: al.Tool, run_id: str) -> al.Tool:
 
     def execute(arguments: Dict[str, Any], signal: al.Signal) -> object:
         call = al.current_tool_call()  # set: the loop runs the tool
-        token = _EFFECT_KEY.set(None if call is None else f"{run_id}:{call.id}")
-        try:
-            return tool.execute(arguments, signal)
-        finally:
-            _EFFECT_KEY.reset(token)
+        # In the call's own context (the loop runs each call in a copy, as it sets
+        # current_tool_call()), so that a generator tool's body, run there on each of the
+        # loop's next(), sees the key too.
+        _EFFECT_KEY.set(None if call is None else f"{run_id}:{call.id}")
+        return tool.execute(arguments, signal)
 
     return dataclasses.replace(tool, execute=execute)
 
@@ -739,8 +758,7 @@ class _JournalWriter:
     def event_line(self, event: al.Event) -> str:
         """The event's line: its ``to_dict()`` and its time on the journal's clock (from
         ``event.time`` when the loop set it, else now)."""
-        happened = getattr(event, "time", None)
-        happened = time.time() if happened is None else happened
+        happened = time.time() if event.time is None else event.time
         seconds = self._clock + max(0.0, happened - self._began)
         return alr.json_line({**event.to_dict(), "time": seconds})
 
@@ -812,12 +830,14 @@ class _Asking:
         self._writer = writer
         self._model = model
         self._stop = stop
+        self.awaiting: List[al.ToolCall] = []  # the calls it answered LATER for
 
     def __call__(self, call: al.ToolCall, signal: Any) -> object:
         _write_response(self._model, self._writer)  # asked after the loop appended it
         answer = self._hook(call, signal)
         if answer is LATER:
             self._writer.write_entry({"record": "awaiting", "toolCall": call.to_dict()})
+            self.awaiting.append(call)
             self._stop.later.set()  # the loop looks at its signal once the hook returns
             return None
         if answer is None or type(answer) is str:  # any other answer fails the run
@@ -830,10 +850,13 @@ def _journaled_run(
     entries: _Entries,
     model: _KeptModel,
     writer: _JournalWriter,
+    asking: Optional[_Asking],
 ) -> Generator[al.Event, None, al.RunResult]:
     """Passes the run's events on: those it gives again are compared with the journal,
-    the others written to it first."""
+    the others written to it first. A run that stops on a LATER has its calls as its
+    result's ``awaiting``, in its run.finished too."""
     boundary = entries.boundary()
+    awaiting: Optional[al.RunResult] = None  # the result of a run that stopped on a LATER
     with contextlib.closing(run):
         try:
             while True:
@@ -841,7 +864,13 @@ def _journaled_run(
                     event = next(run)
                 except StopIteration as done:
                     result: al.RunResult = done.value
-                    return result
+                    return result if awaiting is None else awaiting
+                if event.type == "run.finished" and asking is not None and asking.awaiting:
+                    # A pause is not a cancel: the result says which calls await a decision.
+                    awaiting = dataclasses.replace(
+                        event.payload["result"], awaiting=tuple(asking.awaiting)
+                    )
+                    event = al.Event(event.sequence, event.type, {"result": awaiting}, event.time)
                 # Given again: compared with its line. Live: written, and only once.
                 live = event.sequence >= boundary
                 if not live:

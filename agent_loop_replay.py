@@ -25,6 +25,11 @@ Rules:
   no more results join); a log where a result follows a call still open (1.3 could
   write one) is a ValueError; a run cancelled by ``before_tool_call`` before its last
   response's first call started replays without that response.
+- A recorded call yields its recorded progress again before its result, so a log with
+  ``tool.progress`` events replays byte for byte; calls at once give their progress and
+  results in the log's order (``run()`` passes its events through ``Recording.ordered``,
+  and a recorded call waits, bounded, for the events before its turn). A run that ended
+  on an ``ends_run`` tool replays ``completed``, with its output.
 - A call that ``before_tool_call`` refused (its ``tool.finished`` says ``refused``) is
   refused again by ``ReplayedRun.before_tool_call``, with the recorded words.
 - The replayed model compares each request with the transcript that the recording
@@ -50,6 +55,7 @@ This file uses only the public names of ``agent_loop``.
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import dataclasses
 import importlib
@@ -106,6 +112,9 @@ _DRIFT_BEFORE: Final = 160
 for a message's repr up to its content, with call ids as long as providers make them."""
 _DRIFT_AFTER: Final = 60
 """Characters shown from the first difference on."""
+
+_NO_OUTPUT: Final = object()
+"""No recorded output: the call is not the one whose value the recorded run ended with."""
 
 
 def replay(events: Iterable[al.Event]) -> ReplayedRun:
@@ -165,6 +174,7 @@ def replay(events: Iterable[al.Event]) -> ReplayedRun:
             for call in calls
             if call.refused
         },
+        run,
     )
     model = _ReplayedModel(steps, recording, None if complete else len(run.events) - 2)
     names = dict.fromkeys(call.tool_call.name for call in calls)
@@ -177,8 +187,10 @@ def replay(events: Iterable[al.Event]) -> ReplayedRun:
         if next_one.started == one.started + 1
         for name in (one.tool_call.name, next_one.tool_call.name)
     }
+    ends_run = {call.tool_call.name for call in calls if call.ends_run}
     tools = al.ToolRegistry(
-        recording.tool(_recorded_tool(model, name, name not in together)) for name in names
+        recording.tool(_recorded_tool(model, name, name not in together, name in ends_run))
+        for name in names
     )
     concurrency = _largest_group(calls)
     # A call refused in the recording is refused again, by the same words.
@@ -222,7 +234,11 @@ class ReplayedRun:
             tool_concurrency=self.tool_concurrency,
             before_tool_call=self.before_tool_call,
         )
-        if isinstance(self.model, _ReplayedModel) and self.model.stop_after is not None:
+        if not isinstance(self.model, _ReplayedModel):
+            return run
+        # Calls run at once give their progress and results in the log's order.
+        run = self.model.recording.ordered(run)
+        if self.model.stop_after is not None:
             return _cancelled_after(run, signal, self.model.stop_after)
         return run
 
@@ -395,6 +411,7 @@ class _ReplayedModel:
         self, steps: Sequence[_RecordedStep], recording: Recording, stop_after: Optional[int]
     ) -> None:
         self._steps = {step.request_id: step for step in steps}
+        self.recording = recording
         self._recorded = recording.model(self)
         self.stop_after = stop_after
         self._active: Optional[_RecordedStep] = None
@@ -441,26 +458,50 @@ class _ReplayedModel:
                 f"the recording has no call of tool {name!r} with these arguments here "
                 "(the recorded tools answer the replayed model's calls)"
             )
-        signal.wait()
+        # ReplayedRun.run() sets the signal once the log's last event is given; bounded, so
+        # that a replay run by hand (which nothing cancels) fails instead of hanging.
+        if not signal.wait(_TURN_SECONDS):
+            raise RuntimeError(
+                f"tool call {call.id!r} was open when the recording ended, and the "
+                f"replay was not cancelled within {_TURN_SECONDS:.0f} s: replay it with "
+                "ReplayedRun.run(), which cancels the run where its log stops"
+            )
         return "interrupted in the recording"  # discarded: the signal is set
 
 
-def _recorded_answer(result: al.ToolResultMessage) -> object:
+def _recorded_answer(
+    result: al.ToolResultMessage, ends_run: bool = False, output: object = _NO_OUTPUT
+) -> object:
     """What a tool returns, or raises, for execute_tool_call() to build exactly ``result``:
-    its content, or for an error result a ToolError of it (whose content is exact)."""
+    its content, or for an error result a ToolError of it (whose content is exact). An
+    ``ends_run`` tool returns the value the run's output was (``output``), or else its
+    content read as JSON where the loop's encoding of it gives that content again (a
+    value, not a text, as most tools that end a run return)."""
     if result.is_error:
         raise al.ToolError(result.content)
-    return result.content
+    if not ends_run:
+        return result.content
+    if output is not _NO_OUTPUT:
+        return output
+    try:
+        value = json.loads(result.content)
+        again = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except ValueError:  # not JSON, or NaN
+        return result.content
+    return value if again == result.content and not isinstance(value, str) else result.content
 
 
-def _recorded_tool(model: _ReplayedModel, name: str, sequential: bool) -> al.Tool:
-    """A tool that accepts any arguments and answers with the recorded results."""
+def _recorded_tool(model: _ReplayedModel, name: str, sequential: bool, ends_run: bool) -> al.Tool:
+    """A tool that accepts any arguments and answers with the recorded results (one that
+    ends the run where the recorded one did)."""
 
     def execute(arguments: Dict[str, Any], signal: al.Signal) -> object:
         return model.answer(name, signal)
 
     description = f"Answers as the recorded tool {name!r} did."
-    return al.Tool(name, description, {"type": "object"}, execute, sequential=sequential)
+    return al.Tool(
+        name, description, {"type": "object"}, execute, sequential=sequential, ends_run=ends_run
+    )
 
 
 def _drift_sides(
@@ -605,7 +646,7 @@ class RunSteps:
         position = len(self._events)
         _check_event("RunSteps.feed()", event, position)
         if time is None:
-            time = getattr(event, "time", None)
+            time = event.time
         if time is not None and type(time) not in (int, float):
             raise TypeError(f"time must be a number of seconds or None, got {time!r}")
         where = f"event {position} ({event.type})"
@@ -726,8 +767,7 @@ class _OpenStep:
                 self.scheduling = True
 
             return start
-        kind: str = event.type  # tool.progress: agent_loop 1.5's
-        if kind == "tool.progress":
+        if event.type == "tool.progress":
             call_id = payload["tool_call_id"]
             index = next((i for i in open_calls if self.calls[i].tool_call.id == call_id), None)
             if index is None:
@@ -770,16 +810,27 @@ class Recording:
     ``steps``: by request id, the chunks the step streamed and the response it returned.
     ``results``: by tool call (its id, name and arguments), the call's recorded result.
     ``decisions``: by tool call id, what ``before_tool_call`` answered (None: run it; a
-    str: refuse it with that error result). Its ``model()``, ``tool()`` and
-    ``before_tool_call()`` give these, and pass what they do not hold to what stands
-    behind them (the live model, tool and hook of a durable run). Used by ``replay()``
-    and by ``agent_loop_durable``.
+    str: refuse it with that error result). ``log``: the recorded events, as RunSteps
+    read them, or None; with it, a recorded call yields its recorded progress values
+    again before its result, an ``ends_run`` call returns the run's recorded output, and
+    calls run at once give their progress and results in the order the log shows (to the
+    position ``live_from``: past it the run is live, in no recorded order). Its
+    ``model()``, ``tool()`` and ``before_tool_call()`` give these, and pass what they do
+    not hold to what stands behind them (the live model, tool and hook of a durable run);
+    ``ordered(run)`` passes the run's events on and keeps the recorded order. Used by
+    ``replay()`` and by ``agent_loop_durable``.
     """
 
     steps: Mapping[str, Tuple[Tuple[al.ModelChunk, ...], al.ModelResponse]]
     results: Mapping[al.ToolCall, al.ToolResultMessage]
     decisions: Mapping[str, Optional[str]]
+    log: Optional[RunSteps] = None
+    live_from: Optional[int] = None
+    _turns: _Turns = dataclasses.field(init=False, repr=False, compare=False)
     __hash__ = None  # type: ignore[assignment]  # it holds mappings
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_turns", _Turns(self.log, self.live_from))
 
     def model(self, live: al.Model) -> al.Model:
         """A model that streams a recorded step's chunks and returns its response, and
@@ -788,15 +839,25 @@ class Recording:
 
     def tool(self, tool: al.Tool) -> al.Tool:
         """The tool, except that a call whose result is recorded gives that result again
-        (an error result as a ``ToolError``, so its content is exact) and runs nothing."""
-        results = self.results
+        (an error result as a ``ToolError``, so its content is exact; for an ``ends_run``
+        tool, the run's recorded output) after its recorded progress, and runs nothing.
+        A call with recorded progress and no result (the run ended while it ran) yields
+        that progress (before ``live_from``), then runs ``tool``."""
+        results, turns = self.results, self._turns
 
         def execute(arguments: Dict[str, Any], signal: al.Signal) -> object:
             call = al.current_tool_call()
-            result = results.get(call) if call is not None else None
-            if result is None:
+            if call is None:  # not run by the loop: nothing is recorded for it
                 return tool.execute(arguments, signal)
-            return _recorded_answer(result)
+            result, progress = results.get(call), turns.progress_of(call)
+            if result is None and not progress:
+                return tool.execute(arguments, signal)
+            if not progress:
+                turns.wait_to_return(call, signal)
+                return _recorded_answer(
+                    cast(al.ToolResultMessage, result), tool.ends_run, turns.output_of(call)
+                )
+            return _given_again(call, result, progress, turns, tool, arguments, signal)
 
         return dataclasses.replace(tool, execute=execute)
 
@@ -816,6 +877,159 @@ class Recording:
             return live(call, signal)
 
         return before_tool_call
+
+    def ordered(
+        self, run: Generator[al.Event, None, al.RunResult]
+    ) -> Generator[al.Event, None, al.RunResult]:
+        """Passes the events of ``run`` (a run on this recording's tools) on, telling the
+        recorded tools each one, so that calls run at once give their recorded progress
+        and results in the log's order; returns its result. Without it they give them
+        in the order their threads make. Run one such run at a time."""
+        self._turns.begin()
+        with contextlib.closing(run):
+            try:
+                while True:
+                    try:
+                        event = next(run)
+                    except StopIteration as done:
+                        result: al.RunResult = done.value
+                        return result
+                    self._turns.passed(event.sequence)
+                    yield event
+            finally:
+                self._turns.end()  # a tool still waiting for its turn waits no more
+
+
+_TURN_SECONDS: Final = 300.0
+"""How long a recorded call run at once waits for its turn at most: the log's events before
+it come as fast as the run's consumer takes them, so this is generous; past it the call
+fails (RuntimeError), rather than a replay hanging."""
+
+
+class _Turns:
+    """The order of a log's calls run at once (``tool.started`` events in a row): what each
+    recorded call yields and returns, and how many of the run's events must have been
+    passed on (``Recording.ordered``) before it does.
+
+    The loop drains its workers' progress values and outcomes in the order they are put
+    and gives results in assistant order, so the log is reproduced when a progress value
+    at position P is put once the events before P were passed on, and a call's outcome
+    once the progress values between the previous result of its group and its own were:
+    a call may return earlier than its result shows (threads free for the calls behind
+    it), never past a progress value that the log shows after its result.
+    """
+
+    def __init__(self, log: Optional[RunSteps], live_from: Optional[int]) -> None:
+        self._progress: Dict[al.ToolCall, List[Tuple[int, Any]]] = {}  # (wait, value)
+        self._returns: Dict[al.ToolCall, int] = {}
+        self._outputs: Dict[al.ToolCall, object] = {}
+        self._passed = 0
+        self._timed = False  # set while Recording.ordered() runs a run
+        self._changed = threading.Condition()
+        if log is None:
+            return
+        limit = len(log.events) if live_from is None else live_from
+        events = log.events
+        for step in log.steps:
+            for group in _groups(step):
+                ordered = len(group) > 1
+                previous = group[-1].started
+                for call in group:
+                    self._progress[call.tool_call] = [
+                        (
+                            position if ordered and position < limit else 0,
+                            events[position].payload["progress"],
+                        )
+                        for position in call.progress
+                        if call.finished is not None or position < limit
+                    ]
+                    if call.finished is None:
+                        continue
+                    between = [
+                        position
+                        for other in group
+                        for position in other.progress
+                        if previous < position < call.finished < limit
+                    ]
+                    self._returns[call.tool_call] = max(between, default=-1) + 1 if ordered else 0
+                    previous = call.finished
+        result, last = log.result, log.steps[-1] if log.steps else None
+        ends = [call for call in last.calls if call.ends_run] if last is not None else []
+        if result is not None and result.status == "completed" and ends:
+            self._outputs[ends[0].tool_call] = result.output
+
+    def progress_of(self, call: al.ToolCall) -> List[Tuple[int, Any]]:
+        """The call's recorded progress values, each with the events to wait for."""
+        return self._progress.get(call, [])
+
+    def output_of(self, call: al.ToolCall) -> object:
+        """What the call's tool returned, where the log's result holds it."""
+        return self._outputs.get(call, _NO_OUTPUT)
+
+    def begin(self) -> None:
+        with self._changed:
+            self._passed, self._timed = 0, True
+
+    def passed(self, sequence: int) -> None:
+        with self._changed:
+            self._passed = sequence + 1
+            self._changed.notify_all()
+
+    def end(self) -> None:
+        with self._changed:
+            self._timed = False
+            self._changed.notify_all()
+
+    def wait_to_return(self, call: al.ToolCall, signal: al.Signal) -> None:
+        """Waits for the call's turn to return."""
+        self.wait(self._returns.get(call, 0), signal)
+
+    def wait(self, events: int, signal: al.Signal) -> None:
+        """Waits until ``events`` events were passed on, the run ends or its signal is set;
+        RuntimeError after _TURN_SECONDS."""
+        deadline = time.monotonic() + _TURN_SECONDS
+        with self._changed:
+            while self._timed and self._passed < events and not signal.is_set():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"a recorded call waited {_TURN_SECONDS:.0f} s for the log's first "
+                        f"{events} events, which the run did not give"
+                    )
+                self._changed.wait(al.WATCH_SECONDS)  # and looks at the signal again
+
+
+def _groups(step: Step) -> List[List[Call]]:
+    """A step's calls in groups: those whose tool.started events came in a row."""
+    groups: List[List[Call]] = []
+    for call in step.calls:
+        if groups and call.started == groups[-1][-1].started + 1:
+            groups[-1].append(call)
+        else:
+            groups.append([call])
+    return groups
+
+
+def _given_again(
+    call: al.ToolCall,
+    result: Optional[al.ToolResultMessage],
+    progress: Sequence[Tuple[int, Any]],
+    turns: _Turns,
+    tool: al.Tool,
+    arguments: Dict[str, Any],
+    signal: al.Signal,
+) -> Generator[Any, None, object]:
+    """A recorded call with progress: each value in its turn, then its result in its turn
+    (or, without one, what ``tool`` does)."""
+    for wait, value in progress:
+        turns.wait(wait, signal)
+        yield value
+    if result is None:
+        value = tool.execute(arguments, signal)
+        if isinstance(value, collections.abc.Generator):
+            value = yield from value
+        return value
+    turns.wait_to_return(call, signal)
+    return _recorded_answer(result, tool.ends_run, turns.output_of(call))
 
 
 class _RecordingModel:
@@ -885,8 +1099,7 @@ def dump_events(events: Iterable[al.Event], fp: _TextFile, *, times: bool = Fals
         _check_event("dump_events()", event, position)
         data = event.to_dict()
         if times:
-            happened = getattr(event, "time", None)
-            happened = time.time() if happened is None else happened
+            happened = time.time() if event.time is None else event.time
             data["time"] = max(0.0, happened - began)
         fp.write(json_line(data) + "\n")
 

@@ -29,8 +29,9 @@ style and script, nothing fetched: its Content-Security-Policy allows no connect
 draws the run: each step on a timeline (its wait for the first chunk, its streaming, its
 calls, calls that ran at once in parallel lanes), each call's arguments and result on
 demand (a click on its bar, or a link to ``#call-S-C``, opens the C-th call of the S-th
-step, from 0), errors and refusals marked, the final status, usage and times. Without times
-the timeline is ordinal: one unit per event. The run's data is embedded as JSON in a
+step, from 0), errors and refusals marked, the final status (with the calls a durable
+run awaits a decision on), usage and times. Without times the timeline is ordinal:
+one unit per event. The run's data is embedded as JSON in a
 ``<script type="application/json">`` element with ``<``, ``>`` and ``&`` escaped, and
 the page's script builds the page with ``textContent`` only: text from a model or a
 tool is shown, never read as HTML.
@@ -175,7 +176,9 @@ def _read(timed_events: Iterable[TimedEvent]) -> alr.RunSteps:
                 f"timed events are (Event, float or None) pairs, got {pair!r:.80} at "
                 f"position {position}"
             )
-        run.feed(event, time)
+        # The pair's time is the event's: None is unknown, whatever event.time holds (the
+        # loop's own clock, not seconds since the run began).
+        run.feed(dataclasses.replace(event, time=None) if time is None else event, time)
     return run
 
 
@@ -402,6 +405,8 @@ def _result_data(result: al.RunResult) -> Dict[str, Any]:
         "finalText": result.final_text,
         "error": None if result.error is None else result.error.to_dict(),
         "usage": None if result.usage is None else result.usage.to_dict(),
+        # A durable run that stopped on LATER: a pause, not a cancel.
+        "awaiting": [f"{call.name} [{call.id}]" for call in result.awaiting],
     }
 
 
@@ -446,6 +451,7 @@ h2 { font-size: 15px; margin: 22px 0 8px; color: var(--muted); text-transform: u
 .status.cancelled, .status.maxSteps { background: var(--refused); }
 .run-error { margin: 10px 0 0; padding: 8px 10px; border-left: 4px solid var(--error);
   background: #fdeeed; }
+.run-awaiting { margin: 10px 0 0; padding: 8px 10px; border-left: 4px solid var(--refused); }
 .final { margin: 10px 0 0; white-space: pre-wrap; }
 .messages p { margin: 4px 0; }
 .role { display: inline-block; min-width: 70px; color: var(--muted); }
@@ -571,6 +577,9 @@ _SCRIPT: Final = """
   }
   if (result && result.error) {
     add(head, el("p", "run-error", result.error.code + ": " + result.error.message));
+  }
+  if (result && result.awaiting.length) {
+    add(head, el("p", "run-awaiting", "awaiting a decision: " + result.awaiting.join(", ")));
   }
   if (result && result.finalText !== null) { add(head, el("p", "final", result.finalText)); }
 

@@ -14,20 +14,24 @@ from __future__ import annotations
 import base64
 import hashlib
 import html.parser
+import io
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, cast
+from typing import Any, Dict, Generator, List, Optional, Tuple
 
 import pytest
 
 import agent_loop as al
+import agent_loop_replay as alr
 import agent_loop_view as view
-from loop_testing import run
+from loop_testing import RequestKeyedModel, run
 
 TimedEvent = Tuple[al.Event, Optional[float]]
 
@@ -172,6 +176,33 @@ def finished(sequence: int, request_id: str, call_id: str, is_error: bool = Fals
     result = al.ToolResultMessage("result-" + call_id, call_id, "add", "3", is_error)
     payload = {"request_id": request_id, "tool_call": call, "tool_result": result}
     return al.Event(sequence, "tool.finished", payload)
+
+
+def go_on_durably(path: Path, answer: object) -> Path:
+    """One process of a durable run whose call a reports progress and whose call b gets
+    ``answer`` from before_tool_call (agent_loop_durable.LATER: it awaits a decision)."""
+    import agent_loop_durable as ald
+
+    def work(arguments: Dict[str, Any], signal: al.Signal) -> Generator[object, None, object]:
+        yield {"done": 0.5}
+        return "worked"
+
+    model = RequestKeyedModel(
+        {
+            R: al.scripted_response("r1", [al.ToolCall(n, "work", {}) for n in "ab"], "toolCall"),
+            "request-002": al.scripted_response("r2", [al.TextBlock("Done.")], "stop"),
+        }
+    )
+    run_ = ald.durable_run(
+        path,
+        messages=[al.UserMessage("u", "Work.")],
+        model=model,
+        tools=al.ToolRegistry([al.Tool("work", "Works.", {"type": "object"}, work)]),
+        max_steps=2,
+        before_tool_call=lambda call, signal: None if call.id == "a" else answer,
+    )
+    al.settle_run(run_)
+    return path
 
 
 def page_data(page: str) -> Dict[str, Any]:
@@ -418,6 +449,7 @@ class TestRenderPage:
             "finalText": "Lisbon: sunny, 19 C; Atlantis: none. 42.",
             "error": None,
             "usage": {"input": 1780, "output": 171},
+            "awaiting": [],
         }
 
     def test_text_of_the_log_cannot_end_the_data_or_open_an_element(self) -> None:
@@ -512,27 +544,86 @@ class TestRenderPage:
         assert data["result"]["error"] == result.error.to_dict()
         assert data["result"]["usage"] is None
 
-    def test_progress_shows_on_its_call_and_a_journal_its_decisions_and_resumes(self) -> None:
+    def test_progress_shows_on_its_call_and_a_journal_its_decisions_and_resumes(
+        self, tmp_path: Path
+    ) -> None:
+        """A real durable run: call a reports its progress, b awaits a decision (LATER);
+        answered, a second process goes on and b runs."""
         import agent_loop_durable as ald
 
-        progress = {"request_id": R, "tool_call_id": "a", "progress": {"done": 0.5}}
-        events = [started(0, R, "a"), al.Event(1, cast(Any, "tool.progress"), progress)]
-        events += [finished(2, R, "a"), started(3, R, "b")]
-        awaiting = (events[3].payload["tool_call"],)
-        times = (0.5, 0.75, 1.0, 1.5)
-        journal = ald.Journal(tuple(events), times, {"a": None}, awaiting, (0, 3))
-        data = page_data(view.render_page(zip(events, times), journal=journal))
+        path = go_on_durably(tmp_path / "run.jsonl", ald.LATER)
+        timed, journal = view.read_run(str(path))
+        data = page_data(view.render_page(timed, journal=journal))
         assert data["journal"] == {
-            "awaiting": ["add [b]"],
+            "awaiting": ["work [b]"],
             "answers": ["a: run it"],
-            "resumes": [
-                "a process went on from event 0",
-                "a process went on from event 3, at 1.00 s",
-            ],
+            "resumes": [],
         }
-        calls = data["steps"][0]["calls"]
-        assert [call["status"] for call in calls] == ["ok", "awaiting"]
-        assert calls[0]["progress"] == [{"at": 0.75, "text": '{"done": 0.5}'}]
+        # b awaits before its tool.started: the result says so, not a lane.
+        (call_a,) = data["steps"][0]["calls"]
+        assert call_a["status"] == "ok"
+        assert [p["text"] for p in call_a["progress"]] == ['{"done": 0.5}']
+        assert call_a["start"] <= call_a["progress"][0]["at"] <= call_a["end"]
+        assert (data["result"]["status"], data["result"]["awaiting"]) == (
+            "cancelled",
+            ["work [b]"],
+        )
+        go_on_durably(path, None)
+        timed, journal = view.read_run(str(path))
+        data = page_data(view.render_page(timed, journal=journal))
+        assert data["journal"]["awaiting"] == []
+        assert data["journal"]["answers"] == ["a: run it", "b: run it"]
+        (resume,) = data["journal"]["resumes"]
+        assert resume.startswith("a process went on from event ")
+        assert [call["status"] for call in data["steps"][0]["calls"]] == ["ok", "ok"]
+        assert (data["result"]["status"], data["result"]["awaiting"]) == ("completed", [])
+
+    def test_calls_at_once_are_drawn_with_their_own_durations(self, tmp_path: Path) -> None:
+        """End to end: calls at once that take 400, 200 and 100 ms (c returns first, then
+        b, then a: gates fix the order), logged with times; each call's end is when its
+        tool returned (Event.time), not when its tool.finished was emitted (after a's)."""
+        returned = {name: threading.Event() for name in "abc"}
+        takes = {"a": 0.4, "b": 0.2, "c": 0.1}
+        after = {"a": "b", "b": "c"}
+
+        def work(arguments: Dict[str, Any], signal: al.Signal) -> object:
+            current = al.current_tool_call()
+            assert current is not None
+            began = time.monotonic()
+            if current.id in after:
+                assert returned[after[current.id]].wait(10)
+            threading.Event().wait(max(0.0, takes[current.id] - (time.monotonic() - began)))
+            returned[current.id].set()
+            return current.id
+
+        model = al.ScriptedModel(
+            [
+                al.scripted_response(
+                    "r1", [al.ToolCall(name, "work", {}) for name in "abc"], "toolCall"
+                ),
+                al.scripted_response("r2", [al.TextBlock("Done.")], "stop"),
+            ]
+        )
+        run_ = al.run_agent_loop(
+            messages=[al.UserMessage("u", "Work.")],
+            model=model,
+            tools=al.ToolRegistry([al.Tool("work", "Works.", {"type": "object"}, work)]),
+            max_steps=2,
+            tool_concurrency=3,
+        )
+        log = io.StringIO()
+        alr.dump_events(run_, log, times=True)
+        timed = alr.load_timed_events(io.StringIO(log.getvalue()))
+        a, b, c = (t.duration or 0.0 for t in view.summarize_times(timed).steps[0].tools)
+        assert (a >= 0.4, b >= 0.2, c >= 0.1) == (True, True, True)
+        assert a > b > c
+        calls = page_data(view.render_page(timed))["steps"][0]["calls"]
+        ends = [call["end"] for call in calls]
+        assert ends == sorted(ends, reverse=True)  # a ends last, c first
+        assert [call["lane"] for call in calls] == [0, 1, 2]
+        summary = view.format_times(view.summarize_times(timed))
+        for call in calls:
+            assert f"work [{call['id']}]: {call['duration']}" in summary
 
     def test_a_journal_is_read_with_agent_loop_durable_only(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -681,6 +772,23 @@ class TestInABrowser:
         assert dom.having("p", "run-error") == ["MODEL_STREAM_ERROR: the stream broke"]
         assert dom.having("p", "axis") == ["no times in the log: one unit per event, 0 to 9"]
         assert dom.having("a", "note call error") == ["weather error"]
+
+    def test_a_durable_run_shows_its_progress_and_its_journal(
+        self, chromium: Any, tmp_path: Path
+    ) -> None:
+        import agent_loop_durable as ald
+
+        timed, journal = view.read_run(str(go_on_durably(tmp_path / "run.jsonl", ald.LATER)))
+        page = tmp_path / "durable.html"
+        page.write_text(view.render_page(timed, journal=journal), encoding="utf-8")
+        dom = _Elements()
+        dom.feed(chromium(page, "--dump-dom"))
+        assert len(dom.having("span", "progress")) == 1  # call a's mark on its lane
+        assert dom.having("pre", "progress") == ['{"done": 0.5}']
+        assert dom.having("p", "run-awaiting") == ["awaiting a decision: work [b]"]
+        assert dom.having("p", "awaiting") == ["awaiting a decisionwork [b]"]
+        assert dom.having("p", "answers") == ["answersa: run it"]
+        assert dom.having("p", "resumes") == ["resumesnone"]
 
     def test_a_link_to_a_call_opens_it(self, chromium: Any, tmp_path: Path) -> None:
         page = tmp_path / "run.html"

@@ -44,7 +44,7 @@ def event(sequence: int, words: str) -> al.Event:
         return al.Event(sequence, "tool.started", payload)
     if kind == "progress":
         progress = {"request_id": request_id, "tool_call_id": call.id, "progress": sequence}
-        return al.Event(sequence, cast(Any, "tool.progress"), progress)
+        return al.Event(sequence, "tool.progress", progress)
     payload["tool_result"] = al.ToolResultMessage(
         al.tool_result_id(call.id), call.id, call.name, "r", kind == "error"
     )
