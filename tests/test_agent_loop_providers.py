@@ -755,7 +755,12 @@ class TestOpenAIStreaming:
             al.TextDelta("request-001", ", world"),
         ]
         assert response == al.ModelResponse(
-            "response-001", "request-001", [al.TextBlock("Hello, world")], "stop"
+            "response-001",
+            "request-001",
+            [al.TextBlock("Hello, world")],
+            "stop",
+            None,
+            "chatcmpl-9",
         )
 
     def test_tool_calls_are_assembled_from_fragments(self) -> None:
@@ -864,7 +869,12 @@ class TestAnthropicStreaming:
         ]
         usage = al.Usage(input_tokens=9, output_tokens=20)
         assert response == al.ModelResponse(
-            "response-001", "request-001", [al.TextBlock("Adding."), call], "toolCall", usage
+            "response-001",
+            "request-001",
+            [al.TextBlock("Adding."), call],
+            "toolCall",
+            usage,
+            "msg_01",
         )
 
     def test_unknown_blocks_and_events_are_ignored(self) -> None:
@@ -1008,6 +1018,7 @@ class TestThinking:
                 al.TextBlock("27 * 453 = 12,231"),
             ],
             usage=None,  # the example reports no usage: unknown, not 0
+            provider_response_id="msg_01...",  # the example's own id, as it spells it
         )
         assert result.usage == al.Usage()  # a sum with an unknown part is unknown
 
@@ -1094,7 +1105,7 @@ class TestThinking:
         ]
         content = (al.ThinkingBlock("27 * 453: 10,800 + 1,431."), al.TextBlock("12,231"))
         assert response == al.ModelResponse(
-            "response-001", "request-001", content, "stop", REASONING_USAGE
+            "response-001", "request-001", content, "stop", REASONING_USAGE, "d1"
         )
 
     @pytest.mark.parametrize(
