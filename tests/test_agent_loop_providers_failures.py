@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
@@ -46,7 +47,6 @@ from loop_testing_providers import (
     openai_chunk,
     openai_usage,
     parsed,
-    request,
     settle_prompt,
     sse,
 )
@@ -106,6 +106,11 @@ OPENAI_BROKEN: List[Tuple[str, List[bytes], str]] = [
         "length",
         [HI, openai_chunk({}, "length"), DONE],
         "the answer was cut: finish_reason 'length' (the token limit)",
+    ),
+    (
+        "length-in-a-call",
+        [openai_call(0, "a", "add", "{"), openai_chunk({}, "length"), DONE],
+        "the answer was cut: finish_reason 'length' (the token limit) while a tool call",
     ),
     (
         "filter",
@@ -248,6 +253,43 @@ OPENAI_BROKEN: List[Tuple[str, List[bytes], str]] = [
             ),
         ]
     ],
+    # The usage chunk after the finish, where OpenAI sends it, is as strict.
+    *[
+        (
+            f"after-the-finish-{name}",
+            [HI, STOP, openai_usage(usage), DONE],
+            f"malformed event: {words}",
+        )
+        for name, usage, words in [
+            ("usage-int", 5, "usage is not an object"),
+            (
+                "completion-float",
+                {"completion_tokens": 1.5},
+                "usage completion_tokens is not an int >= 0",
+            ),
+            ("details-list", {"prompt_tokens_details": []}, "prompt details is not an object"),
+            (
+                "cached-str",
+                {"prompt_tokens_details": {"cached_tokens": "2"}},
+                "usage cached_tokens is not an int >= 0",
+            ),
+            (
+                "completion-details-int",
+                {"completion_tokens_details": 1},
+                "completion details is not an object",
+            ),
+            (
+                "reasoning-negative",
+                {"completion_tokens_details": {"reasoning_tokens": -3}},
+                "usage reasoning_tokens is not an int >= 0",
+            ),
+            (
+                "cached-over-prompt",
+                {"prompt_tokens": 1, "prompt_tokens_details": {"cached_tokens": 2}},
+                "usage with more cached tokens than prompt tokens",
+            ),
+        ]
+    ],
 ]
 ANTHROPIC_BROKEN: List[Tuple[str, List[bytes], str]] = [
     (
@@ -277,6 +319,11 @@ ANTHROPIC_BROKEN: List[Tuple[str, List[bytes], str]] = [
         "error-type",
         [sse({"type": "error", "error": {"type": "api_error", "message": "Boom"}})],
         "the stream reported an error: api_error: Boom",
+    ),
+    (
+        "error-nested-too-deeply",  # quoted as it came, cut to 200 characters
+        [b"event: error\ndata: " + DEEP.encode() + b"\n\n"],
+        "the stream reported an error: " + "[" * 200 + "...",
     ),
     (
         "not-json",
@@ -457,6 +504,26 @@ ANTHROPIC_BROKEN: List[Tuple[str, List[bytes], str]] = [
         [anthropic_event("message_start", message="msg_1")],
         "malformed event: message_start's message is not an object",
     ),
+    (
+        "message-start-usage",
+        [anthropic_event("message_start", message={"usage": {"input_tokens": -1}})],
+        "malformed event: usage input_tokens is not an int >= 0",
+    ),
+    *[
+        (name, [MESSAGE_START, anthropic_start(0, block)], words)
+        for name, block, words in [
+            (
+                "start-thinking-not-str",
+                {"type": "thinking", "thinking": 5},
+                "malformed event: thinking that is not a string",
+            ),
+            (
+                "start-signature-not-str",
+                {"type": "thinking", "thinking": "", "signature": 5},
+                "malformed event: a signature that is not a string",
+            ),
+        ]
+    ],
 ]
 BROKEN_ANSWERS = [
     pytest.param(provider, parts, words, id=f"{provider}-{name}")
@@ -465,13 +532,27 @@ BROKEN_ANSWERS = [
 ]
 
 
+REPORTED = "the stream reported an error: "
+CUT = re.compile(r"the answer was cut: (?:finish|stop)_reason '(\w+)'")
+
+
 def failure_kind(words: str) -> Tuple[type, Optional[bool]]:
     """What a refusal is, by its words: what the provider said (a cut, an error event) is
     a ProviderError; the rest is about the bytes, a ProviderProtocolError, incomplete or
     malformed."""
-    if words.startswith(("the answer was cut", "the stream reported an error")):
+    if words.startswith(("the answer was cut", REPORTED)):
         return providers.ProviderError, None
     return providers.ProviderProtocolError, "the answer is incomplete" in words
+
+
+def what_it_carries(words: str) -> Tuple[Optional[str], Optional[str], bool]:
+    """By a refusal's words: its error_type (an error event's type, said before its
+    message), its finish_reason (a cut's), and whether the cut was the context window."""
+    reported = words[len(REPORTED) :] if words.startswith(REPORTED) else ""
+    error_type = reported.split(": ")[0] if ": " in reported else None
+    cut = CUT.match(words)
+    reason = cut.group(1) if cut else None
+    return error_type, reason, reason == "model_context_window_exceeded"
 
 
 UNQUOTED = (
@@ -501,12 +582,16 @@ class TestIncompleteAnswers:
     ) -> None:
         with pytest.raises(providers.ProviderError) as caught:
             parsed(new_answer(provider), *parts)
-        assert words in str(caught.value)
-        assert (caught.value.status, caught.value.retry_after) == (None, None)
+        error = caught.value
+        assert words in str(error)
+        assert (error.status, error.retry_after, error.code) == (None, None, None)
         kind, incomplete = failure_kind(words)
-        assert type(caught.value) is kind
-        assert getattr(caught.value, "incomplete", None) is incomplete
-        message = str(caught.value)
+        assert type(error) is kind
+        assert getattr(error, "incomplete", None) is incomplete
+        assert (error.error_type, error.finish_reason, error.context_exceeded) == (
+            what_it_carries(words)
+        )
+        message = str(error)
         if message.startswith("malformed event: ") and not message.startswith(UNQUOTED):
             # The rest of a malformed event's refusal quotes the event that broke the rule.
             assert any(message.endswith(": " + quoted) for quoted in quoted_events(parts)), message
@@ -532,36 +617,6 @@ class TestIncompleteAnswers:
     def test_no_response_without_the_end_marker(self, provider: str) -> None:
         with pytest.raises(providers.ProviderProtocolError, match="the answer is incomplete"):
             new_answer(provider).response()
-
-    def test_an_error_event_nested_too_deeply_is_quoted(self) -> None:
-        with pytest.raises(providers.ProviderError) as caught:
-            parsed(new_answer("anthropic"), b"event: error\ndata: " + DEEP.encode() + b"\n\n")
-        assert str(caught.value) == "the stream reported an error: " + "[" * 200 + "..."
-
-    @pytest.mark.parametrize(
-        ("provider", "event", "error_type"),
-        [
-            pytest.param(
-                "anthropic",
-                sse({"type": "error", "error": {"type": "overloaded_error", "message": "O"}}),
-                "overloaded_error",
-                id="anthropic",
-            ),
-            pytest.param(
-                "openai",
-                sse({"error": {"message": "Crash", "type": "server_error"}}),
-                "server_error",
-                id="openai",
-            ),
-            pytest.param("openai", sse({"error": "busy"}, "error"), None, id="none-named"),
-        ],
-    )
-    def test_an_error_event_carries_the_providers_error_type(
-        self, provider: str, event: bytes, error_type: Optional[str]
-    ) -> None:
-        with pytest.raises(providers.ProviderError) as caught:
-            parsed(new_answer(provider), event)
-        assert caught.value.error_type == error_type
 
     def test_the_end_of_the_input_after_the_marker_is_fine(self) -> None:
         answer = new_answer("openai")
@@ -689,83 +744,3 @@ class TestWhatAFailedAnswerCost:
         error = assert_stream_error(result, "finish_reason 'length'")
         assert result.usage == al.Usage(20, 5)
         assert error.usage == al.Usage(7, 2)
-
-
-# --- Heads: the status and headers that decide an error -----------------------------
-
-
-# Each malformed usage chunk: the message names the fault, then quotes the event's data.
-MALFORMED_USAGE = [
-    ({"usage": 5}, "usage is not an object"),
-    ({"usage": {"prompt_tokens": -1}}, "usage prompt_tokens is not an int >= 0"),
-    ({"usage": {"completion_tokens": 1.5}}, "usage completion_tokens is not an int >= 0"),
-    ({"usage": {"prompt_tokens_details": []}}, "prompt details is not an object"),
-    (
-        {"usage": {"prompt_tokens_details": {"cached_tokens": "2"}}},
-        "usage cached_tokens is not an int >= 0",
-    ),
-    ({"usage": {"completion_tokens_details": 1}}, "completion details is not an object"),
-    (
-        {"usage": {"completion_tokens_details": {"reasoning_tokens": -3}}},
-        "usage reasoning_tokens is not an int >= 0",
-    ),
-    (
-        {"usage": {"prompt_tokens": 1, "prompt_tokens_details": {"cached_tokens": 2}}},
-        "usage with more cached tokens than prompt tokens",
-    ),
-]
-
-
-@pytest.mark.parametrize(("fields", "fault"), MALFORMED_USAGE)
-def test_a_malformed_openai_usage_chunk_is_quoted(fields: Dict[str, Any], fault: str) -> None:
-    data = {"choices": [], **fields}
-    with pytest.raises(providers.ProviderProtocolError) as caught:
-        parsed(new_answer("openai"), HI, STOP, sse(data), DONE)
-    assert str(caught.value) == f"malformed event: {fault}: {json.dumps(data)}"
-
-
-def test_a_cut_answer_that_ends_in_text_within_one_read_is_accepted() -> None:
-    # The chunks of the read that carries the cut: thinking, thinking, then text (the last
-    # of them decides, not the first nor the one before it).
-    parts = [
-        openai_chunk({"reasoning_content": "a"}),
-        openai_chunk({"reasoning_content": "b"}),
-        openai_chunk({"content": "c"}),
-        openai_chunk({}, "length"),
-        DONE,
-    ]
-    answer = providers.OpenAIAnswer(request(), accept_truncated=True)
-    chunks = answer.feed(b"".join(parts))
-    assert [type(chunk) for chunk in chunks] == [al.ThinkingDelta, al.ThinkingDelta, al.TextDelta]
-    assert answer.done
-    assert answer.truncated == "the token limit (finish_reason 'length')"
-
-
-# Anthropic events whose content is malformed: the refusal quotes the event.
-ANTHROPIC_MALFORMED = [
-    (
-        anthropic_event("message_start", message={"usage": {"input_tokens": -1}}),
-        "usage input_tokens is not an int >= 0",
-    ),
-    (anthropic_start(0, {"type": "thinking", "thinking": 5}), "thinking that is not a string"),
-    (
-        anthropic_start(0, {"type": "thinking", "thinking": "", "signature": 5}),
-        "a signature that is not a string",
-    ),
-]
-
-
-@pytest.mark.parametrize(("event", "fault"), ANTHROPIC_MALFORMED)
-def test_a_malformed_anthropic_event_is_quoted(event: bytes, fault: str) -> None:
-    data = json.loads(event.split(b"data: ", 1)[1])
-    with pytest.raises(providers.ProviderProtocolError) as caught:
-        parsed(new_answer("anthropic"), MESSAGE_START, event)
-    assert str(caught.value) == f"malformed event: {fault}: {json.dumps(data)}"
-
-
-def test_an_anthropic_cut_answer_in_one_read_is_accepted_when_it_ends_in_text() -> None:
-    parts = [MESSAGE_START, *anthropic_text(0, "Once"), *anthropic_end("max_tokens")]
-    answer = providers.AnthropicAnswer(request(), accept_truncated=True)
-    chunks = answer.feed(b"".join(parts))
-    assert (chunks, answer.done) == ([al.TextDelta("request-001", "Once")], True)
-    assert answer.truncated == "the max_tokens limit (stop_reason 'max_tokens')"

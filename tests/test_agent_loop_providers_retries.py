@@ -46,6 +46,7 @@ from loop_testing_providers import (
     canned_openai,
     chunk_texts,
     exchanges,
+    logged_delay,
     openai_chunk,
     request,
     retry_logs,
@@ -57,6 +58,8 @@ from loop_testing_providers import (
 # --- The transport seam, and the one rule of retries ------------------------------------
 
 
+LONG_WAIT = {"Retry-After": "61"}
+NOT_RETRIED = "busy (Retry-After: 61 s) (not retried: the Retry-After is more than 60 s)"
 OVERLOADED_EVENT = sse(
     {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}, "error"
 )
@@ -319,23 +322,48 @@ class TestWhatIsRetried:
             assert low <= waited <= high, (retried, waited)
 
     @pytest.mark.parametrize(
-        ("retry_after", "waited"),
+        ("retries", "heads", "waits", "said"),
         [
-            pytest.param("0.25", 0.25, id="seconds"),
-            pytest.param("60", 60.0, id="60-s-the-limit-is-waited-for"),
-            pytest.param("61", None, id="61-s-is-not-waited-for"),
+            pytest.param(1, [{"Retry-After": "0.25"}], [0.25], None, id="seconds"),
+            pytest.param(1, [{"retry-after-ms": "20"}], [0.02], None, id="milliseconds"),
+            pytest.param(1, [{"Retry-After": "60"}], [60.0], None, id="60-s-is-waited-for"),
+            pytest.param(2, [LONG_WAIT], [], NOT_RETRIED, id="61-s-is-not-waited-for"),
+            pytest.param(2, [{}, LONG_WAIT], [None], NOT_RETRIED, id="after-a-retry"),
+            pytest.param(
+                0, [LONG_WAIT], [], "busy (Retry-After: 61 s)", id="retries-0-say-nothing"
+            ),
+            pytest.param(
+                0, [{"Retry-After": "1"}], [], "(Retry-After: 1 s)", id="retries-0-turn-them-off"
+            ),
         ],
     )
     def test_the_wait_is_the_servers_retry_after_up_to_60_s(
-        self, retry_after: str, waited: Optional[float]
+        self,
+        caplog: pytest.LogCaptureFixture,
+        retries: int,
+        heads: List[Dict[str, str]],
+        waits: List[Optional[float]],
+        said: Optional[str],
     ) -> None:
-        busy = Canned([b"busy"], status=429, headers={"Retry-After": retry_after})
-        signal = Hurried()
-        _, result = settle_prompt(
-            canned_openai(busy, [OPENAI_TEXT_STREAM], retries=1), signal=signal
-        )
-        assert signal.waits == ([] if waited is None else [waited])
-        assert (result.status == "completed") is (waited is not None), result.error
+        """Each wait is the server's (None: the backoff's), as logged; a failed run says the
+        last Retry-After, and that it was not waited for when it was over 60 s."""
+        busy = [Canned([b"busy"], status=429, headers=head) for head in heads]
+        model, signal = canned_openai(*busy, [OPENAI_TEXT_STREAM], retries=retries), Hurried()
+        with caplog.at_level(logging.WARNING):
+            _, result = settle_prompt(model, signal=signal)
+        logged = retry_logs(caplog)
+        assert len(signal.waits) == len(logged) == len(waits)
+        for retried, (wait, waited, line) in enumerate(zip(waits, signal.waits, logged)):
+            low, high = backoff_bounds(retried) if wait is None else (wait, wait)
+            assert low <= cast(float, waited) <= high
+            assert low <= logged_delay(line) <= high  # the log rounds to 3 digits
+        assert cast(CannedTransport, model.transport).opened == len(heads) + (said is None)
+        if said is None:
+            assert result.status == "completed", result.error
+        else:
+            error = assert_stream_error(result, "HTTP 429", kind=providers.ProviderError)
+            assert str(error).endswith(said)
+            assert (error.status, error.retry_after) == (429, float(heads[-1]["Retry-After"]))
 
     def test_nothing_is_retried_after_the_first_chunk(self) -> None:
         first = Canned([MESSAGE_START, *anthropic_text(0, "Hi")[:2], OVERLOADED_EVENT])
