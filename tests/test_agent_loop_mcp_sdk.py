@@ -459,7 +459,7 @@ class TestTypedTools:
         )
         assert result.status == "completed"
         assert opened == ["open"]
-        assert result.messages[2].content == "done"  # type: ignore[union-attr]
+        assert result.messages[2].content == "done"
         types = [event.type for event in events]
         progress = [e.payload["progress"] for e in events if e.type == "tool.progress"]
         assert progress == [{"progress": n, "total": 3} for n in (1, 2, 3)]

@@ -186,17 +186,15 @@ HI_CHUNK = openai_chunk({"content": "Hi"})
 
 
 # Each public constructor and body builder, by name, and its positional parameters.
-BUILT: Dict[str, Tuple[Callable[..., object], Tuple[str, ...]]] = {
-    build.__name__: (build, positional)
-    for build, positional in [
-        (providers.OpenAIChatModel, ("model",)),
-        (providers.AnthropicMessagesModel, ("model",)),
-        (providers.openai_request_body, ("request", "model")),
-        (providers.anthropic_request_body, ("request", "model")),
-        (providers.OpenAIAnswer, ("request",)),
-        (providers.AnthropicAnswer, ("request",)),
-    ]
-}
+BUILDERS: List[Tuple[Callable[..., object], Tuple[str, ...]]] = [
+    (providers.OpenAIChatModel, ("model",)),
+    (providers.AnthropicMessagesModel, ("model",)),
+    (providers.openai_request_body, ("request", "model")),
+    (providers.anthropic_request_body, ("request", "model")),
+    (providers.OpenAIAnswer, ("request",)),
+    (providers.AnthropicAnswer, ("request",)),
+]
+BUILT = {build.__name__: (build, positional) for build, positional in BUILDERS}
 
 
 MODELS = ("OpenAIChatModel", "AnthropicMessagesModel")

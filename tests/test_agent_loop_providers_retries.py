@@ -383,51 +383,41 @@ class TestWhatIsRetried:
         assert str(shared) == "cannot connect to u: refused"
 
     @pytest.mark.parametrize(("provider", "head", "end", "words"), UNFINISHED)
-    def test_an_unfinished_answer_before_any_chunk_is_retried(
+    @pytest.mark.parametrize("when", ["before-a-chunk", "retries-spent", "after-a-chunk"])
+    def test_an_unfinished_answer_is_retried_only_before_any_chunk(
         self,
         provider: str,
         head: List[bytes],
         end: List[bytes],
         words: str,
+        when: str,
         caplog: pytest.LogCaptureFixture,
     ) -> None:
-        # Nothing was yielded: as after a broken connection, the answer is asked for again.
-        model = canned_model(provider, [*head, *end], answer_parts(provider, ["Done."]), retries=1)
+        """Nothing was yielded: as after a broken connection, the answer is asked for again,
+        as many times as retries says. Once a chunk was yielded, the loop has reported it:
+        no retry."""
+        unfinished = [*head, *([TEXT[provider]] if when == "after-a-chunk" else []), *end]
+        attempts = [Canned(unfinished) for _ in range(3 if when == "retries-spent" else 1)]
+        done = Canned(answer_parts(provider, ["Done."]))
+        retries = 1 if when == "before-a-chunk" else 2
+        model = canned_model(provider, *attempts, done, retries=retries)
         with caplog.at_level(logging.WARNING):
-            _, result = settle_prompt(model, signal=Hurried())
-        assert (result.status, result.final_text) == ("completed", "Done."), result.error
-        (logged,) = retry_logs(caplog)
-        assert f"attempt 1 of 2 failed (the stream from {CANNED_URL[provider]} {words})" in logged
-        assert [bool(exchange.reads) for exchange in exchanges(model)] == [True, True]
-
-    @pytest.mark.parametrize(("provider", "head", "end", "words"), UNFINISHED)
-    def test_an_unfinished_answer_fails_the_run_once_the_retries_are_spent(
-        self, provider: str, head: List[bytes], end: List[bytes], words: str
-    ) -> None:
-        attempts = [Canned([*head, *end]) for _ in range(3)]
-        model = canned_model(provider, *attempts, retries=2)
-        _, result = settle_prompt(model, signal=Hurried())
-        url = CANNED_URL[provider]
-        assert_stream_error(
-            result,
-            f"the stream from {url} {words} (after 2 retries)",
-            kind=providers.ProviderProtocolError,
-        )
-        assert [bool(attempt.reads) for attempt in attempts] == [True, True, True]
-        assert len(result.messages) == 1
-
-    @pytest.mark.parametrize(("provider", "head", "end", "words"), UNFINISHED)
-    def test_an_unfinished_answer_after_a_chunk_fails_the_run_at_once(
-        self, provider: str, head: List[bytes], end: List[bytes], words: str
-    ) -> None:
-        # Once a chunk was yielded, the loop has reported it: no retry.
-        unused = Canned(answer_parts(provider, ["Done."]))
-        model = canned_model(provider, [*head, TEXT[provider], *end], unused, retries=2)
-        events, result = settle_prompt(model, signal=Hurried())
-        error = assert_stream_error(result, f"the stream from {CANNED_URL[provider]} {words}")
-        assert "(after" not in str(error)
-        assert chunk_texts(events) == ["Hal"]
-        assert unused.reads == 0
+            events, result = settle_prompt(model, signal=Hurried())
+        said = f"the stream from {CANNED_URL[provider]} {words}"
+        assert [bool(attempt.reads) for attempt in attempts] == [True] * len(attempts)
+        assert bool(done.reads) is (when == "before-a-chunk")
+        if when == "before-a-chunk":
+            assert (result.status, result.final_text) == ("completed", "Done."), result.error
+            (logged,) = retry_logs(caplog)
+            assert f"attempt 1 of 2 failed ({said})" in logged
+        elif when == "retries-spent":
+            error = assert_stream_error(result, f"{said} (after 2 retries)")
+            assert type(error) is providers.ProviderProtocolError
+            assert len(result.messages) == 1
+        else:
+            error = assert_stream_error(result, said)
+            assert "(after" not in str(error)
+            assert chunk_texts(events) == ["Hal"]
 
     def test_without_require_finish_reason_the_end_of_input_is_still_incomplete(self) -> None:
         model = canned_openai([openai_chunk({"content": "Hal"})], require_finish_reason=False)
