@@ -1320,18 +1320,17 @@ class HttpServer(_SessionIO):
         returned. A request that ends (cancelled, timed out, closed) before it is written
         is not sent (the rules decide: writing(), written())."""
         connection = self._connection()
+        problem: Optional[str] = None
+        # One exit, after the finally: a return inside the try gives 3.8 arcs that never run.
         try:
-            if waiter is not None:
-                if not self._sending(waiter, connection):
-                    return None
+            if waiter is None:
+                connection.request("POST", self._path, body, self._request_headers())
+                problem = self._answer(connection.getresponse(), None)
+            elif self._sending(waiter, connection):
                 connection.request("POST", self._path, body, self._request_headers())
                 self._apply(lambda now: self.protocol.written(waiter.id))  # a held cancel
-                if waiter.done.is_set():
-                    return None  # nobody waits for the answer
-            else:
-                connection.request("POST", self._path, body, self._request_headers())
-            response = connection.getresponse()
-            problem = self._answer(response, waiter)
+                if not waiter.done.is_set():  # else nobody waits for the answer
+                    problem = self._answer(connection.getresponse(), waiter)
         except (OSError, http.client.HTTPException) as error:
             problem = f"the HTTP exchange failed: {type(error).__name__}: {error}"
         finally:

@@ -5,28 +5,28 @@ provider's error text, type and code, a refusal of a request longer than the con
 Retry-After), the event-stream parser (``ServerSentEvents``: one table of vectors written
 from the WHATWG HTML standard, "9.2.6 Interpreting an event stream", each fed whole and
 split at every byte, then the limits), the ids (``ResponseIds``), and what the answer
-readers say of a cut answer (``finish_reason``) and of the provider's own response id.
-The readers' broken-answer tables, and everything a model object does with them, are in
-the providers' test files.
+readers say of the provider's own response id. The readers' broken-answer table (with
+what each refusal carries: a cut's ``finish_reason`` too), and everything a model object
+does with them, are in the providers' test files.
 """
 
 from __future__ import annotations
 
 import email.utils
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import pytest
 
 import agent_loop as al
 import agent_loop_wire as wire
+from loop_testing import AT_LIMIT, OVER_LIMIT
 from loop_testing_providers import (
     DONE,
     MESSAGE_START,
     STOP,
     anthropic_end,
     anthropic_text,
-    openai_call,
     openai_chunk,
     request,
     sse,
@@ -276,19 +276,25 @@ def test_a_crlf_cut_between_reads_is_one_line_end() -> None:
     assert [event.data for event in stream.feed(b"data: b\n\n")] == ["b"]
 
 
-@pytest.mark.parametrize(
-    ("size", "fails"),
-    [pytest.param(8, False, id="at-limit"), pytest.param(9, True, id="over-limit")],
-)
-def test_an_event_or_a_line_over_max_size_is_refused(size: int, fails: bool) -> None:
-    # An event's data joined (its LF counts), and a line that has not ended yet.
-    for stream in (b"data: xxxx\ndata: " + b"x" * (size - 5) + b"\n\n", b":" * size):
-        parser = wire.ServerSentEvents(max_size=8)
-        if fails:
-            with pytest.raises(wire.ProviderProtocolError, match="longer than 8"):
-                parser.feed(stream)
+@pytest.mark.parametrize("max_size", [8, None], ids=["given", "the-default"])
+@pytest.mark.parametrize("fits", [AT_LIMIT, OVER_LIMIT])
+def test_a_line_or_an_event_over_max_size_is_refused(max_size: Optional[int], fits: bool) -> None:
+    """A line that has not ended yet, and an event's data joined (its LF counts)."""
+    size, more = max_size or wire.MAX_EVENT_SIZE, 0 if fits else 1
+    line = b"data:" + b"x" * (size - 5 + more)
+    half = size // 2
+    event = b"data: " + b"y" * half + b"\ndata: " + b"y" * (size - half - 1 + more) + b"\n"
+    for start, end, data, what in [
+        (line, b"\n\n", size - 5, "a line"),
+        (event, b"\n", size, "an event"),
+    ]:
+        parser = wire.ServerSentEvents() if max_size is None else wire.ServerSentEvents(max_size)
+        if fits:
+            assert parser.feed(start) == []
+            assert [len(event.data) for event in parser.feed(end)] == [data]
         else:
-            parser.feed(stream)
+            with pytest.raises(wire.ProviderProtocolError, match=f"{what} longer than {size:,}$"):
+                parser.feed(start)
 
 
 @pytest.mark.parametrize("max_size", [0, True, 1.5, "8"])
@@ -320,21 +326,6 @@ class TestServerEvents:
         assert parser.feed("data: \u00e9".encode()[:-1]) == []
         with pytest.raises(wire.ProviderProtocolError, match="not UTF-8"):
             parser.feed(b"")
-
-    def test_a_line_at_the_limit_passes_and_one_longer_is_malformed(self) -> None:
-        limit = wire.MAX_EVENT_SIZE
-        line = b"data:" + b"x" * (limit - len("data:"))
-        assert self.parse(line, b"\n\n") == [("", "x" * (limit - 5))]
-        with pytest.raises(wire.ProviderProtocolError, match="a line longer than 1,048,576"):
-            self.parse(line + b"x")
-
-    def test_an_event_at_the_limit_passes_and_one_longer_is_malformed(self) -> None:
-        # The LF that joins the two lines counts: the data is exactly the limit.
-        first = b"data: " + b"y" * (wire.MAX_EVENT_SIZE // 2) + b"\n"
-        second = b"data: " + b"y" * (wire.MAX_EVENT_SIZE // 2 - 1) + b"\n"
-        assert len(self.parse(first, second, b"\n")[0][1]) == wire.MAX_EVENT_SIZE
-        with pytest.raises(wire.ProviderProtocolError, match="an event longer than 1,048,576"):
-            self.parse(first, second.replace(b" ", b" z"))
 
     def test_a_long_run_of_empty_data_lines_is_an_oversized_event(self) -> None:
         # A server that sends "data:" lines forever: the limit ends it, a read at a time.
@@ -368,7 +359,7 @@ class TestServerEvents:
             event.data = "x"  # type: ignore[misc]
 
 
-# --- What a refusal and a cut say -------------------------------------------------------
+# --- What a refusal says -----------------------------------------------------------------
 
 LLAMA_CPP = (
     '{"error": {"code": 400, "message": "request (4476 tokens) exceeds the available '
@@ -415,9 +406,10 @@ ERROR_BODIES = [
 ]
 
 
-class TestWhatARefusalAndACutSay:
-    """The provider's error code, a request longer than the context, a cut's reason, and
-    the provider's own id of an answer."""
+class TestWhatARefusalSays:
+    """The provider's error code, a request longer than the context, and the provider's
+    own id of an answer. (A cut's finish_reason: the broken-answer table of
+    test_agent_loop_providers_failures.py.)"""
 
     @pytest.mark.parametrize(("body", "code", "exceeded"), ERROR_BODIES)
     def test_a_refusal_says_its_code_and_whether_the_request_exceeded_the_context(
@@ -432,41 +424,6 @@ class TestWhatARefusalAndACutSay:
         with pytest.raises(wire.ProviderError) as event:
             answer.feed(b"event: error\ndata: " + body.encode() + b"\n\n")
         assert (event.value.code, event.value.context_exceeded) == (code, exceeded)
-
-    @pytest.mark.parametrize(
-        ("provider", "reason", "exceeded"),
-        [
-            ("openai", "length", False),
-            ("openai", "content_filter", False),
-            ("anthropic", "max_tokens", False),
-            ("anthropic", "refusal", False),
-            ("anthropic", "pause_turn", False),
-            ("anthropic", "model_context_window_exceeded", True),
-        ],
-    )
-    def test_a_cut_answer_says_its_finish_reason(
-        self, provider: str, reason: str, exceeded: bool
-    ) -> None:
-        if provider == "openai":
-            answer: Any = wire.OpenAIAnswer(request())
-            parts = [openai_chunk({"content": "Hi"}), openai_chunk({}, reason), DONE]
-        else:
-            answer = wire.AnthropicAnswer(request())
-            parts = [MESSAGE_START, *anthropic_text(0, "Hi"), *anthropic_end(reason)]
-        with pytest.raises(wire.ProviderError) as caught:
-            answered(answer, *parts)
-        error = caught.value
-        assert (error.finish_reason, error.context_exceeded, error.code) == (
-            reason,
-            exceeded,
-            None,
-        )
-
-    def test_a_call_cut_while_it_streamed_says_its_finish_reason(self) -> None:
-        answer = wire.OpenAIAnswer(request())
-        with pytest.raises(wire.ProviderError, match="while a tool call") as caught:
-            answered(answer, openai_call(0, "a", "add", "{"), openai_chunk({}, "length"), DONE)
-        assert caught.value.finish_reason == "length"
 
     @pytest.mark.parametrize(
         ("provider", "parts", "provider_id"),
