@@ -39,8 +39,9 @@ transcript holds complete messages only (no unfinished response, no fabricated t
 result); options are checked and the run snapshotted when ``run_agent_loop()`` is called;
 a value from outside is checked once, where it enters; cancellation wins over an error
 that arrives after the signal was set. Beyond the seed, opt-in: tools at once
-(``tool_concurrency``, events and results still in assistant order) and consent
-(``before_tool_call``). Not here, as the seed says: steering queues, context
+(``tool_concurrency``, events and results still in assistant order), consent
+(``before_tool_call``), tools that end the run (``ends_run``) and tool progress (a tool that
+is a generator function). Not here, as the seed says: steering queues, context
 transformation, provider retries, persistent sessions.
 
 The README and docs/ are the reference: the API, choices where the seed is silent, the companion
@@ -61,12 +62,12 @@ import itertools
 import json
 import logging
 import math
-import operator
 import os
+import queue
 import reprlib
 import sys
 import threading
-import urllib.parse
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -83,6 +84,7 @@ from typing import (
     List,
     Literal,
     Mapping,
+    NamedTuple,
     Optional,
     Protocol,
     Sequence,
@@ -202,6 +204,8 @@ class _Run:
         self.steps = 0
         self.next_sequence = 0
         self.usage: Optional[Usage] = None  # the sum over the responses appended so far
+        self.ended = False  # whether a call of an ends_run tool returned (beyond the seed)
+        self.output: JSON = None  # what the first such call returned
         # SnapshotRun, now at call time: the generator's body would wait for next().
         self.transcript = _Transcript()  # stays empty when the start is invalid
         self.invalid_start: Optional[_RunFailure] = None
@@ -249,6 +253,11 @@ class _Run:
                 return self._result("completed", final_text=text_from_assistant(message))
             # AppendAssistant --> ExecuteTools: stopReason toolCall
             yield from self._execute_tools(request, message)
+            if self.ended:
+                # ExecuteTools --> Completed, beyond the seed: a call of an ends_run tool
+                # returned, and every call of the response has its result.
+                text = text_from_assistant(message)
+                return self._result("completed", final_text=text, output=self.output)
             # ExecuteTools --> OpenModel: continuation allowed, while steps remain
         # ExecuteTools --> MaxSteps. Seed: "If the current step equals maxSteps, the
         # loop emits run.finished with status maxSteps and does not open another
@@ -331,8 +340,11 @@ class _Run:
         # Seed: "... and 1024 assistant blocks."
         if len(response.content) > MAX_ASSISTANT_BLOCKS:
             raise _Problem(f"the response holds more than {MAX_ASSISTANT_BLOCKS} blocks")
+        provider_id = response.provider_response_id
+        if provider_id is not None and not _is_id(provider_id):
+            raise _Problem(f"a provider response id must be None or a str, got {provider_id!r}")
         message = AssistantMessage(
-            assistant_message_id(response.id), response.content, response.usage
+            assistant_message_id(response.id), response.content, response.usage, provider_id
         )
         self.transcript.check(message)
         calls = _tool_calls(message)
@@ -355,39 +367,61 @@ class _Run:
             self.usage = self.usage + message.usage
 
     def _execute_tools(self, request: ModelRequest, message: AssistantMessage) -> Iterator[Event]:
-        """ExecuteTools: every call in assistant order, one at a time or group by group."""
-        if self.tool_concurrency > 1:
+        """ExecuteTools: every call in assistant order; returns once each has its result."""
+        if self.tool_concurrency > 1:  # opt-in, beyond the seed: groups of calls at once
             for group in self._groups(_tool_calls(message)):
                 yield from self._execute_group(request, group)
-        else:
-            for call in _tool_calls(message):
-                refusal = self._refusal(call)  # consent, before the call's tool.started
-                # Seed: "For each call, it emits tool.started, awaits executeToolCall(),
-                # appends the linked Tool-result message, then emits tool.finished."
-                yield self._event("tool.started", request_id=request.id, tool_call=call)
-                result = refusal or self._execute(call)
-                yield self._finished(request, call, result, refusal is not None)
+            return
+        for call in _tool_calls(message):
+            refusal = self._refusal(call)  # consent, before the call's tool.started
+            # Seed: "For each call, it emits tool.started, awaits executeToolCall(),
+            # appends the linked Tool-result message, then emits tool.finished."
+            yield self._event("tool.started", request_id=request.id, tool_call=call)
+            outcome = refusal or (yield from self._execute(request, call))
+            yield self._finished(request, call, outcome)
         # Seed: "After the complete Tool batch, validateTranscript() proves that every
         # call has one later matching result." By construction: each got one, or it raised.
 
-    def _execute(self, call: ToolCall) -> ToolResultMessage:
-        """ExecuteTools: runs one call, in whichever thread, and looks at the signal after."""
-        # An Exception from the tool is a recoverable result; anything else ends the phase.
-        what = f"tool call {call.id!r}"
-        return self._call(
-            "TOOL_PHASE_ERROR", what, _execute_checked_call, self.tools, call, self.signal
+    def _execute(self, request: ModelRequest, call: ToolCall) -> Generator[Event, None, _Outcome]:
+        """ExecuteTools: runs one call in the loop's thread, a tool.progress per value its tool
+        yields; looks at the signal after each, and closes the tool when the run ends."""
+        # The tool runs in a copy of the context that resumed the run after its tool.started.
+        context = contextvars.copy_context()
+        steps = _tool_steps(self.tools, call, self.signal)
+        try:
+            while True:
+                step = self._call("TOOL_PHASE_ERROR", _what(call), context.run, _next_step, steps)
+                if isinstance(step, _Outcome):
+                    return step
+                yield self._progress(request, call, step)
+        finally:
+            context.run(steps.close)
+
+    def _progress(self, request: ModelRequest, call: ToolCall, progress: JSON) -> Event:
+        """ExecuteTools: one tool.progress of a running call (beyond the seed)."""
+        return self._event(
+            "tool.progress", request_id=request.id, tool_call_id=call.id, progress=progress
         )
 
-    def _finished(
-        self, request: ModelRequest, call: ToolCall, result: ToolResultMessage, refused: bool
-    ) -> Event:
+    def _finished(self, request: ModelRequest, call: ToolCall, outcome: _Outcome) -> Event:
         """ExecuteTools: a call's result joins the transcript; returns its tool.finished."""
         # Linked by construction: derived from the call, whose result id was checked free.
-        self.transcript.append(result)
-        # The key is absent unless refused, so that a run without consent logs as the seed's.
-        flag = {"refused": True} if refused else {}
+        self.transcript.append(outcome.result)
+        # The keys are absent unless set, so that a run without them logs as the seed's.
+        flags: Dict[str, bool] = {}
+        if outcome.refused:
+            flags["refused"] = True
+        elif outcome.ends_run:
+            flags["ends_run"] = True
+            if not self.ended:  # the first in assistant order
+                self.ended, self.output = True, outcome.output
         return self._event(
-            "tool.finished", request_id=request.id, tool_call=call, tool_result=result, **flag
+            "tool.finished",
+            request_id=request.id,
+            tool_call=call,
+            tool_result=outcome.result,
+            at=outcome.time,
+            **flags,
         )
 
     def _finish(self, result: RunResult) -> Generator[Event, None, RunResult]:
@@ -395,11 +429,13 @@ class _Run:
         yield self._event("run.finished", result=result)
         return result
 
-    def _event(self, type: EventType, **payload: Any) -> Event:
-        """The run's next event: the one counter numbers it."""
+    def _event(self, type: EventType, at: Optional[float] = None, **payload: Any) -> Event:
+        """The run's next event, which happened ``at`` (default: now); the one counter
+        numbers it."""
         # Seed: "Each event receives the next integer sequence; no component owns a
         # separate counter."
-        event = Event(self.next_sequence, type, MappingProxyType(payload))
+        when = time.time() if at is None else at
+        event = Event(self.next_sequence, type, MappingProxyType(payload), when)
         self.next_sequence += 1
         return event
 
@@ -429,7 +465,7 @@ class _Run:
 
     # --- Opt-in, beyond the seed: consent (before_tool_call) and tools at once -------
 
-    def _refusal(self, call: ToolCall) -> Optional[ToolResultMessage]:
+    def _refusal(self, call: ToolCall) -> Optional[_Outcome]:
         """ExecuteTools, consent: the error result that refuses a call, or None to run it."""
         if self.before_tool_call is None:
             return None
@@ -441,7 +477,9 @@ class _Run:
                 f"{what} returned {_a(type(answer).__name__)}: it must return None "
                 "(run the call) or a str (refuse it, the str being the call's error result)",
             )
-        return None if answer is None else _tool_result(call, answer, True)
+        if answer is None:
+            return None
+        return _Outcome(_tool_result(call, answer, True), refused=True, time=None)
 
     def _groups(self, calls: List[ToolCall]) -> List[List[ToolCall]]:
         """ExecuteTools: maximal runs of consecutive calls; a sequential tool's call alone."""
@@ -461,32 +499,63 @@ class _Run:
     def _execute_group(
         self, request: ModelRequest, group: List[ToolCall]
     ) -> Generator[Event, None, None]:
-        """ExecuteTools, a group on threads: results in assistant order; returns once all have."""
+        """ExecuteTools, a group on threads: progress as it comes, results in assistant order;
+        returns once all have."""
         # Consent, for each call of the group before any of them is scheduled.
         refusals = [self._refusal(call) for call in group]
         # In a group, tool.started means scheduled: all of them come first, in order.
+        contexts = []
         for call in group:
             yield self._event("tool.started", request_id=request.id, tool_call=call)
+            contexts.append(contextvars.copy_context())  # as a sequential call's: _execute
+        # What the workers report, in the order they report it: a call's progress values,
+        # then its outcome, or what ended it (an exception). A JSON value is neither.
+        updates: queue.SimpleQueue[Tuple[int, Any]] = queue.SimpleQueue()
 
-        def execute(call: ToolCall) -> ToolResultMessage:  # in a worker thread
-            self._check_signal()  # a call not yet begun never begins once the signal is set
-            return self._execute(call)
+        def execute(call: ToolCall, index: int) -> None:  # in a worker thread
+            try:
+                self._check_signal()  # a call not yet begun never begins once the signal is set
+                steps = _tool_steps(self.tools, call, self.signal)
+                try:
+                    while True:
+                        step = self._call(
+                            "TOOL_PHASE_ERROR", _what(call), contexts[index].run, _next_step, steps
+                        )
+                        updates.put((index, step))
+                        if isinstance(step, _Outcome):
+                            return
+                finally:
+                    contexts[index].run(steps.close)
+            except BaseException as error:  # the loop's thread raises it in the call's turn
+                updates.put((index, error))
 
         pool = ThreadPoolExecutor(min(self.tool_concurrency, len(group)), "agent_loop-tool")
-        outcomes: List[Union[ToolResultMessage, Future[ToolResultMessage]]] = []
+        futures: List[Future[None]] = []
+        ended: Dict[int, Union[_Outcome, BaseException]] = {}
         try:
-            for call, refusal in zip(group, refusals):
+            for index, (call, refusal) in enumerate(zip(group, refusals)):
+                if refusal is not None:
+                    ended[index] = refusal
+                    continue
                 try:
-                    outcomes.append(refusal or pool.submit(execute, call))
+                    futures.append(pool.submit(execute, call, index))
                 except Exception as error:  # a thread that cannot start
                     self._check_signal()  # cancellation wins over the error
                     what = f"starting tool call {call.id!r}"
                     raise _failure("TOOL_PHASE_ERROR", what, error) from error
-            for call, outcome in zip(group, outcomes):
-                # result() raises what ended the call: _Cancelled if the signal came first.
-                refused = isinstance(outcome, ToolResultMessage)  # a refusal, not a Future
-                result = outcome if isinstance(outcome, ToolResultMessage) else outcome.result()
-                yield self._finished(request, call, result, refused)
+            for index, call in enumerate(group):
+                while index not in ended:
+                    # Bounded by the running tools: each worker's last update is its end.
+                    who, update = updates.get()
+                    self._check_signal()  # once the loop sees the signal, nothing more joins
+                    if isinstance(update, (_Outcome, BaseException)):
+                        ended[who] = update
+                    else:
+                        yield self._progress(request, group[who], update)
+                outcome = ended[index]
+                if isinstance(outcome, BaseException):
+                    raise outcome  # _Cancelled if the signal came first
+                yield self._finished(request, call, outcome)
         finally:
             # ExecuteTools --> Cancelled (or failed, or closed), once the running tools have
             # returned. A group keeps the sequential loop's rule: once the loop sees the
@@ -494,7 +563,35 @@ class _Run:
             # running is dropped and its call stays open, as that call does (the log is
             # the same whatever the timing, and replays). Seed: "appends no fabricated
             # result".
-            _stop(pool, outcomes)
+            for future in futures:
+                future.cancel()  # a call not yet begun; one running cannot be cancelled
+            pool.shutdown(wait=True)
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """How one call ended: its result, whether consent refused it or it ends the run (and
+    then what its tool returned), and when its tool returned (None: when it is reported)."""
+
+    result: ToolResultMessage
+    refused: bool = False
+    ends_run: bool = False
+    output: JSON = None
+    time: Optional[float] = field(default_factory=time.time)
+
+
+def _what(call: ToolCall) -> str:
+    """How a failure names the call whose tool phase failed."""
+    return f"tool call {call.id!r}"
+
+
+def _next_step(steps: Generator[JSON, None, _Outcome]) -> Union[JSON, _Outcome]:
+    """A call's next progress value, or its outcome once its tool has returned."""
+    try:
+        return next(steps)
+    except StopIteration as done:
+        outcome: _Outcome = done.value
+        return outcome
 
 
 class _RunFailure(Exception):
@@ -532,7 +629,7 @@ def _check_options(
             f"request_sequence_start must be >= 0 with request_sequence_start + max_steps "
             f"<= {MAX_AGENT_STEPS}, got {start} + {max_steps}"
         )
-    # A group of tools at once never uses more threads than it has calls.
+    # No upper bound: a group of tools at once never uses more threads than it has calls.
     _checked_int("tool_concurrency", concurrency, ">= 1", 1, math.inf)
     if not callable(getattr(model, "stream", None)):
         raise TypeError(f"model must have a callable stream(), got {type(model).__name__}")
@@ -547,14 +644,6 @@ def _checked_int(name: str, value: object, rule: str, low: float, high: float) -
     if not low <= value <= high:
         raise ValueError(f"{name} must be an int {rule}, got {value}")
     return value
-
-
-def _stop(pool: ThreadPoolExecutor, outcomes: List[Any]) -> None:
-    """ExecuteTools: no call of the group begins any more; returns once the running ones have."""
-    for outcome in outcomes:
-        if isinstance(outcome, Future):
-            outcome.cancel()  # a call not yet begun; one running cannot be cancelled
-    pool.shutdown(wait=True)
 
 
 def _checked_signal(signal: object) -> Signal:
@@ -669,16 +758,12 @@ def _checked_thinking(block: ThinkingBlock) -> ThinkingBlock:
 _QUOTE: Final = reprlib.Repr()
 # A rejected value quoted in an error (which a log keeps): recognisable, never a megabyte.
 _QUOTE.maxstring = _QUOTE.maxother = 160
+_quoted: Final = _QUOTE.repr
 
 
 def _a(noun: str) -> str:
     """The noun with its indefinite article, for an error message: "an int", "a str"."""
     return ("an " if noun[:1].lower() in ("a", "e", "i", "o") else "a ") + noun  # "a user"
-
-
-def _quoted(value: object) -> str:
-    """A rejected value as an error message quotes it: its repr, shortened."""
-    return _QUOTE.repr(value)
 
 
 def _wrong_block_field(kind: str, name: str, expected: str, value: object) -> str:
@@ -947,19 +1032,16 @@ def _shortened(blocks: List[_Normalized], index: int) -> str:
 
 
 class _Shape:
-    """A value whose ``_json`` lists its JSON fields: (key, attribute, reader: _read_fields)."""
-
-    _json: ClassVar[_Fields]
+    """A value with a JSON form, whose fields _FIELDS lists (in "Reading JSON back")."""
 
     def to_dict(self) -> Dict[str, Any]:
         """Returns the seed's JSON shape of this object (plain dicts and lists)."""
         data: Dict[str, Any] = {}
-        for key, name, _ in self._json:
+        for key, name, _, optional in _FIELDS[type(self)]:
             value = getattr(self, name)
-            if key[-1] != "?":  # "?": an optional key, written unless the field's default
+            # An optional key is written unless the field holds its default.
+            if not optional or value != getattr(type(self), name):
                 data[key] = _plain(value)
-            elif value != getattr(type(self), name):
-                data[key[:-1]] = _plain(value)
         return data
 
 
@@ -993,7 +1075,6 @@ class ModelRequest(_Shape):
     messages: Tuple[Message, ...]
     tools: Tuple[ToolSpec, ...]
     __hash__ = None  # type: ignore[assignment]  # its tools hold schema mappings
-    _json = (("id", "id", None), ("messages", "messages", None), ("tools", "tools", None))
 
 
 @dataclass(frozen=True)
@@ -1003,7 +1084,6 @@ class TextDelta(_Shape):
     request_id: str
     text: str
     type: ClassVar[Literal["text"]] = "text"
-    _json = (("type", "type", None), ("requestId", "request_id", str), ("text", "text", str))
 
 
 @dataclass(frozen=True)
@@ -1013,8 +1093,6 @@ class ThinkingDelta(_Shape):
     request_id: str
     thinking: str
     type: ClassVar[Literal["thinking"]] = "thinking"
-    _json = (("type", "type", None), ("requestId", "request_id", str),
-             ("thinking", "thinking", str))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -1024,8 +1102,6 @@ class ToolCallChunk(_Shape):
     request_id: str
     tool_call: ToolCall
     type: ClassVar[Literal["toolCall"]] = "toolCall"
-    _json = (("type", "type", None), ("requestId", "request_id", str),
-             ("toolCall", "tool_call", "call"))  # fmt: skip
 
 
 ModelChunk = Union[TextDelta, ThinkingDelta, ToolCallChunk]
@@ -1048,7 +1124,6 @@ class Usage(_Shape):
     cache_read_tokens: Optional[int] = None
     cache_write_tokens: Optional[int] = None
     reasoning_tokens: Optional[int] = None
-    _json = tuple((key + "?", name, int) for name, key in _USAGE_KEYS)
 
     def __post_init__(self) -> None:
         for name, _ in _USAGE_KEYS:
@@ -1077,8 +1152,7 @@ class ModelResponse(_Shape):
     content: Sequence[Union[TextBlock, ThinkingBlock, ToolCall]]  # stored as a tuple
     stop_reason: StopReason
     usage: Optional[Usage] = None
-    _json = (("id", "id", None), ("requestId", "request_id", None), ("content", "content", None),
-             ("stopReason", "stop_reason", None), ("usage?", "usage", None))  # fmt: skip
+    provider_response_id: Optional[str] = None  # the provider's own id of the answer, if any
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "content", tuple(self.content))
@@ -1111,58 +1185,29 @@ class Model(Protocol):
 
 # --- Tools ------------------------------------------------------------------------
 
-_Seen = Dict[str, List[Any]]  # what a walk over a schema saw: "$ref" and "$id" (below the root)
+_SCHEMA_ENGINE: Final = "agent_loop_schema"  # the companion that enforces JSON Schema in full
 _SCHEMA_TYPES: Final = ("object", "string", "number", "integer", "boolean", "array", "null")
-# What the value of a keyword the loop enforces must be: the words an error says, and the test.
+# What the value of a keyword the core checks must be: the words an error says, and the test.
 _VALUE_KINDS: Final[Dict[str, Tuple[str, Callable[[Any], bool]]]] = {
-    "schema": ("a schema", lambda value: True),  # a bool or an object: _frozen_schema's own test
-    "schemas": ("a non-empty array of schemas", lambda value: _is_array(value) and len(value) > 0),
+    "schema": ("a JSON Schema object", lambda value: isinstance(value, (bool, Mapping))),
     "schema map": ("an object of schemas", lambda value: isinstance(value, Mapping)),
-    "number": ("a number", lambda value: type(value) is int or _is_finite_float(value)),
-    "count": ("a non-negative integer", lambda value: type(value) is int and value >= 0),
     "names": ("an array of property names", lambda v: _is_array(v) and all(map(_is_text, v))),
     "array": ("an array", lambda value: _is_array(value)),
-    "JSON": ("a JSON value", lambda value: True),  # bounded as an argument is: _frozen_schema
     "type": (f"one of {', '.join(_SCHEMA_TYPES)}, or a non-empty array of distinct ones",
              lambda value: _type_names(value) is not None),
-    "$ref": ("a reference: '#', '', a JSON pointer '#/...', or the root's $id", _is_text),
 }  # fmt: skip
-# The keywords of JSON Schema 2020-12 that the loop enforces, and the kind of their values.
-# Any other keyword holds any JSON, ignored as JSON Schema ignores the keywords it does not know.
-_SCHEMA_KEYWORDS: Final = {
-    "type": "type", "required": "names", "enum": "array", "const": "JSON", "$ref": "$ref",
-    **dict.fromkeys(("items", "additionalProperties", "not"), "schema"),
-    **dict.fromkeys(("allOf", "anyOf", "oneOf"), "schemas"),
-    **dict.fromkeys(("properties", "$defs", "definitions"), "schema map"),
-    **dict.fromkeys(("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"), "number"),
-    **dict.fromkeys(
-        ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties"),
-        "count",
-    ),
-}  # fmt: skip
-# The annotations of JSON Schema 2020-12: keywords that never refuse a value.
-_ANNOTATIONS: Final = frozenset(
-    ("title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly",
-     "$schema", "$id", "$anchor", "$dynamicAnchor", "$comment", "$vocabulary",
-     "contentEncoding", "contentMediaType", "contentSchema")
+# The keywords of JSON Schema 2020-12 that the core checks by itself, and their kinds.
+_CORE_KEYWORDS: Final = {"type": "type", "properties": "schema map", "required": "names",
+    "additionalProperties": "schema", "items": "schema", "enum": "array"}  # fmt: skip
+# The others that agent_loop_schema.py enforces: without it, a schema with one is refused,
+# so that no call is checked looser than its schema says. Any other keyword is JSON that
+# refuses nothing here (annotations, and what the engine leaves to the tool as well).
+_ENGINE_KEYWORDS: Final = frozenset(
+    ("const", "allOf", "anyOf", "oneOf", "not", "if", "then", "else", "$ref", "minimum",
+     "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength", "minItems",
+     "maxItems", "minProperties", "maxProperties")
 )  # fmt: skip
-# The keywords that apply to a value itself (besides type), which few schemas hold.
-_IN_PLACE_KEYWORDS: Final = frozenset(_SCHEMA_KEYWORDS).difference(
-    ("type", "properties", "required", "additionalProperties", "items", "$defs", "definitions")
-)
-# The bounds of each JSON type (on a number, or on a length: code points, items, properties).
-_BOUNDS: Final = {
-    **dict.fromkeys(("integer", "number"), (
-        ("minimum", "be at least {}", operator.lt), ("maximum", "be at most {}", operator.gt),
-        ("exclusiveMinimum", "be more than {}", operator.le),
-        ("exclusiveMaximum", "be less than {}", operator.ge))),
-    "string": (("minLength", "have at least {} characters", operator.lt),
-               ("maxLength", "have at most {} characters", operator.gt)),
-    "array": (("minItems", "have at least {} items", operator.lt),
-              ("maxItems", "have at most {} items", operator.gt)),
-    "object": (("minProperties", "have at least {} properties", operator.lt),
-               ("maxProperties", "have at most {} properties", operator.gt)),
-}  # fmt: skip
+_LISTED_PROBLEMS: Final = 10  # violations an argument error lists; it counts the others
 
 
 @dataclass(frozen=True)
@@ -1174,8 +1219,6 @@ class ToolSpec(_Shape):
     description: str
     parameters: Mapping[str, Any]
     __hash__ = None  # type: ignore[assignment]  # it holds a mapping
-    _json = (("name", "name", None), ("description", "description", None),
-             ("parameters", "parameters", None))  # fmt: skip
 
     def __post_init__(self) -> None:
         parameters = _checked_tool_fields("ToolSpec", self.name, self.description, self.parameters)
@@ -1191,8 +1234,12 @@ class Tool:
 
     ``parameters`` (a root ``{"type": "object", ...}``) is checked and frozen now, and each
     call's arguments against it before the tool runs. ``execute(arguments, signal)`` gets a
-    fresh plain dict and the run's signal. ``sequential=True``: with ``tool_concurrency`` > 1,
-    its calls run alone. Raises TypeError or ValueError, naming the field, for a bad Tool.
+    fresh plain dict and the run's signal; it returns the result's value, or is a generator
+    function whose yields are the call's ``tool.progress`` events and whose return is that
+    value. ``sequential=True``: with ``tool_concurrency`` > 1, its calls run alone.
+    ``ends_run=True``: a call of it that returns (not a ToolError, not refused) ends the run
+    ``completed`` once the response's calls all have results; ``RunResult.output`` is what the
+    first such call returned. Raises TypeError or ValueError, naming the field, for a bad Tool.
     """
 
     name: str
@@ -1203,15 +1250,17 @@ class Tool:
     sequential: bool = False  # given by keyword: with tool_concurrency > 1, runs alone
     # Given by keyword; None is read as no hints, so that the field is always a mapping.
     annotations: Mapping[str, Any] = None  # type: ignore[assignment]
+    ends_run: bool = False  # given by keyword: a call that returns ends the run, completed
     __hash__ = None  # type: ignore[assignment]  # it holds a mapping
 
     def __post_init__(self) -> None:
         parameters = _checked_tool_fields("Tool", self.name, self.description, self.parameters)
         _check_execute(self.name, self.execute)
-        sequential: object = self.sequential  # typing aside: it comes from the caller
-        if type(sequential) is not bool:
-            kind = type(sequential).__name__
-            raise TypeError(f"Tool {self.name!r}: sequential must be a bool, got {kind}")
+        for flag in ("sequential", "ends_run"):
+            value: object = getattr(self, flag)  # typing aside: it comes from the caller
+            if type(value) is not bool:
+                kind = type(value).__name__
+                raise TypeError(f"Tool {self.name!r}: {flag} must be a bool, got {kind}")
         annotations: object = {} if self.annotations is None else self.annotations
         if not isinstance(annotations, Mapping) or not all(
             isinstance(key, str) for key in annotations
@@ -1242,14 +1291,11 @@ class Tool:
         """Builds a Tool from a function that takes the arguments as keyword parameters, its
         schema from the type hints, by the companion agent_loop_functions.py (ImportError
         without it). Raises TypeError, naming the parameter, for what it cannot describe."""
-        try:  # by name, so that a copy of this file alone still type-checks
-            functions = importlib.import_module("agent_loop_functions")
-        except ModuleNotFoundError as missing:
-            if missing.name != "agent_loop_functions":
-                raise  # the companion is there, and something it imports is not
+        functions = _companion("agent_loop_functions")
+        if functions is None:
             raise ImportError(
                 "Tool.from_function needs agent_loop_functions.py beside agent_loop.py"
-            ) from None
+            )
         name, description, parameters, execute = functions.tool_fields(fn, name, description)
         return cls(name, description, parameters, execute, sequential=sequential)
 
@@ -1264,33 +1310,28 @@ def _checked_tool_fields(
         raise TypeError(
             f"{kind} {name!r}: description must be a str, got {type(description).__name__}"
         )
-    found: _Seen = {"$ref": [], "$id": []}  # each $ref, and each $id below the root
-    schema = _frozen_schema(parameters, f"{kind} {name!r} parameters", 0, found)
+    where = f"{kind} {name!r} parameters"
+    engine = _companion(_SCHEMA_ENGINE)
+    if engine is None:
+        schema = _frozen_schema(parameters, where, 0)
+    else:  # the whole schema is the engine's: checked, frozen, its $refs resolved
+        schema = engine.frozen_schema(parameters, where)
     if not isinstance(schema, Mapping) or schema.get("type") != "object":
         raise ValueError(
             f'{kind} {name!r} parameters must have "type": "object": '
             "a tool's arguments are always a JSON object"
         )
-    if found["$ref"] and found["$id"]:
-        # JSON Schema 2020-12, Core 8.2.1: "$id" below the root starts a new base URI for
-        # the references under it; the loop resolves every $ref against the root's.
-        raise ValueError(
-            f"{found['$id'][0]} is an $id below the root, beside a $ref: the loop resolves "
-            "$refs against the root only; move the schema into the root's $defs"
-        )
-    checked = set()
-    for ref, where in found["$ref"]:  # it grows as the schemas they name are checked
-        if ref not in checked:
-            checked.add(ref)
-            target = _ref_target(schema, ref)
-            if target is None:
-                raise ValueError(
-                    f"{where} {ref!r} names nothing in this schema (the loop follows '#', '', "
-                    "pointers '#/...' and the root's $id; no $anchor, no other document)"
-                )
-            if target is not schema:  # a pointer may name any part: it must be a schema
-                _frozen_schema(target, f"{where} {ref!r}", 1, found)
     return schema
+
+
+def _companion(name: str) -> Any:
+    """The companion module ``name``, loaded by name when it is beside this file, else None."""
+    try:  # by name, so that a copy of this file alone still type-checks and runs
+        return importlib.import_module(name)
+    except ModuleNotFoundError as missing:
+        if missing.name != name:
+            raise  # the companion is there, and something it imports is not
+        return None
 
 
 def _check_execute(name: str, execute: object) -> None:
@@ -1310,47 +1351,38 @@ def _check_execute(name: str, execute: object) -> None:
         ) from None
 
 
-def _frozen_schema(
-    value: object, where: str, depth: int, seen: _Seen, kind: Optional[str] = "schema"
-) -> Any:
-    """A schema, or a keyword value of a _VALUE_KINDS kind (None: any JSON), checked, frozen;
-    the $refs and the $ids below the root it holds go to ``seen``."""
+def _frozen_schema(value: object, where: str, depth: int, kind: Optional[str] = "schema") -> Any:
+    """A schema of the core's keywords, or a keyword value of a _VALUE_KINDS kind (None: any
+    JSON), checked and frozen, without agent_loop_schema.py."""
     if kind == "schema" and not isinstance(value, (bool, Mapping)):
         raise TypeError(f"{where} must be a JSON Schema object, got {type(value).__name__}")
     if kind is not None and not _VALUE_KINDS[kind][1](value):
         raise ValueError(f"{where} must be {_VALUE_KINDS[kind][0]}, got {_quoted(value)}")
-    if kind in ("array", "JSON"):  # enum, const
-        # Each is bounded as an argument is; how many an enum lists is the schema's business.
-        members = cast(Sequence[Any], value) if kind == "array" else [value]
-        try:
-            values = tuple(_frozen_json(member, 0, _ArgumentBudget()) for member in members)
-        except _Problem as problem:
-            raise ValueError(f"{where} holds a value no argument may be: {problem}") from None
-        return values if kind == "array" else values[0]
-    if kind == "$ref":
-        seen["$ref"].append((value, where))
     if value is None or type(value) in (str, bool, int) or _is_finite_float(value):
         return value
     # Deeper than arguments may be, it would describe no call: schemas and containers count.
     if depth > MAX_ARGUMENT_DEPTH:
         raise ValueError(f"{where} nests deeper than {MAX_ARGUMENT_DEPTH} levels")
     if isinstance(value, Mapping):
-        if kind == "schema" and depth > 0 and "$id" in value:
-            seen["$id"].append(f"{where}.$id")
         frozen = {}
         for key, item in value.items():
             if type(key) is not str:
                 raise TypeError(f"{where} has {_a(type(key).__name__)} key {_quoted(key)}")
+            if kind == "schema" and key in _ENGINE_KEYWORDS:
+                raise ValueError(
+                    f"{where}.{key} needs agent_loop_schema.py: copy it beside agent_loop.py "
+                    "(alone, the core checks type, properties, required, additionalProperties, "
+                    "items and enum)"
+                )
             inner = "schema" if kind == "schema map" else None
             if kind == "schema" and not (key == "items" and _is_array(item)):
-                inner = _SCHEMA_KEYWORDS.get(key)  # the array form of old items is not enforced
+                inner = _CORE_KEYWORDS.get(key)  # the array form of old items is not enforced
             deeper = depth + (inner in (None, "schema"))
-            frozen[key] = _frozen_schema(item, f"{where}.{key}", deeper, seen, inner)
+            frozen[key] = _frozen_schema(item, f"{where}.{key}", deeper, inner)
         return MappingProxyType(frozen)
     if _is_array(value):
-        inner = "schema" if kind == "schemas" else None
         return tuple(
-            _frozen_schema(item, f"{where}[{index}]", depth + 1, seen, inner)
+            _frozen_schema(item, f"{where}[{index}]", depth + 1, None)
             for index, item in enumerate(cast(Sequence[Any], value))
         )
     raise TypeError(f"{where} holds {_quoted(value)}, which is not JSON")
@@ -1370,129 +1402,60 @@ def _type_names(value: object) -> Optional[Sequence[object]]:
     return names if len(names) == sum(name in names for name in _SCHEMA_TYPES) else None
 
 
-def _ref_target(root: Mapping[str, Any], ref: str) -> object:
-    """What a $ref names in the root's document, or None (JSON Schema 2020-12, Core 8.2): the
-    root ("#", "", its $id), or the part a pointer "#/..." names, percent-decoded first."""
-    address, _, fragment = ref.partition("#")
-    # The root's base URI: its $id without a fragment, or "" (a document without one).
-    base = urllib.parse.urldefrag(root["$id"]).url if _is_text(root.get("$id")) else ""
-    if address and urllib.parse.urljoin(base, address) != base:
-        return None  # another document
-    if fragment[:1] not in ("", "/"):
-        return None  # an anchor ("#name"), which the loop does not follow
-    target: object = root
-    for token in urllib.parse.unquote(fragment).split("/")[1:]:
-        token = token.replace("~1", "/").replace("~0", "~")
-        if isinstance(target, tuple) and token.isdecimal() and int(token) < len(target):
-            target = target[int(token)]
-        elif isinstance(target, Mapping) and token in target:
-            target = target[token]
-        else:
-            return None
-    return target
-
-
-def _value_problem(value: Any, schema: Any, path: str, root: Mapping[str, Any]) -> Optional[str]:
-    """Why a frozen JSON value fails a schema of the document root, or None."""
-    # This runs for every call: `in` and a subscript, never a MappingProxyType's slow get().
+def _core_problems(value: Any, schema: Any, path: str, found: List[str]) -> None:
+    """Every way a frozen JSON value fails a schema of the core's keywords, to ``found``."""
     if schema is True:
-        return None
+        return
     if schema is False:
-        return f"{path} is not allowed (its schema is false)"
+        found.append(f"{path} is not allowed (its schema is false)")
+        return
+    if not _ENGINE_KEYWORDS.isdisjoint(schema):  # built with agent_loop_schema.py, gone since
+        found.append(f"{path} cannot be checked without agent_loop_schema.py")
+        return
     kind = _JSON_TYPES[type(value)]
     if "type" in schema and schema["type"] != kind:  # a name or a tuple of names
         names = (schema["type"],) if type(schema["type"]) is str else schema["type"]
         # A JSON integer is also a JSON number; bool is neither (it is not an int here).
         if kind not in names and (kind != "integer" or "number" not in names):
-            return f"{path} must be {' or '.join(names)}, got {kind}"
-    # Most schemas hold none of the other keywords: one look at their keys spares the rest.
-    if not _IN_PLACE_KEYWORDS.isdisjoint(schema):
-        problem = _in_place_problem(value, kind, schema, path, root)
-        if problem is not None:
-            return problem
-    if isinstance(value, MappingProxyType):
+            found.append(f"{path} must be {' or '.join(names)}, got {kind}")
+    if "enum" in schema and not any(_same_json(value, option) for option in schema["enum"]):
+        found.append(f"{path} must be one of {json.dumps(_thawed(schema['enum']))}")
+    if kind == "object":
         properties = schema.get("properties", {})
         for name in schema.get("required", ()):
             if name not in value:
-                return f"{path} is missing the required property {name!r}"
+                found.append(f"{path} is missing the required property {name!r}")
         # Beside patternProperties (not enforced), additionalProperties is not enforced.
         others = True
         if "additionalProperties" in schema and "patternProperties" not in schema:
             others = schema["additionalProperties"]
         for name, item in value.items():
             if name in properties:
-                problem = _value_problem(item, properties[name], f"{path}.{name}", root)
+                _core_problems(item, properties[name], f"{path}.{name}", found)
             elif others is False:
-                return f"{path} has the unexpected property {name!r}"
+                found.append(f"{path} has the unexpected property {name!r}")
             else:
-                problem = _value_problem(item, others, f"{path}.{name}", root)
-            if problem is not None:
-                return problem
-    elif isinstance(value, tuple) and "items" in schema and type(schema["items"]) is not tuple:
-        items = schema["items"]  # not the array form of old, which is not enforced
-        prefix = schema.get("prefixItems")  # not enforced either: items applies after it
+                _core_problems(item, others, f"{path}.{name}", found)
+    elif kind == "array" and "items" in schema and type(schema["items"]) is not tuple:
+        prefix = schema.get("prefixItems")  # not enforced: items applies after it
         for index in range(len(prefix) if type(prefix) is tuple else 0, len(value)):
-            problem = _value_problem(value[index], items, f"{path}[{index}]", root)
-            if problem is not None:
-                return problem
-    return None
+            _core_problems(value[index], schema["items"], f"{path}[{index}]", found)
 
 
-def _in_place_problem(
-    value: Any, kind: str, schema: Mapping[str, Any], path: str, root: Mapping[str, Any]
-) -> Optional[str]:
-    """_value_problem() for the keywords that apply to the value itself, not its parts."""
-    if "enum" in schema and not any(_same_json(value, option) for option in schema["enum"]):
-        return f"{path} must be one of {json.dumps(_thawed(schema['enum']))}"
-    if "const" in schema and not _same_json(value, schema["const"]):
-        return f"{path} must be {json.dumps(_thawed(schema['const']))}"
-    measure = len(value) if isinstance(value, (str, tuple, MappingProxyType)) else value
-    for keyword, must, fails in _BOUNDS.get(kind, ()):
-        if keyword in schema and fails(measure, schema[keyword]):
-            return f"{path} must {must.format(schema[keyword])}, got {measure}"
-    subschemas = schema.get("allOf", ())
-    if "$ref" in schema:
-        subschemas = (_ref_target(root, schema["$ref"]), *subschemas)
-    for subschema in subschemas:
-        problem = _value_problem(value, subschema, path, root)
-        if problem is not None:
-            return problem
-    for keyword in ("anyOf", "oneOf"):
-        problems: List[Optional[str]] = []
-        for subschema in schema.get(keyword, ()):
-            problems.append(_value_problem(value, subschema, path, root))
-            if problems[-1] is None and keyword == "anyOf":
-                break  # one match is enough, and its siblings may be costly
-        if problems and None not in problems:
-            return f"{path} matches no schema of {keyword}: {'; '.join(cast(List[str], problems))}"
-    # problems are oneOf's now. Only in a document the loop enforces in full may a second
-    # match fail oneOf, or a match fail not: in part, it admits more than JSON Schema.
-    matches = problems.count(None)
-    if matches > 1 and _exact(root, root, set()):
-        return f"{path} matches {matches} schemas of oneOf, not exactly one"
-    passes_not = "not" in schema and _value_problem(value, schema["not"], path, root) is None
-    if passes_not and _exact(root, root, set()):
-        return f"{path} must not match the schema of not"
-    return None
-
-
-def _exact(schema: object, root: Mapping[str, Any], seen: Set[int]) -> bool:
-    """Whether a schema holds only the keywords the loop enforces, and annotations."""
-    if type(schema) is not MappingProxyType or id(schema) in seen:
-        return True
-    seen.add(id(schema))  # a schema that refers to itself is looked at once
-    if any(key not in _SCHEMA_KEYWORDS and key not in _ANNOTATIONS for key in schema):
-        return False
-    subschemas = [_ref_target(root, schema["$ref"])] if "$ref" in schema else []
-    for key, value in schema.items():
-        kind = _SCHEMA_KEYWORDS.get(key)
-        if kind == "schema":
-            subschemas.append(value)
-        elif kind in ("schemas", "schema map"):
-            subschemas.extend(value.values() if kind == "schema map" else value)
-    return type(schema.get("items")) is not tuple and all(
-        _exact(subschema, root, seen) for subschema in subschemas
-    )
+def _argument_problems(arguments: Mapping[str, JSON], schema: Mapping[str, Any]) -> str:
+    """What an argument error says: every violation, the first _LISTED_PROBLEMS of them
+    named and the others counted; "" when the arguments pass."""
+    engine = sys.modules.get(_SCHEMA_ENGINE)  # Tool() loaded it, if it was there
+    found: List[str] = []
+    try:
+        if engine is None:  # the schema holds the core's keywords only: Tool() said so
+            _core_problems(arguments, schema, "$", found)
+        else:
+            found = engine.problems(arguments, schema)
+    except RecursionError:  # $refs that lead through hundreds of schemas, or in a loop
+        found = ["$ cannot be checked: its schema nests too deep, or its $refs loop"]
+    more = len(found) - _LISTED_PROBLEMS
+    return "; ".join(found[:_LISTED_PROBLEMS]) + (f"; and {more} more" if more > 0 else "")
 
 
 class ToolRegistry:
@@ -1543,43 +1506,73 @@ def execute_tool_call(registry: ToolRegistry, call: ToolCall, signal: Signal) ->
         _check_arguments(call)
     except _Problem as problem:
         return _tool_result(call, f"invalid arguments for tool {call.name!r}: {problem}", True)
-    return _execute_checked_call(registry, call, signal)
+    steps, context = _tool_steps(registry, call, signal), contextvars.copy_context()
+    step = None
+    while not isinstance(step, _Outcome):  # a generator tool's progress is dropped
+        step = context.run(_next_step, steps)
+    return step.result
 
 
-def _execute_checked_call(
+def _tool_steps(
     registry: ToolRegistry, call: ToolCall, signal: Signal
-) -> ToolResultMessage:
-    """execute_tool_call() for a call whose arguments are known to be plain bounded JSON."""
+) -> Generator[JSON, None, _Outcome]:
+    """Runs a call whose arguments are plain bounded JSON, in the context it is given: yields
+    what its tool yields (a plain copy of each), and returns the call's outcome."""
     tool = registry.get(call.name)
     if tool is None:
         known = ", ".join(registered.name for registered in registry) or "none"
-        return _tool_result(call, f"unknown tool {call.name!r} (available: {known})", True)
-    try:
-        problem = _value_problem(call.arguments, tool.parameters, "$", tool.parameters)
-    except RecursionError:  # $refs that lead through hundreds of schemas, or in a loop
-        problem = "$ cannot be checked: its schema nests too deep, or its $refs loop"
-    if problem is not None:
-        return _tool_result(call, f"invalid arguments for tool {call.name!r}: {problem}", True)
-    token = _CURRENT_TOOL_CALL.set(call)  # in this thread's context only
+        return _Outcome(
+            _tool_result(call, f"unknown tool {call.name!r} (available: {known})", True)
+        )
+    problems = _argument_problems(call.arguments, tool.parameters)
+    if problems:
+        content = f"invalid arguments for tool {call.name!r}: {problems}"
+        return _Outcome(_tool_result(call, content, True))
+    _CURRENT_TOOL_CALL.set(call)  # in the call's own context: see current_tool_call()
     try:
         value = tool.execute(call.plain_arguments(), signal)
-    except ToolError as error:
-        return _tool_result(call, error.message, True)  # the tool's own words, as it chose them
+        if isinstance(value, collections.abc.Generator):  # a tool that reports its progress
+            value = yield from _progress_of(call, value)
+    except ToolError as error:  # the tool's own words, as it chose them
+        return _Outcome(_tool_result(call, error.message, True))
     except Exception as error:
         _logger.warning("tool %r raised; the model gets an error result", call.name, exc_info=True)
-        return _tool_result(call, f"tool {call.name!r} raised {_describe(error)}", True)
-    finally:
-        _CURRENT_TOOL_CALL.reset(token)
+        return _Outcome(_tool_result(call, f"tool {call.name!r} raised {_describe(error)}", True))
     if _is_text(value):
-        return _tool_result(call, value, False)
+        return _Outcome(_tool_result(call, value, False), ends_run=tool.ends_run, output=value)
     try:
-        content = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        content = _encoded(value)
     except Exception as error:  # json.dumps runs the value's own code (a dict subclass's items())
         _logger.warning("tool %r returned a value that is not JSON", call.name, exc_info=True)
-        return _tool_result(
-            call, f"tool {call.name!r} returned a value that is not JSON: {error}", True
-        )
-    return _tool_result(call, content, False)
+        content = f"tool {call.name!r} returned a value that is not JSON: {error}"
+        return _Outcome(_tool_result(call, content, True))
+    # What an ends_run tool returned is the run's output, as JSON reads it back: a plain copy.
+    output = json.loads(content) if tool.ends_run else None
+    return _Outcome(_tool_result(call, content, False), ends_run=tool.ends_run, output=output)
+
+
+def _progress_of(
+    call: ToolCall, tool: Generator[object, None, object]
+) -> Generator[JSON, None, object]:
+    """A generator tool's progress, each value a plain copy; returns what the tool returns."""
+    with contextlib.closing(tool):  # a cancelled run closes the tool, which cleans up
+        while True:
+            try:
+                value = next(tool)
+            except StopIteration as done:
+                return done.value
+            try:
+                progress: JSON = json.loads(_encoded(value))
+            except Exception as error:
+                raise ToolError(
+                    f"tool {call.name!r} yielded progress that is not JSON: {error}"
+                ) from None
+            yield progress
+
+
+def _encoded(value: object) -> str:
+    """A value as the compact JSON text of a result (ValueError or TypeError if not JSON)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 _CURRENT_TOOL_CALL: Final[contextvars.ContextVar[Optional[ToolCall]]] = contextvars.ContextVar(
@@ -1678,12 +1671,7 @@ def _frozen_json(value: object, depth: int, budget: _ArgumentBudget) -> JSON:
         if not math.isfinite(value):
             raise _Problem(f"arguments hold {value}, which is not a JSON number")
         return value
-    if not (
-        type(value) is dict
-        or type(value) is MappingProxyType
-        or type(value) is list
-        or type(value) is tuple
-    ):
+    if type(value) not in (dict, MappingProxyType, list, tuple):
         raise _Problem(f"arguments hold {_a(type(value).__name__)}, which is not plain JSON")
     # Seed: "depth 32". Checked before descending, so depth 100,000 costs 33 frames.
     if depth == MAX_ARGUMENT_DEPTH:
@@ -1697,7 +1685,7 @@ def _frozen_json(value: object, depth: int, budget: _ArgumentBudget) -> JSON:
     if isinstance(value, (list, tuple)):
         return tuple(_frozen_json(item, depth + 1, budget) for item in value)
     frozen: Dict[str, JSON] = {}
-    for key, item in value.items():
+    for key, item in cast("Mapping[object, object]", value).items():  # a dict or a proxy
         if type(key) is not str:
             raise _Problem(f"arguments hold {_a(type(key).__name__)} key, not a string")
         budget.spend_text(key)
@@ -1745,7 +1733,6 @@ class TextBlock(_Shape):
 
     text: str
     type: ClassVar[Literal["text"]] = "text"
-    _json = (("type", "type", None), ("text", "text", str))
 
 
 @dataclass(frozen=True)
@@ -1758,9 +1745,6 @@ class ThinkingBlock(_Shape):
     signature: Optional[str] = None
     redacted: bool = False
     type: ClassVar[Literal["thinking"]] = "thinking"
-    _json = (("type", "type", None), ("thinking", "thinking", str),
-             ("thinkingSignature?", "signature", str),
-             ("redacted?", "redacted", bool))  # fmt: skip
 
 
 @dataclass(frozen=True, eq=False)
@@ -1776,8 +1760,6 @@ class ToolCall(_Shape):
     # True only when __post_init__ froze them, within every bound: the run trusts this flag.
     _plain_json: bool = field(init=False, repr=False, compare=False)
     type: ClassVar[Literal["toolCall"]] = "toolCall"
-    _json = (("type", "type", None), ("id", "id", str), ("name", "name", str),
-             ("arguments", "arguments", "arguments"))  # fmt: skip
 
     def __post_init__(self) -> None:
         # Normalises only; the run decides where the call enters it (_check_arguments).
@@ -1819,21 +1801,20 @@ class UserMessage(_Shape):
     id: str
     content: str
     role: ClassVar[Literal["user"]] = "user"
-    _json = (("id", "id", str), ("role", "role", None), ("content", "content", str))
 
 
 @dataclass(frozen=True)
 class AssistantMessage(_Shape):
-    """A complete assistant response: its blocks in the model's order, and the usage of the
-    response it came from (None: unknown), which is not sent back to a model.
+    """A complete assistant response: its blocks in the model's order, the usage of the
+    response it came from (None: unknown) and the provider's own id of that response (None:
+    none given), neither of which is sent back to a model.
     """
 
     id: str
     content: Sequence[Union[TextBlock, ThinkingBlock, ToolCall]]  # stored as a tuple
     usage: Optional[Usage] = None
+    provider_response_id: Optional[str] = None  # its response's, not sent back to a model
     role: ClassVar[Literal["assistant"]] = "assistant"
-    _json = (("id", "id", str), ("role", "role", None), ("content", "content", "blocks"),
-             ("usage?", "usage", "usage"))  # fmt: skip
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "content", tuple(self.content))
@@ -1849,9 +1830,6 @@ class ToolResultMessage(_Shape):
     content: str
     is_error: bool
     role: ClassVar[Literal["toolResult"]] = "toolResult"
-    _json = (("id", "id", str), ("role", "role", None), ("toolCallId", "tool_call_id", str),
-             ("toolName", "tool_name", str), ("content", "content", str),
-             ("isError", "is_error", bool))  # fmt: skip
 
 
 Message = Union[UserMessage, AssistantMessage, ToolResultMessage]
@@ -1876,9 +1854,15 @@ FailureCode = Literal[
 ]
 """Why a run failed (see the table of failure codes in docs/runs.md)."""
 EventType = Literal[
-    "message.accepted", "model.chunk", "tool.started", "tool.finished", "run.finished"
+    "message.accepted",
+    "model.chunk",
+    "tool.started",
+    "tool.progress",
+    "tool.finished",
+    "run.finished",
 ]
-"""The five kinds of event a run yields."""
+"""The kinds of event a run yields: the seed's five, and tool.progress (only from a tool that
+yields progress)."""
 _RUN_STATUSES: Final = get_args(RunStatus)
 _FAILURE_CODES: Final = get_args(FailureCode)
 _EVENT_TYPES: Final = get_args(EventType)
@@ -1892,13 +1876,15 @@ class RunError(_Shape):
     code: FailureCode
     message: str
     exception: Optional[BaseException] = field(default=None, compare=False, repr=False)
-    _json = (("code", "code", _FAILURE_CODES), ("message", "message", str))
 
 
 @dataclass(frozen=True)
 class RunResult(_Shape):
     """How a run ended, and the transcript it ended with (complete messages only); ``usage``
-    sums the usage of the responses this run appended."""
+    sums the usage of the responses this run appended. ``output``: what the ``ends_run``
+    tool that ended a ``completed`` run returned, as JSON reads it back (a str as it is);
+    None for every other ending. ``awaiting``: the calls a durable run left awaiting a
+    person's decision (the loop itself leaves it empty)."""
 
     status: RunStatus
     messages: Tuple[Message, ...]
@@ -1908,11 +1894,9 @@ class RunResult(_Shape):
     error: Optional[RunError] = None
     request_sequence_start: int = 0
     usage: Optional[Usage] = None
-    _json = (("status", "status", _RUN_STATUSES), ("messages", "messages", "messages"),
-             ("steps", "steps", int), ("finalText?", "final_text", str),
-             ("maxSteps?", "max_steps", int), ("error?", "error", "error"),
-             ("requestSequenceStart?", "request_sequence_start", int),
-             ("usage?", "usage", "usage"))  # fmt: skip
+    output: Any = None  # Any: a companion (agent_loop_output) puts the caller's own type there
+    awaiting: Tuple[ToolCall, ...] = ()
+    __hash__ = None  # type: ignore[assignment]  # its output may be a mapping
 
     @property
     def next_request_sequence(self) -> int:
@@ -1927,6 +1911,9 @@ class Event:
     sequence: int
     type: EventType
     payload: Mapping[str, Any]
+    # When what it reports happened (time.time()): set by the loop, None when read back; for
+    # a tool.finished, when its tool returned. Not part of equality, nor of to_dict().
+    time: Optional[float] = field(default=None, compare=False, repr=False)
     __hash__ = None  # type: ignore[assignment]  # it holds a mapping
 
     def __post_init__(self) -> None:
@@ -1949,24 +1936,31 @@ class Event:
 
 
 # --- Reading JSON back ------------------------------------------------------------
-# A reader takes a value as json.loads gives it and the path naming it; ValueError names the
-# field. A _json table reads a field as a JSON type, one of a tuple of values, a _READERS
-# name, or not at all (None: a discriminator, or a shape the loop never reads back).
 
-_Reader = Union[type, Tuple[str, ...], str, Callable[[Any, str], Any], None]
-_Fields = Tuple[Tuple[str, str, _Reader], ...]
+# A reader takes a value as json.loads gives it and the path naming it, and returns what the
+# field holds; its ValueError names the field.
+_Reader: TypeAlias = Callable[[Any, str], Any]
+
+
+class _Field(NamedTuple):
+    """One JSON field of a shape: its key, its attribute, its reader (None: not read back, as a
+    discriminator, or a shape the loop only writes), and whether it is optional (written
+    unless it holds its default; read back absent or null as the default)."""
+
+    key: str
+    name: str
+    read: Optional[_Reader] = None
+    optional: bool = False
 
 
 def message_from_dict(data: Dict[str, Any]) -> Message:
     """Reads a message from its ``to_dict()`` form; ValueError names a bad field."""
-    return cast(Message, _one_of("role", _MESSAGES)(data, "message"))
+    return cast(Message, _read_message(data, "message"))
 
 
 def event_from_dict(data: Dict[str, Any]) -> Event:
     """Reads an event from its ``to_dict()`` form; ValueError names a bad field."""
-    head = (("sequence", "sequence", int), ("type", "type", _EVENT_TYPES),
-            ("payload", "payload", dict))  # fmt: skip
-    event = _read_fields(_typed(data, dict, "event"), head, "event")
+    event = _read_fields(_typed(data, dict, "event"), _EVENT_FIELDS, "event")
     payload = _read_fields(event["payload"], _PAYLOAD_FIELDS[event["type"]], "event.payload")
     return Event(event["sequence"], event["type"], MappingProxyType(payload))
 
@@ -1978,33 +1972,41 @@ def _typed(value: Any, kind: type, where: str) -> Any:
     return value
 
 
-def _read_fields(data: Dict[str, Any], fields: _Fields, where: str) -> Dict[str, Any]:
+def _read_fields(data: Dict[str, Any], fields: Sequence[_Field], where: str) -> Dict[str, Any]:
     """A JSON object's fields by attribute; an optional one absent or null is left out."""
     values: Dict[str, Any] = {}
-    for key, name, reader in fields:
-        json_key, path = key.rstrip("?"), f"{where}.{key.rstrip('?')}"
-        if reader is None or (json_key != key and data.get(json_key) is None):
+    for key, name, read, optional in fields:
+        if read is None or (optional and data.get(key) is None):
             continue
-        if json_key not in data:
-            raise ValueError(f"{path} is missing")
-        value = data[json_key]
-        if isinstance(reader, type):
-            values[name] = _typed(value, reader, path)
-        elif isinstance(reader, tuple):
-            if _typed(value, str, path) not in reader:
-                raise ValueError(f"{path}: unknown value {value!r} (expected one of {reader})")
-            values[name] = value
-        else:
-            values[name] = (_READERS[reader] if isinstance(reader, str) else reader)(value, path)
+        if key not in data:
+            raise ValueError(f"{where}.{key} is missing")
+        values[name] = read(data[key], f"{where}.{key}")
     return values
 
 
-def _one_of(key: str, shapes: Mapping[str, Any], only: str = "") -> Callable[[Any, str], Any]:
+def _of_type(kind: type) -> _Reader:
+    """The reader of a value of exactly the JSON type ``kind``."""
+    return lambda data, where: _typed(data, kind, where)
+
+
+def _among(values: Tuple[str, ...]) -> _Reader:
+    """The reader of a str that is one of ``values``."""
+
+    def read(data: object, where: str) -> str:
+        if _typed(data, str, where) not in values:
+            raise ValueError(f"{where}: unknown value {data!r} (expected one of {values})")
+        return cast(str, data)
+
+    return read
+
+
+def _one_of(key: str, shapes: Mapping[str, Any], only: str = "") -> _Reader:
     """The reader of an object whose ``key`` names its class in ``shapes`` (``only``: that one)."""
+    discriminator = (_Field(key, key, _among(tuple(shapes))),)
 
     def read(data: object, where: str) -> Any:
         value = _typed(data, dict, where)
-        kind = _read_fields(value, ((key, key, tuple(shapes)),), where)[key]
+        kind = _read_fields(value, discriminator, where)[key]
         if only and kind != only:
             raise ValueError(
                 f"{where} must be {_a(only)} {'block' if key == 'type' else 'message'}"
@@ -2017,10 +2019,15 @@ def _one_of(key: str, shapes: Mapping[str, Any], only: str = "") -> Callable[[An
 def _built(shape: Any, data: Dict[str, Any], where: str) -> Any:
     """The object of class ``shape`` that its JSON fields describe; ValueError if it is not one."""
     try:
-        built = shape(**_read_fields(data, shape._json, where))
+        built = shape(**_read_fields(data, _FIELDS[shape], where))
         return _checked_thinking(built) if type(built) is ThinkingBlock else built
     except _Problem as problem:
         raise ValueError(f"{where}: {problem}") from None
+
+
+def _shape_from_dict(shape: type) -> _Reader:
+    """The reader of an object of class ``shape``, which has no discriminator."""
+    return lambda data, where: _built(shape, _typed(data, dict, where), where)
 
 
 def _arguments_from_dict(data: object, where: str) -> Dict[str, Any]:
@@ -2032,49 +2039,112 @@ def _arguments_from_dict(data: object, where: str) -> Dict[str, Any]:
     return cast(Dict[str, Any], data)
 
 
+def _json_from_dict(data: object, where: str) -> JSON:
+    """Any JSON value (no NaN or infinity), as it is."""
+    try:
+        _encoded(data)
+    except (TypeError, ValueError) as problem:
+        raise ValueError(f"{where} must be JSON: {problem}") from None
+    return cast(JSON, data)
+
+
 def _usage_from_dict(data: object, where: str) -> Usage:
     """A Usage: each count absent, null, or an int >= 0."""
-    counts = _read_fields(_typed(data, dict, where), Usage._json, where)
+    counts = _read_fields(_typed(data, dict, where), _FIELDS[Usage], where)
     for name, key in _USAGE_KEYS:
         if counts.get(name, 0) < 0:
             raise ValueError(f"{where}.{key} must be >= 0, got {counts[name]}")
     return Usage(**counts)
 
 
-def _items(key: str, shapes: Mapping[str, Any]) -> Callable[[Any, str], Any]:
-    """The reader of a JSON array of objects of these shapes, as a tuple."""
-    read = _one_of(key, shapes)
+def _items(read: _Reader) -> _Reader:
+    """The reader of a JSON array whose items ``read`` reads, as a tuple."""
     return lambda data, where: tuple(
         read(item, f"{where}[{index}]") for index, item in enumerate(_typed(data, list, where))
     )
 
 
-# The classes of each discriminated shape, by the value of its "type" or "role".
+# The tables come last: a class's fields name readers, and readers name classes. The classes
+# of each discriminated shape, by the value of its "type" or "role":
 _BLOCKS: Final = {"text": TextBlock, "thinking": ThinkingBlock, "toolCall": ToolCall}
 _MESSAGES: Final = {"user": UserMessage, "assistant": AssistantMessage,
                     "toolResult": ToolResultMessage}  # fmt: skip
 _CHUNKS: Final = {"text": TextDelta, "thinking": ThinkingDelta, "toolCall": ToolCallChunk}
-# The readers that _json tables name (their shapes are defined after those tables).
-_READERS: Final[Dict[str, Callable[[Any, str], Any]]] = {
-    "arguments": _arguments_from_dict, "usage": _usage_from_dict,
-    "blocks": _items("type", _BLOCKS), "messages": _items("role", _MESSAGES),
-    "call": _one_of("type", _BLOCKS, "toolCall"), "chunk": _one_of("type", _CHUNKS),
-    "error": lambda data, where: _built(RunError, _typed(data, dict, where), where),
-    "result": lambda data, where: _built(RunResult, _typed(data, dict, where), where),
+_TEXT, _INT, _BOOL = _of_type(str), _of_type(int), _of_type(bool)
+_read_message: Final = _one_of("role", _MESSAGES)
+_read_call: Final = _one_of("type", _BLOCKS, "toolCall")
+# Each shape's JSON fields, in the order to_dict() writes them.
+_FIELDS: Final[Dict[type, Tuple[_Field, ...]]] = {
+    ModelRequest: (_Field("id", "id"), _Field("messages", "messages"), _Field("tools", "tools")),
+    TextDelta: (_Field("type", "type"), _Field("requestId", "request_id", _TEXT),
+                _Field("text", "text", _TEXT)),
+    ThinkingDelta: (_Field("type", "type"), _Field("requestId", "request_id", _TEXT),
+                    _Field("thinking", "thinking", _TEXT)),
+    ToolCallChunk: (_Field("type", "type"), _Field("requestId", "request_id", _TEXT),
+                    _Field("toolCall", "tool_call", _read_call)),
+    Usage: tuple(_Field(key, name, _INT, optional=True) for name, key in _USAGE_KEYS),
+    ModelResponse: (_Field("id", "id"), _Field("requestId", "request_id"),
+                    _Field("content", "content"), _Field("stopReason", "stop_reason"),
+                    _Field("usage", "usage", optional=True),
+                    _Field("providerResponseId", "provider_response_id", optional=True)),
+    ToolSpec: (_Field("name", "name"), _Field("description", "description"),
+               _Field("parameters", "parameters")),
+    TextBlock: (_Field("type", "type"), _Field("text", "text", _TEXT)),
+    ThinkingBlock: (_Field("type", "type"), _Field("thinking", "thinking", _TEXT),
+                    _Field("thinkingSignature", "signature", _TEXT, optional=True),
+                    _Field("redacted", "redacted", _BOOL, optional=True)),
+    ToolCall: (_Field("type", "type"), _Field("id", "id", _TEXT), _Field("name", "name", _TEXT),
+               _Field("arguments", "arguments", _arguments_from_dict)),
+    UserMessage: (_Field("id", "id", _TEXT), _Field("role", "role"),
+                  _Field("content", "content", _TEXT)),
+    AssistantMessage: (_Field("id", "id", _TEXT), _Field("role", "role"),
+                       _Field("content", "content", _items(_one_of("type", _BLOCKS))),
+                       _Field("usage", "usage", _usage_from_dict, optional=True),
+                       _Field("providerResponseId", "provider_response_id", _TEXT,
+                              optional=True)),
+    ToolResultMessage: (_Field("id", "id", _TEXT), _Field("role", "role"),
+                        _Field("toolCallId", "tool_call_id", _TEXT),
+                        _Field("toolName", "tool_name", _TEXT),
+                        _Field("content", "content", _TEXT),
+                        _Field("isError", "is_error", _BOOL)),
+    RunError: (_Field("code", "code", _among(_FAILURE_CODES)),
+               _Field("message", "message", _TEXT)),
+    RunResult: (_Field("status", "status", _among(_RUN_STATUSES)),
+                _Field("messages", "messages", _items(_read_message)),
+                _Field("steps", "steps", _INT),
+                _Field("finalText", "final_text", _TEXT, optional=True),
+                _Field("maxSteps", "max_steps", _INT, optional=True),
+                _Field("error", "error", _shape_from_dict(RunError), optional=True),
+                _Field("requestSequenceStart", "request_sequence_start", _INT, optional=True),
+                _Field("usage", "usage", _usage_from_dict, optional=True),
+                _Field("output", "output", _json_from_dict, optional=True),
+                _Field("awaiting", "awaiting", _items(_one_of("type", {"toolCall": ToolCall})),
+                       optional=True)),
 }  # fmt: skip
+_EVENT_FIELDS: Final = (_Field("sequence", "sequence", _INT),
+                        _Field("type", "type", _among(_EVENT_TYPES)),
+                        _Field("payload", "payload", _of_type(dict)))  # fmt: skip
 # For each event type, its payload's fields, named in Python as its Event holds them.
-_PAYLOAD_FIELDS: Final[Dict[str, _Fields]] = {
-    "message.accepted": (("message", "message", _one_of("role", _MESSAGES)),),
-    "model.chunk": (("requestId", "request_id", str), ("chunk", "chunk", "chunk")),
-    "tool.started": (("requestId", "request_id", str), ("toolCall", "tool_call", "call")),
-    "tool.finished": (("requestId", "request_id", str), ("toolCall", "tool_call", "call"),
-                      ("toolResult", "tool_result", _one_of("role", _MESSAGES, "toolResult")),
-                      ("refused?", "refused", bool)),  # refused: only a refused call's
-    "run.finished": (("result", "result", "result"),),
+_PAYLOAD_FIELDS: Final[Dict[str, Tuple[_Field, ...]]] = {
+    "message.accepted": (_Field("message", "message", _read_message),),
+    "model.chunk": (_Field("requestId", "request_id", _TEXT),
+                    _Field("chunk", "chunk", _one_of("type", _CHUNKS))),
+    "tool.started": (_Field("requestId", "request_id", _TEXT),
+                     _Field("toolCall", "tool_call", _read_call)),
+    "tool.finished": (_Field("requestId", "request_id", _TEXT),
+                      _Field("toolCall", "tool_call", _read_call),
+                      _Field("toolResult", "tool_result",
+                             _one_of("role", _MESSAGES, "toolResult")),
+                      _Field("refused", "refused", _BOOL, optional=True),  # a refused call's
+                      _Field("endsRun", "ends_run", _BOOL, optional=True)),  # a call's that ends
+    "tool.progress": (_Field("requestId", "request_id", _TEXT),
+                      _Field("toolCallId", "tool_call_id", _TEXT),
+                      _Field("progress", "progress", _json_from_dict)),
+    "run.finished": (_Field("result", "result", _shape_from_dict(RunResult)),),
 }  # fmt: skip
 # The JSON key of each payload key, for Event.to_dict().
 _PAYLOAD_JSON_KEYS: Final = {
-    name: key.rstrip("?") for fields in _PAYLOAD_FIELDS.values() for key, name, _ in fields
+    field.name: field.key for fields in _PAYLOAD_FIELDS.values() for field in fields
 }
 
 
@@ -2143,20 +2213,26 @@ def print_event(event: Event, file: Optional[TextIO] = None) -> None:
         detail = f"{payload['request_id']} {_piece_text(shown)}"
     elif event.type == "tool.started":
         detail = f"{payload['request_id']} {_call_text(payload['tool_call'])}"
+    elif event.type == "tool.progress":
+        progress = json.dumps(payload["progress"], ensure_ascii=False, separators=(",", ":"))
+        detail = f"{payload['request_id']} [{payload['tool_call_id']}] {progress}"
     elif event.type == "tool.finished":
         refused = payload.get("refused", False)
         detail = f"{payload['request_id']} {_outcome_text(payload['tool_result'], refused)}"
+        if payload.get("ends_run", False):
+            detail += " (ends the run)"
     else:
         result: RunResult = payload["result"]
-        parts = [
-            f"{result.status} after {result.steps} step(s)",
-            f"{len(result.messages)} messages",
-        ]
+        parts = [f"{result.status} after {result.steps} step(s), {len(result.messages)} messages"]
         if result.usage is not None:  # the counts the model reported, by their JSON keys
             counts = ", ".join(f"{key} {count}" for key, count in result.usage.to_dict().items())
             parts.append(f"usage: {counts or 'unknown'}")
+        if result.output is not None:
+            parts.append("output: " + json.dumps(result.output, ensure_ascii=False))
         open_calls = open_tool_calls(result.messages)
-        if open_calls:
+        if result.awaiting:  # a durable run that waits for a person, not a cancelled one
+            parts.append("awaiting a decision: " + ", ".join(c.id for c in result.awaiting))
+        elif open_calls:
             parts.append("left without a result: " + ", ".join(call.id for call in open_calls))
         if result.error is not None:
             parts.append(f"error: {result.error.code}: {result.error.message}")
@@ -2191,7 +2267,8 @@ def _outcome_text(result: ToolResultMessage, refused: bool = False) -> str:
 class ScriptedResponse:
     """One scripted model turn (built as ``scripted_response``): each block of ``chunks``
     (default: ``content``) streams as one chunk of the active request, then the model returns
-    ``ModelResponse(id, request_id or the active request's id, content, stop_reason, usage)``.
+    ``ModelResponse(id, request_id or the active request's id, content, stop_reason, usage,
+    provider_response_id)``.
     Raises TypeError for text given as a str."""
 
     id: str
@@ -2200,6 +2277,7 @@ class ScriptedResponse:
     chunks: Optional[Sequence[Union[TextBlock, ThinkingBlock, ToolCall]]] = None  # a tuple
     request_id: Optional[str] = None
     usage: Optional[Usage] = None
+    provider_response_id: Optional[str] = None
 
     def __post_init__(self) -> None:
         # A str is a sequence too, of characters: never what a script means.
@@ -2215,8 +2293,9 @@ class ScriptedResponse:
 
 
 scripted_response = ScriptedResponse
-"""``scripted_response(id, content, stop_reason, *, chunks=None, request_id=None,
-usage=None)``: one ScriptedResponse (give chunks, request_id and usage by keyword)."""
+"""``scripted_response(id, content, stop_reason, chunks=None, request_id=None, usage=None,
+provider_response_id=None)``: ScriptedResponse by another name (give the optional fields by
+keyword)."""
 
 
 class ScriptedModel:
@@ -2238,6 +2317,7 @@ class ScriptedModel:
                 message.content,
                 "toolCall" if _tool_calls(message) else "stop",
                 usage=message.usage,
+                provider_response_id=message.provider_response_id,
             )
             for message in messages
             if isinstance(message, AssistantMessage)
@@ -2270,7 +2350,12 @@ class ScriptedModel:
                 yield ToolCallChunk(request.id, block)
         request_id = request.id if scripted.request_id is None else scripted.request_id
         return ModelResponse(
-            scripted.id, request_id, scripted.content, scripted.stop_reason, scripted.usage
+            scripted.id,
+            request_id,
+            scripted.content,
+            scripted.stop_reason,
+            scripted.usage,
+            scripted.provider_response_id,
         )
 
 

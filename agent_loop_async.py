@@ -1,6 +1,8 @@
-# agent_loop_async.py 1.0.0: an asyncio face on a run of agent_loop.py.
-# One file, standard library only; copy it next to agent_loop.py. Home: the agent_loop repository.
-"""``async for event in arun(run, signal)``: a run's events in an asyncio program.
+# agent_loop_async.py 1.1.0: an asyncio face on a run of agent_loop.py.
+# One file, standard library only; copy it next to agent_loop.py and agent_loop_replay.py (for
+# its one line writer). Home: the agent_loop repository.
+"""``async for event in arun(run, signal)``: a run's events in an asyncio program, and
+``sse(run, signal)``: the same as server-sent events, for a web framework's response.
 
 Rules (docs/many-runs.md says the same, with examples):
 
@@ -13,19 +15,27 @@ Rules (docs/many-runs.md says the same, with examples):
    received (one fewer while the consumer holds the last one it received), so a slow
    consumer holds the run back instead of letting it race ahead.
 3. ``result`` is the run's ``RunResult`` once the events have ended (the ``async for`` is
-   over, or ``aclose()`` returned); before that it raises ``asyncio.InvalidStateError``.
-4. Cancelling the task that iterates, ``aclose()``, leaving ``async with``, dropping the
+   over, or ``aclose()`` returned), or once a cancelled run has ended; before that it
+   raises ``asyncio.InvalidStateError``. The run's thread keeps the outcome, so no
+   cancellation of any await loses it.
+4. Cancelling the task that iterates (in ``__anext__`` or in its own loop body, once or
+   again and again as anyio does), ``aclose()``, leaving ``async with``, dropping the
    object, and closing the event loop with the run unfinished each set ``signal``. The
    run then ends on its own rule (within the loop's bound; a tool ends when it returns),
    its remaining events are dropped, and its thread ends. A cancelled ``__anext__`` and
-   ``aclose()`` wait for that, so once the task is done the thread is gone and
-   ``result`` is the run's (``cancelled``, unless it ended first); the thread is never a
-   daemon.
+   ``aclose()`` wait for that (a wait that a second cancellation ends: the run still ends
+   on its own), so once a task cancelled once is done the thread is gone and ``result``
+   is the run's (``cancelled``, unless it ended first); the thread is never a daemon.
 5. An exception that the run raises (not a ``failed`` result: a ``JournalError``, a
    ``KeyboardInterrupt`` from a tool) comes out of the ``__anext__`` after the events
    before it, and ``result`` then raises ``asyncio.InvalidStateError`` from it.
+6. ``sse()`` gives each event as ``event: <type>``, ``id: <sequence>``, ``data: <the
+   event's to_dict() as one json_line()>`` and a blank line; the last is ``run.finished``,
+   which carries the result. It is an ``arun()`` underneath, so rules 2-5 hold for it: a
+   client that leaves (the framework cancels or closes the response's iterator) cancels
+   the run, and the iterator's ``result`` keeps its result.
 
-It uses only agent_loop's public names.
+It uses only the public names of agent_loop and agent_loop_replay.
 """
 
 from __future__ import annotations
@@ -37,10 +47,11 @@ import weakref
 from typing import Any, Final, Iterator, Optional, Tuple, Type, Union, cast
 
 import agent_loop as al
+from agent_loop_replay import json_line
 
-__version__ = "1.0.0"
+__version__ = "1.1.0"
 
-__all__ = ["AsyncRun", "EVENTS_AHEAD", "LOOP_CHECK_SECONDS", "arun"]
+__all__ = ["AsyncRun", "EVENTS_AHEAD", "EventStreamBody", "LOOP_CHECK_SECONDS", "arun", "sse"]
 
 EVENTS_AHEAD: Final = 8
 """Events the run's thread may have taken from the run that the consumer has not asked
@@ -72,6 +83,16 @@ def arun(run: Iterator[al.Event], signal: threading.Event) -> AsyncRun:
     return AsyncRun(run, signal)
 
 
+def sse(run: Iterator[al.Event], signal: threading.Event) -> EventStreamBody:
+    """Returns an ``EventStreamBody``: the run's events as server-sent events, in bytes.
+
+    For a framework's streaming response (Starlette's ``StreamingResponse(sse(run,
+    signal), media_type="text/event-stream")``); its ``result`` is the run's, as
+    ``arun``'s is. Raises TypeError at call time as ``arun`` does.
+    """
+    return EventStreamBody(arun(run, signal))
+
+
 class AsyncRun:
     """A run's events as an async iterator, its result once they end (see ``arun``)."""
 
@@ -87,29 +108,37 @@ class AsyncRun:
     @property
     def result(self) -> al.RunResult:
         """The run's RunResult; asyncio.InvalidStateError until the events have ended."""
-        if isinstance(self._outcome, al.RunResult):
-            return self._outcome
-        if self._outcome is None:
+        outcome = self._outcome
+        if outcome is None and self._handoff.cancelled:
+            # Cancelled: its thread kept the outcome, whichever await was cancelled.
+            outcome = self._handoff.outcome
+        if isinstance(outcome, al.RunResult):
+            return outcome
+        if outcome is None:
             raise asyncio.InvalidStateError(
                 "the run's events have not ended: read result after the async for loop "
                 "(or after aclose())"
             )
         raise asyncio.InvalidStateError(
-            f"the run raised {type(self._outcome).__name__}: it has no result"
-        ) from self._outcome
+            f"the run raised {type(outcome).__name__}: it has no result"
+        ) from outcome
 
     def __aiter__(self) -> AsyncRun:
         return self
 
     async def __anext__(self) -> al.Event:
         """The next event; StopAsyncIteration once the run has ended."""
+        if self._outcome is None and self._handoff.cancelled:
+            await self.aclose()  # cancelled while nobody waited: its events are dropped
         if self._outcome is not None:
             raise StopAsyncIteration
         queue = self._start()
+        self._handoff.watch(asyncio.current_task())
         if self._asked:
             self._handoff.credits.release()  # the consumer is done with the last event
         self._asked = True
         try:
+            # As long as the run takes to give its next event; a cancel ends the wait.
             kind, value = await queue.get()
         except asyncio.CancelledError:
             self._handoff.cancel()
@@ -126,7 +155,8 @@ class AsyncRun:
         """Cancels the run (sets its signal) and waits until it and its thread have ended.
 
         Does nothing once the events have ended. Never raises what the run raised: read
-        ``result``.
+        ``result``. Cancelled while it waits, it raises CancelledError at once; the run
+        still ends on its signal, and ``result`` is then the run's.
         """
         if self._outcome is not None:
             return
@@ -149,7 +179,10 @@ class AsyncRun:
         return self._queue
 
     async def _drain(self, queue: asyncio.Queue[_Item]) -> None:
-        """The run was cancelled: drops its events until its outcome, then joins its thread."""
+        """The run was cancelled: drops its events until its outcome, then joins its thread.
+
+        Each get is bounded by the run's end on its signal (the thread posts its outcome
+        last); a cancellation of it leaves the outcome with the thread (``result``)."""
         while True:
             kind, value = await queue.get()
             if kind != "event":
@@ -159,7 +192,33 @@ class AsyncRun:
     def _end(self, outcome: Union[al.Event, al.RunResult, BaseException]) -> None:
         """The run's outcome came: keep it; the thread posted it last, so it ends now."""
         self._outcome = cast(Union[al.RunResult, BaseException], outcome)
+        # Bounded: posting the outcome is the thread's last act; it is returning.
         self._handoff.thread.join()
+
+
+class EventStreamBody:
+    """A run's events as server-sent events (``bytes``), its result once they end (``sse``)."""
+
+    def __init__(self, events: AsyncRun) -> None:
+        self.events = events
+
+    @property
+    def result(self) -> al.RunResult:
+        """The run's RunResult, as ``AsyncRun.result``."""
+        return self.events.result
+
+    def __aiter__(self) -> EventStreamBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        """The next event, framed: ``event:``, ``id:``, ``data:`` lines and a blank line."""
+        event = await self.events.__anext__()
+        data = json_line(event.to_dict())  # ASCII, one line: no newline can end a field early
+        return f"event: {event.type}\nid: {event.sequence}\ndata: {data}\n\n".encode("ascii")
+
+    async def aclose(self) -> None:
+        """Cancels the run and waits for it, as ``AsyncRun.aclose``."""
+        await self.events.aclose()
 
 
 class _Handoff:
@@ -171,6 +230,8 @@ class _Handoff:
         self.credits = threading.Semaphore(EVENTS_AHEAD)
         self.cancelled = False
         self.ended = False
+        self.outcome: Optional[Union[al.RunResult, BaseException]] = None
+        self.asker: Optional[asyncio.Task[Any]] = None
         self.thread = threading.Thread(target=self.drive, name="agent_loop_async")
 
     def start(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[_Item]) -> None:
@@ -178,6 +239,19 @@ class _Handoff:
         self.loop = loop
         self.queue = queue
         self.thread.start()
+
+    def watch(self, task: Optional[asyncio.Task[Any]]) -> None:
+        """The task that asks for events: cancelled anywhere (in its own loop body too), it
+        cancels the run when it ends."""
+        if task is not None and task is not self.asker:
+            self.asker = task
+            task.add_done_callback(self.task_done)
+
+    def task_done(self, task: asyncio.Task[Any]) -> None:
+        """A task that asked ended: the last one to ask, cancelled, cancels the run. (Not
+        one that returned: asyncio.wait_for runs each ask in a task of its own before 3.12.)"""
+        if task is self.asker and task.cancelled():
+            self.abandon()
 
     def abandon(self) -> None:
         """The consumer is gone: a run still going is cancelled; an ended or unstarted one
@@ -212,6 +286,9 @@ class _Handoff:
             outcome: _Item = ("result", result)
         except BaseException as error:  # the consumer raises it, in its task
             outcome = ("error", error)
+        # Kept here before it is posted: a consumer whose wait for it was cancelled (anyio
+        # cancels every await again) still reads it, through `result`.
+        self.outcome = cast(Union[al.RunResult, BaseException], outcome[1])
         self.ended = True
         self.post(outcome)
 

@@ -1,4 +1,4 @@
-# agent_loop_batch.py 1.0.0: many runs of agent_loop.py on a few threads, with progress.
+# agent_loop_batch.py 1.1.0: many runs of agent_loop.py on a few threads, with progress.
 # One file, standard library only; copy it next to agent_loop.py. Home: the agent_loop repository.
 """Many runs at once: ``run_many(make_run, items, concurrency=8)``.
 
@@ -15,16 +15,19 @@ Rules (docs/many-runs.md says the same, with the figures):
 3. Stopping: Ctrl-C (``KeyboardInterrupt`` in the calling thread), the batch's own
    ``signal``, a ``KeyboardInterrupt`` or ``SystemExit`` from a run, or an exception from
    the ``progress`` callable sets the signal of every run that has begun, and no other
-   item begins. The call returns (the batch's signal: an item that never began is a
-   ``cancelled`` result with no messages and no steps) or raises (everything else) once
-   every thread has ended: within ``POLL_SECONDS``, plus the time the slowest running run
-   takes to end on its signal (a model that watches it, as the providers do, ends within a
-   quarter of a second; a tool ends when it returns).
+   item begins. Once every thread has ended (within ``agent_loop.WATCH_SECONDS``, plus
+   the time the slowest running run takes to end on its signal: a model that watches it,
+   as the providers do, ends within a quarter of a second; a tool ends when it returns)
+   the call raises. Ctrl-C and the signal, if they stopped anything, raise
+   ``BatchInterrupted``, whose ``results`` keeps every item's result in order (``None``
+   for an item never begun); on Ctrl-C it is also a ``KeyboardInterrupt``. The others
+   raise what stopped the batch.
 4. Progress goes to standard error: on a terminal one line redrawn in place (cut to the
    terminal's width), elsewhere (a log, CI) a plain line after the first run ends, then
-   every ``PLAIN_LINE_SECONDS``, and at the end. ``progress=False`` is silent; a callable
-   is called in the calling thread with ``(item, result)`` for each item that ends
-   (``result`` is the exception for an item that raised).
+   every ``PLAIN_LINE_SECONDS``, and at the end; a batch that was stopped ends it with what
+   happened (``stopped: 57 completed, 8 cancelled, 135 not begun``), never a time left.
+   ``progress=False`` is silent; a callable is called in the calling thread with ``(item,
+   result)`` for each item that ends (``result`` is the exception for an item that raised).
 
 Threads are not daemons and are joined before ``run_many`` returns or raises, so none is
 left behind, unless a second Ctrl-C interrupts that wait: then ``run_many`` raises at
@@ -49,22 +52,22 @@ from typing import (
     Iterable,
     Iterator,
     List,
+    Mapping,
     Optional,
     Sequence,
     TextIO,
     Tuple,
     TypeVar,
     Union,
+    cast,
 )
 
 import agent_loop as al
 
-__version__ = "1.0.0"
+__version__ = "1.1.0"
 
-__all__ = ["BatchError", "run_many"]
+__all__ = ["BatchError", "BatchInterrupted", "run_many"]
 
-POLL_SECONDS: Final = 0.05
-"""How often the calling thread looks at the batch's signal: part of the stopping bound."""
 TERMINAL_REDRAW_SECONDS: Final = 0.1
 """The terminal line is redrawn at most this often (a run ending), and at least once a second."""
 PLAIN_LINE_SECONDS: Final = 10.0
@@ -102,6 +105,46 @@ class BatchError(Exception):
         self.errors = errors
 
 
+class BatchInterrupted(Exception):
+    """Ctrl-C or the batch's signal stopped it; raised once every thread has ended.
+
+    ``results`` has one entry per item, in order: the ``RunResult`` of each item that
+    ended (a run cut short is ``cancelled``), ``None`` for an item never begun or one that
+    raised; ``errors`` maps the index of each item that raised to its exception. Raised for
+    Ctrl-C it is also a ``KeyboardInterrupt``: code that handles Ctrl-C with ``except
+    KeyboardInterrupt`` still does, and ``except BatchInterrupted`` keeps the results of
+    both. (Being an Exception too, it is also caught by an ``except Exception`` around
+    ``run_many``.)
+    """
+
+    def __init__(
+        self, why: str, results: List[Optional[al.RunResult]], errors: Dict[int, Exception]
+    ) -> None:
+        counts: Dict[str, int] = collections.Counter(
+            result.status for result in results if result is not None
+        )
+        counts["raised"] = len(errors)
+        not_begun = sum(result is None for result in results) - len(errors)
+        super().__init__(f"{why} stopped the batch: {_what_happened(counts, not_begun)}")
+        self.results = results
+        self.errors = errors
+
+
+class _KeyboardInterrupted(BatchInterrupted, KeyboardInterrupt):
+    """BatchInterrupted for Ctrl-C: a KeyboardInterrupt too, for ``except KeyboardInterrupt``."""
+
+
+def _what_happened(counts: Mapping[str, int], not_begun: int) -> str:
+    """``57 completed, 8 cancelled, 135 not begun``: the counts that are not zero, then the
+    items never begun."""
+    said = [
+        f"{counts[status]} {status}"
+        for status in ("completed", "failed", "cancelled", "maxSteps", "raised")
+        if counts.get(status)
+    ]
+    return ", ".join([*said, f"{not_begun} not begun"])
+
+
 def run_many(
     make_run: Callable[[Item, threading.Event], Iterator[al.Event]],
     items: Iterable[Item],
@@ -115,13 +158,14 @@ def run_many(
     Returns the ``RunResult`` of each item, in the order of ``items`` (read completely at
     call time). ``progress``: ``None`` or ``True`` prints to standard error, ``False``
     prints nothing, a callable gets ``(item, result)`` for each item that ends. ``signal``,
-    once set, stops the batch: the running runs are cancelled through their signals and an
-    item that never began is ``RunResult("cancelled", (), 0)``.
+    once set, stops the batch: the running runs are cancelled through their signals and no
+    other item begins.
 
     Raises TypeError or ValueError at call time for a bad argument; ``BatchError`` once
-    every item has ended if any ``make_run`` or run raised an ``Exception``;
-    ``KeyboardInterrupt`` (Ctrl-C) and any exception of the ``progress`` callable after
-    cancelling the runs and joining their threads.
+    every item has ended if any ``make_run`` or run raised an ``Exception``; after
+    cancelling the runs and joining their threads, ``BatchInterrupted`` (with every
+    item's result) for Ctrl-C (then also a ``KeyboardInterrupt``) or ``signal``, and any
+    ``SystemExit`` of a run or exception of the ``progress`` callable as it is.
     """
     if not callable(make_run):
         raise TypeError(
@@ -176,6 +220,7 @@ class _Batch(Generic[Item]):
         self.lock = threading.Lock()
         self.next_index = 0
         self.stopping = False
+        self.interrupted = False  # stopped with an item running or not begun
         self.running: Dict[int, threading.Event] = {}
         # (index, outcome) per ended item; (-1, None) when a worker exits.
         self.ended: queue.Queue[Tuple[int, Optional[Union[al.RunResult, BaseException]]]] = (
@@ -196,10 +241,10 @@ class _Batch(Generic[Item]):
                 thread.start()
             exited = 0
             while exited < len(self.threads):
-                if self.signal is not None and self.signal.is_set():
+                if self.signal is not None and self.signal.is_set() and not self.stopping:
                     self.stop()
                 try:
-                    index, outcome = self.ended.get(timeout=POLL_SECONDS)
+                    index, outcome = self.ended.get(timeout=al.WATCH_SECONDS)
                 except queue.Empty:
                     self.report.tick(_now())
                     continue
@@ -212,43 +257,50 @@ class _Batch(Generic[Item]):
                 self.report.ended(outcome, _now())
                 if self.callback is not None:
                     self.callback(self.items[index], outcome)
-        except BaseException:
+        except BaseException as error:
             self.stop()
             self.join()
             # The runs that ended on their signals count in the last line, which ends
-            # with a newline: a terminal is not left mid-line.
+            # with a newline (a terminal is not left mid-line), and in the results.
             while not self.ended.empty():
-                outcome = self.ended.get()[1]
+                index, outcome = self.ended.get_nowait()
                 if isinstance(outcome, (al.RunResult, Exception)):
+                    outcomes[index] = outcome
                     self.report.ended(outcome, _now())
-            self.report.close(_now())
+            self.report.close(_now(), stopped=True)
+            if isinstance(error, KeyboardInterrupt):
+                results, errors = self.partial(outcomes)
+                raise _KeyboardInterrupted("a KeyboardInterrupt", results, errors) from None
             raise
         self.join()
-        self.report.close(_now())
-        return self.results(outcomes)
+        self.report.close(_now(), stopped=self.interrupted)
+        results, errors = self.partial(outcomes)
+        if self.interrupted:
+            raise BatchInterrupted("its signal", results, errors)
+        if errors:
+            raise BatchError(self.items, results, errors)
+        # Nothing stopped it and nothing raised: every item began and gave a result.
+        return cast(List[al.RunResult], results)
 
-    def results(self, outcomes: List[Optional[Outcome]]) -> List[al.RunResult]:
-        """The results in order; a BatchError if an item raised."""
-        never_began = al.RunResult(status="cancelled", messages=(), steps=0)
+    def partial(
+        self, outcomes: List[Optional[Outcome]]
+    ) -> Tuple[List[Optional[al.RunResult]], Dict[int, Exception]]:
+        """The results in order (None where an item never began or raised), and what raised."""
         errors = {
             index: outcome
             for index, outcome in enumerate(outcomes)
             if isinstance(outcome, Exception)
         }
-        results = [
-            outcome if isinstance(outcome, al.RunResult) else never_began for outcome in outcomes
-        ]
-        if errors:
-            partial: List[Optional[al.RunResult]] = [
-                None if index in errors else result for index, result in enumerate(results)
-            ]
-            raise BatchError(self.items, partial, errors)
-        return results
+        results = [outcome if isinstance(outcome, al.RunResult) else None for outcome in outcomes]
+        return results, errors
 
     def stop(self) -> None:
         """No item begins any more, and every running run's signal is set."""
         with self.lock:
             self.stopping = True
+            # Stopped after every item had begun and ended, the batch was not interrupted.
+            if self.running or self.next_index < len(self.items):
+                self.interrupted = True
             for run_signal in self.running.values():
                 run_signal.set()
 
@@ -256,6 +308,8 @@ class _Batch(Generic[Item]):
         """Waits for every started worker (each ends once its run ends on its signal)."""
         for thread in self.threads:
             if thread.ident is not None:
+                # Bounded by the runs' own ends on their signals (rule 3), not by a timeout:
+                # a result is never dropped for being slow. A second Ctrl-C leaves it.
                 thread.join()
 
     def work(self) -> None:
@@ -331,6 +385,7 @@ class _Report:
         self.counts: Dict[str, int] = collections.Counter()
         self.done = 0
         self.written: Optional[float] = None
+        self.stopped = False
 
     def ended(self, outcome: Outcome, now: float) -> None:
         """Counts an item that ended; writes the line if it is due."""
@@ -343,8 +398,10 @@ class _Report:
         if self.terminal:
             self.write_if_due(now, 1.0)
 
-    def close(self, now: float) -> None:
-        """The batch ended: the last line, then a newline on a terminal."""
+    def close(self, now: float, stopped: bool = False) -> None:
+        """The batch ended: the last line (saying what happened if it was stopped), then a
+        newline on a terminal."""
+        self.stopped = stopped
         self.write(now)
         if self.terminal and self.stream is not None:
             self.stream.write("\n")
@@ -367,7 +424,11 @@ class _Report:
         self.stream.flush()
 
     def line(self, now: float) -> str:
-        """``12/100 runs: 10 completed, 1 failed, 1 cancelled; 3.2 runs/s, 28 s left``."""
+        """``12/100 runs: 10 completed, 1 failed, 1 cancelled; 3.2 runs/s, 28 s left``, or
+        once stopped ``65/200 runs; stopped: 57 completed, 8 cancelled, 135 not begun``."""
+        if self.stopped:
+            what = _what_happened(self.counts, self.total - self.done)
+            return f"{self.done}/{self.total} runs; stopped: {what}"
         counts = [
             f"{self.counts[status]} {status}" for status in ("completed", "failed", "cancelled")
         ]

@@ -379,6 +379,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     arguments = sys.argv[1:] if argv is None else list(argv)
     if arguments[:1] == ["view"]:
         return _view(arguments[1:])
+    if arguments[:1] == ["chat"]:
+        return _chat(arguments[1:])
     if arguments[:1] == ["--demo"]:
         return _demo(arguments[1:])
     if arguments[:1] == ["code"]:
@@ -471,7 +473,7 @@ def _ctrl_c_sets(signal: threading.Event) -> Iterator[None]:
     finally:
         os_signal.set_wakeup_fd(previous)
         sending.close()
-        waiter.join()
+        waiter.join()  # bounded: the close just above ends its recv() with b""
         receiving.close()
 
 
@@ -542,19 +544,102 @@ def _view(argv: Sequence[str]) -> int:
     )
     options = parser.parse_args(argv)
     try:
-        with open(options.log, encoding="utf-8") as file:
-            timed = replay.load_timed_events(file)
+        timed, journal = view.read_run(options.log)  # a journal or a log, by its first line
     except (OSError, ValueError) as error:  # unreadable, not UTF-8, or no event on a line
         parser.error(f"{options.log}: {error}")
     if not timed:
         parser.error(f"{options.log}: no event in the file")
-    page = view.render_page(timed, title=f"Agent run: {os.path.basename(options.log)}")
+    title = f"Agent run: {os.path.basename(options.log)}"
+    page = view.render_page(timed, title=title, journal=journal)
     try:
         with open(options.output, "w", encoding="utf-8") as file:
             file.write(page)
     except OSError as error:
         parser.error(f"{options.output}: {error}")
     return 0
+
+
+# --- chat: a conversation kept in a session file ---------------------------------------
+
+
+def _chat(argv: Sequence[str]) -> int:
+    """``chat --session FILE [options] PROMPT``: one turn of the conversation FILE keeps
+    (``agent_loop_session.Session``); PROMPT ``-`` makes each line of stdin a turn.
+    Prints as the run does; 0 when every turn completed, 1 otherwise (another process in
+    a turn of the session too), 2 for bad options."""
+    import agent_loop_context as context
+    import agent_loop_session as sessions
+
+    parser = _parser()
+    parser.prog = "python agent_loop_cli.py chat"
+    parser.description = (
+        "One turn of a conversation kept in a SQLite file (PROMPT - : each line of stdin a "
+        "turn): the model sees every earlier turn, and a turn goes on past 64 requests. "
+        "The options of a run, and these."
+    )
+    parser.set_defaults(max_steps=None)  # a turn's budget is --max-requests
+    group = parser.add_argument_group("the session")
+    group.add_argument("--session", required=True, metavar="FILE", help="the SQLite file")
+    group.add_argument("--session-id", default="default", metavar="ID", help="of many in FILE")
+    group.add_argument(
+        "--max-requests",
+        type=_integer(1),
+        default=al.MAX_AGENT_STEPS,
+        metavar="N",
+        help=f"a turn's request budget, more than {al.MAX_AGENT_STEPS} too (default: that)",
+    )
+    group.add_argument(
+        "--context-window",
+        type=_integer(1),
+        metavar="TOKENS",
+        help="fold older turns into a summary so that every request fits TOKENS",
+    )
+    options = parser.parse_args(argv)
+    if options.max_steps is not None:
+        parser.error("chat takes a turn's budget as --max-requests N, not --max-steps")
+    model = _model(parser, options)
+    window = (
+        None if options.context_window is None else context.ContextWindow(options.context_window)
+    )
+    prompts = (
+        [line.rstrip("\n") for line in sys.stdin if line.strip()]
+        if options.prompt == "-"
+        else [options.prompt]
+    )
+    print_line = (lambda event: _json_line(event, time.time())) if options.json else al.print_event
+    completed = True
+    with contextlib.ExitStack() as servers:  # the servers end whatever happens
+        tools = _tools(parser, options, servers)
+        session = servers.enter_context(sessions.Session(options.session, options.session_id))
+        for prompt in prompts:
+            signal = threading.Event()
+            try:
+                turn = session.run(
+                    prompt,
+                    model=model,
+                    tools=tools,
+                    max_requests=options.max_requests,
+                    signal=signal,
+                    tool_concurrency=options.tool_concurrency,
+                    before_tool_call=_confirm(sys.stdin, sys.stderr) if options.confirm else None,
+                    context=window,
+                )
+            except sessions.SessionBusy as busy:
+                print(f"chat: {busy}", file=sys.stderr)
+                return 1
+            previous = os_signal.signal(os_signal.SIGINT, _setting(signal))
+            try:
+                with _ctrl_c_sets(signal):
+                    _, result = al.settle_run(turn, on_event=print_line)
+            finally:
+                os_signal.signal(os_signal.SIGINT, previous)
+            completed = completed and result.status == "completed"
+    return 0 if completed else 1
+
+
+def _setting(signal: threading.Event) -> Callable[[int, object], None]:
+    """A SIGINT handler that sets the turn's signal (the turn ends cancelled)."""
+    return lambda number, frame: signal.set()
 
 
 # --- The demonstration (python agent_loop.py) ----------------------------------------

@@ -12,9 +12,10 @@ holds nothing more, they ask the run's own model, tools and hook. Rules:
 
 - The journal is JSON lines and only grows: its first line says what the run is (its id,
   starting messages, tools and options), then come the events, each written before the
-  consumer sees it with its ``"time"`` (seconds since the run began, from a monotonic
-  clock; a process that goes on with the journal goes on from the last recorded time, so
-  the times never go back and the time between processes counts nothing), and what no
+  consumer sees it with its ``"time"`` (seconds since the run began, to the event's
+  ``time``; a process that goes on with the journal counts its own time from its call,
+  after the last time recorded before the events it gives live, so the times never go
+  back and the time between processes counts nothing), and what no
   event holds: the response of each step that called
   tools, each answer of ``before_tool_call``, and the call a run awaits a decision on. It
   is synced to disk at each complete message, each answer and at the end, not at each
@@ -25,16 +26,22 @@ holds nothing more, they ask the run's own model, tools and hook. Rules:
   last complete message (``live_from()`` says where the live events begin); from there
   it is live: the step that was streaming is requested again, and a call that started
   and has no recorded result runs again (at least once: ``effect_key()`` keys its
-  effect), while a call with a recorded result never runs again. A resume record voids
-  the events recorded past that point, which the run then gives live.
+  effect), while a call with a recorded result never runs again. A group of calls at
+  once with such a call is given again up to its tool.started events only: from there
+  it is live (its recorded calls give their recorded progress and results again, the
+  others run again and report their progress anew). A resume entry voids the events
+  recorded past that point, which the run then gives live.
 - ``before_tool_call`` may return ``LATER``: the run stops ``cancelled`` right there,
   before the call's group runs (one at a time: before the call runs), so that the call,
   the other calls of its group and the calls after it stay open, and the journal
-  records that it awaits a decision (``awaiting_decision()``). Called again, the run
+  records that it awaits a decision (``awaiting_decision()``); the result (and its
+  run.finished) lists those calls in ``awaiting``. Called again, the run
   asks ``before_tool_call`` again for that call, and goes on once it is answered.
   An answer is written before the call runs, and never asked again.
 - A journal of another run (other starting messages, tools or options), or a line that
-  is not where the journal's order puts it, is refused: JournalError, naming the line.
+  is not where the journal's order puts it (its events are read by
+  ``agent_loop_replay.RunSteps``), is refused: JournalError, naming the line.
+  ``read_journal()`` gives what a journal holds (the page reads journals with it).
 
 This file uses only the public names of ``agent_loop`` and ``agent_loop_replay``.
 """
@@ -62,6 +69,7 @@ from typing import (
     Generator,
     Iterable,
     List,
+    Mapping,
     Optional,
     Sequence,
     Tuple,
@@ -79,6 +87,8 @@ __version__ = "1.0.0"
 
 __all__ = [
     "durable_run",
+    "read_journal",
+    "Journal",
     "LATER",
     "awaiting_decision",
     "live_from",
@@ -86,7 +96,8 @@ __all__ = [
     "JournalError",
 ]
 
-# The journal is JSON lines (agent_loop_replay.json_line), one record per line, and only grows:
+# The journal is JSON lines (agent_loop_replay.json_line), one entry per line, and only grows
+# (its "record" key, kept from format 1, names an entry's kind):
 #
 #   line 1   {"record":"run","format":2,"runId":R,"messages":[...],"tools":[...],
 #             "maxSteps":N,"requestSequenceStart":S,"toolConcurrency":C}
@@ -98,7 +109,7 @@ __all__ = [
 #   decision {"record":"decision","callId":ID,"refusal":null or "..."} what
 #            before_tool_call answered for a call, before the call starts
 #   awaiting {"record":"awaiting","toolCall":{...}} before_tool_call answered LATER: the
-#            run stops cancelled, and goes on once a decision record answers the call
+#            run stops cancelled, and goes on once a decision entry answers the call
 #   resume   {"record":"resume","sequence":K}  a process took over: the events recorded
 #            before this line from sequence K on are void, and K comes next
 
@@ -200,7 +211,7 @@ def durable_run(
     file does. While the run goes on: OSError from writing the journal, and JournalError
     for recorded events that the run does not give again.
     """
-    began = time.monotonic()
+    began = time.time()  # the clock of Event.time
     path = _journal_path(journal)
     try:
         items = iter(messages)
@@ -221,28 +232,30 @@ def durable_run(
     )
     # SnapshotRun: as many starting messages as run_agent_loop() reads (one past the cap).
     start = list(itertools.islice(items, al.MAX_INITIAL_MESSAGES + 1))
-    run_record = _run_record(start, tools, max_steps, request_sequence_start, tool_concurrency)
-    recorded = _read_journal(path, run_record)
-    if recorded.finished:
-        return _recorded_run(recorded.events)
-    if recorded.awaiting and before_tool_call is None:
+    run_entry = _run_entry(start, tools, max_steps, request_sequence_start, tool_concurrency)
+    entries = _read_journal(path, run_entry)
+    if entries.finished:
+        return _finished_run(entries.run.events)
+    if entries.awaiting and before_tool_call is None:
         raise ValueError(
-            f"the journal's run awaits a decision on tool call {recorded.awaiting[0].id!r}: "
+            f"the journal's run awaits a decision on tool call {entries.awaiting[0].id!r}: "
             "call durable_run() with the before_tool_call that answers it"
         )
-    run_id = recorded.run_id or secrets.token_hex(16)
+    run_id = entries.run_id or secrets.token_hex(16)
     # The run id right after the format: a torn first line shows it is a journal.
-    first_line = {"record": "run", "format": _JOURNAL_FORMAT, "runId": run_id, **run_record}
-    writer = _JournalWriter(path, recorded, first_line, began)
+    first_line = {"record": "run", "format": _JOURNAL_FORMAT, "runId": run_id, **run_entry}
+    writer = _JournalWriter(path, entries, first_line, began)
     # A durable run is a replay of its journal, then live.
-    recording = alr.Recording(recorded.steps(), recorded.results(), recorded.decisions)
+    recording = alr.Recording(
+        entries.steps(), entries.results(), entries.decisions, entries.run, entries.boundary()
+    )
     live_model = _KeptModel(model)
     stop = _Stop(signal if signal is not None else threading.Event())
     # The recorded answers are given again even without a hook: a call refused before
     # its process died is refused, not run.
     hook: Any = None
-    if before_tool_call is not None or recorded.decisions:
-        asking = None
+    asking = None
+    if before_tool_call is not None or entries.decisions:
         if before_tool_call is not None:
             asking = _Asking(before_tool_call, writer, live_model, stop)
         hook = recording.before_tool_call(asking)
@@ -257,20 +270,21 @@ def durable_run(
         # A LATER answer is None to the loop: the hook has set the signal.
         before_tool_call=cast(Optional[Callable[[al.ToolCall, Any], Optional[str]]], hook),
     )
-    return _journaled_run(run, recorded, live_model, writer)
+    # Calls at once give their recorded progress and results in the journal's order.
+    return _journaled_run(recording.ordered(run), entries, live_model, writer, asking)
 
 
 def live_from(journal: Union[str, PathLike[str]]) -> int:
     """Returns the sequence of the first event that ``durable_run()`` on this journal, as
-    it is now, gives live: the events before it are given again as recorded.
+    it is now, gives live: the events before it are given again as entries.
 
     0 for a journal that does not exist yet; for a finished run, the number of its
     events (none is live). Call it before iterating the run. Raises JournalError for a
     file that is not a durable run's journal, TypeError for a journal that is not a
     path, and OSError as the file does.
     """
-    recorded = _read_journal(_journal_path(journal), None)
-    return len(recorded.events) if recorded.finished else recorded.boundary()
+    entries = _read_journal(_journal_path(journal), None)
+    return len(entries.lines) if entries.finished else entries.boundary()
 
 
 def awaiting_decision(journal: Union[str, PathLike[str]]) -> Tuple[al.ToolCall, ...]:
@@ -294,7 +308,7 @@ def _journal_path(journal: object) -> str:
     return path
 
 
-def _run_record(
+def _run_entry(
     start: Sequence[object],
     tools: al.ToolRegistry,
     max_steps: int,
@@ -328,65 +342,116 @@ def _run_record(
 # --- Reading the journal -------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Journal:
+    """What a durable run's journal holds, as ``read_journal()`` reads it.
+
+    ``events`` and ``times``: the run's events as the resume entries left them, each
+    with its time (seconds since the run began, on the journal's clock; None where a line
+    holds none). ``decisions``: by call id, each answer of ``before_tool_call`` (None: run
+    the call; a str: it refused the call with it). ``awaiting``: the calls whose decision
+    the run awaits. ``resumes``: for each process that went on with the journal, the
+    sequence of the first event it gave live, in the order they went on.
+    """
+
+    events: Tuple[al.Event, ...]
+    times: Tuple[Optional[float], ...]
+    decisions: Mapping[str, Optional[str]]
+    awaiting: Tuple[al.ToolCall, ...]
+    resumes: Tuple[int, ...]
+    __hash__ = None  # type: ignore[assignment]  # it holds a mapping
+
+
+def read_journal(journal: Union[str, PathLike[str]]) -> Journal:
+    """Returns what the durable run's journal at this path holds (``Journal``); a journal
+    that does not exist yet holds nothing.
+
+    Raises JournalError for a file that is not a durable run's journal, TypeError for a
+    journal that is not a path, and OSError as the file does.
+    """
+    entries = _read_journal(_journal_path(journal), None)
+    run = entries.run
+    return Journal(
+        run.events,
+        run.times,
+        dict(entries.decisions),
+        tuple(entries.awaiting),
+        tuple(entries.resumes),
+    )
+
+
 @dataclass
-class _Recorded:
-    """What a journal holds for the run that reads it: its events and responses as the
-    resume records left them, where each came from, and the answers given."""
+class _Entries:
+    """What a journal holds for the run that reads it: its events (read by RunSteps) and
+    responses as the resume entries left them, where each came from, and the answers given."""
 
     cut_at: Optional[int]  # where a torn last line begins, cut off before the next write
-    run_id: Optional[str] = None  # None: the journal holds no run record yet
-    events: List[al.Event] = dataclasses.field(default_factory=list)
+    run_id: Optional[str] = None  # None: the journal holds no run entry yet
+    run: alr.RunSteps = dataclasses.field(default_factory=alr.RunSteps)  # events, times
     lines: List[str] = dataclasses.field(default_factory=list)  # each event's line, no time
-    times: List[Optional[float]] = dataclasses.field(default_factory=list)  # and its time
     numbers: List[int] = dataclasses.field(default_factory=list)  # and its line number
     # Request id -> (how many events were recorded before the response, the response).
     responses: Dict[str, Tuple[int, al.ModelResponse]] = dataclasses.field(default_factory=dict)
     decisions: Dict[str, Optional[str]] = dataclasses.field(default_factory=dict)
     awaiting: List[al.ToolCall] = dataclasses.field(default_factory=list)
+    resumes: List[int] = dataclasses.field(default_factory=list)  # each resume's sequence
 
     @property
     def stopped(self) -> bool:
         """Its last recorded event is run.finished (the run ended, or awaits a decision)."""
-        return bool(self.events) and self.events[-1].type == "run.finished"
+        return self.run.result is not None
 
     @property
     def finished(self) -> bool:
         """The run ended, and awaits no decision."""
         return self.stopped and not self.awaiting
 
+    def calls(self) -> List[alr.Call]:
+        return [call for step in self.run.steps for call in step.calls]
+
     def boundary(self) -> int:
         """How many recorded events the run gives again: those up to its last complete
-        message (a response the loop appended, a tool result)."""
+        message (a response the loop appended, a tool result), but no further than the
+        tool.started events of a group of calls at once with a call that has no result:
+        that call runs again, and its progress may come anywhere among the others'."""
         ends = [position for position, _ in self.responses.values()]
-        ends.extend(i + 1 for i, event in enumerate(self.events) if event.type == "tool.finished")
-        return max(ends, default=0)
+        ends.extend(call.finished + 1 for call in self.calls() if call.finished is not None)
+        boundary = max(ends, default=0)
+        calls = self.calls()
+        for index, call in enumerate(calls):
+            group = [call]
+            for other in calls[index + 1 :]:
+                if other.started != group[-1].started + 1:
+                    break
+                group.append(other)
+            if len(group) > 1 and any(member.finished is None for member in group):
+                boundary = min(boundary, group[-1].started + 1)
+        return boundary
 
     def steps(self) -> Dict[str, Tuple[Tuple[al.ModelChunk, ...], al.ModelResponse]]:
-        """Each step whose response is recorded: its recorded chunks and its response."""
-        chunks: Dict[str, List[al.ModelChunk]] = {request_id: [] for request_id in self.responses}
-        for event in self.events[: self.boundary()]:
-            if event.type == "model.chunk" and event.payload["request_id"] in chunks:
-                chunks[event.payload["request_id"]].append(event.payload["chunk"])
+        """Each step whose response is recorded: its recorded chunks (all before the
+        response entry, which follows the loop's appending it) and its response."""
+        events = self.run.events
+        chunks = {
+            step.request_id: tuple(events[position].payload["chunk"] for position in step.chunks)
+            for step in self.run.steps
+        }
         return {
-            request_id: (tuple(chunks[request_id]), response)
+            request_id: (chunks.get(request_id, ()), response)
             for request_id, (_, response) in self.responses.items()
         }
 
     def results(self) -> Dict[al.ToolCall, al.ToolResultMessage]:
         """Each recorded tool result, by its call."""
-        return {
-            event.payload["tool_call"]: event.payload["tool_result"]
-            for event in self.events
-            if event.type == "tool.finished"
-        }
+        return {call.tool_call: call.result for call in self.calls() if call.result is not None}
 
 
-def _read_journal(path: str, run_record: Optional[Dict[str, Any]]) -> _Recorded:
-    """Reads the journal at ``path`` for the run whose first line is ``run_record`` (any
+def _read_journal(path: str, run_entry: Optional[Dict[str, Any]]) -> _Entries:
+    """Reads the journal at ``path`` for the run whose first line is ``run_entry`` (any
     run's for None).
 
     Raises JournalError for another run's journal or a line that is not one of the
-    records the journal holds, in order; a torn last line (no newline: the process
+    entries the journal holds, in order; a torn last line (no newline: the process
     died while writing it) is dropped.
     """
     try:
@@ -395,7 +460,7 @@ def _read_journal(path: str, run_record: Optional[Dict[str, Any]]) -> _Recorded:
     except FileNotFoundError:
         data = b""
     whole, newline, torn = data.rpartition(b"\n")
-    recorded = _Recorded(cut_at=len(whole) + len(newline) if torn else None)
+    entries = _Entries(cut_at=len(whole) + len(newline) if torn else None)
     if not newline:
         # Nothing whole: a journal to begin, unless the bytes are another file's.
         if not (_FIRST_LINE_BEGINS.startswith(torn) or torn.startswith(_FIRST_LINE_BEGINS)):
@@ -405,15 +470,15 @@ def _read_journal(path: str, run_record: Optional[Dict[str, Any]]) -> _Recorded:
                 "the file holds no whole line, and its bytes are not the beginning of a "
                 "journal's first line: not a journal, or another run's",
             )
-        return recorded
+        return entries
     lines = whole.split(b"\n")
-    recorded.run_id = _checked_run_record(path, _record(path, 1, lines[0]), run_record)
+    entries.run_id = _checked_run_entry(path, _entry(path, 1, lines[0]), run_entry)
     for number, line in enumerate(lines[1:], start=2):
-        _read_line(path, number, line, recorded)
-    return recorded
+        _read_line(path, number, line, entries)
+    return entries
 
 
-def _record(path: str, number: int, line: bytes) -> Dict[str, Any]:
+def _entry(path: str, number: int, line: bytes) -> Dict[str, Any]:
     """The JSON object of a whole line; JournalError if it holds none."""
     try:
         data = json.loads(line.decode("ascii"))
@@ -431,16 +496,14 @@ _COMPARED: Final = (
     ("requestSequenceStart", "request_sequence_start", ""),
     ("toolConcurrency", "tool_concurrency", ""),
 )
-"""The run record's fields that say what the run is, with their names and item names."""
+"""The run entry's fields that say what the run is, with their names and item names."""
 
 
-def _checked_run_record(
-    path: str, data: Dict[str, Any], expected: Optional[Dict[str, Any]]
-) -> str:
+def _checked_run_entry(path: str, data: Dict[str, Any], expected: Optional[Dict[str, Any]]) -> str:
     """The run id of the journal's first line, which describes the ``expected`` run (any
     run for None); JournalError says what differs."""
     if data.get("record") != "run":
-        raise JournalError(path, 1, "not a durable run's journal: its first line is no run record")
+        raise JournalError(path, 1, "not a durable run's journal: its first line is no run entry")
     if _canonical(data.get("format")) != _canonical(_JOURNAL_FORMAT):
         raise JournalError(
             path,
@@ -484,81 +547,82 @@ def _shown(value: object) -> str:
     return value if isinstance(value, str) else _canonical(value)
 
 
-def _read_line(path: str, number: int, line: bytes, recorded: _Recorded) -> None:
-    """Reads a whole line after the run record into ``recorded``, checking its place."""
-    data = _record(path, number, line)
+def _read_line(path: str, number: int, line: bytes, entries: _Entries) -> None:
+    """Reads a whole line after the run entry into ``entries``, checking its place."""
+    data = _entry(path, number, line)
     kind = data.get("record")
-    if recorded.finished:
+    if entries.finished:
         raise JournalError(path, number, "a line after run.finished, which ends a run's journal")
-    if recorded.stopped and kind != "resume":
+    if entries.stopped and kind != "resume":
         raise JournalError(
             path,
             number,
             "a line after the run.finished of a run that awaits a decision, where only "
-            "a resume record comes",
+            "a resume entry comes",
         )
     try:
         if kind is None:  # an event
-            _read_event(data, number, recorded)
+            _read_event(data, number, entries)
         elif kind == "response":
             response = _response_from_dict(data.get("response"))
-            if response.request_id in recorded.responses:
+            if response.request_id in entries.responses:
                 raise ValueError(f"a second response to {response.request_id}")
-            recorded.responses[response.request_id] = (len(recorded.events), response)
+            entries.responses[response.request_id] = (len(entries.lines), response)
         elif kind == "decision":
             call_id, refusal = data.get("callId"), data.get("refusal")
             if type(call_id) is not str or not (refusal is None or type(refusal) is str):
                 raise ValueError(
-                    "a decision record holds a callId string and a refusal (null or a "
+                    "a decision entry holds a callId string and a refusal (null or a "
                     f"string), got {call_id!r} and {refusal!r}"
                 )
-            recorded.decisions[call_id] = refusal
-            recorded.awaiting = [call for call in recorded.awaiting if call.id != call_id]
+            entries.decisions[call_id] = refusal
+            entries.awaiting = [call for call in entries.awaiting if call.id != call_id]
         elif kind == "awaiting":
-            recorded.awaiting = [_tool_call_from_dict(data.get("toolCall"))]
+            entries.awaiting = [_tool_call_from_dict(data.get("toolCall"))]
         elif kind == "resume":
-            _void_from(_resume_sequence(data, len(recorded.events)), recorded)
+            _void_from(_resume_sequence(data, len(entries.lines)), entries)
         else:
             raise ValueError(
-                f"a record {kind!r}: after its first line a journal holds events, and "
-                "'response', 'decision', 'awaiting' and 'resume' records"
+                f"an entry {kind!r}: after its first line a journal holds events, and "
+                "'response', 'decision', 'awaiting' and 'resume' entries"
             )
     except ValueError as error:
         raise JournalError(path, number, str(error)) from None
 
 
-def _read_event(data: Dict[str, Any], number: int, recorded: _Recorded) -> None:
-    """An event line: the next event of the run; ValueError if it is not."""
+def _read_event(data: Dict[str, Any], number: int, entries: _Entries) -> None:
+    """An event line: the next event of the run, in a run's order (RunSteps); ValueError
+    if it is not."""
     event = al.event_from_dict(data)
-    if event.sequence != len(recorded.events):
-        raise ValueError(f"event {event.sequence} where event {len(recorded.events)} comes next")
-    recorded.events.append(event)
-    # As the run gives it again: without its time.
-    recorded.lines.append(alr.json_line({k: v for k, v in data.items() if k != "time"}))
     seconds = data.get("time")
-    recorded.times.append(seconds if type(seconds) in (int, float) else None)
-    recorded.numbers.append(number)
+    entries.run.feed(event, seconds if type(seconds) in (int, float) else None)
+    # As the run gives it again: without its time.
+    entries.lines.append(alr.json_line({k: v for k, v in data.items() if k != "time"}))
+    entries.numbers.append(number)
 
 
 def _resume_sequence(data: Dict[str, Any], recorded: int) -> int:
-    """The sequence a resume record names: the first of the events it voids."""
+    """The sequence a resume entry names: the first of the events it voids."""
     sequence = data.get("sequence")
     if type(sequence) is not int or not 0 <= sequence <= recorded:
         raise ValueError(
-            f"a resume record's sequence must be an int in 0..{recorded} (the events "
+            f"a resume entry's sequence must be an int in 0..{recorded} (the events "
             f"recorded before it), got {sequence!r}"
         )
     return sequence
 
 
-def _void_from(sequence: int, recorded: _Recorded) -> None:
-    """A resume record: the events from ``sequence`` on, and the responses recorded
+def _void_from(sequence: int, entries: _Entries) -> None:
+    """A resume entry: the events from ``sequence`` on, and the responses recorded
     after them, are void."""
-    del recorded.events[sequence:], recorded.lines[sequence:], recorded.numbers[sequence:]
-    del recorded.times[sequence:]
-    recorded.responses = {
+    kept, entries.run = entries.run, alr.RunSteps()
+    for event, seconds in zip(kept.events[:sequence], kept.times):
+        entries.run.feed(event, seconds)
+    del entries.lines[sequence:], entries.numbers[sequence:]
+    entries.resumes.append(sequence)
+    entries.responses = {
         request_id: (position, response)
-        for request_id, (position, response) in recorded.responses.items()
+        for request_id, (position, response) in entries.responses.items()
         if position <= sequence
     }
 
@@ -568,7 +632,7 @@ def _tool_call_from_dict(data: object) -> al.ToolCall:
     message = al.message_from_dict({"role": "assistant", "id": "awaiting", "content": [data]})
     call = cast(al.AssistantMessage, message).content[0]
     if not isinstance(call, al.ToolCall):
-        raise ValueError(f"an awaiting record holds a tool call, got {type(call).__name__}")
+        raise ValueError(f"an awaiting entry holds a tool call, got {type(call).__name__}")
     return call
 
 
@@ -603,7 +667,7 @@ def _response_from_dict(data: object) -> al.ModelResponse:
 # --- Going on: the recording, then live ----------------------------------------------
 
 
-def _recorded_run(events: List[al.Event]) -> Generator[al.Event, None, al.RunResult]:
+def _finished_run(events: Sequence[al.Event]) -> Generator[al.Event, None, al.RunResult]:
     """A finished run, from its journal: its events, then its result."""
     yield from events
     result: al.RunResult = events[-1].payload["result"]
@@ -661,42 +725,42 @@ def _keyed(tool: al.Tool, run_id: str) -> al.Tool:
 
     def execute(arguments: Dict[str, Any], signal: al.Signal) -> object:
         call = al.current_tool_call()  # set: the loop runs the tool
-        token = _EFFECT_KEY.set(None if call is None else f"{run_id}:{call.id}")
-        try:
-            return tool.execute(arguments, signal)
-        finally:
-            _EFFECT_KEY.reset(token)
+        # In the call's own context (the loop runs each call in a copy, as it sets
+        # current_tool_call()), so that a generator tool's body, run there on each of the
+        # loop's next(), sees the key too.
+        _EFFECT_KEY.set(None if call is None else f"{run_id}:{call.id}")
+        return tool.execute(arguments, signal)
 
     return dataclasses.replace(tool, execute=execute)
 
 
 class _JournalWriter:
     """Appends a run's lines to its journal. The first write opens the file (cutting
-    off a torn last line) and begins with the run record, or with a resume record."""
+    off a torn last line) and begins with the run entry, or with a resume entry."""
 
     def __init__(
-        self, path: str, recorded: _Recorded, run_record: Dict[str, Any], began: float
+        self, path: str, entries: _Entries, run_entry: Dict[str, Any], began: float
     ) -> None:
         self.path = path
-        self._cut_at = recorded.cut_at
-        self._run_record = None if recorded.run_id is not None else run_record
+        self._cut_at = entries.cut_at
+        self._run_entry = None if entries.run_id is not None else run_entry
+        # A process that goes on with a journal goes on with its clock: its own time
+        # counts from the last time recorded before the events it gives live, so that a
+        # journal's times never go back and the time between two processes counts
+        # nothing, while this process's time before its first live event (its replay,
+        # the request it makes again) counts.
+        boundary = entries.boundary()
+        self._clock = max((t for t in entries.run.times[:boundary] if t is not None), default=0.0)
         self._began = began
-        self._recorded_times = recorded.times
-        self._clock_goes_on = False  # whether the first live event set the clock
         self._descriptor: Optional[int] = None
         self.next_sequence = 0  # the sequence of the run's next event
 
     def event_line(self, event: al.Event) -> str:
-        """The event's line: its ``to_dict()`` and the time since the run began."""
-        if not self._clock_goes_on:
-            # A process that goes on with a journal goes on with its clock: from the last
-            # time recorded before this event, so that a journal's times never go back
-            # (the time between two processes, and the replay, count nothing).
-            kept = [t for t in self._recorded_times[: event.sequence] if t is not None]
-            if kept:
-                self._began = time.monotonic() - max(kept)
-            self._clock_goes_on = True
-        return alr.json_line({**event.to_dict(), "time": time.monotonic() - self._began})
+        """The event's line: its ``to_dict()`` and its time on the journal's clock (from
+        ``event.time`` when the loop set it, else now)."""
+        happened = time.time() if event.time is None else event.time
+        seconds = self._clock + max(0.0, happened - self._began)
+        return alr.json_line({**event.to_dict(), "time": seconds})
 
     def append(self, lines: List[str], sync: bool) -> None:
         """Writes whole lines, and syncs them to disk if ``sync``."""
@@ -705,25 +769,25 @@ class _JournalWriter:
             self._descriptor = os.open(self.path, flags, 0o666)
             if self._cut_at is not None:
                 # The only bytes ever taken away: a line whose writer died, which no
-                # reader took for a record.
+                # reader took for an entry.
                 os.ftruncate(self._descriptor, self._cut_at)
-            if self._run_record is None:
+            if self._run_entry is None:
                 resume = {"record": "resume", "sequence": self.next_sequence}
                 lines = [alr.json_line(resume), *lines]
             else:
-                lines = [alr.json_line(self._run_record), *lines]
+                lines = [alr.json_line(self._run_entry), *lines]
                 sync = True
         data = memoryview("".join(line + "\n" for line in lines).encode("ascii"))
         while data:  # os.write may write less than it was given
             data = data[os.write(self._descriptor, data) :]
         if sync:
             os.fsync(self._descriptor)
-        if self._run_record is not None:
+        if self._run_entry is not None:
             _sync_directory(self.path)  # the new file's name survives a power loss too
-            self._run_record = None
+            self._run_entry = None
 
-    def record(self, data: Dict[str, Any]) -> None:
-        """Writes a record that is no event, synced to disk."""
+    def write_entry(self, data: Dict[str, Any]) -> None:
+        """Writes an entry that is no event, synced to disk."""
         self.append([alr.json_line(data)], True)
 
     def close(self) -> None:
@@ -744,12 +808,12 @@ def _sync_directory(path: str) -> None:
         os.close(descriptor)
 
 
-def _record_answer(model: _KeptModel, writer: _JournalWriter) -> None:
+def _write_response(model: _KeptModel, writer: _JournalWriter) -> None:
     """The response the run's model gave, once the loop appended its message: no event
-    holds it, so a response record does."""
+    holds it, so a response entry does."""
     answer = model.take_answer()
     if answer is not None:
-        writer.record({"record": "response", "response": answer.to_dict()})
+        writer.write_entry({"record": "response", "response": answer.to_dict()})
 
 
 class _Asking:
@@ -766,28 +830,33 @@ class _Asking:
         self._writer = writer
         self._model = model
         self._stop = stop
+        self.awaiting: List[al.ToolCall] = []  # the calls it answered LATER for
 
     def __call__(self, call: al.ToolCall, signal: Any) -> object:
-        _record_answer(self._model, self._writer)  # asked after the loop appended it
+        _write_response(self._model, self._writer)  # asked after the loop appended it
         answer = self._hook(call, signal)
         if answer is LATER:
-            self._writer.record({"record": "awaiting", "toolCall": call.to_dict()})
+            self._writer.write_entry({"record": "awaiting", "toolCall": call.to_dict()})
+            self.awaiting.append(call)
             self._stop.later.set()  # the loop looks at its signal once the hook returns
             return None
         if answer is None or type(answer) is str:  # any other answer fails the run
-            self._writer.record({"record": "decision", "callId": call.id, "refusal": answer})
+            self._writer.write_entry({"record": "decision", "callId": call.id, "refusal": answer})
         return answer
 
 
 def _journaled_run(
     run: Generator[al.Event, None, al.RunResult],
-    recorded: _Recorded,
+    entries: _Entries,
     model: _KeptModel,
     writer: _JournalWriter,
+    asking: Optional[_Asking],
 ) -> Generator[al.Event, None, al.RunResult]:
     """Passes the run's events on: those it gives again are compared with the journal,
-    the others written to it first."""
-    boundary = recorded.boundary()
+    the others written to it first. A run that stops on a LATER has its calls as its
+    result's ``awaiting``, in its run.finished too."""
+    boundary = entries.boundary()
+    awaiting: Optional[al.RunResult] = None  # the result of a run that stopped on a LATER
     with contextlib.closing(run):
         try:
             while True:
@@ -795,23 +864,29 @@ def _journaled_run(
                     event = next(run)
                 except StopIteration as done:
                     result: al.RunResult = done.value
-                    return result
+                    return result if awaiting is None else awaiting
+                if event.type == "run.finished" and asking is not None and asking.awaiting:
+                    # A pause is not a cancel: the result says which calls await a decision.
+                    awaiting = dataclasses.replace(
+                        event.payload["result"], awaiting=tuple(asking.awaiting)
+                    )
+                    event = al.Event(event.sequence, event.type, {"result": awaiting}, event.time)
                 # Given again: compared with its line. Live: written, and only once.
                 live = event.sequence >= boundary
                 if not live:
-                    line, held = alr.json_line(event.to_dict()), recorded.lines[event.sequence]
+                    line, held = alr.json_line(event.to_dict()), entries.lines[event.sequence]
                     live = line != held  # a cancellation while given again is live
                     if live and not _is_cancellation(event):
                         again, held = alr.shortened_difference(line, held)
                         raise JournalError(
                             writer.path,
-                            recorded.numbers[event.sequence],
+                            entries.numbers[event.sequence],
                             f"the run gives event {event.sequence} again as {again}, where "
                             f"the journal holds {held}",
                         )
                 if live:
                     if event.type == "tool.started":
-                        _record_answer(model, writer)  # the loop appended its message
+                        _write_response(model, writer)  # the loop appended its message
                     sync = event.type in ("tool.finished", "run.finished")
                     writer.append([writer.event_line(event)], sync)
                 writer.next_sequence = event.sequence + 1

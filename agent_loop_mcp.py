@@ -1,6 +1,6 @@
 # agent_loop_mcp.py 1.1.0: tools from MCP servers for agent_loop.py.
-# Standard library only; copy it next to agent_loop.py and agent_loop_providers.py (which
-# reads its event streams). Home: the agent_loop repository.
+# Standard library only; copy it next to agent_loop.py and agent_loop_wire.py (which reads
+# its event streams). Home: the agent_loop repository.
 """Tools from MCP servers (the Model Context Protocol) for the Agent Loop.
 
 ``StdioServer(command)`` runs a server as a process and speaks MCP over its standard
@@ -11,20 +11,23 @@ context managers whose ``.tools()`` are agent_loop ``Tool`` objects calling the 
         tools = agent_loop.ToolRegistry(server.tools())
         result = agent_loop.settle_run(agent_loop.run_agent_loop(..., tools=tools))
 
-In the order of this file: the limits; ``McpSession``, MCP's rules sans-IO (the
+In the order of this file: the limits; ``McpProtocol``, MCP's rules sans-IO (the
 handshake, requests numbered by one counter and answered by id, deadlines that progress
-moves, cancellation, expiry: messages in, messages and answers out, the time given as an
-argument); ``_Session``, the I/O both transports share around it (callers that wait,
-watching their run's signal; tools); ``render_tool_result``, the sans-IO rendering of a
-result (values in and out); then each transport, a pipe or socket loop that only moves
-bytes: ``StdioServer``, and ``HttpServer``, whose event streams are read by
-agent_loop_providers' ``ServerSentEvents``. What the client does, and its rules, are in
-docs/mcp.md; the specification's words are quoted at the checks (``# MCP: "..."``).
+moves, progress reported, cancellation (over HTTP, held until its request is written),
+expiry, HTTP's session and its end: messages in, messages and answers out, the time given
+as an argument); ``_SessionIO``, the I/O both transports share around it (callers that
+wait, watching their run's signal; tools whose calls yield their progress);
+``render_tool_result``, the sans-IO rendering of a result (values in and out); then each
+transport, a pipe or socket loop that only moves bytes: ``StdioServer``, and
+``HttpServer``, whose event streams are read by agent_loop_wire's ``ServerSentEvents``.
+What the client does, and its rules, are in docs/mcp.md; the specification's words are
+quoted at the checks (``# MCP: "..."``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.client
 import itertools
 import json
@@ -47,6 +50,7 @@ from typing import (
     Callable,
     Dict,
     Final,
+    Generator,
     Iterator,
     List,
     Mapping,
@@ -55,10 +59,11 @@ from typing import (
     Tuple,
     TypeVar,
     Union,
+    cast,
 )
 
 import agent_loop
-import agent_loop_providers as providers
+import agent_loop_wire as wire
 
 __version__ = "1.1.0"
 
@@ -66,9 +71,10 @@ __all__ = [
     "StdioServer",
     "HttpServer",
     "McpError",
-    "McpSession",
+    "McpProtocol",
     "Answer",
     "Outgoing",
+    "Progress",
     "ToolsChanged",
     "Unreadable",
     "SessionEvent",
@@ -81,7 +87,6 @@ __all__ = [
     "MAX_PROGRESS_TIMEOUTS",
     "STDERR_TAIL_BYTES",
     "CLOSE_GRACE_SECONDS",
-    "POLL_SECONDS",
 ]
 
 _logger = logging.getLogger("agent_loop.mcp")
@@ -105,8 +110,7 @@ MAX_PROGRESS_TIMEOUTS: Final = 10
 STDERR_TAIL_BYTES: Final = 4096
 # Each wait of close(): for the server to exit once its input is closed, then after SIGTERM.
 CLOSE_GRACE_SECONDS: Final = 2.0
-# How often a waiting call looks at the run's signal: a cancel ends it this soon.
-POLL_SECONDS: Final = 0.05
+# A waiting call looks at the run's signal every agent_loop.WATCH_SECONDS (50 ms).
 
 _CLIENT_INFO: Final = {"name": "agent_loop_mcp", "version": __version__}
 _METHOD_NOT_FOUND: Final = -32601
@@ -143,6 +147,17 @@ class Outgoing:
 
 
 @dataclass(frozen=True)
+class Progress:
+    """A pending ``tools/call``'s progress, as its server reported it: ``progress`` holds
+    ``progress`` (a number), and ``total`` (a number) and ``message`` (a str) when the
+    server sent them; what the call's tool yields as a ``tool.progress`` event."""
+
+    request_id: int
+    progress: Dict[str, Any]
+    __hash__ = None  # type: ignore[assignment]  # it holds a mapping
+
+
+@dataclass(frozen=True)
 class ToolsChanged:
     """The server said its list of tools changed: a list kept from before is stale."""
 
@@ -154,11 +169,11 @@ class Unreadable:
     what: str
 
 
-SessionEvent = Union[Answer, Outgoing, ToolsChanged, Unreadable]
-"""What ``McpSession`` returns: requests that ended, messages to send, and what happened."""
+SessionEvent = Union[Answer, Outgoing, Progress, ToolsChanged, Unreadable]
+"""What ``McpProtocol`` returns: requests that ended, messages to send, and what happened."""
 
 
-class McpSession:
+class McpProtocol:
     """MCP's rules for one client session, sans-IO: messages in, messages and answers out.
 
     The transport moves bytes and the caller gives the time (``now``, seconds of a
@@ -166,25 +181,35 @@ class McpSession:
     request from one counter, keeps it pending with its deadline (``timeout`` seconds),
     and returns the message to send. ``receive(data, now)`` reads one message from the
     server: an answer ends its request (by id; an answer to no pending request is
-    ignored), ``notifications/progress`` moves a pending call's deadline,
-    ``notifications/tools/list_changed`` is ``ToolsChanged``, a ``ping`` is answered and
-    any other request refused. ``cancel()`` ends a pending request and produces its
-    ``notifications/cancelled``; ``expire(now)`` does so for every request past its
-    deadline; ``lose()`` ends them all, and every later request. Each returns a list of
-    ``SessionEvent``: ``Answer`` for each request that ended, ``Outgoing`` for each message
-    to send, in order.
+    ignored), ``notifications/progress`` moves a pending call's deadline and is a
+    ``Progress``, ``notifications/tools/list_changed`` is ``ToolsChanged``, a ``ping`` is
+    answered and any other request refused. ``cancel()`` ends a pending request and
+    produces its ``notifications/cancelled``; ``expire(now)`` does so for every request
+    past its deadline; ``lose()`` ends them all, and every later request. Each returns a
+    list of ``SessionEvent``: ``Answer`` for each request that ended, ``Outgoing`` for each
+    message to send, in order.
+
+    ``posts=True`` is Streamable HTTP, where each message is a POST of its own: a request
+    counts as written only once the transport says so (``writing()``, then
+    ``written()``), and a cancel that comes before is held until then, or dropped when the
+    request is never written. There, ``session_id`` is the server's ``Mcp-Session-Id``
+    (``start_session()``), and ``http_error()`` ends a request the server answered with an
+    HTTP error, the session with it on a 404.
     """
 
-    def __init__(self, timeout: float) -> None:
+    def __init__(self, timeout: float, *, posts: bool = False) -> None:
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
             raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
         if not (math.isfinite(timeout) and timeout > 0):
             raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
         self.timeout = float(timeout)
+        self.posts = posts
         self.protocol_version: Optional[str] = None  # once the handshake is done
+        self.session_id: Optional[str] = None  # HTTP: the server's Mcp-Session-Id
         self.lost: Optional[str] = None  # why the session ended, once it has
         self._ids = itertools.count(1)
         self._pending: Dict[int, _Pending] = {}
+        self._unwritten: Dict[int, Optional[Dict[str, Any]]] = {}  # HTTP: id -> held cancel
         self._unread: Optional[str] = None  # the last message that could not be read
 
     # Requests ----------------------------------------------------------------------------
@@ -231,6 +256,8 @@ class McpSession:
             raise McpError(self.lost)
         request_id = next(self._ids)
         self._pending[request_id] = _Pending(method, now, now + self.timeout)
+        if self.posts:
+            self._unwritten[request_id] = None  # no cancel held yet
         message: Dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
         if method == "tools/call":
             # MCP: "When a party wants to receive progress updates for a request, it
@@ -250,6 +277,19 @@ class McpSession:
         """The ids of the requests waiting for their answer, oldest first."""
         return tuple(self._pending)
 
+    def writing(self, request_id: int) -> bool:
+        """HTTP: whether to write the request now; False when it ended before it was
+        written (it is then never written, and a cancel held for it is dropped)."""
+        if request_id in self._pending:
+            return True
+        self._unwritten.pop(request_id, None)
+        return False
+
+    def written(self, request_id: int) -> List[SessionEvent]:
+        """HTTP: the request is written; the cancel held for it, if any, is to go now."""
+        held = self._unwritten.pop(request_id, None)
+        return [] if held is None else [Outgoing(held)]
+
     def cancel(self, request_id: int, reason: str, why: str) -> List[SessionEvent]:
         """Ends a pending request (its failure: its method, then ``why``) and produces its
         ``notifications/cancelled`` with ``reason``; nothing when it has ended already.
@@ -266,9 +306,18 @@ class McpSession:
             Answer(request_id, pending.method, None, f"{pending.method} {why}")
         ]
         # MCP: "The `initialize` request MUST NOT be cancelled by clients"
-        if pending.method != "initialize":
-            params = {"requestId": request_id, "reason": reason}
-            events.append(Outgoing(_notification("notifications/cancelled", params)))
+        if pending.method == "initialize":
+            return events
+        params = {"requestId": request_id, "reason": reason}
+        notice = _notification("notifications/cancelled", params)
+        if request_id in self._unwritten:
+            # MCP: "Cancellation notifications MUST only reference requests that: Were
+            # previously issued in the same direction": posted on another connection
+            # before its request is written, the notice could reach the server first and
+            # be ignored. It is held until written() (or dropped, by writing()).
+            self._unwritten[request_id] = notice
+        else:
+            events.append(Outgoing(notice))
         return events
 
     def expire(self, now: float) -> List[SessionEvent]:
@@ -298,14 +347,48 @@ class McpSession:
 
     def end(self, request_id: int, failure: str) -> List[SessionEvent]:
         """Ends a pending request with the failure its transport saw (its exchange broke);
-        no cancel is sent; nothing when it has ended already."""
+        no cancel is sent (one held is dropped); nothing when it has ended already."""
+        self._unwritten.pop(request_id, None)
         pending = self._pending.pop(request_id, None)
         return [] if pending is None else [Answer(request_id, pending.method, None, failure)]
+
+    # HTTP's session ----------------------------------------------------------------------
+
+    def start_session(self, session_id: Optional[str]) -> Optional[str]:
+        """HTTP: the ``Mcp-Session-Id`` of initialize's answer (None: the server keeps no
+        session); returns what is wrong with it, or None once it is kept."""
+        if session_id is None:
+            return None
+        # MCP: "The session ID MUST only contain visible ASCII characters (ranging from
+        # 0x21 to 0x7E)."
+        if not session_id or not all(0x21 <= ord(c) <= 0x7E for c in session_id):
+            return f"the server gave a session id that is not visible ASCII: {session_id!r}"
+        self.session_id = session_id
+        return None
+
+    def http_error(
+        self, request_id: int, status: int, body: Callable[[], str]
+    ) -> List[SessionEvent]:
+        """HTTP: the server answered a request with ``status`` (not 200): the request fails,
+        quoting ``body()`` (called only when the failure quotes it); a 404 while the
+        session has an id ends the session, so that the next request opens a new one
+        (``protocol_version`` and ``session_id`` are None)."""
+        if status == 404 and self.session_id is not None:
+            # MCP: "When a client receives HTTP 404 in response to a request containing an
+            # MCP-Session-Id, it MUST start a new session"
+            self.session_id = None
+            self.protocol_version = None
+            why = "the server ended the session (HTTP 404); the next request opens a new one"
+        else:
+            why = f"HTTP {status}: {body()}"
+        pending = self._pending.get(request_id)
+        return [] if pending is None else self.end(request_id, f"{pending.method}: {why}")
 
     def lose(self, reason: str) -> List[SessionEvent]:
         """The connection is gone: every pending request fails, and so does every later
         one (the first reason is kept)."""
         self.lost = self.lost or reason
+        self._unwritten.clear()  # nothing more is written
         return self.fail(f"did not finish: {reason}")
 
     # What the server sends -----------------------------------------------------------------
@@ -362,6 +445,7 @@ class McpSession:
             # in an active request": any other is ignored.
             pending = self._pending.get(token) if type(token) is int else None
             if pending is not None and pending.method == "tools/call":
+                assert type(token) is int
                 # MCP: "Implementations MAY choose to reset the timeout clock when
                 # receiving a progress notification corresponding to the request" and
                 # "SHOULD always enforce a maximum timeout, regardless of progress
@@ -369,6 +453,7 @@ class McpSession:
                 pending.deadline = min(
                     now + self.timeout, pending.started + MAX_PROGRESS_TIMEOUTS * self.timeout
                 )
+                return pending.reported(token, params)
         elif method == "notifications/tools/list_changed":
             return [ToolsChanged()]
         return []
@@ -385,13 +470,44 @@ class McpSession:
         return events
 
 
+McpSession = McpProtocol
+"""The 1.4 name of ``McpProtocol``, kept so that 1.4 code runs; removed in 2.0."""
+
+
 @dataclass
 class _Pending:
-    """A request waiting for its answer: its method, when it was sent, its deadline."""
+    """A request waiting for its answer: its method, when it was sent, its deadline, and
+    the last progress its server reported."""
 
     method: str
     started: float
     deadline: float
+    progress: float = -math.inf
+
+    def reported(self, request_id: int, params: Dict[str, Any]) -> List[SessionEvent]:
+        """A progress notification's values, as a Progress; none when they are malformed
+        or do not increase."""
+        # MCP: the notification holds "The current progress value so far; An optional
+        # "total" value; An optional "message" value", and "The progress and the total
+        # values MAY be floating point."
+        value, total, message = params.get("progress"), params.get("total"), params.get("message")
+        if not (_number(value) and (total is None or _number(total))):
+            return []
+        if message is not None and not isinstance(message, str):
+            return []
+        # MCP: "The progress value MUST increase with each notification, even if the
+        # total is unknown": one that does not is not reported (it still moved the deadline).
+        current = cast(float, value)  # a number: _number() says so
+        if current <= self.progress:
+            return []
+        self.progress = current
+        progress = {"progress": value, "total": total, "message": message}
+        return [Progress(request_id, {k: v for k, v in progress.items() if v is not None})]
+
+
+def _number(value: object) -> bool:
+    """A finite JSON number (a bool is none)."""
+    return type(value) in (int, float) and math.isfinite(cast(float, value))
 
 
 def _notification(method: str, params: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
@@ -410,23 +526,23 @@ class _Failure(Exception):
 
 
 class _Waiter:
-    """A caller waiting for its request's answer, and (HTTP) the exchange that carries it."""
+    """A caller waiting for its request's answer, and the progress reported meanwhile."""
 
     def __init__(self, request_id: int, method: str) -> None:
         self.id = request_id
         self.method = method
-        self.done = threading.Event()
+        self.done = threading.Event()  # the answer is set
+        self.woken = threading.Event()  # the answer, or progress, came
         self.answer: Optional[Answer] = None
-        self.connection: Optional[http.client.HTTPConnection] = None  # HTTP: its exchange
-        self.sent = False  # HTTP: the request was written
-        self.unsent_cancel: Optional[Dict[str, Any]] = None  # HTTP: a cancel held until then
+        self.progress: List[Dict[str, Any]] = []  # reported, not yet yielded
 
 
-_S = TypeVar("_S", bound="_Session")
+_S = TypeVar("_S", bound="_SessionIO")
+_T = TypeVar("_T")
 
 
-class _Session:
-    """An MCP client session's I/O: the rules (``McpSession``) under a lock, the callers'
+class _SessionIO:
+    """An MCP client session's I/O: the rules (``McpProtocol``) under a lock, the callers'
     waits, the tools and their results.
 
     A transport subclass starts the connection (``_connect``), sends one message
@@ -435,14 +551,13 @@ class _Session:
 
     _caches_tools: bool = True
 
-    def __init__(self, where: str, timeout: float) -> None:
-        self.rules = McpSession(timeout)  # checks the timeout
+    def __init__(self, where: str, timeout: float, posts: bool = False) -> None:
+        self.protocol = McpProtocol(timeout, posts=posts)  # checks the timeout
         self.where = where
         self._lock = threading.Lock()  # the rules, the waiters, the flags
         self._open_lock = threading.Lock()  # one handshake at a time
         self._close_lock = threading.Lock()  # a second close() waits for the first
         self._waiters: Dict[int, _Waiter] = {}
-        self._opened = False
         self._closed = False
         self._tools: Optional[List[agent_loop.Tool]] = None  # kept until the list changes
         self._changes = 0  # list_changed notifications so far
@@ -450,16 +565,16 @@ class _Session:
     @property
     def timeout(self) -> float:
         """The seconds each request waits for its answer (the rules' ``timeout``)."""
-        return self.rules.timeout
+        return self.protocol.timeout
 
     @timeout.setter
     def timeout(self, seconds: float) -> None:
-        self.rules.timeout = seconds
+        self.protocol.timeout = seconds
 
     @property
     def protocol_version(self) -> Optional[str]:
         """The protocol version the server answered the handshake with (None before)."""
-        return self.rules.protocol_version
+        return self.protocol.protocol_version
 
     # Public surface ----------------------------------------------------------------------
 
@@ -486,7 +601,7 @@ class _Session:
         # The list is read without the open lock: a call of another thread that waits for
         # it would wait for the whole tools/list, deaf to its run's signal.
         with self._lock:
-            lost = self.rules.lost
+            lost = self.protocol.lost
             cached = self._tools if self._caches_tools else None
             changes = self._changes
         if lost is not None:  # a kept list would name tools that can no longer run
@@ -513,8 +628,8 @@ class _Session:
 
     def _open(self, signal: Optional[agent_loop.Signal] = None) -> None:
         """Opens the session unless it is open; a call waiting for another thread's
-        handshake looks at its signal every ``POLL_SECONDS``."""
-        while not self._open_lock.acquire(timeout=POLL_SECONDS):
+        handshake looks at its signal every ``agent_loop.WATCH_SECONDS``."""
+        while not self._open_lock.acquire(timeout=agent_loop.WATCH_SECONDS):
             if signal is not None and signal.is_set():
                 raise _Failure("tools/call was cancelled with the run before it was sent")
         try:
@@ -526,16 +641,15 @@ class _Session:
         """Starts the connection and makes the handshake, once (under the open lock)."""
         if self._closed:
             raise McpError(f"{self.where}: the MCP session is closed")
-        if self._opened:
-            return
+        if self.protocol.protocol_version is not None:
+            return  # open (an HTTP 404 that ended the session made it None again)
         try:
             self._connect()
-            answer = self._exchange(self.rules.initialize, None)
-            self._send(self.rules.initialized(answer), None)
+            answer = _finished(self._exchange(self.protocol.initialize, None))
+            self._send(self.protocol.initialized(answer), None)
         except (_Failure, McpError) as failure:
             self.close()
             raise McpError(f"{self.where}: {failure}") from None
-        self._opened = True
 
     def _list_tools(self) -> List[agent_loop.Tool]:
         """tools/list, page after page, each tool built as an agent_loop Tool."""
@@ -569,8 +683,11 @@ class _Session:
         name: str = description["name"]
 
         # The tool holds the server: a registry in use keeps its server (and process) alive.
-        def execute(arguments: Dict[str, Any], signal: agent_loop.Signal) -> str:
-            return self._call_tool(name, arguments, signal)
+        # A generator: what it yields are the call's tool.progress events.
+        def execute(
+            arguments: Dict[str, Any], signal: agent_loop.Signal
+        ) -> Generator[Dict[str, Any], None, str]:
+            return (yield from self._call_tool(name, arguments, signal))
 
         # MCP's Tool.title, "a human-readable name", goes with the hints: the model is sent
         # neither (annotations.title is the older place of the same name).
@@ -588,11 +705,16 @@ class _Session:
         except (TypeError, ValueError) as error:
             raise McpError(f"{self.where}: tool {name!r} cannot be used: {error}") from None
 
-    def _call_tool(self, name: str, arguments: Dict[str, Any], signal: agent_loop.Signal) -> str:
-        """tools/call for one tool call: its content, or ToolError for any failure."""
+    def _call_tool(
+        self, name: str, arguments: Dict[str, Any], signal: agent_loop.Signal
+    ) -> Generator[Dict[str, Any], None, str]:
+        """tools/call for one tool call: yields its progress, returns its content; raises
+        ToolError for any failure."""
         try:
             self._open(signal)
-            answer = self._request("tools/call", {"name": name, "arguments": arguments}, signal)
+            answer = yield from self._requesting(
+                "tools/call", {"name": name, "arguments": arguments}, signal
+            )
             content, is_error = render_tool_result(answer)
         except (McpError, _Failure) as failure:
             raise agent_loop.ToolError(f"MCP tool {name!r}: {failure}") from None
@@ -608,14 +730,20 @@ class _Session:
 
     # Requests: the rules decide, this moves messages and waits -------------------------------
 
-    def _request(
+    def _request(self, method: str, params: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+        """Sends one request and waits for its result; raises _Failure naming what failed."""
+        return _finished(self._requesting(method, params, None))
+
+    def _requesting(
         self,
         method: str,
         params: Optional[Dict[str, Any]],
-        signal: Optional[agent_loop.Signal] = None,
-    ) -> Dict[str, Any]:
-        """Sends one request and waits for its result; raises _Failure naming what failed."""
-        answer = self._exchange(lambda now: self.rules.request(method, params, now), signal)
+        signal: Optional[agent_loop.Signal],
+    ) -> Generator[Dict[str, Any], None, Dict[str, Any]]:
+        """Sends one request, yields its progress and returns its result; raises _Failure
+        naming what failed."""
+        start = functools.partial(self.protocol.request, method, params)
+        answer = yield from self._exchange(start, signal)
         if answer.result is None:
             raise _Failure(answer.failure)
         return answer.result
@@ -624,9 +752,9 @@ class _Session:
         self,
         start: Callable[[float], Tuple[int, Dict[str, Any]]],
         signal: Optional[agent_loop.Signal],
-    ) -> Answer:
-        """Starts a request (``start(now)`` gives its id and message), sends it, and waits
-        for its answer."""
+    ) -> Generator[Dict[str, Any], None, Answer]:
+        """Starts a request (``start(now)`` gives its id and message), sends it, yields its
+        progress and returns its answer."""
         with self._lock:
             try:
                 request_id, message = start(time.monotonic())
@@ -635,49 +763,63 @@ class _Session:
             waiter = _Waiter(request_id, message["method"])
             self._waiters[request_id] = waiter
         self._send(message, waiter)
-        self._wait(waiter, signal)
+        yield from self._wait(waiter, signal)
         assert waiter.answer is not None
         return waiter.answer
 
-    def _wait(self, waiter: _Waiter, signal: Optional[agent_loop.Signal]) -> None:
-        """Waits for an answer; asks the rules to expire it at its deadline (which progress
-        moves), or to cancel it once the signal is set."""
-        while True:
-            now = time.monotonic()
-            with self._lock:
-                deadline = self.rules.deadline(waiter.id)
-            if deadline is None:
-                return  # it has ended: its answer is set
-            if now >= deadline:
-                self._apply(self.rules.expire)
-            elif waiter.done.wait(min(POLL_SECONDS, deadline - now)):
-                return
-            elif signal is not None and signal.is_set():
-                self._apply(
-                    lambda now: self.rules.cancel(
-                        waiter.id, "the run was cancelled", "was cancelled with the run"
-                    )
-                )
+    def _wait(
+        self, waiter: _Waiter, signal: Optional[agent_loop.Signal]
+    ) -> Iterator[Dict[str, Any]]:
+        """Waits for an answer, yielding the progress reported meanwhile; asks the rules to
+        expire it at its deadline (which progress moves), or to cancel it once the signal
+        is set or the caller stops reading (the run's loop closes a cancelled tool)."""
+        try:
+            while True:
+                with self._lock:
+                    reported, waiter.progress = waiter.progress, []
+                    waiter.woken.clear()
+                    deadline = self.protocol.deadline(waiter.id)
+                yield from reported
+                if deadline is None:
+                    return  # it has ended: its answer is set
+                now = time.monotonic()
+                if now >= deadline:
+                    self._apply(self.protocol.expire)
+                elif waiter.woken.wait(min(agent_loop.WATCH_SECONDS, deadline - now)):
+                    continue
+                elif signal is not None and signal.is_set():
+                    self._cancel(waiter)
+        finally:
+            if not waiter.done.is_set():  # closed while it waited
+                self._cancel(waiter)
+
+    def _cancel(self, waiter: _Waiter) -> None:
+        """The run was cancelled: the rules cancel the request (nothing once it ended)."""
+        self._apply(
+            lambda now: self.protocol.cancel(
+                waiter.id, "the run was cancelled", "was cancelled with the run"
+            )
+        )
 
     def _receive(self, data: bytes, origin: Optional[_Waiter] = None) -> None:
         """One message as read (a line, a body, an event's data), to the rules."""
         self._apply(
-            lambda now: self.rules.receive(data, now, None if origin is None else origin.id)
+            lambda now: self.protocol.receive(data, now, None if origin is None else origin.id)
         )
 
     def _fail(self, why: str) -> None:
         """Every request in flight fails (what was lost may have answered any of them)."""
-        self._apply(lambda now: self.rules.fail(why))
+        self._apply(lambda now: self.protocol.fail(why))
 
     def _lose(self, reason: str) -> None:
         """The connection is gone: every request in flight fails, and so will the next."""
-        self._apply(lambda now: self.rules.lose(reason))
+        self._apply(lambda now: self.protocol.lose(reason))
 
     def _apply(self, step: Callable[[float], List[SessionEvent]]) -> None:
         """Runs one step of the rules with the time, and does what its events say: an
         answer goes to its waiter, a message to the server, a change of tools to the list."""
-        sends: List[Tuple[Dict[str, Any], Optional[_Waiter]]] = []
-        ended: Dict[int, _Waiter] = {}  # the waiters of the requests that failed
+        sends: List[Dict[str, Any]] = []
+        ended: List[_Waiter] = []  # the waiters of the requests that failed
         with self._lock:
             for event in step(time.monotonic()):
                 if isinstance(event, Answer):
@@ -685,28 +827,24 @@ class _Session:
                     waiter = self._waiters.pop(event.request_id)
                     waiter.answer = event
                     waiter.done.set()
+                    waiter.woken.set()
                     if event.result is None:
-                        ended[waiter.id] = waiter
+                        ended.append(waiter)
                 elif isinstance(event, Outgoing):
-                    # A cancel goes with its request (HTTP holds it until that is written).
-                    cancelled = event.message.get("params", {}).get("requestId")
-                    sends.append((event.message, ended.get(cancelled)))
+                    sends.append(event.message)  # the rules hold a cancel until it may go
+                elif isinstance(event, Progress):
+                    waiter = self._waiters[event.request_id]
+                    waiter.progress.append(event.progress)
+                    waiter.woken.set()
                 elif isinstance(event, ToolsChanged):
                     self._tools = None
                     self._changes += 1
                 else:
                     _logger.warning("%s: dropped %s", self.where, event.what)
-        for failed in ended.values():
+        for failed in ended:
             self._abandon(failed)  # nobody reads its answer any more
-        for message, owner in sends:
-            if owner is None:
-                self._send(message, None, True)
-            else:
-                self._send_cancelled(owner, message)
-
-    def _send_cancelled(self, waiter: _Waiter, message: Dict[str, Any]) -> None:
-        """notifications/cancelled for a request, after it (stdio: one ordered stream)."""
-        self._send(message, None, True)
+        for message in sends:
+            self._send(message, None, True)
 
     # Transport hooks ---------------------------------------------------------------------
 
@@ -723,6 +861,15 @@ class _Session:
 
     def _disconnect(self) -> None:
         """Ends the connection (stdio: the process; HTTP: the session)."""
+
+
+def _finished(steps: Generator[Any, None, _T]) -> _T:
+    """What a generator returns, its yields dropped (a request that reports no progress)."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
 
 
 def _refuse_constant(name: str) -> object:
@@ -860,7 +1007,7 @@ class _BoundedText:
 # --- stdio ------------------------------------------------------------------------------
 
 
-class StdioServer(_Session):
+class StdioServer(_SessionIO):
     """An MCP server run as a process, spoken to over its standard input and output.
 
     ``command`` is the server's argv, a sequence of str (no shell: ``shlex.split(line)``
@@ -1073,7 +1220,7 @@ _OWNED_HEADERS: Final = (
 )
 
 
-class HttpServer(_Session):
+class HttpServer(_SessionIO):
     """An MCP server at a Streamable HTTP endpoint (``https://host/mcp``).
 
     Each message is one POST; an answer is JSON or an event stream. The session id the
@@ -1114,13 +1261,14 @@ class HttpServer(_Session):
             raise TypeError(
                 f"ssl_context must be an ssl.SSLContext, got {type(ssl_context).__name__}"
             )
-        super().__init__(f"MCP server {url}", timeout)
+        super().__init__(f"MCP server {url}", timeout, posts=True)
         self.url = url
         self.headers = dict(headers or {})
         self._parts = parts
         self._path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         self._ssl_context = ssl_context
-        self._session_id: Optional[str] = None
+        # The connection of each request being posted: _abandon shuts it down.
+        self._connections: Dict[int, http.client.HTTPConnection] = {}
 
     def _connect(self) -> None:
         pass  # every message is a request of its own
@@ -1142,10 +1290,11 @@ class HttpServer(_Session):
             "Content-Type": "application/json",
             "Accept": "application/json, text/event-stream",
         }
-        if self._session_id is not None:
+        session_id = self.protocol.session_id
+        if session_id is not None:
             # MCP: "clients using the Streamable HTTP transport MUST include it in the
             # MCP-Session-Id header on all of their subsequent HTTP requests."
-            headers["Mcp-Session-Id"] = self._session_id
+            headers["Mcp-Session-Id"] = session_id
         if self.protocol_version is not None:
             # MCP: "the client MUST include the MCP-Protocol-Version: <protocol-version>
             # HTTP header on all subsequent requests to the MCP server"
@@ -1169,26 +1318,29 @@ class HttpServer(_Session):
     def _post(self, body: bytes, waiter: Optional[_Waiter]) -> Optional[str]:
         """One POST and its answer: a request's failure settles it; a notification's is
         returned. A request that ends (cancelled, timed out, closed) before it is written
-        is not sent."""
+        is not sent (the rules decide: writing(), written())."""
         connection = self._connection()
+        problem: Optional[str] = None
+        # One exit, after the finally: a return inside the try gives 3.8 arcs that never run.
         try:
-            if waiter is not None:
-                if not self._sending(waiter, connection):
-                    return None
+            if waiter is None:
                 connection.request("POST", self._path, body, self._request_headers())
-                if not self._written(waiter):
-                    return None  # nobody waits for the answer
-            else:
+                problem = self._answer(connection.getresponse(), None)
+            elif self._sending(waiter, connection):
                 connection.request("POST", self._path, body, self._request_headers())
-            response = connection.getresponse()
-            problem = self._answer(response, waiter)
+                self._apply(lambda now: self.protocol.written(waiter.id))  # a held cancel
+                if not waiter.done.is_set():  # else nobody waits for the answer
+                    problem = self._answer(connection.getresponse(), waiter)
         except (OSError, http.client.HTTPException) as error:
             problem = f"the HTTP exchange failed: {type(error).__name__}: {error}"
         finally:
             connection.close()
+            if waiter is not None:
+                with self._lock:
+                    self._connections.pop(waiter.id, None)
         if problem is not None and waiter is not None:
             failure = f"{waiter.method}: {problem}"
-            self._apply(lambda now: self.rules.end(waiter.id, failure))
+            self._apply(lambda now: self.protocol.end(waiter.id, failure))
         return problem
 
     def _answer(
@@ -1204,23 +1356,15 @@ class HttpServer(_Session):
                 if status == 202
                 else f"HTTP {status} for a notification: {_body_excerpt(response)}"
             )
-        if status == 404 and self._session_id is not None:
-            # MCP: "When a client receives HTTP 404 in response to a request containing an
-            # MCP-Session-Id, it MUST start a new session"
-            self._expire_session()
-            return "the server ended the session (HTTP 404); the next request opens a new one"
-        if status != 200:
-            return f"HTTP {status}: {_body_excerpt(response)}"
+        if status != 200:  # the rules say what it means (a 404 may end the session)
+            said = functools.partial(_body_excerpt, response)
+            self._apply(lambda now: self.protocol.http_error(waiter.id, status, said))
+            return None
         if waiter.method == "initialize":
-            session_id = response.getheader("Mcp-Session-Id")
-            if session_id is not None:
-                # MCP: "The session ID MUST only contain visible ASCII characters (ranging
-                # from 0x21 to 0x7E)."
-                if not session_id or not all(0x21 <= ord(c) <= 0x7E for c in session_id):
-                    return (
-                        f"the server gave a session id that is not visible ASCII: {session_id!r}"
-                    )
-                self._session_id = session_id
+            with self._lock:
+                problem = self.protocol.start_session(response.getheader("Mcp-Session-Id"))
+            if problem is not None:
+                return problem
         kind = (response.getheader("Content-Type") or "").split(";")[0].strip().lower()
         # MCP: "the server MUST either return Content-Type: text/event-stream, to initiate an
         # SSE stream, or Content-Type: application/json, to return one JSON object. The
@@ -1234,7 +1378,7 @@ class HttpServer(_Session):
                 return f"the answer has more than {MAX_MESSAGE_BYTES} bytes"
             self._receive(data, waiter)
         elif kind == "text/event-stream":
-            stream = providers.ServerSentEvents(MAX_MESSAGE_BYTES)
+            stream = wire.ServerSentEvents(MAX_MESSAGE_BYTES)
             while True:
                 try:
                     data = response.read1(_READ_SIZE)
@@ -1242,7 +1386,7 @@ class HttpServer(_Session):
                     data = b""  # a chunked body cut off: the stream ended (named below)
                 try:
                     events = stream.feed(data)
-                except providers.ProviderProtocolError as malformed:
+                except wire.ProviderProtocolError as malformed:
                     return f"the answer's stream is {malformed}"
                 for event in events:
                     # MCP: "The server SHOULD immediately send an SSE event consisting of an
@@ -1268,19 +1412,12 @@ class HttpServer(_Session):
             )
         return None
 
-    def _expire_session(self) -> None:
-        with self._lock:
-            self._session_id = None
-            self._opened = False
-            self.rules.protocol_version = None
-            self._tools = None
-
     def _sending(self, waiter: _Waiter, connection: http.client.HTTPConnection) -> bool:
         """Connects for a request unless it has ended; False when it is not to be sent."""
         with self._lock:
-            if waiter.done.is_set():
+            if not self.protocol.writing(waiter.id):
                 return False  # ended before it connected
-            waiter.connection = connection  # from now on, _abandon shuts it down
+            self._connections[waiter.id] = connection  # from now on, _abandon shuts it down
         connection.connect()
         # The wait bounds the read (its deadline, the signal and close() shut the socket
         # down): the socket's own timeout, past the longest wait, only catches a read that
@@ -1288,38 +1425,17 @@ class HttpServer(_Session):
         assert connection.sock is not None
         connection.sock.settimeout(MAX_PROGRESS_TIMEOUTS * self.timeout + self.timeout)
         with self._lock:
-            return not waiter.done.is_set()  # ended while it connected: nothing is written
-
-    def _written(self, waiter: _Waiter) -> bool:
-        """The request is written: a cancel that came meanwhile is sent now, after it.
-        Returns whether the request still waits for its answer."""
-        with self._lock:
-            waiter.sent = True
-            cancel = waiter.unsent_cancel
-        if cancel is not None:
-            super()._send_cancelled(waiter, cancel)
-        return not waiter.done.is_set()
-
-    def _send_cancelled(self, waiter: _Waiter, message: Dict[str, Any]) -> None:
-        # MCP: "Cancellation notifications MUST only reference requests that: Were
-        # previously issued in the same direction": posted on another connection before
-        # the request is written, the notice could reach the server first and be ignored.
-        # The request's own thread sends it once the request is written (_written), or
-        # never, if it is not sent.
-        with self._lock:
-            if not waiter.sent:
-                waiter.unsent_cancel = message
-                return
-        super()._send_cancelled(waiter, message)
+            return self.protocol.writing(waiter.id)  # ended while it connected: not written
 
     def _abandon(self, waiter: _Waiter) -> None:
-        connection = waiter.connection
+        with self._lock:
+            connection = self._connections.get(waiter.id)
         if connection is not None and connection.sock is not None:
             with contextlib.suppress(OSError):
                 connection.sock.shutdown(socket.SHUT_RDWR)  # the blocked read returns now
 
     def _disconnect(self) -> None:
-        if self._session_id is None:
+        if self.protocol.session_id is None:
             return
         # MCP: "Clients that no longer need a particular session ... SHOULD send an HTTP
         # DELETE to the MCP endpoint with the MCP-Session-Id header"
@@ -1331,7 +1447,7 @@ class HttpServer(_Session):
             pass  # the server is gone: so is the session
         finally:
             connection.close()
-            self._session_id = None
+            self.protocol.session_id = None
 
 
 def _body_excerpt(response: http.client.HTTPResponse) -> str:

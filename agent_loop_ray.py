@@ -118,11 +118,14 @@ def run_on_ray(
     task = ray.remote(max_retries=max_retries, retry_exceptions=False, **given)(settle_item)
     shared = ray.put(make_run)
     pending = [task.remote(shared, item) for item in items]
-    ray.wait(pending, num_returns=len(pending), fetch_local=False)  # every task ends
+    # Every task ends: bounded by the runs themselves (a task ends with its run, Ray retries
+    # a killed worker's up to max_retries times), as run_many's join is. No timeout: a
+    # result is never dropped for being slow.
+    ray.wait(pending, num_returns=len(pending), fetch_local=False)
     results = []
     for item, ref in zip(items, pending):
         try:
-            finished = ray.get(ref)
+            finished = ray.get(ref)  # at once: ray.wait() saw it end
         except ray.exceptions.RayTaskError as error:  # what make_run or the run raised
             raise RuntimeError(f"run_on_ray: the run of item {item!r} raised: {error}") from error
         results.append(al.event_from_dict(finished).payload["result"])

@@ -25,6 +25,11 @@ Rules:
   no more results join); a log where a result follows a call still open (1.3 could
   write one) is a ValueError; a run cancelled by ``before_tool_call`` before its last
   response's first call started replays without that response.
+- A recorded call yields its recorded progress again before its result, so a log with
+  ``tool.progress`` events replays byte for byte; calls at once give their progress and
+  results in the log's order (``run()`` passes its events through ``Recording.ordered``,
+  and a recorded call waits, bounded, for the events before its turn). A run that ended
+  on an ``ends_run`` tool replays ``completed``, with its output.
 - A call that ``before_tool_call`` refused (its ``tool.finished`` says ``refused``) is
   refused again by ``ReplayedRun.before_tool_call``, with the recorded words.
 - The replayed model compares each request with the transcript that the recording
@@ -34,20 +39,26 @@ Rules:
 
 ``dump_events(events, fp)`` writes an event log as JSON lines (one compact ASCII
 ``to_dict()`` per line, with ``times=True`` each with its time), ``load_events(fp)`` reads
-it back, and ``load_timed_events(fp)`` reads it, or a durable run's journal, with times.
+it back, and ``load_timed_events(fp)`` reads it with times. This file knows no journal:
+agent_loop_durable.py reads and writes those.
+
+``RunSteps`` is the one reader of a run's log: fed its events in order, it holds its
+steps (each request, its chunks and its calls) and refuses an event out of order.
+Replay, durable runs, the page and the spans read runs through it.
 
 ``durable_run()`` and ``JournalError`` (agent_loop_durable.py since 1.4) can still be
-imported from here. A ``Recording`` is what both features give again: replay runs on
-one, a durable run on one read from its journal, and then live.
+imported from here until 2.0. A ``Recording`` is what both features give again: replay
+runs on one, a durable run on one read from its journal, and then live.
 
 This file uses only the public names of ``agent_loop``.
 """
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import dataclasses
-import itertools
+import importlib
 import json
 import threading
 import time
@@ -73,6 +84,9 @@ import agent_loop as al
 __version__ = "1.2.0"
 
 __all__ = [
+    "RunSteps",
+    "Step",
+    "Call",
     "replay",
     "ReplayedRun",
     "Recording",
@@ -86,12 +100,10 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     """``durable_run`` and ``JournalError``, here since 1.3, live in agent_loop_durable.py,
-    which builds on this module: imported on first use, so that neither file imports the
-    other while it loads."""
+    which builds on this module: loaded by name on first use, for 1.3's imports only.
+    Deprecated: this re-export goes in 2.0; import them from agent_loop_durable."""
     if name in ("durable_run", "JournalError"):
-        import agent_loop_durable
-
-        return getattr(agent_loop_durable, name)
+        return getattr(importlib.import_module("agent_loop_durable"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -100,6 +112,9 @@ _DRIFT_BEFORE: Final = 160
 for a message's repr up to its content, with call ids as long as providers make them."""
 _DRIFT_AFTER: Final = 60
 """Characters shown from the first difference on."""
+
+_NO_OUTPUT: Final = object()
+"""No recorded output: the call is not the one whose value the recorded run ended with."""
 
 
 def replay(events: Iterable[al.Event]) -> ReplayedRun:
@@ -123,17 +138,13 @@ def replay(events: Iterable[al.Event]) -> ReplayedRun:
     response, a result whose transcript disagrees with the events, or a run that failed
     ``INVALID_TRANSCRIPT``.
     """
-    log = tuple(events)
-    for position, event in enumerate(log):
+    run = RunSteps()
+    for position, event in enumerate(events):
         _check_event("replay()", event, position)
-        if event.sequence != position:
-            raise ValueError(
-                f"the event at position {position} has sequence {event.sequence}: a run's "
-                "events are numbered 0, 1, 2... in order, with no gap"
-            )
-    if not log or log[-1].type != "run.finished":
+        run.feed(event)
+    result = run.result
+    if result is None:
         raise ValueError("the log does not end with run.finished: it is not a whole run's")
-    result: al.RunResult = log[-1].payload["result"]
     if result.error is not None and result.error.code == "INVALID_TRANSCRIPT":
         raise ValueError(
             "the run failed INVALID_TRANSCRIPT: its log holds none of the starting "
@@ -146,41 +157,42 @@ def replay(events: Iterable[al.Event]) -> ReplayedRun:
             f"the result's request_sequence_start {start} and steps {result.steps} do not "
             f"fit in {al.MAX_AGENT_STEPS} requests"
         )
-    accepted = tuple(
-        event.payload["message"]
-        for event in itertools.takewhile(lambda event: event.type == "message.accepted", log)
-    )
+    accepted = run.accepted
     # A run cancelled before its first request holds every starting message, accepted or not.
     messages = result.messages if result.steps == 0 else accepted
     if result.messages[: len(accepted)] != accepted:
         raise ValueError("the result's transcript does not begin with the accepted messages")
-    steps = _recorded_steps(log[len(accepted) : -1], result, len(messages))
+    steps = _recorded_steps(run, result, len(messages))
     complete = result.status in ("completed", "maxSteps")
+    calls = [call for step in run.steps for call in step.calls]
     # Replay is the recording with nothing behind it.
     recording = Recording(
         {step.request_id: (step.chunks, step.response) for step in steps if step.response},
         {call: result for step in steps for call, result in zip(step.calls, step.results)},
         {
-            event.payload["tool_call"].id: event.payload["tool_result"].content
-            for event in log
-            if event.type == "tool.finished" and event.payload.get("refused", False)
+            call.tool_call.id: cast(al.ToolResultMessage, call.result).content
+            for call in calls
+            if call.refused
         },
+        run,
     )
-    model = _ReplayedModel(steps, recording, None if complete else len(log) - 2)
-    names = dict.fromkeys(call.name for step in steps for call in step.calls)
+    model = _ReplayedModel(steps, recording, None if complete else len(run.events) - 2)
+    names = dict.fromkeys(call.tool_call.name for call in calls)
     # A run with tool_concurrency > 1 scheduled groups: tool.started events in a row. A
     # tool whose calls were never in one replays as sequential (a barrier): a call alone
     # stays alone, and the groups are the recorded ones.
-    groups = [
-        [event.payload["tool_call"].name for event in group]
-        for kind, group in itertools.groupby(log, key=lambda event: event.type)
-        if kind == "tool.started"
-    ]
-    together = {name for group in groups if len(group) > 1 for name in group}
+    together = {
+        name
+        for one, next_one in zip(calls, calls[1:])
+        if next_one.started == one.started + 1
+        for name in (one.tool_call.name, next_one.tool_call.name)
+    }
+    ends_run = {call.tool_call.name for call in calls if call.ends_run}
     tools = al.ToolRegistry(
-        recording.tool(_recorded_tool(model, name, name not in together)) for name in names
+        recording.tool(_recorded_tool(model, name, name not in together, name in ends_run))
+        for name in names
     )
-    concurrency = max((len(group) for group in groups), default=1)
+    concurrency = _largest_group(calls)
     # A call refused in the recording is refused again, by the same words.
     hook = recording.before_tool_call(None) if recording.decisions else None
     return ReplayedRun(messages, model, tools, budget, start, concurrency, hook)
@@ -222,7 +234,11 @@ class ReplayedRun:
             tool_concurrency=self.tool_concurrency,
             before_tool_call=self.before_tool_call,
         )
-        if isinstance(self.model, _ReplayedModel) and self.model.stop_after is not None:
+        if not isinstance(self.model, _ReplayedModel):
+            return run
+        # Calls run at once give their progress and results in the log's order.
+        run = self.model.recording.ordered(run)
+        if self.model.stop_after is not None:
             return _cancelled_after(run, signal, self.model.stop_after)
         return run
 
@@ -258,59 +274,44 @@ class _RecordedStep:
     results: Tuple[al.ToolResultMessage, ...]  # fewer than calls where the log stops
 
 
-def _recorded_steps(
-    body: Sequence[al.Event], result: al.RunResult, start_length: int
-) -> List[_RecordedStep]:
-    """The steps of a log, from its events after the accepted messages and before
-    run.finished, checked against the result's transcript."""
+def _largest_group(calls: Sequence[Call]) -> int:
+    """The most calls whose tool.started events came in a row (at least 1)."""
+    largest = length = 1
+    for one, next_one in zip(calls, calls[1:]):
+        length = length + 1 if next_one.started == one.started + 1 else 1
+        largest = max(largest, length)
+    return largest
+
+
+def _recorded_steps(run: RunSteps, result: al.RunResult, start_length: int) -> List[_RecordedStep]:
+    """The steps of a whole log, as RunSteps read them, checked against the result's
+    transcript."""
     request_ids = [
         al.request_id(result.request_sequence_start + step) for step in range(1, result.steps + 1)
     ]
-    positions = {request_id: index for index, request_id in enumerate(request_ids)}
-    chunks: List[List[al.ModelChunk]] = [[] for _ in request_ids]
-    started: List[List[al.ToolCall]] = [[] for _ in request_ids]
-    finished: List[List[al.ToolResultMessage]] = [[] for _ in request_ids]
-    current = 0
-    previous = ""  # the type of the event before
-    for event in body:
-        where = f"event {event.sequence} ({event.type})"
-        if event.type == "message.accepted" or event.type == "run.finished":
-            raise ValueError(
-                f"{where}: a run's message.accepted events come before its first request, "
-                "and its one run.finished last"
-            )
-        request_id = event.payload["request_id"]
-        index = positions.get(request_id, -1)
-        if index < current:
-            raise ValueError(
-                f"{where} names {request_id!r}, which is not the run's current or next "
-                f"request (it opened {', '.join(request_ids) or 'none'}, in that order)"
-            )
-        current = index
-        if event.type == "model.chunk":
-            if event.payload["chunk"].request_id != request_id or started[index]:
-                raise ValueError(
-                    f"{where}: a chunk carries its event's request id, and comes before "
-                    "the request's tool calls"
-                )
-            chunks[index].append(event.payload["chunk"])
-        elif event.type == "tool.started":
-            # A group's calls start in a row; the next group once they have finished.
-            if len(started[index]) != len(finished[index]) and previous != "tool.started":
-                raise ValueError(f"{where}: a tool call started before the previous one finished")
-            started[index].append(event.payload["tool_call"])
-        else:
-            call = event.payload["tool_call"]
-            pending = started[index][len(finished[index]) :]
-            if not pending or pending[0] != call:
-                raise ValueError(
-                    f"{where}: tool call {call.id!r} finished without starting, or before a "
-                    "call started earlier (a cancelled batch that kept a result after an "
-                    "interrupted call cannot be replayed: which calls the cancellation "
-                    "interrupted depended on timing)"
-                )
-            finished[index].append(event.payload["tool_result"])
-        previous = event.type
+    read = {step.request_id: step for step in run.steps}
+    if list(read) != request_ids[: len(read)]:
+        raise ValueError(
+            f"the log's requests ({', '.join(read)}) are not the result's "
+            f"({', '.join(request_ids) or 'none'}, in that order)"
+        )
+    events = run.events
+    chunks = [
+        [events[position].payload["chunk"] for position in read[request_id].chunks]
+        if request_id in read
+        else []
+        for request_id in request_ids
+    ]
+    started = [
+        [call.tool_call for call in read[request_id].calls] if request_id in read else []
+        for request_id in request_ids
+    ]
+    finished = [
+        [call.result for call in read[request_id].calls if call.result is not None]
+        if request_id in read
+        else []
+        for request_id in request_ids
+    ]
 
     # The transcript the run added: each assistant message, then its tool results.
     groups: List[Tuple[al.AssistantMessage, List[al.ToolResultMessage]]] = []
@@ -410,6 +411,7 @@ class _ReplayedModel:
         self, steps: Sequence[_RecordedStep], recording: Recording, stop_after: Optional[int]
     ) -> None:
         self._steps = {step.request_id: step for step in steps}
+        self.recording = recording
         self._recorded = recording.model(self)
         self.stop_after = stop_after
         self._active: Optional[_RecordedStep] = None
@@ -456,26 +458,50 @@ class _ReplayedModel:
                 f"the recording has no call of tool {name!r} with these arguments here "
                 "(the recorded tools answer the replayed model's calls)"
             )
-        signal.wait()
+        # ReplayedRun.run() sets the signal once the log's last event is given; bounded, so
+        # that a replay run by hand (which nothing cancels) fails instead of hanging.
+        if not signal.wait(_TURN_SECONDS):
+            raise RuntimeError(
+                f"tool call {call.id!r} was open when the recording ended, and the "
+                f"replay was not cancelled within {_TURN_SECONDS:.0f} s: replay it with "
+                "ReplayedRun.run(), which cancels the run where its log stops"
+            )
         return "interrupted in the recording"  # discarded: the signal is set
 
 
-def _recorded_answer(result: al.ToolResultMessage) -> object:
+def _recorded_answer(
+    result: al.ToolResultMessage, ends_run: bool = False, output: object = _NO_OUTPUT
+) -> object:
     """What a tool returns, or raises, for execute_tool_call() to build exactly ``result``:
-    its content, or for an error result a ToolError of it (whose content is exact)."""
+    its content, or for an error result a ToolError of it (whose content is exact). An
+    ``ends_run`` tool returns the value the run's output was (``output``), or else its
+    content read as JSON where the loop's encoding of it gives that content again (a
+    value, not a text, as most tools that end a run return)."""
     if result.is_error:
         raise al.ToolError(result.content)
-    return result.content
+    if not ends_run:
+        return result.content
+    if output is not _NO_OUTPUT:
+        return output
+    try:
+        value = json.loads(result.content)
+        again = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except ValueError:  # not JSON, or NaN
+        return result.content
+    return value if again == result.content and not isinstance(value, str) else result.content
 
 
-def _recorded_tool(model: _ReplayedModel, name: str, sequential: bool) -> al.Tool:
-    """A tool that accepts any arguments and answers with the recorded results."""
+def _recorded_tool(model: _ReplayedModel, name: str, sequential: bool, ends_run: bool) -> al.Tool:
+    """A tool that accepts any arguments and answers with the recorded results (one that
+    ends the run where the recorded one did)."""
 
     def execute(arguments: Dict[str, Any], signal: al.Signal) -> object:
         return model.answer(name, signal)
 
     description = f"Answers as the recorded tool {name!r} did."
-    return al.Tool(name, description, {"type": "object"}, execute, sequential=sequential)
+    return al.Tool(
+        name, description, {"type": "object"}, execute, sequential=sequential, ends_run=ends_run
+    )
 
 
 def _drift_sides(
@@ -509,6 +535,265 @@ def _check_event(function: str, event: object, position: int) -> None:
         raise TypeError(f"{function} takes Events, got {kind} at position {position}")
 
 
+# --- A run's steps, read from its events -----------------------------------------
+#
+# The one reader of a run's log: replay, durable runs, the page and the spans read a run
+# through it, and a new event type is taught here alone. Fed one event at a time, as h11's
+# Connection is fed bytes, it keeps what the events say so far; an event that cannot come
+# where it comes is refused (ValueError), and the reader is as it was before it.
+
+
+@dataclass(frozen=True)
+class Call:
+    """One tool call of a step, by the positions (in the order fed, from 0) of its events.
+
+    ``started`` is its ``tool.started``; ``finished`` its ``tool.finished`` (None while the
+    call is open); ``result`` the result that event carries (None while open);
+    ``refused`` and ``ends_run`` what that event says; ``progress`` its ``tool.progress``
+    events. A call's end time is ``RunSteps.times[call.finished]``.
+    """
+
+    tool_call: al.ToolCall
+    started: int
+    finished: Optional[int] = None
+    result: Optional[al.ToolResultMessage] = None
+    refused: bool = False
+    ends_run: bool = False
+    progress: Tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Step:
+    """One model request of a run, by the positions of its events: its first and last
+    event, its ``model.chunk`` events, and its calls in ``tool.started`` order."""
+
+    request_id: str
+    first: int
+    last: int
+    chunks: Tuple[int, ...] = ()
+    calls: Tuple[Call, ...] = ()
+
+
+_STEP_EVENTS: Final = ("model.chunk", "tool.started", "tool.progress", "tool.finished")
+"""The events of a request: each names its request id."""
+
+
+class RunSteps:
+    """Reads a run's steps from its events, fed one at a time in order.
+
+    ``feed(event, time)`` takes the next event; the fields say what the events fed so far
+    hold: ``events`` and ``times`` (by position), the ``accepted`` starting messages,
+    ``steps`` (one per request the events name, in order) and ``result`` (that of
+    ``run.finished``, else None). The order it holds a log to, as ``run_agent_loop()``
+    yields it:
+
+    - sequences 0, 1, 2... in order; ``message.accepted`` events first; ``run.finished``
+      once, last;
+    - a request's events in a row; the first request any number, each next one the next
+      number (``agent_loop.request_id``), opened once the previous one's calls finished;
+    - a request's chunks carry its id and come before its first ``tool.started``;
+    - a ``tool.started`` while a call is open only right after another (calls at once
+      are scheduled in a row, their progress after them); a call id once per request;
+    - a ``tool.progress`` names an open call of its request; a ``tool.finished`` the
+      first open call, with the same call (results in the order the calls started).
+
+    A request that yielded no event (a run cancelled or failed before a request's first
+    chunk, a stop response with no chunk) has no step. Reading ``events``, ``times`` or
+    ``steps`` builds them once after each feed: read them when the events you need are in.
+    """
+
+    def __init__(self) -> None:
+        self._events: List[al.Event] = []
+        self._times: List[Optional[float]] = []
+        self._accepted: List[al.Message] = []
+        self._steps: List[Step] = []  # the requests before the current one
+        self._current: Optional[_OpenStep] = None
+        self._built: Optional[Tuple[Tuple[al.Event, ...], Tuple[Optional[float], ...]]] = None
+        self._built_steps: Optional[Tuple[Step, ...]] = None
+        self.result: Optional[al.RunResult] = None
+        """The result of the run's ``run.finished``; None before it."""
+
+    @property
+    def events(self) -> Tuple[al.Event, ...]:
+        """The events fed, in order."""
+        return self._tuples()[0]
+
+    @property
+    def times(self) -> Tuple[Optional[float], ...]:
+        """The time fed with each event (None: unknown), by position."""
+        return self._tuples()[1]
+
+    @property
+    def accepted(self) -> Tuple[al.Message, ...]:
+        """The messages of the run's ``message.accepted`` events."""
+        return tuple(self._accepted)
+
+    @property
+    def steps(self) -> Tuple[Step, ...]:
+        """One Step per request the events name, in order (the last one as it is so far)."""
+        if self._built_steps is None:
+            current = () if self._current is None else (self._current.step(),)
+            self._built_steps = (*self._steps, *current)
+        return self._built_steps
+
+    def feed(self, event: al.Event, time: Optional[float] = None) -> None:
+        """Takes the run's next event and the time it reports (default: ``event.time``).
+
+        Raises TypeError for an event that is not an Event or a time that is not a
+        number, and ValueError, naming the event and the rule, for an event that cannot
+        come here; either leaves the reader as it was.
+        """
+        position = len(self._events)
+        _check_event("RunSteps.feed()", event, position)
+        if time is None:
+            time = event.time
+        if time is not None and type(time) not in (int, float):
+            raise TypeError(f"time must be a number of seconds or None, got {time!r}")
+        where = f"event {position} ({event.type})"
+        if event.sequence != position:
+            raise ValueError(
+                f"{where} has sequence {event.sequence}: a run's events are numbered 0, 1, "
+                "2... in order, with no gap"
+            )
+        if self.result is not None:
+            raise ValueError(f"{where} comes after run.finished, which ends a run's events")
+        apply = self._checked(event, position, where)
+        apply()
+        self._events.append(event)
+        self._times.append(None if time is None else float(time))
+        self._built = self._built_steps = None
+
+    def _checked(self, event: al.Event, position: int, where: str) -> Callable[[], None]:
+        """The change ``event`` makes once it is checked: ValueError if it cannot come here."""
+        payload = event.payload
+        if event.type == "message.accepted":
+            if self._current is not None:
+                raise ValueError(f"{where}: message.accepted events come before the first request")
+            return lambda: self._accepted.append(payload["message"])
+        if event.type == "run.finished":
+            return lambda: setattr(self, "result", payload["result"])
+        if event.type not in _STEP_EVENTS:
+            raise ValueError(f"{where}: not an event type of a run")
+        step = self._current
+        request_id = payload["request_id"]
+        if step is None or step.request_id != request_id:
+            self._check_next_request(request_id, where)
+            step = _OpenStep(request_id, position)
+            opened: Optional[_OpenStep] = step
+        else:
+            opened = None
+        change = step.checked(event, position, where)
+
+        def apply() -> None:
+            if opened is not None:
+                if self._current is not None:
+                    self._steps.append(self._current.step())
+                self._current = opened
+            change()
+            cast(_OpenStep, self._current).last = position
+
+        return apply
+
+    def _check_next_request(self, request_id: str, where: str) -> None:
+        """A new request: the run's first, or the next number once no call is open."""
+        number = al.request_number(request_id)
+        current = self._current
+        if current is None:
+            if number is None:
+                raise ValueError(f"{where} names {request_id!r}, which is no request id")
+            return
+        expected = al.request_id(cast(int, al.request_number(current.request_id)) + 1)
+        if request_id != expected:
+            raise ValueError(
+                f"{where} names {request_id!r}, where the run's current request is "
+                f"{current.request_id!r} and its next {expected!r}"
+            )
+        if current.open_calls():
+            raise ValueError(
+                f"{where} opens {request_id!r} while tool calls of {current.request_id!r} "
+                "are open: a request follows its previous one's results"
+            )
+
+    def _tuples(self) -> Tuple[Tuple[al.Event, ...], Tuple[Optional[float], ...]]:
+        if self._built is None:
+            self._built = (tuple(self._events), tuple(self._times))
+        return self._built
+
+
+class _OpenStep:
+    """RunSteps' current request, as its events are fed: lists that grow, made into a
+    Step when read."""
+
+    def __init__(self, request_id: str, first: int) -> None:
+        self.request_id = request_id
+        self.first = self.last = first
+        self.chunks: List[int] = []
+        self.calls: List[Call] = []  # their progress in self.progress until read
+        self.progress: List[List[int]] = []
+        self.scheduling = False  # the last call event was a tool.started (or its progress)
+
+    def open_calls(self) -> List[int]:
+        """The indexes of its calls without a tool.finished."""
+        return [index for index, call in enumerate(self.calls) if call.finished is None]
+
+    def step(self) -> Step:
+        calls = (
+            dataclasses.replace(call, progress=tuple(progress))
+            for call, progress in zip(self.calls, self.progress)
+        )
+        return Step(self.request_id, self.first, self.last, tuple(self.chunks), tuple(calls))
+
+    def checked(self, event: al.Event, position: int, where: str) -> Callable[[], None]:
+        """The change ``event`` makes to this request: ValueError if it cannot come here."""
+        payload = event.payload
+        open_calls = self.open_calls()
+        if event.type == "model.chunk":
+            if payload["chunk"].request_id != self.request_id or self.calls:
+                raise ValueError(
+                    f"{where}: a chunk carries its event's request id, and comes before "
+                    "the request's tool calls"
+                )
+            return lambda: self.chunks.append(position)
+        if event.type == "tool.started":
+            call = payload["tool_call"]
+            if open_calls and not self.scheduling:
+                raise ValueError(f"{where}: a tool call started before the previous one finished")
+            if any(started.tool_call.id == call.id for started in self.calls):
+                raise ValueError(f"{where}: tool call {call.id!r} started twice")
+
+            def start() -> None:
+                self.calls.append(Call(call, position))
+                self.progress.append([])
+                self.scheduling = True
+
+            return start
+        if event.type == "tool.progress":
+            call_id = payload["tool_call_id"]
+            index = next((i for i in open_calls if self.calls[i].tool_call.id == call_id), None)
+            if index is None:
+                raise ValueError(f"{where}: progress of tool call {call_id!r}, which is not open")
+            return lambda: self.progress[index].append(position)
+        # tool.finished: the first open call, as the loop gives results in start order.
+        call = payload["tool_call"]
+        if not open_calls or self.calls[open_calls[0]].tool_call != call:
+            raise ValueError(
+                f"{where}: tool call {call.id!r} finished without starting, or before a "
+                "call started earlier"
+            )
+
+        def finish() -> None:
+            self.calls[open_calls[0]] = dataclasses.replace(
+                self.calls[open_calls[0]],
+                finished=position,
+                result=payload["tool_result"],
+                refused=payload.get("refused", False) is True,
+                ends_run=payload.get("ends_run", False) is True,
+            )
+            self.scheduling = False
+
+        return finish
+
+
 # --- The recording ---------------------------------------------------------------
 #
 # Replay and durable runs are one mechanism: run_agent_loop() runs again on a model, tools
@@ -525,16 +810,27 @@ class Recording:
     ``steps``: by request id, the chunks the step streamed and the response it returned.
     ``results``: by tool call (its id, name and arguments), the call's recorded result.
     ``decisions``: by tool call id, what ``before_tool_call`` answered (None: run it; a
-    str: refuse it with that error result). Its ``model()``, ``tool()`` and
-    ``before_tool_call()`` give these, and pass what they do not hold to what stands
-    behind them (the live model, tool and hook of a durable run). Used by ``replay()``
-    and by ``agent_loop_durable``.
+    str: refuse it with that error result). ``log``: the recorded events, as RunSteps
+    read them, or None; with it, a recorded call yields its recorded progress values
+    again before its result, an ``ends_run`` call returns the run's recorded output, and
+    calls run at once give their progress and results in the order the log shows (to the
+    position ``live_from``: past it the run is live, in no recorded order). Its
+    ``model()``, ``tool()`` and ``before_tool_call()`` give these, and pass what they do
+    not hold to what stands behind them (the live model, tool and hook of a durable run);
+    ``ordered(run)`` passes the run's events on and keeps the recorded order. Used by
+    ``replay()`` and by ``agent_loop_durable``.
     """
 
     steps: Mapping[str, Tuple[Tuple[al.ModelChunk, ...], al.ModelResponse]]
     results: Mapping[al.ToolCall, al.ToolResultMessage]
     decisions: Mapping[str, Optional[str]]
+    log: Optional[RunSteps] = None
+    live_from: Optional[int] = None
+    _turns: _Turns = dataclasses.field(init=False, repr=False, compare=False)
     __hash__ = None  # type: ignore[assignment]  # it holds mappings
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_turns", _Turns(self.log, self.live_from))
 
     def model(self, live: al.Model) -> al.Model:
         """A model that streams a recorded step's chunks and returns its response, and
@@ -543,15 +839,25 @@ class Recording:
 
     def tool(self, tool: al.Tool) -> al.Tool:
         """The tool, except that a call whose result is recorded gives that result again
-        (an error result as a ``ToolError``, so its content is exact) and runs nothing."""
-        results = self.results
+        (an error result as a ``ToolError``, so its content is exact; for an ``ends_run``
+        tool, the run's recorded output) after its recorded progress, and runs nothing.
+        A call with recorded progress and no result (the run ended while it ran) yields
+        that progress (before ``live_from``), then runs ``tool``."""
+        results, turns = self.results, self._turns
 
         def execute(arguments: Dict[str, Any], signal: al.Signal) -> object:
             call = al.current_tool_call()
-            result = results.get(call) if call is not None else None
-            if result is None:
+            if call is None:  # not run by the loop: nothing is recorded for it
                 return tool.execute(arguments, signal)
-            return _recorded_answer(result)
+            result, progress = results.get(call), turns.progress_of(call)
+            if result is None and not progress:
+                return tool.execute(arguments, signal)
+            if not progress:
+                turns.wait_to_return(call, signal)
+                return _recorded_answer(
+                    cast(al.ToolResultMessage, result), tool.ends_run, turns.output_of(call)
+                )
+            return _given_again(call, result, progress, turns, tool, arguments, signal)
 
         return dataclasses.replace(tool, execute=execute)
 
@@ -571,6 +877,159 @@ class Recording:
             return live(call, signal)
 
         return before_tool_call
+
+    def ordered(
+        self, run: Generator[al.Event, None, al.RunResult]
+    ) -> Generator[al.Event, None, al.RunResult]:
+        """Passes the events of ``run`` (a run on this recording's tools) on, telling the
+        recorded tools each one, so that calls run at once give their recorded progress
+        and results in the log's order; returns its result. Without it they give them
+        in the order their threads make. Run one such run at a time."""
+        self._turns.begin()
+        with contextlib.closing(run):
+            try:
+                while True:
+                    try:
+                        event = next(run)
+                    except StopIteration as done:
+                        result: al.RunResult = done.value
+                        return result
+                    self._turns.passed(event.sequence)
+                    yield event
+            finally:
+                self._turns.end()  # a tool still waiting for its turn waits no more
+
+
+_TURN_SECONDS: Final = 300.0
+"""How long a recorded call run at once waits for its turn at most: the log's events before
+it come as fast as the run's consumer takes them, so this is generous; past it the call
+fails (RuntimeError), rather than a replay hanging."""
+
+
+class _Turns:
+    """The order of a log's calls run at once (``tool.started`` events in a row): what each
+    recorded call yields and returns, and how many of the run's events must have been
+    passed on (``Recording.ordered``) before it does.
+
+    The loop drains its workers' progress values and outcomes in the order they are put
+    and gives results in assistant order, so the log is reproduced when a progress value
+    at position P is put once the events before P were passed on, and a call's outcome
+    once the progress values between the previous result of its group and its own were:
+    a call may return earlier than its result shows (threads free for the calls behind
+    it), never past a progress value that the log shows after its result.
+    """
+
+    def __init__(self, log: Optional[RunSteps], live_from: Optional[int]) -> None:
+        self._progress: Dict[al.ToolCall, List[Tuple[int, Any]]] = {}  # (wait, value)
+        self._returns: Dict[al.ToolCall, int] = {}
+        self._outputs: Dict[al.ToolCall, object] = {}
+        self._passed = 0
+        self._timed = False  # set while Recording.ordered() runs a run
+        self._changed = threading.Condition()
+        if log is None:
+            return
+        limit = len(log.events) if live_from is None else live_from
+        events = log.events
+        for step in log.steps:
+            for group in _groups(step):
+                ordered = len(group) > 1
+                previous = group[-1].started
+                for call in group:
+                    self._progress[call.tool_call] = [
+                        (
+                            position if ordered and position < limit else 0,
+                            events[position].payload["progress"],
+                        )
+                        for position in call.progress
+                        if call.finished is not None or position < limit
+                    ]
+                    if call.finished is None:
+                        continue
+                    between = [
+                        position
+                        for other in group
+                        for position in other.progress
+                        if previous < position < call.finished < limit
+                    ]
+                    self._returns[call.tool_call] = max(between, default=-1) + 1 if ordered else 0
+                    previous = call.finished
+        result, last = log.result, log.steps[-1] if log.steps else None
+        ends = [call for call in last.calls if call.ends_run] if last is not None else []
+        if result is not None and result.status == "completed" and ends:
+            self._outputs[ends[0].tool_call] = result.output
+
+    def progress_of(self, call: al.ToolCall) -> List[Tuple[int, Any]]:
+        """The call's recorded progress values, each with the events to wait for."""
+        return self._progress.get(call, [])
+
+    def output_of(self, call: al.ToolCall) -> object:
+        """What the call's tool returned, where the log's result holds it."""
+        return self._outputs.get(call, _NO_OUTPUT)
+
+    def begin(self) -> None:
+        with self._changed:
+            self._passed, self._timed = 0, True
+
+    def passed(self, sequence: int) -> None:
+        with self._changed:
+            self._passed = sequence + 1
+            self._changed.notify_all()
+
+    def end(self) -> None:
+        with self._changed:
+            self._timed = False
+            self._changed.notify_all()
+
+    def wait_to_return(self, call: al.ToolCall, signal: al.Signal) -> None:
+        """Waits for the call's turn to return."""
+        self.wait(self._returns.get(call, 0), signal)
+
+    def wait(self, events: int, signal: al.Signal) -> None:
+        """Waits until ``events`` events were passed on, the run ends or its signal is set;
+        RuntimeError after _TURN_SECONDS."""
+        deadline = time.monotonic() + _TURN_SECONDS
+        with self._changed:
+            while self._timed and self._passed < events and not signal.is_set():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"a recorded call waited {_TURN_SECONDS:.0f} s for the log's first "
+                        f"{events} events, which the run did not give"
+                    )
+                self._changed.wait(al.WATCH_SECONDS)  # and looks at the signal again
+
+
+def _groups(step: Step) -> List[List[Call]]:
+    """A step's calls in groups: those whose tool.started events came in a row."""
+    groups: List[List[Call]] = []
+    for call in step.calls:
+        if groups and call.started == groups[-1][-1].started + 1:
+            groups[-1].append(call)
+        else:
+            groups.append([call])
+    return groups
+
+
+def _given_again(
+    call: al.ToolCall,
+    result: Optional[al.ToolResultMessage],
+    progress: Sequence[Tuple[int, Any]],
+    turns: _Turns,
+    tool: al.Tool,
+    arguments: Dict[str, Any],
+    signal: al.Signal,
+) -> Generator[Any, None, object]:
+    """A recorded call with progress: each value in its turn, then its result in its turn
+    (or, without one, what ``tool`` does)."""
+    for wait, value in progress:
+        turns.wait(wait, signal)
+        yield value
+    if result is None:
+        value = tool.execute(arguments, signal)
+        if isinstance(value, collections.abc.Generator):
+            value = yield from value
+        return value
+    turns.wait_to_return(call, signal)
+    return _recorded_answer(result, tool.ends_run, turns.output_of(call))
 
 
 class _RecordingModel:
@@ -627,18 +1086,21 @@ def dump_events(events: Iterable[al.Event], fp: _TextFile, *, times: bool = Fals
     The lines are ASCII (a character beyond it is a ``\\u`` escape, so any encoding
     reads them, and a str holding a lone surrogate comes back as it was); one writer
     makes the lines of logs and of durable journals. With ``times=True`` each line also
-    holds ``"time"``: the seconds (a float, from a monotonic clock) from the first
-    ``next()`` on ``events`` to the moment the event was received from it.
+    holds ``"time"``: the seconds (a float, on the clock of ``time.time()``) from the first
+    ``next()`` on ``events`` to ``event.time`` (when what it reports happened: for a
+    ``tool.finished``, when its tool returned), or to the moment the event was received
+    where the event has no time.
     ``load_events()`` reads the lines back, ``load_timed_events()`` with their times.
     Raises TypeError for an item that is not an Event (the lines before it are written).
     """
     items = iter(events)
-    began = time.monotonic()
+    began = time.time()  # the clock of Event.time
     for position, event in enumerate(items):
         _check_event("dump_events()", event, position)
         data = event.to_dict()
         if times:
-            data["time"] = time.monotonic() - began
+            happened = time.time() if event.time is None else event.time
+            data["time"] = max(0.0, happened - began)
         fp.write(json_line(data) + "\n")
 
 
@@ -650,57 +1112,25 @@ def load_events(fp: Iterable[str]) -> List[al.Event]:
     Raises ValueError naming the line (counted from 1) that holds no event: not JSON (a
     blank line too), or JSON that ``event_from_dict()`` refuses, with its reason.
     """
-    return [event for event, _ in _timed_events(fp, journal=False)]
+    return [event for event, _ in load_timed_events(fp)]
 
 
 def load_timed_events(fp: Iterable[str]) -> List[Tuple[al.Event, Optional[float]]]:
     """Reads a log with its times: the lines of ``dump_events()`` (``times`` or not) or
-    of the command line's ``--json``, or a durable run's journal.
+    of the command line's ``--json``.
 
     Returns each event with its ``"time"`` (seconds since the run began in the process
-    that wrote the line), or None for a line without one. A journal (its first line is
-    a run record) gives its run's events: its other records are skipped, the events
-    that a resume record voids are dropped, and so is a torn last line (no newline).
-    Raises ValueError naming the line (counted from 1) that holds no event.
+    that wrote the line), or None for a line without one. (A durable run's journal is
+    read by agent_loop_durable.py's ``read_journal``.) Raises ValueError naming the line
+    (counted from 1) that holds no event.
     """
-    return _timed_events(fp, journal=True)
-
-
-def _timed_events(fp: Iterable[str], journal: bool) -> List[Tuple[al.Event, Optional[float]]]:
-    """The events of JSON lines and their times; a journal's too if ``journal``."""
-    timed: List[Tuple[al.Event, Optional[float]]] = []
-    in_journal = False  # its first line is a run record
+    timed = []
     for number, line in enumerate(fp, start=1):
-        # A journal's torn last line (its writer died), the run record's too: no event.
-        begun = in_journal or (journal and line.startswith('{"record":"run"'))
-        if begun and not line.endswith("\n"):
-            break
         try:
-            data = _json_value(line)
-            record = data.get("record") if journal and type(data) is dict else None
-            if record is None:
-                timed.append(_timed_event(data))
-            elif number == 1 and record == "run":
-                in_journal = True
-            elif not in_journal:
-                raise ValueError(f"a {record!r} record, and the first line is no run record")
-            elif record == "resume":
-                del timed[_resume_sequence(data, len(timed)) :]
+            timed.append(_timed_event(_json_value(line)))
         except ValueError as error:
             raise ValueError(f"line {number}: {error}") from None
     return timed
-
-
-def _resume_sequence(data: Mapping[str, Any], recorded: int) -> int:
-    """The sequence a journal's resume record names: the first of the events it voids
-    (the events recorded before it from that sequence on)."""
-    sequence = data.get("sequence")
-    if type(sequence) is not int or not 0 <= sequence <= recorded:
-        raise ValueError(
-            f"a resume record's sequence must be an int in 0..{recorded} (the events "
-            f"recorded before it), got {sequence!r}"
-        )
-    return sequence
 
 
 def _json_value(line: str) -> Any:

@@ -29,8 +29,9 @@ style and script, nothing fetched: its Content-Security-Policy allows no connect
 draws the run: each step on a timeline (its wait for the first chunk, its streaming, its
 calls, calls that ran at once in parallel lanes), each call's arguments and result on
 demand (a click on its bar, or a link to ``#call-S-C``, opens the C-th call of the S-th
-step, from 0), errors and refusals marked, the final status, usage and times. Without times
-the timeline is ordinal: one unit per event. The run's data is embedded as JSON in a
+step, from 0), errors and refusals marked, the final status (with the calls a durable
+run awaits a decision on), usage and times. Without times the timeline is ordinal:
+one unit per event. The run's data is embedded as JSON in a
 ``<script type="application/json">`` element with ``<``, ``>`` and ``&`` escaped, and
 the page's script builds the page with ``textContent`` only: text from a model or a
 tool is shown, never read as HTML.
@@ -44,14 +45,28 @@ import base64
 import dataclasses
 import hashlib
 import html
+import importlib
+import itertools
 import json
-from typing import Any, Dict, Final, Iterable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Final, Iterable, List, Optional, Sequence, Set, Tuple
 
 import agent_loop as al
+import agent_loop_replay as alr
+
+if TYPE_CHECKING:  # annotations only: read_run() loads agent_loop_durable by name
+    from agent_loop_durable import Journal
 
 __version__ = "1.0.0"
 
-__all__ = ["RunTimes", "StepTimes", "ToolTimes", "format_times", "render_page", "summarize_times"]
+__all__ = [
+    "RunTimes",
+    "StepTimes",
+    "ToolTimes",
+    "format_times",
+    "read_run",
+    "render_page",
+    "summarize_times",
+]
 
 
 TimedEvent = Tuple[al.Event, Optional[float]]
@@ -94,12 +109,12 @@ def summarize_times(timed_events: Iterable[TimedEvent]) -> RunTimes:
 
     Raises TypeError for an item that is not an (Event, float or None) pair.
     """
-    events, times = _checked_pairs(timed_events)
-    return _times(_steps(events), times)
+    return _times(_read(timed_events))
 
 
-def _times(steps: List[_Step], times: List[Any]) -> RunTimes:
-    """The times of a run's steps, from the times of its events (checked pairs)."""
+def _times(run: alr.RunSteps) -> RunTimes:
+    """The times of a run's steps, from the times of its events."""
+    times = run.times
 
     def between(start: Optional[int], end: Optional[int]) -> Optional[float]:
         begun = 0.0 if start is None else times[start]
@@ -107,21 +122,21 @@ def _times(steps: List[_Step], times: List[Any]) -> RunTimes:
         return None if begun is None or ended is None else float(ended - begun)
 
     step_times = []
-    for step in steps:
+    for step in run.steps:
         first, last = (step.chunks[0], step.chunks[-1]) if step.chunks else (None, None)
         tools = tuple(
             ToolTimes(
                 step.request_id,
-                call.call.id,
-                call.call.name,
-                None if call.started is None else between(call.started, call.finished),
+                call.tool_call.id,
+                call.tool_call.name,
+                between(call.started, call.finished),
             )
             for call in step.calls
         )
         step_times.append(
             StepTimes(
                 step.request_id,
-                None if first is None else between(step.begins, first),
+                None if first is None else between(_begins(step), first),
                 None if first is None else between(first, last),
                 tools,
             )
@@ -150,9 +165,10 @@ def _seconds(value: Optional[float]) -> str:
     return f"{value:.2f} s"
 
 
-def _checked_pairs(timed_events: Iterable[TimedEvent]) -> Tuple[List[al.Event], List[Any]]:
-    """The events and their times, each pair checked; TypeError names the first bad one."""
-    events, times = [], []
+def _read(timed_events: Iterable[TimedEvent]) -> alr.RunSteps:
+    """The run of the timed events, read by RunSteps; TypeError names the first pair that
+    is not one, and RunSteps' ValueError an event out of order."""
+    run = alr.RunSteps()
     for position, pair in enumerate(timed_events):
         event, time = pair if type(pair) is tuple and len(pair) == 2 else (None, None)
         if not isinstance(event, al.Event) or not (time is None or (type(time) in (int, float))):
@@ -160,90 +176,50 @@ def _checked_pairs(timed_events: Iterable[TimedEvent]) -> Tuple[List[al.Event], 
                 f"timed events are (Event, float or None) pairs, got {pair!r:.80} at "
                 f"position {position}"
             )
-        events.append(event)
-        times.append(time)
-    return events, times
+        # The pair's time is the event's: None is unknown, whatever event.time holds (the
+        # loop's own clock, not seconds since the run began).
+        run.feed(dataclasses.replace(event, time=None) if time is None else event, time)
+    return run
 
 
-# --- What the events say about each step -------------------------------------------
+def _begins(step: alr.Step) -> Optional[int]:
+    """Where a step begins: the event just before its first (the loop opens the request
+    right after yielding it), or None when its first is the run's first."""
+    return step.first - 1 if step.first else None
 
 
-@dataclasses.dataclass
-class _Call:
-    """A call of a step, by the positions of its events (None: not in the log)."""
-
-    call: al.ToolCall
-    lane: int
-    started: Optional[int]
-    finished: Optional[int] = None
-    result: Optional[al.ToolResultMessage] = None
-    refused: bool = False
-
-
-@dataclasses.dataclass
-class _Step:
-    """A step, by the positions of its events: its beginning, chunks, calls and last."""
-
-    request_id: str
-    begins: Optional[int]  # the event before its first; None: its first is the run's first
-    last: int
-    chunks: List[int] = dataclasses.field(default_factory=list)
-    calls: List[_Call] = dataclasses.field(default_factory=list)
-    lanes: List[Optional[_Call]] = dataclasses.field(default_factory=list)  # running in each
-
-
-def _steps(events: Sequence[al.Event]) -> List[_Step]:
-    """The steps of a run's events, in their order, each with its chunks and calls.
-
-    A call takes the first lane that no running call holds at its ``tool.started``, so
-    calls that ran one after the other share a lane, and calls at once get one each.
-    """
-    steps: Dict[str, _Step] = {}
-    for position, event in enumerate(events):
-        request_id = event.payload.get("request_id")
-        if request_id is None:  # message.accepted, run.finished: no step's
-            continue
-        step = steps.setdefault(
-            request_id, _Step(request_id, position - 1 if position else None, position)
-        )
-        step.last = position
-        if event.type == "model.chunk":
-            step.chunks.append(position)
-        elif event.type == "tool.started":
-            free = [lane for lane, running in enumerate(step.lanes) if running is None]
-            call = _Call(
-                event.payload["tool_call"], free[0] if free else len(step.lanes), position
-            )
-            if not free:
-                step.lanes.append(None)
-            step.lanes[call.lane] = call
-            step.calls.append(call)
-        else:  # tool.finished: its call is the running one of that id, if the log holds it
-            tool_call = event.payload["tool_call"]
-            running = [c for c in step.lanes if c is not None and c.call.id == tool_call.id]
-            if running:
-                call = running[0]
-                step.lanes[call.lane] = None
-            else:
-                call = _Call(tool_call, len(step.lanes), None)
-                step.lanes.append(None)
-                step.calls.append(call)
-            call.finished = position
-            call.result = event.payload["tool_result"]
-            call.refused = event.payload.get("refused", False) is True
-    return list(steps.values())
+def _lanes(calls: Sequence[alr.Call]) -> List[int]:
+    """Each call's lane: the first that no call still running at its tool.started holds,
+    so that calls one after the other share a lane and calls at once get one each."""
+    ends: List[Optional[int]] = []  # per lane, where its last call finished (None: open)
+    lanes = []
+    for call in calls:
+        free = [lane for lane, end in enumerate(ends) if end is not None and end < call.started]
+        lane = free[0] if free else len(ends)
+        if not free:
+            ends.append(None)
+        ends[lane] = call.finished
+        lanes.append(lane)
+    return lanes
 
 
 # --- The page -----------------------------------------------------------------------
 
 
-def render_page(timed_events: Iterable[TimedEvent], *, title: str = "A run of agent_loop") -> str:
-    """Returns a self-contained HTML page that draws the run of these timed events.
+def render_page(
+    timed_events: Iterable[TimedEvent],
+    *,
+    title: str = "A run of agent_loop",
+    journal: Optional[Journal] = None,
+) -> str:
+    """Returns a self-contained HTML page that draws the run of these timed events; with
+    the ``journal`` they were read from (``read_run()``), also what it awaits, the
+    answers it holds and where a process took over.
 
-    Raises TypeError for an item that is not an (Event, float or None) pair.
+    Raises TypeError for an item that is not an (Event, float or None) pair, and
+    ValueError for events that are not in a run's order (``RunSteps``).
     """
-    events, times = _checked_pairs(timed_events)
-    data = _page_data(events, times, title)
+    data = _page_data(_read(timed_events), title, journal)
     text = json.dumps(data, ensure_ascii=True, separators=(",", ":"))
     # So that no text of the log can end the element ("</script>") or open a comment.
     for character in "<>&":
@@ -258,34 +234,69 @@ def render_page(timed_events: Iterable[TimedEvent], *, title: str = "A run of ag
     )
 
 
+def read_run(path: str) -> Tuple[List[TimedEvent], Optional[Journal]]:
+    """Reads a recorded run from the file at ``path``, by its first line: a durable run's
+    journal (``agent_loop_durable.read_journal``, loaded by name) gives its events, their
+    times and the journal; any other file is a log (``agent_loop_replay.load_timed_events``)
+    and gives its events, their times and None.
+
+    Raises ValueError naming the line that holds no event, JournalError (a ValueError)
+    for a journal that durable runs refuse, ImportError naming the file to copy when a
+    journal is read without agent_loop_durable.py, and OSError as the file does.
+    """
+    with open(path, encoding="utf-8") as file:
+        first = file.readline()
+        if not first.startswith('{"record":"run"'):
+            return alr.load_timed_events(itertools.chain([first] if first else [], file)), None
+    try:
+        durable = importlib.import_module("agent_loop_durable")
+    except ImportError:
+        raise ImportError(
+            f"{path} is a durable run's journal: reading it needs agent_loop_durable.py "
+            "beside agent_loop_view.py"
+        ) from None
+    journal: Journal = durable.read_journal(path)
+    return list(zip(journal.events, journal.times)), journal
+
+
 def _sha256(text: str) -> str:
     """The Content-Security-Policy source that allows exactly this inline text."""
     return "sha256-" + base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode()
 
 
-def _page_data(events: List[al.Event], times: List[Any], title: str) -> Dict[str, Any]:
+def _page_data(run: alr.RunSteps, title: str, journal: Optional[Journal]) -> Dict[str, Any]:
     """The plain data the page's script draws: positions on the timeline, and texts."""
+    events, times = run.events, run.times
     timed = bool(times) and None not in times
     # Seconds since the run began, or one unit per event where the log holds no times.
-    positions: List[float] = list(times) if timed else list(range(len(events)))
+    positions: List[float] = list(times) if timed else list(range(len(events)))  # type: ignore[arg-type]
     span = positions[-1] if positions else 0
 
     def at(position: Optional[int]) -> float:
         return 0 if position is None else positions[position]
 
-    run_steps = _steps(events)
-    summary = _times(run_steps, times)
+    summary = _times(run)
+    awaiting = {call.id for call in journal.awaiting} if journal is not None else set()
     steps = []
-    for step, step_times in zip(run_steps, summary.steps):
+    for step, step_times in zip(run.steps, summary.steps):
         chunks = [events[position].payload["chunk"] for position in step.chunks]
+        lanes = _lanes(step.calls)
+        labels = [
+            ", ".join(
+                f"{call.tool_call.name} [{call.tool_call.id}]"
+                for call, in_lane in zip(step.calls, lanes)
+                if in_lane == lane
+            )
+            for lane in range(max(lanes, default=-1) + 1)
+        ]
         steps.append(
             {
                 "requestId": step.request_id,
-                "start": at(step.begins),
+                "start": at(_begins(step)),
                 "firstChunk": at(step.chunks[0]) if step.chunks else None,
                 "lastChunk": at(step.chunks[-1]) if step.chunks else None,
                 "end": at(step.last),
-                "lanes": len(step.lanes),
+                "lanes": labels,
                 "label": (
                     f"first chunk after {_seconds(step_times.time_to_first_chunk)}, "
                     f"streamed {_seconds(step_times.stream_time)}"
@@ -295,12 +306,20 @@ def _page_data(events: List[al.Event], times: List[Any], title: str) -> Dict[str
                 "thinking": "".join(c.thinking for c in chunks if isinstance(c, al.ThinkingDelta)),
                 "text": "".join(c.text for c in chunks if isinstance(c, al.TextDelta)),
                 "calls": [
-                    _call_data(call, tool_times, at, span, timed)
-                    for call, tool_times in zip(step.calls, step_times.tools)
+                    {
+                        **_call_data(call, tool_times, timed, awaiting),
+                        "lane": lane,
+                        "start": at(call.started),
+                        "end": span if call.finished is None else at(call.finished),
+                        "progress": [
+                            {"at": at(position), "text": _progress_text(events[position])}
+                            for position in call.progress
+                        ],
+                    }
+                    for call, tool_times, lane in zip(step.calls, step_times.tools, lanes)
                 ],
             }
         )
-    finished = [event.payload["result"] for event in events if event.type == "run.finished"]
     return {
         "title": title,
         "timed": timed,
@@ -314,13 +333,10 @@ def _page_data(events: List[al.Event], times: List[Any], title: str) -> Dict[str
             {"at": at, "label": _seconds(at) if timed else str(at)} for at in _ticks(span, timed)
         ],
         "total": _seconds(summary.total) if timed else None,
-        "messages": [
-            _message_data(event.payload["message"])
-            for event in events
-            if event.type == "message.accepted"
-        ],
+        "messages": [_message_data(message) for message in run.accepted],
         "steps": steps,
-        "result": _result_data(finished[0]) if finished else None,
+        "result": None if run.result is None else _result_data(run.result),
+        "journal": None if journal is None else _journal_data(journal, at, timed, len(events)),
     }
 
 
@@ -331,24 +347,44 @@ def _ticks(span: float, timed: bool) -> List[float]:
     return quarters if timed else sorted({round(at) for at in quarters})
 
 
-def _call_data(call: _Call, times: ToolTimes, at: Any, span: float, timed: bool) -> Dict[str, Any]:
-    """A call as the page shows it: its bar, its status, its arguments and its result."""
-    if call.result is None:
-        status = "open"  # the run ended before its result
+def _call_data(
+    call: alr.Call, times: ToolTimes, timed: bool, awaiting: Set[str]
+) -> Dict[str, Any]:
+    """A call as the page shows it: its status, its arguments and its result."""
+    if call.result is None:  # the run ended before its result, or awaits a decision on it
+        status = "awaiting" if call.tool_call.id in awaiting else "open"
     elif call.refused:
         status = "refused"
     else:
-        status = "error" if call.result.is_error else "ok"
+        status = "error" if call.result.is_error else "ends_run" if call.ends_run else "ok"
     return {
-        "id": call.call.id,
-        "name": call.call.name,
-        "lane": call.lane,
-        "start": at(call.started if call.started is not None else call.finished),
-        "end": span if call.finished is None else at(call.finished),
+        "id": call.tool_call.id,
+        "name": call.tool_call.name,
         "status": status,
         "duration": _seconds(times.duration) if timed and times.duration is not None else None,
-        "arguments": json.dumps(call.call.plain_arguments(), indent=2, ensure_ascii=False),
+        "arguments": json.dumps(call.tool_call.plain_arguments(), indent=2, ensure_ascii=False),
         "result": None if call.result is None else call.result.content,
+    }
+
+
+def _progress_text(event: al.Event) -> str:
+    """A tool.progress event's value, as the page shows it: its JSON."""
+    return json.dumps(event.payload["progress"], ensure_ascii=False)
+
+
+def _journal_data(journal: Journal, at: Any, timed: bool, events: int) -> Dict[str, Any]:
+    """What a durable run's journal holds beyond its events, as the page shows it."""
+    return {
+        "awaiting": [f"{call.name} [{call.id}]" for call in journal.awaiting],
+        "answers": [
+            f"{call_id}: " + ("run it" if refusal is None else f"refused: {refusal}")
+            for call_id, refusal in journal.decisions.items()
+        ],
+        "resumes": [
+            f"a process went on from event {sequence}"
+            + (f", at {_seconds(at(sequence - 1))}" if timed and 0 < sequence <= events else "")
+            for sequence in journal.resumes
+        ],
     }
 
 
@@ -369,6 +405,8 @@ def _result_data(result: al.RunResult) -> Dict[str, Any]:
         "finalText": result.final_text,
         "error": None if result.error is None else result.error.to_dict(),
         "usage": None if result.usage is None else result.usage.to_dict(),
+        # A durable run that stopped on LATER: a pause, not a cancel.
+        "awaiting": [f"{call.name} [{call.id}]" for call in result.awaiting],
     }
 
 
@@ -413,6 +451,7 @@ h2 { font-size: 15px; margin: 22px 0 8px; color: var(--muted); text-transform: u
 .status.cancelled, .status.maxSteps { background: var(--refused); }
 .run-error { margin: 10px 0 0; padding: 8px 10px; border-left: 4px solid var(--error);
   background: #fdeeed; }
+.run-awaiting { margin: 10px 0 0; padding: 8px 10px; border-left: 4px solid var(--refused); }
 .final { margin: 10px 0 0; white-space: pre-wrap; }
 .messages p { margin: 4px 0; }
 .role { display: inline-block; min-width: 70px; color: var(--muted); }
@@ -446,6 +485,9 @@ a.note { color: var(--ink); }
 .bar.call.refused { background: repeating-linear-gradient(135deg, var(--refused) 0 6px,
   #b3740f 6px 12px); }
 .bar.call.open { background: var(--open); opacity: .75; }
+.bar.call.awaiting { background: var(--refused); opacity: .6; }
+.bar.call.ends_run { background: var(--ok); box-shadow: inset -4px 0 0 var(--ink); }
+.progress { position: absolute; top: 1px; width: 2px; height: 20px; background: var(--ink); }
 .legend { display: flex; flex-wrap: wrap; gap: 14px; margin: 10px 0 0; font-size: 12px;
   color: var(--muted); }
 .legend i { display: inline-block; width: 12px; height: 12px; border-radius: 2px;
@@ -467,6 +509,8 @@ summary { cursor: pointer; }
 .tag.error { background: var(--error); }
 .tag.refused { background: var(--refused); }
 .tag.open { background: var(--open); }
+.tag.awaiting { background: var(--refused); }
+.tag.ends_run { background: var(--ink); }
 .muted { color: var(--muted); }
 """
 """The page's style: one column, a timeline of bars, cards for the steps."""
@@ -534,6 +578,9 @@ _SCRIPT: Final = """
   if (result && result.error) {
     add(head, el("p", "run-error", result.error.code + ": " + result.error.message));
   }
+  if (result && result.awaiting.length) {
+    add(head, el("p", "run-awaiting", "awaiting a decision: " + result.awaiting.join(", ")));
+  }
   if (result && result.finalText !== null) { add(head, el("p", "final", result.finalText)); }
 
   if (data.messages.length) {
@@ -561,8 +608,8 @@ _SCRIPT: Final = """
         step.requestId + ": " + step.label;
     }
     note(track, "step", step.start, streams ? step.lastChunk : step.end, step.label);
-    for (var lane = 0; lane < step.lanes; lane++) {
-      var laneTrack = row(timeline, "lane", "lane " + (lane + 1));
+    step.lanes.forEach(function (laneLabel, lane) {
+      var laneTrack = row(timeline, "lane", laneLabel);
       step.calls.forEach(function (call, callIndex) {
         if (call.lane !== lane) { return; }
         var anchor = "call-" + stepIndex + "-" + callIndex;
@@ -575,8 +622,13 @@ _SCRIPT: Final = """
             node.title = call.name + " [" + call.id + "] " + call.status;
             node.addEventListener("click", function () { anchors[anchor].open = true; });
           });
+        call.progress.forEach(function (progress) {
+          var mark = add(laneTrack, el("span", "progress", ""));
+          mark.style.left = (100 * progress.at / (data.span > 0 ? data.span : 1)) + "%";
+          mark.title = call.name + " [" + call.id + "] progress " + progress.text;
+        });
       });
-    }
+    });
   });
   var ticks = row(timeline, "ticks", "");
   data.ticks.forEach(function (tick, index) {
@@ -586,12 +638,26 @@ _SCRIPT: Final = """
   });
   var legend = add(timeline, el("p", "legend"));
   [["wait", "waiting for the first chunk"], ["stream", "streaming"], ["ok", "tool call"],
-   ["error", "tool error"], ["refused", "refused"], ["open", "no result"]].forEach(
+   ["error", "tool error"], ["refused", "refused"], ["open", "no result"],
+   ["ink", "progress; a call that ended the run"]].forEach(
     function (entry) {
       var item = add(legend, el("span", "", ""));
       add(item, el("i", "bar-key")).style.background = "var(--" + entry[0] + ")";
       add(item, document.createTextNode(entry[1]));
     });
+
+  // A durable run's journal: the decisions it awaits, the answers it holds, its resumes.
+  if (data.journal) {
+    add(root, el("h2", "", "Durable journal"));
+    var journal = add(root, el("section", "card journal"));
+    [["awaiting", "awaiting a decision"], ["answers", "answers"],
+     ["resumes", "resumes"]].forEach(function (part) {
+      var line = add(journal, el("p", part[0]));
+      add(line, el("span", "role", part[1]));
+      add(line, el("span", "", data.journal[part[0]].length ?
+        data.journal[part[0]].join("; ") : "none"));
+    });
+  }
 
   // Each step: its thinking and text, and each call's arguments and result on demand.
   add(root, el("h2", "", "Steps"));
@@ -614,6 +680,12 @@ _SCRIPT: Final = """
       if (call.duration) { add(summary, el("span", "muted", " " + call.duration)); }
       add(details, el("div", "muted", "arguments"));
       add(details, el("pre", "arguments", call.arguments));
+      if (call.progress.length) {
+        add(details, el("div", "muted", "progress"));
+        add(details, el("pre", "progress", call.progress.map(function (progress) {
+          return progress.text;
+        }).join("\\n")));
+      }
       add(details, el("div", "muted", "result"));
       add(details, el("pre", "result", call.result === null ? "(none)" : call.result));
     });

@@ -62,7 +62,7 @@ from typing import (
 import pytest
 
 import agent_loop as al
-from loop_invariants import EVENT_TYPES, check_run
+from loop_invariants import SEED_EVENT_TYPES, check_run
 from loop_reference import assert_predicted, predict, random_script, run_plans
 from loop_testing import (
     AT_LIMIT,
@@ -885,7 +885,7 @@ class TestEventSequence:
         )
 
         assert result.status == status
-        assert set(types_of(events)) == set(EVENT_TYPES)
+        assert set(types_of(events)) == set(SEED_EVENT_TYPES)
         accepted = [dict(event.payload) for event in events[: len(PRIOR_ROUND)]]
         assert accepted == [{"message": message} for message in PRIOR_ROUND]
         assert [event.sequence for event in events] == list(range(len(events)))
@@ -1893,4 +1893,4 @@ class TestRandomScriptsAgainstAReference:
             ("failed", "MODEL_PROTOCOL_ERROR"),
             ("failed", "MODEL_STREAM_ERROR"),
         }
-        assert cancelled_at == set(EVENT_TYPES) - {"run.finished"}
+        assert cancelled_at == set(SEED_EVENT_TYPES) - {"run.finished"}

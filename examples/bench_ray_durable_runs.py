@@ -55,14 +55,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return recipe.batch(count, url, directory, options.tool_seconds)
 
         started = time.perf_counter()
-        with recipe.local_ray(workers):
+        with recipe.recipe_ray(workers):
             ray_start = time.perf_counter() - started
             with tempfile.TemporaryDirectory(prefix="bench-ray-durable-runs-") as directory:
-                recipe.run_on_ray(specs(2 * workers, directory), max_retries=0)  # warm-up
+                recipe.run_specs_on_ray(specs(2 * workers, directory), max_retries=0)  # warm-up
             for size in sizes:
 
                 def on_ray_batch(directory: str, size: int = size) -> object:
-                    return recipe.run_on_ray(specs(size, directory), max_retries=0)
+                    return recipe.run_specs_on_ray(specs(size, directory), max_retries=0)
 
                 def on_threads_batch(directory: str, size: int = size) -> object:
                     return recipe.run_on_threads(specs(size, directory), workers=workers)

@@ -27,7 +27,7 @@ How it works:
    again after a crash. So each tool acts through ``agent_loop_ray.Ledger.once()``, which
    keeps one effect per call under ``agent_loop_durable.effect_key()``, linked into place
    once (a link fails where the file exists); an attempt that finds its call's effect
-   returns it instead of acting again. This recipe's ``Ledger`` also logs what ran where.
+   returns it instead of acting again. This recipe's ``EffectLedger`` also logs what ran where.
 4. The model is ``OpenAIChatModel`` against llmock, which answers a request with the
    reply scripted for its model name. Each request is sent as the model
    ``"<run id>/<request id>"``, so the answer is a function of the run and the step, as a
@@ -147,7 +147,7 @@ def make_run(spec: RunSpec, signal: al.Signal) -> Generator[al.Event, None, al.R
     goes on: this is what Ray retries. Each call logs a task attempt in the ledger, with
     the size of the journal it found, and the run's end.
     """
-    ledger = Ledger(spec.ledger_dir)
+    ledger = EffectLedger(spec.ledger_dir)
     try:
         found = os.path.getsize(spec.journal)
     except FileNotFoundError:
@@ -165,7 +165,7 @@ def make_run(spec: RunSpec, signal: al.Signal) -> Generator[al.Event, None, al.R
 
 
 def _logged(
-    run: Generator[al.Event, None, al.RunResult], ledger: Ledger, run_id: str
+    run: Generator[al.Event, None, al.RunResult], ledger: EffectLedger, run_id: str
 ) -> Generator[al.Event, None, al.RunResult]:
     """The run's events; its end is logged once it has its result."""
     result = yield from run
@@ -176,7 +176,7 @@ def _logged(
 # --- Tools whose effects are idempotent through the call id ---------------------------
 
 
-class Ledger:
+class EffectLedger:
     """What the tools did, in a directory that every worker reaches.
 
     ``effect(...)`` is the tools' one way to act: at most one effect per call id, however
@@ -274,7 +274,7 @@ class Ledger:
 
 
 def tools_for(
-    run_id: str, ledger: Ledger, seconds: float = TOOL_SECONDS, hold: Optional[str] = None
+    run_id: str, ledger: EffectLedger, seconds: float = TOOL_SECONDS, hold: Optional[str] = None
 ) -> al.ToolRegistry:
     """The run's tools: each acts once per call id, through the ledger (``hold``: see
     RunSpec)."""
@@ -391,20 +391,20 @@ def llmock_server() -> Iterator[str]:
             process.wait(HTTP_SECONDS)
         except subprocess.TimeoutExpired:
             process.kill()
-            process.wait()
+            process.wait(HTTP_SECONDS)
 
 
 # --- Many runs: on Ray, or on a thread pool -------------------------------------------
 
 
 @contextlib.contextmanager
-def local_ray(workers: int) -> Iterator[None]:
+def recipe_ray(workers: int) -> Iterator[None]:
     """``agent_loop_ray.local_ray(workers)``, sending the workers this file too."""
     with agent_loop_ray.local_ray(workers, modules=[sys.modules[__name__]]):
         yield
 
 
-def run_on_ray(specs: Sequence[RunSpec], *, max_retries: int) -> List[Dict[str, Any]]:
+def run_specs_on_ray(specs: Sequence[RunSpec], *, max_retries: int) -> List[Dict[str, Any]]:
     """Runs every spec as a Ray task, retried up to max_retries times when its worker
     dies; returns their results' dicts in the order of specs. Ray must be initialised."""
     results = agent_loop_ray.run_on_ray(make_run, specs, max_retries=max_retries)
@@ -502,7 +502,13 @@ class WorkerKiller:
     """
 
     def __init__(
-        self, ledger: Ledger, *, kills: int, runs: int, seed: int, delay: float = 2 * TOOL_SECONDS
+        self,
+        ledger: EffectLedger,
+        *,
+        kills: int,
+        runs: int,
+        seed: int,
+        delay: float = 2 * TOOL_SECONDS,
     ) -> None:
         self.kills = kills
         self.runs = runs
@@ -521,6 +527,8 @@ class WorkerKiller:
 
     def __exit__(self, *exception: object) -> None:
         self._stop.set()
+        # Bounded: each of its waits is a _stop.wait() (its reads of the log and its kill
+        # do not block), so it returns once _stop is set.
         self._thread.join()
 
     def _kill(self) -> None:
@@ -611,8 +619,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             reference_dir = stack.enter_context(tempfile.TemporaryDirectory())
             reference_specs = batch(options.runs, url, reference_dir, options.tool_seconds)
             reference = run_on_threads(reference_specs, workers=options.workers)
-        ledger = Ledger(specs[0].ledger_dir)
-        with local_ray(options.workers):
+        ledger = EffectLedger(specs[0].ledger_dir)
+        with recipe_ray(options.workers):
             killer = WorkerKiller(
                 ledger,
                 kills=options.kill,
@@ -622,7 +630,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             )
             started = time.monotonic()
             with killer:
-                results = run_on_ray(specs, max_retries=options.kill + 3)
+                results = run_specs_on_ray(specs, max_retries=options.kill + 3)
             seconds = time.monotonic() - started
     print(report(results, ledger, seconds, options.workers, killer.killed, reference))
     print(f"journals: {specs[0].journal_dir}")
@@ -631,7 +639,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def report(
     results: Sequence[Mapping[str, Any]],
-    ledger: Ledger,
+    ledger: EffectLedger,
     seconds: float,
     workers: int,
     killed: Sequence[int],

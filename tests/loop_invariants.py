@@ -23,13 +23,16 @@ STATUSES = ("completed", "cancelled", "maxSteps", "failed")
 CODES = ("INVALID_TRANSCRIPT", "MODEL_PROTOCOL_ERROR", "MODEL_STREAM_ERROR", "TOOL_PHASE_ERROR")
 
 
-EVENT_TYPES = (
+SEED_EVENT_TYPES = (
     "message.accepted",
     "model.chunk",
     "tool.started",
     "tool.finished",
     "run.finished",
 )
+"""The seed's five kinds of event: a run whose tools yield nothing has only these."""
+
+EVENT_TYPES = (*SEED_EVENT_TYPES, "tool.progress")
 
 
 MESSAGE_TYPES = (al.UserMessage, al.AssistantMessage, al.ToolResultMessage)
@@ -127,6 +130,10 @@ def check_run(
     status = result.status
     assert status in STATUSES
     assert (result.final_text is not None) == (status == "completed")
+    # A run ends on a tool only completed, and only after a tool.finished that says so.
+    ending = [event for event in events if event.payload.get("ends_run", False)]
+    assert result.output is None or (status == "completed" and ending)
+    assert result.awaiting == ()
     if max_steps is not None:
         assert result.max_steps == (max_steps if status == "maxSteps" else None)
     assert (result.error is not None) == (status == "failed")
@@ -286,20 +293,23 @@ def check_run(
         assert len({event.payload["request_id"] for event in group}) == 1
         group_calls = [event.payload["tool_call"] for event in group]
         last = -1  # the position in the group of the last call that finished
-        unfinished: list[al.ToolCall] = []
-        while events[index].type == "tool.finished":
-            position = group_calls.index(events[index].payload["tool_call"])
-            assert position > last
-            assert events[index].payload["tool_call"] is group_calls[position]
+        while events[index].type in ("tool.finished", "tool.progress"):
             assert events[index].payload["request_id"] == group[0].payload["request_id"]
-            unfinished += group_calls[last + 1 : position]
+            if events[index].type == "tool.progress":
+                # A progress of a call of the group that has started and not finished.
+                running = [c.id for c in group_calls[last + 1 :]]
+                assert events[index].payload["tool_call_id"] in running
+                index += 1
+                continue
+            # Results in assistant order, and none after a call left without one.
+            position = group_calls.index(events[index].payload["tool_call"])
+            assert position == last + 1
+            assert events[index].payload["tool_call"] is group_calls[position]
             last = position
             index += 1
-        kept_after_open = bool(unfinished)
-        unfinished += group_calls[last + 1 :]
+        unfinished = group_calls[last + 1 :]
         if unfinished:
             assert events[index].type == "run.finished"
             assert status == "cancelled" or code == "TOOL_PHASE_ERROR"
-            assert not kept_after_open or status == "cancelled"
             for open_call in unfinished:
                 assert open_call.id in open_calls, "no result for an open call"

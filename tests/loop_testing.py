@@ -34,6 +34,7 @@ from typing import (
     Dict,
     Generator,
     Iterable,
+    List,
     Mapping,
     Sequence,
     Tuple,
@@ -686,6 +687,56 @@ def open_call_ids(messages: Iterable[al.Message]) -> list[str]:
     return [open_call.id for open_call in al.open_tool_calls(messages)]
 
 
+# Tools at once: builders and readers (tests/test_agent_loop_concurrency.py and others).
+
+WAIT: float = 10.0
+"""Seconds a test thread waits for another before the test fails: generous, so that a
+loaded machine never fails a test, and finite, so that a broken loop cannot hang one."""
+
+
+def tool(
+    name: str,
+    execute: Callable[[dict[str, Any], Any], object],
+    sequential: bool = False,
+) -> al.Tool:
+    """A tool that takes any arguments."""
+    return al.Tool(name, f"The {name} tool.", {"type": "object"}, execute, sequential=sequential)
+
+
+def calls_of(name: str, *ids: str) -> list[al.ToolCall]:
+    return [call(name, id, {}) for id in ids]
+
+
+def one_batch(*calls: al.ToolCall) -> list[al.ScriptedResponse]:
+    """One step that asks for ``calls``, then a step that stops with "Done."."""
+    return [tool_turn("response-001", *calls), stop("response-002", "Done.")]
+
+
+def events_of_tools(events: Sequence[al.Event]) -> list[tuple[str, str]]:
+    """The tool events as (type, call id)."""
+    return [
+        (event.type, event.payload["tool_call"].id)
+        for event in events
+        if event.type in ("tool.started", "tool.finished")
+    ]
+
+
+def results_of(result: al.RunResult) -> dict[str, tuple[str, bool]]:
+    """The run's tool results by call id: (content, is_error)."""
+    return {
+        message.tool_call_id: (message.content, message.is_error)
+        for message in result.messages
+        if isinstance(message, al.ToolResultMessage)
+    }
+
+
+def tool_threads() -> list[threading.Thread]:
+    """The loop's tool threads still alive."""
+    return [
+        thread for thread in threading.enumerate() if thread.name.startswith("agent_loop-tool")
+    ]
+
+
 def cancelled_signal() -> threading.Event:
     """A signal that is already set."""
     signal = threading.Event()
@@ -824,3 +875,65 @@ class RequestKeyedModel:
         self.call_count += 1
         self.requests.append(request)
         return al.ScriptedModel([self.script[request.id]]).stream(request, signal)
+
+
+Plan = Dict[str, List[Tuple[str, object]]]
+"""Each call's part, by call id: its steps, each (the event it waits for, its value)."""
+
+
+class Choreography:
+    """Tool calls whose order is fixed by gates, not timing: call C plays ``plan[C]``,
+    whose steps each wait until the consumer saw an event (``"started:C"``,
+    ``"progress:C:VALUE"``, ``"finished:C"``; ``""``: none; ``"signal"``: the run's
+    signal), then yield their value as progress, the last one returned. ``seen`` is the
+    driver's ``cancel_at`` (it cancels on the event named ``cancel``); ``ran`` lists the
+    calls its tool ran."""
+
+    def __init__(self, plan: Plan, cancel: str = "") -> None:
+        self.plan = plan
+        self.cancel = cancel
+        self.ran: List[str] = []
+        self._gates: Dict[str, threading.Event] = {}
+        self._lock = threading.Lock()
+
+    def tool(self, name: str = "work", ends_run: bool = False) -> al.Tool:
+        def execute(arguments: Dict[str, Any], signal: al.Signal) -> object:
+            current = al.current_tool_call()
+            assert current is not None
+            self.ran.append(current.id)
+            return self._play(self.plan[current.id], signal)
+
+        return al.Tool(name, "Plays its part.", {"type": "object"}, execute, ends_run=ends_run)
+
+    def seen(self, event: al.Event) -> bool:
+        key = event_key(event)
+        self._gate(key).set()
+        return key == self.cancel
+
+    def _gate(self, key: str) -> threading.Event:
+        with self._lock:
+            return self._gates.setdefault(key, threading.Event())
+
+    def _play(
+        self, steps: List[Tuple[str, object]], signal: al.Signal
+    ) -> Generator[object, None, object]:
+        *progress, (after_last, last) = steps
+        for after, value in progress:
+            self._wait(after, signal)
+            yield value
+        self._wait(after_last, signal)
+        return last
+
+    def _wait(self, after: str, signal: al.Signal) -> None:
+        if after:
+            assert (signal if after == "signal" else self._gate(after)).wait(WAIT), after
+
+
+def event_key(event: al.Event) -> str:
+    """How a Choreography names a tool event (other events: their type)."""
+    payload = event.payload
+    if event.type == "tool.progress":
+        return f"progress:{payload['tool_call_id']}:{payload['progress']}"
+    if event.type in ("tool.started", "tool.finished"):
+        return f"{event.type[5:]}:{payload['tool_call'].id}"
+    return event.type

@@ -631,7 +631,6 @@ class Reply:
     chunked: bool = False  # HTTP/1.1 chunked framing, as uvicorn sends it
     hang_up: bool = False  # close the connection without any answer
     held: bool = False  # after the first part, wait for one of the server's go tokens
-    gate: Optional[threading.Event] = None  # set: the last part waits for it (SERVER_BOUND)
 
 
 @dataclass
@@ -706,8 +705,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         for number, part in enumerate(reply.parts):
             if number and reply.pause:
                 state.release.wait(reply.pause)
-            if reply.gate is not None and number == len(reply.parts) - 1:
-                reply.gate.wait(SERVER_BOUND)
             if reply.chunked:
                 part = b"%x\r\n%s\r\n" % (len(part), part) if part else b""
             self.wfile.write(part)

@@ -175,6 +175,10 @@ class Fake:
                         "params": {"progressToken": token, "progress": step + 1},
                     }
                 )
+            if self.config.get("hold_progress"):  # then answer only when cancelled
+                with self.lock:
+                    event = self.cancelled.setdefault(message["id"], threading.Event())
+                event.wait(60)
             text("done")
         elif name == "crash":
             sys.stderr.write("boom: the server crashed\n")

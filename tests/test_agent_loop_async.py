@@ -10,7 +10,8 @@ Contents
     TestEvents: in order, the result once they end, back-pressure, what the run raises
     TestCancellation: the iterating task cancelled, aclose, async with, a dropped iterator
     TestManyRuns: many runs at once in one event loop
-    TestServerSentEvents: a run streamed over HTTP, the client leaving midway
+    TestServerSentEvents: sse()'s framing (a client that leaves: test_agent_loop_web.py, and
+        the asyncio streams server of docs/many-runs.md)
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import pytest
 
 import agent_loop as al
 import agent_loop_async as aio
+from agent_loop_providers import ServerSentEvents
+from agent_loop_replay import json_line
 
 WAIT: float = 10.0
 CANCEL_BOUND: float = 5.0  # seconds; the loop's own bound is a check after every event
@@ -75,6 +78,8 @@ class Waiting:
     def __init__(self, signal: threading.Event) -> None:
         self.started = threading.Event()
         self.stopped = threading.Event()  # the tool saw the signal
+        self.returns = threading.Event()  # once it saw the signal, it returns when this is set
+        self.returns.set()
         self.model = al.ScriptedModel(
             [
                 al.scripted_response(
@@ -90,6 +95,7 @@ class Waiting:
             self.started.set()
             if tool_signal.wait(WAIT):
                 self.stopped.set()
+            self.returns.wait(WAIT)
             return "woke"
 
         self.run = al.run_agent_loop(
@@ -249,15 +255,31 @@ class TestEvents:
 
 
 class TestCancellation:
-    def test_cancelling_the_task_cancels_the_run_and_its_thread_ends(self) -> None:
+    @pytest.mark.parametrize(
+        "where",
+        [
+            # asyncio's one cancellation: the task waits for the run, then is done.
+            "in-anext-once",
+            # anyio's (Starlette's): cancelled again while it waits for the run to end.
+            "in-anext-then-again",
+            # A slow consumer's own await (`await writer.drain()`), between two events.
+            "in-the-loop-body",
+        ],
+    )
+    def test_the_result_is_kept_however_the_task_is_cancelled(self, where: str) -> None:
         signal = threading.Event()
         waiting = Waiting(signal)
+        if where != "in-anext-once":
+            waiting.returns.clear()  # the tool is slow to return: the task ends first
         seen: List[str] = []
         run = aio.arun(waiting.run, signal)
 
         async def consume() -> None:
             async for event in run:
                 seen.append(event.type)
+                if where == "in-the-loop-body" and event.type == "tool.started":
+                    # Never set: the consumer's own slow await, which the test cancels.
+                    await asyncio.Event().wait()
 
         async def main() -> float:
             task = asyncio.ensure_future(consume())
@@ -267,13 +289,27 @@ class TestCancellation:
             await until_true(lambda: "tool.started" in seen)
             began = time.monotonic()
             task.cancel()
+            if where == "in-anext-then-again":
+                await until(signal)  # the task waits for the run (in the same step as set)
+                task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            assert run_threads() == []  # the task is done: the thread is gone
+            if where == "in-anext-once":  # the task is done: the thread is gone
+                assert run_threads() == []
+                return time.monotonic() - began
+            await until(signal)  # set by the cancel, or by the task's end (its body)
+            with pytest.raises(asyncio.InvalidStateError, match="have not ended"):
+                _ = run.result  # the run has not ended yet: its tool is still returning
+            waiting.returns.set()
+            began = time.monotonic()
+            for thread in run_threads():
+                thread.join(WAIT)
+            assert run.result.status == "cancelled"  # kept by its thread, nobody waited
+            with pytest.raises(StopAsyncIteration):  # and asking again drops what is left
+                await run.__anext__()
             return time.monotonic() - began
 
         assert asyncio.run(main()) < CANCEL_BOUND
-        assert signal.is_set()
         assert waiting.stopped.is_set()
         assert run.result.status == "cancelled"
         assert waiting.model.call_count == 1  # no request after the cancellation
@@ -465,57 +501,26 @@ class TestManyRuns:
 
 
 class TestServerSentEvents:
-    """A run streamed as server-sent events; a client that leaves cancels it."""
+    """sse(): a run's events as server-sent events."""
 
-    def test_the_client_leaving_midway_cancels_the_run(self) -> None:
-        signal = threading.Event()
-        waiting = Waiting(signal)
-        runs: List[aio.AsyncRun] = []
-        handled = threading.Event()
+    def test_each_event_is_framed_with_its_type_sequence_and_json_line(self) -> None:
+        expected_events, expected = al.settle_run(chatty_run(threading.Event(), chunks=3))
 
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await reader.readuntil(b"\r\n\r\n")  # the request's head
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n")
-            run = aio.arun(waiting.run, signal)
-            runs.append(run)
+        async def main() -> Tuple[bytes, aio.EventStreamBody]:
+            signal = threading.Event()
+            body = aio.sse(chatty_run(signal, chunks=3), signal)
+            streamed = b"".join([chunk async for chunk in body])
+            await body.aclose()  # ended: nothing to close
+            return streamed, body
 
-            async def stream() -> None:
-                async for event in run:
-                    writer.write(b"data: " + json.dumps(event.to_dict()).encode() + b"\n\n")
-                    await writer.drain()
-
-            streaming = asyncio.ensure_future(stream())
-            gone = asyncio.ensure_future(reader.read())  # b"": the client closed
-            await asyncio.wait([streaming, gone], return_when=asyncio.FIRST_COMPLETED)
-            streaming.cancel()
-            gone.cancel()
-            await asyncio.gather(streaming, gone, return_exceptions=True)
-            writer.close()
-            handled.set()
-
-        async def main() -> List[Dict[str, Any]]:
-            server = await asyncio.start_server(handle, "127.0.0.1", 0)
-            port = server.sockets[0].getsockname()[1]
-            try:
-                reader, writer = await asyncio.open_connection("127.0.0.1", port)
-                writer.write(b"GET /runs/1/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-                await writer.drain()
-                head = await reader.readuntil(b"\r\n\r\n")
-                assert head.startswith(b"HTTP/1.1 200 OK\r\n")
-                received: List[Dict[str, Any]] = []
-                while not received or received[-1]["type"] != "tool.started":
-                    line = await asyncio.wait_for(reader.readuntil(b"\n\n"), WAIT)
-                    received.append(json.loads(line[len(b"data: ") :]))
-                await until(waiting.started)
-                writer.close()  # the client leaves in the middle of the run
-                await until(handled)
-                return received
-            finally:
-                server.close()
-                await server.wait_closed()
-
-        received = asyncio.run(main())
-        assert [event["type"] for event in received][-2:] == ["model.chunk", "tool.started"]
-        assert runs[0].result.status == "cancelled"
-        assert waiting.stopped.is_set()  # the tool saw the signal and stopped
-        assert waiting.model.call_count == 1  # and the model was not asked again
+        streamed, body = asyncio.run(main())
+        assert streamed == b"".join(
+            f"event: {e.type}\nid: {e.sequence}\ndata: {json_line(e.to_dict())}\n\n".encode()
+            for e in expected_events
+        )
+        # The project's own event-stream reader reads it back: the last carries the result.
+        parsed = ServerSentEvents().feed(streamed)
+        assert [(p.event, al.event_from_dict(json.loads(p.data))) for p in parsed] == [
+            (e.type, e) for e in expected_events
+        ]
+        assert body.result == expected

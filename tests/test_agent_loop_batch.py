@@ -2,7 +2,7 @@
 
 The runs are run_agent_loop() with the shipped ScriptedModel, so nothing here needs a
 server. No assertion is about time except the stated bound on stopping (STOP_BOUND, far
-above the module's POLL_SECONDS plus a run's reaction); a thread that waits for another
+above agent_loop.WATCH_SECONDS plus a run's reaction); a thread that waits for another
 waits at most WAIT seconds, so that a broken batch fails a test instead of hanging it.
 
 Contents
@@ -34,7 +34,7 @@ import agent_loop as al
 import agent_loop_batch as batch
 
 WAIT: float = 10.0
-STOP_BOUND: float = 5.0  # seconds: POLL_SECONDS (0.05) plus a tool that returns on its signal
+STOP_BOUND: float = 5.0  # seconds: WATCH_SECONDS (0.05) plus a tool that returns on its signal
 
 
 def answer_run(item: str, signal: threading.Event) -> Iterator[al.Event]:
@@ -271,53 +271,80 @@ class TestStopping:
 
         return go, built, stopped
 
-    def test_the_batch_signal_cancels_the_running_runs_and_none_begins(self) -> None:
+    @pytest.mark.parametrize("by", ["its-signal", "ctrl-c"])
+    def test_a_stopped_batch_cancels_what_runs_begins_nothing_more_and_keeps_every_result(
+        self, stderr: Stderr, by: str
+    ) -> None:
         signal = threading.Event()
-        go, built, stopped = self.blocked_batch(signal.set, signal=signal)
-        began = time.monotonic()
-        results = go()
-        assert time.monotonic() - began < STOP_BOUND
-        assert sorted(built) == ["a", "b"]
-        assert sorted(stopped) == ["a", "b"]
-        assert [r.status for r in results] == ["cancelled"] * 5
-        # The two that ran keep their transcripts, the tool call open; the others never began.
-        assert [al.open_tool_calls(r.messages) != () for r in results[:2]] == [True, True]
-        assert results[2:] == [al.RunResult(status="cancelled", messages=(), steps=0)] * 3
-
-    def test_a_signal_set_before_the_call_begins_nothing(self) -> None:
-        signal = threading.Event()
-        signal.set()
-        built: List[str] = []
-
-        def make_run(item: str, run_signal: threading.Event) -> Iterator[al.Event]:
-            built.append(item)
-            return answer_run(item, run_signal)
-
-        results = batch.run_many(
-            make_run, ["a", "b"], concurrency=2, progress=False, signal=signal
+        go, built, stopped = self.blocked_batch(
+            signal.set if by == "its-signal" else _thread.interrupt_main,
+            signal=signal,
+            progress=None,
         )
-        assert results == [al.RunResult(status="cancelled", messages=(), steps=0)] * 2
-        assert built == []
-
-    def test_ctrl_c_cancels_the_running_runs_and_propagates(self, stderr: Stderr) -> None:
-        go, built, stopped = self.blocked_batch(_thread.interrupt_main, progress=None)
         # A shell starts a background job with SIGINT ignored, and then interrupt_main()
         # does nothing: Ctrl-C is Python's own handler here, whoever started the tests.
         before = os_signal.signal(os_signal.SIGINT, os_signal.default_int_handler)
         began = time.monotonic()
         try:
-            with pytest.raises(KeyboardInterrupt):
+            with pytest.raises(batch.BatchInterrupted) as raised:
                 go()
         finally:
             os_signal.signal(os_signal.SIGINT, before)
         assert time.monotonic() - began < STOP_BOUND
-        assert (
-            stderr.getvalue()
-            .splitlines()[-1]
-            .startswith("2/5 runs: 0 completed, 0 failed, 2 cancelled")
-        )
+        # Ctrl-C is still a KeyboardInterrupt for `except KeyboardInterrupt`; the signal not.
+        assert isinstance(raised.value, KeyboardInterrupt) == (by == "ctrl-c")
         assert sorted(built) == ["a", "b"]
         assert sorted(stopped) == ["a", "b"]
+        results = raised.value.results
+        # The two that ran keep their transcripts, the tool call open; the others never began.
+        assert [r is not None and r.status for r in results[:2]] == ["cancelled", "cancelled"]
+        assert [r is not None and al.open_tool_calls(r.messages) != () for r in results[:2]] == [
+            True,
+            True,
+        ]
+        assert results[2:] == [None, None, None]
+        assert raised.value.errors == {}
+        assert str(raised.value).endswith("stopped the batch: 2 cancelled, 3 not begun")
+        # The last line says what happened, never a time left.
+        assert stderr.getvalue().splitlines()[-1] == "2/5 runs; stopped: 2 cancelled, 3 not begun"
+
+    @pytest.mark.parametrize(
+        ("set_at", "interrupted"),
+        [
+            pytest.param("before-the-call", True, id="before-the-call-nothing-begins"),
+            pytest.param("the-last-end", False, id="after-every-item-ended-nothing-stops"),
+        ],
+    )
+    def test_the_signal_interrupts_only_a_batch_with_items_left(
+        self, set_at: str, interrupted: bool
+    ) -> None:
+        signal = threading.Event()
+        built: List[str] = []
+        if set_at == "before-the-call":
+            signal.set()
+
+        def make_run(item: str, run_signal: threading.Event) -> Iterator[al.Event]:
+            built.append(item)
+            return answer_run(item, run_signal)
+
+        def progress(item: str, result: object) -> None:
+            if len(built) == 2 and item == built[-1]:  # the last item ended
+                signal.set()
+
+        def go() -> List[al.RunResult]:
+            return batch.run_many(
+                make_run, ["a", "b"], concurrency=1, progress=progress, signal=signal
+            )
+
+        if interrupted:
+            with pytest.raises(
+                batch.BatchInterrupted, match=r"signal stopped the batch: 2 not begun$"
+            ) as raised:
+                go()
+            assert raised.value.results == [None, None]
+            assert built == []
+        else:
+            assert [r.final_text for r in go()] == ["a", "b"]
 
     def test_a_keyboard_interrupt_from_a_run_stops_the_batch_as_ctrl_c_does(self) -> None:
         built: List[str] = []
@@ -338,11 +365,16 @@ class TestStopping:
 
             return tool_run(item, signal, execute)
 
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(KeyboardInterrupt) as raised:
             batch.run_many(make_run, ["a", "b", "c"], concurrency=2, progress=False)
+        assert isinstance(raised.value, batch.BatchInterrupted)
         # b was cancelled through its signal (c, if it began, too: no thread is left).
         assert "b" in stopped
         assert set(stopped) <= set(built) - {"a"}
+        results = raised.value.results
+        assert results[0] is None  # what a's run raised stopped the batch: it has no result
+        assert results[1] is not None
+        assert results[1].status == "cancelled"
 
     def test_a_progress_callable_that_raises_stops_the_batch(self) -> None:
         def make_run(item: str, signal: threading.Event) -> Iterator[al.Event]:
@@ -469,6 +501,11 @@ class TestProgress:
             "6/10 runs: 2 completed, 1 failed, 1 cancelled, 1 maxSteps, 1 raised; "
             "1.5 runs/s, 3 s left"
         )
+        report.close(104.0, stopped=True)  # what happened, and no time left
+        assert out.getvalue().splitlines()[-1] == (
+            "6/10 runs; stopped: 2 completed, 1 failed, 1 cancelled, 1 maxSteps, 1 raised, "
+            "4 not begun"
+        )
 
     @pytest.mark.parametrize(
         ("redraw_at", "draws"), [pytest.param(0.09, 1, id="below"), pytest.param(0.1, 2, id="at")]
@@ -499,11 +536,11 @@ class TestProgress:
 
     def test_a_terminal_line_ends_with_a_newline(self, monkeypatch: pytest.MonkeyPatch) -> None:
         # No tick: one draws "0/2 runs" first whenever no run has ended within
-        # POLL_SECONDS (a slow start, a loaded machine), and may hold back the redraw of
+        # WATCH_SECONDS (a slow start, a loaded machine), and may hold back the redraw of
         # the first end. Without ticks the first line is the one the first run's end
         # draws. Ticks have their own tests (test_the_report_ticks_while_no_run_ends,
         # test_a_terminal_line_moves_on_once_a_second_while_nothing_ends).
-        monkeypatch.setattr(batch, "POLL_SECONDS", WAIT)
+        monkeypatch.setattr(batch._Report, "tick", lambda report, now: None)
         terminal = Terminal()
         monkeypatch.setattr(sys, "stderr", terminal)
         batch.run_many(answer_run, ["a", "b"], concurrency=2)
@@ -525,7 +562,7 @@ class TestProgress:
         try:
             # No tick, as in test_a_terminal_line_ends_with_a_newline: the first line drawn
             # is the one the first run's end draws, never a "0/3 runs" of a slow start.
-            monkeypatch.setattr(batch, "POLL_SECONDS", WAIT)
+            monkeypatch.setattr(batch._Report, "tick", lambda report, now: None)
             monkeypatch.setattr(sys, "stderr", terminal)
             results = batch.run_many(answer_run, ["a", "b", "c"], concurrency=1)
             monkeypatch.undo()

@@ -29,28 +29,35 @@ import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
 import agent_loop as al
 import agent_loop_replay as alr
 from loop_testing import (
+    WAIT,
     Fatal,
     assert_failed,
     call,
+    calls_of,
     dicts_of,
     echo_call,
     echo_result,
     echo_tool,
+    events_of_tools,
     every_kind_of_tool,
     json_lines,
+    one_batch,
     open_call_ids,
     read_json_lines,
+    results_of,
     run,
     settle,
     start_run,
     stop,
+    tool,
+    tool_threads,
     tool_turn,
     types_of,
     until,
@@ -58,53 +65,7 @@ from loop_testing import (
     user,
 )
 
-WAIT: float = 10.0
-"""Seconds a test thread waits for another before the test fails: generous, so that a
-loaded machine never fails a test, and finite, so that a broken loop cannot hang one."""
-
-
 # --- Builders ---------------------------------------------------------------------------
-
-
-def tool(
-    name: str,
-    execute: Callable[[Dict[str, Any], Any], object],
-    sequential: bool = False,
-) -> al.Tool:
-    """A tool that takes any arguments."""
-    return al.Tool(name, f"The {name} tool.", {"type": "object"}, execute, sequential=sequential)
-
-
-def calls_of(name: str, *ids: str) -> List[al.ToolCall]:
-    return [call(name, id, {}) for id in ids]
-
-
-def one_batch(*calls: al.ToolCall) -> List[al.ScriptedResponse]:
-    """One step that asks for ``calls``, then a step that stops with "Done."."""
-    return [tool_turn("response-001", *calls), stop("response-002", "Done.")]
-
-
-def events_of_tools(events: Sequence[al.Event]) -> List[Tuple[str, str]]:
-    """The tool events as (type, call id)."""
-    return [
-        (event.type, event.payload["tool_call"].id)
-        for event in events
-        if event.type in ("tool.started", "tool.finished")
-    ]
-
-
-def results_of(result: al.RunResult) -> Dict[str, Tuple[str, bool]]:
-    """The run's tool results by call id: (content, is_error)."""
-    return {
-        message.tool_call_id: (message.content, message.is_error)
-        for message in result.messages
-        if isinstance(message, al.ToolResultMessage)
-    }
-
-
-def tool_threads() -> List[threading.Thread]:
-    """The loop's tool threads still alive."""
-    return [thread for thread in threading.enumerate() if thread.name.startswith("agent_loop")]
 
 
 def meeting_tool(name: str, parties: int, timeout: float = WAIT) -> al.Tool:
@@ -750,28 +711,6 @@ class TestCancellationInAConcurrentBatch:
         assert types_of(events)[-4:] == ["tool.started"] * 3 + ["run.finished"]
         assert open_call_ids(result.messages) == ["c1", "c2", "c3"]
         assert tool_threads() == []
-
-    def test_calls_not_yet_begun_never_begin(self) -> None:
-        """Two threads, four calls: the first two cancel the run; the last two never run."""
-        signal = threading.Event()
-        both = threading.Barrier(2, timeout=WAIT)
-        begun: List[str] = []
-
-        def cancelling(arguments: Dict[str, Any], signal: Any) -> object:
-            current = al.current_tool_call()
-            assert current is not None
-            begun.append(current.id)
-            both.wait()
-            signal.set()
-            return "interrupted"
-
-        calls = calls_of("cancel", "c1", "c2", "c3", "c4")
-        _, result, _ = run(
-            one_batch(*calls), [tool("cancel", cancelling)], signal=signal, tool_concurrency=2
-        )
-        assert result.status == "cancelled"
-        assert sorted(begun) == ["c1", "c2"]
-        assert open_call_ids(result.messages) == ["c1", "c2", "c3", "c4"]
 
     def test_once_the_loop_sees_the_signal_no_more_results(self) -> None:
         """The sequential loop's rule, in a group: c2 and c3 complete while c1 still runs;

@@ -21,26 +21,41 @@ Contents
     TestLiveFrom: live_from(), the first event given live
     TestKilledProcesses: a child process killed at every kind of point, then run again
     TestKilledProcessesWithToolsAtOnce: the same for a batch at once, and a decision later
+    TestProgressAndEndingTools: tool.progress and ends_run through journals, from any cut
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import itertools
 import json
 import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Tuple, cast
 
 import pytest
 
 import agent_loop as al
 import agent_loop_durable as ald
 import agent_loop_replay as alr
-from loop_testing import Fatal, RequestKeyedModel, add_tool, call, dicts_of, settle, text, user
+from loop_testing import (
+    Choreography,
+    Fatal,
+    Plan,
+    RequestKeyedModel,
+    add_tool,
+    call,
+    dicts_of,
+    event_key,
+    settle,
+    text,
+    user,
+)
 
 # --- The script, its tools, and the runs of it ------------------------------------------
 
@@ -512,26 +527,49 @@ class TestAnUnfinishedRunGoesOn:
         )
 
     def test_the_process_that_goes_on_goes_on_with_the_journals_clock(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+        self, tmp_path: Path
     ) -> None:
-        """A journal's times never go back: each process's clock starts anywhere (here the
-        second's reads far less than the first's), and the time between them counts nothing."""
+        """A journal's times never go back: the time between two processes counts nothing,
+        and this process's time before its first live event (its replay) counts. (The
+        loop's own clock, time.time() in Event.time, is the one a process's times count
+        on: no fake clock stands in for it.)"""
         journal = tmp_path / "run.jsonl"
         journal.write_bytes(self._journal_cut_after(tmp_path, "tool.finished", 1))
-        with journal.open(encoding="utf-8") as lines:
-            first = [time for _, time in alr.load_timed_events(lines)]
+        first = ald.read_journal(journal).times
         last_recorded = max(time for time in first if time is not None)
-        ticks = itertools.count()
-        monkeypatch.setattr("agent_loop_durable.time.monotonic", lambda: 0.001 * next(ticks))
+        began = time.time()
         Process().settle(journal)
-        with journal.open(encoding="utf-8") as lines:
-            timed = [time for _, time in alr.load_timed_events(lines)]
-        times = [time for time in timed if time is not None]
-        assert times == timed  # every event has its time
-        assert times == sorted(times)
-        live = times[len(first) :]
-        assert live[0] >= last_recorded
-        assert live[-1] - live[0] < 1  # this process's own time, a tick a read
+        took = time.time() - began
+        times = ald.read_journal(journal).times
+        assert None not in times  # every event has its time
+        assert list(times) == sorted(cast(Tuple[float, ...], times))
+        live = cast(Tuple[float, ...], times[len(first) :])
+        # From the last recorded time on, as much as this process took and no more.
+        assert last_recorded <= live[0] <= live[-1] <= last_recorded + took
+
+    def test_read_journal_gives_the_runs_events_times_and_resumes(self, tmp_path: Path) -> None:
+        """Its other entries are skipped, the events a resume entry voids dropped, and so is
+        a torn last line; the page reads a journal with it (view.read_run, by the first line)."""
+        import agent_loop_view as view
+
+        events, _ = reference()
+        journal = tmp_path / "run.jsonl"
+        cut = self._journal_cut_after(tmp_path, "tool.started", 2)
+        journal.write_bytes(cut + b'{"sequ')  # a process died writing a line
+        read = ald.read_journal(journal)
+        assert dicts_of(read.events) == dicts_of(events[: len(read.events)])
+        assert (read.resumes, read.awaiting) == ((), ())
+        boundary = ald.live_from(journal)
+        Process().settle(journal)  # another went on from its last complete message
+        read = ald.read_journal(journal)
+        assert dicts_of(read.events) == dicts_of(events)
+        assert read.resumes == (boundary,)
+        assert None not in read.times
+        timed, held = view.read_run(str(journal))
+        assert (timed, held) == (list(zip(read.events, read.times)), read)
+        # A journal whose first line is torn holds nothing yet.
+        journal.write_bytes(cut[: cut.index(b"\n") // 2])
+        assert ald.read_journal(journal).events == ()
 
     def _journal_cut_after(self, tmp_path: Path, kind: str, occurrence: int) -> bytes:
         """The journal of the script, cut after the ``occurrence``-th line of ``kind``."""
@@ -690,7 +728,7 @@ CORRUPT: Dict[str, Tuple[Callable[[List[bytes]], bytes], Callable[[List[bytes]],
     "an event out of order": (
         lambda lines: replaced(lines, 2),
         lambda lines: 3,
-        "event 2 where event 1 comes next",
+        "event 1 (model.chunk) has sequence 2",
     ),
     "an event that event_from_dict refuses": (
         lambda lines: replaced(lines, 2, lines[2].replace(b'"model.chunk"', b'"model.chunks"')),
@@ -705,8 +743,8 @@ CORRUPT: Dict[str, Tuple[Callable[[List[bytes]], bytes], Callable[[List[bytes]],
     "a record of an unknown kind": (
         lambda lines: replaced(lines, 2, record({"record": "note"}), lines[2]),
         lambda lines: 3,
-        "a record 'note': after its first line a journal holds events, and 'response', "
-        "'decision', 'awaiting' and 'resume' records",
+        "an entry 'note': after its first line a journal holds events, and 'response', "
+        "'decision', 'awaiting' and 'resume' entries",
     ),
     "a run record without a run id": (
         lambda lines: replaced(lines, 0, lines[0].replace(b'"runId":"', b'"runID":"')),
@@ -716,12 +754,12 @@ CORRUPT: Dict[str, Tuple[Callable[[List[bytes]], bytes], Callable[[List[bytes]],
     "a second run record": (
         lambda lines: replaced(lines, 2, lines[0], lines[2]),
         lambda lines: 3,
-        "a record 'run'",
+        "an entry 'run'",
     ),
     "a resume record beyond the events": (
         lambda lines: replaced(lines, 3, lines[3], record({"record": "resume", "sequence": 4})),
         lambda lines: 5,
-        "a resume record's sequence must be an int in 0..3 (the events recorded before it), got 4",
+        "a resume entry's sequence must be an int in 0..3 (the events recorded before it), got 4",
     ),
     "a resume record with a bool": (
         lambda lines: replaced(lines, 3, lines[3], record({"record": "resume", "sequence": True})),
@@ -775,7 +813,7 @@ CORRUPT: Dict[str, Tuple[Callable[[List[bytes]], bytes], Callable[[List[bytes]],
     "the JSON lines of a run (no run record)": (
         lambda lines: b"".join(line for line in lines if b'"record"' not in line),
         lambda lines: 1,
-        "not a durable run's journal: its first line is no run record",
+        "not a durable run's journal: its first line is no run entry",
     ),
     "a file without a whole line": (
         lambda lines: b"Dear diary",
@@ -1237,6 +1275,12 @@ class TestADecisionThatComesLater:
         (awaited,) = ald.awaiting_decision(journal)
         assert awaited.id == "call-4"
         assert awaited == script()["request-002"].content[2]
+        # A pause is not a cancel: the result and its run.finished say what awaits.
+        assert result.awaiting == events[-1].payload["result"].awaiting == (awaited,)
+        line = io.StringIO()
+        al.print_event(events[-1], line)
+        assert "cancelled" in line.getvalue()
+        assert "awaiting a decision: call-4" in line.getvalue()
         # Asked again: LATER again leaves the run as it was.
         again = Asker({"call-4": ald.LATER})
         events_again, result_again = al.settle_run(
@@ -1254,7 +1298,7 @@ class TestADecisionThatComesLater:
         )
         assert answer.asked == ["call-4", "call-5"]
         assert untimed(events) == untimed(expected)
-        assert result == expected_result
+        assert (result, result.awaiting) == (expected_result, ())
         assert sorted(first.effects.executions + last.effects.executions) == sorted(EXECUTED_CALLS)
         assert ald.awaiting_decision(journal) == ()
         assert ald.live_from(journal) == len(events)
@@ -1315,14 +1359,14 @@ class TestADecisionThatComesLater:
         data = journal.read_bytes()
         assert kind_of(whole_lines(data)[-2]) == "awaiting"
         journal.write_bytes(data + record({"record": "decision", "callId": "x", "refusal": None}))
-        with pytest.raises(ald.JournalError, match="where only a resume record comes"):
+        with pytest.raises(ald.JournalError, match="where only a resume entry comes"):
             ald.awaiting_decision(journal)
 
     @pytest.mark.parametrize(
         ("line", "words"),
         [
-            ({"record": "decision", "callId": 1, "refusal": None}, "a decision record holds"),
-            ({"record": "decision", "callId": "call-1", "refusal": 2}, "a decision record holds"),
+            ({"record": "decision", "callId": 1, "refusal": None}, "a decision entry holds"),
+            ({"record": "decision", "callId": "call-1", "refusal": 2}, "a decision entry holds"),
             ({"record": "awaiting", "toolCall": {"type": "text", "text": "Hi"}}, "a tool call"),
             ({"record": "awaiting", "toolCall": 3}, "must be an object"),
         ],
@@ -1337,18 +1381,29 @@ class TestADecisionThatComesLater:
             ald.awaiting_decision(journal)
 
 
+def reporting(body: Callable[[], object]) -> Generator[str, None, object]:
+    """A generator tool's body: a progress value, then what ``body`` returns."""
+    yield "working"
+    return body()
+
+
 class TestEffectKeys:
     """effect_key(): inside a tool of a durable run, the run's id and the call's id, the same
     in every process that goes on with the journal; another run's differ; None elsewhere."""
 
-    def keys(self, journal: Path, **options: Any) -> Dict[str, Optional[str]]:
+    def keys(
+        self, journal: Path, generator: bool = False, **options: Any
+    ) -> Dict[str, Optional[str]]:
         keys: Dict[str, Optional[str]] = {}
 
-        def note(arguments: Dict[str, Any], signal: al.Signal) -> object:
+        def noted() -> object:
             call = al.current_tool_call()
             assert call is not None
             keys[call.id] = ald.effect_key()
             return "noted"
+
+        def note(arguments: Dict[str, Any], signal: al.Signal) -> object:
+            return reporting(noted) if generator else noted()
 
         tools = al.ToolRegistry([al.Tool("effect", "Notes.", {"type": "object"}, note)])
         model = RequestKeyedModel(
@@ -1365,16 +1420,20 @@ class TestEffectKeys:
         al.settle_run(run)
         return keys
 
-    def test_the_same_call_has_the_same_key_in_every_process(self, tmp_path: Path) -> None:
+    @pytest.mark.parametrize("generator", [False, True], ids=["a function", "a generator"])
+    def test_the_same_call_has_the_same_key_in_every_process(
+        self, tmp_path: Path, generator: bool
+    ) -> None:
+        """A generator tool's body, run on each of the loop's next(), has its key too."""
         journal = tmp_path / "run.jsonl"
-        first = self.keys(journal)
+        first = self.keys(journal, generator)
         run_id = whole_lines(journal.read_bytes())[0]["runId"]
         assert first == {"call_0": f"{run_id}:call_0"}
         # Cut after the call started: the call runs again, with the same key.
         lines = journal.read_bytes().splitlines(keepends=True)
         started = next(i for i, line in enumerate(lines) if b"tool.started" in line)
         journal.write_bytes(b"".join(lines[: started + 1]))
-        assert self.keys(journal) == first
+        assert self.keys(journal, generator) == first
 
     def test_another_run_with_the_same_call_id_has_another_key(self, tmp_path: Path) -> None:
         one = self.keys(tmp_path / "one.jsonl", tool_concurrency=2)
@@ -1440,6 +1499,7 @@ import json
 import os
 import sys
 import threading
+import time
 
 import agent_loop as al
 import agent_loop_replay as alr
@@ -1822,3 +1882,102 @@ class TestKilledProcessesWithToolsAtOnce:
         assert child.outcome() == uninterrupted_at_once
         assert child.effects() == ["call-1", "call-2", "call-3"]
         assert child.log("asked") == ["call-1", "call-2", "call-2", "call-2", "call-3", "call-3"]
+
+
+# --- Progress and tools that end the run -----------------------------------------------
+
+
+ENDINGS: Dict[str, Tuple[int, Plan, bool]] = {
+    # (tool_concurrency, each call's part (loop_testing.Choreography), ends_run)
+    "calls at once with progress": (
+        3,
+        {
+            "a": [("progress:b:b1", "a1"), ("", "a done")],
+            "b": [("started:c", "b1"), ("finished:a", "b2"), ("", "b done")],
+            "c": [("", "c done")],
+        },
+        False,
+    ),
+    "a tool that ends the run": (1, {"a": [("", "a1"), ("", {"answer": 42})]}, True),
+}
+
+
+def choreographed(journal: Path, name: str) -> Tuple[List[al.Event], al.RunResult, Choreography]:
+    """A durable run of an ENDINGS row: one response calls each part, then a text answer."""
+    concurrency, plan, ends_run = ENDINGS[name]
+    choreography = Choreography(plan)
+    model = RequestKeyedModel(
+        {
+            "request-001": al.scripted_response(
+                "response-001", [call("work", call_id, {}) for call_id in plan], "toolCall"
+            ),
+            "request-002": al.scripted_response("response-002", [text("Done.")], "stop"),
+        }
+    )
+    tools = al.ToolRegistry([choreography.tool(ends_run=ends_run)])
+    run = ald.durable_run(
+        journal,
+        messages=[START],
+        model=model,
+        tools=tools,
+        max_steps=4,
+        tool_concurrency=concurrency,
+    )
+    events, result = settle(run, cancel_at=choreography.seen, start=[START])
+    return events, result, choreography
+
+
+def each_calls_events(events: List[al.Event]) -> Dict[str, List[str]]:
+    """Each call's tool events, in order."""
+    calls: Dict[str, List[str]] = {}
+    for event in events:
+        if event.type.startswith("tool."):
+            calls.setdefault(event_key(event).split(":")[1], []).append(event_key(event))
+    return calls
+
+
+class TestProgressAndEndingTools:
+    """A journal keeps every tool.progress; a recorded call gives its progress again before
+    its result, calls at once in the journal's order; a group of calls at once with a call
+    that has no result goes on live from its tool.started events (that call runs again,
+    reporting its progress anew); a run that ended on an ends_run tool ends so again."""
+
+    @pytest.mark.parametrize("name", list(ENDINGS))
+    def test_from_any_point_where_its_journal_stops(self, tmp_path: Path, name: str) -> None:
+        whole = tmp_path / "whole.jsonl"
+        expected, expected_result, _ = choreographed(whole, name)
+        data = whole.read_bytes()
+        assert any(kind_of(line) == "tool.progress" for line in whole_lines(data))
+        group_ends = data.index(b"\n", data.rindex(b'"type":"tool.finished"')) + 1
+        journal = tmp_path / "run.jsonl"
+        for cut in cuts(data):
+            journal.write_bytes(data[:cut])
+            given_again = ald.live_from(journal)
+            events, result, choreography = choreographed(journal, name)
+            assert result == expected_result, cut
+            assert each_calls_events(events) == each_calls_events(expected), cut
+            # A call runs again only when the journal holds no result of it.
+            recorded, _, _ = recorded_in(data[:cut])
+            assert set(choreography.ran) == set(ENDINGS[name][1]) - recorded, cut
+            assert dicts_of(events[:given_again]) == dicts_of(expected[:given_again]), cut
+            if cut >= group_ends:  # the group's events, all given again in their order
+                assert dicts_of(events) == dicts_of(expected), cut
+        assert expected_result.output == ({"answer": 42} if name.startswith("a tool") else None)
+
+    def test_a_group_with_a_call_to_run_again_goes_on_from_its_tool_started(
+        self, tmp_path: Path
+    ) -> None:
+        """Cut after call a's result: b (and c) run again, so the journal goes on from the
+        group's tool.started events; a's progress and result are given again live."""
+        whole = tmp_path / "whole.jsonl"
+        expected, _, _ = choreographed(whole, "calls at once with progress")
+        journal = tmp_path / "run.jsonl"
+        data = whole.read_bytes()
+        journal.write_bytes(data[: data.index(b"\n", data.index(b'"type":"tool.finished"')) + 1])
+        started = [e.sequence for e in expected if e.type == "tool.started"]
+        assert ald.live_from(journal) == started[-1] + 1
+        _, _, choreography = choreographed(journal, "calls at once with progress")
+        assert sorted(choreography.ran) == ["b", "c"]
+        read = ald.read_journal(journal)
+        assert read.resumes == (started[-1] + 1,)
+        assert each_calls_events(list(read.events)) == each_calls_events(expected)

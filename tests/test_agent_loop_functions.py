@@ -8,9 +8,10 @@ gives a user's module.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
-from typing import Any, Callable, Dict, List, Literal, Optional
+from typing import Any, Callable, Dict, List, Literal, Optional, TypedDict, Union
 
 import pytest
 
@@ -62,6 +63,47 @@ def search(
 ) -> Dict[str, Any]:
     """Searches the notes."""
     return {"query": query, "limit": limit, "tags": tags, "order": order, "set": signal.is_set()}
+
+
+@dataclasses.dataclass
+class Place:
+    name: str
+    population: int = 0
+
+
+@dataclasses.dataclass
+class Trip:
+    places: List[Place]
+    note: Optional[str] = None  # a default of None admits null, as a parameter's does
+    tags: List[str] = dataclasses.field(default_factory=list)
+    seen: int = dataclasses.field(default=0, init=False)  # not the constructor's: not a field
+
+
+class Stop(TypedDict):
+    place: Place
+    nights: int
+
+
+class Wish(TypedDict, total=False):
+    city: str
+
+
+@dataclasses.dataclass
+class Node:
+    children: List[Node]
+
+
+@dataclasses.dataclass
+class Broken:
+    where: Undefined  # type: ignore[name-defined]  # noqa: F821
+
+
+PLACE = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "population": {"type": "integer"}},
+    "required": ["name"],
+    "additionalProperties": False,
+}
 
 
 class Unreadable(Exception):
@@ -148,7 +190,7 @@ NEWER_HINT_SCHEMAS = [
 UNEXPRESSIBLE_HINTS = [
     ("Dict[int, str]", "Dict[int, str] has keys that are not str, as no JSON object has"),
     ("Tuple[int, int]", "has no schema here; use str, int, float, bool, None, list, dict, "
-                        "Literal, or a Union or Optional of them"),
+                        "Literal, a dataclass, a TypedDict, or a Union or Optional of them"),
     ("Any", "has no schema here"),
     ("set", "has no schema here"),
     ("Optional[set]", "has no schema here"),
@@ -319,3 +361,68 @@ class TestToolFromFunction:
             NUMBERS,
         )
         assert execute({"left": 1, "right": 2}, threading.Event()) == 3
+
+
+# A dataclass or a TypedDict is an object of its fields, nested; each hint, its schema, a
+# value valid against it and what hint_value makes of it.
+CLASS_HINTS = [
+    pytest.param(Place, PLACE, {"name": "Oslo"}, Place("Oslo"), id="dataclass"),
+    pytest.param(Trip, {"type": "object", "properties": {
+        "places": {"type": "array", "items": PLACE}, "note": {"type": ["string", "null"]},
+        "tags": {"type": "array", "items": STRING}}, "required": ["places"],
+        "additionalProperties": False}, {"places": [{"name": "Oslo"}], "note": None},
+        Trip([Place("Oslo")]), id="nested-dataclass"),
+    pytest.param(Stop, {"type": "object", "properties": {"place": PLACE,
+        "nights": {"type": "integer"}}, "required": ["place", "nights"],
+        "additionalProperties": False}, {"place": {"name": "Oslo"}, "nights": 2},
+        {"place": Place("Oslo"), "nights": 2}, id="typed-dict"),
+    pytest.param(Wish, {"type": "object", "properties": {"city": STRING}, "required": [],
+        "additionalProperties": False}, {}, {}, id="typed-dict-not-total"),
+    pytest.param(Optional[Place], dict(PLACE, type=["object", "null"]), None, None,
+                 id="optional-dataclass-null"),
+    pytest.param(Optional[Place], dict(PLACE, type=["object", "null"]), {"name": "Oslo"},
+                 Place("Oslo"), id="optional-dataclass"),
+    pytest.param(Dict[str, Place], {"type": "object", "additionalProperties": PLACE},
+                 {"a": {"name": "Oslo"}}, {"a": Place("Oslo")}, id="dict-of-dataclasses"),
+    pytest.param(Union[int, str], {"anyOf": [{"type": "integer"}, STRING]}, 3, 3,
+                 id="union-without-a-dataclass"),
+    pytest.param(List[int], {"type": "array", "items": {"type": "integer"}}, [1], [1],
+                 id="list-without-a-dataclass"),
+]  # fmt: skip
+
+
+class TestHintSchemaAndValue:
+    """hint_schema(): the one mapping of hints to schemas, dataclasses and TypedDicts too;
+    hint_value(): the value JSON valid against it stands for, each dataclass built."""
+
+    @pytest.mark.parametrize(("hint", "schema", "value", "built"), CLASS_HINTS)
+    def test_a_dataclass_or_typed_dict_is_an_object_of_its_fields(
+        self, hint: Any, schema: Any, value: Any, built: Any
+    ) -> None:
+        assert agent_loop_functions.hint_schema(hint) == schema
+        assert agent_loop_functions.hint_value(hint, value) == built
+
+    @pytest.mark.parametrize(
+        ("hint", "says"),
+        [
+            (Node, "hint_schema(): field 'children': Node holds itself, and a schema here cannot"),
+            (Union[Place, int], "is a Union that holds a dataclass: which member a value is"),
+            (Broken, "cannot resolve the type hints of Broken: NameError: "),
+        ],
+    )
+    def test_what_it_cannot_describe_is_a_type_error(self, hint: Any, says: str) -> None:
+        with pytest.raises(TypeError) as raised:
+            agent_loop_functions.hint_schema(hint)
+        assert says in str(raised.value)
+
+    def test_a_dataclass_parameter_is_built_before_the_function_is_called(self) -> None:
+        """Only the hints that hold a dataclass: a TypedDict of plain values stays a dict."""
+
+        def visit(place: Place, nights: int, wish: Optional[Wish] = None) -> str:
+            return f"{place.name} for {nights}, {wish}"
+
+        tool = al.Tool.from_function(visit)
+        assert tool.spec().to_dict()["parameters"]["properties"]["place"] == PLACE
+        arguments = {"place": {"name": "Oslo"}, "nights": 2, "wish": {"city": "Oslo"}}
+        returned = tool.execute(arguments, threading.Event())
+        assert returned == "Oslo for 2, {'city': 'Oslo'}"

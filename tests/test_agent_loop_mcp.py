@@ -845,6 +845,17 @@ class TestTimeAndCancellation:
             assert result.content == "MCP tool 'slow': tools/call was cancelled with the run"
             assert waited < CANCEL_BOUND
 
+    def test_a_call_closed_while_it_reports_progress_is_cancelled(self, tmp_path: Path) -> None:
+        """The run's loop closes a cancelled tool's generator: its request is cancelled."""
+        canned = Canned(tmp_path, hold_progress=True)
+        with canned.server() as server:
+            tool = al.ToolRegistry(server.tools()).get("progress")
+            assert tool is not None
+            steps = tool.execute({"steps": 1}, threading.Event())
+            assert next(steps) == {"progress": 1}  # type: ignore[call-overload]
+            steps.close()  # type: ignore[attr-defined]
+            assert wait_for(lambda: cancelled_from(canned.received(), 3))
+
     def test_the_signal_cancels_a_call_within_the_bound(self, canned: Canned) -> None:
         signal = threading.Event()
         with canned.server() as server:
@@ -1414,7 +1425,7 @@ class TestHttp:
         with HttpFake("sse") as fake, mcp.HttpServer(fake.url) as server:
             assert call(server, "progress", {"steps": 3}).content == "done"
 
-    def test_the_signal_cancels_a_call_within_the_bound(self, http_fake: HttpFake) -> None:
+    def test_the_signal_cancels_an_http_call_within_the_bound(self, http_fake: HttpFake) -> None:
         with mcp.HttpServer(http_fake.url) as server:
             signal = threading.Event()
             tools = al.ToolRegistry(server.tools())
@@ -1600,7 +1611,7 @@ class Gate:
 def test_the_readme_documents_every_public_class_and_function() -> None:
     section = (REPOSITORY / "docs" / "mcp.md").read_text(encoding="utf-8")
     callables = [name for name in mcp.__all__ if callable(getattr(mcp, name))]
-    assert len(callables) == 10  # the Union SessionEvent is not callable
+    assert len(callables) == 11  # the Union SessionEvent is not callable
     assert [
         name for name in callables if f"`{name}" not in section and f"mcp.{name}" not in section
     ] == []

@@ -1,11 +1,14 @@
-"""MCP's rules, sans-IO: agent_loop_mcp.McpSession tested with bytes, dicts and a fake
+"""MCP's rules, sans-IO: agent_loop_mcp.McpProtocol tested with bytes, dicts and a fake
 clock (the time is an argument: nothing here sleeps or waits).
 
 Contents
     TestHandshake: initialize first, the versions spoken, initialized after it
     TestRequests: one counter, answers by id, errors, malformed answers, late answers
-    TestProgressAndExpiry: a deadline per request, progress restarts it up to a cap
+    TestProgressAndExpiry: a deadline per request, progress restarts it up to a cap and is
+        reported (a table of notifications)
     TestCancellation: notifications/cancelled, never for initialize, nothing after the answer
+    TestHttp: a cancel goes after its request is written, and is dropped if it never was;
+        the session id, and a 404 that ends the session
     TestServerMessages: ping, other requests refused, list_changed, unreadable messages
     TestLoss: a lost session fails every request in flight and every later one
 """
@@ -35,14 +38,16 @@ def cancel_of(request_id: int, reason: str) -> mcp.Outgoing:
     return mcp.Outgoing({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params})
 
 
-def progress(token: object) -> bytes:
-    params = {"progressToken": token, "progress": 1}
+def progress(token: object, **values: Any) -> bytes:
+    params = {"progressToken": token, "progress": 1, **values}
     return wire({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})
 
 
-def opened(now: float = 0.0) -> mcp.McpSession:
+def opened(now: float = 0.0, posts: bool = False) -> mcp.McpProtocol:
     """A session past its handshake."""
-    session = mcp.McpSession(TIMEOUT)
+    session = mcp.McpProtocol(TIMEOUT, posts=posts)
+    if posts:
+        session.written(1)
     request_id, _ = session.initialize(now)
     [answer] = session.receive(result(request_id, {"protocolVersion": "2025-06-18"}), now)
     assert isinstance(answer, mcp.Answer)
@@ -50,14 +55,14 @@ def opened(now: float = 0.0) -> mcp.McpSession:
     return session
 
 
-def call(session: mcp.McpSession, now: float = 0.0) -> int:
+def call(session: mcp.McpProtocol, now: float = 0.0) -> int:
     request_id, _ = session.request("tools/call", {"name": "t", "arguments": {}}, now)
     return request_id
 
 
 class TestHandshake:
     def test_initialize_offers_the_newest_version_and_declares_no_capabilities(self) -> None:
-        session = mcp.McpSession(TIMEOUT)
+        session = mcp.McpProtocol(TIMEOUT)
         request_id, message = session.initialize(0.0)
         assert message == {
             "jsonrpc": "2.0",
@@ -72,7 +77,7 @@ class TestHandshake:
 
     @pytest.mark.parametrize("version", mcp.PROTOCOL_VERSIONS)
     def test_every_version_it_speaks_is_accepted(self, version: str) -> None:
-        session = mcp.McpSession(TIMEOUT)
+        session = mcp.McpProtocol(TIMEOUT)
         request_id, _ = session.initialize(0.0)
         [answer] = session.receive(result(request_id, {"protocolVersion": version}), 0.0)
         assert isinstance(answer, mcp.Answer)
@@ -84,7 +89,7 @@ class TestHandshake:
 
     @pytest.mark.parametrize("version", ["2099-01-01", None, 5])
     def test_another_version_is_refused(self, version: object) -> None:
-        session = mcp.McpSession(TIMEOUT)
+        session = mcp.McpProtocol(TIMEOUT)
         request_id, _ = session.initialize(0.0)
         [answer] = session.receive(result(request_id, {"protocolVersion": version}), 0.0)
         assert isinstance(answer, mcp.Answer)
@@ -93,7 +98,7 @@ class TestHandshake:
         assert session.protocol_version is None  # nothing changed
 
     def test_a_failed_initialize_is_refused(self) -> None:
-        session = mcp.McpSession(TIMEOUT)
+        session = mcp.McpProtocol(TIMEOUT)
         request_id, _ = session.initialize(0.0)
         error = {"code": -32602, "message": "Unsupported"}
         [answer] = session.receive(wire({"jsonrpc": "2.0", "id": request_id, "error": error}), 0)
@@ -108,7 +113,7 @@ class TestHandshake:
     )  # fmt: skip
     def test_the_timeout_is_a_positive_finite_number(self, timeout: Any, error: type) -> None:
         with pytest.raises(error, match="timeout must be"):
-            mcp.McpSession(timeout)
+            mcp.McpProtocol(timeout)
 
 
 class TestRequests:
@@ -186,9 +191,43 @@ class TestProgressAndExpiry:
     def test_progress_restarts_the_wait(self) -> None:
         session = opened()
         request_id = call(session, now=0.0)
-        assert session.receive(progress(request_id), 8.0) == []
+        session.receive(progress(request_id), 8.0)
         assert session.deadline(request_id) == 18.0
         assert session.expire(17.9) == []
+
+    # MCP: the notification holds "The current progress value so far; An optional "total"
+    # value; An optional "message" value"; "The progress value MUST increase with each
+    # notification"; "The progress and the total values MAY be floating point."
+    @pytest.mark.parametrize(
+        ("values", "reported"),
+        [
+            ({}, {"progress": 1}),
+            ({"progress": 0.5, "total": 2.5, "message": "half"},
+             {"progress": 0.5, "total": 2.5, "message": "half"}),
+            ({"total": None, "message": None}, {"progress": 1}),
+            ({"progress": "1"}, None),
+            ({"progress": True}, None),
+            ({"progress": [1]}, None),
+            ({"total": "2"}, None),
+            ({"message": 5}, None),
+        ],
+        ids=["progress", "all", "nulls", "str", "bool", "list", "total-str", "message-int"],
+    )  # fmt: skip
+    def test_a_calls_progress_is_reported_as_the_server_sent_it(
+        self, values: Dict[str, Any], reported: Any
+    ) -> None:
+        session = opened()
+        request_id = call(session, now=0.0)
+        expected = [] if reported is None else [mcp.Progress(request_id, reported)]
+        assert session.receive(progress(request_id, **values), 8.0) == expected
+        assert session.deadline(request_id) == 18.0  # each moves the deadline all the same
+
+    def test_progress_that_does_not_increase_is_not_reported(self) -> None:
+        session = opened()
+        request_id = call(session, now=0.0)
+        sent = [session.receive(progress(request_id, progress=n), 1.0) for n in (1, 1, 0, 2)]
+        assert sent == [[mcp.Progress(request_id, {"progress": 1})], [], [],
+                        [mcp.Progress(request_id, {"progress": 2})]]  # fmt: skip
 
     def test_progress_does_not_extend_a_call_past_max_progress_timeouts(self) -> None:
         session = opened()
@@ -255,7 +294,7 @@ class TestCancellation:
         assert session.cancel(request_id, "timed out", "x") == []
 
     def test_initialize_is_never_cancelled(self) -> None:
-        session = mcp.McpSession(TIMEOUT)
+        session = mcp.McpProtocol(TIMEOUT)
         request_id, _ = session.initialize(0.0)
         [answer] = session.expire(TIMEOUT)
         assert answer == mcp.Answer(
@@ -272,6 +311,89 @@ class TestCancellation:
         assert session.receive(result(request_id, {"content": []}), 0.0) == [
             mcp.Answer(request_id, "tools/call", {"content": []})
         ]
+
+
+class TestHttp:
+    def test_a_cancel_goes_after_its_request_is_written(self) -> None:
+        session = opened(posts=True)
+        request_id = call(session)
+        assert session.writing(request_id)
+        [answer] = session.cancel(request_id, "timed out", "was cancelled")  # held
+        assert answer == mcp.Answer(request_id, "tools/call", None, "tools/call was cancelled")
+        assert session.written(request_id) == [cancel_of(request_id, "timed out")]
+        assert session.written(request_id) == []  # it went once
+
+    @pytest.mark.parametrize("ended", ["before-connecting", "while-connecting", "write-failed"])
+    def test_a_cancel_is_dropped_if_its_request_never_was_written(self, ended: str) -> None:
+        session = opened(posts=True)
+        request_id = call(session)
+        if ended == "while-connecting":
+            assert session.writing(request_id)  # connecting
+        session.cancel(request_id, "timed out", "was cancelled")
+        if ended == "write-failed":
+            assert session.end(request_id, "tools/call: broke") == []  # it had ended
+        else:
+            assert not session.writing(request_id)  # so it is never written
+        assert session.written(request_id) == []  # and the cancel held for it is gone
+
+    def test_over_stdio_a_cancel_goes_at_once(self) -> None:
+        session = opened()
+        request_id = call(session)
+        [_, cancel] = session.cancel(request_id, "timed out", "was cancelled")
+        assert cancel == cancel_of(request_id, "timed out")
+
+    def test_a_written_request_is_cancelled_at_once(self) -> None:
+        session = opened(posts=True)
+        request_id = call(session)
+        assert session.written(request_id) == []
+        [_, cancel] = session.cancel(request_id, "timed out", "was cancelled")
+        assert cancel == cancel_of(request_id, "timed out")
+
+    def test_a_lost_session_holds_no_cancel(self) -> None:
+        session = opened(posts=True)
+        request_id = call(session)
+        session.lose("closed")
+        assert session.written(request_id) == []
+
+    # MCP: "The session ID MUST only contain visible ASCII characters (ranging from 0x21
+    # to 0x7E)."
+    @pytest.mark.parametrize(
+        ("session_id", "kept"),
+        [("abc-1", "abc-1"), ("\x21\x7e", "\x21\x7e"), (None, None), ("", None),
+         ("a b", None), ("\x7f", None), ("é", None)],
+        ids=["plain", "bounds", "none", "empty", "space", "over", "non-ascii"],
+    )  # fmt: skip
+    def test_a_session_id_is_kept_only_when_it_is_visible_ascii(
+        self, session_id: Any, kept: Any
+    ) -> None:
+        session = mcp.McpProtocol(TIMEOUT, posts=True)
+        problem = session.start_session(session_id)
+        assert session.session_id == kept
+        assert (problem is None) is (kept is not None or session_id is None)
+
+    @pytest.mark.parametrize("session_id", ["s-1", None])
+    def test_http_404_with_a_session_id_ends_the_session(self, session_id: Any) -> None:
+        session = opened(posts=True)
+        session.start_session(session_id)
+        request_id = call(session)
+        [answer] = session.http_error(request_id, 404, lambda: "Not Found")
+        assert isinstance(answer, mcp.Answer)
+        if session_id is None:  # no session to end: an HTTP error like any other
+            assert answer.failure == "tools/call: HTTP 404: Not Found"
+            assert session.protocol_version is not None
+            return
+        # MCP: "When a client receives HTTP 404 in response to a request containing an
+        # MCP-Session-Id, it MUST start a new session"
+        assert answer.failure == (
+            "tools/call: the server ended the session (HTTP 404); the next request opens a new one"
+        )
+        assert (session.session_id, session.protocol_version) == (None, None)
+
+    def test_an_http_error_of_a_request_that_ended_changes_nothing(self) -> None:
+        session = opened(posts=True)
+        request_id = call(session)
+        session.cancel(request_id, "timed out", "was cancelled")
+        assert session.http_error(request_id, 500, lambda: "boom") == []
 
 
 class TestServerMessages:
@@ -383,3 +505,5 @@ def test_events_that_hold_a_mapping_are_not_hashable() -> None:
     with pytest.raises(TypeError):
         hash(mcp.Outgoing({}))
     assert hash(mcp.ToolsChanged()) == hash(mcp.ToolsChanged())
+    with pytest.raises(TypeError):
+        hash(mcp.Progress(1, {}))

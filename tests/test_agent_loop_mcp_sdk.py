@@ -134,12 +134,28 @@ async def slow() -> str:
     return "too late"
 
 
+gate = []  # its anyio.Event, made in the server's loop
+
+
 @server.tool()
-async def progress(ctx: Context, steps: int, interval: float) -> str:
+async def progress(ctx: Context, steps: int, interval: float, gated: bool = False) -> str:
+    """Reports each step; gated, it waits after the first until open_gate() is called."""
     for step in range(steps):
         await anyio.sleep(interval)
         await ctx.report_progress(step + 1, steps)
+        if gated and step == 0:
+            gate[:] = [anyio.Event()]
+            with anyio.move_on_after(30):
+                await gate[0].wait()
+            if not gate[0].is_set():
+                return "the gate never opened"
     return "done"
+
+
+@server.tool()
+def open_gate() -> str:
+    gate[0].set()
+    return "open"
 
 
 @server.tool()
@@ -374,10 +390,11 @@ class TestTypedTools:
     def test_the_server_refuses_them_too(
         self, server: Any, sdk: Sdk, name: str, arguments: Dict[str, Any]
     ) -> None:
-        """Past the loop's check (execute called directly), the SDK validates: the model
-        gets its words as an error, and the effect does not run either."""
+        """Past the loop's check (execute called directly, its generator drained), the SDK
+        validates: the model gets its words as an error, and the effect does not run either."""
+        steps = sdk_tool(server, name).execute(arguments, threading.Event())
         with pytest.raises(al.ToolError, match=f"^Error executing tool {name}: .*validation"):
-            sdk_tool(server, name).execute(arguments, threading.Event())
+            list(steps)  # type: ignore[call-overload]  # an MCP tool's execute is a generator
         assert sdk.ran() == []
 
     @pytest.mark.parametrize(
@@ -419,6 +436,36 @@ class TestTypedTools:
         finally:
             server.timeout = before
         assert (result.content, result.is_error) == ("done", False)
+
+    def test_progress_is_the_calls_tool_progress_events(self, server: Any) -> None:
+        """ctx.report_progress(n, total) reaches the run as tool.progress events, in order,
+        between the call's tool.started and tool.finished, while the call runs: the server's
+        tool waits after its first report until the consumer, holding that event, opens
+        its gate."""
+        arguments = {"steps": 3, "interval": 0, "gated": True}
+        script = [
+            al.scripted_response("r1", [al.ToolCall("c1", "progress", arguments)], "toolCall"),
+            al.scripted_response("r2", [al.TextBlock("done")], "stop"),
+        ]
+        opened: List[str] = []
+
+        def open_at_first_progress(event: al.Event) -> bool:
+            if event.type == "tool.progress" and not opened:
+                opened.append(call(server, "open_gate", {}).content)
+            return False  # it never cancels
+
+        events, result, _ = run(
+            al.ScriptedModel(script), server.tools(), cancel_at=open_at_first_progress
+        )
+        assert result.status == "completed"
+        assert opened == ["open"]
+        assert result.messages[2].content == "done"
+        types = [event.type for event in events]
+        progress = [e.payload["progress"] for e in events if e.type == "tool.progress"]
+        assert progress == [{"progress": n, "total": 3} for n in (1, 2, 3)]
+        first = types.index("tool.progress")
+        assert types[first - 1] == "tool.started"
+        assert types[first + 3] == "tool.finished"
 
     def test_the_tool_list_changes(self, server: Any) -> None:
         name = f"added_{type(server).__name__}"

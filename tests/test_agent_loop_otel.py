@@ -23,11 +23,14 @@ Contents
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import sys
 import threading
+import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Dict, Generator, List, Optional, Sequence, Tuple
 
 import pytest
@@ -36,14 +39,19 @@ import agent_loop as al
 import agent_loop_durable
 from loop_testing import (
     add_call,
+    add_result,
     add_tool,
     call,
     echo_call,
     echo_tool,
     every_kind_of_tool,
+    model_of,
+    raise_error,
     settle,
     start_run,
     stop,
+    stream_step,
+    thought,
     tool_turn,
     until,
     user,
@@ -59,6 +67,7 @@ try:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
     from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
     from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
+    from opentelemetry.semconv.attributes.server_attributes import SERVER_ADDRESS, SERVER_PORT
 
     import agent_loop_otel as otel
 except ImportError:  # the default envs: only TestImportError runs
@@ -166,7 +175,7 @@ def traced_run(
         for key in ("tool_concurrency", "before_tool_call", "request_sequence_start")
         if key in options
     }
-    model = al.ScriptedModel(script)
+    model = model_of(script)
     loop = start_run(
         model, tools, messages=messages, max_steps=max_steps, signal=signal, **run_options
     )
@@ -288,20 +297,6 @@ class TestTheRunSpan:
         assert span.name == "invoke_agent Adder"
         assert attributes(span)[gen_ai.GEN_AI_AGENT_NAME] == "Adder"
 
-    def test_the_model_and_provider_when_given_and_absent_when_not(
-        self, recorded: Recorded
-    ) -> None:
-        traced_run(recorded, two_steps(), [add_tool()], request_model="m", provider_name="p")
-        given = Recorded()
-        traced_run(given, two_steps(), [add_tool()])
-        for span in [recorded.run_span(), *recorded.chat_spans()]:
-            assert attributes(span)[gen_ai.GEN_AI_REQUEST_MODEL] == "m"
-            assert attributes(span)[gen_ai.GEN_AI_PROVIDER_NAME] == "p"
-        for span in [given.run_span(), *given.chat_spans()]:
-            assert gen_ai.GEN_AI_REQUEST_MODEL not in attributes(span)
-            assert gen_ai.GEN_AI_PROVIDER_NAME not in attributes(span)
-            assert gen_ai.GEN_AI_AGENT_NAME not in attributes(span)
-
     def test_the_runs_tokens_are_the_sum_and_absent_when_a_part_is_unknown(
         self, recorded: Recorded
     ) -> None:
@@ -318,6 +313,24 @@ class TestTheRunSpan:
         assert gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS not in attributes(unknown.run_span())
 
 
+# Each request's (response id, error.type, whether a first chunk came), by how it ended.
+ANSWERED = [("response-001", None, True), ("response-002", None, True)]
+HISTORY = [user(), al.AssistantMessage("old", [al.TextBlock("Earlier.")])]
+REQUESTS: Dict[str, Tuple[Script, Dict[str, Any], List[Any]]] = {
+    # An empty answer streams nothing; its request still has a span, its response.
+    "no-chunk": ([al.scripted_response("r1", [], "stop")], {}, [("r1", None, False)]),
+    "failed": (two_steps()[:1], {}, [ANSWERED[0], (None, "MODEL_STREAM_ERROR", False)]),
+    "cancelled-streaming": (
+        [stop("r1", "Hi.")],
+        {"cancel_at": ("model.chunk", 1)},
+        [(None, "cancelled", True)],
+    ),
+    # The responses are the ones the run appended, after its starting messages.
+    "after-history": ([stop("r-new", "Now.")], {"messages": HISTORY}, [("r-new", None, True)]),
+    "resumed": (two_steps(), {"request_sequence_start": 5}, ANSWERED),
+}
+
+
 class TestChatSpans:
     """A chat span per model request, with its response where the run appended one."""
 
@@ -325,7 +338,7 @@ class TestChatSpans:
         traced_run(recorded, two_steps(), [add_tool()], request_model="gpt-4o")
         first, second = recorded.chat_spans()
         for span, response_id, reason in [
-            (first, "response-001", "toolCall"),
+            (first, "response-001", "tool_calls"),
             (second, "response-002", "stop"),
         ]:
             assert span.name == "chat gpt-4o"
@@ -340,10 +353,6 @@ class TestChatSpans:
         (tool,) = recorded.tool_spans().values()
         assert times(first)[1] <= times(tool)[0]
         assert times(tool)[1] <= times(second)[0]
-
-    def test_without_a_model_name_the_span_is_chat(self, recorded: Recorded) -> None:
-        traced_run(recorded, two_steps(), [add_tool()])
-        assert [span.name for span in recorded.chat_spans()] == ["chat", "chat"]
 
     @pytest.mark.parametrize(
         ("usage", "expected"),
@@ -380,46 +389,20 @@ class TestChatSpans:
         counts = {k: v for k, v in attributes(span).items() if k.startswith("gen_ai.usage.")}
         assert counts == {getattr(gen_ai, name): count for name, count in expected.items()}
 
-    def test_a_request_with_no_chunk_has_its_span(self, recorded: Recorded) -> None:
-        """An empty answer streams nothing; its request still has a span, its response."""
-        traced_run(recorded, [al.scripted_response("r1", [], "stop")])
-        (span,) = recorded.chat_spans()
-        assert attributes(span)[gen_ai.GEN_AI_RESPONSE_ID] == "r1"
-        assert gen_ai.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK not in attributes(span)
-
-    def test_a_request_that_failed_is_marked_and_has_no_response(self, recorded: Recorded) -> None:
-        ending_run(recorded, "failed")
-        first, second = recorded.chat_spans()
-        assert error_type(first) is None
-        assert error_type(second) == "MODEL_STREAM_ERROR"
-        assert gen_ai.GEN_AI_RESPONSE_ID not in attributes(second)
-
-    def test_a_request_cancelled_while_streaming_is_marked_cancelled(
-        self, recorded: Recorded
+    @pytest.mark.parametrize("ending", REQUESTS)
+    def test_each_request_has_its_response_or_its_error(
+        self, recorded: Recorded, ending: str
     ) -> None:
-        chunks = [al.TextBlock("The "), al.TextBlock("sum.")]
-        script = [al.scripted_response("r1", [al.TextBlock("The sum.")], "stop", chunks=chunks)]
-        traced_run(recorded, script, cancel_at=("model.chunk", 1))
-        (span,) = recorded.chat_spans()
-        assert error_type(span) == "cancelled"
-        assert attributes(span)[gen_ai.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] >= 0
-
-    def test_history_in_the_starting_messages_is_no_response(self, recorded: Recorded) -> None:
-        """The responses are the ones the run appended, after its starting messages."""
-        history = [
-            user(),
-            al.AssistantMessage("message-old", [al.TextBlock("Earlier.")]),
-            user("Again.", id="user-002"),
-        ]
-        traced_run(recorded, [stop("response-new", "Now.")], messages=history)
-        (span,) = recorded.chat_spans()
-        assert attributes(span)[gen_ai.GEN_AI_RESPONSE_ID] == "response-new"
-
-    def test_a_run_resumed_at_a_later_request(self, recorded: Recorded) -> None:
-        _, result = traced_run(recorded, two_steps(), [add_tool()], request_sequence_start=5)
-        assert result.next_request_sequence == 7
-        ids = [attributes(span)[gen_ai.GEN_AI_RESPONSE_ID] for span in recorded.chat_spans()]
-        assert ids == ["response-001", "response-002"]
+        script, options, expected = REQUESTS[ending]
+        traced_run(recorded, script, [add_tool()], **options)
+        assert [
+            (
+                attributes(span).get(gen_ai.GEN_AI_RESPONSE_ID),
+                error_type(span),
+                gen_ai.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK in attributes(span),
+            )
+            for span in recorded.chat_spans()
+        ] == expected
 
 
 class TestToolSpans:
@@ -543,30 +526,23 @@ class TestToolSpans:
         assert [error_type(span) for span in spans.values()] == ["cancelled", "cancelled"]
         recorded.check_tree()
 
-    def test_a_tool_finished_with_no_tool_started_still_has_a_span(
-        self, recorded: Recorded
-    ) -> None:
-        """Not a loop's run (the loop always starts a call first): a span of no length."""
+    def test_a_log_no_loop_yields_is_refused_and_its_spans_end(self, recorded: Recorded) -> None:
+        """The run is read through RunSteps: a tool.finished with no tool.started is its
+        ValueError, raised to the consumer as the run's own error would be."""
         finished = al.Event(
             0,
             "tool.finished",
-            {
-                "request_id": "request-001",
-                "tool_call": add_call(),
-                "tool_result": al.ToolResultMessage(
-                    "tool-result-call-add-001", "call-add-001", "add", "no", True
-                ),
-            },
+            {"request_id": "request-001", "tool_call": add_call(), "tool_result": add_result()},
         )
 
         def events() -> Generator[al.Event, None, al.RunResult]:
             yield finished
             return al.RunResult("completed", (), 0, final_text="")
 
-        assert list(otel.traced(events(), recorded.tracer)) == [finished]
-        span = recorded.tool_spans()["call-add-001"]
-        assert span.start_time == span.end_time
-        assert error_type(span) == "tool_error"
+        with pytest.raises(ValueError, match="finished without starting"):
+            list(otel.traced(events(), recorded.tracer))
+        assert error_type(recorded.run_span()) == "ValueError"
+        assert recorded.tool_spans() == {}
 
 
 class TestDurableRuns:
@@ -678,9 +654,10 @@ class TestEndings:
 
 
 class TestContext:
-    """While the run's generator works, the run's span is the current span."""
+    """While the run's generator works, the run's span is the current span, and the span
+    of the call whose tool runs then; a run traced inside a tool is that call's child."""
 
-    def test_a_span_a_tool_starts_is_a_child_of_the_runs(self, recorded: Recorded) -> None:
+    def test_a_span_a_tool_starts_is_a_child_of_its_call(self, recorded: Recorded) -> None:
         def traced_tool(arguments: Dict[str, Any], signal: al.Signal) -> object:
             with recorded.tracer.start_as_current_span("inside the tool"):
                 return "done"
@@ -690,12 +667,333 @@ class TestContext:
         traced_run(recorded, script, [tool])
         (inner,) = [span for span in recorded.spans() if span.name == "inside the tool"]
         assert inner.parent is not None
-        assert inner.parent.span_id == recorded.run_span().context.span_id
+        assert inner.parent.span_id == recorded.tool_spans()["call-1"].context.span_id
+
+    @pytest.mark.parametrize("concurrency", [1, 2], ids=["sequential", "at-once"])
+    def test_a_run_traced_inside_a_tool_nests_under_its_execute_tool_span(
+        self, recorded: Recorded, concurrency: int
+    ) -> None:
+        inner = Recorded()
+        current: Dict[str, int] = {}
+
+        def agent(arguments: Dict[str, Any], signal: al.Signal) -> object:
+            tool_call = al.current_tool_call()
+            assert tool_call is not None
+            current[tool_call.id] = trace.get_current_span().get_span_context().span_id
+            run = start_run(al.ScriptedModel([stop("inner", "Done inside.")]))
+            _, result = al.settle_run(otel.traced(run, inner.tracer, agent_name=tool_call.id))
+            return result.final_text
+
+        tool = al.Tool("agent", "Runs an agent.", {"type": "object"}, agent)
+        calls = [call("agent", "call-1", {}), call("agent", "call-2", {})]
+        script = [tool_turn("r1", *calls), stop("r2", "Both.")]
+        traced_run(recorded, script, [tool], tool_concurrency=concurrency)
+        recorded.check_tree()
+        runs = {span.name: span for span in inner.spans() if span.name.startswith("invoke")}
+        for call_id, span in recorded.tool_spans().items():
+            parent = runs[f"invoke_agent {call_id}"].parent
+            assert parent is not None
+            assert parent.span_id == span.context.span_id
+            # In the consumer's thread or a worker, the call's span is current in its tool.
+            assert current[call_id] == span.context.span_id
 
     def test_between_events_the_consumers_context_is_its_own(self, recorded: Recorded) -> None:
         run = otel.traced(start_run(al.ScriptedModel(two_steps()), [add_tool()]), recorded.tracer)
         for _ in run:
             assert trace.get_current_span() is trace.INVALID_SPAN
+
+
+class Described(SimpleNamespace):
+    """A model object's public attributes, as traced() reads them."""
+
+
+class Unfinished(Exception):
+    """As a ProviderError is: its finish_reason says why the stream ended unfinished."""
+
+    def __init__(self, finish_reason: object) -> None:
+        super().__init__(f"the stream ended unfinished: {finish_reason!r}")
+        self.finish_reason = finish_reason
+
+
+def failing(error: BaseException) -> Any:
+    """A step whose stream gives one chunk, then raises ``error``."""
+    return stream_step([al.TextBlock("The")], raise_error(error))
+
+
+def provider_step(provider_response_id: Optional[str]) -> Any:
+    """A step whose response carries the provider's own id of the answer."""
+    blocks = [al.TextBlock("Hi.")]
+    response = al.ModelResponse(
+        "r1", "request-001", blocks, "stop", provider_response_id=provider_response_id
+    )
+    return stream_step(blocks, lambda request: response)
+
+
+class TestWhatTheSpansSay:
+    """The provider, the model, the server, the response id and the finish reasons."""
+
+    @pytest.mark.parametrize(
+        ("model", "given", "expected"),
+        [
+            pytest.param(None, {}, {}, id="nothing-known"),
+            pytest.param(
+                Described(provider_name="openai", model="gpt-4o", base_url="https://a.example/v1"),
+                {},
+                {"provider": "openai", "model": "gpt-4o", "address": "a.example", "port": 443},
+                id="read-from-the-model",
+            ),
+            pytest.param(
+                Described(provider_name="openai", model="gpt-4o"),
+                {"provider_name": "azure.ai.openai", "request_model": "mine"},
+                {"provider": "azure.ai.openai", "model": "mine"},
+                id="the-arguments-win",
+            ),
+            pytest.param(None, {"provider_name": "p"}, {"provider": "p"}, id="argument-alone"),
+            pytest.param(
+                Described(base_url="http://127.0.0.1:8080/v1"),
+                {},
+                {"address": "127.0.0.1", "port": 8080},
+                id="a-port",
+            ),
+            pytest.param(
+                Described(base_url="http://[::1]/v1"),
+                {},
+                {"address": "::1", "port": 80},
+                id="ipv6-default-port",
+            ),
+            pytest.param(
+                Described(base_url="ftp://a.example"), {}, {"address": "a.example"}, id="no-port"
+            ),
+            pytest.param(Described(base_url="unix:///s"), {}, {}, id="no-host"),
+            pytest.param(Described(base_url="http://a:b/v1"), {}, {}, id="port-not-a-number"),
+            pytest.param(Described(base_url="http://[::1/v1"), {}, {}, id="not-a-url"),
+            pytest.param(
+                Described(provider_name=1, model=None, base_url=b"http://a"),
+                {},
+                {},
+                id="attributes-not-str",
+            ),
+        ],
+    )
+    def test_provider_model_and_server_from_the_model_object(
+        self,
+        recorded: Recorded,
+        model: object,
+        given: Dict[str, Any],
+        expected: Dict[str, object],
+    ) -> None:
+        traced_run(recorded, two_steps(), [add_tool()], model=model, **given)
+        names = {
+            "provider": gen_ai.GEN_AI_PROVIDER_NAME,
+            "model": gen_ai.GEN_AI_REQUEST_MODEL,
+            "address": SERVER_ADDRESS,
+            "port": SERVER_PORT,
+        }
+        wanted = {names[key]: value for key, value in expected.items()}
+        for span in recorded.chat_spans():
+            assert {k: v for k, v in attributes(span).items() if k in names.values()} == wanted
+        on_run = {k: v for k, v in attributes(recorded.run_span()).items() if k in names.values()}
+        assert on_run == {k: v for k, v in wanted.items() if k.startswith("gen_ai.")}
+        expected_name = "chat" if "model" not in expected else f"chat {expected['model']}"
+        assert {span.name for span in recorded.chat_spans()} == {expected_name}
+
+    @pytest.mark.parametrize(
+        ("script", "reasons"),
+        [
+            pytest.param([stop("r1", "Hi.")], [("stop",)], id="text"),
+            pytest.param(two_steps(), [("tool_calls",), ("stop",)], id="tool-calls"),
+            pytest.param([failing(RuntimeError("reset"))], [("error",)], id="failed"),
+            pytest.param([failing(Unfinished("length"))], [("length",)], id="length"),
+            pytest.param([failing(Unfinished("max_tokens"))], [("length",)], id="max-tokens"),
+            pytest.param(
+                [failing(Unfinished("content_filter"))], [("content_filter",)], id="filtered"
+            ),
+            pytest.param([failing(Unfinished("refusal"))], [("content_filter",)], id="refusal"),
+            pytest.param([failing(Unfinished("pause_turn"))], [("error",)], id="other-reason"),
+            pytest.param([failing(Unfinished(7))], [("error",)], id="reason-not-str"),
+        ],
+    )
+    def test_the_conventions_finish_reasons(
+        self, recorded: Recorded, script: Script, reasons: List[Tuple[str, ...]]
+    ) -> None:
+        traced_run(recorded, script, [add_tool()])
+        chats = recorded.chat_spans()
+        assert [attributes(span)[gen_ai.GEN_AI_RESPONSE_FINISH_REASONS] for span in chats] == (
+            reasons
+        )
+
+    @pytest.mark.parametrize(
+        ("provider_response_id", "expected"),
+        [
+            pytest.param("chatcmpl-9", "chatcmpl-9", id="the-providers"),
+            pytest.param(None, "r1", id="else-the-responses-own"),
+        ],
+    )
+    def test_the_response_id_is_the_providers_own(
+        self, recorded: Recorded, provider_response_id: Optional[str], expected: str
+    ) -> None:
+        traced_run(recorded, [provider_step(provider_response_id)])
+        (chat,) = recorded.chat_spans()
+        assert attributes(chat)[gen_ai.GEN_AI_RESPONSE_ID] == expected
+
+
+# The attributes that hold message content: present only when the user opts in.
+CONTENT = (
+    "GEN_AI_INPUT_MESSAGES",
+    "GEN_AI_OUTPUT_MESSAGES",
+    "GEN_AI_TOOL_CALL_ARGUMENTS",
+    "GEN_AI_TOOL_CALL_RESULT",
+)
+
+
+class TestContent:
+    """Message content only when the user opts in: the argument, else the variable."""
+
+    @pytest.mark.parametrize(
+        ("argument", "setting", "captured"),
+        [
+            pytest.param(None, None, False, id="by-default-never"),
+            pytest.param(None, "true", True, id="true"),
+            pytest.param(None, " TRUE ", True, id="any-case"),
+            pytest.param(None, "span_only", True, id="span-only"),
+            pytest.param(None, "SPAN_AND_EVENT", True, id="span-and-event"),
+            pytest.param(None, "false", False, id="false"),
+            pytest.param(None, "NO_CONTENT", False, id="no-content"),
+            pytest.param(None, "EVENT_ONLY", False, id="events-only-is-not-spans"),
+            pytest.param(None, "1", False, id="not-a-value-of-the-variable"),
+            pytest.param(True, None, True, id="the-argument"),
+            pytest.param(False, "true", False, id="the-argument-wins-off"),
+            pytest.param(True, "false", True, id="the-argument-wins-on"),
+        ],
+    )
+    def test_content_only_when_the_user_opts_in(
+        self,
+        recorded: Recorded,
+        monkeypatch: pytest.MonkeyPatch,
+        argument: Optional[bool],
+        setting: Optional[str],
+        captured: bool,
+    ) -> None:
+        variable = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+        if setting is None:
+            monkeypatch.delenv(variable, raising=False)
+        else:
+            monkeypatch.setenv(variable, setting)
+        traced_run(recorded, two_steps(), [add_tool()], capture_content=argument)
+        names = {getattr(gen_ai, name) for name in CONTENT}
+        found = {name for span in recorded.spans() for name in attributes(span) if name in names}
+        assert found == (names if captured else set())
+
+    def test_what_the_content_is(self, recorded: Recorded) -> None:
+        """The conventions' messages: parts by type, the failed request's input too."""
+        first = al.scripted_response(
+            "r1", [thought("Add them."), add_call(), call("missing", "call-2", {})], "toolCall"
+        )
+        script = [first, failing(RuntimeError("reset"))]
+        traced_run(recorded, script, [add_tool()], capture_content=True)
+        asked = {"role": "user", "parts": [{"type": "text", "content": "Add 20 and 22."}]}
+        answer = {
+            "role": "assistant",
+            "parts": [
+                {"type": "reasoning", "content": "Add them."},
+                {"type": "tool_call", "id": "call-add-001", "name": "add", **ADD_ARGUMENTS},
+                {"type": "tool_call", "id": "call-2", "name": "missing", "arguments": {}},
+            ],
+        }
+        results = [
+            {"role": "tool", "parts": [{"type": "tool_call_response", "id": call_id, **part}]}
+            for call_id, part in [
+                ("call-add-001", {"response": '{"sum":42}'}),
+                ("call-2", {"response": "unknown tool 'missing' (available: add)"}),
+            ]
+        ]
+        first_chat, second_chat = [attributes(span) for span in recorded.chat_spans()]
+        assert json.loads(first_chat[gen_ai.GEN_AI_INPUT_MESSAGES]) == [asked]
+        output = json.loads(first_chat[gen_ai.GEN_AI_OUTPUT_MESSAGES])
+        assert output == [{**answer, "finish_reason": "tool_call"}]
+        # The request that failed was sent the whole transcript, and answered nothing.
+        assert json.loads(second_chat[gen_ai.GEN_AI_INPUT_MESSAGES]) == [asked, answer, *results]
+        assert gen_ai.GEN_AI_OUTPUT_MESSAGES not in second_chat
+        tools = {key: attributes(span) for key, span in recorded.tool_spans().items()}
+        assert (
+            json.loads(tools["call-add-001"][gen_ai.GEN_AI_TOOL_CALL_ARGUMENTS])
+            == (ADD_ARGUMENTS["arguments"])
+        )
+        assert tools["call-add-001"][gen_ai.GEN_AI_TOOL_CALL_RESULT] == '{"sum":42}'
+        assert gen_ai.GEN_AI_TOOL_CALL_RESULT not in tools["call-2"]  # an error result
+
+
+ADD_ARGUMENTS: Dict[str, Any] = {"arguments": dict(add_call().plain_arguments())}
+
+
+class TestProgressAndTimes:
+    """A tool.progress is a span event of its call's span; the spans take the events' times."""
+
+    @pytest.mark.parametrize("concurrency", [1, 2], ids=["sequential", "at-once"])
+    @pytest.mark.parametrize("capture", [False, True], ids=["no-content", "content"])
+    def test_a_progress_is_an_event_of_its_calls_span(
+        self, recorded: Recorded, concurrency: int, capture: bool
+    ) -> None:
+        def counting(arguments: Dict[str, Any], signal: al.Signal) -> Any:
+            yield {"done": 1}
+            yield {"done": 2}
+            return "counted"
+
+        tool = al.Tool("count", "Counts.", {"type": "object"}, counting)
+        calls = [call("count", "call-1", {}), call("count", "call-2", {})]
+        script = [tool_turn("r1", *calls), stop("r2", "Counted.")]
+        events, _ = traced_run(
+            recorded, script, [tool], tool_concurrency=concurrency, capture_content=capture
+        )
+        for call_id, span in recorded.tool_spans().items():
+            progress = [
+                event
+                for event in events
+                if event.type == "tool.progress" and event.payload["tool_call_id"] == call_id
+            ]
+            assert [event.name for event in span.events] == ["tool.progress"] * 2
+            assert [event.timestamp for event in span.events] == [nanoseconds(e) for e in progress]
+            values = [dict(event.attributes or {}) for event in span.events]
+            expected = [{"agent_loop.tool.progress": f'{{"done":{n}}}'} for n in (1, 2)]
+            assert values == (expected if capture else [{}, {}])
+
+    def test_a_calls_span_ends_when_its_tool_returned(self, recorded: Recorded) -> None:
+        """Calls at once: each span has its tool's own times, from the events."""
+        events, _ = traced_run(recorded, *ADD_TWICE, tool_concurrency=2)
+        spans = recorded.tool_spans()
+        for event in events:
+            if event.type in ("tool.started", "tool.finished"):
+                span = spans[event.payload["tool_call"].id]
+                at = span.start_time if event.type == "tool.started" else span.end_time
+                assert at == nanoseconds(event)
+
+    def test_a_chat_span_begins_when_the_consumer_resumed_the_run(
+        self, recorded: Recorded
+    ) -> None:
+        """Not before: the consumer's time between two events is not the request's."""
+        run = otel.traced(start_run(al.ScriptedModel(two_steps()), [add_tool()]), recorded.tracer)
+        resumed: Dict[str, int] = {}  # by request id: the next() that gave its first chunk
+        for _ in range(64):
+            asked = time.time_ns()
+            event = next(run, None)
+            if event is None:
+                break
+            if event.type == "model.chunk":
+                resumed.setdefault(event.payload["request_id"], asked)
+        chats = recorded.chat_spans()
+        assert [times(chat)[0] >= at for chat, at in zip(chats, resumed.values())] == [True] * 2
+
+
+ADD_TWICE: Tuple[Script, List[al.Tool]] = (
+    [tool_turn("r1", add_call("call-1"), add_call("call-2")), stop("r2", "Twice.")],
+    [add_tool()],
+)
+
+
+def nanoseconds(event: al.Event) -> int:
+    """The event's time, as a span's."""
+    assert event.time is not None
+    return int(event.time * 1e9)
 
 
 class TestOptions:
@@ -709,6 +1007,8 @@ class TestOptions:
             ({"agent_name": 1}, "agent_name must be None or a str, got int"),
             ({"request_model": b"m"}, "request_model must be None or a str, got bytes"),
             ({"provider_name": 1.0}, "provider_name must be None or a str, got float"),
+            ({"model": "gpt-4o"}, "model must be the run's model object"),
+            ({"capture_content": "yes"}, "capture_content must be None or a bool, got str"),
         ],
     )
     def test_a_wrong_argument_is_a_type_error(
@@ -761,21 +1061,27 @@ class TestLLMock:
             },
             {"type": "reply", "text": "The sum is 42."},
         )
+        model = server.openai()
         loop = al.run_agent_loop(
-            messages=[user()],
-            model=server.openai(),
-            tools=al.ToolRegistry([add_tool()]),
-            max_steps=4,
+            messages=[user()], model=model, tools=al.ToolRegistry([add_tool()]), max_steps=4
         )
-        run = otel.traced(loop, recorded.tracer, request_model="gpt-4o", provider_name="openai")
+        # The model object says its provider, its name and its server.
+        run = otel.traced(loop, recorded.tracer, model=model)
         _, result = settle(run)
         assert result.status == "completed", result.error
         recorded.check_tree()
         responses = [m for m in result.messages if isinstance(m, al.AssistantMessage)]
         chats = recorded.chat_spans()
         assert [span.name for span in chats] == ["chat gpt-4o", "chat gpt-4o"]
+        port = int(server.url.rsplit(":", 1)[1])
         for span, response in zip(chats, responses):
-            assert attributes(span)[gen_ai.GEN_AI_RESPONSE_ID] == al.response_id_of(response.id)
+            assert attributes(span)[gen_ai.GEN_AI_PROVIDER_NAME] == "openai"
+            assert attributes(span)[SERVER_ADDRESS] == "127.0.0.1"
+            assert attributes(span)[SERVER_PORT] == port
+            # The provider's own id of each answer, as llmock sent it.
+            assert response.provider_response_id is not None
+            assert response.provider_response_id.startswith("chatcmpl-")
+            assert attributes(span)[gen_ai.GEN_AI_RESPONSE_ID] == response.provider_response_id
             assert response.usage is not None
             assert response.usage.input_tokens is not None
             tokens = attributes(span)[gen_ai.GEN_AI_USAGE_INPUT_TOKENS]
@@ -783,7 +1089,7 @@ class TestLLMock:
             output_tokens = attributes(span)[gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS]
             assert output_tokens == response.usage.output_tokens
         assert [attributes(s)[gen_ai.GEN_AI_RESPONSE_FINISH_REASONS] for s in chats] == [
-            ("toolCall",),
+            ("tool_calls",),
             ("stop",),
         ]
         (tool,) = recorded.tool_spans().values()

@@ -18,6 +18,7 @@ server, are in loop_testing_providers.py.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import http.client
 import importlib.util
@@ -42,9 +43,7 @@ from typing import (
     Iterator,
     List,
     Optional,
-    Sequence,
     Tuple,
-    cast,
 )
 
 import pytest
@@ -53,7 +52,6 @@ import agent_loop as al
 import agent_loop_providers as providers
 from loop_testing_providers import (
     DONE,
-    MESSAGE_START,
     OPENAI_TEXT_STREAM,
     OPENAI_TOOL_STREAM,
     PROVIDERS,
@@ -67,9 +65,7 @@ from loop_testing_providers import (
     Reply,
     Server,
     answer_parts,
-    anthropic_end,
     anthropic_sent_result,
-    anthropic_text,
     assert_stream_error,
     backoff_bounds,
     canned_openai,
@@ -85,7 +81,6 @@ from loop_testing_providers import (
     server_process,
     serving,
     settle_prompt,
-    sse,
     stream,
 )
 
@@ -206,12 +201,6 @@ CHUNKED = (("Content-Type", "text/event-stream"), ("Transfer-Encoding", "chunked
 """The head of a chunked stream whose framing a test writes by hand."""
 STREAM = Reply([openai_chunk({"content": "5"}), STOP, DONE])
 BUSY = Reply([b"busy"], status=503)
-LONG = Reply([b"busy"], status=429, headers=(("Retry-After", "61"),))
-REDIRECT = "http://127.0.0.1:9/v1/chat/completions"
-OVERLOADED = sse(
-    {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}, "error"
-)
-NOT_RETRIED = "busy (Retry-After: 61 s) (not retried: the Retry-After is more than 60 s)"
 
 
 class TestRetries:
@@ -239,120 +228,6 @@ class TestRetries:
             low, high = backoff_bounds(retried)
             assert low <= logged_delay(line) <= high  # the log rounds to 3 digits
 
-    def test_the_last_error_says_how_many_retries(self, server: Server) -> None:
-        server.script(BUSY, BUSY, BUSY)
-        _, result = settle_prompt(anthropic(server, retries=2), signal=Hurried())
-        error = assert_stream_error(result, "HTTP 503 Service Unavailable: busy (after 2 retries)")
-        assert (error.status, len(server.requests)) == (503, 3)
-
-    @pytest.mark.parametrize(
-        ("status", "headers", "wait", "logged"),
-        [
-            pytest.param(
-                429,
-                (("Content-Type", "application/json"), ("retry-after-ms", "20")),
-                0.02,
-                "{} (Retry-After: 0.02 s)); retrying in 0.02 s",
-                id="retry-after-ms-is-waited-for",
-            ),
-            pytest.param(
-                503,
-                (("Retry-After", "Wed, 21 Oct 2015 07:28:00 GMT"),),
-                0.0,
-                "busy (Retry-After: 0 s)); retrying in 0 s",
-                id="an-http-date-in-the-past-means-now",
-            ),
-            pytest.param(  # parsedate_to_datetime raises OverflowError: not a Retry-After
-                503,
-                (("Retry-After", "Wed, 21 Oct 99999999999 07:28:30 GMT"),),
-                None,
-                "HTTP 503 Service Unavailable: busy); retrying in ",
-                id="a-date-that-overflows-is-the-backoff",
-            ),
-        ],
-    )
-    def test_the_retry_waits_what_the_server_says(
-        self,
-        server: Server,
-        caplog: pytest.LogCaptureFixture,
-        status: int,
-        headers: Sequence[Tuple[str, str]],
-        wait: Optional[float],
-        logged: str,
-    ) -> None:
-        body = b"{}" if status == 429 else b"busy"
-        server.script(Reply([body], status=status, headers=headers), STREAM)
-        with caplog.at_level(logging.WARNING):
-            _, result = settle_prompt(openai(server, retries=1), signal=Hurried())
-        assert result.status == "completed", result.error
-        assert len(server.requests) == 2
-        (line,) = retry_logs(caplog)
-        if wait is None:  # the backoff's
-            assert logged in line
-            low, high = backoff_bounds(0)
-            assert low <= logged_delay(line) <= high  # the log rounds to 3 digits
-        else:
-            assert line.endswith(logged)
-
-    @pytest.mark.parametrize(
-        ("retries", "replies", "said"),
-        [
-            pytest.param(2, [LONG, STREAM], NOT_RETRIED, id="over-60-s-is-not-waited-for"),
-            pytest.param(0, [LONG], "busy (Retry-After: 61 s)", id="retries-0-says-nothing-of-it"),
-            pytest.param(2, [BUSY, LONG], NOT_RETRIED, id="after-a-retry"),
-        ],
-    )
-    def test_a_long_retry_after_ends_the_run(
-        self, server: Server, retries: int, replies: List[Reply], said: str
-    ) -> None:
-        server.script(*replies)
-        started = time.monotonic()
-        _, result = settle_prompt(openai(server, retries=retries), signal=Hurried())
-        # A generous bound that still shows the 61 s were not waited for.
-        assert time.monotonic() - started < 30.0
-        error = assert_stream_error(result)
-        assert str(error).endswith(said)
-        assert (error.status, error.retry_after) == (429, 61.0)
-        assert len(server.requests) == len(replies) - (replies[-1] is STREAM)
-
-    @pytest.mark.parametrize(
-        ("retries", "reply", "words"),
-        [
-            pytest.param(
-                0, BUSY, "HTTP 503 Service Unavailable: busy", id="retries-0-turns-them-off"
-            ),
-            pytest.param(
-                2,
-                Reply([b"{}"], status=401),
-                "HTTP 401 Unauthorized: {}",
-                id="a-status-that-stays",
-            ),
-            pytest.param(
-                2,
-                Reply(status=301, headers=(("Location", REDIRECT), ("Content-Length", "0"))),
-                f"answered HTTP 301 Moved Permanently, not an event stream (Location: {REDIRECT}; "
-                "redirects are not followed)",
-                id="a-redirect",
-            ),
-        ],
-    )
-    def test_what_is_not_retried_fails_the_run_at_once(
-        self,
-        server: Server,
-        caplog: pytest.LogCaptureFixture,
-        retries: int,
-        reply: Reply,
-        words: str,
-    ) -> None:
-        server.script(reply, STREAM)
-        with caplog.at_level(logging.WARNING):
-            _, result = settle_prompt(openai(server, retries=retries), signal=Hurried())
-        error = assert_stream_error(result, words)
-        assert error.status == reply.status
-        assert "(after" not in str(error)
-        assert len(server.requests) == 1
-        assert retry_logs(caplog) == []
-
     def test_a_refused_connection_is_retried(self, caplog: pytest.LogCaptureFixture) -> None:
         url = f"http://127.0.0.1:{free_port()}/v1"
         model = providers.OpenAIChatModel("m", base_url=url, retries=2)
@@ -371,40 +246,6 @@ class TestRetries:
         server.script(Reply(hang_up=True), STREAM)
         _, result = settle_prompt(openai(server, retries=1), signal=Hurried())
         assert result.status == "completed", result.error
-
-    def test_an_error_after_the_first_chunk_is_not_retried(self, server: Server) -> None:
-        # The gate: the server sends the error only once the run has the first chunk, so
-        # the error comes in a read of its own, after the text was yielded, however slow
-        # the client. (An error in the same read as the first text is retried: nothing
-        # was yielded.)
-        chunked = threading.Event()
-        server.script(
-            Reply([MESSAGE_START, *anthropic_text(0, "Hi")[:2], OVERLOADED], gate=chunked),
-            Reply([MESSAGE_START, *anthropic_text(0, "Again"), *anthropic_end()]),
-        )
-
-        def on_event(event: al.Event) -> None:
-            if event.type == "model.chunk":
-                chunked.set()
-
-        events, result = settle_prompt(
-            anthropic(server, retries=2, timeout=_BOUND), signal=Hurried(), on_event=on_event
-        )
-        assert_stream_error(result, "overloaded_error: Overloaded")
-        assert "(after" not in str(cast(al.RunError, result.error).exception)
-        assert len(server.requests) == 1
-        assert [event.type for event in events].count("model.chunk") == 1
-
-    def test_an_overloaded_event_before_any_chunk_is_retried(self, server: Server) -> None:
-        server.script(
-            Reply([MESSAGE_START, OVERLOADED]),
-            Reply([b"{}"], status=529),
-            Reply([MESSAGE_START, *anthropic_text(0, "Hi"), *anthropic_end()]),
-        )
-        _, result = settle_prompt(anthropic(server, retries=2), signal=Hurried())
-        assert result.status == "completed", result.error
-        assert result.final_text == "Hi"
-        assert len(server.requests) == 3
 
     @pytest.mark.parametrize(
         "broken",
@@ -1066,8 +907,9 @@ class LLMock:
         )
 
 
-@pytest.fixture(scope="module")
-def llmock_process() -> Iterator[LLMock]:
+@contextlib.contextmanager
+def llmock_serving(*options: str) -> Iterator[LLMock]:
+    """An ``llmock serve`` subprocess with these options, stopped whatever happens."""
     if not _HAS_LLMOCK:
         if _LLMOCK_REQUIRED:
             pytest.fail("AGENT_LOOP_REQUIRE_LLMOCK=1 but llmock is not importable")
@@ -1075,9 +917,37 @@ def llmock_process() -> Iterator[LLMock]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "llmock.cli", "serve", "--host", "127.0.0.1"]
-    command += ["--port", str(port), "--log-level", "warning"]
+    command += ["--port", str(port), "--log-level", "warning", *options]
     with server_process("llmock serve", command, url + "/health", start_bound=30.0):
         yield LLMock(url)
+
+
+@pytest.fixture(scope="module")
+def llmock_process() -> Iterator[LLMock]:
+    with llmock_serving() as served:
+        yield served
+
+
+@pytest.mark.llmock
+class TestContextWindow:
+    """llmock --context-window: a request refused as longer than the context."""
+
+    @PROVIDERS
+    def test_a_request_longer_than_the_context_is_told_from_other_refusals(
+        self, provider: str
+    ) -> None:
+        """llmock --context-window N refuses a longer prompt as each provider does (HTTP 400:
+        OpenAI's code context_length_exceeded; Anthropic's "prompt is too long"); a prompt
+        within it is answered."""
+        with llmock_serving("--context-window", "50") as served:
+            model = _model(served, provider)
+            short = stream(model, request([al.UserMessage("user-001", "Hi.")]))
+            assert short[1].stop_reason == "stop"
+            with pytest.raises(providers.ProviderError) as caught:
+                stream(model, request([al.UserMessage("user-001", "word " * 300)]))
+        code = "context_length_exceeded" if provider == "openai" else None
+        error = caught.value
+        assert (error.status, error.code, error.context_exceeded) == (400, code, True)
 
 
 @pytest.fixture

@@ -46,6 +46,7 @@ from loop_testing_providers import (
     canned_openai,
     chunk_texts,
     exchanges,
+    logged_delay,
     openai_chunk,
     request,
     retry_logs,
@@ -57,6 +58,8 @@ from loop_testing_providers import (
 # --- The transport seam, and the one rule of retries ------------------------------------
 
 
+LONG_WAIT = {"Retry-After": "61"}
+NOT_RETRIED = "busy (Retry-After: 61 s) (not retried: the Retry-After is more than 60 s)"
 OVERLOADED_EVENT = sse(
     {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}, "error"
 )
@@ -319,23 +322,48 @@ class TestWhatIsRetried:
             assert low <= waited <= high, (retried, waited)
 
     @pytest.mark.parametrize(
-        ("retry_after", "waited"),
+        ("retries", "heads", "waits", "said"),
         [
-            pytest.param("0.25", 0.25, id="seconds"),
-            pytest.param("60", 60.0, id="60-s-the-limit-is-waited-for"),
-            pytest.param("61", None, id="61-s-is-not-waited-for"),
+            pytest.param(1, [{"Retry-After": "0.25"}], [0.25], None, id="seconds"),
+            pytest.param(1, [{"retry-after-ms": "20"}], [0.02], None, id="milliseconds"),
+            pytest.param(1, [{"Retry-After": "60"}], [60.0], None, id="60-s-is-waited-for"),
+            pytest.param(2, [LONG_WAIT], [], NOT_RETRIED, id="61-s-is-not-waited-for"),
+            pytest.param(2, [{}, LONG_WAIT], [None], NOT_RETRIED, id="after-a-retry"),
+            pytest.param(
+                0, [LONG_WAIT], [], "busy (Retry-After: 61 s)", id="retries-0-say-nothing"
+            ),
+            pytest.param(
+                0, [{"Retry-After": "1"}], [], "(Retry-After: 1 s)", id="retries-0-turn-them-off"
+            ),
         ],
     )
     def test_the_wait_is_the_servers_retry_after_up_to_60_s(
-        self, retry_after: str, waited: Optional[float]
+        self,
+        caplog: pytest.LogCaptureFixture,
+        retries: int,
+        heads: List[Dict[str, str]],
+        waits: List[Optional[float]],
+        said: Optional[str],
     ) -> None:
-        busy = Canned([b"busy"], status=429, headers={"Retry-After": retry_after})
-        signal = Hurried()
-        _, result = settle_prompt(
-            canned_openai(busy, [OPENAI_TEXT_STREAM], retries=1), signal=signal
-        )
-        assert signal.waits == ([] if waited is None else [waited])
-        assert (result.status == "completed") is (waited is not None), result.error
+        """Each wait is the server's (None: the backoff's), as logged; a failed run says the
+        last Retry-After, and that it was not waited for when it was over 60 s."""
+        busy = [Canned([b"busy"], status=429, headers=head) for head in heads]
+        model, signal = canned_openai(*busy, [OPENAI_TEXT_STREAM], retries=retries), Hurried()
+        with caplog.at_level(logging.WARNING):
+            _, result = settle_prompt(model, signal=signal)
+        logged = retry_logs(caplog)
+        assert len(signal.waits) == len(logged) == len(waits)
+        for retried, (wait, waited, line) in enumerate(zip(waits, signal.waits, logged)):
+            low, high = backoff_bounds(retried) if wait is None else (wait, wait)
+            assert low <= cast(float, waited) <= high
+            assert low <= logged_delay(line) <= high  # the log rounds to 3 digits
+        assert cast(CannedTransport, model.transport).opened == len(heads) + (said is None)
+        if said is None:
+            assert result.status == "completed", result.error
+        else:
+            error = assert_stream_error(result, "HTTP 429", kind=providers.ProviderError)
+            assert str(error).endswith(said)
+            assert (error.status, error.retry_after) == (429, float(heads[-1]["Retry-After"]))
 
     def test_nothing_is_retried_after_the_first_chunk(self) -> None:
         first = Canned([MESSAGE_START, *anthropic_text(0, "Hi")[:2], OVERLOADED_EVENT])
@@ -355,51 +383,41 @@ class TestWhatIsRetried:
         assert str(shared) == "cannot connect to u: refused"
 
     @pytest.mark.parametrize(("provider", "head", "end", "words"), UNFINISHED)
-    def test_an_unfinished_answer_before_any_chunk_is_retried(
+    @pytest.mark.parametrize("when", ["before-a-chunk", "retries-spent", "after-a-chunk"])
+    def test_an_unfinished_answer_is_retried_only_before_any_chunk(
         self,
         provider: str,
         head: List[bytes],
         end: List[bytes],
         words: str,
+        when: str,
         caplog: pytest.LogCaptureFixture,
     ) -> None:
-        # Nothing was yielded: as after a broken connection, the answer is asked for again.
-        model = canned_model(provider, [*head, *end], answer_parts(provider, ["Done."]), retries=1)
+        """Nothing was yielded: as after a broken connection, the answer is asked for again,
+        as many times as retries says. Once a chunk was yielded, the loop has reported it:
+        no retry."""
+        unfinished = [*head, *([TEXT[provider]] if when == "after-a-chunk" else []), *end]
+        attempts = [Canned(unfinished) for _ in range(3 if when == "retries-spent" else 1)]
+        done = Canned(answer_parts(provider, ["Done."]))
+        retries = 1 if when == "before-a-chunk" else 2
+        model = canned_model(provider, *attempts, done, retries=retries)
         with caplog.at_level(logging.WARNING):
-            _, result = settle_prompt(model, signal=Hurried())
-        assert (result.status, result.final_text) == ("completed", "Done."), result.error
-        (logged,) = retry_logs(caplog)
-        assert f"attempt 1 of 2 failed (the stream from {CANNED_URL[provider]} {words})" in logged
-        assert [bool(exchange.reads) for exchange in exchanges(model)] == [True, True]
-
-    @pytest.mark.parametrize(("provider", "head", "end", "words"), UNFINISHED)
-    def test_an_unfinished_answer_fails_the_run_once_the_retries_are_spent(
-        self, provider: str, head: List[bytes], end: List[bytes], words: str
-    ) -> None:
-        attempts = [Canned([*head, *end]) for _ in range(3)]
-        model = canned_model(provider, *attempts, retries=2)
-        _, result = settle_prompt(model, signal=Hurried())
-        url = CANNED_URL[provider]
-        assert_stream_error(
-            result,
-            f"the stream from {url} {words} (after 2 retries)",
-            kind=providers.ProviderProtocolError,
-        )
-        assert [bool(attempt.reads) for attempt in attempts] == [True, True, True]
-        assert len(result.messages) == 1
-
-    @pytest.mark.parametrize(("provider", "head", "end", "words"), UNFINISHED)
-    def test_an_unfinished_answer_after_a_chunk_fails_the_run_at_once(
-        self, provider: str, head: List[bytes], end: List[bytes], words: str
-    ) -> None:
-        # Once a chunk was yielded, the loop has reported it: no retry.
-        unused = Canned(answer_parts(provider, ["Done."]))
-        model = canned_model(provider, [*head, TEXT[provider], *end], unused, retries=2)
-        events, result = settle_prompt(model, signal=Hurried())
-        error = assert_stream_error(result, f"the stream from {CANNED_URL[provider]} {words}")
-        assert "(after" not in str(error)
-        assert chunk_texts(events) == ["Hal"]
-        assert unused.reads == 0
+            events, result = settle_prompt(model, signal=Hurried())
+        said = f"the stream from {CANNED_URL[provider]} {words}"
+        assert [bool(attempt.reads) for attempt in attempts] == [True] * len(attempts)
+        assert bool(done.reads) is (when == "before-a-chunk")
+        if when == "before-a-chunk":
+            assert (result.status, result.final_text) == ("completed", "Done."), result.error
+            (logged,) = retry_logs(caplog)
+            assert f"attempt 1 of 2 failed ({said})" in logged
+        elif when == "retries-spent":
+            error = assert_stream_error(result, f"{said} (after 2 retries)")
+            assert type(error) is providers.ProviderProtocolError
+            assert len(result.messages) == 1
+        else:
+            error = assert_stream_error(result, said)
+            assert "(after" not in str(error)
+            assert chunk_texts(events) == ["Hal"]
 
     def test_without_require_finish_reason_the_end_of_input_is_still_incomplete(self) -> None:
         model = canned_openai([openai_chunk({"content": "Hal"})], require_finish_reason=False)

@@ -181,7 +181,7 @@ class Batch:
     results: List[Dict[str, Any]]
     replayed: List[Dict[str, Any]]
     specs: List[recipe.RunSpec]
-    ledger: recipe.Ledger
+    ledger: recipe.EffectLedger
     attempts_before_replay: int
     killed: List[int]
     seen: Dict[Process, str]
@@ -220,13 +220,13 @@ def batch(tmp_path_factory: pytest.TempPathFactory, ray_temp_dir: str) -> Batch:
             hold = directory / "hold"
             hold.touch()
             specs = recipe.batch(RUNS, url, str(directory / "ray"), hold=str(hold))
-            ledger = recipe.Ledger(specs[0].ledger_dir)
-            with recipe.local_ray(WORKERS):
+            ledger = recipe.EffectLedger(specs[0].ledger_dir)
+            with recipe.recipe_ray(WORKERS):
                 killer = Releasing(hold, ledger, kills=KILLS, runs=RUNS, seed=SEED)
                 with killer:
-                    results = recipe.run_on_ray(specs, max_retries=KILLS + 3)
+                    results = recipe.run_specs_on_ray(specs, max_retries=KILLS + 3)
                 attempts_before_replay = len(ledger.records("tool attempt"))
-                replayed = recipe.run_on_ray(specs[:REPLAYED], max_retries=0)
+                replayed = recipe.run_specs_on_ray(specs[:REPLAYED], max_retries=0)
                 not_a_spec: Any = "not a spec"
                 with pytest.raises(RuntimeError) as raised:
                     agent_loop_ray.run_on_ray(recipe.make_run, [not_a_spec], max_retries=0)
@@ -236,7 +236,7 @@ def batch(tmp_path_factory: pytest.TempPathFactory, ray_temp_dir: str) -> Batch:
         # Whatever happened: wait (bounded) for every process seen to end, then say which
         # did not. Ray's workers also report their pids in the ledger's task log (a pid
         # counts if its process is still one of this Ray's: a killed worker's may be reused).
-        log = recipe.Ledger(str(directory / "ray" / "ledger")).records("")
+        log = recipe.EffectLedger(str(directory / "ray" / "ledger")).records("")
         for process in descendants(1):
             if process[0] in {record["pid"] for record in log} and started_by(
                 process[0], ray_temp_dir
@@ -533,17 +533,17 @@ class TestLedger:
 
 
 class TestRecipeLedger:
-    """The recipe's Ledger: its log of what ran where, and its tools' effects."""
+    """The recipe's EffectLedger: its log of what ran where, and its tools' effects."""
 
     def test_outside_a_tool_call_it_does_not_act(self, tmp_path: Path) -> None:
-        ledger = recipe.Ledger(str(tmp_path))
+        ledger = recipe.EffectLedger(str(tmp_path))
         with pytest.raises(RuntimeError, match=r"charge acts only inside a tool call"):
             ledger.effect("run-a", "charge", {}, None, 0.0)
         assert ledger.effects() == []
         assert ledger.records("") == []
 
     def test_the_figures_count_attempts_and_calls(self, tmp_path: Path) -> None:
-        ledger = recipe.Ledger(str(tmp_path / "ledger"))
+        ledger = recipe.EffectLedger(str(tmp_path / "ledger"))
         ledger.task_started("run-a", 0)
         ledger.task_started("run-a", 1234)  # a retry
 
@@ -570,7 +570,7 @@ class TestRecipeLedger:
     def test_a_tool_waits_to_act_while_the_hold_file_exists(self, tmp_path: Path) -> None:
         """What lets the batch kill a worker in the middle of a call: its tool has logged
         its attempt, and acts only once the hold file is gone."""
-        ledger = recipe.Ledger(str(tmp_path / "ledger"))
+        ledger = recipe.EffectLedger(str(tmp_path / "ledger"))
         hold = tmp_path / "hold"
         hold.touch()
 
@@ -684,9 +684,9 @@ class TestLLMockScript:
 
 class TestWorkerKiller:
     def test_it_kills_nothing_but_ray_workers(self, tmp_path: Path) -> None:
-        killer = recipe.WorkerKiller(recipe.Ledger(str(tmp_path)), kills=2, runs=2, seed=0)
+        killer = recipe.WorkerKiller(recipe.EffectLedger(str(tmp_path)), kills=2, runs=2, seed=0)
         child = subprocess.Popen([sys.executable, "-c", "pass"])
-        child.wait()
+        child.wait(GONE_SECONDS)
         killer._send(os.getpid())  # this process is no Ray worker
         killer._send(child.pid)  # gone
         assert killer.killed == []
@@ -695,7 +695,7 @@ class TestWorkerKiller:
     def test_it_stops_when_the_batch_ends_before_its_kills(
         self, tmp_path: Path, kills: int
     ) -> None:
-        ledger = recipe.Ledger(str(tmp_path))
+        ledger = recipe.EffectLedger(str(tmp_path))
         ledger.task_started("run-a", 0)
         ledger.task_finished("run-a", "completed")
         with recipe.WorkerKiller(ledger, kills=kills, runs=2, seed=0) as killer:
@@ -751,7 +751,7 @@ class TestLocalRay:
         monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "192.0.2.1")
         with pytest.raises(
             RuntimeError, match=r"Ray took the address 192\.0\.2\.1, not 127\.0\.0\.1"
-        ), recipe.local_ray(1):
+        ), recipe.recipe_ray(1):
             pass  # never reached
         assert not ray.is_initialized()
 

@@ -10,7 +10,9 @@ command line's (agent_loop_cli.py) ``--json`` log of a real run, replayed exactl
 ten runs from ten threads at once: without a limit (the server interrupts a stream when
 another request arrives: no run may complete with an answer it did not finish), and
 sharing one model object with ``max_concurrency=1`` through the README's
-``ask_together()`` (all complete).
+``ask_together()`` (all complete), and ten typed answers in native mode
+(agent_loop_output's ``run_for_output(native="json_object")``), each valid on its first
+request.
 
 Each answer is held by a grammar at temperature 0, so that it is bounded and ends by
 itself: a GBNF grammar in the server's ``grammar`` field, or for a forced tool call the
@@ -41,6 +43,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import pytest
 
 import agent_loop as al
+import agent_loop_output as output
 import agent_loop_providers as providers
 from agent_loop_replay import replay
 from loop_testing import documentation
@@ -77,6 +80,16 @@ _SUM_GRAMMAR = 'root ::= "The sum is " [0-9]{1,6} "."\n'
 _FORCE_ADD = {"type": "function", "function": {"name": "add"}}
 _AGENTS = 10
 """Runs at once from as many threads against the one server (which has one slot)."""
+# A typed answer in native mode: the server makes a grammar of the schema (llama-cpp-python
+# takes {"type": "json_object", "schema": ...}); a bounded string, so that it ends.
+_PLACE = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 24}, "coastal": {"type": "boolean"}},
+    "required": ["city", "coastal"],
+    "additionalProperties": False,
+}
+_COUNTRIES = ["France", "Spain", "Italy", "Japan", "Brazil", "Canada", "Egypt", "India",
+              "Norway", "Kenya"]  # fmt: skip
 
 
 # --- The server -----------------------------------------------------------------------
@@ -480,6 +493,28 @@ class TestRealModel:
         assert (tool_result.tool_call_id, tool_result.is_error) == (call.id, False)
         assert json.loads(tool_result.content) == {"sum": sum(received[0].values())}
         assert re.fullmatch(r"The sum is [0-9]{1,6}\.", result.final_text or "")
+
+    def test_native_typed_answers_are_valid_ten_times_of_ten(self, llama_server: str) -> None:
+        """run_for_output(native="json_object"): for ten questions, the server holds the
+        answer to the schema, and each run completes on its first request with an output
+        that the schema's own check accepts."""
+        model = openai(llama_server, options={"temperature": 0, "max_tokens": 64})
+        checker = al.ToolRegistry([output.output_tool(_PLACE)])
+        for country in _COUNTRIES:
+            run = output.run_for_output(
+                messages=[al.UserMessage("user-001", f"Name a city of {country}, as JSON.")],
+                model=model,
+                tools=al.ToolRegistry(),
+                output=_PLACE,
+                max_steps=3,
+                native="json_object",
+            )
+            _, result = al.settle_run(run)
+            assert (result.status, result.steps) == ("completed", 1), (country, result.error)
+            assert isinstance(result.output, dict)
+            call = al.ToolCall("check", "final_answer", result.output)
+            checked = al.execute_tool_call(checker, call, threading.Event())
+            assert not checked.is_error, checked.content
 
     @pytest.mark.parametrize(
         ("arguments", "status", "kind"),

@@ -18,6 +18,8 @@ Contents
         and one cut after its first result
     TestResumedRunsReplayExactly: a cancel-resume chain, each run replayed
     TestThinkingAndUsageReplayExactly: thinking blocks, deltas and usage, replayed exactly
+    TestProgressAndEndsRunReplayExactly: tool.progress in the log's order (calls at once
+        too), and a run that ended on an ends_run tool, with its output
     TestJsonLines: dump_events() and load_events(), times, journals, and unreadable lines
 """
 
@@ -30,19 +32,21 @@ import json
 import random
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Generator
 
 import pytest
 
 import agent_loop as al
 import agent_loop_replay as alr
 from loop_testing import (
+    Choreography,
     FakeModel,
-    RequestKeyedModel,
+    Plan,
     add_tool,
     call,
     counter_tool,
     dicts_of,
+    event_key,
     every_kind_of_tool,
     json_lines,
     read_json_lines,
@@ -574,7 +578,8 @@ def result_of_log(log: list[dict[str, Any]]) -> dict[str, Any]:
 
 def broken_log(how: str) -> list[dict[str, Any]]:
     """The recording, broken in one way. Events: 0 accepted, 1-2 chunks, 3-6 tools of
-    request-001, 7 chunk of request-002, 8 run.finished."""
+    request-001, 7 chunk of request-002, 8 run.finished. (Logs out of order are
+    RunSteps' table, tests/test_run_steps.py: replay raises what it raises.)"""
     log = recording()
     if how == "empty":
         return []
@@ -582,24 +587,8 @@ def broken_log(how: str) -> list[dict[str, Any]]:
         return log[:3] + log[4:]
     if how == "no-run-finished":
         return log[:-1]
-    if how == "two-runs":
-        return renumbered(log + log)
-    if how == "run-finished-inside":
-        return renumbered([*log[:3], log[-1], *log[3:]])
-    if how == "accepted-later":
-        return renumbered([*log[:3], log[0], *log[3:]])
-    if how == "unknown-request":
-        log[7]["payload"]["requestId"] = log[7]["payload"]["chunk"]["requestId"] = "request-009"
-    elif how == "requests-out-of-order":
-        return renumbered([*log[:1], log[7], *log[1:7], *log[8:]])
-    elif how == "chunk-of-another-request":
-        log[1]["payload"]["chunk"]["requestId"] = "request-002"
-    elif how == "chunk-after-a-tool":
-        return renumbered(log[:1] + log[2:4] + [log[1]] + log[4:])
-    elif how == "started-twice":  # call-1 twice in a row, as a group; call-2 then starts too soon
-        return renumbered(log[:4] + log[3:4] + log[4:])
-    elif how == "finished-without-starting":
-        return renumbered(log[:3] + log[4:5] + log[3:4] + log[5:])
+    if how == "requests-of-another-start":
+        result_of_log(log)["requestSequenceStart"] = 1
     elif how == "result-without-the-accepted":
         result_of_log(log)["messages"][0]["content"] = "Something else."
     elif how == "result-with-a-user-message-added":
@@ -617,25 +606,12 @@ def broken_log(how: str) -> list[dict[str, Any]]:
 
 BROKEN_LOGS = [
     ("empty", "does not end with run.finished"),
-    ("gap", "the event at position 3 has sequence 4"),
+    ("gap", r"event 3 \(tool.finished\) has sequence 4"),
     ("no-run-finished", "does not end with run.finished"),
-    ("two-runs", r"event 8 \(run.finished\): a run's message.accepted events come before"),
-    ("run-finished-inside", r"event 3 \(run.finished\): .* and its one run.finished last"),
-    ("accepted-later", r"event 3 \(message.accepted\)"),
-    ("unknown-request", r"event 7 \(model.chunk\) names 'request-009', which is not the run's"),
     (
-        "requests-out-of-order",
-        r"event 2 \(model.chunk\) names 'request-001'.*request-001, request-002, in that order",
-    ),
-    (
-        "chunk-of-another-request",
-        r"event 1 \(model.chunk\): a chunk carries its event's request id",
-    ),
-    ("chunk-after-a-tool", r"event 3 \(model.chunk\): .* before the request's tool calls"),
-    ("started-twice", r"event 6 \(tool.started\): a tool call started before the previous"),
-    (
-        "finished-without-starting",
-        r"event 3 \(tool.finished\): tool call 'call-1' finished without",
+        "requests-of-another-start",
+        r"the log's requests \(request-001, request-002\) are not the result's "
+        r"\(request-002, request-003, in that order\)",
     ),
     ("result-without-the-accepted", "does not begin with the accepted messages"),
     ("result-with-a-user-message-added", "holds user message 'user-002' after the starting"),
@@ -989,6 +965,192 @@ class TestThinkingAndUsageReplayExactly:
             alr.replay([al.event_from_dict(data) for data in log])
 
 
+# Calls whose order a Choreography fixes: (tool_concurrency, each call's part, the event
+# the consumer cancels on, the tool events of the log it records).
+PROGRESS_RUNS: dict[str, tuple[int, Plan, str, list[str]]] = {
+    "one at a time": (
+        1,
+        {"a": [("", "a1"), ("", {"done": 2}), ("", "a done")], "b": [("", "b done")]},
+        "",
+        [
+            *("started:a", "progress:a:a1", "progress:a:{'done': 2}", "finished:a"),
+            *("started:b", "finished:b"),
+        ],
+    ),
+    "at once, interleaved": (
+        3,
+        {
+            "a": [("progress:b:b1", "a1"), ("", "a done")],
+            "b": [("started:c", "b1"), ("finished:a", "b2"), ("", "b done")],
+            "c": [("", "c done")],
+        },
+        "",
+        [
+            *("started:a", "started:b", "started:c", "progress:b:b1", "progress:a:a1"),
+            *("finished:a", "progress:b:b2", "finished:b", "finished:c"),
+        ],
+    ),
+    "at once, a thread freed for the last call": (
+        2,
+        {"a": [("progress:c:c1", "a done")], "b": [("", "b done")], "c": [("", "c1"), ("", "")]},
+        "",
+        [
+            *("started:a", "started:b", "started:c", "progress:c:c1"),
+            *("finished:a", "finished:b", "finished:c"),
+        ],
+    ),
+    "at once, cancelled with a call open": (
+        2,
+        {"a": [("progress:b:b1", "a done")], "b": [("", "b1"), ("signal", "b done")]},
+        "finished:a",
+        ["started:a", "started:b", "progress:b:b1", "finished:a"],
+    ),
+}
+
+
+def choreographed_run(
+    plan: Plan, concurrency: int, cancel: str = "", ends_run: bool = False
+) -> tuple[list[al.Event], al.RunResult]:
+    """The run of one response that calls each part of the plan, then a text answer."""
+    choreography = Choreography(plan, cancel)
+    script = [
+        tool_turn("response-001", *(call("work", call_id, {}) for call_id in plan)),
+        stop("response-002", "Done."),
+    ]
+    events, result, _ = run(
+        script,
+        [choreography.tool(ends_run=ends_run)],
+        signal=threading.Event(),
+        cancel_at=choreography.seen,
+        tool_concurrency=concurrency,
+    )
+    return events, result
+
+
+def recorded(name: str) -> tuple[list[al.Event], al.RunResult]:
+    """The run of a row of PROGRESS_RUNS."""
+    concurrency, plan, cancel, _ = PROGRESS_RUNS[name]
+    return choreographed_run(plan, concurrency, cancel)
+
+
+class TestProgressAndEndsRunReplayExactly:
+    """A recorded call yields its recorded progress again before its result; calls at once
+    give theirs in the log's order (the order their workers put them on the loop's queue),
+    whatever the threads' timing; a run that ended on an ends_run tool ends so again."""
+
+    @pytest.mark.parametrize("name", list(PROGRESS_RUNS))
+    def test_a_log_with_progress_replays_exactly(self, name: str) -> None:
+        concurrency, _, _, tool_events = PROGRESS_RUNS[name]
+        events, result = recorded(name)
+        assert [event_key(e) for e in events if e.type.startswith("tool.")] == tool_events
+        replayed = alr.replay(read_json_lines(json_lines(events)))
+        # The replay's own concurrency (its largest group), and the recorded one.
+        for again_at in (replayed, dataclasses.replace(replayed, tool_concurrency=concurrency)):
+            for _ in range(5):  # ordered, not by chance
+                again, again_result = settle(
+                    again_at.run(),
+                    max_steps=again_at.max_steps,
+                    tool_concurrency=again_at.tool_concurrency,
+                )
+                assert dicts_of(again) == dicts_of(events)
+                assert again_result == result
+
+    @pytest.mark.parametrize(
+        "value",
+        [{"answer": 42}, '{"answer":42}', "plain words", None],
+        ids=["a value", "a text that is JSON", "a text", "none"],
+    )
+    def test_a_run_that_ended_on_a_tool_replays_with_its_output(self, value: object) -> None:
+        # Two calls at once: the first in assistant order gives the output.
+        plan: Plan = {"a": [("", value)], "b": [("", "second")]}
+        events, result = choreographed_run(plan, 2, ends_run=True)
+        assert (result.status, result.output) == ("completed", value)
+        assert events[-2].to_dict()["payload"]["endsRun"] is True
+        again, again_result = settle_replay(alr.replay(read_json_lines(json_lines(events))))
+        assert dicts_of(again) == dicts_of(events)
+        assert (again_result, again_result.output) == (result, value)
+
+    @pytest.mark.parametrize(
+        ("content", "output"),
+        [
+            ('{"a":[1,2.5,null]}', {"a": [1, 2.5, None]}),
+            ('{"a": 1}', '{"a": 1}'),  # not as the loop encodes a value: a text
+            ('"x"', '"x"'),  # a JSON string: a text, which the loop gives verbatim
+            ("NaN", "NaN"),
+            ("words", "words"),
+        ],
+    )
+    def test_without_its_log_an_ending_result_is_read_as_the_value_it_encodes(
+        self, content: str, output: object
+    ) -> None:
+        """A Recording without the log's result (a durable run cut before run.finished)
+        gives the output the content is the loop's encoding of, else the content."""
+        ending = call("end", "call-1", {})
+        recorded = al.ToolResultMessage(
+            al.tool_result_id("call-1"), "call-1", "end", content, False
+        )
+        recording = alr.Recording({}, {ending: recorded}, {})
+        tool = al.Tool("end", "Ends.", {"type": "object"}, returns_nothing, ends_run=True)
+        _, result, _ = run([tool_turn("response-001", ending)], [recording.tool(tool)])
+        assert (result.output, result.messages[-1]) == (output, recorded)
+
+    @pytest.mark.parametrize(
+        ("name", "concurrency", "problem"),
+        [
+            (
+                "at once, a thread freed for the last call",
+                1,
+                "a recorded call waited 0 s for the log's first",
+            ),
+            ("at once, cancelled with a call open", 2, "'b' was open when the recording ended"),
+        ],
+        ids=["a turn that cannot come", "an open call that nothing cancels"],
+    )
+    def test_every_wait_of_a_recorded_call_is_bounded(
+        self, monkeypatch: pytest.MonkeyPatch, name: str, concurrency: int, problem: str
+    ) -> None:
+        """Past its bound (here 0 s) a recorded call fails instead of hanging the replay:
+        one at a time, call a's turn waits for c's progress, which comes after it; run by
+        hand, an open call waits for a cancellation that never comes."""
+        monkeypatch.setattr(alr, "_TURN_SECONDS", 0.0)
+        replayed = dataclasses.replace(
+            alr.replay(recorded(name)[0]),
+            tool_concurrency=concurrency,
+        )
+        fields = {
+            field.name: getattr(replayed, field.name) for field in dataclasses.fields(replayed)
+        }
+        run_ = replayed.run() if concurrency == 1 else al.run_agent_loop(**fields)
+        events, _ = al.settle_run(run_)
+        errors = [
+            e.payload["tool_result"].content
+            for e in events
+            if e.type == "tool.finished" and e.payload["tool_result"].is_error
+        ]
+        assert problem in errors[0]
+
+    def test_a_call_open_in_the_log_yields_its_progress_then_runs_the_tool(self) -> None:
+        events, _ = recorded("at once, cancelled with a call open")
+        log = alr.RunSteps()
+        for event in events:
+            log.feed(event)
+
+        def again(arguments: dict[str, Any], signal: al.Signal) -> Generator[str, None, str]:
+            yield "live"
+            return "ran again"
+
+        recording = alr.Recording({}, {}, {}, log)
+        tools = al.ToolRegistry([recording.tool(al.Tool("work", "W.", {"type": "object"}, again))])
+        result = al.execute_tool_call(tools, call("work", "b", {}), threading.Event())
+        assert result.content == "ran again"
+        # Not run by the loop: nothing is recorded for it.
+        assert tools.get("work").execute({}, threading.Event()) is not None  # type: ignore[union-attr]
+
+
+def returns_nothing(arguments: dict[str, Any], signal: al.Signal) -> object:
+    raise AssertionError("a recorded call runs nothing")
+
+
 class TestJsonLines:
     """dump_events() writes one compact to_dict() JSON line per event; load_events() reads
     the lines back, and a line it cannot read is a ValueError naming its number."""
@@ -1069,46 +1231,13 @@ class TestJsonLines:
             (event, None) for event in events
         ]
 
-    def test_a_durable_journal_gives_its_runs_events_with_their_times(
-        self, tmp_path: Path
-    ) -> None:
-        """Its records are skipped, the events a resume record voids dropped, and so is a
-        torn last line."""
-        import agent_loop_durable as ald
-
-        journal = tmp_path / "run.jsonl"
-        script = {f"request-00{n}": step for n, step in enumerate(two_call_script(), start=1)}
-        model = RequestKeyedModel(script)
-        tools = al.ToolRegistry(every_kind_of_tool())
-        options: dict[str, Any] = {"messages": [user()], "tools": tools, "max_steps": 8}
-        events, _ = al.settle_run(ald.durable_run(journal, model=model, **options))
-        data = journal.read_text(encoding="ascii")
-        lines = data.splitlines(keepends=True)
-        # A process died after the second tool.started, writing a line; another went on.
-        second = [i for i, line in enumerate(lines) if '"tool.started"' in line][1]
-        journal.write_text("".join(lines[: second + 1]) + '{"sequ', encoding="ascii")
-        with open(journal, encoding="ascii") as file:
-            cut = alr.load_timed_events(file)
-        assert [event for event, _ in cut] == events[: len(cut)]
-        model = RequestKeyedModel(script)
-        options["tools"] = al.ToolRegistry(every_kind_of_tool())  # a new process's
-        again, _ = al.settle_run(ald.durable_run(journal, model=model, **options))
-        assert dicts_of(again) == dicts_of(events)
-        with open(journal, encoding="ascii") as file:
-            read = alr.load_timed_events(file)
-        assert [event for event, _ in read] == events
-        assert all(isinstance(time, float) for _, time in read)
-        # A journal whose run record is torn holds no event yet.
-        assert alr.load_timed_events([data[: data.index("\n") // 2]]) == []
-
     @pytest.mark.parametrize(
         ("line", "message"),
         [
-            ('{"record": "resume", "sequence": 1}\n', "line 2: a 'resume' record, and the first"),
             ('{"sequence": 1, "time": "soon"}\n', "line 2: time must be a number of seconds"),
             ('{"sequence": 1, "time": -1}\n', "line 2: time must be a number of seconds"),
         ],
-        ids=["a record outside a journal", "a time that is no number", "a negative time"],
+        ids=["a time that is no number", "a negative time"],
     )
     def test_a_line_that_load_timed_events_cannot_read(self, line: str, message: str) -> None:
         events, _ = record_run([stop("response-001", "The sum is 42.")])
@@ -1121,16 +1250,3 @@ class TestJsonLines:
         with pytest.raises(ValueError, match=r"^line 2: ") as refused:
             alr.load_timed_events([written.getvalue().splitlines(keepends=True)[0], line])
         assert str(refused.value).startswith(message)
-
-    @pytest.mark.parametrize("sequence", [-1, 2, "1"], ids=["negative", "past", "a str"])
-    def test_a_journals_resume_record_names_a_recorded_sequence(self, sequence: Any) -> None:
-        events, _ = record_run([stop("response-001", "The sum is 42.")])
-        lines = [
-            '{"record":"run"}\n',
-            alr.json_line(events[0].to_dict()) + "\n",
-            alr.json_line({"record": "resume", "sequence": sequence}) + "\n",
-        ]
-        with pytest.raises(ValueError, match=r"^line 3: a resume record's sequence must be"):
-            alr.load_timed_events(lines)
-        lines[2] = alr.json_line({"record": "resume", "sequence": 1}) + "\n"
-        assert alr.load_timed_events(lines) == [(events[0], None)]

@@ -1,20 +1,23 @@
-"""Tests for agent_loop's tool schemas: the JSON Schema subset a Tool's parameters are
-checked against (the keywords the loop enforces, their values checked when the Tool is
-built, $ref resolution as JSON Schema 2020-12 resolves it), and the differential test
-against jsonschema's Draft202012Validator on random schemas over the whole enforced subset.
-Moved out of test_agent_loop_tools_and_ir.py, whose docstring says how the suite is built.
+"""Tests for tool schemas: agent_loop_schema.py, the JSON Schema 2020-12 engine a Tool's
+parameters are checked with (the keywords it enforces, their values checked when the Tool
+is built, $ref resolution as 2020-12 resolves it, every violation listed), the differential
+test against jsonschema's Draft202012Validator on random schemas over every enforced
+keyword, and the core without the engine (its six keywords, the others refused).
+test_agent_loop_tools_and_ir.py's docstring says how the suite is built.
 
 Contents
     TestToolSchemas: arguments against schemas; a bad schema refused when the Tool is built
-    TestRefsAsJsonSchemaResolvesThem: $id, percent-encoded pointers, anchors, "", the root's $id
+    TestRefsAsJsonSchemaResolvesThem: $id below the root, anchors, pointers, "", the root's $id
     TestSchemasAgreeWithJsonSchema: random schemas and arguments, the loop against jsonschema
+    TestTheCoreWithoutTheEngine: agent_loop.py alone: six keywords, the others refused
 """
 
 from __future__ import annotations
 
 import copy
+import importlib
 import random
-import re
+import sys
 import threading
 from types import MappingProxyType
 from typing import (
@@ -238,13 +241,31 @@ SCHEMA_CASES = [
     pytest.param({**one_property({"not": {"$ref": "#/default"}}),
                   "default": {"type": "string", "pattern": "^a"}}, {"v": "xyz"}, None,
                  id="not-through-a-ref-into-an-annotation"),
+    # if/then/else: then applies where if matches, else where it does not; an if whose
+    # subschema the engine does not enforce in full picks no branch alone.
+    *[pytest.param(one_property({"if": {"type": "integer"}, "then": {"minimum": 0},
+                                 "else": {"type": "string"}}), {"v": value},
+                   None if words is None else (words,), id=f"if-then-else-{value!r}")
+      for value, words in ((1, None), (-1, "$.v must be at least 0, got -1"), ("x", None),
+                           (None, "$.v must be string, got null"))],
+    pytest.param(one_property({"then": False}), {"v": 1}, None, id="then-without-if"),
+    pytest.param(one_property({"if": {"pattern": "^a"}, "then": False}), {"v": "b"}, None,
+                 id="if-beside-an-unenforced-keyword-picks-no-branch"),
+    pytest.param(one_property({"if": {"pattern": "^a"}, "then": False, "else": False}),
+                 {"v": "b"}, ("$.v is not allowed",), id="if-both-branches-refuse"),
+    # Bounds take an integral float, as 2020-12 does.
+    *[pytest.param(one_property({keyword: 2.0}), {"v": value},
+                   None if passes else ("$.v must have at least 2.0",),
+                   id=f"{keyword}-2.0-{passes}")
+      for keyword, at_limit, under in (("minLength", "ab", "a"), ("minItems", [1, 2], [1]),
+                                       ("minProperties", {"a": 1, "b": 2}, {"a": 1}))
+      for value, passes in ((at_limit, True), (under, False))],
     # Keywords the loop does not enforce are the tool's own business.
     *[pytest.param(one_property(schema), {"v": value}, None,
                    id=f"{next(iter(schema))}-not-enforced")
       for schema, value in (({"pattern": "^a"}, "b"), ({"format": "email"}, "x"),
                             ({"multipleOf": 2}, 3), ({"uniqueItems": True}, [1, 1]),
                             ({"contains": {"type": "string"}}, [1]),
-                            ({"if": {"type": "integer"}, "then": False}, 1),
                             ({"x-vendor": {"type": "null"}}, 1))],
     # $ref within the schema: to $defs and definitions (names escaped as a JSON pointer), to
     # the root (recursion), to any schema of the document, beside other keywords.
@@ -289,7 +310,6 @@ def probe_with(parameters: Any) -> Callable[[], object]:
     return lambda: al.Tool("probe", "A tool.", parameters, ok)
 
 
-LONG_TEXT = "x" * (al.MAX_ARGUMENT_TEXT + 1)
 NO_ARRAYS_OF_SCHEMAS: tuple[Any, ...] = ([], {}, "x")
 CANNOT_CALL = "cannot be called as execute(arguments, signal); give it two positional parameters"
 ROOT_NOT_AN_OBJECT = (
@@ -328,18 +348,10 @@ REFUSED_TOOLS: dict[str, tuple[Callable[[], object], type[Exception], str]] = {
                        "parameters.additionalProperties must be a JSON Schema object, got str"),
     "enum-str": (probe_with({**OBJECT, "enum": "a"}), ValueError,
                  "parameters.enum must be an array, got 'a'"),
-    "enum-nan": (probe_with({**OBJECT, "enum": [float("nan")]}), ValueError,
-                 "parameters.enum holds a value no argument may be: "
-                 "arguments hold nan, which is not a JSON number"),
-    "enum-member-over-the-bounds": (probe_with(one_property({"enum": [LONG_TEXT]})), ValueError,
-                                    "parameters.properties.v.enum holds a value no argument may "
-                                    "be: arguments hold more than 4096 code points of text"),
-    "const-over-the-bounds": (probe_with(one_property({"const": LONG_TEXT})), ValueError,
-                              "parameters.properties.v.const holds a value no argument may be: "
-                              "arguments hold more than 4096 code points of text"),
-    "const-set": (probe_with(one_property({"const": {1}})), ValueError,
-                  "parameters.properties.v.const holds a value no argument may be: arguments hold "
-                  "a set, which is not plain JSON"),
+    "enum-nan": (probe_with({**OBJECT, "enum": [float("nan")]}), TypeError,
+                 "parameters.enum[0] holds nan, which is not JSON"),
+    "const-set": (probe_with(one_property({"const": {1}})), TypeError,
+                  "parameters.properties.v.const holds {1}, which is not JSON"),
     "properties-list": (probe_with({**OBJECT, "properties": []}), ValueError,
                         "parameters.properties must be an object of schemas, got []"),
     "defs-list": (probe_with({**OBJECT, "$defs": []}), ValueError,
@@ -365,21 +377,25 @@ REFUSED_TOOLS: dict[str, tuple[Callable[[], object], type[Exception], str]] = {
                                 f"parameters.properties.v.{keyword} must be a non-negative "
                                 f"integer, got {value!r}")
        for keyword in ("minLength", "maxItems", "minProperties")
-       for value in (-1, 1.0, True, "2")},
+       for value in (-1, -1.0, 1.5, True, "2")},
     # A $ref names a schema within the same document, once it is all read.
     **{f"ref-{ref!r}": (probe_with(one_property({"$ref": ref})), ValueError,
-                        "parameters.properties.v.$ref must be a reference: '#', '', a JSON "
-                        f"pointer '#/...', or the root's $id, got {ref!r}")
+                        f"parameters.properties.v.$ref must be a URI reference, got {ref!r}")
        for ref in (5, None)},
     **{f"ref-{ref}-to-another-document": (
            probe_with(one_property({"$ref": ref})), ValueError,
-           f"parameters.properties.v.$ref {ref!r} names nothing in this schema (the loop follows "
-           "'#', '', pointers '#/...' and the root's $id; no $anchor, no other document)")
-       for ref in ("other.json#/$defs/a", "$defs/a", "urn:example:other#/properties/v")},
-    "ref-to-an-anchor": (probe_with({**one_property({"$ref": "#a"}),
-                                     "$defs": {"A": {"$anchor": "a"}}}), ValueError,
-                         "parameters.properties.v.$ref '#a' names nothing in this schema (the "
-                         "loop follows '#', '', pointers '#/...' and the root's $id; no $anchor"),
+           f"parameters.properties.v.$ref {ref!r} names nothing in this schema (a $ref to "
+           "another document is not followed)")
+       for ref in ("other.json#/$defs/a", "$defs/a", "urn:example:other#/properties/v",
+                   "#b", "n.json#a")},
+    **{f"{keyword}-{value!r}": (probe_with(one_property({keyword: value})), ValueError,
+                                f"parameters.properties.v.{keyword} must be {words}, "
+                                f"got {value!r}")
+       for keyword, words, values in (
+           ("$id", "a URI reference without a fragment", (5, "n.json#a")),
+           ("$anchor", "a plain name (a letter or _, then letters, digits, '-', '_' or '.')",
+            ("1a", "a b", "")))
+       for value in values},
     **{f"ref-{ref}-unresolved": (probe_with(one_property({"$ref": ref})), ValueError,
                                  f"parameters.properties.v.$ref {ref!r} names nothing in this "
                                  "schema")
@@ -388,9 +404,11 @@ REFUSED_TOOLS: dict[str, tuple[Callable[[], object], type[Exception], str]] = {
     "ref-escaped-unresolved": (probe_with({**DEFINED, "properties": {"w": {"$ref": "#/$defs/a/b"}},
                                            "$defs": {"a/b": {}}}), ValueError,
                                "parameters.properties.w.$ref '#/$defs/a/b' names nothing"),
-    "ref-to-no-schema": (probe_with({**one_property({"$ref": "#/required"})}), TypeError,
-                         "parameters.properties.v.$ref '#/required' must be a JSON Schema "
-                         "object, got tuple"),
+    **{f"ref-to-no-schema-{ref}": (probe_with({**one_property({"$ref": ref, "items": [{}]}),
+                                               "x-list": [1]}), TypeError,
+                                   f"parameters.properties.v.$ref {ref!r} must be a JSON Schema "
+                                   "object, got tuple")
+       for ref in ("#/required", "#/properties/v/items", "#/x-list")},
     # A $ref into JSON that no other keyword reads as a schema: what it names is checked.
     "ref-to-a-malformed-schema": (probe_with({**one_property({"$ref": "#/x-defs/a"}),
                                               "x-defs": {"a": {"minimum": "1"}}}), ValueError,
@@ -480,7 +498,7 @@ class TestToolSchemas:
 
     @pytest.mark.parametrize("through", ["object", "array"])
     @pytest.mark.parametrize("passes", [AT_LIMIT, OVER_LIMIT])
-    def test_schema_depth(self, passes: bool, through: str) -> None:
+    def test_schema_depth(self, engine: str, passes: bool, through: str) -> None:
         """A schema nests as deep as arguments can (32 containers); one more is a ValueError."""
         schema: dict[str, Any] = {"type": "integer"}
         for _ in range(31 if passes else 32):
@@ -499,32 +517,19 @@ class TestToolSchemas:
         result = al.execute_tool_call(registry, call("probe", "c1", arguments), threading.Event())
         assert (result.content, received) == ("ok", [arguments])
 
-    @pytest.mark.parametrize("keyword", ["enum", "const"])
+    @pytest.mark.parametrize("keyword", ["default", "enum"])
     @pytest.mark.parametrize("passes", [AT_LIMIT, OVER_LIMIT])
-    def test_an_enum_member_nests_as_deep_as_arguments_may(
-        self, passes: bool, keyword: str
+    def test_an_annotation_nests_as_deep_as_arguments_may(
+        self, engine: str, passes: bool, keyword: str
     ) -> None:
-        """Each enum member, and a const, is a value some argument may be: 32 nested
-        containers, not 33, wherever it is in the schema."""
+        """The JSON a keyword holds (an annotation, an enum member; a const too) counts with
+        the schema that holds it: at the root, 32 nested containers pass, 33 are a ValueError."""
         member = nested(32 if passes else 33)
-        value = [member] if keyword == "enum" else member
-        schema = {"type": "object", "properties": {"k": {keyword: value}}}
-        if not passes:
-            words = " holds a value no argument may be: arguments nest containers deeper than 32"
-            with pytest.raises(ValueError, match=re.escape(f"properties.k.{keyword}{words}")):
-                al.Tool("probe", "A tool.", schema, ok)
-            return
-        tool = al.Tool("probe", "A tool.", schema, ok)
-        assert plain_copy(tool.parameters["properties"]["k"][keyword]) == value
-
-    @pytest.mark.parametrize("passes", [AT_LIMIT, OVER_LIMIT])
-    def test_an_annotation_nests_as_deep_as_arguments_may(self, passes: bool) -> None:
-        """The JSON of a keyword the loop does not enforce counts with the schema that holds
-        it: at the root, 32 nested containers pass, and 33 are a ValueError."""
-        schema = {"type": "object", "default": nested(32 if passes else 33)}
+        schema = {"type": "object", keyword: [member] if keyword == "enum" else member}
         if not passes:
             with pytest.raises(
-                ValueError, match=r"parameters\.default(\.k\[0\])+ nests deeper than 32 levels$"
+                ValueError,
+                match=rf"parameters\.{keyword}(\[0\])?(\.k\[0\])+ nests deeper than 32 levels$",
             ):
                 al.Tool("probe", "A tool.", schema, ok)
             return
@@ -553,16 +558,17 @@ class TestToolSchemas:
 
 TYPE_NAMES = ("object", "string", "number", "integer", "boolean", "array", "null")
 NAMES = ("a", "b", "c")
-# The keywords the README says the loop enforces ($defs and definitions are where the
-# cases keep their schemas).
-ENFORCED = ("type", "properties", "required", "additionalProperties", "items", "enum", "const",
-    "anyOf", "oneOf", "allOf", "not", "$ref", "minimum", "maximum", "exclusiveMinimum",
-    "exclusiveMaximum", "minLength", "maxLength", "minItems", "maxItems", "minProperties",
-    "maxProperties")  # fmt: skip
-UNENFORCED = ("pattern", "format", "multipleOf", "uniqueItems", "prefixItems", "contains",
-    "patternProperties", "propertyNames", "dependentRequired", "dependentSchemas", "if",
-    "unevaluatedProperties", "unevaluatedItems", "x-vendor", "title", "default",
-    "examples")  # fmt: skip
+# The keywords docs/schemas.md says the core enforces alone, and those it says need
+# agent_loop_schema.py ($defs and definitions are where the cases keep their schemas).
+CORE = ("type", "properties", "required", "additionalProperties", "items", "enum")
+ENGINE = ("const", "anyOf", "oneOf", "allOf", "not", "if", "then", "else", "$ref", "minimum",
+    "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength", "minItems",
+    "maxItems", "minProperties", "maxProperties")  # fmt: skip
+# Annotations, and a keyword 2020-12 does not define: they switch nothing off.
+ANNOTATIONS = ("format", "title", "default", "examples", "x-vendor")
+UNENFORCED = ("pattern", "multipleOf", "uniqueItems", "prefixItems", "contains",
+    "patternProperties", "propertyNames", "dependentRequired", "dependentSchemas",
+    "unevaluatedProperties", "unevaluatedItems")  # fmt: skip
 
 
 def random_value(rng: random.Random, depth: int = 0) -> Any:
@@ -578,23 +584,31 @@ def random_value(rng: random.Random, depth: int = 0) -> Any:
     return {name: random_value(rng, depth + 1) for name in rng.sample(NAMES, rng.randint(0, 3))}
 
 
-def random_schema(rng: random.Random, depth: int, refs: list[str], unenforced: bool) -> Any:
-    """A schema of a few random keywords (those the loop enforces, and with unenforced=True
-    others too), nested a few levels. refs are the $refs it may use: each leads to a schema
-    that descends into the value before it refers back (no ref loops in place)."""
+def random_schema(
+    rng: random.Random,
+    depth: int,
+    refs: list[str],
+    keywords: tuple[str, ...],
+    extra: tuple[str, ...] = (),
+) -> Any:
+    """A schema of a few random keywords (and often one of ``extra``), nested a few levels.
+    refs are the $refs it may use: each leads to a schema that descends into the value
+    before it refers back (no ref loops in place)."""
     if depth >= 3 or rng.random() < 0.15:
         return rng.choice([True, False, {}, {"type": rng.choice(TYPE_NAMES)}])
-    keywords = rng.sample([*ENFORCED, "type"], rng.randint(1, 3))
-    if unenforced and rng.random() < 0.5:  # often, so that not and oneOf meet them
-        keywords.append(rng.choice(UNENFORCED))
+    chosen = rng.sample([*keywords, "type"], rng.randint(1, 3))
+    if extra and rng.random() < 0.5:  # often, so that not, oneOf and if meet them
+        chosen.append(rng.choice(extra))
+    if refs and rng.random() < 0.3:  # often, so that each form of $ref is met
+        chosen.append("$ref")
     schema: dict[str, Any] = {}
-    for keyword in keywords:
+    for keyword in chosen:
 
         def inner(refs: list[str] = refs) -> Any:
-            return random_schema(rng, depth + 1, refs, unenforced)
+            return random_schema(rng, depth + 1, refs, keywords, extra)
 
-        # Within a property or an item, the root may come back ("" is "#").
-        deeper = [*refs, rng.choice(["#", ""])]
+        # Within a property or an item, the schema's resource may come back ("" is "#").
+        deeper = [*refs, rng.choice(["#", ""])] if "$ref" in keywords else refs
         if keyword == "type":
             schema[keyword] = (rng.choice(TYPE_NAMES) if rng.random() < 0.5
                                else rng.sample(TYPE_NAMES, rng.randint(1, 3)))  # fmt: skip
@@ -610,7 +624,7 @@ def random_schema(rng: random.Random, depth: int, refs: list[str], unenforced: b
             schema[keyword] = rng.choice([True, False, inner(deeper)])
         elif keyword in ("allOf", "anyOf", "oneOf", "prefixItems"):
             schema[keyword] = [inner() for _ in range(rng.randint(1, 3))]
-        elif keyword in ("not", "if"):
+        elif keyword in ("not", "if", "then", "else"):
             schema[keyword] = inner()
         elif keyword in ("enum", "examples"):
             schema[keyword] = [random_value(rng, 2) for _ in range(rng.randint(1, 3))]
@@ -618,12 +632,12 @@ def random_schema(rng: random.Random, depth: int, refs: list[str], unenforced: b
             schema[keyword] = random_value(rng, 2)
         elif keyword in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
             schema[keyword] = rng.choice([rng.randint(-3, 3), rng.randint(-3, 2) + 0.5])
-        elif keyword.startswith(("min", "max")):
-            schema[keyword] = rng.randint(0, 3)
+        elif keyword.startswith(("min", "max")):  # 2020-12 takes an integral float as a count
+            schema[keyword] = rng.choice([int, float])(rng.randint(0, 3))
         elif keyword == "$ref" and refs:
             schema[keyword] = rng.choice(refs)
         elif keyword in ("pattern", "format", "title"):
-            schema[keyword] = {"pattern": "^x", "format": "email", "title": "T"}[keyword]
+            schema[keyword] = {"pattern": "^x", "format": "date", "title": "T"}[keyword]
         elif keyword in ("multipleOf", "uniqueItems"):
             schema[keyword] = 2 if keyword == "multipleOf" else True
     return schema
@@ -631,30 +645,81 @@ def random_schema(rng: random.Random, depth: int, refs: list[str], unenforced: b
 
 # Names of $defs that a JSON pointer escapes (~1, ~0) and a URI fragment percent-encodes.
 DEF_NAMES = ("D0", "a/b", "t~x", "s p", "p%41")
+ROOT_ID = "https://example.com/schemas/probe.json"
 
 
-def random_ref(rng: random.Random, name: str, root_id: str | None) -> str:
-    """A $ref to ``$defs/name``, written in one of the ways JSON Schema reads alike: a
-    fragment alone or after the root's $id (absolute or relative), each character of the
-    pointer but its first "/" (which says it is a pointer) percent-encoded or not (a "%"
-    always)."""
+def random_refs(
+    rng: random.Random,
+    index: int,
+    name: str,
+    place: dict[str, Any],
+    root_id: str | None,
+    in_root: bool,
+) -> list[str]:
+    """The $refs that name ``$defs/name`` from a schema in the root's resource (in_root) or
+    in a $def with an $id of its own, in each way JSON Schema reads alike: a pointer alone
+    or after the root's $id (absolute or relative), its characters but the first "/"
+    percent-encoded or not (a "%" always); the $def's own $id; its $anchor."""
     pointer = "$defs/" + name.replace("~", "~0").replace("/", "~1")
     fragment = "/" + "".join(
         f"%{ord(char):02X}" if char == "%" or rng.random() < 0.2 else char for char in pointer
     )
-    return rng.choice(["", *([root_id, "probe.json"] if root_id else [])]) + "#" + fragment
+    prefixes = [*([""] if in_root else []), *([root_id, "probe.json"] if root_id else [])]
+    refs = [rng.choice(prefixes) + "#" + fragment] if prefixes else []
+    uri = place.get("$id")
+    if uri is not None:
+        refs.append(rng.choice([uri, uri + "#"]))
+    if "$anchor" in place:
+        refs.extend(
+            f"{prefix}#{place['$anchor']}"
+            for prefix in (
+                [uri] if uri else [*([""] if in_root else []), *([root_id] if root_id else [])]
+            )
+        )
+    return refs
 
 
-def random_case(seed: int, unenforced: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def random_case(
+    seed: int,
+    keywords: tuple[str, ...] = (*CORE, *ENGINE, *ANNOTATIONS),
+    extra: tuple[str, ...] = (),
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Parameters whose property v has a random schema, with a few $defs (each may refer to
-    the later ones) and an $id or not, and arguments to check against them."""
+    the later ones; some with an $id of their own, whose "#" is their own, and an $anchor)
+    and an $id or not, and arguments to check against them."""
     rng = random.Random(seed)
     root_id = rng.choice([None, ROOT_ID])
-    names = rng.sample(DEF_NAMES, rng.randint(0, 3))
-    defs = {name: random_schema(rng, 1, [random_ref(rng, later, root_id)
-                                         for later in names[index + 1:]], unenforced)
-            for index, name in enumerate(names)}  # fmt: skip
-    v = random_schema(rng, 1, [random_ref(rng, name, root_id) for name in names], unenforced)
+    names = rng.sample(DEF_NAMES, rng.randint(0, 3) if "$ref" in keywords else 0)
+    places: dict[str, dict[str, Any]] = {}
+    for index, name in enumerate(names):
+        place: dict[str, Any] = {}
+        if rng.random() < 0.4:  # relative to the root's base, or absolute
+            place["$id"] = rng.choice(
+                [f"n{index}.json", *([f"{ROOT_ID[:-10]}n{index}.json"] if root_id else [])]
+            )
+        if rng.random() < 0.3:
+            place["$anchor"] = f"a{index}"
+        places[name] = place
+    defs = {}
+    for index, name in enumerate(names):
+        place = places[name]
+        own = place.get("$id") is not None
+        refs = [
+            ref
+            for later in names[index + 1 :]
+            for ref in random_refs(rng, index, later, places[later], root_id, not own)
+        ]
+        if own and rng.random() < 0.5:  # a $defs of its own, which its "#/$defs/D0" names
+            place["$defs"] = {"D0": random_schema(rng, 2, [], keywords, extra)}
+            refs.append("#/$defs/D0")
+        body = random_schema(rng, 1, refs, keywords, extra)
+        defs[name] = {**(body if isinstance(body, dict) else {"allOf": [body]}), **place}
+    refs = [
+        ref
+        for index, name in enumerate(names)
+        for ref in random_refs(rng, index, name, places[name], root_id, True)
+    ]
+    v = random_schema(rng, 1, refs, keywords, extra)
     parameters = {"type": "object", "properties": {"v": v}, "required": ["v"], "$defs": defs}
     if root_id is not None:
         parameters["$id"] = root_id
@@ -674,6 +739,28 @@ def judges(parameters: Mapping[str, Any]) -> tuple[Callable[[Any], bool], Callab
         return not result.is_error
 
     return jsonschema.Draft202012Validator(parameters).is_valid, loop_accepts
+
+
+def agreement(
+    seeds: range,
+    keywords: tuple[str, ...] = (*CORE, *ENGINE, *ANNOTATIONS),
+    extra: tuple[str, ...] = (),
+) -> set[tuple[bool, bool]]:
+    """The pairs (JSON Schema accepts, the loop accepts) met on the random cases of these
+    seeds; a case that disagrees (or a valid schema refused) fails, named by its seed."""
+    verdicts = set()
+    for seed in seeds:
+        parameters, arguments = random_case(seed, keywords, extra)
+        json_schema_accepts, loop_accepts = judges(parameters)
+        for each in arguments:
+            verdict = json_schema_accepts(each), loop_accepts(each)
+            assert verdict in (
+                (True, True),
+                (False, False),
+                *([(False, True)] if extra else []),
+            ), (seed, parameters, each)
+            verdicts.add(verdict)
+    return verdicts
 
 
 def loop_accepts(parameters: Mapping[str, Any], arguments: dict[str, Any]) -> bool:
@@ -766,7 +853,6 @@ PYDANTIC_CASES = [
 
 # The issue's four cases of $ref resolution (JSON Schema 2020-12, Core 8.2 and 9.2; RFC 6901,
 # section 6), as parameters and arguments on each side.
-ROOT_ID = "https://example.com/schemas/probe.json"
 PERCENT_DEFS = {"$defs": {"A": {"type": "string"}, "xA": {"type": "integer"},
                           "x%41": {"type": "boolean"}, "a b": {"type": "null"}}}  # fmt: skip
 FOLLOWED_REFS = [
@@ -789,6 +875,27 @@ FOLLOWED_REFS = [
     pytest.param({"$id": ROOT_ID, "type": "object",
                   "properties": {"v": {"type": "integer"}, "w": {"$ref": ROOT_ID}}},
                  [{"w": {"v": 1}}, {"w": {"v": "1"}}], id="the-roots-own-id-alone"),
+    # Core 8.2.1: an $id below the root is a new base for the $refs under it (the issue's
+    # case: its "#/$defs/A" is its own A, not the root's).
+    pytest.param({"type": "object", "$defs": {"A": {"type": "object"}},
+                  "properties": {"a": {"$id": "urn:example:n1", "$defs": {"A": {"type": "string"}},
+                                       "$ref": "#/$defs/A"}}},
+                 [{"a": ""}, {"a": {}}], id="an-id-below-the-root-is-a-base"),
+    # A relative $id below the root, named by a pointer through it, is joined once.
+    pytest.param({"$id": ROOT_ID, "type": "object",
+                  "$defs": {"T": {"$id": "tree/t.json", "$defs": {"L": {"type": "integer"}},
+                                  "properties": {"l": {"$ref": "#/$defs/L"}}}},
+                  "properties": {"v": {"$ref": "#/$defs/T"}, "w": {"$ref": "tree/t.json"},
+                                 "x": {"$ref": "#/$defs/T/properties/l"}}},
+                 [{"v": {"l": 1}, "w": {"l": 2}, "x": 3}, {"x": "3"}], id="a-relative-id-below"),
+    # An $anchor (or a $dynamicAnchor) names its schema, in its resource.
+    *[pytest.param({**one_property({"$ref": ref}), "$defs": {
+                        "A": {anchor: "a", "type": "string"},
+                        "N": {"$id": "urn:example:n",
+                              "$defs": {"B": {"$anchor": "b", "type": "null"}}}}},
+                   [{"v": value}, {"v": 1}], id=f"anchor-{ref}")
+      for ref, anchor, value in (("#a", "$anchor", "x"), ("#a", "$dynamicAnchor", "x"),
+                                 ("urn:example:n#b", "$anchor", None))],
 ]  # fmt: skip
 
 
@@ -806,22 +913,6 @@ class TestRefsAsJsonSchemaResolvesThem:
         assert json_schema_accepts(parameters, refused) is False
         assert loop_accepts(parameters, refused) is False
 
-    def test_an_id_below_the_root_beside_a_ref_is_refused_when_the_tool_is_built(self) -> None:
-        """Core 8.2.1: an $id below the root starts a new base for the refs under it; the loop
-        resolves against the root's only, so it refuses the schema instead of misreading it
-        (the issue's case: jsonschema accepts {"a": ""}, which the root's A would refuse)."""
-        parameters = {"type": "object", "$defs": {"A": {"type": "object"}},
-                      "properties": {"a": {"$id": "urn:example:n1", "$defs": {"A": {}},
-                                           "$ref": "#/$defs/A"}}}  # fmt: skip
-        assert jsonschema.Draft202012Validator(parameters).is_valid({"a": ""})
-        with pytest.raises(ValueError, match="below the root") as raised:
-            al.Tool("probe", "A tool.", parameters, ok)
-        assert str(raised.value) == (
-            "Tool 'probe' parameters.properties.a.$id is an $id below the root, beside a $ref: "
-            "the loop resolves $refs against the root only; move the schema into the root's "
-            "$defs"
-        )
-
     @pytest.mark.parametrize(
         "parameters",
         [
@@ -836,6 +927,27 @@ class TestRefsAsJsonSchemaResolvesThem:
         assert loop_accepts(parameters, {"v": 1}) is False
 
 
+SCOPED = [
+    pytest.param({**OBJECT, "properties": {"a": {"not": {"type": "string"}},
+                                           "b": {"type": "string", "format": "date"}}},
+                 {"a": "x"}, (False, False), id="the-issue-s-case"),
+    pytest.param({**OBJECT, "properties": {"a": {"not": {"type": "string"}}},
+                  "format": "date"}, {"a": "x"}, (False, False), id="a-format-at-the-root"),
+    pytest.param({**OBJECT, "properties": {"a": {"oneOf": [{"type": "string"}, {}]},
+                                           "b": {"pattern": "^x"}}},
+                 {"a": "x"}, (False, False), id="oneOf-beside-a-pattern"),
+    pytest.param({**OBJECT, "properties": {"a": {"if": {"type": "string"}, "then": False}},
+                  "patternProperties": {"^b": {}}}, {"a": "x"}, (False, False),
+                 id="if-beside-patternProperties"),
+    # Where the subschema holds it, a match of not's schema refuses nothing (documented).
+    pytest.param({**OBJECT, "properties": {"a": {"not": {"type": "string", "pattern": "^x"}}}},
+                 {"a": "xyz"}, (False, True), id="a-pattern-under-not"),
+    pytest.param({**OBJECT, "properties": {"a": {"not": {"$ref": "#/$defs/P"}}},
+                  "$defs": {"P": {"pattern": "^x"}}}, {"a": "xyz"}, (False, True),
+                 id="a-pattern-a-ref-away"),
+]  # fmt: skip
+
+
 class TestSchemasAgreeWithJsonSchema:
     """The loop against jsonschema's Draft202012Validator: on a schema of the keywords it
     enforces (and annotations), it accepts exactly what JSON Schema accepts; on any schema,
@@ -844,34 +956,35 @@ class TestSchemasAgreeWithJsonSchema:
     def test_on_the_keywords_it_enforces_it_accepts_exactly_what_json_schema_accepts(
         self,
     ) -> None:
-        verdicts = []
-        for seed in range(1000):
-            parameters, arguments = random_case(seed, unenforced=False)
-            json_schema_accepts, loop_accepts = judges(parameters)
-            for each in arguments:
-                verdict = json_schema_accepts(each)
-                assert loop_accepts(each) is verdict, (seed, parameters, each)
-                verdicts.append(verdict)
-        # Both answers are common, so that the comparison says something.
-        assert 0.3 < sum(verdicts) / len(verdicts) < 0.7
+        """3,000 random schemas over every enforced keyword (annotations beside them), none
+        refused when the Tool is built, and the same verdict as JSON Schema on each value."""
+        verdicts = agreement(range(3000))
+        assert verdicts == {verdict for verdict in verdicts if verdict[0] == verdict[1]}
+        assert verdicts == {(True, True), (False, False)}  # both answers occur
 
     def test_on_any_schema_it_never_refuses_what_json_schema_accepts(self) -> None:
-        verdicts = []
-        for seed in range(1000):
-            parameters, arguments = random_case(seed, unenforced=True)
-            json_schema_accepts, loop_accepts = judges(parameters)
-            for each in arguments:
-                verdict = json_schema_accepts(each), loop_accepts(each)
-                assert verdict != (True, False), (seed, parameters, each)
-                verdicts.append(verdict)
+        verdicts = agreement(range(1000), extra=UNENFORCED)
+        assert (True, False) not in verdicts
         # Each answer occurs, and the loop is stricter than nothing: it refuses too.
-        assert {(True, True), (False, False), (False, True)} <= set(verdicts)
+        assert verdicts == {(True, True), (False, False), (False, True)}
 
-    @pytest.mark.parametrize("unenforced", [False, True])
-    def test_the_random_schemas_are_json_schemas(self, unenforced: bool) -> None:
+    @pytest.mark.parametrize("extra", [(), UNENFORCED], ids=["enforced", "unenforced"])
+    def test_the_random_schemas_are_json_schemas(self, extra: tuple[str, ...]) -> None:
         """The generator writes schemas that JSON Schema's meta-schema accepts."""
-        for seed in range(0, 1000, 25):
-            jsonschema.Draft202012Validator.check_schema(random_case(seed, unenforced)[0])
+        for seed in range(0, 3000, 25):
+            parameters = random_case(seed, extra=extra)[0]
+            jsonschema.Draft202012Validator.check_schema(parameters)
+
+    @pytest.mark.parametrize(("parameters", "arguments", "verdicts"), SCOPED)
+    def test_an_unenforced_keyword_weakens_only_the_subschema_that_holds_it(
+        self, parameters: dict[str, Any], arguments: dict[str, Any], verdicts: tuple[bool, bool]
+    ) -> None:
+        """(JSON Schema accepts, the loop accepts): a format (an annotation) or a pattern
+        elsewhere in the schema leaves not, oneOf and if whole."""
+        assert (
+            json_schema_accepts(parameters, arguments),
+            loop_accepts(parameters, arguments),
+        ) == verdicts
 
     @pytest.mark.parametrize(("parameters", "arguments", "accepted"), PYDANTIC_CASES)
     def test_schemas_as_pydantic_writes_them(
@@ -908,3 +1021,157 @@ class TestSchemasAgreeWithJsonSchema:
         parameters = one_property(schema)
         assert json_schema_accepts(parameters, {"v": value}) is False
         assert loop_accepts(parameters, {"v": value}) is False
+
+
+# --- Every violation, up to the cap -------------------------------------------------------
+
+LISTED = 10  # docs/schemas.md: "lists every violation, up to 10"
+MANY = {"type": "object", "properties": {f"p{n:02d}": {"type": "integer"} for n in range(12)}}
+
+
+@pytest.fixture(params=["engine", "core-alone"])
+def engine(request: pytest.FixtureRequest) -> str:
+    """Each test that takes it runs with agent_loop_schema.py and with the core alone."""
+    if request.param == "core-alone":
+        request.getfixturevalue("without_engine")
+    return str(request.param)
+
+
+@pytest.fixture
+def without_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """agent_loop.py as a copy alone: agent_loop_schema cannot be imported."""
+    real = importlib.import_module
+
+    def import_module(name: str, package: str | None = None) -> Any:
+        if name == "agent_loop_schema":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return real(name, package)
+
+    monkeypatch.setattr(importlib, "import_module", import_module)
+    monkeypatch.delitem(sys.modules, "agent_loop_schema", raising=False)
+
+
+def refusal(parameters: Mapping[str, Any], arguments: dict[str, Any]) -> str:
+    """What a probe tool with these parameters says of these arguments ("" if it runs)."""
+    received: list[dict[str, Any]] = []
+    registry = al.ToolRegistry([probe_tool(received, parameters)])
+    result = al.execute_tool_call(registry, call("probe", "c", arguments), threading.Event())
+    assert result.is_error is (received == [])
+    return result.content if result.is_error else ""
+
+
+def uses_engine(schema: object) -> bool:
+    """Whether a schema holds, at any depth, a keyword only the engine enforces."""
+    if isinstance(schema, dict):
+        return any(key in ENGINE or uses_engine(value) for key, value in schema.items())
+    return isinstance(schema, list) and any(map(uses_engine, schema))
+
+
+class TestEveryViolationIsListed:
+    """The argument error lists every violation in the schema's order, the first 10 named
+    and the others counted, with the engine and without it."""
+
+    @pytest.mark.parametrize(("wrong", "more"), [(LISTED, ""), (LISTED + 1, "; and 1 more"),
+                                                  (12, "; and 2 more")],
+                             ids=["at-limit", "over-limit", "two-over"])  # fmt: skip
+    def test_the_argument_error_lists_every_violation_up_to_the_cap(
+        self, engine: str, wrong: int, more: str
+    ) -> None:
+        arguments = {f"p{n:02d}": "x" if n < wrong else 1 for n in range(12)}
+        listed = "; ".join(f"$.p{n:02d} must be integer, got string" for n in range(LISTED))
+        assert refusal(MANY, arguments) == f"invalid arguments for tool 'probe': {listed}{more}"
+
+    def test_violations_of_each_keyword_are_listed_together(self, engine: str) -> None:
+        xs = {"type": "array", "items": {"enum": [1]}}
+        parameters = {**NUMBERS, "properties": {"left": {"type": "number"}, "xs": xs}}
+        assert refusal(parameters, {"left": "1", "xs": [1, 2, 3], "extra": None}) == (
+            "invalid arguments for tool 'probe': $ is missing the required property 'right'; "
+            "$.left must be number, got string; $.xs[1] must be one of [1]; "
+            "$.xs[2] must be one of [1]; $ has the unexpected property 'extra'"
+        )
+
+
+# The rows of REFUSED_TOOLS about the core's keywords and JSON, which it refuses alone too.
+CORE_REFUSED = ("root-", "parameters-", "type-", "required-", "additional-", "enum-",
+    "properties-", "property-", "items-", "key-", "annotation-")  # fmt: skip
+
+
+class TestTheCoreWithoutTheEngine:
+    """agent_loop.py alone checks type, properties, required, additionalProperties, items
+    and enum, and refuses at Tool() a schema with a keyword only the engine enforces, naming
+    the file to copy: never a check looser than the schema says."""
+
+    @pytest.mark.parametrize("keyword", ENGINE)
+    def test_a_keyword_only_the_engine_enforces_is_refused_naming_the_file(
+        self, without_engine: None, keyword: str
+    ) -> None:
+        with pytest.raises(ValueError, match=r"needs agent_loop_schema\.py") as raised:
+            al.Tool("probe", "A tool.", one_property({keyword: {}}), ok)
+        assert str(raised.value) == (
+            f"Tool 'probe' parameters.properties.v.{keyword} needs agent_loop_schema.py: copy "
+            "it beside agent_loop.py (alone, the core checks type, properties, required, "
+            "additionalProperties, items and enum)"
+        )
+
+    @pytest.mark.parametrize(
+        "schema",
+        [{"title": "T"}, {"description": "d"}, {"default": 1}, {"examples": [1]},
+         {"format": "date"}, {"$comment": "c"}, {"deprecated": True}, {"readOnly": True},
+         {"writeOnly": False}, {"x-vendor": {"not": {}}}, {"$defs": {"A": {}}},
+         {"$id": "urn:example:v"}, {"pattern": "^a"}],
+        ids=lambda schema: next(iter(schema)),
+    )  # fmt: skip
+    def test_an_annotation_needs_no_engine(self, without_engine: None, schema: Any) -> None:
+        assert refusal(one_property(schema), {"v": "b"}) == ""
+
+    @pytest.mark.parametrize(
+        ("parameters", "arguments", "rejected"),
+        [case for case in SCHEMA_CASES if not uses_engine(case.values[0])],
+    )
+    def test_the_core_enforces_its_six_keywords_alone(
+        self, without_engine: None, parameters: Any, arguments: Any, rejected: Any
+    ) -> None:
+        content = refusal(parameters, arguments)
+        assert (content == "") is (rejected is None)
+        assert all(word in content for word in rejected or ())
+
+    @pytest.mark.parametrize(
+        ("build", "error", "words"),
+        [value for key, value in REFUSED_TOOLS.items() if key.startswith(CORE_REFUSED)],
+        ids=[key for key in REFUSED_TOOLS if key.startswith(CORE_REFUSED)],
+    )
+    def test_a_bad_tool_is_refused_when_it_is_built_alone(
+        self, without_engine: None, build: Callable[[], object], error: type[Exception], words: str
+    ) -> None:
+        with pytest.raises(error) as raised:
+            build()
+        assert words in str(raised.value)
+
+    def test_on_its_six_keywords_it_accepts_exactly_what_json_schema_accepts(
+        self, without_engine: None
+    ) -> None:
+        assert agreement(range(500), (*CORE, *ANNOTATIONS)) == {(True, True), (False, False)}
+
+    def test_a_schema_the_engine_checked_is_not_checked_without_it(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        tool = probe_tool([], one_property({"minimum": 1}))
+        monkeypatch.delitem(sys.modules, "agent_loop_schema")
+        result = al.execute_tool_call(
+            al.ToolRegistry([tool]), call("probe", "c", {"v": 5}), threading.Event()
+        )
+        assert result.is_error
+        assert result.content == (
+            "invalid arguments for tool 'probe': $.v cannot be checked without "
+            "agent_loop_schema.py"
+        )
+
+    def test_an_import_that_fails_inside_the_engine_is_not_its_absence(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        def import_module(name: str, package: str | None = None) -> Any:
+            raise ModuleNotFoundError("No module named 'needed'", name="needed")
+
+        monkeypatch.setattr(importlib, "import_module", import_module)
+        with pytest.raises(ModuleNotFoundError, match="needed"):
+            al.Tool("probe", "A tool.", OBJECT, ok)

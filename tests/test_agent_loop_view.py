@@ -14,21 +14,28 @@ from __future__ import annotations
 import base64
 import hashlib
 import html.parser
+import io
 import json
 import os
 import re
 import shutil
 import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Generator, List, Optional, Tuple
 
 import pytest
 
 import agent_loop as al
+import agent_loop_replay as alr
 import agent_loop_view as view
-from loop_testing import run
+from loop_testing import RequestKeyedModel, run
 
 TimedEvent = Tuple[al.Event, Optional[float]]
+
+R = "request-001"
 
 HOSTILE = (
     "<script>document.body.remove()</script></div>"
@@ -171,6 +178,33 @@ def finished(sequence: int, request_id: str, call_id: str, is_error: bool = Fals
     return al.Event(sequence, "tool.finished", payload)
 
 
+def go_on_durably(path: Path, answer: object) -> Path:
+    """One process of a durable run whose call a reports progress and whose call b gets
+    ``answer`` from before_tool_call (agent_loop_durable.LATER: it awaits a decision)."""
+    import agent_loop_durable as ald
+
+    def work(arguments: Dict[str, Any], signal: al.Signal) -> Generator[object, None, object]:
+        yield {"done": 0.5}
+        return "worked"
+
+    model = RequestKeyedModel(
+        {
+            R: al.scripted_response("r1", [al.ToolCall(n, "work", {}) for n in "ab"], "toolCall"),
+            "request-002": al.scripted_response("r2", [al.TextBlock("Done.")], "stop"),
+        }
+    )
+    run_ = ald.durable_run(
+        path,
+        messages=[al.UserMessage("u", "Work.")],
+        model=model,
+        tools=al.ToolRegistry([al.Tool("work", "Works.", {"type": "object"}, work)]),
+        max_steps=2,
+        before_tool_call=lambda call, signal: None if call.id == "a" else answer,
+    )
+    al.settle_run(run_)
+    return path
+
+
 def page_data(page: str) -> Dict[str, Any]:
     """The run's data as the page embeds it."""
     match = re.search(r'<script type="application/json" id="run-data">(.*?)</script>', page)
@@ -213,13 +247,11 @@ class TestSummarizeTimes:
     @pytest.mark.parametrize(
         ("events", "expected"),
         [
-            pytest.param(
-                [chunk(0, "r", "a"), chunk(1, "r", "b")], 0.5, id="first-event-of-the-run"
-            ),
+            pytest.param([chunk(0, R, "a"), chunk(1, R, "b")], 0.5, id="first-event-of-the-run"),
             pytest.param(
                 [
                     al.Event(0, "message.accepted", {"message": al.UserMessage("u", "Hi")}),
-                    chunk(1, "r"),
+                    chunk(1, R),
                 ],
                 0.5 - 0.25,
                 id="after-the-event-before-it",
@@ -243,16 +275,30 @@ class TestSummarizeTimes:
         assert {tool.duration for step in times.steps for tool in step.tools} == {None}
         assert len(times.steps) == 3
 
-    def test_a_step_without_chunks_and_calls_without_both_ends(self) -> None:
-        # A log can hold a call's tool.started and not its tool.finished (the run ended),
-        # or, read from a cut log, a tool.finished alone.
-        events = [started(0, "r", "open"), finished(1, "r", "alone")]
-        step = view.summarize_times(zip(events, [1.0, 2.0])).steps[0]
+    def test_a_step_without_chunks_and_a_call_without_its_end(self) -> None:
+        # A log can hold a call's tool.started and not its tool.finished (the run ended).
+        step = view.summarize_times([(started(0, R, "open"), 1.0)]).steps[0]
         assert (step.time_to_first_chunk, step.stream_time) == (None, None)
-        assert [(t.call_id, t.duration) for t in step.tools] == [("open", None), ("alone", None)]
+        assert [(t.call_id, t.duration) for t in step.tools] == [("open", None)]
+
+    def test_each_call_at_once_has_its_own_duration(self) -> None:
+        """A call's end is the time of its tool.finished, which for calls at once is when
+        its tool returned (Event.time), not when the loop emitted the event: calls of
+        400, 200 and 100 ms, finished in assistant order."""
+        events = [started(0, R, "a"), started(1, R, "b"), started(2, R, "c")]
+        events += [finished(3, R, "a"), finished(4, R, "b"), finished(5, R, "c")]
+        timed = list(zip(events, [0.0, 0.0, 0.0, 0.4, 0.2, 0.1]))
+        durations = [tool.duration for tool in view.summarize_times(timed).steps[0].tools]
+        assert durations == [0.4, 0.2, 0.1]
+        calls = page_data(view.render_page(timed))["steps"][0]["calls"]
+        assert [(c["lane"], c["end"], c["duration"]) for c in calls] == [
+            (0, 0.4, "400 ms"),
+            (1, 0.2, "200 ms"),
+            (2, 0.1, "100 ms"),
+        ]
 
     def test_a_time_missing_on_one_side_leaves_that_figure_unknown(self) -> None:
-        events = [chunk(0, "r"), chunk(1, "r"), started(2, "r", "c"), finished(3, "r", "c")]
+        events = [chunk(0, R), chunk(1, R), started(2, R, "c"), finished(3, R, "c")]
         times = view.summarize_times(zip(events, [0.5, None, 0.75, 1.0]))
         assert (times.steps[0].time_to_first_chunk, times.steps[0].stream_time) == (0.5, None)
         assert times.steps[0].tools[0].duration == 0.25
@@ -265,18 +311,18 @@ class TestSummarizeTimes:
         "item",
         [
             pytest.param("event", id="not-a-pair"),
-            pytest.param((chunk(0, "r"),), id="one-item"),
-            pytest.param((chunk(0, "r"), 1.0, 2.0), id="three-items"),
+            pytest.param((chunk(0, R),), id="one-item"),
+            pytest.param((chunk(0, R), 1.0, 2.0), id="three-items"),
             pytest.param(({"sequence": 0}, 1.0), id="not-an-event"),
-            pytest.param((chunk(0, "r"), "1.0"), id="time-a-str"),
-            pytest.param((chunk(0, "r"), True), id="time-a-bool"),
+            pytest.param((chunk(0, R), "1.0"), id="time-a-str"),
+            pytest.param((chunk(0, R), True), id="time-a-bool"),
         ],
     )
     def test_an_item_that_is_no_timed_event_is_a_type_error(self, item: object) -> None:
         with pytest.raises(
             TypeError, match=r"\(Event, float or None\) pairs, got .* at position 1"
         ):
-            view.summarize_times([(chunk(0, "r"), 0), item])  # type: ignore[list-item]
+            view.summarize_times([(chunk(0, R), 0), item])  # type: ignore[list-item]
 
 
 class TestFormatTimes:
@@ -318,7 +364,11 @@ class TestLanes:
 
     def test_calls_at_once_take_a_lane_each_and_free_it_when_finished(self) -> None:
         data = page_data(view.render_page(sample_run()))
-        assert [step["lanes"] for step in data["steps"]] == [2, 2, 0]
+        assert [step["lanes"] for step in data["steps"]] == [
+            ["weather [call-1]", "weather [call-2]"],
+            ["add [call-3]", "send_report [call-4]"],
+            [],
+        ]
         assert [[call["lane"] for call in step["calls"]] for step in data["steps"]] == [
             [0, 1],
             [0, 1],
@@ -328,19 +378,20 @@ class TestLanes:
     def test_calls_one_after_the_other_share_one_lane(self) -> None:
         events = sequential_events()
         data = page_data(view.render_page((event, None) for event in events))
-        assert [step["lanes"] for step in data["steps"]] == [1, 1, 0]
+        assert [step["lanes"] for step in data["steps"]] == [["add [c1]"], ["add [c2]"], []]
 
     def test_a_freed_lane_is_taken_again_before_a_new_one(self) -> None:
         events = [
-            started(0, "r", "a"),
-            started(1, "r", "b"),
-            finished(2, "r", "a"),
-            started(3, "r", "c"),  # lane 0 is free again
-            finished(4, "r", "b"),
-            finished(5, "r", "c"),
+            started(0, R, "a"),
+            started(1, R, "b"),
+            finished(2, R, "a"),
+            finished(3, R, "b"),
+            started(4, R, "c"),  # lanes 0 and 1 are free again
+            finished(5, R, "c"),
         ]
         data = page_data(view.render_page((event, None) for event in events))
         assert [call["lane"] for call in data["steps"][0]["calls"]] == [0, 1, 0]
+        assert data["steps"][0]["lanes"] == ["add [a], add [c]", "add [b]"]
 
 
 class TestRenderPage:
@@ -398,6 +449,7 @@ class TestRenderPage:
             "finalText": "Lisbon: sunny, 19 C; Atlantis: none. 42.",
             "error": None,
             "usage": {"input": 1780, "output": 171},
+            "awaiting": [],
         }
 
     def test_text_of_the_log_cannot_end_the_data_or_open_an_element(self) -> None:
@@ -457,7 +509,7 @@ class TestRenderPage:
 
     def test_an_empty_run_and_a_run_without_its_end(self) -> None:
         assert page_data(view.render_page([]))["result"] is None
-        data = page_data(view.render_page([(started(0, "r", "c"), 0.5)]))
+        data = page_data(view.render_page([(started(0, R, "c"), 0.5)]))
         assert data["result"] is None
         (call,) = data["steps"][0]["calls"]
         assert (call["status"], call["result"], call["start"], call["end"]) == (
@@ -467,17 +519,10 @@ class TestRenderPage:
             0.5,
         )
 
-    def test_a_call_finished_without_its_start_is_drawn_at_its_finish(self) -> None:
-        data = page_data(
-            view.render_page([(chunk(0, "r"), 0.25), (finished(1, "r", "c", True), 0.5)])
-        )
-        (call,) = data["steps"][0]["calls"]
-        assert (call["status"], call["start"], call["end"], call["duration"]) == (
-            "error",
-            0.5,
-            0.5,
-            None,
-        )
+    def test_events_out_of_a_runs_order_are_a_value_error(self) -> None:
+        # RunSteps' rule (tests/test_run_steps.py holds its table).
+        with pytest.raises(ValueError, match="finished without starting"):
+            view.render_page([(chunk(0, R), 0.25), (finished(1, R, "c", True), 0.5)])
 
     def test_starting_messages_of_each_role_and_a_failed_run(self) -> None:
         call = al.ToolCall("c1", "add", {"left": 1, "right": 2})
@@ -499,9 +544,99 @@ class TestRenderPage:
         assert data["result"]["error"] == result.error.to_dict()
         assert data["result"]["usage"] is None
 
+    def test_progress_shows_on_its_call_and_a_journal_its_decisions_and_resumes(
+        self, tmp_path: Path
+    ) -> None:
+        """A real durable run: call a reports its progress, b awaits a decision (LATER);
+        answered, a second process goes on and b runs."""
+        import agent_loop_durable as ald
+
+        path = go_on_durably(tmp_path / "run.jsonl", ald.LATER)
+        timed, journal = view.read_run(str(path))
+        data = page_data(view.render_page(timed, journal=journal))
+        assert data["journal"] == {
+            "awaiting": ["work [b]"],
+            "answers": ["a: run it"],
+            "resumes": [],
+        }
+        # b awaits before its tool.started: the result says so, not a lane.
+        (call_a,) = data["steps"][0]["calls"]
+        assert call_a["status"] == "ok"
+        assert [p["text"] for p in call_a["progress"]] == ['{"done": 0.5}']
+        assert call_a["start"] <= call_a["progress"][0]["at"] <= call_a["end"]
+        assert (data["result"]["status"], data["result"]["awaiting"]) == (
+            "cancelled",
+            ["work [b]"],
+        )
+        go_on_durably(path, None)
+        timed, journal = view.read_run(str(path))
+        data = page_data(view.render_page(timed, journal=journal))
+        assert data["journal"]["awaiting"] == []
+        assert data["journal"]["answers"] == ["a: run it", "b: run it"]
+        (resume,) = data["journal"]["resumes"]
+        assert resume.startswith("a process went on from event ")
+        assert [call["status"] for call in data["steps"][0]["calls"]] == ["ok", "ok"]
+        assert (data["result"]["status"], data["result"]["awaiting"]) == ("completed", [])
+
+    def test_calls_at_once_are_drawn_with_their_own_durations(self, tmp_path: Path) -> None:
+        """End to end: calls at once that take 400, 200 and 100 ms (c returns first, then
+        b, then a: gates fix the order), logged with times; each call's end is when its
+        tool returned (Event.time), not when its tool.finished was emitted (after a's)."""
+        returned = {name: threading.Event() for name in "abc"}
+        takes = {"a": 0.4, "b": 0.2, "c": 0.1}
+        after = {"a": "b", "b": "c"}
+
+        def work(arguments: Dict[str, Any], signal: al.Signal) -> object:
+            current = al.current_tool_call()
+            assert current is not None
+            began = time.monotonic()
+            if current.id in after:
+                assert returned[after[current.id]].wait(10)
+            threading.Event().wait(max(0.0, takes[current.id] - (time.monotonic() - began)))
+            returned[current.id].set()
+            return current.id
+
+        model = al.ScriptedModel(
+            [
+                al.scripted_response(
+                    "r1", [al.ToolCall(name, "work", {}) for name in "abc"], "toolCall"
+                ),
+                al.scripted_response("r2", [al.TextBlock("Done.")], "stop"),
+            ]
+        )
+        run_ = al.run_agent_loop(
+            messages=[al.UserMessage("u", "Work.")],
+            model=model,
+            tools=al.ToolRegistry([al.Tool("work", "Works.", {"type": "object"}, work)]),
+            max_steps=2,
+            tool_concurrency=3,
+        )
+        log = io.StringIO()
+        alr.dump_events(run_, log, times=True)
+        timed = alr.load_timed_events(io.StringIO(log.getvalue()))
+        a, b, c = (t.duration or 0.0 for t in view.summarize_times(timed).steps[0].tools)
+        assert (a >= 0.4, b >= 0.2, c >= 0.1) == (True, True, True)
+        assert a > b > c
+        calls = page_data(view.render_page(timed))["steps"][0]["calls"]
+        ends = [call["end"] for call in calls]
+        assert ends == sorted(ends, reverse=True)  # a ends last, c first
+        assert [call["lane"] for call in calls] == [0, 1, 2]
+        summary = view.format_times(view.summarize_times(timed))
+        for call in calls:
+            assert f"work [{call['id']}]: {call['duration']}" in summary
+
+    def test_a_journal_is_read_with_agent_loop_durable_only(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        journal = tmp_path / "run.jsonl"
+        journal.write_text('{"record":"run"}\n', encoding="ascii")
+        monkeypatch.setitem(sys.modules, "agent_loop_durable", None)
+        with pytest.raises(ImportError, match=r"needs agent_loop_durable\.py beside"):
+            view.read_run(str(journal))
+
     def test_an_item_that_is_no_timed_event_is_a_type_error(self) -> None:
         with pytest.raises(TypeError, match="at position 0"):
-            view.render_page([chunk(0, "r")])  # type: ignore[list-item]
+            view.render_page([chunk(0, R)])  # type: ignore[list-item]
 
 
 # --- In a real browser --------------------------------------------------------------
@@ -598,11 +733,11 @@ class TestInABrowser:
             "request-002first chunk after 370 ms, streamed 20 ms",
             "request-003first chunk after 540 ms, streamed 210 ms",
         ]
-        assert [label for label in dom.having("div", "label") if label.startswith("lane")] == [
-            "lane 1",
-            "lane 2",
-            "lane 1",
-            "lane 2",
+        assert [label for label in dom.having("div", "label") if "[call-" in label] == [
+            "weather [call-1]",
+            "weather [call-2]",
+            "add [call-3]",
+            "send_report [call-4]",
         ]
         assert dom.having("a", "note call ok") == ["weather 270 ms", "add 10 ms"]
         assert dom.having("a", "note call error") == ["weather error 490 ms"]
@@ -637,6 +772,23 @@ class TestInABrowser:
         assert dom.having("p", "run-error") == ["MODEL_STREAM_ERROR: the stream broke"]
         assert dom.having("p", "axis") == ["no times in the log: one unit per event, 0 to 9"]
         assert dom.having("a", "note call error") == ["weather error"]
+
+    def test_a_durable_run_shows_its_progress_and_its_journal(
+        self, chromium: Any, tmp_path: Path
+    ) -> None:
+        import agent_loop_durable as ald
+
+        timed, journal = view.read_run(str(go_on_durably(tmp_path / "run.jsonl", ald.LATER)))
+        page = tmp_path / "durable.html"
+        page.write_text(view.render_page(timed, journal=journal), encoding="utf-8")
+        dom = _Elements()
+        dom.feed(chromium(page, "--dump-dom"))
+        assert len(dom.having("span", "progress")) == 1  # call a's mark on its lane
+        assert dom.having("pre", "progress") == ['{"done": 0.5}']
+        assert dom.having("p", "run-awaiting") == ["awaiting a decision: work [b]"]
+        assert dom.having("p", "awaiting") == ["awaiting a decisionwork [b]"]
+        assert dom.having("p", "answers") == ["answersa: run it"]
+        assert dom.having("p", "resumes") == ["resumesnone"]
 
     def test_a_link_to_a_call_opens_it(self, chromium: Any, tmp_path: Path) -> None:
         page = tmp_path / "run.html"
