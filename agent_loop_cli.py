@@ -401,18 +401,11 @@ def _run(
     """Runs the agent and prints its events; 0 when the run completed, else 1. ``consent``:
     the before_tool_call, when not --confirm's."""
     signal = threading.Event()
-
-    def interrupt(number: int, frame: object) -> None:
-        signal.set()  # the run ends cancelled
-        # A second Ctrl-C interrupts at once, whatever the run is doing (a tool, say).
-        os_signal.signal(os_signal.SIGINT, previous)
-
     # Retries and accepted cut answers go to stderr, as warnings; only while main runs.
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("warning: %(message)s"))
     logger = logging.getLogger("agent_loop.providers")
     logger.addHandler(handler)
-    previous = os_signal.signal(os_signal.SIGINT, interrupt)
     timed: List[Tuple[al.Event, Optional[float]]] = []
 
     def on_event(event: al.Event) -> None:
@@ -434,15 +427,31 @@ def _run(
             tool_concurrency=options.tool_concurrency,
             before_tool_call=_confirm(sys.stdin, sys.stderr) if options.confirm else consent,
         )
-        with _ctrl_c_sets(signal):
+        with _ctrl_c_cancels(signal):
             began = time.monotonic()
             _, result = al.settle_run(run, on_event=on_event)
     finally:
-        os_signal.signal(os_signal.SIGINT, previous)
         logger.removeHandler(handler)
     # On stderr, so that stdout holds the events only (with --json, one per line).
     print(view.format_times(view.summarize_times(timed)), file=sys.stderr, flush=True)
     return 0 if result.status == "completed" else 1
+
+
+@contextlib.contextmanager
+def _ctrl_c_cancels(signal: threading.Event) -> Iterator[None]:
+    """Within the block, Ctrl-C sets ``signal`` (the run ends cancelled), at once (see
+    _ctrl_c_sets); a second Ctrl-C interrupts at once, whatever the run is doing."""
+
+    def interrupt(number: int, frame: object) -> None:
+        signal.set()
+        os_signal.signal(os_signal.SIGINT, previous)
+
+    previous = os_signal.signal(os_signal.SIGINT, interrupt)
+    try:
+        with _ctrl_c_sets(signal):
+            yield
+    finally:
+        os_signal.signal(os_signal.SIGINT, previous)
 
 
 @contextlib.contextmanager
@@ -627,19 +636,10 @@ def _chat(argv: Sequence[str]) -> int:
             except sessions.SessionBusy as busy:
                 print(f"chat: {busy}", file=sys.stderr)
                 return 1
-            previous = os_signal.signal(os_signal.SIGINT, _setting(signal))
-            try:
-                with _ctrl_c_sets(signal):
-                    _, result = al.settle_run(turn, on_event=print_line)
-            finally:
-                os_signal.signal(os_signal.SIGINT, previous)
+            with _ctrl_c_cancels(signal):
+                _, result = al.settle_run(turn, on_event=print_line)
             completed = completed and result.status == "completed"
     return 0 if completed else 1
-
-
-def _setting(signal: threading.Event) -> Callable[[int, object], None]:
-    """A SIGINT handler that sets the turn's signal (the turn ends cancelled)."""
-    return lambda number, frame: signal.set()
 
 
 # --- The demonstration (python agent_loop.py) ----------------------------------------
