@@ -1447,13 +1447,10 @@ def _argument_problems(arguments: Mapping[str, JSON], schema: Mapping[str, Any])
     named and the others counted; "" when the arguments pass."""
     engine = sys.modules.get(_SCHEMA_ENGINE)  # Tool() loaded it, if it was there
     found: List[str] = []
-    try:
-        if engine is None:  # the schema holds the core's keywords only: Tool() said so
-            _core_problems(arguments, schema, "$", found)
-        else:
-            found = engine.problems(arguments, schema)
-    except RecursionError:  # $refs that lead through hundreds of schemas, or in a loop
-        found = ["$ cannot be checked: its schema nests too deep, or its $refs loop"]
+    if engine is None:  # the schema holds the core's keywords only (Tool() said so): no $ref
+        _core_problems(arguments, schema, "$", found)
+    else:  # which tells $refs that loop
+        found = engine.problems(arguments, schema)
     more = len(found) - _LISTED_PROBLEMS
     return "; ".join(found[:_LISTED_PROBLEMS]) + (f"; and {more} more" if more > 0 else "")
 

@@ -285,11 +285,25 @@ def _pointed(resource: _Located, uri: str, pointer: str) -> Optional[Tuple[Any, 
 # --- Checked at each call ------------------------------------------------------------------
 
 
+# How deep one check may go, schemas and $refs followed included: far more than a value's
+# depth needs (MAX_ARGUMENT_DEPTH), and far less than Python's recursion limit, so that a
+# $ref that loops in place is told by this count (a RecursionError would also stop the
+# tracing of coverage and debuggers on Pythons before 3.12).
+_MAX_CHECK_DEPTH: Final = 200
+
+
+class _TooDeep(Exception):
+    """The check went deeper than _MAX_CHECK_DEPTH."""
+
+
 def problems(arguments: Any, schema: Mapping[str, Any]) -> List[str]:
     """Returns every way a frozen JSON value (as ``ToolCall.arguments`` holds it) fails a
     schema that ``frozen_schema()`` returned, in the schema's order; ``[]`` when it passes.
-    Each names its path from ``$``. Raises RecursionError for $refs that loop in place."""
-    return _Check(schema).problems(arguments, schema, "$", "")
+    Each names its path from ``$``; $refs that loop in place are one problem that says so."""
+    try:
+        return _Check(schema).problems(arguments, schema, "$", "")
+    except _TooDeep:
+        return ["$ cannot be checked: its schema nests too deep, or its $refs loop"]
 
 
 class _Check:
@@ -301,9 +315,20 @@ class _Check:
         self.base = _joined("", root["$id"]) if "$id" in root else ""
         self._found: Optional[_Found] = None
         self._exact: Dict[int, bool] = {}
+        self._depth = 0
 
     def problems(self, value: Any, schema: Any, path: str, base: str) -> List[str]:
         """Every way ``value`` fails ``schema``, where ``base`` is the base URI around it."""
+        if self._depth == _MAX_CHECK_DEPTH:
+            raise _TooDeep
+        self._depth += 1
+        try:
+            return self._problems(value, schema, path, base)
+        finally:
+            self._depth -= 1
+
+    def _problems(self, value: Any, schema: Any, path: str, base: str) -> List[str]:
+        """problems() one level down."""
         if schema is True:
             return []
         if schema is False:
