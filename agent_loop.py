@@ -1,4 +1,4 @@
-# agent_loop.py 1.4.0: the reference Python implementation of the iterative Agent Loop.
+# agent_loop.py 1.5.0: the reference Python implementation of the iterative Agent Loop.
 # One file, standard library only; copy it into your project. Home: the agent_loop repository.
 """The iterative Agent Loop of checkpoint 07 ("Run the iterative Agent Loop"), in Python.
 
@@ -102,7 +102,7 @@ if TYPE_CHECKING:  # annotations only: the module needs nothing at run time
 
 _T = TypeVar("_T")
 
-__version__ = "1.4.0"
+__version__ = "1.5.0"
 
 __all__ = [  # grouped as the README presents the API
     # Entry point

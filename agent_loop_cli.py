@@ -1,4 +1,4 @@
-# agent_loop_cli.py 1.1.0: the command line of agent_loop.py, an agent against a real model.
+# agent_loop_cli.py 1.2.0: the command line of agent_loop.py, an agent against a real model.
 # One file, standard library only; copy it next to agent_loop.py and its companions
 # agent_loop_providers.py, agent_loop_mcp.py, agent_loop_view.py and agent_loop_workspace.py.
 # Home: the agent_loop repository.
@@ -64,7 +64,7 @@ import agent_loop_replay as replay
 import agent_loop_view as view
 import agent_loop_workspace as workspace
 
-__version__ = "1.1.0"
+__version__ = "1.2.0"
 
 __all__ = ["TOOLS", "main"]
 

@@ -1,4 +1,4 @@
-# agent_loop_durable.py 1.0.0: durable runs for agent_loop.py, which survive their process.
+# agent_loop_durable.py 1.1.0: durable runs for agent_loop.py, which survive their process.
 # One file, standard library only; copy it next to agent_loop.py and agent_loop_replay.py.
 # Home: the agent_loop repository.
 """Durable runs: ``run_agent_loop()`` written to a journal file as it goes, so that the
@@ -83,7 +83,7 @@ import agent_loop_replay as alr
 if TYPE_CHECKING:  # annotations only
     from os import PathLike
 
-__version__ = "1.0.0"
+__version__ = "1.1.0"
 
 __all__ = [
     "durable_run",

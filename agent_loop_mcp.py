@@ -1,4 +1,4 @@
-# agent_loop_mcp.py 1.1.0: tools from MCP servers for agent_loop.py.
+# agent_loop_mcp.py 1.2.0: tools from MCP servers for agent_loop.py.
 # Standard library only; copy it next to agent_loop.py and agent_loop_wire.py (which reads
 # its event streams). Home: the agent_loop repository.
 """Tools from MCP servers (the Model Context Protocol) for the Agent Loop.
@@ -65,7 +65,7 @@ from typing import (
 import agent_loop
 import agent_loop_wire as wire
 
-__version__ = "1.1.0"
+__version__ = "1.2.0"
 
 __all__ = [
     "StdioServer",

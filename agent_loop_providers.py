@@ -1,4 +1,4 @@
-# agent_loop_providers.py 1.4.0: streaming provider adapters for agent_loop.py.
+# agent_loop_providers.py 1.5.0: streaming provider adapters for agent_loop.py.
 # One file, standard library only; copy it next to agent_loop.py. Home: the agent_loop repository.
 """Real models for the Agent Loop: OpenAI-compatible and Anthropic streaming APIs.
 
@@ -84,7 +84,7 @@ from agent_loop_wire import (
     openai_request_body,
 )
 
-__version__ = "1.4.0"
+__version__ = "1.5.0"
 
 __all__ = [
     # The models

@@ -1,4 +1,4 @@
-# agent_loop_ray.py 1.0.0: many durable runs of agent_loop.py as Ray tasks, retried on a crash.
+# agent_loop_ray.py 1.0.1: many durable runs of agent_loop.py as Ray tasks, retried on a crash.
 # Needs Ray, imported when used; copy it next to agent_loop.py. Home: the agent_loop repository.
 """Many durable runs as Ray tasks: a run whose worker dies is retried, and the retry goes
 on from the run's journal instead of starting again.
@@ -70,7 +70,7 @@ from typing import (
 import agent_loop as al
 from agent_loop_durable import effect_key
 
-__version__: Final = "1.0.0"
+__version__: Final = "1.0.1"
 
 __all__ = ["run_on_ray", "settle_item", "Ledger", "local_ray", "import_ray", "LOOPBACK"]
 

@@ -1,4 +1,4 @@
-# agent_loop_replay.py 1.2.0: record and replay runs for agent_loop.py.
+# agent_loop_replay.py 1.3.0: record and replay runs for agent_loop.py.
 # One file, standard library only; copy it next to agent_loop.py. Home: the agent_loop repository.
 """Replay a recorded run of the Agent Loop offline, with the events it recorded.
 
@@ -81,7 +81,7 @@ from typing import (
 
 import agent_loop as al
 
-__version__ = "1.2.0"
+__version__ = "1.3.0"
 
 __all__ = [
     "RunSteps",

@@ -1,4 +1,4 @@
-# agent_loop_view.py 1.0.0: the times of a recorded run of agent_loop.py, and a page that draws it.
+# agent_loop_view.py 1.1.0: the times of a recorded run of agent_loop.py, and a page that draws it.
 # One file, standard library only; copy it next to agent_loop.py. Home: the agent_loop repository.
 """See inside a recorded run: its times in a short summary, and a page that draws it.
 
@@ -56,7 +56,7 @@ import agent_loop_replay as alr
 if TYPE_CHECKING:  # annotations only: read_run() loads agent_loop_durable by name
     from agent_loop_durable import Journal
 
-__version__ = "1.0.0"
+__version__ = "1.1.0"
 
 __all__ = [
     "RunTimes",

@@ -445,7 +445,7 @@ class TestRequests:
         assert sent["headers"]["content-type"] == "application/json"
         assert sent["headers"]["accept"] == "text/event-stream"
         assert sent["headers"]["user-agent"] == f"agent_loop_providers/{providers.__version__}"
-        assert providers.__version__ == "1.4.0"
+        assert providers.__version__ == "1.5.0"
         assert sent["body"] == {
             "model": "test-model",
             "stream": True,
