@@ -377,17 +377,34 @@ class _Run:
             # Seed: "For each call, it emits tool.started, awaits executeToolCall(),
             # appends the linked Tool-result message, then emits tool.finished."
             yield self._event("tool.started", request_id=request.id, tool_call=call)
-            outcome = refusal or (yield from self._execute(request, call))
+            # The tool runs in a copy of the context that resumed the run after tool.started.
+            context = contextvars.copy_context()
+            outcome = refusal or self._execute(call, context)
+            if not isinstance(outcome, _Outcome):  # a tool that reports its progress
+                outcome = yield from self._report(request, call, context, outcome)
             yield self._finished(request, call, outcome)
         # Seed: "After the complete Tool batch, validateTranscript() proves that every
         # call has one later matching result." By construction: each got one, or it raised.
 
-    def _execute(self, request: ModelRequest, call: ToolCall) -> Generator[Event, None, _Outcome]:
-        """ExecuteTools: runs one call in the loop's thread, a tool.progress per value its tool
-        yields; looks at the signal after each, and closes the tool when the run ends."""
-        # The tool runs in a copy of the context that resumed the run after its tool.started.
-        context = contextvars.copy_context()
-        steps = _tool_steps(self.tools, call, self.signal)
+    def _execute(
+        self, call: ToolCall, context: contextvars.Context
+    ) -> Union[_Outcome, Generator[JSON, None, _Outcome]]:
+        """ExecuteTools: runs one call in ``context``, in whichever thread, and looks at the
+        signal after; returns its outcome, or the generator of a tool that reports progress."""
+        outcome: Union[_Outcome, Generator[JSON, None, _Outcome]] = self._call(
+            "TOOL_PHASE_ERROR", _what(call), context.run, _run_tool, self.tools, call, self.signal
+        )
+        return outcome
+
+    def _report(
+        self,
+        request: ModelRequest,
+        call: ToolCall,
+        context: contextvars.Context,
+        steps: Generator[JSON, None, _Outcome],
+    ) -> Generator[Event, None, _Outcome]:
+        """ExecuteTools, in the loop's thread: a tool.progress per value a tool yields; looks at
+        the signal after each, and closes the tool when the run ends; returns its outcome."""
         try:
             while True:
                 step = self._call("TOOL_PHASE_ERROR", _what(call), context.run, _next_step, steps)
@@ -397,10 +414,13 @@ class _Run:
         finally:
             context.run(steps.close)
 
-    def _progress(self, request: ModelRequest, call: ToolCall, progress: JSON) -> Event:
-        """ExecuteTools: one tool.progress of a running call (beyond the seed)."""
+    def _progress(
+        self, request: ModelRequest, call: ToolCall, progress: JSON, at: Optional[float] = None
+    ) -> Event:
+        """ExecuteTools: one tool.progress of a running call, yielded by its tool ``at``
+        (beyond the seed)."""
         return self._event(
-            "tool.progress", request_id=request.id, tool_call_id=call.id, progress=progress
+            "tool.progress", at, request_id=request.id, tool_call_id=call.id, progress=progress
         )
 
     def _finished(self, request: ModelRequest, call: ToolCall, outcome: _Outcome) -> Event:
@@ -430,12 +450,11 @@ class _Run:
         return result
 
     def _event(self, type: EventType, at: Optional[float] = None, **payload: Any) -> Event:
-        """The run's next event, which happened ``at`` (default: now); the one counter
-        numbers it."""
+        """The run's next event, which happened ``at`` (None: as it is yielded); the one
+        counter numbers it."""
         # Seed: "Each event receives the next integer sequence; no component owns a
         # separate counter."
-        when = time.time() if at is None else at
-        event = Event(self.next_sequence, type, MappingProxyType(payload), when)
+        event = Event(self.next_sequence, type, MappingProxyType(payload), at)
         self.next_sequence += 1
         return event
 
@@ -507,27 +526,31 @@ class _Run:
         contexts = []
         for call in group:
             yield self._event("tool.started", request_id=request.id, tool_call=call)
-            contexts.append(contextvars.copy_context())  # as a sequential call's: _execute
-        # What the workers report, in the order they report it: a call's progress values,
-        # then its outcome, or what ended it (an exception). A JSON value is neither.
-        updates: queue.SimpleQueue[Tuple[int, Any]] = queue.SimpleQueue()
+            contexts.append(contextvars.copy_context())  # as a sequential call's
+        # What the workers report, in the order they report it: a call's progress values (with
+        # the time its tool yielded each), then its outcome, or what ended it (an exception).
+        # A JSON value is neither.
+        updates: queue.SimpleQueue[Tuple[int, Any, float]] = queue.SimpleQueue()
 
         def execute(call: ToolCall, index: int) -> None:  # in a worker thread
+            context, what = contexts[index], _what(call)
             try:
                 self._check_signal()  # a call not yet begun never begins once the signal is set
-                steps = _tool_steps(self.tools, call, self.signal)
-                try:
-                    while True:
-                        step = self._call(
-                            "TOOL_PHASE_ERROR", _what(call), contexts[index].run, _next_step, steps
-                        )
-                        updates.put((index, step))
-                        if isinstance(step, _Outcome):
-                            return
-                finally:
-                    contexts[index].run(steps.close)
+                step = self._execute(call, context)
+                if not isinstance(step, _Outcome):  # a tool that reports its progress
+                    steps = step
+                    try:
+                        step = self._call("TOOL_PHASE_ERROR", what, context.run, _next_step, steps)
+                        while not isinstance(step, _Outcome):
+                            updates.put((index, step, time.time()))
+                            step = self._call(
+                                "TOOL_PHASE_ERROR", what, context.run, _next_step, steps
+                            )
+                    finally:
+                        context.run(steps.close)
+                updates.put((index, step, 0.0))
             except BaseException as error:  # the loop's thread raises it in the call's turn
-                updates.put((index, error))
+                updates.put((index, error, 0.0))
 
         pool = ThreadPoolExecutor(min(self.tool_concurrency, len(group)), "agent_loop-tool")
         futures: List[Future[None]] = []
@@ -546,12 +569,12 @@ class _Run:
             for index, call in enumerate(group):
                 while index not in ended:
                     # Bounded by the running tools: each worker's last update is its end.
-                    who, update = updates.get()
+                    who, update, at = updates.get()
                     self._check_signal()  # once the loop sees the signal, nothing more joins
                     if isinstance(update, (_Outcome, BaseException)):
                         ended[who] = update
                     else:
-                        yield self._progress(request, group[who], update)
+                        yield self._progress(request, group[who], update, at)
                 outcome = ended[index]
                 if isinstance(outcome, BaseException):
                     raise outcome  # _Cancelled if the signal came first
@@ -568,8 +591,7 @@ class _Run:
             pool.shutdown(wait=True)
 
 
-@dataclass(frozen=True)
-class _Outcome:
+class _Outcome(NamedTuple):  # a tuple: built once per call, cheaper than a dataclass
     """How one call ended: its result, whether consent refused it or it ends the run (and
     then what its tool returned), and when its tool returned (None: when it is reported)."""
 
@@ -577,7 +599,7 @@ class _Outcome:
     refused: bool = False
     ends_run: bool = False
     output: JSON = None
-    time: Optional[float] = field(default_factory=time.time)
+    time: Optional[float] = None
 
 
 def _what(call: ToolCall) -> str:
@@ -1251,6 +1273,9 @@ class Tool:
     # Given by keyword; None is read as no hints, so that the field is always a mapping.
     annotations: Mapping[str, Any] = None  # type: ignore[assignment]
     ends_run: bool = False  # given by keyword: a call that returns ends the run, completed
+    # Whether the core's own checks are the whole of the schema (no agent_loop_schema.py
+    # keyword in it): then they check each call, as fast as before the engine moved out.
+    _core_checked: bool = field(default=True, init=False, repr=False, compare=False)
     __hash__ = None  # type: ignore[assignment]  # it holds a mapping
 
     def __post_init__(self) -> None:
@@ -1271,6 +1296,7 @@ class Tool:
             )
         object.__setattr__(self, "parameters", parameters)
         object.__setattr__(self, "annotations", MappingProxyType(dict(annotations)))
+        object.__setattr__(self, "_core_checked", not _uses_engine(parameters))
 
     def __reduce__(self) -> Tuple[Any, ...]:
         return _reduce_to_plain_fields(self)
@@ -1442,10 +1468,19 @@ def _core_problems(value: Any, schema: Any, path: str, found: List[str]) -> None
             _core_problems(value[index], schema["items"], f"{path}[{index}]", found)
 
 
-def _argument_problems(arguments: Mapping[str, JSON], schema: Mapping[str, Any]) -> str:
+def _uses_engine(schema: object) -> bool:
+    """Whether a frozen schema holds a keyword that only agent_loop_schema.py enforces."""
+    if isinstance(schema, Mapping):
+        return not _ENGINE_KEYWORDS.isdisjoint(schema) or any(map(_uses_engine, schema.values()))
+    return type(schema) is tuple and any(map(_uses_engine, schema))
+
+
+def _argument_problems(tool: Tool, arguments: Mapping[str, JSON]) -> str:
     """What an argument error says: every violation, the first _LISTED_PROBLEMS of them
     named and the others counted; "" when the arguments pass."""
-    engine = sys.modules.get(_SCHEMA_ENGINE)  # Tool() loaded it, if it was there
+    schema = tool.parameters
+    # Tool() loaded the engine, if it was there and the schema needs it.
+    engine = None if tool._core_checked else sys.modules.get(_SCHEMA_ENGINE)
     found: List[str] = []
     if engine is None:  # the schema holds the core's keywords only (Tool() said so): no $ref
         _core_problems(arguments, schema, "$", found)
@@ -1503,68 +1538,92 @@ def execute_tool_call(registry: ToolRegistry, call: ToolCall, signal: Signal) ->
         _check_arguments(call)
     except _Problem as problem:
         return _tool_result(call, f"invalid arguments for tool {call.name!r}: {problem}", True)
-    steps, context = _tool_steps(registry, call, signal), contextvars.copy_context()
-    step = None
-    while not isinstance(step, _Outcome):  # a generator tool's progress is dropped
-        step = context.run(_next_step, steps)
+    context = contextvars.copy_context()
+    started = context.run(_run_tool, registry, call, signal)
+    if isinstance(started, _Outcome):
+        return started.result
+    step: Union[JSON, _Outcome] = None
+    while not isinstance(step, _Outcome):  # a tool that reports progress: it is dropped
+        step = context.run(_next_step, started)
     return step.result
 
 
-def _tool_steps(
+def _run_tool(
     registry: ToolRegistry, call: ToolCall, signal: Signal
-) -> Generator[JSON, None, _Outcome]:
-    """Runs a call whose arguments are plain bounded JSON, in the context it is given: yields
-    what its tool yields (a plain copy of each), and returns the call's outcome."""
+) -> Union[_Outcome, Generator[JSON, None, _Outcome]]:
+    """Runs a call whose arguments are plain bounded JSON, in the context it is given: its
+    outcome, or for a tool that reports progress, the generator of its progress (a plain
+    copy of each value) that returns the outcome."""
     tool = registry.get(call.name)
     if tool is None:
         known = ", ".join(registered.name for registered in registry) or "none"
         return _Outcome(
             _tool_result(call, f"unknown tool {call.name!r} (available: {known})", True)
         )
-    problems = _argument_problems(call.arguments, tool.parameters)
+    problems = _argument_problems(tool, call.arguments)
     if problems:
         content = f"invalid arguments for tool {call.name!r}: {problems}"
         return _Outcome(_tool_result(call, content, True))
     _CURRENT_TOOL_CALL.set(call)  # in the call's own context: see current_tool_call()
     try:
         value = tool.execute(call.plain_arguments(), signal)
-        if isinstance(value, collections.abc.Generator):  # a tool that reports its progress
-            value = yield from _progress_of(call, value)
-    except ToolError as error:  # the tool's own words, as it chose them
-        return _Outcome(_tool_result(call, error.message, True))
     except Exception as error:
-        _logger.warning("tool %r raised; the model gets an error result", call.name, exc_info=True)
-        return _Outcome(_tool_result(call, f"tool {call.name!r} raised {_describe(error)}", True))
+        return _raised(call, error)
+    if isinstance(value, collections.abc.Generator):
+        return _progress_of(tool, call, value)
+    return _returned(tool, call, value)
+
+
+def _progress_of(
+    tool: Tool, call: ToolCall, steps: Generator[object, None, object]
+) -> Generator[JSON, None, _Outcome]:
+    """A tool that reports progress: a plain copy of each value it yields; returns its
+    outcome. Closed, it closes the tool's generator, which cleans up."""
+    with contextlib.closing(steps):
+        while True:
+            try:
+                value = next(steps)
+            except StopIteration as done:
+                return _returned(tool, call, done.value)
+            except Exception as error:
+                return _raised(call, error)
+            try:
+                progress: JSON = json.loads(_encoded(value))
+            except Exception as error:
+                content = f"tool {call.name!r} yielded progress that is not JSON: {error}"
+                return _Outcome(_tool_result(call, content, True), time=time.time())
+            yield progress
+
+
+def _raised(call: ToolCall, error: Exception) -> _Outcome:
+    """The outcome of a call whose tool raised: a ToolError's own words, or what it raised."""
+    if isinstance(error, ToolError):
+        content = error.message  # as the tool chose them, and not logged
+    else:
+        _logger.warning(
+            "tool %r raised; the model gets an error result", call.name, exc_info=error
+        )
+        content = f"tool {call.name!r} raised {_describe(error)}"
+    return _Outcome(_tool_result(call, content, True), time=time.time())
+
+
+def _returned(tool: Tool, call: ToolCall, value: object) -> _Outcome:
+    """The outcome of a call whose tool returned ``value``: a str verbatim, other JSON
+    encoded, anything else an error result."""
+    returned = time.time()
     if _is_text(value):
-        return _Outcome(_tool_result(call, value, False), ends_run=tool.ends_run, output=value)
+        result = _tool_result(call, value, False)
+        return _Outcome(result, ends_run=tool.ends_run, output=value, time=returned)
     try:
         content = _encoded(value)
     except Exception as error:  # json.dumps runs the value's own code (a dict subclass's items())
         _logger.warning("tool %r returned a value that is not JSON", call.name, exc_info=True)
         content = f"tool {call.name!r} returned a value that is not JSON: {error}"
-        return _Outcome(_tool_result(call, content, True))
+        return _Outcome(_tool_result(call, content, True), time=returned)
     # What an ends_run tool returned is the run's output, as JSON reads it back: a plain copy.
     output = json.loads(content) if tool.ends_run else None
-    return _Outcome(_tool_result(call, content, False), ends_run=tool.ends_run, output=output)
-
-
-def _progress_of(
-    call: ToolCall, tool: Generator[object, None, object]
-) -> Generator[JSON, None, object]:
-    """A generator tool's progress, each value a plain copy; returns what the tool returns."""
-    with contextlib.closing(tool):  # a cancelled run closes the tool, which cleans up
-        while True:
-            try:
-                value = next(tool)
-            except StopIteration as done:
-                return done.value
-            try:
-                progress: JSON = json.loads(_encoded(value))
-            except Exception as error:
-                raise ToolError(
-                    f"tool {call.name!r} yielded progress that is not JSON: {error}"
-                ) from None
-            yield progress
+    result = _tool_result(call, content, False)
+    return _Outcome(result, ends_run=tool.ends_run, output=output, time=returned)
 
 
 def _encoded(value: object) -> str:
@@ -1908,8 +1967,11 @@ class Event:
     sequence: int
     type: EventType
     payload: Mapping[str, Any]
-    # When what it reports happened (time.time()): set by the loop, None when read back; for
-    # a tool.finished, when its tool returned. Not part of equality, nor of to_dict().
+    # When what it reports happened (time.time()), where that is not when the run yielded it:
+    # a tool.finished's is when its tool returned; a tool.progress's of calls at once, when
+    # its tool yielded it.
+    # None: as it is yielded (a reader takes its own clock then). Not part of equality, nor of
+    # to_dict().
     time: Optional[float] = field(default=None, compare=False, repr=False)
     __hash__ = None  # type: ignore[assignment]  # it holds a mapping
 

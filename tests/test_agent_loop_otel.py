@@ -31,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Dict, Generator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Generator, List, Optional, Sequence, Tuple, cast
 
 import pytest
 
@@ -952,20 +952,22 @@ class TestProgressAndTimes:
                 if event.type == "tool.progress" and event.payload["tool_call_id"] == call_id
             ]
             assert [event.name for event in span.events] == ["tool.progress"] * 2
-            assert [event.timestamp for event in span.events] == [nanoseconds(e) for e in progress]
+            stamps = [event.timestamp for event in span.events]  # taken as each was yielded
+            assert len(progress) == 2
+            assert cast(int, span.start_time) <= stamps[0] <= stamps[1] <= cast(int, span.end_time)
             values = [dict(event.attributes or {}) for event in span.events]
             expected = [{"agent_loop.tool.progress": f'{{"done":{n}}}'} for n in (1, 2)]
             assert values == (expected if capture else [{}, {}])
 
     def test_a_calls_span_ends_when_its_tool_returned(self, recorded: Recorded) -> None:
-        """Calls at once: each span has its tool's own times, from the events."""
+        """Calls at once: each span ends when its own tool returned (its tool.finished's time),
+        not when its turn to be reported came."""
         events, _ = traced_run(recorded, *ADD_TWICE, tool_concurrency=2)
         spans = recorded.tool_spans()
         for event in events:
-            if event.type in ("tool.started", "tool.finished"):
+            if event.type == "tool.finished":
                 span = spans[event.payload["tool_call"].id]
-                at = span.start_time if event.type == "tool.started" else span.end_time
-                assert at == nanoseconds(event)
+                assert cast(int, span.start_time) <= cast(int, span.end_time) == nanoseconds(event)
 
     def test_a_chat_span_begins_when_the_consumer_resumed_the_run(
         self, recorded: Recorded

@@ -1218,7 +1218,15 @@ class TestJsonLines:
     def test_times_are_written_when_asked_and_read_back_with_the_events(self) -> None:
         events, _ = record_run(two_call_script())
         timed, plain = io.StringIO(), io.StringIO()
-        alr.dump_events(iter(events), timed, times=True)
+        # A run written as it goes: the times of the events it times itself (a tool.finished:
+        # when its tool returned) and of those it does not (when written) agree in order.
+        live = al.run_agent_loop(
+            messages=[user()],
+            model=al.ScriptedModel(two_call_script()),
+            tools=al.ToolRegistry(every_kind_of_tool()),
+            max_steps=8,
+        )
+        alr.dump_events(live, timed, times=True)
         alr.dump_events(events, plain)
         read = alr.load_timed_events(io.StringIO(timed.getvalue()))
         assert [event for event, _ in read] == events
