@@ -653,14 +653,17 @@ def _response_from_dict(data: object) -> al.ModelResponse:
             "id": fields["id"],
             "content": fields.get("content"),
             "usage": fields.get("usage"),
+            "providerResponseId": fields.get("providerResponseId"),
         }
     )
+    assistant = cast(al.AssistantMessage, message)
     return al.ModelResponse(
         fields["id"],
         fields["requestId"],
-        message.content,  # type: ignore[arg-type]  # an assistant message's
+        assistant.content,
         fields["stopReason"],
-        cast(al.AssistantMessage, message).usage,
+        assistant.usage,
+        assistant.provider_response_id,
     )
 
 

@@ -359,6 +359,7 @@ def _recorded_steps(run: RunSteps, result: al.RunResult, start_length: int) -> L
                 message.content,
                 "toolCall" if calls else "stop",
                 message.usage,
+                message.provider_response_id,
             )
             _check_recorded_stream(request_id, chunks[index], response)
         elif started[index]:

@@ -111,7 +111,7 @@ def store_bytes(path: str) -> int:
 
 
 def row_bytes(path: str) -> int:
-    with sqlite3.connect(path) as connection:
+    with contextlib.closing(sqlite3.connect(path)) as connection:
         return int(
             connection.execute("SELECT sum(length(line)) FROM agent_loop_rows").fetchone()[0]
         )

@@ -447,9 +447,9 @@ def batch(
 def canonical(result: Mapping[str, Any]) -> Dict[str, Any]:
     """A result's dict with each id replaced by its order of first appearance.
 
-    Response ids and tool call ids are drawn at random by the server, so two runs that
-    went the same way differ only there; the links (call and result, message and
-    response) are kept.
+    Response ids (the provider's own too) and tool call ids are drawn at random by the
+    server, so two runs that went the same way differ only there; the links (call and
+    result, message and response) are kept.
     """
     names: Dict[str, str] = {}
 
@@ -458,7 +458,7 @@ def canonical(result: Mapping[str, Any]) -> Dict[str, Any]:
             return {name: rename(item, name) for name, item in value.items()}
         if isinstance(value, list):
             return [rename(item) for item in value]
-        if key in ("id", "toolCallId") and isinstance(value, str):
+        if key in ("id", "toolCallId", "providerResponseId") and isinstance(value, str):
             return names.setdefault(value, f"id-{len(names) + 1}")
         return value
 

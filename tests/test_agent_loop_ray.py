@@ -656,17 +656,19 @@ class TestCanonical:
         result = {
             "status": "completed",
             "messages": [
-                {"id": "message-x", "content": [{"type": "toolCall", "id": "call_9"}]},
+                {"id": "message-x", "content": [{"type": "toolCall", "id": "call_9"}],
+                 "providerResponseId": "chatcmpl-7"},
                 {"id": "tool-result-call_9", "toolCallId": "call_9", "content": "id"},
             ],
-        }
+        }  # fmt: skip
         assert recipe.canonical(result) == {
             "status": "completed",
             "messages": [
-                {"id": "id-1", "content": [{"type": "toolCall", "id": "id-2"}]},
-                {"id": "id-3", "toolCallId": "id-2", "content": "id"},
+                {"id": "id-1", "content": [{"type": "toolCall", "id": "id-2"}],
+                 "providerResponseId": "id-3"},
+                {"id": "id-4", "toolCallId": "id-2", "content": "id"},
             ],
-        }
+        }  # fmt: skip
 
 
 class TestLLMockScript:

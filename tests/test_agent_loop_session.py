@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -192,7 +193,8 @@ def iter_none() -> Generator[al.ModelChunk, None, None]:
 
 
 def lock_row(path: str, host: str, pid: int) -> None:
-    with sqlite3.connect(path) as connection:
+    # sqlite3's context manager commits but does not close: closing() does.
+    with contextlib.closing(sqlite3.connect(path)) as connection, connection:
         connection.execute(
             "INSERT OR REPLACE INTO agent_loop_locks VALUES ('default', 'someone', ?, ?)",
             (host, pid),

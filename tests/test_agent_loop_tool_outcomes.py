@@ -17,6 +17,8 @@ from typing import Any, Dict, Generator, List
 import pytest
 
 import agent_loop as al
+import agent_loop_durable as ald
+import agent_loop_replay as alr
 from loop_invariants import SEED_EVENT_TYPES
 from loop_testing import (
     WAIT,
@@ -529,6 +531,41 @@ class TestProviderResponseId:
         replayed = al.ScriptedModel.from_transcript(result.messages)
         _, again, _ = run(replayed)
         assert again.messages == result.messages
+
+    def test_replay_and_a_durable_run_that_goes_on_keep_it(self, tmp_path: Any) -> None:
+        first = al.scripted_response(
+            "r1", [call("plain", "c1", {})], "toolCall", provider_response_id="p-1"
+        )
+        script = [
+            first,
+            al.scripted_response("r2", [text("Done.")], "stop", provider_response_id="p-2"),
+        ]
+        tools = [tool("plain", lambda a, s: 1)]
+        events, _, _ = run(script, tools)
+        again, _ = al.settle_run(alr.replay(events).run())
+        assert [e.to_dict() for e in again] == [e.to_dict() for e in events]
+        journal = str(tmp_path / "run.jsonl")
+        options: Dict[str, Any] = {
+            "messages": [user()],
+            "tools": al.ToolRegistry(tools),
+            "max_steps": 4,
+        }
+
+        def killed(event: al.Event) -> None:
+            if event.type == "tool.finished":
+                raise SystemExit  # stands for kill -9, after the first response's journal entry
+
+        with pytest.raises(SystemExit):
+            al.settle_run(
+                ald.durable_run(journal, model=al.ScriptedModel(script), **options), killed
+            )
+        _, result = al.settle_run(
+            ald.durable_run(journal, model=al.ScriptedModel(script[1:]), **options)
+        )
+        ids = [
+            m.provider_response_id for m in result.messages if isinstance(m, al.AssistantMessage)
+        ]
+        assert ids == ["p-1", "p-2"]
 
     @pytest.mark.parametrize("value", ["", 7])
     def test_one_that_is_not_a_non_empty_str_fails_the_run(self, value: object) -> None:

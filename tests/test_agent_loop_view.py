@@ -625,6 +625,11 @@ class TestRenderPage:
         for call in calls:
             assert f"work [{call['id']}]: {call['duration']}" in summary
 
+    def test_an_empty_log_reads_as_no_events(self, tmp_path: Path) -> None:
+        path = tmp_path / "empty.jsonl"
+        path.write_text("", encoding="ascii")
+        assert view.read_run(str(path)) == ([], None)
+
     def test_a_journal_is_read_with_agent_loop_durable_only(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:

@@ -104,7 +104,7 @@ def served() -> Iterator[Served]:
 
 def answers(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=1.0).status_code == 200
+        return bool(httpx.get(url, timeout=1.0).status_code == 200)
     except httpx.TransportError:
         return False
 
