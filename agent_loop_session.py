@@ -441,8 +441,9 @@ class Session:
                 elif event.type == "run.finished":
                     messages.extend(event.payload["result"].messages[len(start) + added :])
                 added += len(messages)
-                # When it happened (the loop sets it), else when the session received it.
-                line = dict(event.to_dict(), time=getattr(event, "time", None) or time.time())
+                # When it happened (where the loop says), else when the session received it.
+                at = time.time() if event.time is None else event.time
+                line = dict(event.to_dict(), time=at)
                 self._append(
                     [("event", turn, replay.json_line(line))]
                     + [("message", turn, replay.json_line(m.to_dict())) for m in messages],
