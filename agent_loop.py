@@ -70,7 +70,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from types import MappingProxyType
+from types import GeneratorType, MappingProxyType
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -392,7 +392,7 @@ class _Run:
         """ExecuteTools: runs one call in ``context``, in whichever thread, and looks at the
         signal after; returns its outcome, or the generator of a tool that reports progress."""
         outcome: Union[_Outcome, Generator[JSON, None, _Outcome]] = self._call(
-            "TOOL_PHASE_ERROR", _what(call), context.run, _run_tool, self.tools, call, self.signal
+            "TOOL_PHASE_ERROR", call, context.run, _run_tool, self.tools, call, self.signal
         )
         return outcome
 
@@ -407,7 +407,7 @@ class _Run:
         the signal after each, and closes the tool when the run ends; returns its outcome."""
         try:
             while True:
-                step = self._call("TOOL_PHASE_ERROR", _what(call), context.run, _next_step, steps)
+                step = self._call("TOOL_PHASE_ERROR", call, context.run, _next_step, steps)
                 if isinstance(step, _Outcome):
                     return step
                 yield self._progress(request, call, step)
@@ -459,9 +459,14 @@ class _Run:
         return event
 
     def _call(
-        self, code: FailureCode, what: str, function: Callable[..., _T], *arguments: Any
+        self,
+        code: FailureCode,
+        what: Union[str, ToolCall],
+        function: Callable[..., _T],
+        *arguments: Any,
     ) -> _T:
-        """Calls code the loop does not own; cancellation wins over what it returns or raises."""
+        """Calls code the loop does not own (``what``: see _failure); cancellation wins over
+        what it returns or raises."""
         try:
             value = function(*arguments)
         except (KeyboardInterrupt, SystemExit):
@@ -533,18 +538,18 @@ class _Run:
         updates: queue.SimpleQueue[Tuple[int, Any, float]] = queue.SimpleQueue()
 
         def execute(call: ToolCall, index: int) -> None:  # in a worker thread
-            context, what = contexts[index], _what(call)
+            context = contexts[index]
             try:
                 self._check_signal()  # a call not yet begun never begins once the signal is set
                 step = self._execute(call, context)
                 if not isinstance(step, _Outcome):  # a tool that reports its progress
                     steps = step
                     try:
-                        step = self._call("TOOL_PHASE_ERROR", what, context.run, _next_step, steps)
+                        step = self._call("TOOL_PHASE_ERROR", call, context.run, _next_step, steps)
                         while not isinstance(step, _Outcome):
                             updates.put((index, step, time.time()))
                             step = self._call(
-                                "TOOL_PHASE_ERROR", what, context.run, _next_step, steps
+                                "TOOL_PHASE_ERROR", call, context.run, _next_step, steps
                             )
                     finally:
                         context.run(steps.close)
@@ -602,11 +607,6 @@ class _Outcome(NamedTuple):  # a tuple: built once per call, cheaper than a data
     time: Optional[float] = None
 
 
-def _what(call: ToolCall) -> str:
-    """How a failure names the call whose tool phase failed."""
-    return f"tool call {call.id!r}"
-
-
 def _next_step(steps: Generator[JSON, None, _Outcome]) -> Union[JSON, _Outcome]:
     """A call's next progress value, or its outcome once its tool has returned."""
     try:
@@ -625,9 +625,11 @@ class _RunFailure(Exception):
         self.message = message
 
 
-def _failure(code: FailureCode, what: str, error: BaseException) -> _RunFailure:
-    """The failure that an exception from code the loop does not own becomes."""
-    return _RunFailure(code, f"{what} raised {_describe(error)}")
+def _failure(code: FailureCode, what: Union[str, ToolCall], error: BaseException) -> _RunFailure:
+    """The failure that an exception from code the loop does not own becomes; ``what`` is its
+    name, or the call whose tool phase raised (named only then: a call's name costs)."""
+    name = what if isinstance(what, str) else f"tool call {what.id!r}"
+    return _RunFailure(code, f"{name} raised {_describe(error)}")
 
 
 class _Cancelled(Exception):
@@ -1273,9 +1275,9 @@ class Tool:
     # Given by keyword; None is read as no hints, so that the field is always a mapping.
     annotations: Mapping[str, Any] = None  # type: ignore[assignment]
     ends_run: bool = False  # given by keyword: a call that returns ends the run, completed
-    # Whether the core's own checks are the whole of the schema (no agent_loop_schema.py
-    # keyword in it): then they check each call, as fast as before the engine moved out.
-    _core_checked: bool = field(default=True, init=False, repr=False, compare=False)
+    # agent_loop_schema.py when the schema holds a keyword only it enforces, else None: the
+    # core's own checks are the whole of the schema, as fast as before the engine moved out.
+    _engine: Any = field(default=None, init=False, repr=False, compare=False)
     __hash__ = None  # type: ignore[assignment]  # it holds a mapping
 
     def __post_init__(self) -> None:
@@ -1296,7 +1298,8 @@ class Tool:
             )
         object.__setattr__(self, "parameters", parameters)
         object.__setattr__(self, "annotations", MappingProxyType(dict(annotations)))
-        object.__setattr__(self, "_core_checked", not _uses_engine(parameters))
+        if _uses_engine(parameters):  # then Tool() found the engine, or it refused the schema
+            object.__setattr__(self, "_engine", _companion(_SCHEMA_ENGINE))
 
     def __reduce__(self) -> Tuple[Any, ...]:
         return _reduce_to_plain_fields(self)
@@ -1435,9 +1438,6 @@ def _core_problems(value: Any, schema: Any, path: str, found: List[str]) -> None
     if schema is False:
         found.append(f"{path} is not allowed (its schema is false)")
         return
-    if not _ENGINE_KEYWORDS.isdisjoint(schema):  # built with agent_loop_schema.py, gone since
-        found.append(f"{path} cannot be checked without agent_loop_schema.py")
-        return
     kind = _JSON_TYPES[type(value)]
     if "type" in schema and schema["type"] != kind:  # a name or a tuple of names
         names = (schema["type"],) if type(schema["type"]) is str else schema["type"]
@@ -1478,14 +1478,13 @@ def _uses_engine(schema: object) -> bool:
 def _argument_problems(tool: Tool, arguments: Mapping[str, JSON]) -> str:
     """What an argument error says: every violation, the first _LISTED_PROBLEMS of them
     named and the others counted; "" when the arguments pass."""
-    schema = tool.parameters
-    # Tool() loaded the engine, if it was there and the schema needs it.
-    engine = None if tool._core_checked else sys.modules.get(_SCHEMA_ENGINE)
     found: List[str] = []
-    if engine is None:  # the schema holds the core's keywords only (Tool() said so): no $ref
-        _core_problems(arguments, schema, "$", found)
+    if tool._engine is None:  # the schema holds no keyword beyond the core's: no $ref
+        _core_problems(arguments, tool.parameters, "$", found)
     else:  # which tells $refs that loop
-        found = engine.problems(arguments, schema)
+        found = tool._engine.problems(arguments, tool.parameters)
+    if not found:
+        return ""
     more = len(found) - _LISTED_PROBLEMS
     return "; ".join(found[:_LISTED_PROBLEMS]) + (f"; and {more} more" if more > 0 else "")
 
@@ -1569,7 +1568,7 @@ def _run_tool(
         value = tool.execute(call.plain_arguments(), signal)
     except Exception as error:
         return _raised(call, error)
-    if isinstance(value, collections.abc.Generator):
+    if type(value) is GeneratorType:  # exactly: an ABC's isinstance costs every call
         return _progress_of(tool, call, value)
     return _returned(tool, call, value)
 
@@ -1611,9 +1610,11 @@ def _returned(tool: Tool, call: ToolCall, value: object) -> _Outcome:
     """The outcome of a call whose tool returned ``value``: a str verbatim, other JSON
     encoded, anything else an error result."""
     returned = time.time()
+    # The outcomes of a call that returns are given by position: a NamedTuple's keywords
+    # cost about 1% more instructions in a tool-heavy run (docs/performance.md).
     if _is_text(value):
         result = _tool_result(call, value, False)
-        return _Outcome(result, ends_run=tool.ends_run, output=value, time=returned)
+        return _Outcome(result, False, tool.ends_run, value, returned)
     try:
         content = _encoded(value)
     except Exception as error:  # json.dumps runs the value's own code (a dict subclass's items())
@@ -1623,7 +1624,7 @@ def _returned(tool: Tool, call: ToolCall, value: object) -> _Outcome:
     # What an ends_run tool returned is the run's output, as JSON reads it back: a plain copy.
     output = json.loads(content) if tool.ends_run else None
     result = _tool_result(call, content, False)
-    return _Outcome(result, ends_run=tool.ends_run, output=output, time=returned)
+    return _Outcome(result, False, tool.ends_run, output, returned)
 
 
 def _encoded(value: object) -> str:

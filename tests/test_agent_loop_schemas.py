@@ -1152,19 +1152,17 @@ class TestTheCoreWithoutTheEngine:
     ) -> None:
         assert agreement(range(500), (*CORE, *ANNOTATIONS)) == {(True, True), (False, False)}
 
-    def test_a_schema_the_engine_checked_is_not_checked_without_it(
+    def test_a_tool_keeps_the_engine_that_checked_its_schema(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         tool = probe_tool([], one_property({"minimum": 1}))
         monkeypatch.delitem(sys.modules, "agent_loop_schema")
-        result = al.execute_tool_call(
-            al.ToolRegistry([tool]), call("probe", "c", {"v": 5}), threading.Event()
-        )
-        assert result.is_error
-        assert result.content == (
-            "invalid arguments for tool 'probe': $.v cannot be checked without "
-            "agent_loop_schema.py"
-        )
+        registry = al.ToolRegistry([tool])
+        passed = al.execute_tool_call(registry, call("probe", "c", {"v": 1}), threading.Event())
+        refused = al.execute_tool_call(registry, call("probe", "c", {"v": 0}), threading.Event())
+        assert not passed.is_error
+        assert refused.is_error
+        assert "$.v must be at least 1, got 0" in refused.content
 
     def test_an_import_that_fails_inside_the_engine_is_not_its_absence(
         self, monkeypatch: pytest.MonkeyPatch
