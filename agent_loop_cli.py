@@ -409,8 +409,8 @@ def _run(
     timed: List[Tuple[al.Event, Optional[float]]] = []
 
     def on_event(event: al.Event) -> None:
-        # The time the run yielded the event, on the clock started at the run's first next().
-        seconds = time.monotonic() - began
+        # When what it reports happened, on the clock started at the run's first next().
+        seconds = replay.event_seconds(event, began)
         timed.append((event, seconds))
         if options.json:
             _json_line(event, seconds)
@@ -428,7 +428,7 @@ def _run(
             before_tool_call=_confirm(sys.stdin, sys.stderr) if options.confirm else consent,
         )
         with _ctrl_c_cancels(signal):
-            began = time.monotonic()
+            began = time.time()  # the clock of Event.time
             _, result = al.settle_run(run, on_event=on_event)
     finally:
         logger.removeHandler(handler)
@@ -615,7 +615,17 @@ def _chat(argv: Sequence[str]) -> int:
         if options.prompt == "-"
         else [options.prompt]
     )
-    print_line = (lambda event: _json_line(event, time.time())) if options.json else al.print_event
+    began = 0.0  # when the run of the turn being printed began (a turn may take several)
+
+    def print_line(event: al.Event) -> None:
+        nonlocal began
+        if not options.json:
+            al.print_event(event)
+            return
+        if event.sequence == 0:  # each run of a turn is timed from its first event, as logs
+            began = time.time()
+        _json_line(event, replay.event_seconds(event, began))
+
     completed = True
     with contextlib.ExitStack() as servers:  # the servers end whatever happens
         tools = _tools(parser, options, servers)

@@ -91,6 +91,7 @@ __all__ = [
     "ReplayedRun",
     "Recording",
     "dump_events",
+    "event_seconds",
     "load_events",
     "load_timed_events",
     "json_line",
@@ -1100,9 +1101,17 @@ def dump_events(events: Iterable[al.Event], fp: _TextFile, *, times: bool = Fals
         _check_event("dump_events()", event, position)
         data = event.to_dict()
         if times:
-            happened = time.time() if event.time is None else event.time
-            data["time"] = max(0.0, happened - began)
+            data["time"] = event_seconds(event, began)
         fp.write(json_line(data) + "\n")
+
+
+def event_seconds(event: al.Event, began: float) -> float:
+    """An event's ``"time"`` in a log: the seconds from ``began`` (a ``time.time()``: when
+    the run began) to when what the event reports happened (``event.time``, where the loop
+    says it: a ``tool.finished``'s is when its tool returned), else to now; never below 0.
+    Logs, the command line's ``--json``, journals and sessions all time their lines by it."""
+    happened = time.time() if event.time is None else event.time
+    return max(0.0, happened - began)
 
 
 def load_events(fp: Iterable[str]) -> List[al.Event]:

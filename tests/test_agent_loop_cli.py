@@ -926,6 +926,22 @@ class TestTimes:
             "  request-002",
         ]
 
+    def test_a_json_line_is_timed_when_what_it_reports_happened(
+        self, server: Server, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # The loop's clock runs an hour ahead: only what the loop times itself (a
+        # tool.finished: when its tool returned) is an hour into the run.
+        clock = time.time
+        monkeypatch.setattr(al, "time", type("Clock", (), {"time": lambda: clock() + 3600}))
+        server.script(
+            Reply(answer_parts("openai", ["Adding", *ADD_AND_WEATHER])),
+            Reply(answer_parts("openai", ["5."])),
+        )
+        assert cli.main(argv(server, "openai", "--json", "2+3?")) == 0
+        lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        late = [line["type"] for line in lines if line["time"] >= 3600]
+        assert late == ["tool.finished", "tool.finished"]
+
 
 def write_lines(path: Path, lines: List[str]) -> Path:
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")

@@ -31,6 +31,7 @@ import io
 import json
 import random
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Generator
 
@@ -1238,6 +1239,14 @@ class TestJsonLines:
         assert alr.load_timed_events(io.StringIO(plain.getvalue())) == [
             (event, None) for event in events
         ]
+
+    def test_an_event_is_timed_from_when_its_run_began_to_when_it_happened(self) -> None:
+        finished = al.Event(3, "tool.finished", {}, 1001.5)  # its tool returned then
+        assert alr.event_seconds(finished, 1000.0) == 1.5
+        assert alr.event_seconds(finished, 1002.0) == 0.0  # never before the run
+        began = time.time()
+        received = alr.event_seconds(al.Event(0, "message.accepted", {}), began)
+        assert 0.0 <= received <= time.time() - began  # no time of its own: now
 
     @pytest.mark.parametrize(
         ("line", "message"),

@@ -375,6 +375,9 @@ class TestChatCommand:
             assert cli.main([*chat, "--json", "--context-window", "10000", "-"]) == 0
             lines = capsys.readouterr().out.splitlines()
             assert [json.loads(line)["type"] for line in lines].count("run.finished") == 2
+            # Timed as a log is: seconds since each run began (an hour is generous), not the
+            # clock's count since 1970.
+            assert all(0.0 <= json.loads(line)["time"] < 3600.0 for line in lines)
             sent = [(m["role"], m["content"]) for m in server.body(2)["messages"]]
             assert sent == [("user", "Hi"), ("assistant", "Hello."), ("user", "How?"),
                             ("assistant", "Fine."), ("user", "And?")]  # fmt: skip
