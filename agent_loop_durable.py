@@ -48,8 +48,6 @@ This file uses only the public names of ``agent_loop`` and ``agent_loop_replay``
 
 from __future__ import annotations
 
-import collections.abc
-import contextlib
 import contextvars
 import dataclasses
 import enum
@@ -249,7 +247,7 @@ def durable_run(
     recording = alr.Recording(
         entries.steps(), entries.results(), entries.decisions, entries.run, entries.boundary()
     )
-    live_model = _KeptModel(model)
+    live_model = alr.KeptModel(model)
     stop = _Stop(signal if signal is not None else threading.Event())
     # The recorded answers are given again even without a hook: a call refused before
     # its process died is refused, not run.
@@ -677,37 +675,6 @@ def _finished_run(events: Sequence[al.Event]) -> Generator[al.Event, None, al.Ru
     return result
 
 
-class _KeptModel:
-    """The run's own model, whose last response is kept for the journal until the loop
-    has appended its message."""
-
-    def __init__(self, model: al.Model) -> None:
-        self._model = model
-        self._answer: Optional[al.ModelResponse] = None
-
-    def stream(
-        self, request: al.ModelRequest, signal: al.Signal
-    ) -> Generator[al.ModelChunk, None, al.ModelResponse]:
-        """The run's model's stream, whose response is kept."""
-        stream: object = self._model.stream(request, signal)
-        if not isinstance(stream, collections.abc.Generator):
-            # run_agent_loop() refuses it, in its own words.
-            return cast(Generator[al.ModelChunk, None, al.ModelResponse], stream)
-        return self._kept(stream)
-
-    def _kept(
-        self, stream: Generator[al.ModelChunk, None, al.ModelResponse]
-    ) -> Generator[al.ModelChunk, None, al.ModelResponse]:
-        response = yield from stream
-        self._answer = response
-        return response
-
-    def take_answer(self) -> Optional[al.ModelResponse]:
-        """The response the run's model gave last, once (None: the step was recorded)."""
-        answer, self._answer = self._answer, None
-        return answer
-
-
 class _Stop:
     """The run's signal: the consumer's, or a decision that comes LATER. A LATER is
     answered only before a call starts, while nothing waits on the signal."""
@@ -811,12 +778,12 @@ def _sync_directory(path: str) -> None:
         os.close(descriptor)
 
 
-def _write_response(model: _KeptModel, writer: _JournalWriter) -> None:
+def _write_response(model: alr.KeptModel, writer: _JournalWriter) -> None:
     """The response the run's model gave, once the loop appended its message: no event
     holds it, so a response entry does."""
-    answer = model.take_answer()
-    if answer is not None:
-        writer.write_entry({"record": "response", "response": answer.to_dict()})
+    response = model.take_response()
+    if response is not None:
+        writer.write_entry({"record": "response", "response": response.to_dict()})
 
 
 class _Asking:
@@ -826,7 +793,7 @@ class _Asking:
         self,
         hook: Callable[[al.ToolCall, Any], object],
         writer: _JournalWriter,
-        model: _KeptModel,
+        model: alr.KeptModel,
         stop: _Stop,
     ) -> None:
         self._hook = hook
@@ -851,51 +818,48 @@ class _Asking:
 def _journaled_run(
     run: Generator[al.Event, None, al.RunResult],
     entries: _Entries,
-    model: _KeptModel,
+    model: alr.KeptModel,
     writer: _JournalWriter,
     asking: Optional[_Asking],
 ) -> Generator[al.Event, None, al.RunResult]:
-    """Passes the run's events on: those it gives again are compared with the journal,
-    the others written to it first. A run that stops on a LATER has its calls as its
-    result's ``awaiting``, in its run.finished too."""
+    """Passes the run's events on (``passed_on``): those it gives again are compared with
+    the journal, the others written to it first; the journal is closed before the run.
+    A run that stops on a LATER has its calls as its result's ``awaiting``, in its
+    run.finished too."""
     boundary = entries.boundary()
     awaiting: Optional[al.RunResult] = None  # the result of a run that stopped on a LATER
-    with contextlib.closing(run):
-        try:
-            while True:
-                try:
-                    event = next(run)
-                except StopIteration as done:
-                    result: al.RunResult = done.value
-                    return result if awaiting is None else awaiting
-                if event.type == "run.finished" and asking is not None and asking.awaiting:
-                    # A pause is not a cancel: the result says which calls await a decision.
-                    awaiting = dataclasses.replace(
-                        event.payload["result"], awaiting=tuple(asking.awaiting)
-                    )
-                    event = al.Event(event.sequence, event.type, {"result": awaiting}, event.time)
-                # Given again: compared with its line. Live: written, and only once.
-                live = event.sequence >= boundary
-                if not live:
-                    line, held = alr.json_line(event.to_dict()), entries.lines[event.sequence]
-                    live = line != held  # a cancellation while given again is live
-                    if live and not _is_cancellation(event):
-                        again, held = alr.shortened_difference(line, held)
-                        raise JournalError(
-                            writer.path,
-                            entries.numbers[event.sequence],
-                            f"the run gives event {event.sequence} again as {again}, where "
-                            f"the journal holds {held}",
-                        )
-                if live:
-                    if event.type == "tool.started":
-                        _write_response(model, writer)  # the loop appended its message
-                    sync = event.type in ("tool.finished", "run.finished")
-                    writer.append([writer.event_line(event)], sync)
-                writer.next_sequence = event.sequence + 1
-                yield event
-        finally:
-            writer.close()
+
+    def journaled(event: al.Event) -> al.Event:
+        nonlocal awaiting
+        if event.type == "run.finished" and asking is not None and asking.awaiting:
+            # A pause is not a cancel: the result says which calls await a decision.
+            awaiting = dataclasses.replace(
+                event.payload["result"], awaiting=tuple(asking.awaiting)
+            )
+            event = al.Event(event.sequence, event.type, {"result": awaiting}, event.time)
+        # Given again: compared with its line. Live: written, and only once.
+        live = event.sequence >= boundary
+        if not live:
+            line, held = alr.json_line(event.to_dict()), entries.lines[event.sequence]
+            live = line != held  # a cancellation while given again is live
+            if live and not _is_cancellation(event):
+                again, held = alr.shortened_difference(line, held)
+                raise JournalError(
+                    writer.path,
+                    entries.numbers[event.sequence],
+                    f"the run gives event {event.sequence} again as {again}, where "
+                    f"the journal holds {held}",
+                )
+        if live:
+            if event.type == "tool.started":
+                _write_response(model, writer)  # the loop appended its message
+            sync = event.type in ("tool.finished", "run.finished")
+            writer.append([writer.event_line(event)], sync)
+        writer.next_sequence = event.sequence + 1
+        return event
+
+    result = yield from alr.passed_on(run, journaled, writer.close)
+    return result if awaiting is None else awaiting
 
 
 def _is_cancellation(event: al.Event) -> bool:

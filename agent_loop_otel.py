@@ -264,6 +264,8 @@ def _traced(
     run: Generator[al.Event, None, al.RunResult], spans: _RunSpans
 ) -> Generator[al.Event, None, al.RunResult]:
     """The run's events, each seen by ``spans`` before the consumer gets it."""
+    # Driven by hand, not by agent_loop_replay.passed_on: the run's context is attached
+    # around each next(), which a hook that sees the event after it cannot do.
     spans.start()  # at the first next(): the run begins when its first event is asked for
     try:
         while True:

@@ -46,6 +46,10 @@ agent_loop_durable.py reads and writes those.
 steps (each request, its chunks and its calls) and refuses an event out of order.
 Replay, durable runs, the page and the spans read runs through it.
 
+``passed_on(run, on_event)`` is the one driver of a run with a hook on each event (replay,
+durable runs and sessions pass their runs on through it), and ``KeptModel(model)`` keeps
+the last response a model returned, which no event holds, until it is taken.
+
 ``durable_run()`` and ``JournalError`` (agent_loop_durable.py since 1.4) can still be
 imported from here until 2.0. A ``Recording`` is what both features give again: replay
 runs on one, a durable run on one read from its journal, and then live.
@@ -96,6 +100,8 @@ __all__ = [
     "load_timed_events",
     "json_line",
     "shortened_difference",
+    "passed_on",
+    "KeptModel",
 ]
 
 
@@ -247,20 +253,18 @@ class ReplayedRun:
 def _cancelled_after(
     run: Generator[al.Event, None, al.RunResult], signal: threading.Event, last: int
 ) -> Generator[al.Event, None, al.RunResult]:
-    """Drives a run as a consumer who sets the signal once event ``last`` is yielded
-    (-1: before the first event)."""
-    with contextlib.closing(run):
-        if last == -1:
+    """The run, cancelled as a consumer who sets the signal on seeing event ``last`` does
+    (-1: before the first event). The signal is set as the event is passed on, not once
+    the consumer asks for the next: the same to the run, which looks at its signal when
+    it is resumed, after every event."""
+    if last == -1:
+        signal.set()
+
+    def cancel_after(event: al.Event) -> None:
+        if event.sequence == last:
             signal.set()
-        while True:
-            try:
-                event = next(run)
-            except StopIteration as done:
-                result: al.RunResult = done.value
-                return result
-            yield event
-            if event.sequence == last:
-                signal.set()
+
+    return passed_on(run, cancel_after)
 
 
 @dataclass(frozen=True)
@@ -887,19 +891,11 @@ class Recording:
         recorded tools each one, so that calls run at once give their recorded progress
         and results in the log's order; returns its result. Without it they give them
         in the order their threads make. Run one such run at a time."""
-        self._turns.begin()
-        with contextlib.closing(run):
-            try:
-                while True:
-                    try:
-                        event = next(run)
-                    except StopIteration as done:
-                        result: al.RunResult = done.value
-                        return result
-                    self._turns.passed(event.sequence)
-                    yield event
-            finally:
-                self._turns.end()  # a tool still waiting for its turn waits no more
+        turns = self._turns
+        turns.begin()  # at the first next(), as the run begins
+        # The turns end before the run is closed: its close waits for the running tools,
+        # and a tool still waiting for its turn waits no more.
+        return (yield from passed_on(run, lambda event: turns.passed(event.sequence), turns.end))
 
 
 _TURN_SECONDS: Final = 300.0
@@ -1060,6 +1056,88 @@ def _played(
 ) -> Generator[al.ModelChunk, None, al.ModelResponse]:
     yield from chunks
     return response
+
+
+# --- Passing a run on --------------------------------------------------------------
+#
+# What a companion does with each event of a run (paces recorded tools by it, cancels
+# after it, journals it, stores it) it does in passed_on()'s on_event, and what it must
+# keep of the model's answers, which no event holds, it keeps with KeptModel: one driver
+# of a run and one keeper of its responses, for replay, durable runs and sessions.
+# (agent_loop_otel drives its run by hand: it attaches a tracing context around each
+# next(), which a hook on the events cannot do.)
+
+
+def passed_on(
+    run: Generator[al.Event, None, al.RunResult],
+    on_event: Callable[[al.Event], Optional[al.Event]],
+    on_end: Optional[Callable[[], None]] = None,
+) -> Generator[al.Event, None, al.RunResult]:
+    """Passes the events of ``run`` on, each once ``on_event(event)`` has seen it, and
+    returns the run's result.
+
+    ``on_event`` returns None to pass the event on as it is, or an Event to pass on in
+    its place (the result returned is still the run's: a caller that changes the result
+    changes it itself). It runs before the consumer gets the event, so what it writes is
+    written first. The run is closed when the pass-through ends: the run returned or
+    raised, ``on_event`` raised (its exception goes on), or the pass-through was closed.
+    ``on_end()``, if given, is called then, before the run is closed: it lets go of what
+    the run's close would wait for (a tool that waits on what ``on_event`` was told).
+    """
+    with contextlib.closing(run):
+        try:
+            while True:
+                try:
+                    event = next(run)
+                except StopIteration as done:
+                    result: al.RunResult = done.value
+                    return result
+                replacement = on_event(event)
+                yield event if replacement is None else replacement
+        finally:
+            if on_end is not None:
+                on_end()
+
+
+class KeptModel:
+    """A model that keeps the last response ``model`` returned, until it is taken.
+
+    No event holds a response: the loop appends its assistant message, then yields the
+    first ``tool.started`` of its calls (or ends the run). A consumer that stores what
+    the loop appends runs the loop on a KeptModel and takes the response there
+    (``take_response()``), when the loop has shown that it accepted it; the message is
+    ``AssistantMessage(assistant_message_id(response.id), response.content,
+    response.usage, response.provider_response_id)``, as the loop builds it.
+    """
+
+    def __init__(self, model: al.Model) -> None:
+        self._model = model
+        self._response: Optional[al.ModelResponse] = None
+
+    def stream(
+        self, request: al.ModelRequest, signal: al.Signal
+    ) -> Generator[al.ModelChunk, None, al.ModelResponse]:
+        """The model's stream, whose response is kept once it is returned. A stream that
+        is not a generator is returned untouched, so that ``run_agent_loop()`` refuses it
+        in its own words."""
+        stream: object = self._model.stream(request, signal)
+        if not isinstance(stream, collections.abc.Generator):
+            return cast(Generator[al.ModelChunk, None, al.ModelResponse], stream)
+        return self._kept(stream)
+
+    def _kept(
+        self, stream: Generator[al.ModelChunk, None, al.ModelResponse]
+    ) -> Generator[al.ModelChunk, None, al.ModelResponse]:
+        response = yield from stream
+        self._response = response
+        return response
+
+    def take_response(self) -> Optional[al.ModelResponse]:
+        """The response the model returned last, once: None when it was taken already
+        (or the model returned none yet). It is what the model returned, which the loop
+        checks: take it once the loop has accepted it."""
+        response, self._response = self._response, None
+        return response
 
 
 # --- JSON lines -------------------------------------------------------------------

@@ -43,8 +43,6 @@ methods, so that a server database can stand in. This file uses only the public 
 
 from __future__ import annotations
 
-import collections.abc
-import contextlib
 import dataclasses
 import json
 import os
@@ -423,33 +421,40 @@ class Session:
                 taken=self._ids,
                 on_fold=lambda fold: self._add_fold(turn, fold, offset),
             )
-        recorder = _Recorder(model)
-        run = al.run_agent_loop(messages=start, model=recorder, max_steps=max_steps, **options)
+        kept = replay.KeptModel(model)
+        run = al.run_agent_loop(messages=start, model=kept, max_steps=max_steps, **options)
         added = 0  # messages of this run stored so far
-        with contextlib.closing(run):
-            while True:
-                try:
-                    event = next(run)
-                except StopIteration as done:
-                    return cast(al.RunResult, done.value)
-                messages: List[al.Message] = []
-                if event.type == "tool.started" and recorder.pending is not None:
-                    messages.append(recorder.pending)  # the loop appended it, then ran its calls
-                    recorder.pending = None
-                elif event.type == "tool.finished":
-                    messages.append(event.payload["tool_result"])
-                elif event.type == "run.finished":
-                    messages.extend(event.payload["result"].messages[len(start) + added :])
-                added += len(messages)
-                # When it happened (where the loop says), else when the session received it.
-                at = time.time() if event.time is None else event.time
-                line = dict(event.to_dict(), time=at)
-                self._append(
-                    [("event", turn, replay.json_line(line))]
-                    + [("message", turn, replay.json_line(m.to_dict())) for m in messages],
-                    messages,
+
+        def stored(event: al.Event) -> None:
+            nonlocal added
+            messages: List[al.Message] = []
+            # At a response's first tool.started the loop has appended its message (taken
+            # once: None at its other calls).
+            response = kept.take_response() if event.type == "tool.started" else None
+            if response is not None:
+                messages.append(
+                    al.AssistantMessage(
+                        al.assistant_message_id(response.id),
+                        response.content,
+                        response.usage,
+                        response.provider_response_id,
+                    )
                 )
-                yield event
+            elif event.type == "tool.finished":
+                messages.append(event.payload["tool_result"])
+            elif event.type == "run.finished":
+                messages.extend(event.payload["result"].messages[len(start) + added :])
+            added += len(messages)
+            # When it happened (where the loop says), else when the session received it.
+            at = time.time() if event.time is None else event.time
+            line = dict(event.to_dict(), time=at)
+            self._append(
+                [("event", turn, replay.json_line(line))]
+                + [("message", turn, replay.json_line(m.to_dict())) for m in messages],
+                messages,
+            )
+
+        return (yield from replay.passed_on(run, stored))
 
     def _turn_result(
         self, results: List[al.RunResult], requests: int, max_requests: int
@@ -548,38 +553,6 @@ class Session:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-class _Recorder:
-    """The run's model, which keeps its last response: the session stores the assistant
-    message once the loop shows, by the response's first tool.started, that it took it."""
-
-    def __init__(self, model: al.Model) -> None:
-        self.model = model
-        self.pending: Optional[al.AssistantMessage] = None
-
-    def stream(self, request: al.ModelRequest, signal: Any) -> Any:
-        stream: object = self.model.stream(request, signal)
-        if not isinstance(stream, collections.abc.Generator):
-            return stream  # the loop refuses it
-        return self._recorded(request, stream)
-
-    def _recorded(
-        self, request: al.ModelRequest, stream: Generator[al.ModelChunk, None, Any]
-    ) -> Generator[al.ModelChunk, None, Any]:
-        response = yield from stream
-        if isinstance(response, al.ModelResponse) and type(response.id) is str:
-            # The message the loop builds from the response (agent_loop's rule).
-            fields = {
-                name: getattr(response, name)
-                for name in ("usage", "provider_response_id")
-                if getattr(response, name, None) is not None
-            }
-            message = al.AssistantMessage(
-                al.assistant_message_id(response.id), response.content, **fields
-            )
-            self.pending = message
-        return response
 
 
 def _fold_line(fold: context_.Fold) -> str:

@@ -20,6 +20,7 @@ Contents
     TestThinkingAndUsageReplayExactly: thinking blocks, deltas and usage, replayed exactly
     TestProgressAndEndsRunReplayExactly: tool.progress in the log's order (calls at once
         too), and a run that ended on an ends_run tool, with its output
+    TestPassedOn: passed_on(), the one driver of a run with a hook on each event
     TestJsonLines: dump_events() and load_events(), times, journals, and unreadable lines
 """
 
@@ -1150,6 +1151,65 @@ class TestProgressAndEndsRunReplayExactly:
 
 def returns_nothing(arguments: dict[str, Any], signal: al.Signal) -> object:
     raise AssertionError("a recorded call runs nothing")
+
+
+class TestPassedOn:
+    """passed_on(run, on_event, on_end): the one driver of a run with a hook on each event,
+    which replay, durable runs and sessions pass their runs through."""
+
+    def test_each_event_is_seen_then_passed_on_and_the_run_is_closed_however_it_ends(
+        self,
+    ) -> None:
+        events, result, _ = run([stop("response-001", "Hi.")])
+        happened: list[str] = []
+
+        def logged_run() -> Generator[al.Event, None, al.RunResult]:
+            try:
+                for event in events:
+                    happened.append(f"gives {event.sequence}")
+                    yield event
+                return result
+            finally:
+                happened.append("run closed")
+
+        finished = events[-1]
+        other = al.Event(finished.sequence, finished.type, {"result": result})
+
+        def seen(event: al.Event) -> al.Event | None:
+            happened.append(f"seen {event.sequence}")
+            return other if event is finished else None  # None: the event as it is
+
+        runs = []  # held here, so that only passed_on closes them (not their collection)
+
+        def passed_on(
+            on_event: Callable[[al.Event], al.Event | None],
+        ) -> Generator[al.Event, None, al.RunResult]:
+            runs.append(logged_run())
+            return alr.passed_on(runs[-1], on_event, lambda: happened.append("on_end"))
+
+        # Each event is seen before it is passed on (run.finished replaced); the run's
+        # result is returned.
+        again, again_result = al.settle_run(passed_on(seen))
+        assert again[:-1] == events[:-1]
+        assert again[-1] is other  # (equal to the run's: an event's time is not compared)
+        assert again_result is result
+        each = [f"{what} {event.sequence}" for event in events for what in ("gives", "seen")]
+        assert happened == [*each, "run closed", "on_end"]
+        # Closed after its first event: on_end, then the run is closed.
+        happened.clear()
+        closed = passed_on(seen)
+        assert next(closed) is events[0]
+        closed.close()
+        assert happened == ["gives 0", "seen 0", "on_end", "run closed"]
+
+        # on_event raises: its exception goes on, and the run is closed, after on_end.
+        def refuses(event: al.Event) -> None:
+            raise LookupError(f"refused {event.sequence}")
+
+        happened.clear()
+        with pytest.raises(LookupError, match="refused 0"):
+            al.settle_run(passed_on(refuses))
+        assert happened == ["gives 0", "on_end", "run closed"]
 
 
 class TestJsonLines:
