@@ -728,8 +728,7 @@ class _JournalWriter:
     def event_line(self, event: al.Event) -> str:
         """The event's line: its ``to_dict()`` and its time on the journal's clock (from
         ``event.time`` when the loop set it, else now)."""
-        happened = time.time() if event.time is None else event.time
-        seconds = self._clock + max(0.0, happened - self._began)
+        seconds = self._clock + alr.event_seconds(event, self._began)
         return alr.json_line({**event.to_dict(), "time": seconds})
 
     def append(self, lines: List[str], sync: bool) -> None:

@@ -22,7 +22,7 @@ Rules:
   ``max_requests`` when the turn ended ``maxSteps``.
 - Every event and message is stored as it happens, before the consumer sees the event:
   the events as ``agent_loop_replay.json_line`` of ``to_dict()`` with ``"time"`` (the
-  event's ``time``, or when the session received it), read back by
+  seconds since its run began, ``agent_loop_replay.event_seconds``), read back by
   ``agent_loop_replay.load_timed_events``; an assistant message at its response's first
   ``tool.started`` (or the run's end), a tool result with its ``tool.finished``.
 - A process that dies mid-turn leaves the session at its last stored message. The next
@@ -423,6 +423,7 @@ class Session:
             )
         kept = replay.KeptModel(model)
         run = al.run_agent_loop(messages=start, model=kept, max_steps=max_steps, **options)
+        began = time.time()  # each run's lines are timed from its start, as a log's are
         added = 0  # messages of this run stored so far
 
         def stored(event: al.Event) -> None:
@@ -445,9 +446,7 @@ class Session:
             elif event.type == "run.finished":
                 messages.extend(event.payload["result"].messages[len(start) + added :])
             added += len(messages)
-            # When it happened (where the loop says), else when the session received it.
-            at = time.time() if event.time is None else event.time
-            line = dict(event.to_dict(), time=at)
+            line = dict(event.to_dict(), time=replay.event_seconds(event, began))
             self._append(
                 [("event", turn, replay.json_line(line))]
                 + [("message", turn, replay.json_line(m.to_dict())) for m in messages],
