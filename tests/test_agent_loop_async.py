@@ -28,7 +28,7 @@ import pytest
 import agent_loop as al
 import agent_loop_async as aio
 from agent_loop_providers import ServerSentEvents
-from agent_loop_replay import json_line
+from agent_loop_replay import json_line, passed_on
 
 WAIT: float = 10.0
 CANCEL_BOUND: float = 5.0  # seconds; the loop's own bound is a check after every event
@@ -56,20 +56,6 @@ def chatty_run(
         max_steps=1,
         signal=signal,
     )
-
-
-def observed(
-    run: Generator[al.Event, None, al.RunResult], take: Callable[[], None]
-) -> Generator[al.Event, None, al.RunResult]:
-    """The run, calling `take()` each time an event is taken from it, before yielding it."""
-    while True:
-        try:
-            event = next(run)
-        except StopIteration as done:
-            result: al.RunResult = done.value
-            return result
-        take()
-        yield event
 
 
 class Waiting:
@@ -208,7 +194,7 @@ class TestEvents:
 
         async def main() -> None:
             signal = threading.Event()
-            async for _ in aio.arun(observed(chatty_run(signal), take), signal):
+            async for _ in aio.arun(passed_on(chatty_run(signal), lambda _: take()), signal):
                 consumed[0] += 1
                 deadline = time.monotonic() + WAIT
                 # The consumer is slow: it waits until the run has gone as far as it may.
@@ -342,7 +328,7 @@ class TestCancellation:
             taken[0] += 1  # the thread handed the event before this one over
 
         async def main() -> al.RunResult:
-            run = aio.arun(observed(chatty_run(signal), take), signal)
+            run = aio.arun(passed_on(chatty_run(signal), lambda _: take()), signal)
             await run.__anext__()
             deadline = time.monotonic() + WAIT
             while taken[0] < 4:  # events 2 and 3 handed over, and not asked for
